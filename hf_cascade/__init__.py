@@ -1,0 +1,28 @@
+"""hf_cascade: faster ``model.generate()`` with lossless speculative decoding.
+
+``import hf_cascade`` installs a hook into transformers' assisted generation (see
+:mod:`hf_cascade.hook`); then ``model.generate(ids, assistant_model=CascadeAssistant([...]))`` drafts
+with our strategies and verifies with transformers' own loop.
+"""
+
+from . import hook as _hook
+from .assistant import Assistant
+from .cascade import CascadeAssistant
+from .drafters import BigramTable, CostModel, MaxGram
+from .processors import LossyLenientTarget, LossyTypicalAcceptance
+from .stats import GenerationStats
+
+__version__ = "0.1.0"
+
+_hook.install()
+
+__all__ = [
+    "Assistant",
+    "BigramTable",
+    "CascadeAssistant",
+    "CostModel",
+    "GenerationStats",
+    "LossyLenientTarget",
+    "LossyTypicalAcceptance",
+    "MaxGram",
+]

@@ -1,0 +1,114 @@
+"""The ``CandidateGenerator`` every hf_cascade strategy plugs into transformers' assisted loop.
+
+transformers' ``_assisted_decoding`` runs, per step (numbered as in its source):
+
+1. ``candidate_generator.get_candidates(input_ids)``  -> our **draft**
+2. one target forward over the candidates             -> **verify**
+3. greedy match or speculative sampling               -> **accept** (``_speculative_sampling``)
+4. cache crop + ``update_candidate_strategy``         -> our **update**
+
+:class:`SpeculativeCandidateGenerator` implements 1 and 4 around a strategy's :meth:`draft` and
+:meth:`on_target_review`. The draft is handed over with ``candidate_logits = log q``: ``q`` is
+exactly the processed distribution each draft token was drawn from, so transformers' speculative
+sampling (Leviathan et al., Algorithm 1) stays lossless. Under greedy decoding no ``q`` is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from .drafters.neural import output_vocab_size
+from .processors import split_processors
+from .stats import GenerationStats, PhaseTimer
+
+
+@dataclass
+class Draft:
+    """A draft for the target. ``tokens``: ``[k]``; ``dists``: ``[k, V]`` (sampling) or ``None``."""
+
+    tokens: torch.Tensor
+    dists: torch.Tensor | None = None
+
+
+class SpeculativeCandidateGenerator(CandidateGenerator):
+    """Shared skeleton: budget, EOS cut, draft-aware processors, statistics, timing.
+
+    Subclasses implement :meth:`draft` (tokens after ``seq``) and :meth:`on_target_review`.
+    One instance lives for exactly one ``generate()`` call, so no state leaks between calls.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList | None,
+        stats: GenerationStats,
+    ):
+        self.target = target
+        self.do_sample = bool(generation_config.do_sample)
+        self.max_length = int(generation_config.max_length)
+        self.vocab_size = output_vocab_size(target)
+        self.processors, self.target_rules = split_processors(logits_processor)
+        eos = getattr(generation_config, "_eos_token_tensor", None)
+        if eos is None and generation_config.eos_token_id is not None:
+            eos = torch.as_tensor(generation_config.eos_token_id)
+        self.stop_ids: set[int] = set(eos.flatten().tolist()) if eos is not None else set()
+        self.stats = stats
+        self.timer = PhaseTimer(stats)
+        self._last_draft_len = 0
+        self._verify_started: float | None = None
+
+    # -- to implement -------------------------------------------------------------------------
+    def draft(self, seq: torch.Tensor, budget: int) -> Draft:
+        """At most ``budget`` draft tokens to follow ``seq`` (``[L]``)."""
+        raise NotImplementedError
+
+    def on_target_review(self, seq: torch.Tensor, num_proposed: int, num_accepted: int, verify_seconds: float) -> None:
+        """Feedback after the target reviewed the last draft (``seq`` now includes its output)."""
+
+    # -- transformers' CandidateGenerator contract --------------------------------------------
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+        """1. Draft. Returns ``([1, L + k] candidates, [1, k, V] log q or None)``."""
+        if input_ids.shape[0] != 1:
+            raise ValueError("hf_cascade assistants support batch size 1 only.")
+        seq = input_ids[0]
+        budget = self.max_length - seq.shape[0] - 1
+        with self.timer("draft"):
+            d = self.draft(seq, budget) if budget > 0 else Draft(seq[:0])
+            d = self._cut_after_stop(d)
+        k = d.tokens.shape[0]
+        self._last_draft_len = k
+        candidates = torch.cat([seq, d.tokens.to(seq.device)])[None]
+        for rule in self.target_rules:
+            rule.set_candidates(candidates)
+        logits = None
+        if self.do_sample and k > 0:
+            logits = d.dists.to(input_ids.device).clamp_min(0).log()[None]  # [1, k, V]
+        self._verify_started = time.perf_counter()
+        return candidates, logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
+        """4. Update: statistics and the strategy's feedback."""
+        verify_seconds = time.perf_counter() - self._verify_started if self._verify_started else 0.0
+        self.stats.phase_seconds["verify"] += verify_seconds
+        n = int(num_matches)
+        self.stats.record_target_review(self._last_draft_len, n)
+        for rule in self.target_rules:
+            rule.set_candidates(None)
+        with self.timer("update"):
+            self.on_target_review(input_ids[0], self._last_draft_len, n, verify_seconds)
+
+    def _cut_after_stop(self, d: Draft) -> Draft:
+        """Nothing after an EOS token can be accepted: do not make the target verify it."""
+        if not self.stop_ids or d.tokens.numel() == 0:
+            return d
+        hits = torch.isin(d.tokens, torch.tensor(sorted(self.stop_ids), device=d.tokens.device)).nonzero()
+        if hits.numel() == 0:
+            return d
+        end = int(hits[0]) + 1
+        return Draft(d.tokens[:end], None if d.dists is None else d.dists[:end])

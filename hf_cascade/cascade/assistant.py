@@ -1,0 +1,71 @@
+"""``CascadeAssistant``: what users pass as ``generate(assistant_model=...)`` for CS Drafting."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from transformers import PreTrainedModel
+
+from ..assistant import Assistant
+from ..drafters.maxgram import MaxGram
+from ..drafters.neural import check_same_vocabulary
+from .generator import CascadeCandidateGenerator
+from .k_matrix import default_k_matrix, validate_k_matrix
+
+
+class CascadeAssistant(Assistant):
+    """Cascade Speculative Drafting (Chen et al., 2024) for ``model.generate``.
+
+    Args:
+        drafters: largest first, e.g. ``[draft_model, MaxGram()]``. Neural drafters are HF causal
+            LMs sharing the target's tokenizer; :class:`MaxGram` is the statistical bottom level.
+            ``[MaxGram()]`` alone is prompt-lookup-style drafting; ``[draft_model]`` alone is
+            classic speculative decoding.
+        k_matrix: ``n x n`` upper-triangular draft counts (see :mod:`hf_cascade.cascade.k_matrix`);
+            default: the paper's ``[[2, 10], [0, 10]]`` pattern.
+        lenience: ``>= 1``; loosens reviews *between drafters* only (never the target's), so the
+            output distribution is unchanged (§3.1).
+        tokenizer: optional tokenizer of the drafters, to check vocabularies exactly when
+            ``generate(..., tokenizer=...)`` is also given.
+
+    Example::
+
+        import hf_cascade
+        out = model.generate(ids, assistant_model=hf_cascade.CascadeAssistant([MaxGram()]), max_new_tokens=128)
+    """
+
+    def __init__(
+        self,
+        drafters: Sequence[PreTrainedModel | MaxGram],
+        k_matrix: Sequence[Sequence[int]] | None = None,
+        lenience: float = 1.0,
+        tokenizer=None,
+    ):
+        drafters = list(drafters)
+        if not drafters:
+            raise ValueError("CascadeAssistant needs at least one drafter, e.g. [MaxGram()].")
+        for i, d in enumerate(drafters):
+            if isinstance(d, MaxGram):
+                if i != len(drafters) - 1:
+                    raise ValueError("MaxGram must be the last (smallest) drafter of a cascade.")
+            elif not isinstance(d, PreTrainedModel) or not hasattr(d, "generate"):
+                raise TypeError(f"Drafter {i} must be a transformers causal LM or MaxGram, got {type(d).__name__}.")
+        if lenience < 1.0:
+            raise ValueError(f"lenience must be >= 1, got {lenience}.")
+        statistical = [isinstance(d, MaxGram) for d in drafters]
+        self.drafters = drafters
+        self.k_matrix = validate_k_matrix(k_matrix if k_matrix is not None else default_k_matrix(statistical), len(drafters))
+        self.lenience = float(lenience)
+        self.tokenizer = tokenizer
+
+    def build(self, target, generation_config, logits_processor, stats) -> CascadeCandidateGenerator:
+        for d in self.drafters:
+            if not isinstance(d, MaxGram):
+                check_same_vocabulary(target, d, getattr(generation_config, "_target_tokenizer", None), self.tokenizer)
+        return CascadeCandidateGenerator(
+            target, generation_config, logits_processor, stats, self.drafters, self.k_matrix, self.lenience
+        )
+
+    def __repr__(self) -> str:
+        names = [type(d).__name__ for d in self.drafters]
+        return f"CascadeAssistant(drafters={names}, k_matrix={self.k_matrix}, lenience={self.lenience})"

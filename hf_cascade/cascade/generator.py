@@ -1,0 +1,188 @@
+"""Cascade Speculative Drafting as a transformers ``CandidateGenerator`` (Chen et al., CS Drafting,
+Algorithm 1).
+
+``_cascade(reviewer, seq)`` is the paper's ``CascadeSpeculativeDraftingStep`` without its final
+review: it builds the draft ``reviewer`` will check. Its loop over drafters is the *horizontal*
+cascade (drafter ``j`` contributes ``K[reviewer + 1][j]`` tokens, largest drafters first); a neural
+drafter with smaller drafters below it obtains its tokens by reviewing their draft (the recursive
+call: the *vertical* cascade), so no neural drafter generates autoregressively unless it is the
+smallest level. The target's own review is transformers' verification step, without lenience.
+
+Every token in a draft carries the exact distribution it was drawn from (``dists``, sampling) or
+its drafting level's probability (``probs``, greedy), so reviews with lenience between drafters
+still hand the target a correct ``q`` (see :mod:`hf_cascade.verify`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..candidate import Draft, SpeculativeCandidateGenerator
+from ..drafters.lookahead import AdaptiveLookahead
+from ..drafters.maxgram import MaxGram
+from ..drafters.neural import NeuralLevel
+from ..stats import LevelStats
+from ..verify import Review, greedy_review, one_hot_dists, sampling_review
+
+TARGET = -1  # reviewer index of the target model
+
+
+@dataclass
+class _Segment:
+    """A run of Max-Gram tokens inside a draft, remembered for the adaptive lookahead's feedback."""
+
+    policy: AdaptiveLookahead
+    bucket: int
+    start: int
+    length: int
+
+
+@dataclass
+class _Drafted:
+    """A draft under construction. ``tokens``/``probs``/``origin``/``lenient``: ``[u]``; ``dists``: ``[u, V]``."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor
+    origin: torch.Tensor
+    lenient: torch.Tensor
+    dists: torch.Tensor | None
+    segments: list[_Segment] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, like: torch.Tensor, vocab_size: int, do_sample: bool) -> "_Drafted":
+        return cls(
+            like[:0], torch.ones(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool),
+            torch.zeros(0, vocab_size, device=like.device) if do_sample else None,
+        )
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def append(self, tokens, probs, dists, origin: int, lenient: bool) -> None:
+        u = tokens.shape[0]
+        self.tokens = torch.cat([self.tokens, tokens.to(self.tokens.device)])
+        self.probs = torch.cat([self.probs, probs.float().cpu()])
+        self.origin = torch.cat([self.origin, torch.full((u,), origin, dtype=torch.long)])
+        self.lenient = torch.cat([self.lenient, torch.full((u,), lenient, dtype=torch.bool)])
+        if self.dists is not None:
+            self.dists = torch.cat([self.dists, dists.to(self.dists.device)])
+
+
+class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
+    """One ``generate()`` call of a :class:`~hf_cascade.CascadeAssistant`."""
+
+    def __init__(self, target, generation_config, logits_processor, stats, drafters, k_matrix, lenience: float):
+        super().__init__(target, generation_config, logits_processor, stats)
+        self.k = k_matrix
+        self.lenience = float(lenience)
+        stats.levels = [LevelStats(getattr(d, "name", None) or _model_name(d)) for d in drafters]
+        self.levels: list[MaxGram | NeuralLevel] = [
+            d if isinstance(d, MaxGram) else NeuralLevel(d, self.vocab_size, self.processors, stats.levels[i])
+            for i, d in enumerate(drafters)
+        ]
+        self._policies: dict[tuple[int, int], AdaptiveLookahead] = {}
+        self._pending: _Drafted | None = None
+
+    # -- draft ---------------------------------------------------------------------------------
+    def draft(self, seq: torch.Tensor, budget: int) -> Draft:
+        d = self._cascade(TARGET, seq, budget)
+        self._pending = d
+        return Draft(d.tokens, d.dists)
+
+    def _cascade(self, reviewer: int, seq: torch.Tensor, budget: int) -> _Drafted:
+        """Algorithm 1 up to (not including) ``reviewer``'s review: the draft ``reviewer`` will check."""
+        out = _Drafted.empty(seq, self.vocab_size, self.do_sample)
+        row = self.k[reviewer + 1]
+        for j in range(reviewer + 1, len(self.levels)):                    # horizontal cascade
+            produced, level = 0, self.levels[j]
+            while produced < row[j] and len(out) < budget:
+                cur = torch.cat([seq, out.tokens])
+                room = min(row[j] - produced, budget - len(out))
+                if isinstance(level, MaxGram):                             # statistical: all at once
+                    self._append_maxgram(out, j, reviewer, cur, room)
+                    break
+                if j == len(self.levels) - 1:                              # smallest level is neural
+                    tokens, probs, dists = level.generate(cur, room, self.do_sample, self.stop_ids)
+                    out.append(tokens, probs, dists, origin=j, lenient=True)
+                    produced += tokens.shape[0]
+                    continue
+                sub = self._cascade(j, cur, budget - len(out) - 1)         # vertical cascade
+                review = self._review(j, cur, sub)
+                out.append(review.tokens, review.probs if review.probs is not None else torch.ones(len(review.tokens)),
+                           review.dists, origin=j, lenient=True)
+                produced += review.tokens.shape[0]
+                if int(review.tokens[-1]) in self.stop_ids:
+                    return out
+        return out
+
+    def _append_maxgram(self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int) -> None:
+        mg: MaxGram = self.levels[j]
+        policy = self._policy(j, reviewer)
+        prop = mg.propose(cur, room, policy, offset=len(out))
+        u = prop.tokens.shape[0]
+        if u == 0:
+            return
+        out.segments.append(_Segment(policy, prop.bucket, len(out), u))
+        dists = one_hot_dists(prop.tokens, self.vocab_size) if self.do_sample else None
+        out.append(prop.tokens, torch.ones(u), dists, origin=j, lenient=False)
+
+    def _policy(self, j: int, reviewer: int) -> AdaptiveLookahead:
+        key = (j, reviewer)
+        if key not in self._policies:
+            self._policies[key] = self.levels[j].new_policy()
+        return self._policies[key]
+
+    # -- review by a draft model (the target's review is transformers') ----------------------
+    def _review(self, j: int, seq: torch.Tensor, sub: _Drafted) -> Review:
+        """Drafter ``j`` reviews ``sub`` in one forward; lenience only on tokens from neural levels
+        (CS Drafting App. B: none between Max-Gram and its reviewer)."""
+        level: NeuralLevel = self.levels[j]
+        with self.timer(f"review[{j}]"):
+            scores = level.scores(torch.cat([seq, sub.tokens]), start=seq.shape[0])   # [u + 1, V]
+            lenience = torch.where(sub.lenient, self.lenience, 1.0)
+            if self.do_sample:
+                review = sampling_review(sub.tokens, sub.dists, scores.softmax(dim=-1), lenience)
+            else:
+                review = greedy_review(sub.tokens, scores, sub.probs, lenience)
+        self._feedback(sub, review.num_accepted, reviewer=j, seconds=level.last_forward_seconds)
+        return review
+
+    # -- update ------------------------------------------------------------------------------
+    def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
+        if self._pending is not None:
+            self._feedback_segments(self._pending.segments, num_accepted)
+            self._record_acceptance(self._pending, num_accepted)
+        for (j, reviewer), policy in self._policies.items():
+            if reviewer == TARGET:
+                policy.cost.observe(num_proposed, verify_seconds)
+        self._pending = None
+
+    def _feedback(self, sub: _Drafted, n: int, reviewer: int, seconds: float) -> None:
+        self._feedback_segments(sub.segments, n)
+        for (j, r), policy in self._policies.items():
+            if r == reviewer:
+                policy.cost.observe(len(sub), seconds)
+        self._record_acceptance(sub, n)
+
+    @staticmethod
+    def _feedback_segments(segments: list[_Segment], n: int) -> None:
+        for seg in segments:
+            if n >= seg.start:  # the segment was reached by the review
+                seg.policy.observe(seg.bucket, seg.length, min(n - seg.start, seg.length))
+
+    def _record_acceptance(self, d: _Drafted, n: int) -> None:
+        if len(d) == 0:
+            return
+        for j in d.origin.unique().tolist():
+            mask = d.origin == j
+            lv = self.stats.levels[j]
+            lv.proposals += 1
+            lv.tokens_proposed += int(mask.sum())
+            lv.tokens_accepted += int(mask[:n].sum())
+        self.stats.levels[int(d.origin[0])].acceptance_by_position.record(len(d), n)
+
+
+def _model_name(model) -> str:
+    return getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__

@@ -1,0 +1,120 @@
+"""Adaptive draft length: propose only as many tokens as pay for their verification.
+
+CS Drafting's Max-Gram always proposes a fixed number of tokens (10, Appendix B). On a CPU the
+target's forward grows with the number of tokens verified, so a fixed lookahead that keeps being
+rejected costs time. :class:`AdaptiveLookahead` (our deviation from the paper) chooses the length
+``k`` that maximises the expected tokens per unit of reviewer time::
+
+    E(k) = (1 - a^(k+1)) / (1 - a)      expected tokens per review (Leviathan et al., Eq. 1)
+    k*   = argmax_k  E(k) / cost(k)     cost(k) = reviewer time for 1 + k tokens / time for 1 token
+
+``a`` is the per-token acceptance rate, estimated online per *evidence bucket* (for Max-Gram: the
+length of the suffix match that produced the draft) with a Beta prior; ``cost`` is measured online
+from the reviewer's own forward times (:class:`CostModel`), or fixed for deterministic tests.
+``k* = 0`` means: do not draft, let the reviewer take a plain step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CostModel:
+    """Relative cost of one review of ``k`` drafts, ``cost(k) = t(k) / t(0)``.
+
+    With ``measure=True`` the reviewer's forward times are recorded by :meth:`observe` and averaged
+    (exponential moving average per ``k``); ``prior_slope``/``prior_step`` describe the curve until
+    a ``k`` has been measured: ``cost(k) = 1 + prior_step * [k > 0] + prior_slope * k``.
+    """
+
+    prior_step: float = 0.6
+    prior_slope: float = 0.05
+    measure: bool = True
+    decay: float = 0.8
+    _seconds: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, k: int, seconds: float) -> None:
+        if not self.measure:
+            return
+        old = self._seconds.get(k)
+        self._seconds[k] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+
+    def cost(self, k: int) -> float:
+        prior = 1.0 + self.prior_step * (k > 0) + self.prior_slope * k
+        base = self._seconds.get(0)
+        if base is None or base <= 0:
+            return prior
+        measured = self._seconds.get(k)
+        if measured is None:
+            # Interpolate from the nearest measured k, scaled by the prior's shape.
+            known = [j for j in self._seconds if j > 0]
+            if not known or k == 0:
+                return prior
+            j = min(known, key=lambda j: abs(j - k))
+            jprior = 1.0 + self.prior_step + self.prior_slope * j
+            return max(1.0, (self._seconds[j] / base) * prior / jprior)
+        return max(1.0, measured / base) if k else 1.0
+
+
+@dataclass
+class AdaptiveLookahead:
+    """Chooses draft lengths from online acceptance estimates (see module docstring).
+
+    Args:
+        max_tokens: upper bound on ``k``.
+        prior_accept, prior_strength: Beta prior on the per-token acceptance of a bucket
+            (``bucket_priors[bucket]`` overrides ``prior_accept``).
+        cost: the reviewer's :class:`CostModel`.
+        adaptive: ``False`` reproduces the paper's fixed lookahead (always ``max_tokens``).
+        explore_every: a bucket whose choice is ``k = 0`` still drafts ``explore_tokens`` every
+            ``explore_every``-th time, so that an unlucky start does not silence it for good.
+    """
+
+    max_tokens: int = 10
+    prior_accept: float = 0.5
+    prior_strength: float = 4.0
+    bucket_priors: dict[int, float] = field(default_factory=dict)
+    cost: CostModel = field(default_factory=CostModel)
+    adaptive: bool = True
+    explore_every: int = 8
+    explore_tokens: int = 2
+    _accepted: dict[int, float] = field(default_factory=dict)
+    _trials: dict[int, float] = field(default_factory=dict)
+    _skips: dict[int, int] = field(default_factory=dict)
+
+    def acceptance(self, bucket: int) -> float:
+        prior = self.bucket_priors.get(bucket, self.prior_accept)
+        s = self._accepted.get(bucket, 0.0) + prior * self.prior_strength
+        t = self._trials.get(bucket, 0.0) + self.prior_strength
+        return min(max(s / t, 1e-3), 0.999)
+
+    def choose(self, bucket: int, available: int, limit: int | None = None, offset: int = 0) -> int:
+        """Draft length for a draft of ``available`` tokens from ``bucket`` (at most ``limit``),
+        appended after ``offset`` tokens that other drafters already put in the same review."""
+        kmax = min(available, self.max_tokens if limit is None else min(limit, self.max_tokens))
+        if kmax <= 0:
+            return 0
+        if not self.adaptive:
+            return kmax
+        a = self.acceptance(bucket)
+        best_k, best = 0, 1.0  # k = 0: one token per plain step
+        expected, base = 1.0, self.cost.cost(offset)
+        for k in range(1, kmax + 1):
+            expected += a**k
+            value = expected * base / self.cost.cost(offset + k)
+            if value > best:
+                best_k, best = k, value
+        if best_k == 0 and self.explore_every > 0:
+            self._skips[bucket] = self._skips.get(bucket, 0) + 1
+            if self._skips[bucket] % self.explore_every == 0:
+                return min(self.explore_tokens, kmax)
+        return best_k
+
+    def observe(self, bucket: int, proposed: int, accepted: int) -> None:
+        """Feedback from a review: ``accepted`` of ``proposed`` drafts were accepted (a prefix)."""
+        if proposed <= 0:
+            return
+        trials = accepted + (1 if accepted < proposed else 0)
+        self._accepted[bucket] = self._accepted.get(bucket, 0.0) + accepted
+        self._trials[bucket] = self._trials.get(bucket, 0.0) + trials

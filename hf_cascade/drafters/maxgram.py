@@ -1,0 +1,147 @@
+"""Max-Gram (MaG): the statistical drafter at the bottom of the cascade (CS Drafting §3.3, App. A).
+
+MaG finds the longest suffix of the current sequence (prompt and generated text) that occurred
+earlier in it and proposes what followed that earlier occurrence. Where the last token never
+occurred before, it falls back to a bigram table (the paper's is fitted on Wikipedia; ours is
+fitted by :meth:`BigramTable.fit` on any token sequences, e.g. the target's own outputs, and is
+optional).
+
+Deviations from the paper, and why:
+* the match search is one vectorized tensor op over all end positions (the paper loops over match
+  lengths), and it takes the *most recent* occurrence of the longest match (the paper takes the
+  first): generated text tends to repeat what it said last;
+* the number of proposed tokens adapts (:mod:`hf_cascade.drafters.lookahead`): the paper always
+  proposes 10, which on a CPU keeps costing verification time when MaG keeps being rejected.
+
+``MaxGram`` itself is a settings object and holds no per-generation state; the candidate generator
+keeps the adaptive statistics for one ``generate()`` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .lookahead import AdaptiveLookahead, CostModel
+
+BIGRAM_BUCKET = 0
+
+
+def longest_suffix_match(seq: torch.Tensor, max_ngram: int) -> tuple[int, int]:
+    """Longest suffix of ``seq`` (``[L]``) that also ends at an earlier position.
+
+    Returns ``(m, e)``: the suffix ``seq[L-m:]`` equals ``seq[e-m+1 : e+1]`` with ``e <= L-2`` the
+    most recent such end, so ``seq[e+1:]`` is what followed it. ``(0, -1)`` when nothing matches.
+    ``m`` is capped at ``max_ngram``.
+    """
+    length = seq.shape[0]
+    if length < 2 or max_ngram < 1:
+        return 0, -1
+    n = min(max_ngram, length - 1)
+    offsets = torch.arange(n, device=seq.device)                             # [n]
+    ends = torch.arange(length - 1, device=seq.device)                       # [L-1]
+    idx = ends[None, :] - offsets[:, None]                                   # [n, L-1]
+    same = seq[idx.clamp_min(0)] == seq[length - 1 - offsets][:, None]       # [n, L-1]
+    same &= idx >= 0
+    lengths = same.int().cumprod(dim=0).sum(dim=0)                           # [L-1]
+    best = int(lengths.max())
+    if best == 0:
+        return 0, -1
+    end = int((lengths == best).nonzero()[-1])
+    return best, end
+
+
+@dataclass
+class BigramTable:
+    """Most frequent successor of every token (``-1`` where unseen)."""
+
+    next_token: torch.Tensor  # [V] long
+
+    @classmethod
+    def fit(cls, sequences: list[list[int]] | list[torch.Tensor], vocab_size: int) -> "BigramTable":
+        """Count bigrams over ``sequences`` and keep the argmax successor of each token."""
+        pairs = [torch.as_tensor(s, dtype=torch.long) for s in sequences if len(s) >= 2]
+        next_token = torch.full((vocab_size,), -1, dtype=torch.long)
+        if not pairs:
+            return cls(next_token)
+        a = torch.cat([s[:-1] for s in pairs])
+        b = torch.cat([s[1:] for s in pairs])
+        keys, counts = torch.unique(a * vocab_size + b, return_counts=True)
+        # Sort by count, then write: the last write per source token is its most frequent successor.
+        order = counts.argsort(stable=True)
+        keys = keys[order]
+        next_token[keys // vocab_size] = keys % vocab_size
+        return cls(next_token)
+
+    def chain(self, last: int, k: int) -> torch.Tensor:
+        """Follow the table from ``last`` for up to ``k`` tokens."""
+        out: list[int] = []
+        tok = last
+        for _ in range(k):
+            if tok < 0 or tok >= self.next_token.shape[0]:
+                break
+            tok = int(self.next_token[tok])
+            if tok < 0:
+                break
+            out.append(tok)
+        return torch.tensor(out, dtype=torch.long)
+
+
+@dataclass
+class MaxGramProposal:
+    tokens: torch.Tensor  # [k]
+    bucket: int           # evidence bucket: the match length (capped), or BIGRAM_BUCKET
+
+
+@dataclass
+class MaxGram:
+    """Max-Gram drafter settings.
+
+    Args:
+        max_tokens: most tokens proposed at once (the paper: 10).
+        max_ngram: longest suffix match searched for.
+        bigram: optional fallback table for tokens never seen before in the sequence.
+        adaptive: choose the draft length online (default) or always propose ``max_tokens``.
+        cost: fixed :class:`CostModel` for the reviewer (``None``: measured online).
+        bucket_priors: prior per-token acceptance per match length (longer matches repeat more).
+    """
+
+    max_tokens: int = 10
+    max_ngram: int = 10
+    bigram: BigramTable | None = None
+    adaptive: bool = True
+    cost: CostModel | None = None
+    bucket_priors: dict[int, float] = field(
+        default_factory=lambda: {BIGRAM_BUCKET: 0.2, 1: 0.4, 2: 0.55, 3: 0.7, 4: 0.75, 5: 0.8, 6: 0.85}
+    )
+    name: str = "maxgram"
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or self.max_ngram < 1:
+            raise ValueError("MaxGram needs max_tokens >= 1 and max_ngram >= 1")
+
+    def new_policy(self) -> AdaptiveLookahead:
+        """Fresh adaptive state for one reviewer in one ``generate()`` call."""
+        cost = CostModel(**{k: getattr(self.cost, k) for k in ("prior_step", "prior_slope", "measure", "decay")}) \
+            if self.cost is not None else CostModel()
+        return AdaptiveLookahead(
+            max_tokens=self.max_tokens, bucket_priors=dict(self.bucket_priors), cost=cost, adaptive=self.adaptive
+        )
+
+    def candidates(self, seq: torch.Tensor) -> MaxGramProposal:
+        """Everything MaG could propose after ``seq`` (``[L]``), before choosing a length."""
+        m, end = longest_suffix_match(seq, self.max_ngram)
+        if m > 0:
+            cont = seq[end + 1 : end + 1 + self.max_tokens]
+            return MaxGramProposal(cont, bucket=min(m, 6))
+        if self.bigram is not None and seq.numel():
+            return MaxGramProposal(self.bigram.chain(int(seq[-1]), self.max_tokens).to(seq.device), BIGRAM_BUCKET)
+        return MaxGramProposal(seq[:0], BIGRAM_BUCKET)
+
+    def propose(self, seq: torch.Tensor, limit: int, policy: AdaptiveLookahead, offset: int = 0) -> MaxGramProposal:
+        """Propose at most ``limit`` tokens after ``seq`` (``[L]``), as many as ``policy`` finds worth
+        it; ``offset`` tokens from other drafters precede them in the same review."""
+        cand = self.candidates(seq)
+        k = policy.choose(cand.bucket, cand.tokens.shape[0], limit, offset)
+        return MaxGramProposal(cand.tokens[:k], cand.bucket)

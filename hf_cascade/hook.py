@@ -1,0 +1,125 @@
+"""The ``generate()`` hook: route ``assistant_model=<our assistant>`` to our candidate generators.
+
+transformers has no public extension point for candidate generators, so :func:`install` wraps three
+private functions, idempotently, binding their arguments by signature (parameter names, not
+positions) so the wrappers survive signature changes across versions:
+
+1. ``GenerationMixin._get_candidate_generator``: returns ``assistant.candidate_generator(...)``
+   when ``assistant_model`` is a :class:`~hf_cascade.assistant.Assistant`; otherwise unchanged.
+2. ``GenerationMixin._validate_generation_mode`` (5.x) / ``_validate_assistant`` (4.x): these
+   compare the assistant's ``config`` with the target's; our assistants are checked by their own
+   ``bind`` instead, so the assistant is hidden from that check.
+3. ``transformers.pipelines.base.load_assistant_model``: lets ``pipeline(..., assistant_model=...)``
+   accept our assistants (no tokenizer of their own).
+
+Every other ``generate()`` call (plain, prompt lookup, an HF assistant model) is untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from transformers.generation.utils import GenerationMixin
+
+_MARK = "__hf_cascade_original__"
+
+
+def _is_ours(obj: Any) -> bool:
+    from .assistant import Assistant
+
+    return isinstance(obj, Assistant)
+
+
+def _wrap(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -> bool:
+    """Replace ``owner.name`` by ``make_wrapper(original)`` once; return whether it exists."""
+    current = getattr(owner, name, None)
+    if current is None:
+        return False
+    if getattr(current, _MARK, None) is not None:
+        return True  # already installed
+    wrapper = functools.wraps(current)(make_wrapper(current))
+    setattr(wrapper, _MARK, current)
+    setattr(owner, name, wrapper)
+    return True
+
+
+def _candidate_generator_wrapper(original: Callable) -> Callable:
+    signature = inspect.signature(original)
+
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        assistant = bound.arguments.get("assistant_model")
+        if not _is_ours(assistant):
+            return original(*args, **kwargs)
+        a = bound.arguments
+        return assistant.candidate_generator(
+            target=a["self"],
+            input_ids=a["input_ids"],
+            generation_config=a["generation_config"],
+            logits_processor=a.get("logits_processor"),
+            model_kwargs=a.get("model_kwargs") or {},
+        )
+
+    return wrapper
+
+
+def _hide_assistant_wrapper(original: Callable) -> Callable:
+    """Call ``original`` as if no assistant had been given when the assistant is ours."""
+    signature = inspect.signature(original)
+
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        for pname, value in list(bound.arguments.items()):
+            if pname == "assistant_model" and _is_ours(value):
+                bound.arguments[pname] = None
+            elif isinstance(value, dict) and _is_ours(value.get("assistant_model")):
+                bound.arguments[pname] = {k: v for k, v in value.items() if k != "assistant_model"}
+        return original(*bound.args, **bound.kwargs)
+
+    return wrapper
+
+
+def _pipeline_loader_wrapper(original: Callable) -> Callable:
+    signature = inspect.signature(original)
+
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if _is_ours(bound.arguments.get("assistant_model")):
+            return bound.arguments["assistant_model"], None
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def install() -> None:
+    """Install the hook (idempotent; called on ``import hf_cascade``)."""
+    if not _wrap(GenerationMixin, "_get_candidate_generator", _candidate_generator_wrapper):
+        raise RuntimeError(
+            "This transformers version has no GenerationMixin._get_candidate_generator; "
+            "hf_cascade supports transformers>=4.57."
+        )
+    _wrap(GenerationMixin, "_validate_generation_mode", _hide_assistant_wrapper)
+    _wrap(GenerationMixin, "_validate_assistant", _hide_assistant_wrapper)
+    try:
+        from transformers.pipelines import base as pipeline_base
+    except ImportError:  # pragma: no cover - pipelines need optional deps in some installs
+        return
+    _wrap(pipeline_base, "load_assistant_model", _pipeline_loader_wrapper)
+
+
+def uninstall() -> None:
+    """Restore the original transformers functions (mainly for tests)."""
+    from transformers.pipelines import base as pipeline_base
+
+    for owner, name in [
+        (GenerationMixin, "_get_candidate_generator"),
+        (GenerationMixin, "_validate_generation_mode"),
+        (GenerationMixin, "_validate_assistant"),
+        (pipeline_base, "load_assistant_model"),
+    ]:
+        current = getattr(owner, name, None)
+        original = getattr(current, _MARK, None)
+        if original is not None:
+            setattr(owner, name, original)
