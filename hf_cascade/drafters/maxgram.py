@@ -10,6 +10,8 @@ Deviations from the paper, and why:
 * the match search is one vectorized tensor op over all end positions (the paper loops over match
   lengths), and it takes the *most recent* occurrence of the longest match (the paper takes the
   first): generated text tends to repeat what it said last;
+* a continuation that runs into the end of the sequence wraps around (the text is repeating with
+  that period), so loops are drafted in full;
 * the number of proposed tokens adapts (:mod:`hf_cascade.drafters.lookahead`): the paper always
   proposes 10, which on a CPU keeps costing verification time when MaG keeps being rejected.
 
@@ -133,8 +135,11 @@ class MaxGram:
         """Everything MaG could propose after ``seq`` (``[L]``), before choosing a length."""
         m, end = longest_suffix_match(seq, self.max_ngram)
         if m > 0:
-            cont = seq[end + 1 : end + 1 + self.max_tokens]
-            return MaxGramProposal(cont, bucket=min(m, 6))
+            # What followed the match; where it runs into the end of the sequence the text is
+            # repeating with period L-1-end, so the continuation wraps around that period.
+            period = seq.shape[0] - 1 - end
+            idx = end + 1 + torch.arange(self.max_tokens, device=seq.device) % period
+            return MaxGramProposal(seq[idx], bucket=min(m, 6))
         if self.bigram is not None and seq.numel():
             return MaxGramProposal(self.bigram.chain(int(seq[-1]), self.max_tokens).to(seq.device), BIGRAM_BUCKET)
         return MaxGramProposal(seq[:0], BIGRAM_BUCKET)
