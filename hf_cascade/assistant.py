@@ -25,15 +25,17 @@ class Assistant:
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None,
         model_kwargs: dict,
+        target_tokenizer=None,
     ) -> SpeculativeCandidateGenerator:
-        """Called by the hook once per ``generate()`` call."""
+        """Called by the hook once per ``generate()`` call (``target_tokenizer``: the ``tokenizer=``
+        given to ``generate``, if any)."""
         self.check_supported(target, input_ids, generation_config, model_kwargs)
         stats = GenerationStats()
-        generator = self.build(target, generation_config, logits_processor, stats)
+        generator = self.build(target, generation_config, logits_processor, stats, target_tokenizer)
         self.last_stats = stats
         return generator
 
-    def build(self, target, generation_config, logits_processor, stats) -> SpeculativeCandidateGenerator:
+    def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> SpeculativeCandidateGenerator:
         raise NotImplementedError
 
     @staticmethod

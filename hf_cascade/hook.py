@@ -21,6 +21,7 @@ import functools
 import inspect
 from typing import Any, Callable
 
+from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
 _MARK = "__hf_cascade_original__"
@@ -60,6 +61,7 @@ def _candidate_generator_wrapper(original: Callable) -> Callable:
             generation_config=a["generation_config"],
             logits_processor=a.get("logits_processor"),
             model_kwargs=a.get("model_kwargs") or {},
+            target_tokenizer=a.get("target_tokenizer"),
         )
 
     return wrapper
@@ -71,11 +73,17 @@ def _hide_assistant_wrapper(original: Callable) -> Callable:
 
     def wrapper(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
+        ours = False
         for pname, value in list(bound.arguments.items()):
             if pname == "assistant_model" and _is_ours(value):
-                bound.arguments[pname] = None
+                bound.arguments[pname], ours = None, True
             elif isinstance(value, dict) and _is_ours(value.get("assistant_model")):
-                bound.arguments[pname] = {k: v for k, v in value.items() if k != "assistant_model"}
+                bound.arguments[pname], ours = {k: v for k, v in value.items() if k != "assistant_model"}, True
+        if ours:
+            # Beam search never asks for a candidate generator: refuse it here, where it is still visible.
+            for value in bound.arguments.values():
+                if isinstance(value, GenerationConfig) and (value.num_beams or 1) > 1:
+                    raise ValueError("hf_cascade assistants do not support beam search (num_beams > 1).")
         return original(*bound.args, **bound.kwargs)
 
     return wrapper

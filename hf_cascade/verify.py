@@ -75,7 +75,7 @@ def greedy_review(
     if k > 0 and draft_token_probs is not None and bool((lenience > 1.0).any()):
         p = reviewer_logits[:k].float().softmax(dim=-1)
         p_draft = p.gather(-1, drafts[:, None]).squeeze(-1)                # [k]
-        ok = ok | (lenience * p_draft >= draft_token_probs)
+        ok = ok | ((lenience > 1.0) & (lenience * p_draft >= draft_token_probs))
     n = int(torch.cumprod(ok.int(), dim=0).sum()) if k else 0
     tokens = torch.cat([drafts[:n], best[n : n + 1]])
     probs = reviewer_logits[: n + 1].float().softmax(dim=-1).gather(-1, tokens[:, None]).squeeze(-1)

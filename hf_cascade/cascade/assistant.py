@@ -58,10 +58,10 @@ class CascadeAssistant(Assistant):
         self.lenience = float(lenience)
         self.tokenizer = tokenizer
 
-    def build(self, target, generation_config, logits_processor, stats) -> CascadeCandidateGenerator:
+    def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> CascadeCandidateGenerator:
         for d in self.drafters:
             if not isinstance(d, MaxGram):
-                check_same_vocabulary(target, d, getattr(generation_config, "_target_tokenizer", None), self.tokenizer)
+                check_same_vocabulary(target, d, target_tokenizer, self.tokenizer)
         return CascadeCandidateGenerator(
             target, generation_config, logits_processor, stats, self.drafters, self.k_matrix, self.lenience
         )

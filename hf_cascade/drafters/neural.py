@@ -71,9 +71,11 @@ class NeuralLevel:
         self.processors = processors
         self.stats = stats
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config) if _cache_takes_config() else DynamicCache()
-        if hasattr(self.cache, "activate_past_recording"):
-            self.cache.activate_past_recording()  # sliding-window layers must be able to roll back
+        # A plain DynamicCache keeps every position in every layer, sliding-window layers included
+        # (their window is applied by the attention mask), so ``crop`` can roll back any number of
+        # tokens. transformers' sliding-window cache layers forget states past the window at each
+        # crop, which a drafter's deeper rollbacks (across several forwards) cannot afford.
+        self.cache = DynamicCache()
         self.cached = torch.empty(0, dtype=torch.long)  # tokens whose K/V are in ``cache``
         self.last_forward_seconds = 0.0
 
@@ -149,9 +151,3 @@ def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
         return 0
     diff = (a[:n] != b[:n].to(a.device)).nonzero()
     return int(diff[0]) if diff.numel() else n
-
-
-def _cache_takes_config() -> bool:
-    import inspect
-
-    return "config" in inspect.signature(DynamicCache.__init__).parameters

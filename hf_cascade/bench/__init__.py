@@ -1,0 +1,28 @@
+"""Benchmark harness of ``hf-cascade bench``: interleaved, same-run comparisons against plain ``generate``.
+
+    from hf_cascade.bench import BenchConfig, run_benchmark, write_results, markdown_report
+    result = run_benchmark(BenchConfig(strategy="maxgram", baselines=["plain", "pld"]), model, tok, prompts)
+    write_results(result, "out/")   # results.json, report.md, PNGs
+
+Modules: :mod:`.config` (settings), :mod:`.methods` (what is compared), :mod:`.runner` (the timed
+loop), :mod:`.summary` (aggregation), :mod:`.report` and :mod:`.plots` (outputs), :mod:`.loading`
+(models and prompts for the CLI).
+"""
+
+from .config import BASELINES, STRATEGIES, BenchConfig, parse_baselines, parse_k_matrix
+from .methods import MethodUnavailable
+from .report import markdown_report, write_results
+from .runner import BenchResult, run_benchmark
+
+__all__ = [
+    "BASELINES",
+    "STRATEGIES",
+    "BenchConfig",
+    "BenchResult",
+    "MethodUnavailable",
+    "markdown_report",
+    "parse_baselines",
+    "parse_k_matrix",
+    "run_benchmark",
+    "write_results",
+]

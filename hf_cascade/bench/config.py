@@ -1,0 +1,92 @@
+"""Settings of one benchmark run (:class:`BenchConfig`) and the names of the methods it can compare."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+#: Our strategies (``--strategy``).
+STRATEGIES = ("maxgram", "cascade")
+#: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
+BASELINES = ("plain", "pld", "pld-tuned", "hf-assisted", "economize")
+
+
+@dataclass
+class BenchConfig:
+    """What to measure.
+
+    Attributes:
+        strategy: ``"maxgram"`` (``CascadeAssistant([MaxGram()])``) or ``"cascade"``
+            (``CascadeAssistant([*drafts, MaxGram()])``, needs draft models).
+        baselines: baselines besides ours; ``"plain"`` is added when missing.
+        k_matrix: optional ``n x n`` K-matrix of the cascade (``n`` = drafters including MaxGram).
+        lenience: lenience between drafters of the cascade (``>= 1``).
+        max_new_tokens: tokens generated per prompt.
+        sampling: ``do_sample=True`` with ``temperature`` (default: greedy).
+        temperature: sampling temperature.
+        seed: seed of the sampling RNG (reset before every generate of a prompt, per prompt).
+        warmup_tokens: new tokens of the untimed warm-up generate of every method.
+        target / drafts / prompts_path / per_category: where the CLI loads models and prompts from;
+            :func:`~hf_cascade.bench.runner.run_benchmark` itself receives loaded objects.
+    """
+
+    strategy: str = "maxgram"
+    baselines: list[str] = field(default_factory=lambda: ["plain"])
+    k_matrix: list[list[int]] | None = None
+    lenience: float = 1.0
+    max_new_tokens: int = 128
+    sampling: bool = False
+    temperature: float = 0.7
+    seed: int = 0
+    warmup_tokens: int = 8
+    target: str | None = None
+    drafts: list[str] = field(default_factory=list)
+    prompts_path: str | None = None
+    per_category: int = 3
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}")
+        unknown = [b for b in self.baselines if b not in BASELINES]
+        if unknown:
+            raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
+        self.baselines = ["plain"] + [b for b in dict.fromkeys(self.baselines) if b != "plain"]
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if self.lenience < 1.0:
+            raise ValueError(f"lenience must be >= 1, got {self.lenience}")
+        if self.sampling and self.temperature <= 0:
+            raise ValueError("sampling needs temperature > 0")
+
+    @property
+    def methods(self) -> list[str]:
+        """Every method measured, in the base order of the rotation: the baselines, then ours."""
+        return [*self.baselines, self.strategy]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_baselines(text: str | None) -> list[str]:
+    """``"pld,economize"`` -> ``["plain", "pld", "economize"]`` (checked against :data:`BASELINES`)."""
+    names = [t.strip() for t in (text or "").split(",") if t.strip()]
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
+    return ["plain"] + [n for n in dict.fromkeys(names) if n != "plain"]
+
+
+def parse_k_matrix(text: str | None) -> list[list[int]] | None:
+    """A K-matrix given as JSON text (``"[[2, 10], [0, 10]]"``) or as the path of a JSON file."""
+    if text is None:
+        return None
+    path = Path(text)
+    raw = path.read_text() if not text.lstrip().startswith("[") and path.is_file() else text
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--k-matrix is neither JSON nor a JSON file: {text!r}") from exc
+    if not (isinstance(value, list) and all(isinstance(r, list) for r in value)):
+        raise ValueError(f"--k-matrix must be a list of lists of ints, got {value!r}")
+    return [[int(x) for x in row] for row in value]

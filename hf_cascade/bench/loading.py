@@ -1,0 +1,50 @@
+"""Load what a benchmark or the demo needs: target, draft models, prompts.
+
+A model spec is ``None``/``"default"`` (the embedded Gemma-3-270M), ``"smollm2"``, a local Hugging Face
+directory, or ``gguf:PATH`` (converted once into a cached safetensors directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from .. import models
+
+
+def load_model(spec: str | None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for a spec (see the module docstring); the model in eval mode."""
+    if spec is None or spec in ("default", models.DEFAULT_TARGET):
+        return models.load_default_target()
+    if spec in ("smollm2", models.SMOLLM2):
+        return models.load_smollm2()
+    if spec.startswith("gguf:"):
+        path = Path(spec[len("gguf:"):]).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        key = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+        hf_dir = models.gguf_to_hf_dir(path, models.cache_dir() / "gguf_hf" / f"{path.stem}-{key}")
+        return models.load_hf_dir(hf_dir)
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model {spec!r} is not a local Hugging Face directory; use 'default', 'smollm2', a directory or gguf:PATH"
+        )
+    return models.load_hf_dir(path)
+
+
+def load_drafts(specs: list[str]) -> list[Any]:
+    """Draft models (largest first), each loaded with :func:`load_model`."""
+    return [load_model(s)[0] for s in specs]
+
+
+def load_prompts(path: str | None, per_category: int) -> list[dict]:
+    """Spec-Bench prompts, the first ``per_category`` of each category, as dicts with ``category`` and
+    the formatted ``prompt`` text (see :func:`hf_cascade.data.load_specbench`)."""
+    from .. import data
+
+    items = data.load_specbench(path, per_category=per_category)
+    if not items:
+        raise ValueError(f"no prompts found in {path or 'Spec-Bench'}")
+    return items

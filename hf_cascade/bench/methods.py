@@ -1,0 +1,165 @@
+"""The methods a benchmark compares: plain ``generate``, transformers' baselines, economize, and ours.
+
+Every method is a :class:`Method`: ``run(input_ids, attention_mask, gen_kwargs)`` returns the output
+ids and, where the method reports it, per-call statistics (a dict in the format of
+:meth:`hf_cascade.GenerationStats.to_dict`, at least ``target_calls`` and ``new_tokens``). A method that
+cannot be built (a missing package, a missing draft model) raises :class:`MethodUnavailable` with a
+message that says what to do; the runner records it and goes on with the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..cascade import CascadeAssistant
+from ..drafters import MaxGram
+
+ECONOMIZE_VERSION = "0.3.2"
+
+
+class MethodUnavailable(RuntimeError):
+    """A method cannot run in this environment or with these settings (the message says why)."""
+
+
+class Method:
+    """One way of calling ``generate``; subclasses override :meth:`run`."""
+
+    #: whether ``run`` returns per-call statistics
+    has_stats = False
+
+    def __init__(self, name: str, model: Any):
+        self.name, self.model = name, model
+
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen_kwargs: dict) -> tuple[torch.Tensor, dict | None]:
+        out = self.model.generate(input_ids, attention_mask=attention_mask, **gen_kwargs, **self.extra_kwargs())
+        return out, None
+
+    def extra_kwargs(self) -> dict:
+        return {}
+
+
+class PromptLookup(Method):
+    """transformers' prompt lookup decoding (``prompt_lookup_num_tokens=...``)."""
+
+    def __init__(self, name: str, model: Any, num_tokens: int, max_ngram: int | None = None):
+        super().__init__(name, model)
+        self.kwargs = {"prompt_lookup_num_tokens": num_tokens}
+        if max_ngram is not None:
+            self.kwargs["max_matching_ngram_size"] = max_ngram
+
+    def extra_kwargs(self) -> dict:
+        return dict(self.kwargs)
+
+
+class HFAssisted(Method):
+    """transformers' own assisted generation with a draft model."""
+
+    def __init__(self, name: str, model: Any, draft: Any):
+        super().__init__(name, model)
+        self.draft = draft
+
+    def extra_kwargs(self) -> dict:
+        return {"assistant_model": self.draft}
+
+
+class Ours(Method):
+    """``generate(..., assistant_model=CascadeAssistant(...))``; statistics from ``last_stats``."""
+
+    has_stats = True
+
+    def __init__(self, name: str, model: Any, assistant: CascadeAssistant):
+        super().__init__(name, model)
+        self.assistant = assistant
+
+    def run(self, input_ids, attention_mask, gen_kwargs):
+        out = self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.assistant, **gen_kwargs)
+        stats = self.assistant.last_stats
+        return out, (stats.to_dict() if stats is not None else None)
+
+
+class Economize(Method):
+    """economize's prompt-lookup drafter: ``LookupConfig(max_ngram=3)``, ``DecodeConfig(cycle_length=6)``."""
+
+    has_stats = True
+
+    def __init__(self, name: str, model: Any, sampling: bool):
+        super().__init__(name, model)
+        try:
+            import economize
+            from economize.techniques.lookup import LookupConfig
+        except ImportError as exc:
+            raise MethodUnavailable(
+                f"baseline 'economize' needs economize=={ECONOMIZE_VERSION}: pip install economize=={ECONOMIZE_VERSION} ({exc})"
+            ) from exc
+        version = getattr(economize, "__version__", "?")
+        if version != ECONOMIZE_VERSION:
+            raise MethodUnavailable(
+                f"baseline 'economize' is defined for economize=={ECONOMIZE_VERSION}, found {version}: "
+                f"pip install economize=={ECONOMIZE_VERSION}"
+            )
+        # Sampling needs a verifier that accepts stochastic selectors (lossless speculative sampling).
+        decoding = economize.DecodeConfig(cycle_length=6, verifier="rejection" if sampling else None)
+        try:
+            self.wrapped = economize.apply(model, LookupConfig(max_ngram=3), decoding=decoding)
+        except Exception as exc:  # economize raises its own errors for unsupported architectures
+            raise MethodUnavailable(f"economize cannot wrap {type(model).__name__}: {type(exc).__name__}: {exc}") from exc
+
+    def run(self, input_ids, attention_mask, gen_kwargs):
+        results: list = []
+        out = self.wrapped.generate(input_ids, attention_mask=attention_mask, on_results=results.extend, **gen_kwargs)
+        stats = None
+        if results:
+            acc = results[0].acceptance  # one (drafted, accepted) pair per verified cycle
+            calls = len(acc)
+            new_tokens = int(results[0].tokens.numel())
+            stats = {
+                "target_calls": calls,
+                "new_tokens": new_tokens,
+                "tokens_per_target_call": new_tokens / calls if calls else 0.0,
+                "accepted_per_call": [int(a) for _, a in acc],
+                "draft_len_per_call": [int(d) for d, _ in acc],
+                "acceptance_by_position": _position_counts(acc),
+            }
+        return out, stats
+
+
+def _position_counts(pairs: list[tuple[int, int]]) -> dict:
+    """``(drafted, accepted)`` pairs -> acceptance counts by draft position (as in ``GenerationStats``)."""
+    width = max((int(d) for d, _ in pairs), default=0)
+    proposed, accepted = [0] * width, [0] * width
+    for d, a in pairs:
+        for i in range(int(d)):
+            proposed[i] += 1
+            accepted[i] += int(i < int(a))
+    return {"proposed": proposed, "accepted": accepted}
+
+
+def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, sampling: bool) -> Method:
+    """The :class:`Method` named ``name`` (a baseline of :data:`~hf_cascade.bench.config.BASELINES` or a
+    strategy of :data:`~hf_cascade.bench.config.STRATEGIES`)."""
+    builders: dict[str, Callable[[], Method]] = {
+        "plain": lambda: Method("plain", model),
+        "pld": lambda: PromptLookup("pld", model, num_tokens=10),
+        "pld-tuned": lambda: PromptLookup("pld-tuned", model, num_tokens=5, max_ngram=3),
+        "hf-assisted": lambda: _hf_assisted(model, drafts),
+        "economize": lambda: Economize("economize", model, sampling),
+        "maxgram": lambda: Ours("maxgram", model, CascadeAssistant([MaxGram()], **strategy_kwargs)),
+        "cascade": lambda: _cascade(model, drafts, strategy_kwargs),
+    }
+    if name not in builders:
+        raise ValueError(f"unknown method {name!r}")
+    return builders[name]()
+
+
+def _hf_assisted(model: Any, drafts: list) -> Method:
+    if not drafts:
+        raise MethodUnavailable("baseline 'hf-assisted' needs a draft model: pass --draft PATH")
+    return HFAssisted("hf-assisted", model, drafts[0])
+
+
+def _cascade(model: Any, drafts: list, strategy_kwargs: dict) -> Method:
+    if not drafts:
+        raise MethodUnavailable("strategy 'cascade' needs at least one draft model: pass --draft PATH (largest first)")
+    return Ours("cascade", model, CascadeAssistant([*drafts, MaxGram()], **strategy_kwargs))

@@ -1,0 +1,80 @@
+"""PNG figures of a benchmark summary (matplotlib with the Agg backend, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .summary import OVERALL
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_acceptance_by_position(summary: dict, path: str | Path, min_proposed: int = 5) -> Path | None:
+    """Acceptance rate at the target by position in the draft (CS Drafting, Figure 2), one line per
+    method that reports it; for cascades also each level's acceptance by its reviewer (dashed).
+    Positions proposed fewer than ``min_proposed`` times are left out. ``None`` when no method reports it."""
+    acc = summary.get("acceptance_by_position") or {}
+    if not acc:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for method, data in acc.items():
+        t = data["target"]
+        xs = [i + 1 for i, p in enumerate(t["proposed"]) if p >= min_proposed]
+        ys = [t["rates"][i - 1] for i in xs]
+        reviews = t["proposed"][0] if t["proposed"] else 0
+        ax.plot(xs, ys, marker="o", label=f"{method}: accepted by target ({reviews} drafts)")
+        levels = data.get("levels", {})
+        if len(levels) > 1:  # a real cascade: show how each drafter fares with its reviewer
+            for key, lv in levels.items():
+                lx = [i + 1 for i, p in enumerate(lv["proposed"]) if p >= min_proposed]
+                if lx:
+                    ax.plot(lx, [lv["rates"][i - 1] for i in lx], ls="--", marker=".",
+                            label=f"{method} level {key} (by its reviewer)")
+    ax.set_xlabel("position of the token in the draft")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Acceptance of draft tokens by position")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_speedup_by_category(summary: dict, methods: list[str], path: str | Path) -> Path:
+    """Grouped bars: speedup vs plain (total time) per category and overall, one bar per method."""
+    plt = _pyplot()
+    methods = [m for m in methods if m != "plain"]
+    groups = list(summary["categories"]) + [OVERALL]
+
+    def value(group: str, m: str) -> float:
+        s = summary[OVERALL].get(m) if group == OVERALL else summary["categories"][group].get(m)
+        return s["speedup"] if s else 0.0
+
+    width = 0.8 / max(1, len(methods))
+    fig, ax = plt.subplots(figsize=(max(7, 0.75 * len(groups) * max(1, len(methods)) ** 0.5 + 3), 4.5))
+    for j, m in enumerate(methods):
+        xs = [g + (j - (len(methods) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [value(g, m) for g in groups], width=width, label=m)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("speedup vs plain generate")
+    ax.set_title("Speedup per category (same prompts, interleaved)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,98 @@
+"""Turn a :class:`~hf_cascade.bench.runner.BenchResult` into files and text (returned, not printed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .plots import plot_acceptance_by_position, plot_speedup_by_category
+from .runner import BenchResult
+from .summary import OVERALL
+
+
+def _fmt(value, spec: str = ".2f", none: str = "–") -> str:
+    return none if value is None else format(value, spec)
+
+
+def _identical(s: dict) -> str:
+    return "n/a" if s["identical"] is None else f"{s['identical']}/{s['prompts']}"
+
+
+def markdown_overall(result: BenchResult) -> str:
+    """One row per method: tokens/s, both speedups, tokens per target call, identical outputs."""
+    lines = [
+        "| method | prompts | tok/s | speedup (total time) | speedup (mean per prompt) | tok/target call | identical to plain |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m in result.methods:
+        s = result.summary[OVERALL].get(m)
+        if s is None:
+            continue
+        lines.append(
+            f"| {m} | {s['prompts']} | {_fmt(s['tokens_per_second'], '.1f')} | {_fmt(s['speedup'])}x | "
+            f"{_fmt(s['speedup_mean_per_prompt'])}x | {_fmt(s['tokens_per_target_call'])} | {_identical(s)} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown_categories(result: BenchResult) -> str:
+    """Categories x methods: speedup (total time) and tokens/s; tokens per call for methods that report it."""
+    methods = [m for m in result.methods if m != "plain"]
+    head = "| category | plain tok/s | " + " | ".join(f"{m} speedup" for m in methods) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(methods)]
+    for cat, per_method in result.summary["categories"].items():
+        plain = per_method.get("plain")
+        cells = []
+        for m in methods:
+            s = per_method.get(m)
+            if s is None:
+                cells.append("–")
+                continue
+            cell = f"{s['speedup']:.2f}x"
+            if s["tokens_per_target_call"] is not None:
+                cell += f" ({s['tokens_per_target_call']:.2f} t/c)"
+            if s["identical"] is not None and s["identical"] != s["prompts"]:
+                cell += f" [{s['identical']}/{s['prompts']} same]"
+            cells.append(cell)
+        plain_tps = _fmt(plain["tokens_per_second"], ".1f") if plain else "–"
+        lines.append(f"| {cat} | {plain_tps} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(result: BenchResult) -> str:
+    """The full Markdown report: settings, overall table, per-category table, errors."""
+    c = result.config
+    mode = f"sampling (temperature {c['temperature']}, seed {c['seed']})" if c["sampling"] else "greedy"
+    env = result.environment
+    target = env.get("target", {})
+    parts = [
+        f"**Target** {target.get('class', '?')} ({target.get('parameters', 0) / 1e6:.0f}M params), "
+        f"**strategy** `{c['strategy']}`, {c['max_new_tokens']} new tokens, {mode}, "
+        f"torch {env.get('torch', '?')} / transformers {env.get('transformers', '?')}, {env.get('threads', '?')} threads.",
+        "",
+        "### Overall",
+        "",
+        markdown_overall(result),
+        "",
+        "### Per category (speedup vs plain on the same prompts; t/c = tokens per target call)",
+        "",
+        markdown_categories(result),
+    ]
+    if result.errors:
+        parts += ["", "### Methods that could not run", ""]
+        parts += [f"- **{m}**: {msg}" for m, msg in result.errors.items()]
+    return "\n".join(parts)
+
+
+def write_results(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
+    """Write ``results.json``, ``report.md`` and the PNGs into ``out_dir``; return their paths by kind."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "markdown": out / "report.md"}
+    paths["json"].write_text(json.dumps(result.to_dict(), indent=1))
+    paths["markdown"].write_text(markdown_report(result) + "\n")
+    acc = plot_acceptance_by_position(result.summary, out / "acceptance_by_position.png")
+    if acc is not None:
+        paths["acceptance_png"] = acc
+    paths["speedup_png"] = plot_speedup_by_category(result.summary, result.methods, out / "speedup_by_category.png")
+    return paths

@@ -1,0 +1,212 @@
+"""The measurement loop: :func:`run_benchmark` returns a :class:`BenchResult` (data only, nothing printed).
+
+Methods are interleaved prompt by prompt: for prompt ``i`` every method runs once, in the base order
+rotated by ``i``, so slow drifts of the machine (thermal, other load) hit all methods alike. Each method
+first runs one untimed warm-up ``generate`` on the first prompt.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from .config import BenchConfig
+from .methods import Method, MethodUnavailable, build_method
+from .summary import summarize
+
+
+@dataclass
+class BenchResult:
+    """Everything a benchmark measured.
+
+    Attributes:
+        config: the :class:`BenchConfig` as a dict.
+        methods: methods that ran, in base rotation order (``plain`` first).
+        records: one dict per (prompt, method): timing, token counts, equality with plain, stats.
+        summary: per category and ``"overall"``, per method (see :func:`~hf_cascade.bench.summary.summarize`).
+        errors: method -> why it could not run (build failure or an exception while generating).
+        environment: versions, threads, model names.
+    """
+
+    config: dict
+    methods: list[str]
+    records: list[dict]
+    summary: dict
+    errors: dict[str, str] = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "config": self.config,
+            "methods": self.methods,
+            "errors": self.errors,
+            "environment": self.environment,
+            "summary": self.summary,
+            "records": self.records,
+        }
+
+
+def rotated(names: Sequence[str], i: int) -> list[str]:
+    """``names`` rotated left by ``i`` (the order methods run on prompt ``i``)."""
+    names = list(names)
+    if not names:
+        return names
+    k = i % len(names)
+    return names[k:] + names[:k]
+
+
+def generation_kwargs(config: BenchConfig, tokenizer: Any, max_new_tokens: int | None = None) -> dict:
+    """``generate`` keyword arguments shared by every method."""
+    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens or config.max_new_tokens, "do_sample": config.sampling}
+    if config.sampling:
+        kwargs["temperature"] = config.temperature
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tokenizer, "eos_token_id", None)
+    if pad is not None:
+        kwargs["pad_token_id"] = pad
+    return kwargs
+
+
+def encode(tokenizer: Any, prompt: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of one prompt dict (its ``input_ids`` or its ``prompt`` text)."""
+    if prompt.get("input_ids") is not None:
+        ids = torch.as_tensor(prompt["input_ids"], dtype=torch.long).view(1, -1)
+    else:
+        ids = tokenizer(prompt["prompt"], return_tensors="pt").input_ids
+    return ids, torch.ones_like(ids)
+
+
+def _timed(method: Method, ids, mask, kwargs: dict, seed: int) -> tuple[torch.Tensor, dict | None, float]:
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out, stats = method.run(ids, mask, kwargs)
+    return out, stats, time.perf_counter() - t0
+
+
+def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict) -> dict[str, Method]:
+    strategy_kwargs: dict[str, Any] = {"lenience": config.lenience}
+    if config.k_matrix is not None:
+        strategy_kwargs["k_matrix"] = config.k_matrix
+    methods: dict[str, Method] = {}
+    for name in config.methods:
+        try:
+            methods[name] = build_method(name, model, drafts, strategy_kwargs=strategy_kwargs, sampling=config.sampling)
+        except MethodUnavailable as exc:
+            errors[name] = str(exc)
+    if "plain" not in methods:
+        raise RuntimeError(f"plain generate could not be set up: {errors.get('plain')}")
+    return methods
+
+
+def _environment(model: Any, drafts: list) -> dict:
+    import transformers
+
+    def describe(m):
+        return {"class": type(m).__name__, "name_or_path": getattr(m.config, "_name_or_path", "") or "",
+                "parameters": int(sum(p.numel() for p in m.parameters()))}
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "target": describe(model),
+        "drafts": [describe(d) for d in drafts],
+    }
+
+
+def run_benchmark(
+    config: BenchConfig,
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[dict],
+    drafts: Sequence[Any] = (),
+    progress: bool = False,
+) -> BenchResult:
+    """Measure every method of ``config`` on ``prompts`` with the loaded ``model`` (and ``drafts``).
+
+    Args:
+        config: settings (the loading fields ``target``, ``drafts``, ``prompts_path`` are ignored here).
+        model: the target, a transformers causal LM in eval mode.
+        tokenizer: its tokenizer (to encode ``prompt`` texts and decode outputs).
+        prompts: dicts with ``category`` and ``prompt`` (text) or ``input_ids``; other keys are kept.
+        drafts: draft models, largest first (for ``cascade`` and ``hf-assisted``).
+        progress: show a tqdm bar over prompts (on stderr).
+    """
+    if not prompts:
+        raise ValueError("run_benchmark needs at least one prompt")
+    drafts = list(drafts)
+    errors: dict[str, str] = {}
+    methods = _build_methods(config, model, drafts, errors)
+    kwargs = generation_kwargs(config, tokenizer)
+
+    # One untimed warm-up generate per method (first-call allocations, lazy imports, caches).
+    first_ids, first_mask = encode(tokenizer, prompts[0])
+    warm = generation_kwargs(config, tokenizer, max_new_tokens=config.warmup_tokens)
+    for name in list(methods):
+        try:
+            _timed(methods[name], first_ids, first_mask, warm, config.seed)
+        except Exception as exc:  # a baseline that breaks must not stop the others
+            if name == "plain":
+                raise
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            del methods[name]
+
+    records: list[dict] = []
+    iterator = enumerate(prompts)
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(iterator, total=len(prompts), desc="bench", unit="prompt")
+    for i, prompt in iterator:
+        ids, mask = encode(tokenizer, prompt)
+        outputs: dict[str, torch.Tensor] = {}
+        prompt_records: list[dict] = []
+        for position, name in enumerate(rotated(list(methods), i)):
+            try:
+                out, stats, seconds = _timed(methods[name], ids, mask, kwargs, config.seed + i)
+            except Exception as exc:
+                if name == "plain":
+                    raise
+                errors[name] = f"{type(exc).__name__} on prompt {i}: {exc}"
+                del methods[name]
+                continue
+            new = out[0, ids.shape[1]:]
+            outputs[name] = new
+            prompt_records.append({
+                "prompt_index": i,
+                "question_id": prompt.get("question_id"),
+                "category": prompt.get("category", "all"),
+                "method": name,
+                "order": position,
+                "prompt_tokens": int(ids.shape[1]),
+                "new_tokens": int(new.numel()),
+                "seconds": seconds,
+                "tokens_per_second": new.numel() / seconds if seconds > 0 else 0.0,
+                "output_text": tokenizer.decode(new, skip_special_tokens=True),
+                "stats": stats,
+            })
+        plain = outputs.get("plain")
+        for rec in prompt_records:
+            # Sampled outputs differ between methods by design (same distribution, other random draws).
+            same = None if config.sampling or plain is None else torch.equal(outputs[rec["method"]], plain)
+            rec["identical_to_plain"] = same
+            rec["prompt"] = prompt.get("prompt")
+        records.extend(prompt_records)
+
+    names = [n for n in config.methods if any(r["method"] == n for r in records)]
+    return BenchResult(
+        config=config.to_dict(),
+        methods=names,
+        records=records,
+        summary=summarize(records, names),
+        errors=errors,
+        environment=_environment(model, drafts),
+    )

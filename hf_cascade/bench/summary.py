@@ -1,0 +1,97 @@
+"""Aggregate per-prompt records into per-category and overall numbers (pure functions on dicts)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+
+OVERALL = "overall"
+
+
+def _group_summary(records: list[dict], method: str) -> dict | None:
+    """Numbers of ``method`` over the prompts of ``records`` where both it and plain ran."""
+    by_prompt: dict[int, dict[str, dict]] = defaultdict(dict)
+    for r in records:
+        by_prompt[r["prompt_index"]][r["method"]] = r
+    pairs = [(p["plain"], p[method]) for p in by_prompt.values() if "plain" in p and method in p]
+    if not pairs:
+        return None
+    mine = [m for _, m in pairs]
+    plain_seconds = sum(p["seconds"] for p, _ in pairs)
+    seconds = sum(m["seconds"] for m in mine)
+    tokens = sum(m["new_tokens"] for m in mine)
+    ratios = [p["seconds"] / m["seconds"] for p, m in pairs if m["seconds"] > 0]
+    same = [m["identical_to_plain"] for m in mine]
+    stats = [m["stats"] for m in mine if m.get("stats")]
+    if method == "plain":
+        per_call = 1.0
+    elif stats and sum(s["target_calls"] for s in stats):
+        # Over the assisted loop: tokens produced / target forwards (the prefill's first token included).
+        per_call = sum(s["new_tokens"] for s in stats) / sum(s["target_calls"] for s in stats)
+    else:
+        per_call = None
+    return {
+        "prompts": len(pairs),
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        "speedup": plain_seconds / seconds if seconds > 0 else 0.0,
+        "speedup_mean_per_prompt": mean(ratios) if ratios else 0.0,
+        "tokens_per_target_call": per_call,
+        "identical": None if any(s is None for s in same) else sum(bool(s) for s in same),
+    }
+
+
+def _add_counts(total: dict, counts: dict) -> None:
+    for key in ("proposed", "accepted"):
+        values = counts.get(key, [])
+        have = total.setdefault(key, [])
+        have.extend([0] * (len(values) - len(have)))
+        for i, v in enumerate(values):
+            have[i] += v
+
+
+def _rates(counts: dict) -> list[float]:
+    return [a / p if p else 0.0 for a, p in zip(counts["accepted"], counts["proposed"])]
+
+
+def acceptance_by_position(records: list[dict], method: str) -> dict | None:
+    """Summed acceptance counts at the target by draft position (and per drafter level) for ``method``."""
+    stats = [r["stats"] for r in records if r["method"] == method and r.get("stats")]
+    target: dict = {}
+    levels: dict[str, dict] = {}
+    for s in stats:
+        if "acceptance_by_position" in s:
+            _add_counts(target, s["acceptance_by_position"])
+        for depth, lv in enumerate(s.get("levels", [])):
+            key = f"{depth}:{lv['name']}"
+            _add_counts(levels.setdefault(key, {}), lv.get("acceptance_by_position", {}))
+    if not target:
+        return None
+    target["rates"] = _rates(target)
+    for counts in levels.values():
+        counts.setdefault("proposed", [])
+        counts.setdefault("accepted", [])
+        counts["rates"] = _rates(counts)
+    return {"target": target, "levels": levels}
+
+
+def summarize(records: list[dict], methods: list[str]) -> dict:
+    """``{"overall": {method: numbers}, "categories": {category: {method: numbers}},
+    "acceptance_by_position": {method: {"target": counts, "levels": {...}}}}``.
+
+    ``speedup`` is total plain time / total method time over the same prompts;
+    ``speedup_mean_per_prompt`` the mean of per-prompt ratios; ``identical`` counts outputs equal to
+    plain's (``None`` when sampling).
+    """
+    categories = list(dict.fromkeys(r["category"] for r in records))
+    out: dict = {OVERALL: {}, "categories": {}, "acceptance_by_position": {}}
+    for m in methods:
+        out[OVERALL][m] = _group_summary(records, m)
+        acc = acceptance_by_position(records, m)
+        if acc is not None:
+            out["acceptance_by_position"][m] = acc
+    for c in categories:
+        group = [r for r in records if r["category"] == c]
+        out["categories"][c] = {m: _group_summary(group, m) for m in methods}
+    return out

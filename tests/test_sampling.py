@@ -1,0 +1,268 @@
+"""Sampling with hf_cascade assistants follows the target's distribution exactly (lossless), and the
+statistical tests used here do detect a drafter that lies about its ``q``.
+
+Two kinds of test, both with fixed seeds (deterministic):
+
+* per-step calibration: over long generations, for every emitted token ``x_t`` the target's exact
+  processed distribution ``p_t`` given the actual prefix is computed with one forward; under
+  losslessness token counts ``O_v`` and ``E_v = sum_t p_t(v)`` differ by a martingale, so
+  ``sum_v (O_v - E_v)^2 / E_v`` is (at most) chi-square distributed; indicators "``x_t`` is what
+  Max-Gram would copy" / "``x_t`` is the drafter's argmax" give z-scores the same way;
+* the joint distribution of the first two generated tokens over many short ``generate()`` calls
+  against the exact one enumerated from target forwards.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_cascade import CascadeAssistant, LossyLenientTarget, LossyTypicalAcceptance, MaxGram
+from hf_cascade.candidate import SpeculativeCandidateGenerator
+from tests import tiny_models as tm
+from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
+
+V = 16
+PROMPT = ids(1, 5, 6, 5, 6, 5)
+
+
+def chi2_isf(df: int, z: float = 3.719) -> float:
+    """Upper quantile of chi-square(df) (Wilson-Hilferty); z = 3.719 is the 1e-4 normal quantile."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.fixture(scope="module")
+def small():
+    target = tm.llama(vocab_size=V, layers=1, hidden=16, seed=3)
+    target.generation_config.eos_token_id = None  # no early stops: every run has the same length
+    return {
+        "target": target,
+        "noisy": tm.noisy_copy(target, noise=0.6, seed=2),
+        "noisy2": tm.noisy_copy(target, noise=0.3, seed=4),
+    }
+
+
+def processed_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
+    """``[T, V]`` logits -> the target's processed sampling distributions."""
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    return logits.softmax(dim=-1)
+
+
+def maxgram_guess(seq: list[int], t: int) -> int | None:
+    """The token that followed the most recent earlier occurrence of ``seq[t - 1]`` (before ``t - 1``)."""
+    last = seq[t - 1]
+    for j in range(t - 2, -1, -1):
+        if seq[j] == last:
+            return seq[j + 1]
+    return None
+
+
+def calibration(model, drafter, sequences, prompt_len, temperature=1.0, top_k=None):
+    """Statistics of the emitted tokens against the target's exact per-step distributions."""
+    observed, expected = torch.zeros(V), torch.zeros(V)
+    copy_o = copy_e = copy_var = 0.0
+    draft_o = draft_e = draft_var = 0.0
+    for seq in sequences:
+        with torch.no_grad():
+            p = processed_probs(model(seq[None]).logits[0, prompt_len - 1 : -1], temperature, top_k)
+            q = drafter(seq[None]).logits[0, prompt_len - 1 : -1].argmax(-1) if drafter is not None else None
+        tokens = seq[prompt_len:]
+        observed += torch.bincount(tokens, minlength=V).float()
+        expected += p.sum(0)
+        s = seq.tolist()
+        for i, x in enumerate(tokens.tolist()):
+            t = prompt_len + i
+            g = maxgram_guess(s, t)
+            if g is not None:
+                pg = float(p[i, g])
+                copy_o += x == g
+                copy_e += pg
+                copy_var += pg * (1 - pg)
+            if q is not None:
+                pd = float(p[i, q[i]])
+                draft_o += x == int(q[i])
+                draft_e += pd
+                draft_var += pd * (1 - pd)
+    # chi-square over tokens, pooling the cells expected fewer than 5 times
+    small_cells = expected < 5
+    o = torch.cat([observed[~small_cells], observed[small_cells].sum()[None]])
+    e = torch.cat([expected[~small_cells], expected[small_cells].sum()[None]])
+    keep = e > 0
+    chi2 = float(((o[keep] - e[keep]) ** 2 / e[keep]).sum())
+    df = int(keep.sum()) - 1
+    return {
+        "n": int(observed.sum()),
+        "chi2": chi2,
+        "chi2_limit": chi2_isf(df),
+        "z_copy": (copy_o - copy_e) / math.sqrt(max(copy_var, 1e-9)),
+        "z_draft": (draft_o - draft_e) / math.sqrt(max(draft_var, 1e-9)) if drafter is not None else 0.0,
+    }
+
+
+def run_long(model, assistant, calls, new, seed, **kw):
+    out = []
+    for c in range(calls):
+        torch.manual_seed(seed + c)
+        out.append(model.generate(PROMPT, do_sample=True, max_new_tokens=new, assistant_model=assistant, **kw)[0])
+    return out
+
+
+def passes(stats):
+    return stats["chi2"] < stats["chi2_limit"] and abs(stats["z_copy"]) < 4.0 and abs(stats["z_draft"]) < 4.0
+
+
+CONFIGS = {
+    "maxgram": (lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3)]), None, {}),
+    "drafter+maxgram_l2": (
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0), "noisy", {}),
+    "drafter+maxgram_l2_temp_topk": (
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0), "noisy",
+        {"temperature": 1.5, "top_k": 6}),
+    "drafter_alone": (lambda s: CascadeAssistant([s["noisy"]], k_matrix=[[3]]), "noisy", {"temperature": 0.8}),
+    "two_drafters_l3": (
+        lambda s: CascadeAssistant([s["noisy2"], s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=3.0),
+        "noisy", {}),
+}
+
+
+def _calibrate(small, name, calls=8, new=100, seed=0):
+    make, drafter, kw = CONFIGS[name]
+    assistant = make(small)
+    seqs = run_long(small["target"], assistant, calls, new, seed, **kw)
+    stats = calibration(small["target"], small[drafter] if drafter else None, seqs, PROMPT.shape[1],
+                        kw.get("temperature", 1.0), kw.get("top_k"))
+    return stats, assistant
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_per_step_calibration(small, name):
+    stats, assistant = _calibrate(small, name)
+    assert stats["n"] == 8 * 100
+    assert passes(stats), stats
+    # speculation actually happened, with rejections
+    st = assistant.last_stats
+    assert sum(st.accepted_per_call) > 0 and sum(st.accepted_per_call) < sum(st.draft_len_per_call)
+
+
+def _lying_q(monkeypatch, how):
+    """Make the candidate generator hand transformers a wrong ``q`` (the drafts stay the same)."""
+    original = SpeculativeCandidateGenerator.get_candidates
+
+    def get_candidates(self, input_ids, **kwargs):
+        candidates, logits = original(self, input_ids, **kwargs)
+        if logits is not None:
+            q = logits.softmax(-1)
+            q = torch.full_like(q, 1.0 / q.shape[-1]) if how == "uniform" else 0.5 * q + 0.5 / q.shape[-1]
+            logits = q.log()
+        return candidates, logits
+
+    monkeypatch.setattr(SpeculativeCandidateGenerator, "get_candidates", get_candidates)
+
+
+@pytest.mark.parametrize("name, how", [("maxgram", "uniform"), ("maxgram", "flattened"),
+                                       ("drafter+maxgram_l2", "uniform"), ("drafter_alone", "flattened")])
+def test_per_step_calibration_detects_a_wrong_q(small, monkeypatch, name, how):
+    _lying_q(monkeypatch, how)
+    stats, _ = _calibrate(small, name)
+    assert not passes(stats), stats
+
+
+# -- the joint distribution of the first two tokens ------------------------------------------------------
+
+def exact_first_two(model, prompt, temperature=1.0, top_k=None):
+    with torch.no_grad():
+        p1 = processed_probs(model(prompt).logits[0, -1:], temperature, top_k)[0]
+        batch = torch.cat([prompt.repeat(V, 1), torch.arange(V)[:, None]], dim=1)
+        p2 = processed_probs(model(batch).logits[:, -1], temperature, top_k)      # [V, V]
+    return p1[:, None] * p2
+
+
+def joint_test(model, assistant, runs, seed, **kw):
+    counts = torch.zeros(V, V)
+    for r in range(runs):
+        torch.manual_seed(seed + r)
+        out = model.generate(PROMPT, do_sample=True, max_new_tokens=2, assistant_model=assistant, **kw)[0]
+        counts[int(out[-2]), int(out[-1])] += 1
+    exact = exact_first_two(model, PROMPT, kw.get("temperature", 1.0), kw.get("top_k")).flatten() * runs
+    observed = counts.flatten()
+    order = exact.argsort(descending=True)
+    exact, observed = exact[order], observed[order]
+    big = exact >= 5
+    e = torch.cat([exact[big], exact[~big].sum()[None]])
+    o = torch.cat([observed[big], observed[~big].sum()[None]])
+    keep = e > 0
+    chi2 = float(((o[keep] - e[keep]) ** 2 / e[keep]).sum())
+    tv = 0.5 * float((counts.flatten() / runs - exact_first_two(model, PROMPT, kw.get("temperature", 1.0),
+                                                                 kw.get("top_k")).flatten()).abs().sum())
+    return chi2, chi2_isf(int(keep.sum()) - 1), tv
+
+
+def test_first_two_tokens_joint_distribution(small, monkeypatch):
+    assistant = CascadeAssistant([small["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0)
+    chi2, limit, tv = joint_test(small["target"], assistant, runs=1000, seed=100)
+    assert chi2 < limit, (chi2, limit, tv)
+    # the same test with a lying q fails
+    _lying_q(monkeypatch, "uniform")
+    chi2_bad, limit_bad, tv_bad = joint_test(small["target"], assistant, runs=200, seed=100)
+    assert chi2_bad > limit_bad, (chi2_bad, limit_bad, tv_bad)
+
+
+def test_first_two_tokens_joint_distribution_maxgram_topk(small):
+    assistant = CascadeAssistant([MaxGram(adaptive=False, max_tokens=3)])
+    chi2, limit, tv = joint_test(small["target"], assistant, runs=600, seed=300, temperature=1.5, top_k=6)
+    assert chi2 < limit, (chi2, limit, tv)
+
+
+# -- lossy target rules ----------------------------------------------------------------------------------
+
+def _greedy(model, prompt, assistant=None, processors=None, new=30):
+    kw = {"assistant_model": assistant} if assistant is not None else {}
+    if processors:
+        kw["logits_processor"] = processors
+    return model.generate(prompt, do_sample=False, max_new_tokens=new, **kw)
+
+
+@pytest.mark.parametrize("rule", [lambda: LossyLenientTarget(1e9), lambda: LossyTypicalAcceptance(epsilon=0.0)],
+                         ids=["lenient", "typical"])
+def test_lossy_rules_accept_every_draft(rule):
+    target = tm.llama_target()
+    drafter = tm.noisy_copy(target, noise=0.3)
+    prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
+    plain = _greedy(target, prompt)
+    strict = CascadeAssistant([drafter], k_matrix=[[3]])
+    assert _greedy(target, prompt, strict).tolist() == plain.tolist()
+    lossy = CascadeAssistant([drafter], k_matrix=[[3]])
+    out = _greedy(target, prompt, lossy, [rule()])
+    st = lossy.last_stats
+    assert st.accepted_per_call == st.draft_len_per_call       # the target accepts every draft
+    assert st.tokens_per_target_call > strict.last_stats.tokens_per_target_call
+    assert st.tokens_per_target_call > 3.5 or st.target_calls <= 8
+    assert out.shape == plain.shape and out.tolist() != plain.tolist()   # lossy: the output changed
+
+
+@pytest.mark.parametrize("rule", [lambda: LossyLenientTarget(4.0), lambda: LossyTypicalAcceptance()],
+                         ids=["lenient", "typical"])
+def test_lossy_rules_change_nothing_with_drafter_equal_to_target(rule):
+    target = tm.gemma3_target()
+    prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
+    plain = _greedy(target, prompt)
+    a = CascadeAssistant([tm.copy_model(target)], k_matrix=[[3]])
+    assert _greedy(target, prompt, a, [rule()]).tolist() == plain.tolist()
+    # without an assistant the rules see no draft and do nothing either
+    assert _greedy(target, prompt, None, [rule()]).tolist() == plain.tolist()
+
+
+def test_lossy_rule_under_sampling_accepts_every_draft(small):
+    a = CascadeAssistant([small["noisy"]], k_matrix=[[3]])
+    torch.manual_seed(0)
+    out = small["target"].generate(PROMPT, do_sample=True, max_new_tokens=30, assistant_model=a,
+                                   logits_processor=[LossyLenientTarget(1e9)])
+    st = a.last_stats
+    assert out.shape[1] == PROMPT.shape[1] + 30
+    assert st.accepted_per_call[:-1] == st.draft_len_per_call[:-1]
+    assert st.tokens_per_target_call > 3.0
