@@ -7,16 +7,28 @@ the hook in :mod:`hf_cascade.hook`) and exposes that call's statistics as :attr:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from .candidate import SpeculativeCandidateGenerator
 from .stats import GenerationStats
+from .verify_head import fast_verification_head
 
 
 class Assistant:
-    """Base of all hf_cascade assistants (``CascadeAssistant``, ...)."""
+    """Base of all hf_cascade assistants (``CascadeAssistant``, ...).
+
+    ``fast_head``: during our assisted calls, compute the target's multi-row verification logits
+    as ``W @ h.T`` (:mod:`hf_cascade.verify_head`; CPU, float32, large vocabularies only).
+    """
 
     last_stats: GenerationStats | None = None
+    fast_head: bool = True
+
+    def target_session(self, target: PreTrainedModel):
+        """Context manager entered around one assisted ``generate()`` call."""
+        return fast_verification_head(target) if self.fast_head else nullcontext(False)
 
     def candidate_generator(
         self,

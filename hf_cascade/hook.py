@@ -9,7 +9,9 @@ positions) so the wrappers survive signature changes across versions:
 2. ``GenerationMixin._validate_generation_mode`` (5.x) / ``_validate_assistant`` (4.x): these
    compare the assistant's ``config`` with the target's; our assistants are checked by their own
    ``bind`` instead, so the assistant is hidden from that check.
-3. ``transformers.pipelines.base.load_assistant_model``: lets ``pipeline(..., assistant_model=...)``
+3. ``GenerationMixin._assisted_decoding``: runs inside ``assistant.target_session(model)``, where a
+   strategy may prepare the target for one call (e.g. :mod:`hf_cascade.verify_head`) and undo it.
+4. ``transformers.pipelines.base.load_assistant_model``: lets ``pipeline(..., assistant_model=...)``
    accept our assistants (no tokenizer of their own).
 
 Every other ``generate()`` call (plain, prompt lookup, an HF assistant model) is untouched.
@@ -89,6 +91,20 @@ def _hide_assistant_wrapper(original: Callable) -> Callable:
     return wrapper
 
 
+def _session_wrapper(original: Callable) -> Callable:
+    signature = inspect.signature(original)
+
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        assistant = bound.arguments.get("assistant_model")
+        if not _is_ours(assistant):
+            return original(*args, **kwargs)
+        with assistant.target_session(bound.arguments["self"]):
+            return original(*args, **kwargs)
+
+    return wrapper
+
+
 def _pipeline_loader_wrapper(original: Callable) -> Callable:
     signature = inspect.signature(original)
 
@@ -108,6 +124,7 @@ def install() -> None:
             "This transformers version has no GenerationMixin._get_candidate_generator; "
             "hf_cascade supports transformers>=4.57."
         )
+    _wrap(GenerationMixin, "_assisted_decoding", _session_wrapper)
     _wrap(GenerationMixin, "_validate_generation_mode", _hide_assistant_wrapper)
     _wrap(GenerationMixin, "_validate_assistant", _hide_assistant_wrapper)
     try:
@@ -123,6 +140,7 @@ def uninstall() -> None:
 
     for owner, name in [
         (GenerationMixin, "_get_candidate_generator"),
+        (GenerationMixin, "_assisted_decoding"),
         (GenerationMixin, "_validate_generation_mode"),
         (GenerationMixin, "_validate_assistant"),
         (pipeline_base, "load_assistant_model"),

@@ -117,8 +117,10 @@ def gguf_to_hf_dir(gguf: str | Path, out_dir: str | Path, progress: bool = True)
     out = Path(out_dir)
     if (out / _DONE_MARKER).is_file():
         return out
-    if out.exists():  # left over without marker: not trustworthy
-        shutil.rmtree(out, ignore_errors=True)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(
+            f"{out} exists but is not a finished hf_cascade conversion; remove it to convert again"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     _log(progress, f"converting {Path(gguf).name} -> {out} (one-time, about 1-2 min)")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -180,6 +182,17 @@ def ensure_gemma3_270m(cache: str | Path | None = None, progress: bool = True) -
     out = root / DEFAULT_TARGET
     if (out / _DONE_MARKER).is_file():
         return out
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        # transformers 4.x builds the Gemma-3 GGUF tokenizer without its merges: text splits
+        # into ~2x more (sub-word fragment) tokens. A directory converted with 5.x loads fine on 4.57.
+        raise RuntimeError(
+            f"converting Gemma-3-270M needs transformers>=5 (found {transformers.__version__}, whose GGUF "
+            "tokenizer conversion for Gemma-3 is wrong). Run the one-time conversion with transformers>=5: "
+            "python -c 'import hf_cascade.models as m; m.ensure_gemma3_270m()'; the cached "
+            f"directory {out} then also loads with transformers 4.57."
+        )
     _log(progress, "assembling Gemma-3-270M GGUF from its package")
     return gguf_to_hf_dir(gemma3_270m_gguf_path(root), out, progress=progress)
 

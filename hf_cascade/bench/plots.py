@@ -62,7 +62,7 @@ def plot_speedup_by_category(summary: dict, methods: list[str], path: str | Path
         return s["speedup"] if s else 0.0
 
     width = 0.8 / max(1, len(methods))
-    fig, ax = plt.subplots(figsize=(max(7, 0.75 * len(groups) * max(1, len(methods)) ** 0.5 + 3), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7.0, min(14.0, 2.5 + 0.75 * len(groups))), 4.8))
     for j, m in enumerate(methods):
         xs = [g + (j - (len(methods) - 1) / 2) * width for g in range(len(groups))]
         ax.bar(xs, [value(g, m) for g in groups], width=width, label=m)

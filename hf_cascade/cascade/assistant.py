@@ -27,6 +27,8 @@ class CascadeAssistant(Assistant):
             output distribution is unchanged (§3.1).
         tokenizer: optional tokenizer of the drafters, to check vocabularies exactly when
             ``generate(..., tokenizer=...)`` is also given.
+        fast_head: compute the target's verification logits as ``W @ h.T`` on CPU
+            (:mod:`hf_cascade.verify_head`); ``False`` leaves the target untouched.
 
     Example::
 
@@ -40,6 +42,7 @@ class CascadeAssistant(Assistant):
         k_matrix: Sequence[Sequence[int]] | None = None,
         lenience: float = 1.0,
         tokenizer=None,
+        fast_head: bool = True,
     ):
         drafters = list(drafters)
         if not drafters:
@@ -57,6 +60,7 @@ class CascadeAssistant(Assistant):
         self.k_matrix = validate_k_matrix(k_matrix if k_matrix is not None else default_k_matrix(statistical), len(drafters))
         self.lenience = float(lenience)
         self.tokenizer = tokenizer
+        self.fast_head = bool(fast_head)
 
     def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> CascadeCandidateGenerator:
         for d in self.drafters:

