@@ -84,11 +84,23 @@ def _hide_assistant_wrapper(original: Callable) -> Callable:
         if ours:
             # Beam search never asks for a candidate generator: refuse it here, where it is still visible.
             for value in bound.arguments.values():
-                if isinstance(value, GenerationConfig) and (value.num_beams or 1) > 1:
-                    raise ValueError("hf_cascade assistants do not support beam search (num_beams > 1).")
+                if isinstance(value, GenerationConfig):
+                    _refuse_unsupported(value)
         return original(*bound.args, **bound.kwargs)
 
     return wrapper
+
+
+def _refuse_unsupported(config: GenerationConfig) -> None:
+    """Settings our assistants cannot honour, refused before transformers prepares the call (4.x
+    would silently replace a static cache; beam search never builds a candidate generator)."""
+    if (config.num_beams or 1) > 1:
+        raise ValueError("hf_cascade assistants do not support beam search (num_beams > 1).")
+    if config.cache_implementation not in (None, "dynamic"):
+        raise ValueError(
+            f"hf_cascade assistants need a dynamic cache; cache_implementation={config.cache_implementation!r} "
+            "cannot be rolled back after rejected drafts."
+        )
 
 
 def _session_wrapper(original: Callable) -> Callable:
