@@ -25,7 +25,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--strategy", choices=["maxgram", "cascade"], default="maxgram",
                    help="maxgram = CascadeAssistant([MaxGram()]); cascade = CascadeAssistant([*drafts, MaxGram()])")
     p.add_argument("--draft", action="extend", nargs="+", default=[], metavar="PATH",
-                   help="draft model(s), largest first (HF directory, gguf:PATH, smollm2); "
+                   help="draft model(s), largest first (HF directory, gguf:PATH, smollm2, self:N = the target's first N layers); "
                         "needed by --strategy cascade and the hf-assisted baseline")
     p.add_argument("--k-matrix", default=None, metavar="JSON",
                    help="K-matrix of the cascade as JSON (e.g. '[[2,10],[0,10]]') or a JSON file")
@@ -93,7 +93,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise SystemExit("hf-cascade bench: --strategy cascade needs --draft PATH (one or more, largest first)")
     _log(f"loading target {config.target or 'default (Gemma-3-270M)'}")
     model, tokenizer = load_model(config.target)
-    drafts = load_drafts(config.drafts)
+    drafts = load_drafts(config.drafts, target=model)
     prompts = load_prompts(config.prompts_path, config.per_category)
     _log(f"{len(prompts)} prompts x methods {', '.join(config.methods)}, {config.max_new_tokens} new tokens")
     result = run_benchmark(config, model, tokenizer, prompts, drafts=drafts, progress=not args.no_progress)

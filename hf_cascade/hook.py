@@ -48,25 +48,46 @@ def _wrap(owner: Any, name: str, make_wrapper: Callable[[Callable], Callable]) -
     return True
 
 
-def _candidate_generator_wrapper(original: Callable) -> Callable:
-    signature = inspect.signature(original)
+def _when_ours(handle: Callable) -> Callable[[Callable], Callable]:
+    """Wrapper factory: ``handle(assistant, arguments, original, args, kwargs)`` when the call's
+    ``assistant_model`` is ours, the untouched ``original`` otherwise."""
 
-    def wrapper(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        assistant = bound.arguments.get("assistant_model")
-        if not _is_ours(assistant):
-            return original(*args, **kwargs)
-        a = bound.arguments
-        return assistant.candidate_generator(
-            target=a["self"],
-            input_ids=a["input_ids"],
-            generation_config=a["generation_config"],
-            logits_processor=a.get("logits_processor"),
-            model_kwargs=a.get("model_kwargs") or {},
-            target_tokenizer=a.get("target_tokenizer"),
-        )
+    def make_wrapper(original: Callable) -> Callable:
+        signature = inspect.signature(original)
 
-    return wrapper
+        def wrapper(*args, **kwargs):
+            arguments = signature.bind(*args, **kwargs).arguments
+            assistant = arguments.get("assistant_model")
+            if not _is_ours(assistant):
+                return original(*args, **kwargs)
+            return handle(assistant, arguments, original, args, kwargs)
+
+        return wrapper
+
+    return make_wrapper
+
+
+@_when_ours
+def _candidate_generator_wrapper(assistant, a, original, args, kwargs):
+    return assistant.candidate_generator(
+        target=a["self"],
+        input_ids=a["input_ids"],
+        generation_config=a["generation_config"],
+        logits_processor=a.get("logits_processor"),
+        model_kwargs=a.get("model_kwargs") or {},
+        target_tokenizer=a.get("target_tokenizer"),
+    )
+
+
+@_when_ours
+def _session_wrapper(assistant, a, original, args, kwargs):
+    with assistant.target_session(a["self"]):
+        return original(*args, **kwargs)
+
+
+@_when_ours
+def _pipeline_loader_wrapper(assistant, a, original, args, kwargs):
+    return assistant, None
 
 
 def _hide_assistant_wrapper(original: Callable) -> Callable:
@@ -101,32 +122,6 @@ def _refuse_unsupported(config: GenerationConfig) -> None:
             f"hf_cascade assistants need a dynamic cache; cache_implementation={config.cache_implementation!r} "
             "cannot be rolled back after rejected drafts."
         )
-
-
-def _session_wrapper(original: Callable) -> Callable:
-    signature = inspect.signature(original)
-
-    def wrapper(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        assistant = bound.arguments.get("assistant_model")
-        if not _is_ours(assistant):
-            return original(*args, **kwargs)
-        with assistant.target_session(bound.arguments["self"]):
-            return original(*args, **kwargs)
-
-    return wrapper
-
-
-def _pipeline_loader_wrapper(original: Callable) -> Callable:
-    signature = inspect.signature(original)
-
-    def wrapper(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        if _is_ours(bound.arguments.get("assistant_model")):
-            return bound.arguments["assistant_model"], None
-        return original(*args, **kwargs)
-
-    return wrapper
 
 
 def install() -> None:

@@ -45,25 +45,8 @@ def llama(vocab_size: int = VOCAB, layers: int = 2, hidden: int = 32, seed: int 
           block_scale: float = 1.0, eos_token_id: int = EOS) -> LlamaForCausalLM:
     """A tiny Llama-style causal LM (random weights, fixed ``seed``)."""
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=BOS,
-        eos_token_id=eos_token_id,
-        pad_token_id=PAD,
-        tie_word_embeddings=False,
-        initializer_range=0.5,
-    )
-    model = LlamaForCausalLM(config)
-    _scale_blocks(model, block_scale)
-    if head_scale != 1.0:
-        sharpen(model, head_scale)
-    model = _finish(model)
+    config = LlamaConfig(**_common_config(vocab_size, layers, hidden, eos_token_id))
+    model = _build(LlamaForCausalLM, config, head_scale, block_scale)
     model.generation_config.eos_token_id = eos_token_id
     return model
 
@@ -75,24 +58,25 @@ def gemma3(vocab_size: int = VOCAB, layers: int = 2, hidden: int = 32, seed: int
     torch.manual_seed(seed)
     layer_types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
     config = Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_common_config(vocab_size, layers, hidden, EOS),
         head_dim=8,
         query_pre_attn_scalar=8,
         sliding_window=sliding_window,
         layer_types=layer_types,
-        max_position_embeddings=512,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        tie_word_embeddings=False,
-        initializer_range=0.5,
     )
-    model = Gemma3ForCausalLM(config)
+    return _build(Gemma3ForCausalLM, config, head_scale, block_scale)
+
+
+def _common_config(vocab_size: int, layers: int, hidden: int, eos_token_id: int) -> dict:
+    return dict(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=BOS,
+        eos_token_id=eos_token_id, pad_token_id=PAD, tie_word_embeddings=False, initializer_range=0.5,
+    )
+
+
+def _build(cls, config, head_scale: float, block_scale: float):
+    model = cls(config)
     _scale_blocks(model, block_scale)
     if head_scale != 1.0:
         sharpen(model, head_scale)

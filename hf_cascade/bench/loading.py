@@ -1,7 +1,8 @@
 """Load what a benchmark or the demo needs: target, draft models, prompts.
 
 A model spec is ``None``/``"default"`` (the embedded Gemma-3-270M), ``"smollm2"``, a local Hugging Face
-directory, or ``gguf:PATH`` (converted once into a cached safetensors directory).
+directory, or ``gguf:PATH`` (converted once into a cached safetensors directory). A draft spec may also be
+``self:N``: the target's first ``N`` layers.
 """
 
 from __future__ import annotations
@@ -34,9 +35,20 @@ def load_model(spec: str | None) -> tuple[Any, Any]:
     return models.load_hf_dir(path)
 
 
-def load_drafts(specs: list[str]) -> list[Any]:
-    """Draft models (largest first), each loaded with :func:`load_model`."""
-    return [load_model(s)[0] for s in specs]
+def load_drafts(specs: list[str], target: Any = None) -> list[Any]:
+    """Draft models (largest first), each loaded with :func:`load_model`; ``self:N`` is the target's
+    own first ``N`` layers with its head (:func:`~hf_cascade.drafters.self_draft.first_layers_drafter`)."""
+    from ..drafters.self_draft import first_layers_drafter
+
+    drafts = []
+    for spec in specs:
+        if spec.startswith("self:"):
+            if target is None:
+                raise ValueError("a self:N draft needs the target model")
+            drafts.append(first_layers_drafter(target, int(spec[len("self:"):])))
+        else:
+            drafts.append(load_model(spec)[0])
+    return drafts
 
 
 def load_prompts(path: str | None, per_category: int) -> list[dict]:

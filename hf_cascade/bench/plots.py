@@ -43,12 +43,7 @@ def plot_acceptance_by_position(summary: dict, path: str | Path, min_proposed: i
     ax.set_ylim(0, 1.02)
     ax.set_title("Acceptance of draft tokens by position")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def plot_speedup_by_category(summary: dict, methods: list[str], path: str | Path) -> Path:
@@ -72,9 +67,13 @@ def plot_speedup_by_category(summary: dict, methods: list[str], path: str | Path
     ax.set_ylabel("speedup vs plain generate")
     ax.set_title("Speedup per category (same prompts, interleaved)")
     ax.grid(axis="y", alpha=0.3)
+    return _save(fig, ax, path)
+
+
+def _save(fig, ax, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
