@@ -68,8 +68,9 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         """At most ``budget`` draft tokens to follow ``seq`` (``[L]``)."""
         raise NotImplementedError
 
-    def on_target_review(self, seq: torch.Tensor, num_proposed: int, num_accepted: int, verify_seconds: float) -> None:
-        """Feedback after the target reviewed the last draft (``seq`` now includes its output)."""
+    def on_target_review(self, seq: torch.Tensor, num_proposed: int, num_accepted: int, verify_seconds: float | None) -> None:
+        """Feedback after the target reviewed the last draft (``seq`` now includes its output).
+        ``verify_seconds`` is ``None`` for the first call, whose time is dominated by the prompt's prefill."""
 
     # -- transformers' CandidateGenerator contract --------------------------------------------
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
@@ -100,8 +101,9 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         self.stats.record_target_review(self._last_draft_len, n)
         for rule in self.target_rules:
             rule.set_candidates(None)
+        first = self.stats.target_calls == 1
         with self.timer("update"):
-            self.on_target_review(input_ids[0], self._last_draft_len, n, verify_seconds)
+            self.on_target_review(input_ids[0], self._last_draft_len, n, None if first else verify_seconds)
 
     def _cut_after_stop(self, d: Draft) -> Draft:
         """Nothing after an EOS token can be accepted: do not make the target verify it."""

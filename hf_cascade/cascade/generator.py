@@ -146,7 +146,9 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                 review = sampling_review(sub.tokens, sub.dists, scores.softmax(dim=-1), lenience)
             else:
                 review = greedy_review(sub.tokens, scores, sub.probs, lenience)
-        self._feedback(sub, review.num_accepted, reviewer=j, seconds=level.last_forward_seconds)
+        # a forward that also caught up on many earlier tokens (e.g. the prompt) says nothing about review cost
+        seconds = level.last_forward_seconds if level.last_forward_tokens <= len(sub) + 2 else None
+        self._feedback(sub, review.num_accepted, reviewer=j, seconds=seconds)
         return review
 
     # -- update ------------------------------------------------------------------------------
@@ -155,14 +157,14 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
             self._feedback_segments(self._pending.segments, num_accepted)
             self._record_acceptance(self._pending, num_accepted)
         for (j, reviewer), policy in self._policies.items():
-            if reviewer == TARGET:
+            if reviewer == TARGET and verify_seconds is not None:
                 policy.cost.observe(num_proposed, verify_seconds)
         self._pending = None
 
-    def _feedback(self, sub: _Drafted, n: int, reviewer: int, seconds: float) -> None:
+    def _feedback(self, sub: _Drafted, n: int, reviewer: int, seconds: float | None) -> None:
         self._feedback_segments(sub.segments, n)
         for (j, r), policy in self._policies.items():
-            if r == reviewer:
+            if r == reviewer and seconds is not None:
                 policy.cost.observe(len(sub), seconds)
         self._record_acceptance(sub, n)
 

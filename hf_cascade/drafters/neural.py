@@ -78,6 +78,7 @@ class NeuralLevel:
         self.cache = DynamicCache()
         self.cached = torch.empty(0, dtype=torch.long)  # tokens whose K/V are in ``cache``
         self.last_forward_seconds = 0.0
+        self.last_forward_tokens = 0
 
     # -- scoring -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -97,6 +98,7 @@ class NeuralLevel:
             logits_to_keep=needed,
         )
         self.last_forward_seconds = time.perf_counter() - t0
+        self.last_forward_tokens = new.shape[1]
         self.stats.forward_calls += 1
         self.cached = seq.clone()
         logits = out.logits[:, -needed:, :].float()                          # [1, needed, V_d]
