@@ -58,6 +58,7 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         if eos is None and generation_config.eos_token_id is not None:
             eos = torch.as_tensor(generation_config.eos_token_id)
         self.stop_ids: set[int] = set(eos.flatten().tolist()) if eos is not None else set()
+        self._stop_tensor = torch.tensor(sorted(self.stop_ids), dtype=torch.long)
         self.stats = stats
         self.timer = PhaseTimer(stats)
         self._last_draft_len = 0
@@ -109,7 +110,7 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         """Nothing after an EOS token can be accepted: do not make the target verify it."""
         if not self.stop_ids or d.tokens.numel() == 0:
             return d
-        hits = torch.isin(d.tokens, torch.tensor(sorted(self.stop_ids), device=d.tokens.device)).nonzero()
+        hits = torch.isin(d.tokens, self._stop_tensor.to(d.tokens.device)).nonzero()
         if hits.numel() == 0:
             return d
         end = int(hits[0]) + 1
