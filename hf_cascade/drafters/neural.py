@@ -24,7 +24,11 @@ MAX_VOCAB_PADDING = 1024
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:
-    """Rows of the model's output projection (falls back to ``config.vocab_size``)."""
+    """Rows of the model's output projection (falls back to ``config.vocab_size``). A drafter with a
+    reduced output vocabulary (``config.draft_vocab_size``) returns full-vocabulary logits: its size
+    is ``config.vocab_size``."""
+    if getattr(model.config, "draft_vocab_size", None) is not None:
+        return int(model.config.vocab_size)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(head, "weight", None)
     if weight is not None:

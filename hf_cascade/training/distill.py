@@ -1,0 +1,155 @@
+"""``hf-cascade distill``: the target's own greedy responses to training prompts, stored on disk.
+
+Drafters are trained to predict what the *target* says, not what a dataset says, so the data is
+sequence-level distillation (Kim & Rush, 2016; the recipe of Medusa-2, EAGLE and ReDrafter's
+self-distillation): each prompt is templated like the benchmark's prompts, the frozen target
+generates greedily (batched, left padding), and prompt + response go into a
+:class:`~hf_cascade.training.store.DistillStore`. Optionally the target's last hidden state at every
+position is stored too (one extra teacher-forced forward per batch).
+
+Spec-Bench, the benchmark, is never used: prompts whose text is one of its questions are dropped.
+Batching changes the target's floating-point sums slightly (padding), so a rare response may
+differ from an unbatched greedy ``generate``; that does not matter for training data.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..data import PROMPT_FORMAT, find_shared_data, format_prompt, load_specbench, read_prompts_jsonl
+from .store import DistillStore
+
+DEFAULT_FILES = ("alpaca_seed_tasks.jsonl", "vicuna_bench_question.jsonl", "gsm8k_train.jsonl")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str        # "<source>:<line index>", stable across runs (resuming relies on it)
+    source: str
+    text: str      # raw question; templated with the prompt format before tokenizing
+
+
+@dataclass
+class DistillConfig:
+    out: Path
+    max_new_tokens: int = 128
+    batch_size: int = 16
+    prompt_format: str = PROMPT_FORMAT
+    hidden_states: bool = False
+    limit: int | None = None          # stop after this many stored prompts in total
+
+
+def _normalize(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def training_prompts(paths: Sequence[str | Path] | None = None, exclude_benchmark: bool = True) -> list[Prompt]:
+    """Prompts from JSONL files (default: Alpaca seed tasks, Vicuna bench, GSM8K train in
+    ``shared/data/train_prompts``), interleaved round-robin across files so that any prefix of a
+    distillation run covers every source; Spec-Bench questions removed."""
+    if paths is None:
+        base = find_shared_data("shared/data/train_prompts", "HF_CASCADE_TRAIN_PROMPTS")
+        paths = [base / f for f in DEFAULT_FILES if (base / f).is_file()]
+    per_file = []
+    for p in paths:
+        p = Path(p)
+        per_file.append([Prompt(f"{p.stem}:{i}", p.stem, t) for i, t in enumerate(read_prompts_jsonl(p))])
+    banned: set[str] = set()
+    if exclude_benchmark:
+        try:
+            banned = {_normalize(item["turns"][0]) for item in load_specbench(per_category=None)}
+        except FileNotFoundError:
+            pass
+    out, seen = [], set()
+    for i in range(max((len(f) for f in per_file), default=0)):
+        for prompts in per_file:
+            if i < len(prompts):
+                key = _normalize(prompts[i].text)
+                if key not in banned and key not in seen:
+                    seen.add(key)
+                    out.append(prompts[i])
+    return out
+
+
+def _batches(todo: list[Prompt], tokenizer, cfg: DistillConfig) -> Iterator[tuple[list[Prompt], list[list[int]]]]:
+    """Batches of prompts of similar length (sorted within windows of 8 batches: little padding)."""
+    window = cfg.batch_size * 8
+    for start in range(0, len(todo), window):
+        chunk = todo[start : start + window]
+        ids = [tokenizer(format_prompt(p.text, cfg.prompt_format)).input_ids for p in chunk]
+        order = sorted(range(len(chunk)), key=lambda i: len(ids[i]))
+        for b in range(0, len(order), cfg.batch_size):
+            sel = order[b : b + cfg.batch_size]
+            yield [chunk[i] for i in sel], [ids[i] for i in sel]
+
+
+def _left_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, x in enumerate(ids):
+        input_ids[i, width - len(x):] = torch.tensor(x)
+        mask[i, width - len(x):] = 1
+    return input_ids, mask
+
+
+@torch.no_grad()
+def _generate(target, input_ids, mask, cfg: DistillConfig, eos_ids: set[int]):
+    """Greedy responses ``list[list[int]]`` (cut after the first EOS) and EOS flags."""
+    out = target.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens,
+                          do_sample=False, pad_token_id=int(target.generation_config.pad_token_id or 0))
+    responses, eos = [], []
+    for row in out[:, input_ids.shape[1]:].tolist():
+        cut = next((i for i, t in enumerate(row) if t in eos_ids), None)
+        responses.append(row if cut is None else row[: cut + 1])
+        eos.append(cut is not None)
+    return responses, eos
+
+
+@torch.no_grad()
+def _hidden_states(target, seqs: list[list[int]], pad_id: int) -> list[np.ndarray]:
+    """The target's last hidden state at every position of each sequence (teacher forcing)."""
+    input_ids, mask = _left_pad(seqs, pad_id)
+    out = target(input_ids=input_ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)
+    last = out.hidden_states[-1].float()                                     # [B, T, H]
+    return [last[i, input_ids.shape[1] - len(s):].numpy() for i, s in enumerate(seqs)]
+
+
+def distill(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt] | None = None,
+            target_name: str = "", progress: bool = True) -> DistillStore:
+    """Run (or resume) a distillation into ``cfg.out``; returns the store."""
+    from ..verify_head import fast_verification_head
+
+    prompts = training_prompts() if prompts is None else prompts
+    hidden_size = int(target.config.get_text_config().hidden_size) if cfg.hidden_states else 0
+    meta = {"target": target_name, "prompt_format": cfg.prompt_format, "max_new_tokens": cfg.max_new_tokens,
+            "hidden_size": hidden_size, "vocab_size": int(target.config.get_text_config().vocab_size)}
+    store = DistillStore.create_or_resume(cfg.out, meta)
+    done = store.done_ids()
+    todo = [p for p in prompts if p.id not in done]
+    if cfg.limit is not None:
+        todo = todo[: max(0, cfg.limit - len(store))]
+    eos = target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    pad_id = int(target.generation_config.pad_token_id or 0)
+    bar = tqdm(total=len(todo), desc="distill", unit="prompt", disable=not progress)
+    new_tokens = 0
+    with fast_verification_head(target):                  # multi-row head: W @ h.T is faster on CPU
+        for batch, ids in _batches(todo, tokenizer, cfg):
+            input_ids, mask = _left_pad(ids, pad_id)
+            responses, flags = _generate(target, input_ids, mask, cfg, eos_ids)
+            hidden = _hidden_states(target, [p + r for p, r in zip(ids, responses)], pad_id) if hidden_size else None
+            for i, (p, r) in enumerate(zip(ids, responses)):
+                store.append(batch[i].id, batch[i].source, p, r, flags[i], None if hidden is None else hidden[i])
+                new_tokens += len(r)
+            bar.update(len(batch))
+            bar.set_postfix(stored=len(store), new_tokens=new_tokens)
+    bar.close()
+    return store

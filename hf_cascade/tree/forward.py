@@ -1,0 +1,137 @@
+"""One target forward over a token tree, and the KV-cache bookkeeping after acceptance.
+
+:func:`verify_tree` scores ``[last_token, tree tokens]`` in one forward: the last verified token
+(the root: its K/V are not cached yet) and the ``n`` nodes, with explicit position ids (each node at
+its branch position) and an explicit tree mask. :func:`keep_path` then keeps only the accepted
+branch's K/V, through the ``Cache`` API: ``crop`` back to the prefix plus the root, then ``update``
+with the gathered K/V of the path nodes. Their keys were computed at their branch positions (RoPE
+included) and from their ancestors only, so the cache equals that of a plain forward over the path.
+
+How the mask reaches the model (checked with transformers 4.57 and 5.x, eager and sdpa):
+
+* ``masking_utils.create_causal_mask`` / ``create_sliding_window_causal_mask`` return a 4D
+  ``attention_mask`` unchanged; eager attention *adds* it to the scores and sdpa passes it as
+  ``attn_mask``. So the mask is additive, ``[1, 1, q, kv]``, in the model's dtype.
+* Models with several layer types (Gemma2/3, hybrid Qwen, ...: ``config.layer_types``) accept a dict
+  ``{layer_type: mask}`` as ``attention_mask`` and would otherwise apply one 4D tensor to every layer,
+  dropping the sliding window. We pass the dict, windowing the ``"sliding_attention"`` masks.
+* The cache must keep every position in every layer: a ``DynamicCache()`` built without a config.
+  transformers' sliding-window layers (``DynamicCache(config=...)`` on Gemma3) keep only the last
+  ``W - 1`` positions after a forward, so a tree longer than the window would evict prefix K/V that
+  the accepted branch still needs. Such caches are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Cache, PreTrainedModel
+
+from .attention import tree_attention_mask, tree_position_ids
+from .structure import TokenTree
+
+_SLIDING = "sliding_attention"
+_FULL = "full_attention"
+
+
+def _check_cache(cache: Cache) -> None:
+    if not isinstance(cache, Cache):
+        raise TypeError(f"expected a transformers Cache (DynamicCache), got {type(cache).__name__}")
+    for i, layer in enumerate(getattr(cache, "layers", [])):
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise ValueError(
+                f"cache layer {i} ({type(layer).__name__}) does not keep every position; tree verification "
+                "needs a DynamicCache() built without a config (sliding windows are applied by the mask)."
+            )
+
+
+def model_tree_mask(
+    model: PreTrainedModel, prefix_len: int, tree: TokenTree
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The ``attention_mask`` argument for ``model``: one additive ``[1, 1, n, prefix_len + n]``
+    tensor, or a dict per layer type when the model mixes full and sliding-window layers."""
+    config = model.config.get_text_config()
+    dtype, device = model.dtype, model.device
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        kinds = set(layer_types)
+        unknown = kinds - {_FULL, _SLIDING}
+        if unknown:
+            raise NotImplementedError(f"tree verification supports full and sliding-window attention layers, not {sorted(unknown)}")
+        masks = {
+            kind: tree_attention_mask(prefix_len, tree, dtype, device, window if kind == _SLIDING else None)
+            for kind in kinds
+        }
+        return masks if len(masks) > 1 else next(iter(masks.values()))
+    if window is not None and getattr(config, "use_sliding_window", True):
+        return tree_attention_mask(prefix_len, tree, dtype, device, window)  # every layer windowed (Mistral-style)
+    return tree_attention_mask(prefix_len, tree, dtype, device)
+
+
+@torch.no_grad()
+def verify_tree(
+    model: PreTrainedModel,
+    cache: Cache,
+    prefix_len: int,
+    tree: TokenTree,
+    last_token: int | torch.Tensor,
+) -> torch.Tensor:
+    """Score a token tree in one forward.
+
+    Args:
+        model: a decoder-only HF causal LM (batch size 1).
+        cache: a ``DynamicCache()`` holding exactly the ``prefix_len`` verified tokens before
+            ``last_token`` (positions ``0 .. prefix_len - 1``); it is extended in place by ``n + 1``
+            entries (root, then the nodes in tree order).
+        prefix_len: the cache length before the call.
+        tree: the ``n``-node draft tree below ``last_token``.
+        last_token: the last verified token (the root), at position ``prefix_len``.
+
+    Returns:
+        ``[n + 1, V]`` raw logits: row 0 predicts the token after the root, row ``i + 1`` the token
+        after node ``i`` (the layout :func:`~hf_cascade.tree.accept.greedy_tree_accept` and
+        :func:`~hf_cascade.tree.accept.sampling_tree_accept` take).
+    """
+    _check_cache(cache)
+    if cache.get_seq_length() != prefix_len:
+        raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
+    device = model.device
+    full = tree.with_root(torch.as_tensor(last_token).reshape(()).to(tree.tokens.device))   # n + 1 nodes
+    out = model(
+        input_ids=full.tokens[None].to(device),
+        position_ids=tree_position_ids(prefix_len, full).to(device),
+        attention_mask=model_tree_mask(model, prefix_len, full),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return out.logits[0]
+
+
+def keep_path(cache: Cache, prefix_len: int, path_nodes: torch.Tensor) -> None:
+    """Keep the prefix, the root and the accepted ``path_nodes`` (``[m]`` node indices of the tree
+    given to :func:`verify_tree`, root -> leaf), in place. Afterwards the cache holds
+    ``prefix_len + 1 + m`` positions, the K/V of ``prefix + [root] + tree.tokens[path_nodes]``."""
+    _check_cache(cache)
+    path_nodes = torch.as_tensor(path_nodes, dtype=torch.long).flatten()
+    keep = prefix_len + 1
+    m = path_nodes.shape[0]
+    total = cache.get_seq_length()
+    if m and keep + int(path_nodes.max()) >= total:
+        raise ValueError(f"path node {int(path_nodes.max())} is beyond the cache ({total} positions, prefix_len={prefix_len})")
+    if bool(torch.equal(path_nodes, torch.arange(m))):
+        gathered = []                          # the first branch is already in place: crop only
+        keep += m
+    else:
+        gathered = []
+        for layer in cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                gathered.append(None)
+                continue
+            idx = (prefix_len + 1 + path_nodes).to(layer.keys.device)
+            gathered.append((layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)))
+    extra = total - keep
+    if extra > 0:
+        cache.crop(-extra)                     # negative: remove ``extra`` positions (4.57 and 5.x)
+    for layer_idx, kv in enumerate(gathered):
+        if kv is not None:
+            cache.update(kv[0], kv[1], layer_idx)
