@@ -9,20 +9,31 @@ from . import hook as _hook
 from .assistant import Assistant
 from .cascade import CascadeAssistant
 from .drafters import BigramTable, CostModel, MaxGram
+from .hsddw import DynamicWindowAssistant, DynamicWindowStats
+from .heads import CascadeDrafterConfig, CascadeDrafterForCausalLM, GlideConfig, GlideForCausalLM, ReDrafterConfig, ReDrafterModel, register_heads
 from .processors import LossyLenientTarget, LossyTypicalAcceptance
 from .stats import GenerationStats
 
 __version__ = "0.1.0"
 
 _hook.install()
+register_heads()
 
 __all__ = [
     "Assistant",
     "BigramTable",
+    "CascadeDrafterConfig",
+    "CascadeDrafterForCausalLM",
     "CascadeAssistant",
     "CostModel",
+    "DynamicWindowAssistant",
+    "DynamicWindowStats",
     "GenerationStats",
+    "GlideConfig",
+    "GlideForCausalLM",
     "LossyLenientTarget",
     "LossyTypicalAcceptance",
     "MaxGram",
+    "ReDrafterConfig",
+    "ReDrafterModel",
 ]

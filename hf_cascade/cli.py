@@ -22,16 +22,28 @@ def _add_bench(sub) -> None:
     )
     p.add_argument("--target", default=None,
                    help="target model: default (embedded Gemma-3-270M), smollm2, a local HF directory, or gguf:PATH")
-    p.add_argument("--strategy", choices=["maxgram", "cascade"], default="maxgram",
-                   help="maxgram = CascadeAssistant([MaxGram()]); cascade = CascadeAssistant([*drafts, MaxGram()])")
+    p.add_argument("--strategy", choices=["maxgram", "cascade", "hsddw"], default="maxgram",
+                   help="maxgram = CascadeAssistant([MaxGram()]); cascade = CascadeAssistant([*drafts, MaxGram()]); "
+                        "hsddw = DynamicWindowAssistant(first draft, --verifier)")
     p.add_argument("--draft", action="extend", nargs="+", default=[], metavar="PATH",
                    help="draft model(s), largest first (HF directory, gguf:PATH, smollm2, self:N = the target's first N layers); "
-                        "needed by --strategy cascade and the hf-assisted baseline")
+                        "needed by --strategy cascade / hsddw and the hf-assisted baselines")
+    p.add_argument("--assisted-draft", default=None, metavar="PATH",
+                   help="draft model of the hf-assisted baselines (default: the first --draft)")
+    p.add_argument("--verifier", default=None, metavar="PATH",
+                   help="--strategy hsddw: a stronger draft model that pre-verifies the --draft model (same specs as --draft)")
     p.add_argument("--k-matrix", default=None, metavar="JSON",
                    help="K-matrix of the cascade as JSON (e.g. '[[2,10],[0,10]]') or a JSON file")
     p.add_argument("--lenience", type=float, default=1.0, help="lenience between drafters (>= 1; default 1)")
+    p.add_argument("--maxgram-lenience", type=float, default=1.0,
+                   help="cascade: lenience of neural drafters' reviews of Max-Gram tokens (>= 1; 'inf' = no veto; default 1)")
+    p.add_argument("--min-confidence", type=float, default=0.0,
+                   help="cascade: a neural drafter stops after a token it gave probability < this (default 0 = never)")
+    p.add_argument("--maxgram-first", action="store_true",
+                   help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
     p.add_argument("--baselines", default="plain",
-                   help="comma list from plain,pld,pld-tuned,hf-assisted,economize (plain is always included)")
+                   help="comma list from plain,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
+                        "economize (plain is always included)")
     p.add_argument("--prompts", default=None, metavar="FILE", help="Spec-Bench question.jsonl (default: the bundled one)")
     p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
@@ -48,11 +60,110 @@ def _add_demo(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per prompt (default 96)")
 
 
+def _add_distill(sub) -> None:
+    p = sub.add_parser(
+        "distill",
+        help="store the target's greedy responses to training prompts (resumable; never Spec-Bench)",
+        description="Runs the frozen target over training prompts (default: GSM8K train, Alpaca seed tasks, "
+        "Vicuna bench from shared/data/train_prompts) and appends prompt + response to a memory-mapped store. "
+        "Interrupt at any time; the same command resumes.",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="distillation directory (created or resumed)")
+    p.add_argument("--target", default=None, help="target model (as for bench; default Gemma-3-270M)")
+    p.add_argument("--prompts", action="extend", nargs="+", default=None, metavar="FILE",
+                   help="JSONL prompt files (fields turns / instruction / question / prompt / text)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="response length cap (default 128)")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per batched generate (default 16)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="stop once N prompts are stored")
+    p.add_argument("--hidden-states", action="store_true", help="also store the target's last hidden states")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_distill(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .bench.loading import load_model
+    from .training import DistillConfig, distill, training_prompts
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    prompts = training_prompts(args.prompts)
+    _log(f"{len(prompts)} training prompts (Spec-Bench questions excluded); loading target {args.target or 'default'}")
+    model, tokenizer = load_model(args.target)
+    cfg = DistillConfig(Path(args.out), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                        hidden_states=args.hidden_states, limit=args.limit)
+    store = distill(model, tokenizer, cfg, prompts, target_name=args.target or "default",
+                    progress=not args.no_progress)
+    print(f"{len(store)} sequences, {store.num_tokens} tokens in {args.out}")
+    return 0
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a drafter head on distillation data (target frozen); saves Hub layout with a model card",
+        description="vanilla: a small independent causal-LM drafter (for CascadeAssistant / DynamicWindowAssistant). "
+        "Evaluates held-out greedy acceptance every --eval-every steps and saves the checkpoint each time.",
+    )
+    p.add_argument("head", choices=["vanilla", "glide", "redrafter"])
+    p.add_argument("--data", required=True, metavar="DIR", help="directory written by `hf-cascade distill`")
+    p.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory (Hub layout)")
+    p.add_argument("--target", default=None, help="target model (as for bench; default Gemma-3-270M)")
+    p.add_argument("--preset", default="s", help="vanilla size preset: xs, s, m (default s)")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N", help="reduced vocabulary size (default: preset's)")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--max-len", type=int, default=256)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-records", type=int, default=48)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    from .bench.loading import load_model
+    from .training.loop import TrainConfig
+    from .training.run import PRESETS, train_vanilla
+    from .training.store import DistillStore
+
+    if args.head != "vanilla":
+        raise ValueError(f"`hf-cascade train {args.head}` is not available yet: its head and loss are built in "
+                         f"the {args.head} issue; only `vanilla` trains in this release")
+    if args.preset not in PRESETS:
+        raise ValueError(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    spec = PRESETS[args.preset]
+    if args.draft_vocab:
+        spec = dataclasses.replace(spec, draft_vocab_size=args.draft_vocab)
+    cfg = TrainConfig(Path(args.out), steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
+                      eval_every=args.eval_every, eval_records=args.eval_records, seed=args.seed)
+    DistillStore.open(args.data)  # a missing / foreign --data fails here, before the (slow) target load
+    _log(f"loading target {args.target or 'default (Gemma-3-270M)'}")
+    target, _ = load_model(args.target)
+    _, state = train_vanilla(target, args.data, spec, cfg, target_name=args.target or "gemma-3-270m",
+                             progress=not args.no_progress)
+    print(f"saved {args.out} (step {state.step}); best held-out acceptance: {state.best}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-cascade", description="Lossless speculative decoding for model.generate().")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
     _add_demo(sub)
+    _add_distill(sub)
+    _add_train(sub)
     return parser
 
 
@@ -65,12 +176,17 @@ def bench_config(args: argparse.Namespace):
         baselines=parse_baselines(args.baselines),
         k_matrix=parse_k_matrix(args.k_matrix),
         lenience=args.lenience,
+        maxgram_lenience=args.maxgram_lenience,
+        min_confidence=args.min_confidence,
+        maxgram_first=args.maxgram_first,
         max_new_tokens=args.max_new_tokens,
         sampling=args.sampling,
         temperature=args.temperature,
         seed=args.seed,
         target=args.target,
         drafts=list(args.draft),
+        verifier=args.verifier,
+        assisted_draft=args.assisted_draft,
         prompts_path=args.prompts,
         per_category=args.per_category,
     )
@@ -91,12 +207,17 @@ def run_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if config.strategy == "cascade" and not config.drafts:
         raise SystemExit("hf-cascade bench: --strategy cascade needs --draft PATH (one or more, largest first)")
+    if config.strategy == "hsddw" and not config.drafts:
+        raise SystemExit("hf-cascade bench: --strategy hsddw needs --draft PATH (and optionally --verifier PATH)")
     _log(f"loading target {config.target or 'default (Gemma-3-270M)'}")
     model, tokenizer = load_model(config.target)
     drafts = load_drafts(config.drafts, target=model)
+    verifier = load_drafts([config.verifier], target=model)[0] if config.verifier else None
+    assisted = load_drafts([config.assisted_draft], target=model)[0] if config.assisted_draft else None
     prompts = load_prompts(config.prompts_path, config.per_category)
     _log(f"{len(prompts)} prompts x methods {', '.join(config.methods)}, {config.max_new_tokens} new tokens")
-    result = run_benchmark(config, model, tokenizer, prompts, drafts=drafts, progress=not args.no_progress)
+    result = run_benchmark(config, model, tokenizer, prompts, drafts=drafts, progress=not args.no_progress,
+                           verifier=verifier, assisted_draft=assisted)
     paths = write_results(result, args.out)
     print(markdown_report(result))
     print()
@@ -110,6 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return run_bench(args)
+        if args.command == "distill":
+            return run_distill(args)
+        if args.command == "train":
+            return run_train(args)
         from .demo import run_demo
 
         return run_demo(max_new_tokens=args.max_new_tokens)

@@ -11,6 +11,8 @@ positions) so the wrappers survive signature changes across versions:
    ``bind`` instead, so the assistant is hidden from that check.
 3. ``GenerationMixin._assisted_decoding``: runs inside ``assistant.target_session(model)``, where a
    strategy may prepare the target for one call (e.g. :mod:`hf_cascade.verify_head`) and undo it.
+   For a :class:`~hf_cascade.tree.strategy.TreeAssistant` (token-tree drafts) it is replaced by
+   ``assistant.decode(...)``, our own loop (:mod:`hf_cascade.tree.decode`), with the same inputs.
 4. ``transformers.pipelines.base.load_assistant_model``: lets ``pipeline(..., assistant_model=...)``
    accept our assistants (no tokenizer of their own).
 
@@ -81,7 +83,21 @@ def _candidate_generator_wrapper(assistant, a, original, args, kwargs):
 
 @_when_ours
 def _session_wrapper(assistant, a, original, args, kwargs):
+    from .tree.strategy import TreeAssistant
+
     with assistant.target_session(a["self"]):
+        if isinstance(assistant, TreeAssistant):
+            # Tree drafts: our own loop (hf_cascade.tree.decode) replaces transformers' linear one.
+            return assistant.decode(
+                target=a["self"],
+                input_ids=a["input_ids"],
+                logits_processor=a.get("logits_processor"),
+                stopping_criteria=a.get("stopping_criteria"),
+                generation_config=a["generation_config"],
+                streamer=a.get("streamer"),
+                synced_gpus=bool(a.get("synced_gpus", False)),
+                model_kwargs=a.get("model_kwargs") or {},
+            )
         return original(*args, **kwargs)
 
 

@@ -75,7 +75,7 @@ def greedy_review(
     if k > 0 and draft_token_probs is not None and bool((lenience > 1.0).any()):
         p = reviewer_logits[:k].float().softmax(dim=-1)
         p_draft = p.gather(-1, drafts[:, None]).squeeze(-1)                # [k]
-        ok = ok | ((lenience > 1.0) & (lenience * p_draft >= draft_token_probs))
+        ok = ok | ((lenience > 1.0) & ((lenience * p_draft >= draft_token_probs) | torch.isinf(lenience)))
     n = int(torch.cumprod(ok.int(), dim=0).sum()) if k else 0
     tokens = torch.cat([drafts[:n], best[n : n + 1]])
     probs = reviewer_logits[: n + 1].float().softmax(dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
@@ -92,7 +92,9 @@ def output_distribution(q: torch.Tensor, p: torch.Tensor, lenience: Lenience = 1
         ``accept [k, V]`` = ``min(1, l p / q)`` (1 where ``q = 0``) and ``residual [k, V]`` =
         ``norm(max(0, p - q / l))`` (``p`` where that has no mass).
     """
-    accept = torch.where(q > 0, (lenience * p / q.clamp_min(1e-30)).clamp(max=1.0), torch.ones_like(q))
+    lt = torch.as_tensor(lenience, dtype=p.dtype, device=p.device)
+    # infinite lenience accepts every draft token (also where the reviewer gives it p = 0)
+    accept = torch.where((q > 0) & ~torch.isinf(lt), (lt * p / q.clamp_min(1e-30)).clamp(max=1.0), torch.ones_like(q))
     residual = (p - q / lenience).clamp_min(0.0)
     mass = residual.sum(dim=-1, keepdim=True)
     residual = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), p)

@@ -80,6 +80,12 @@ CONFIGS = {
     "lenience3": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=5)], lenience=3.0),
     "lenience3_drafters": lambda m: CascadeAssistant([m["big"], m["noisy"], mg_fixed()], lenience=3.0),
     "lenience3_k": lambda m: CascadeAssistant([m["big"], m["noisy"]], k_matrix=[[4, 2], [0, 3]], lenience=3.0),
+    "maxgram_lenient_conf": lambda m: CascadeAssistant([m["noisy"], mg_fixed()], k_matrix=[[4, 10], [0, 10]],
+                                                      maxgram_lenience=float("inf"), min_confidence=0.4),
+    "maxgram_first": lambda m: CascadeAssistant([m["noisy"], mg_fixed()], k_matrix=[[3, 10], [0, 10]],
+                                                maxgram_first=True, min_confidence=0.3),
+    "maxgram_first_two": lambda m: CascadeAssistant([m["big"], m["noisy"], MaxGram()], maxgram_first=True),
+    "maxgram_lenience2": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=5)], maxgram_lenience=2.0),
     "padded_drafter": lambda m: CascadeAssistant([m["padded"], MaxGram()]),
     "padded_drafter_alone": lambda m: CascadeAssistant([m["padded"]], k_matrix=[[3]]),
 }

@@ -123,6 +123,15 @@ CONFIGS = {
     "drafter+maxgram_l2_temp_topk": (
         lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0), "noisy",
         {"temperature": 1.5, "top_k": 6}),
+    "maxgram_lenient_conf": (
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[3, 3], [0, 3]],
+                                   maxgram_lenience=3.0, min_confidence=0.5), "noisy", {}),
+    "maxgram_first": (
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[2, 3], [0, 3]],
+                                   maxgram_first=True, min_confidence=0.3), "noisy", {}),
+    "maxgram_unreviewed": (
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], maxgram_lenience=float("inf")),
+        "noisy", {}),
     "drafter_alone": (lambda s: CascadeAssistant([s["noisy"]], k_matrix=[[3]]), "noisy", {"temperature": 0.8}),
     "two_drafters_l3": (
         lambda s: CascadeAssistant([s["noisy2"], s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=3.0),

@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 #: Our strategies (``--strategy``).
-STRATEGIES = ("maxgram", "cascade")
+STRATEGIES = ("maxgram", "cascade", "hsddw")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
-BASELINES = ("plain", "pld", "pld-tuned", "hf-assisted", "economize")
+BASELINES = ("plain", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
+             "maxgram")
 
 
 @dataclass
@@ -17,17 +18,20 @@ class BenchConfig:
     """What to measure.
 
     Attributes:
-        strategy: ``"maxgram"`` (``CascadeAssistant([MaxGram()])``) or ``"cascade"``
-            (``CascadeAssistant([*drafts, MaxGram()])``, needs draft models).
+        strategy: ``"maxgram"`` (``CascadeAssistant([MaxGram()])``), ``"cascade"``
+            (``CascadeAssistant([*drafts, MaxGram()])``, needs draft models) or ``"hsddw"``
+            (``DynamicWindowAssistant(drafts[0], verifier)``, needs a draft model).
         baselines: baselines besides ours; ``"plain"`` is added when missing.
         k_matrix: optional ``n x n`` K-matrix of the cascade (``n`` = drafters including MaxGram).
         lenience: lenience between drafters of the cascade (``>= 1``).
+        maxgram_lenience / min_confidence / maxgram_first: see :class:`~hf_cascade.CascadeAssistant`.
         max_new_tokens: tokens generated per prompt.
         sampling: ``do_sample=True`` with ``temperature`` (default: greedy).
         temperature: sampling temperature.
         seed: seed of the sampling RNG (reset before every generate of a prompt, per prompt).
         warmup_tokens: new tokens of the untimed warm-up generate of every method.
-        target / drafts / prompts_path / per_category: where the CLI loads models and prompts from;
+        target / drafts / verifier / prompts_path / per_category: where the CLI loads models and prompts from
+            (``verifier``: HSDDW's optional pre-verifier);
             :func:`~hf_cascade.bench.runner.run_benchmark` itself receives loaded objects.
     """
 
@@ -35,6 +39,9 @@ class BenchConfig:
     baselines: list[str] = field(default_factory=lambda: ["plain"])
     k_matrix: list[list[int]] | None = None
     lenience: float = 1.0
+    maxgram_lenience: float = 1.0
+    min_confidence: float = 0.0
+    maxgram_first: bool = False
     max_new_tokens: int = 128
     sampling: bool = False
     temperature: float = 0.7
@@ -42,6 +49,8 @@ class BenchConfig:
     warmup_tokens: int = 8
     target: str | None = None
     drafts: list[str] = field(default_factory=list)
+    verifier: str | None = None
+    assisted_draft: str | None = None
     prompts_path: str | None = None
     per_category: int = 3
 
@@ -51,13 +60,17 @@ class BenchConfig:
         unknown = [b for b in self.baselines if b not in BASELINES]
         if unknown:
             raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
-        self.baselines = ["plain"] + [b for b in dict.fromkeys(self.baselines) if b != "plain"]
+        self.baselines = ["plain"] + [b for b in dict.fromkeys(self.baselines) if b not in ("plain", self.strategy)]
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         if self.lenience < 1.0:
             raise ValueError(f"lenience must be >= 1, got {self.lenience}")
         if self.sampling and self.temperature <= 0:
             raise ValueError("sampling needs temperature > 0")
+        if self.strategy == "hsddw" and (self.k_matrix is not None or self.lenience != 1.0):
+            raise ValueError("k_matrix and lenience apply to the cascade strategies, not hsddw")
+        if self.verifier is not None and self.strategy != "hsddw":
+            raise ValueError("a verifier (pre-verifier model) is only used by strategy hsddw")
 
     @property
     def methods(self) -> list[str]:

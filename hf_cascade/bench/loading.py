@@ -1,7 +1,7 @@
 """Load what a benchmark or the demo needs: target, draft models, prompts.
 
 A model spec is ``None``/``"default"`` (the embedded Gemma-3-270M), ``"smollm2"``, a local Hugging Face
-directory, or ``gguf:PATH`` (converted once into a cached safetensors directory). A draft spec may also be
+directory (a drafter saved by ``hf-cascade train`` included), or ``gguf:PATH`` (converted once into a cached safetensors directory). A draft spec may also be
 ``self:N``: the target's first ``N`` layers.
 """
 
@@ -32,7 +32,19 @@ def load_model(spec: str | None) -> tuple[Any, Any]:
         raise FileNotFoundError(
             f"model {spec!r} is not a local Hugging Face directory; use 'default', 'smollm2', a directory or gguf:PATH"
         )
+    if _is_hf_cascade_head(path):
+        from ..heads.hub import load_head
+
+        return load_head(path).eval(), None
     return models.load_hf_dir(path)
+
+
+def _is_hf_cascade_head(path: Path) -> bool:
+    """A checkpoint written by ``hf-cascade train`` (no tokenizer of its own: it uses the target's)."""
+    import json
+
+    config = path / "config.json"
+    return config.is_file() and str(json.loads(config.read_text()).get("model_type", "")).startswith("hf_cascade_")
 
 
 def load_drafts(specs: list[str], target: Any = None) -> list[Any]:

@@ -9,14 +9,27 @@ message that says what to do; the runner records it and goes on with the others.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
 
+from ..assistant import Assistant
 from ..cascade import CascadeAssistant
 from ..drafters import MaxGram
+from ..hsddw import DynamicWindowAssistant
 
 ECONOMIZE_VERSION = "0.3.2"
+#: Draft window of the fixed-window assisted baselines: HSDDW's K (App. A.1), ``DynamicWindowAssistant``'s max_window.
+ASSISTED_WINDOW = 10
+#: transformers' assisted generation settings of the named ``hf-assisted-*`` baselines (``hf-assisted``
+#: keeps the draft model's own generation config).
+ASSISTED_SETTINGS = {
+    "hf-assisted-constant": {"num_assistant_tokens": ASSISTED_WINDOW, "num_assistant_tokens_schedule": "constant",
+                             "assistant_confidence_threshold": 0.0},
+    "hf-assisted-confidence": {"num_assistant_tokens": ASSISTED_WINDOW, "num_assistant_tokens_schedule": "constant",
+                               "assistant_confidence_threshold": 0.4},
+}
 
 
 class MethodUnavailable(RuntimeError):
@@ -54,22 +67,36 @@ class PromptLookup(Method):
 
 
 class HFAssisted(Method):
-    """transformers' own assisted generation with a draft model."""
+    """transformers' own assisted generation with a draft model; ``settings`` (e.g.
+    ``num_assistant_tokens_schedule``) are set on a copy of the draft's generation config for each call."""
 
-    def __init__(self, name: str, model: Any, draft: Any):
+    def __init__(self, name: str, model: Any, draft: Any, settings: dict | None = None):
         super().__init__(name, model)
         self.draft = draft
+        self.settings = dict(settings or {})
 
     def extra_kwargs(self) -> dict:
         return {"assistant_model": self.draft}
 
+    def run(self, input_ids, attention_mask, gen_kwargs):
+        if not self.settings:
+            return super().run(input_ids, attention_mask, gen_kwargs)
+        saved = self.draft.generation_config
+        self.draft.generation_config = copy.deepcopy(saved)   # transformers 4.x also writes to it
+        for key, value in self.settings.items():
+            setattr(self.draft.generation_config, key, value)
+        try:
+            return super().run(input_ids, attention_mask, gen_kwargs)
+        finally:
+            self.draft.generation_config = saved
+
 
 class Ours(Method):
-    """``generate(..., assistant_model=CascadeAssistant(...))``; statistics from ``last_stats``."""
+    """``generate(..., assistant_model=<an hf_cascade Assistant>)``; statistics from ``last_stats``."""
 
     has_stats = True
 
-    def __init__(self, name: str, model: Any, assistant: CascadeAssistant):
+    def __init__(self, name: str, model: Any, assistant: Assistant):
         super().__init__(name, model)
         self.assistant = assistant
 
@@ -136,30 +163,43 @@ def _position_counts(pairs: list[tuple[int, int]]) -> dict:
     return {"proposed": proposed, "accepted": accepted}
 
 
-def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, sampling: bool) -> Method:
+def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, sampling: bool,
+                 verifier: Any = None, assisted_draft: Any = None) -> Method:
     """The :class:`Method` named ``name`` (a baseline of :data:`~hf_cascade.bench.config.BASELINES` or a
     strategy of :data:`~hf_cascade.bench.config.STRATEGIES`)."""
+    hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
     builders: dict[str, Callable[[], Method]] = {
         "plain": lambda: Method("plain", model),
         "pld": lambda: PromptLookup("pld", model, num_tokens=10),
         "pld-tuned": lambda: PromptLookup("pld-tuned", model, num_tokens=5, max_ngram=3),
-        "hf-assisted": lambda: _hf_assisted(model, drafts),
+        "hf-assisted": lambda: _hf_assisted("hf-assisted", model, hf_drafts),
+        "hf-assisted-constant": lambda: _hf_assisted("hf-assisted-constant", model, hf_drafts),
+        "hf-assisted-confidence": lambda: _hf_assisted("hf-assisted-confidence", model, hf_drafts),
         "economize": lambda: Economize("economize", model, sampling),
-        "maxgram": lambda: Ours("maxgram", model, CascadeAssistant([MaxGram()], **strategy_kwargs)),
+        # as a baseline of another strategy, Max-Gram alone runs with its own defaults
+        "maxgram": lambda: Ours("maxgram", model, CascadeAssistant(
+            [MaxGram()], **({} if "k_matrix" in strategy_kwargs else strategy_kwargs))),
         "cascade": lambda: _cascade(model, drafts, strategy_kwargs),
+        "hsddw": lambda: _hsddw(model, drafts, verifier),
     }
     if name not in builders:
         raise ValueError(f"unknown method {name!r}")
     return builders[name]()
 
 
-def _hf_assisted(model: Any, drafts: list) -> Method:
+def _hf_assisted(name: str, model: Any, drafts: list) -> Method:
     if not drafts:
-        raise MethodUnavailable("baseline 'hf-assisted' needs a draft model: pass --draft PATH")
-    return HFAssisted("hf-assisted", model, drafts[0])
+        raise MethodUnavailable(f"baseline {name!r} needs a draft model: pass --draft PATH")
+    return HFAssisted(name, model, drafts[0], ASSISTED_SETTINGS.get(name))
 
 
 def _cascade(model: Any, drafts: list, strategy_kwargs: dict) -> Method:
     if not drafts:
         raise MethodUnavailable("strategy 'cascade' needs at least one draft model: pass --draft PATH (largest first)")
     return Ours("cascade", model, CascadeAssistant([*drafts, MaxGram()], **strategy_kwargs))
+
+
+def _hsddw(model: Any, drafts: list, verifier: Any) -> Method:
+    if not drafts:
+        raise MethodUnavailable("strategy 'hsddw' needs a draft model: pass --draft PATH (and optionally --verifier PATH)")
+    return Ours("hsddw", model, DynamicWindowAssistant(drafts[0], verifier, max_window=ASSISTED_WINDOW))

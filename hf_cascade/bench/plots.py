@@ -70,6 +70,34 @@ def plot_speedup_by_category(summary: dict, methods: list[str], path: str | Path
     return _save(fig, ax, path)
 
 
+def plot_window_per_step(records: list[dict], path: str | Path, prompt_index: int | None = None) -> Path | None:
+    """Tokens handed to the target at each verification step on one prompt (HSDDW, Figure 8), one line
+    per method that reports it (``stats["window_per_step"]``, else ``draft_len_per_call``).
+    ``prompt_index``: default the first prompt with such data. ``None`` when no method reports it."""
+
+    def windows(rec: dict) -> list[int] | None:
+        stats = rec.get("stats") or {}
+        return stats.get("window_per_step", stats.get("draft_len_per_call"))
+
+    with_data = [r for r in records if windows(r)]
+    if prompt_index is None and with_data:
+        prompt_index = with_data[0]["prompt_index"]
+    chosen = [r for r in with_data if r["prompt_index"] == prompt_index]
+    if not chosen:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for rec in chosen:
+        w = windows(rec)
+        ax.step(range(1, len(w) + 1), w, where="mid", marker=".", label=f"{rec['method']} (mean {sum(w) / len(w):.2f})")
+    ax.set_xlabel("verification step of the target")
+    ax.set_ylabel("window (tokens handed to the target)")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_title(f"Window size per step, prompt {prompt_index} ({chosen[0].get('category', '')})")
+    ax.grid(alpha=0.3)
+    return _save(fig, ax, path)
+
+
 def _save(fig, ax, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()

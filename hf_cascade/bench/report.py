@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .plots import plot_acceptance_by_position, plot_speedup_by_category
+from .plots import plot_acceptance_by_position, plot_speedup_by_category, plot_window_per_step
 from .runner import BenchResult
 from .summary import OVERALL
 
@@ -85,7 +85,8 @@ def markdown_report(result: BenchResult) -> str:
 
 
 def write_results(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``results.json``, ``report.md`` and the PNGs into ``out_dir``; return their paths by kind."""
+    """Write ``results.json``, ``report.md`` and the PNGs (acceptance by position, speedup per category,
+    window per step) into ``out_dir``; return their paths by kind."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "report.md"}
@@ -95,4 +96,7 @@ def write_results(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
     if acc is not None:
         paths["acceptance_png"] = acc
     paths["speedup_png"] = plot_speedup_by_category(result.summary, result.methods, out / "speedup_by_category.png")
+    windows = plot_window_per_step(result.records, out / "window_per_step.png")
+    if windows is not None:
+        paths["window_png"] = windows
     return paths

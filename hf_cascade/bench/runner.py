@@ -89,14 +89,19 @@ def _timed(method: Method, ids, mask, kwargs: dict, seed: int) -> tuple[torch.Te
     return out, stats, time.perf_counter() - t0
 
 
-def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict) -> dict[str, Method]:
+def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, verifier: Any = None,
+                   assisted_draft: Any = None) -> dict[str, Method]:
     strategy_kwargs: dict[str, Any] = {"lenience": config.lenience}
+    if config.strategy == "cascade":
+        strategy_kwargs.update(maxgram_lenience=config.maxgram_lenience, min_confidence=config.min_confidence,
+                               maxgram_first=config.maxgram_first)
     if config.k_matrix is not None:
         strategy_kwargs["k_matrix"] = config.k_matrix
     methods: dict[str, Method] = {}
     for name in config.methods:
         try:
-            methods[name] = build_method(name, model, drafts, strategy_kwargs=strategy_kwargs, sampling=config.sampling)
+            methods[name] = build_method(name, model, drafts, strategy_kwargs=strategy_kwargs, sampling=config.sampling,
+                                         verifier=verifier, assisted_draft=assisted_draft)
         except MethodUnavailable as exc:
             errors[name] = str(exc)
     if "plain" not in methods:
@@ -104,7 +109,7 @@ def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict) 
     return methods
 
 
-def _environment(model: Any, drafts: list) -> dict:
+def _environment(model: Any, drafts: list, verifier: Any = None) -> dict:
     import transformers
 
     def describe(m):
@@ -119,6 +124,7 @@ def _environment(model: Any, drafts: list) -> dict:
         "machine": platform.machine(),
         "target": describe(model),
         "drafts": [describe(d) for d in drafts],
+        **({"verifier": describe(verifier)} if verifier is not None else {}),
     }
 
 
@@ -129,6 +135,8 @@ def run_benchmark(
     prompts: Sequence[dict],
     drafts: Sequence[Any] = (),
     progress: bool = False,
+    verifier: Any = None,
+    assisted_draft: Any = None,
 ) -> BenchResult:
     """Measure every method of ``config`` on ``prompts`` with the loaded ``model`` (and ``drafts``).
 
@@ -137,14 +145,16 @@ def run_benchmark(
         model: the target, a transformers causal LM in eval mode.
         tokenizer: its tokenizer (to encode ``prompt`` texts and decode outputs).
         prompts: dicts with ``category`` and ``prompt`` (text) or ``input_ids``; other keys are kept.
-        drafts: draft models, largest first (for ``cascade`` and ``hf-assisted``).
+        drafts: draft models, largest first (for ``cascade``, ``hsddw`` and the ``hf-assisted`` baselines).
         progress: show a tqdm bar over prompts (on stderr).
+        verifier: HSDDW's pre-verifier (a stronger draft model), if any.
+        assisted_draft: the draft model of the ``hf-assisted*`` baselines (default: ``drafts[0]``).
     """
     if not prompts:
         raise ValueError("run_benchmark needs at least one prompt")
     drafts = list(drafts)
     errors: dict[str, str] = {}
-    methods = _build_methods(config, model, drafts, errors)
+    methods = _build_methods(config, model, drafts, errors, verifier, assisted_draft)
     kwargs = generation_kwargs(config, tokenizer)
 
     # One untimed warm-up generate per method (first-call allocations, lazy imports, caches).
@@ -208,5 +218,5 @@ def run_benchmark(
         records=records,
         summary=summarize(records, names),
         errors=errors,
-        environment=_environment(model, drafts),
+        environment=_environment(model, drafts, verifier),
     )

@@ -73,10 +73,17 @@ class _Drafted:
 class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     """One ``generate()`` call of a :class:`~hf_cascade.CascadeAssistant`."""
 
-    def __init__(self, target, generation_config, logits_processor, stats, drafters, k_matrix, lenience: float):
+    def __init__(self, target, generation_config, logits_processor, stats, drafters, k_matrix, lenience: float,
+                 maxgram_lenience: float = 1.0, min_confidence: float = 0.0, maxgram_first: bool = False):
         super().__init__(target, generation_config, logits_processor, stats)
         self.k = k_matrix
         self.lenience = float(lenience)
+        self.maxgram_lenience = float(maxgram_lenience)
+        self.min_confidence = float(min_confidence)
+        # maxgram_first: Max-Gram drafts for the target directly and the smallest neural level drafts
+        # after it autoregressively (no neural review of Max-Gram tokens); see CascadeAssistant.
+        self.maxgram_first = bool(maxgram_first) and isinstance(drafters[-1], MaxGram) and len(drafters) > 1
+        self.bottom = len(drafters) - 2 if self.maxgram_first else len(drafters) - 1
         stats.levels = [LevelStats(getattr(d, "name", None) or _model_name(d)) for d in drafters]
         self.levels: list[MaxGram | NeuralLevel] = [
             d if isinstance(d, MaxGram) else NeuralLevel(d, self.vocab_size, self.processors, stats.levels[i])
@@ -95,7 +102,9 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         """Algorithm 1 up to (not including) ``reviewer``'s review: the draft ``reviewer`` will check."""
         out = _Drafted.empty(seq, self.vocab_size, self.do_sample)
         row = self.k[reviewer + 1]
-        for j in range(reviewer + 1, len(self.levels)):                    # horizontal cascade
+        if self.maxgram_first and reviewer == TARGET and row[-1] > 0:      # Max-Gram's match goes first, unreviewed
+            self._append_maxgram(out, len(self.levels) - 1, reviewer, seq, min(row[-1], budget))
+        for j in range(reviewer + 1, self.bottom + 1):                      # horizontal cascade
             produced, level = 0, self.levels[j]
             while produced < row[j] and len(out) < budget:
                 cur = torch.cat([seq, out.tokens])
@@ -103,10 +112,12 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                 if isinstance(level, MaxGram):                             # statistical: all at once
                     self._append_maxgram(out, j, reviewer, cur, room)
                     break
-                if j == len(self.levels) - 1:                              # smallest level is neural
-                    tokens, probs, dists = level.generate(cur, room, self.do_sample, self.stop_ids)
+                if j == self.bottom:                                       # smallest level is neural
+                    tokens, probs, dists = level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence)
                     out.append(tokens, probs, dists, origin=j, lenient=True)
                     produced += tokens.shape[0]
+                    if self.min_confidence > 0 and tokens.shape[0] and float(probs[-1]) < self.min_confidence:
+                        break
                     continue
                 sub = self._cascade(j, cur, budget - len(out) - 1)         # vertical cascade
                 review = self._review(j, cur, sub)
@@ -115,6 +126,8 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                 produced += review.tokens.shape[0]
                 if int(review.tokens[-1]) in self.stop_ids:
                     return out
+                if self.min_confidence > 0 and _confidence(review) < self.min_confidence:
+                    break                                                  # level j is unsure: stop it here
         return out
 
     def _append_maxgram(self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int) -> None:
@@ -136,12 +149,12 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     # -- review by a draft model (the target's review is transformers') ----------------------
     def _review(self, j: int, seq: torch.Tensor, sub: _Drafted) -> Review:
-        """Drafter ``j`` reviews ``sub`` in one forward; lenience only on tokens from neural levels
-        (CS Drafting App. B: none between Max-Gram and its reviewer)."""
+        """Drafter ``j`` reviews ``sub`` in one forward. ``lenience`` applies to tokens from neural
+        levels; Max-Gram tokens get ``maxgram_lenience`` (default 1: none, as in CS Drafting App. B)."""
         level: NeuralLevel = self.levels[j]
         with self.timer(f"review[{j}]"):
             scores = level.scores(torch.cat([seq, sub.tokens]), start=seq.shape[0])   # [u + 1, V]
-            lenience = torch.where(sub.lenient, self.lenience, 1.0)
+            lenience = torch.where(sub.lenient, self.lenience, self.maxgram_lenience)
             if self.do_sample:
                 review = sampling_review(sub.tokens, sub.dists, scores.softmax(dim=-1), lenience)
             else:
@@ -184,6 +197,13 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
             lv.tokens_proposed += int(mask.sum())
             lv.tokens_accepted += int(mask[:n].sum())
         self.stats.levels[int(d.origin[0])].acceptance_by_position.record(len(d), n)
+
+
+def _confidence(review: Review) -> float:
+    """The reviewing level's probability of the last token it output (its bonus token)."""
+    if review.probs is not None:
+        return float(review.probs[-1])
+    return float(review.dists[-1, review.tokens[-1]])
 
 
 def _model_name(model) -> str:

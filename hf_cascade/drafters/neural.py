@@ -127,8 +127,9 @@ class NeuralLevel:
         self.cached = self.cached[:length]
 
     # -- autoregressive drafting (only when no smaller level exists) --------------------------
-    def generate(self, seq: torch.Tensor, k: int, do_sample: bool, stop_ids: set[int]):
-        """Draft ``k`` tokens autoregressively. Returns ``(tokens [k'], token_probs [k'], dists [k', V] | None)``."""
+    def generate(self, seq: torch.Tensor, k: int, do_sample: bool, stop_ids: set[int], min_confidence: float = 0.0):
+        """Draft ``k`` tokens autoregressively, stopping after a stop token or after a token drawn
+        with probability ``< min_confidence``. Returns ``(tokens [k'], token_probs [k'], dists [k', V] | None)``."""
         tokens, probs, dists = [], [], []
         cur = seq
         for _ in range(k):
@@ -140,7 +141,7 @@ class NeuralLevel:
             if do_sample:
                 dists.append(p)
             cur = torch.cat([cur, tok.to(seq.device)])
-            if int(tok) in stop_ids:
+            if int(tok) in stop_ids or float(p[tok]) < min_confidence:
                 break
         if not tokens:
             return seq[:0], torch.ones(0), (torch.zeros(0, self.vocab_size) if do_sample else None)

@@ -8,13 +8,19 @@ checkpoint carries its code and loads with ``trust_remote_code=True`` where hf_c
 
 from __future__ import annotations
 
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .drafter import CascadeDrafterConfig, CascadeDrafterForCausalLM
+from .glide import GlideConfig, GlideForCausalLM, glide_cross_mask
+from .redrafter import ReDrafterConfig, ReDrafterModel
 
 # (config class, model class, Auto class of the model) for every head; add sibling heads here.
 HEADS = [
     (CascadeDrafterConfig, CascadeDrafterForCausalLM, AutoModelForCausalLM),
+    (GlideConfig, GlideForCausalLM, AutoModelForCausalLM),
+    # Not a causal LM (it reads hidden states + embeddings): AutoModel, as in Apple's reference. Its
+    # save_pretrained also names AutoModelForCausalLM in auto_map, the class hub.load_head loads with.
+    (ReDrafterConfig, ReDrafterModel, AutoModel),
 ]
 
 _registered = False
@@ -35,4 +41,4 @@ def register_heads() -> None:
     _registered = True
 
 
-__all__ = ["HEADS", "CascadeDrafterConfig", "CascadeDrafterForCausalLM", "register_heads"]
+__all__ = ["HEADS", "CascadeDrafterConfig", "CascadeDrafterForCausalLM", "GlideConfig", "GlideForCausalLM", "glide_cross_mask", "ReDrafterConfig", "ReDrafterModel", "register_heads"]

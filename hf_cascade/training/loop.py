@@ -66,8 +66,9 @@ class TrainState:
 
 
 def split_records(store: DistillStore, eval_records: int) -> tuple[list[int], list[int]]:
-    """Deterministic train / held-out split by a hash of the record id (resuming a distillation
-    never moves a record across the split)."""
+    """Deterministic train / held-out split by a hash of the record ids: the same set of records
+    gives the same split whatever their order in the store (a resumed distillation splits like an
+    uninterrupted one). Adding records may move earlier held-out records into training."""
     keyed = sorted(range(len(store)), key=lambda i: zlib.crc32(store.records[i].id.encode()))
     held = set(keyed[: min(eval_records, max(0, len(store) - 1))])
     return [i for i in range(len(store)) if i not in held], sorted(held)
@@ -131,9 +132,10 @@ def train(
         opt.step()
         sched.step()
         state.step = step
-        state.history.append({"step": step, "loss": float(loss), "lr": sched.get_last_lr()[0], **metrics})
+        loss_value = loss.item()
+        state.history.append({"step": step, "loss": loss_value, "lr": sched.get_last_lr()[0], **metrics})
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        bar.set_postfix(loss=f"{loss_value:.3f}")
         if step % cfg.eval_every == 0 or step == cfg.steps:
             model.eval()
             with torch.no_grad():
@@ -143,7 +145,7 @@ def train(
                 state.best = {"step": step, **ev}
             state.seconds = time.perf_counter() - t0
             save_fn(model, state)
-            bar.set_postfix(loss=f"{float(loss):.3f}", alpha=f"{ev.get('alpha', float('nan')):.3f}")
+            bar.set_postfix(loss=f"{loss_value:.3f}", alpha=f"{ev.get('alpha', float('nan')):.3f}")
     bar.close()
     model.eval()
     return state

@@ -40,7 +40,8 @@ def train_vanilla(target, data: str | Path, spec: VanillaSpec, cfg: TrainConfig,
     def save_fn(m, state: TrainState):
         extra = {"batch_size": cfg.batch_size, "spec": asdict(spec), "data": _data_facts(store, train_idx, eval_idx), "vocab": facts}
         write_state(state, cfg, cfg.out, extra)
-        save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline))
+        if state.best is not None and state.best["step"] == state.step:   # keep the best held-out checkpoint
+            save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline))
 
     baseline = eval_fn(model.eval())
     state = train(model, iterate_batches(store, train_idx, cfg), vanilla_loss, eval_fn, save_fn, cfg, progress)
@@ -63,7 +64,7 @@ def _card(model, spec: VanillaSpec, state: TrainState, extra: dict, command: str
     body = f"""# hf_cascade vanilla drafter ({model.config.target_name_or_path or "target"})
 
 A {spec.num_hidden_layers}-layer Llama-style drafter (hidden {spec.hidden_size}, {params / 1e6:.2f} M parameters,
-float32) for speculative decoding with [hf_cascade](https://github.com/) — `CascadeAssistant([drafter, MaxGram()])`
+float32) for speculative decoding with hf_cascade — `CascadeAssistant([drafter, MaxGram()])`
 or transformers' `generate(assistant_model=drafter)`. It predicts over the {spec.draft_vocab_size} most frequent target
 tokens of its training data (FR-Spec style; coverage of the data {extra['vocab']['coverage_all']:.1%}) and returns
 full-vocabulary logits (`finfo.min` outside the subset), so verification stays exact.
@@ -75,10 +76,11 @@ template `{json.dumps(data['prompt_format'])}`) to {data['sequences']} training 
 benchmark, is never used (its questions are filtered out). {data['heldout_sequences']} sequences are held out.
 
 ## Training
+Data: `hf-cascade distill --out DATA` (defaults: batch 16, at most 128 new tokens, greedy; resumable), then
 ```
 {command}
 ```
-{state.step} steps, batch {extra.get('batch_size', '')} sequences, {state.seconds / 60:.1f} min on the machine it ran on.
+{state.step} steps (this checkpoint: the best held-out evaluation so far), batch {extra.get('batch_size', '')} sequences, {state.seconds / 60:.1f} min on the machine it ran on.
 Loss: cross-entropy on the target's tokens (prompt positions weighted down).
 
 ## Measured acceptance (held-out, greedy, teacher forced = exact greedy acceptance)

@@ -1,0 +1,184 @@
+"""HSDDW as a transformers ``CandidateGenerator`` (Algorithms 1 and 2 of *Hierarchical Speculative
+Decoding with Dynamic Window*).
+
+One draft model (Algorithm 1, SD + Self-verify): the draft model drafts with the stop rule of
+:mod:`~hf_cascade.hsddw.rules` against ``tau`` (at most ``max_window`` tokens); the target verifies
+(transformers' own loop); the entropy of the first rejected token updates ``tau``.
+
+With a pre-verifier (Algorithm 2), each target step accumulates tokens through repeated
+**Draft + Self-verify** (small model, ``tau``) -> **Pre-verify + Self-verify** (the stronger draft
+model reviews the small model's window in one forward by speculative sampling, greedy: argmax match;
+its rejections update ``tau``; it keeps its output tokens up to and including the first one whose
+own entropy exceeds ``tau2``) until it is unsure, then **Verify** (the target checks everything
+accumulated; its rejections update ``tau2``).
+
+Lossless: every token handed to the target carries the exact distribution it was drawn from: the
+small model's processed ``q`` (Algorithm 1), or, after pre-verification, ``Review.dists`` of
+:func:`~hf_cascade.verify.sampling_review`: the marginal output distribution of the pre-verifier's
+speculative sampling, which is its own processed distribution for accepted *and* resampled tokens.
+(The residual ``norm(max(0, p2 - q1))`` is only the law of a resampled token *given* that a
+rejection happened; using it there while accepted tokens carry ``p2`` would be lossy.) Stop
+decisions depend only on entropies of distributions fixed before the next token is drawn, so
+windows of any length keep the target's distribution.
+
+Deviations from the paper, all following the authors' code (``valexsyu/HSDDW``,
+``speculative_sampling_google_hrchl_adv_dynamic_gamma_entropy``) where Algorithm 2 is looser:
+
+* Algorithm 2 tests ``H(p_i) > tau2`` for all ``l`` positions of the pre-verifier, also those after
+  a rejection (conditioned on the rejected token), and hands on all accepted tokens; we test the
+  entropy of each token the pre-verifier actually emits, in order, and stop after the first one
+  above ``tau2`` (the code's ``entropys_2[i] > entropy_th_2`` check; the same stop rule as Algorithm 1).
+  The code then *resamples* that token from the residual, which is lossy; we keep the review's token.
+* Algorithm 2 adds no token of the pre-verifier when it accepts the whole window; like the code
+  (and like every review here) it adds its bonus token, which costs no extra forward.
+* Algorithm 2 does not bound the accumulated window; the code verifies once it exceeds 50 tokens.
+  We cap it at ``max_target_window`` (default ``5 * max_window``, i.e. 50 for the paper's K = 10).
+* Drafting also stops at an end-of-sequence token and at the length budget (``max_new_tokens``).
+* The target's own bonus token is transformers' verification step, as in Algorithm 1's code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..candidate import Draft, SpeculativeCandidateGenerator
+from ..cascade.generator import _model_name
+from ..drafters.neural import NeuralLevel
+from ..stats import LevelStats
+from ..verify import Review, greedy_review, sampling_review
+from .rules import EntropyThreshold, entropy, self_verify_length
+
+
+@dataclass
+class StageOutput:
+    """What one Draft + Self-verify stage produced: ``tokens [l]``, ``dists [l, V]`` (sampling, the
+    processed ``q`` each token was drawn from) and ``entropies [l]`` (``H(q_i)``, nats)."""
+
+    tokens: torch.Tensor
+    dists: torch.Tensor | None
+    entropies: torch.Tensor
+
+
+def draft_and_self_verify(level: NeuralLevel, seq: torch.Tensor, window: int, tau: float, do_sample: bool,
+                          stop_ids: set[int]) -> StageOutput:
+    """Algorithm 1 lines 3-12: draft up to ``window`` tokens after ``seq``, stopping after the first
+    token whose processed distribution has entropy ``> tau`` (or after an end-of-sequence token)."""
+    tokens, dists, ents = [], [], []
+    cur = seq
+    for _ in range(window):
+        scores = level.scores(cur, cur.shape[0])[-1]                      # [V], processed
+        q = scores.float().softmax(dim=-1)
+        h = entropy(q)
+        tok = (torch.multinomial(q, 1) if do_sample else scores.argmax()[None]).to(seq.device)
+        tokens.append(tok)
+        ents.append(h)
+        if do_sample:
+            dists.append(q)
+        cur = torch.cat([cur, tok])
+        if float(h) > tau or int(tok) in stop_ids:
+            break
+    return StageOutput(
+        torch.cat(tokens) if tokens else seq[:0],
+        torch.stack(dists).to(seq.device) if do_sample and dists else None,
+        torch.stack(ents).cpu() if ents else torch.zeros(0),
+    )
+
+
+class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
+    """One ``generate()`` call of a :class:`~hf_cascade.hsddw.DynamicWindowAssistant`."""
+
+    def __init__(self, target, generation_config, logits_processor, stats, draft_model, verifier_model,
+                 max_window: int, max_target_window: int, tau_init: float, tau2_init: float):
+        super().__init__(target, generation_config, logits_processor, stats)
+        self.max_window = int(max_window)
+        self.max_target_window = int(max_target_window)
+        small_stats = LevelStats(_model_name(draft_model))
+        self.small = NeuralLevel(draft_model, self.vocab_size, self.processors, small_stats)
+        self.pre: NeuralLevel | None = None
+        stats.levels = [small_stats]
+        if verifier_model is not None:
+            pre_stats = LevelStats(_model_name(verifier_model))
+            self.pre = NeuralLevel(verifier_model, self.vocab_size, self.processors, pre_stats)
+            stats.levels = [pre_stats, small_stats]
+        # Fresh thresholds per generate() call: tau is per sequence (§3.1 "in the current sentence").
+        self.tau = EntropyThreshold(tau_init)
+        self.tau2 = EntropyThreshold(tau2_init)
+        stats.rejected_entropies = self.tau.rejected
+        stats.rejected_entropies2 = self.tau2.rejected
+        self._pending: torch.Tensor = torch.zeros(0)   # entropies of the q of each token handed to the target
+
+    # -- draft ---------------------------------------------------------------------------------
+    def draft(self, seq: torch.Tensor, budget: int) -> Draft:
+        if self.pre is None:
+            stage = self._stage(seq, min(self.max_window, budget))
+            self._pending = stage.entropies
+            return Draft(stage.tokens, stage.dists)
+        return self._hierarchical(seq, min(budget, self.max_target_window))
+
+    def _stage(self, seq: torch.Tensor, window: int) -> StageOutput:
+        self.stats.tau_trajectory.append(self.tau.value)
+        stage = draft_and_self_verify(self.small, seq, window, self.tau.value, self.do_sample, self.stop_ids)
+        self.stats.draft_windows.append(int(stage.tokens.shape[0]))
+        return stage
+
+    def _hierarchical(self, seq: torch.Tensor, cap: int) -> Draft:
+        """Algorithm 2: (Draft + Self-verify -> Pre-verify + Self-verify)* until the pre-verifier is unsure."""
+        self.stats.tau2_trajectory.append(self.tau2.value)
+        tokens, dists, ents = [seq[:0]], [], [torch.zeros(0)]
+        total = 0
+        while total < cap:
+            cur = torch.cat([seq, *tokens])
+            stage = self._stage(cur, min(self.max_window, cap - total))
+            review, review_ents = self._pre_verify(cur, stage)
+            keep = min(self_verify_length(review_ents, self.tau2.value), cap - total)
+            unsure = bool((review_ents[:keep] > self.tau2.value).any())
+            out = review.tokens[:keep]
+            stop = torch.isin(out, self._stop_tensor.to(out.device)).nonzero()
+            if stop.numel():
+                keep = int(stop[0]) + 1
+                out = out[:keep]
+            tokens.append(out)
+            ents.append(review_ents[:keep])
+            if review.dists is not None:
+                dists.append(review.dists[:keep])
+            total += keep
+            if unsure or stop.numel():
+                break
+        self._pending = torch.cat(ents)
+        return Draft(torch.cat(tokens), torch.cat(dists) if self.do_sample else None)
+
+    def _pre_verify(self, cur: torch.Tensor, stage: StageOutput) -> tuple[Review, torch.Tensor]:
+        """The pre-verifier reviews the small model's window in one forward. Returns its review and
+        the entropy of the distribution of each token it emits (its own processed distribution)."""
+        with self.timer("pre_verify"):
+            scores = self.pre.scores(torch.cat([cur, stage.tokens]), start=cur.shape[0])   # [l + 1, V]
+            p = scores.float().softmax(dim=-1)
+            if self.do_sample:
+                review = sampling_review(stage.tokens, stage.dists, p)
+            else:
+                review = greedy_review(stage.tokens, scores)
+        n, l = review.num_accepted, stage.tokens.shape[0]
+        if n < l:
+            self.tau.update(float(stage.entropies[n]))                      # Algorithm 2 line 25
+        _record(self.stats.levels[1], l, n)
+        return review, entropy(p[: n + 1]).cpu()
+
+    # -- update --------------------------------------------------------------------------------
+    def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
+        if num_accepted < num_proposed:
+            # Algorithm 1 line 26 / Algorithm 2 line 53: the target rejected token ``num_accepted``.
+            threshold = self.tau if self.pre is None else self.tau2
+            threshold.update(float(self._pending[num_accepted]))
+        _record(self.stats.levels[0], num_proposed, num_accepted)
+        self._pending = torch.zeros(0)
+
+
+def _record(level: LevelStats, proposed: int, accepted: int) -> None:
+    if proposed == 0:
+        return
+    level.proposals += 1
+    level.tokens_proposed += proposed
+    level.tokens_accepted += accepted
+    level.acceptance_by_position.record(proposed, accepted)

@@ -1,0 +1,121 @@
+"""Max-Gram tree: prompt lookup with several continuations, verified as one token tree.
+
+:class:`~hf_cascade.drafters.maxgram.MaxGram` proposes what followed the most recent occurrence of
+the longest suffix of the sequence that occurred before. When the text branches (the same words
+were followed by different words at different places), that single guess is often wrong while an
+older occurrence, or that of a shorter suffix, was right. :class:`MaxGramTree` proposes up to
+``branches`` *distinct* continuations of ``depth`` tokens and merges them into one tree
+(:meth:`TokenTree.from_beams`: shared prefixes become shared nodes); the target verifies all of
+them in one forward and keeps the longest one it agrees with.
+
+Continuations, best evidence first (beam 0 is exactly Max-Gram's own guess):
+
+* suffix lengths ``n`` from the longest match (at most ``max_ngram``) down to ``min_ngram``;
+* for each ``n``, the occurrences of the length-``n`` suffix from the most recent backwards: each
+  one is found with :func:`~hf_cascade.drafters.maxgram.longest_suffix_match` on the sequence cut
+  just after the previous occurrence (that cut sequence ends with the same ``n`` tokens, so its most
+  recent earlier match of length ``n`` is the previous occurrence);
+* a continuation that runs into the end of the sequence wraps around (the text repeats with that
+  period), as in Max-Gram; duplicate continuations are skipped; at most ``max_scan`` occurrences
+  are examined per step.
+
+The tree is a deterministic function of the context (``draft_probs = None``), which
+``sampling_tree_accept`` handles exactly, so sampling stays lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters.maxgram import longest_suffix_match
+from .strategy import TreeAssistant, TreeDrafter, TreeStep
+from .structure import TokenTree
+
+
+@dataclass
+class MaxGramTree(TreeDrafter):
+    """Max-Gram tree drafter (stateless: one instance may serve every call).
+
+    Args:
+        branches: most distinct continuations (leaves of the tree).
+        depth: tokens per continuation (the tree's depth; pruned to the length budget).
+        max_ngram: longest suffix match searched for.
+        min_ngram: shortest suffix match used.
+        max_scan: most occurrences examined per step (bounds the drafting cost on long sequences).
+    """
+
+    branches: int = 4
+    depth: int = 6
+    max_ngram: int = 8
+    min_ngram: int = 1
+    max_scan: int = 16
+
+    def __post_init__(self) -> None:
+        if self.branches < 1 or self.depth < 1 or self.max_scan < 1:
+            raise ValueError("MaxGramTree needs branches >= 1, depth >= 1 and max_scan >= 1")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError("MaxGramTree needs 1 <= min_ngram <= max_ngram")
+
+    def continuations(self, seq: torch.Tensor, depth: int) -> torch.Tensor:
+        """``[w, depth]`` distinct continuations of ``seq`` (``[L]``), best evidence first (``w <= branches``)."""
+        length = seq.shape[0]
+        longest, _ = longest_suffix_match(seq, self.max_ngram)
+        beams: list[torch.Tensor] = []
+        seen: set[tuple[int, ...]] = set()
+        scans = 0
+        for n in range(longest, self.min_ngram - 1, -1):
+            cut = length
+            while len(beams) < self.branches and scans < self.max_scan:
+                m, end = longest_suffix_match(seq[:cut], n)
+                scans += 1
+                if m < n:
+                    break                                        # no earlier occurrence of this n-gram
+                period = length - 1 - end
+                cont = seq[end + 1 + torch.arange(depth, device=seq.device) % period]
+                key = tuple(cont.tolist())
+                if key not in seen:
+                    seen.add(key)
+                    beams.append(cont)
+                cut = end + 1
+            if len(beams) >= self.branches or scans >= self.max_scan:
+                break
+        if not beams:
+            return seq.new_zeros(0, depth)
+        return torch.stack(beams)
+
+    def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
+        depth = min(self.depth, state.budget)
+        beams = self.continuations(seq, depth) if depth > 0 else seq.new_zeros(0, 0)
+        if beams.shape[0] == 0 or depth == 0:
+            return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
+        tree, _ = TokenTree.from_beams(beams)
+        return tree, None
+
+
+class MaxGramTreeAssistant(TreeAssistant):
+    """``generate(..., assistant_model=MaxGramTreeAssistant())``: prompt lookup with a token tree of
+    up to ``branches`` continuations of ``depth`` tokens, verified in one target forward per step.
+
+    Greedy outputs equal plain ``generate``; sampling is lossless. ``fast_head``: see
+    :class:`~hf_cascade.assistant.Assistant`. After each call ``assistant.last_stats`` is a
+    :class:`~hf_cascade.tree.strategy.TreeStats` (tokens per target call, accepted length per step,
+    tree sizes, accepted paths).
+
+    Example::
+
+        import hf_cascade
+        from hf_cascade.tree.maxgram_tree import MaxGramTreeAssistant
+        a = MaxGramTreeAssistant(branches=4, depth=6)
+        out = model.generate(ids, assistant_model=a, max_new_tokens=128)
+        a.last_stats.tokens_per_target_call, a.last_stats.tree_sizes
+    """
+
+    def __init__(self, branches: int = 4, depth: int = 6, max_ngram: int = 8, min_ngram: int = 1,
+                 max_scan: int = 16, fast_head: bool = True):
+        self.drafter = MaxGramTree(branches, depth, max_ngram, min_ngram, max_scan)
+        self.fast_head = fast_head
+
+    def new_drafter(self, target, generation_config, logits_processor) -> MaxGramTree:
+        return self.drafter

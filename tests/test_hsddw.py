@@ -1,0 +1,415 @@
+"""HSDDW (``DynamicWindowAssistant``): the self-verify rules on hand-made distributions, the rules
+checked in situ against independent forwards, greedy parity, sampling losslessness, reuse, errors.
+
+Greedy helpers and tiny models come from ``tests/test_greedy_parity.py``; the statistical tests
+(per-step calibration, first-two-tokens joint distribution, lying ``q``) from ``tests/test_sampling.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper
+
+from hf_cascade import DynamicWindowAssistant, DynamicWindowStats, MaxGram
+from hf_cascade.drafters.neural import NeuralLevel
+from hf_cascade.hsddw import DynamicWindowCandidateGenerator, EntropyThreshold, draft_and_self_verify, entropy, self_verify_length
+from hf_cascade.stats import LevelStats
+from hf_cascade.verify import output_distribution
+from tests import tiny_models as tm
+from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, assert_parity, m, ours, plain  # noqa: F401  (m: fixture)
+from tests.test_sampling import PROMPT, _lying_q, calibration, joint_test, passes, processed_probs, run_long, small  # noqa: F401
+from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
+
+INF = float("inf")
+
+
+# -- the rules on hand-made distributions -------------------------------------------------------------
+
+def test_entropy_golden():
+    probs = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0], [0.7, 0.2, 0.1, 0.0]])
+    expected = [math.log(4), 0.0, math.log(2), -(0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1))]
+    torch.testing.assert_close(entropy(probs), torch.tensor(expected))
+
+
+def test_stop_rule_keeps_the_first_uncertain_token():
+    assert self_verify_length([0.1, 0.2, 1.5, 0.1], tau=1.0) == 3       # H > tau at position 3: kept, then stop
+    assert self_verify_length([0.1, 0.2, 0.3], tau=1.0) == 3            # never uncertain: the whole window
+    assert self_verify_length([1.0, 1.0, 2.0], tau=1.0) == 3            # H == tau continues
+    assert self_verify_length([0.3, 0.1], tau=0.0) == 1                 # the paper's tau = 0: one token
+    assert self_verify_length([0.0, 0.0, 0.2], tau=0.0) == 3            # ... unless the drafter is certain
+    assert self_verify_length(torch.tensor([5.0, 0.0]), tau=INF) == 2   # inf: fixed windows
+    assert self_verify_length([], tau=0.0) == 0
+
+
+def test_threshold_is_the_mean_entropy_of_rejected_tokens():
+    t = EntropyThreshold(0.0)
+    assert t.value == 0.0
+    assert t.update(1.0) == 1.0
+    assert t.update(2.0) == 1.5
+    assert t.update(0.0) == 1.0
+    assert t.rejected == [1.0, 2.0, 0.0]
+    started_high = EntropyThreshold(5.0)
+    assert started_high.value == 5.0 and started_high.update(1.0) == 1.0   # the start is not part of the mean
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match=">= 0"):
+            EntropyThreshold(bad)
+
+
+class StubLevel:
+    """A drafter whose processed scores at sequence length ``L`` are ``table[L]``."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def scores(self, seq, start):
+        assert start == seq.shape[0]
+        return self.table[seq.shape[0]][None]
+
+
+def _scores_with_entropy(top: int, sharp: bool) -> torch.Tensor:
+    s = torch.full((8,), -1e9) if sharp else torch.zeros(8)
+    s[top] = 0.0 if sharp else 1.0
+    return s
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_draft_stage_on_hand_made_distributions(do_sample):
+    seq = torch.tensor([1, 4])
+    # lengths 2, 3 certain (H = 0), length 4 flat (H > 0), length 5 certain
+    table = {2: _scores_with_entropy(5, True), 3: _scores_with_entropy(6, True), 4: _scores_with_entropy(7, False),
+             5: _scores_with_entropy(3, True)}
+    out = draft_and_self_verify(StubLevel(table), seq, window=10, tau=0.0, do_sample=do_sample, stop_ids=set())
+    assert out.tokens.shape[0] == 3                                     # the uncertain third token is kept
+    assert out.tokens[:2].tolist() == [5, 6]
+    assert out.entropies[:2].tolist() == [0.0, 0.0] and float(out.entropies[2]) > 0.0
+    if do_sample:
+        torch.testing.assert_close(out.dists, torch.stack([table[n].softmax(-1) for n in (2, 3, 4)]))
+    else:
+        assert out.dists is None and int(out.tokens[2]) == 7
+    assert draft_and_self_verify(StubLevel(table), seq, 2, 0.0, do_sample, set()).tokens.shape[0] == 2   # window cap
+    assert draft_and_self_verify(StubLevel(table), seq, 4, INF, do_sample, set()).tokens.shape[0] == 4
+    assert draft_and_self_verify(StubLevel(table), seq, 10, INF, do_sample, {6}).tokens.tolist() == [5, 6]  # EOS
+
+
+def test_draft_stage_entropy_is_on_the_processed_distribution():
+    model = tm.llama_target()
+    procs = LogitsProcessorList([TemperatureLogitsWarper(0.5)])
+    level = NeuralLevel(model, tm.VOCAB, procs, LevelStats("d"))
+    seq = REPETITIVE[0]
+    out = draft_and_self_verify(level, seq, 3, INF, False, set())
+    full = torch.cat([seq, out.tokens])
+    with torch.no_grad():
+        logits = model(full[None]).logits[0, seq.shape[0] - 1 : -1].float()
+    torch.testing.assert_close(out.entropies, entropy((logits / 0.5).softmax(-1)), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(out.entropies, entropy(logits.softmax(-1)), atol=1e-2)
+
+
+# -- the rules in situ: windows and thresholds against independent forwards ----------------------------
+
+def _entropies_along(model, out: torch.Tensor) -> torch.Tensor:
+    """``h[t]``: entropy of ``model``'s next-token distribution given ``out[:t]`` (index ``t >= 1``)."""
+    with torch.no_grad():
+        logits = model(out[None]).logits[0, :, : tm.VOCAB].float()
+    return torch.cat([torch.zeros(1), entropy(logits.softmax(-1))])
+
+
+NO_EOS = {"eos_token_id": tm.VOCAB + 7}   # a stop token no model can emit: every window end is the stop rule's
+
+
+def _check_windows(stats, window_model, out, prompt_len, max_new, caps, taus, tau_init):
+    """Replay the target steps: inside every window the entropies of ``window_model`` (the model whose
+    distributions are handed to the target) stay <= tau and the window ends after one above tau,
+    unless it hit its cap; the target's rejections give the threshold sequence ``taus``."""
+    h = _entropies_along(window_model, out[0])
+    start, rejected = prompt_len, []
+    for i, (k, n) in enumerate(zip(stats.draft_len_per_call, stats.accepted_per_call)):
+        if i >= len(taus):
+            break
+        tau = sum(rejected) / len(rejected) if rejected else tau_init
+        assert taus[i] == pytest.approx(tau), (i, taus[i], tau)
+        cap = min(caps, prompt_len + max_new - start - 1)
+        for j in range(min(k, n + 1)):   # positions whose distribution is conditioned on the output
+            if j < k - 1:
+                assert h[start + j] <= tau + 1e-5, (i, j)
+            elif k < cap:
+                assert h[start + j] > tau - 1e-5, (i, j)
+        if n < k:
+            rejected.append(float(h[start + n]))
+        start += n + 1
+    return rejected
+
+
+@pytest.mark.parametrize("tau_init", [0.0, 1.9])
+def test_sd_self_verify_windows_and_threshold_in_situ(m, tau_init):
+    target, drafter = m["target"], m["noisy"]
+    a = DynamicWindowAssistant(drafter, max_window=6, tau_init=tau_init)
+    stats = assert_parity(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
+    out = ours(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
+    rejected = _check_windows(a.last_stats, drafter, out, REPETITIVE.shape[1], 40, 6, stats.tau_trajectory, tau_init)
+    assert stats.rejected_entropies == pytest.approx(rejected, abs=1e-5)
+    assert len(rejected) >= 2 and stats.draft_windows == stats.draft_len_per_call[: len(stats.draft_windows)]
+    assert max(stats.draft_windows) > 1
+
+
+def test_hsddw_windows_and_thresholds_in_situ(m):
+    target, small_model, verifier = m["target"], m["noisy"], m["big"]
+    a = DynamicWindowAssistant(small_model, verifier, max_window=3, tau_init=2.0, tau2_init=1.5, max_target_window=8)
+    stats = assert_parity(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
+    out = ours(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
+    rejected2 = _check_windows(a.last_stats, verifier, out, REPETITIVE.shape[1], 40, 8, stats.tau2_trajectory, 1.5)
+    assert stats.rejected_entropies2 == pytest.approx(rejected2, abs=1e-5)
+    # the small model's tau: the running mean of its rejected entropies, in order
+    means = [2.0] + [sum(stats.rejected_entropies[:r]) / r for r in range(1, len(stats.rejected_entropies) + 1)]
+    pos = 0
+    for tau in stats.tau_trajectory:
+        while tau != pytest.approx(means[pos]):
+            pos += 1
+    assert len(stats.rejected_entropies) >= 1 and max(stats.window_per_step) > 1
+    assert len(stats.draft_windows) > stats.target_calls          # several draft stages per target step
+    assert all(1 <= w <= 3 for w in stats.draft_windows)
+
+
+# -- greedy parity ------------------------------------------------------------------------------------
+
+CONFIGS = {
+    "sd_w1": lambda m: DynamicWindowAssistant(m["noisy"], max_window=1),
+    "sd_w4": lambda m: DynamicWindowAssistant(m["trunc"], max_window=4),
+    "sd_w16_tau2": lambda m: DynamicWindowAssistant(m["noisy"], max_window=16, tau_init=2.0),
+    "sd_w16_fixed": lambda m: DynamicWindowAssistant(m["noisy"], max_window=16, tau_init=INF),
+    "sd_padded": lambda m: DynamicWindowAssistant(m["padded"], max_window=4, tau_init=INF),
+    "hsddw_w1": lambda m: DynamicWindowAssistant(m["noisy"], m["big"], max_window=1),
+    "hsddw_w4": lambda m: DynamicWindowAssistant(m["trunc"], m["big"], max_window=4, tau_init=2.0, tau2_init=2.0),
+    "hsddw_w16": lambda m: DynamicWindowAssistant(m["noisy"], m["trunc"], max_window=16, tau_init=2.0, tau2_init=2.2),
+    "hsddw_w4_fixed": lambda m: DynamicWindowAssistant(m["noisy"], m["big"], max_window=4, tau_init=INF, tau2_init=INF),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("prompt", [REPETITIVE, ONE_TOKEN], ids=["repetitive", "one_token"])
+def test_greedy_parity(m, config, prompt):
+    a = CONFIGS[config](m)
+    stats = assert_parity(m["target"], prompt, a)
+    assert isinstance(stats, DynamicWindowStats)
+    assert all(w <= a.max_window for w in stats.draft_windows)
+    assert all(w <= a.max_target_window for w in stats.window_per_step)
+
+
+def test_greedy_parity_with_processors(m):
+    kw = {"repetition_penalty": 1.5, "no_repeat_ngram_size": 3}
+    for a in (DynamicWindowAssistant(m["noisy"], max_window=4, tau_init=2.0),
+              DynamicWindowAssistant(m["noisy"], m["big"], max_window=4, tau_init=2.0, tau2_init=2.0)):
+        assert_parity(m["target"], REPETITIVE, a, **kw)
+
+
+def test_long_windows_are_used(m):
+    """With an exact copy as draft and ``tau = inf`` every window is full and fully accepted."""
+    a = DynamicWindowAssistant(m["copy"], max_window=4, tau_init=INF)
+    stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=30)
+    assert stats.window_per_step == [4] * 6 and stats.accepted_per_call == [4] * 6
+    assert stats.redundancy == 0.0 and stats.target_utilization == pytest.approx(6 / 30)
+    assert stats.calls_per_model == {"target": 6, "draft": 6 * 4}
+
+
+@pytest.mark.parametrize("config", ["sd", "hsddw"])
+def test_eos_inside_a_window(m, config):
+    target = m["target"]
+    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1]:].tolist()
+    eos = free[6]
+    first = free.index(eos)
+    a = (DynamicWindowAssistant(m["copy"], max_window=8, tau_init=INF) if config == "sd"
+         else DynamicWindowAssistant(m["copy"], m["big"], max_window=3, tau_init=INF, tau2_init=INF))
+    expected = plain(target, REPETITIVE, max_new_tokens=40, eos_token_id=eos)
+    got = ours(target, REPETITIVE, a, max_new_tokens=40, eos_token_id=eos)
+    assert got.tolist() == expected.tolist()
+    assert got.shape[1] == REPETITIVE.shape[1] + first + 1 and int(got[0, -1]) == eos
+    assert a.last_stats.new_tokens == first + 1
+    assert a.last_stats.window_per_step[-1] < (8 if config == "sd" else a.max_target_window)
+
+
+@pytest.mark.parametrize("new", [1, 2, 3, 5])
+@pytest.mark.parametrize("config", ["sd", "hsddw"])
+def test_max_new_tokens_reached_mid_window(m, new, config):
+    a = (DynamicWindowAssistant(m["copy"], max_window=4, tau_init=INF) if config == "sd"
+         else DynamicWindowAssistant(m["copy"], m["trunc"], max_window=4, tau_init=INF, tau2_init=INF))
+    stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=new)
+    assert stats.new_tokens == new
+    assert all(k <= new - 1 for k in stats.window_per_step)
+
+
+# -- reuse ------------------------------------------------------------------------------------------
+
+def _comparable(stats) -> dict:
+    d = stats.to_dict()
+    d.pop("phase_seconds")
+    return d
+
+
+def test_reuse_without_state_leaks(m):
+    target = m["target"]
+    g = torch.Generator().manual_seed(5)
+    prompts = [REPETITIVE, ONE_TOKEN] + [ids(*torch.randint(4, tm.VOCAB, (int(n),), generator=g).tolist())
+                                         for n in torch.randint(1, 10, (3,), generator=g)]
+    make = {"sd": lambda: DynamicWindowAssistant(m["noisy"], max_window=4),
+            "hsddw": lambda: DynamicWindowAssistant(m["noisy"], m["big"], max_window=4, tau_init=1.0, tau2_init=1.0)}
+    for name, build in make.items():
+        reused, seen = build(), []
+        for prompt in prompts:
+            fresh = build()
+            a = ours(target, prompt, reused, max_new_tokens=15)
+            b = ours(target, prompt, fresh, max_new_tokens=15)
+            assert a.tolist() == b.tolist() == plain(target, prompt, max_new_tokens=15).tolist()
+            assert _comparable(reused.last_stats) == _comparable(fresh.last_stats), (name, prompt)
+            assert all(reused.last_stats is not s for s in seen)
+            seen.append(reused.last_stats)
+
+
+# -- sampling: lossless at the target ---------------------------------------------------------------
+
+SAMPLING = {
+    "sd": (lambda s: DynamicWindowAssistant(s["noisy"], max_window=4), {}),
+    "sd_fixed_temp_topk": (lambda s: DynamicWindowAssistant(s["noisy"], max_window=5, tau_init=INF),
+                           {"temperature": 1.5, "top_k": 6}),
+    "hsddw": (lambda s: DynamicWindowAssistant(s["noisy"], s["noisy2"], max_window=4), {}),
+    "hsddw_fixed_temp": (lambda s: DynamicWindowAssistant(s["noisy"], s["noisy2"], max_window=2, tau_init=INF,
+                                                          tau2_init=INF, max_target_window=6), {"temperature": 0.8}),
+}
+
+
+def _calibrate(small, name, calls=8, new=100, seed=0):
+    make, kw = SAMPLING[name]
+    a = make(small)
+    seqs = run_long(small["target"], a, calls, new, seed, **kw)
+    stats = calibration(small["target"], small["noisy"], seqs, PROMPT.shape[1], kw.get("temperature", 1.0), kw.get("top_k"))
+    return stats, a
+
+
+@pytest.mark.parametrize("name", list(SAMPLING))
+def test_sampling_per_step_calibration(small, name):
+    stats, a = _calibrate(small, name)
+    assert stats["n"] == 8 * 100
+    assert passes(stats), stats
+    st = a.last_stats
+    assert 0 < sum(st.accepted_per_call) < sum(st.draft_len_per_call)
+    if a.verifier_model is not None:
+        assert 0 < st.levels[1].tokens_accepted < st.levels[1].tokens_proposed   # pre-verifier rejections
+
+
+def test_sampling_calibration_detects_a_wrong_q(small, monkeypatch):
+    _lying_q(monkeypatch, "uniform")
+    stats, _ = _calibrate(small, "hsddw_fixed_temp")
+    assert not passes(stats), stats
+
+
+def _target_output(q1, p2, p, q_resampled):
+    """Exact law of the target's output at one position when the pre-verifier's token is handed over:
+    the small model draws ``x ~ q1``, the pre-verifier accepts it with ``min(1, p2 / q1)`` (handed with
+    ``q = p2``) or draws from its residual (handed with ``q = q_resampled(residual)``); the target then
+    runs speculative sampling with that ``q``."""
+
+    def target_review(token_mass, q):  # tokens with (unnormalised) law token_mass, handed with q
+        accept, residual = output_distribution(q[None], p[None])
+        return token_mass * accept[0] + (token_mass * (1 - accept[0])).sum() * residual[0]
+
+    accept2, residual2 = output_distribution(q1[None], p2[None])
+    kept = q1 * accept2[0]
+    return target_review(kept, p2) + (1 - kept.sum()) * target_review(residual2[0], q_resampled(residual2[0], p2))
+
+
+def test_q_of_a_resampled_token_must_be_the_marginal_p2():
+    """Why the q handed to the target is ``sampling_review``'s ``dists`` (= ``p2`` for accepted and
+    resampled tokens alike) and not the residual a resampled token is drawn from given a rejection."""
+    marginal = lambda residual, p2: p2          # noqa: E731  (what DynamicWindowCandidateGenerator hands over)
+    residual = lambda residual, p2: residual    # noqa: E731
+    q1, p2, p = torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.5])
+    torch.testing.assert_close(_target_output(q1, p2, p, marginal), p)
+    torch.testing.assert_close(_target_output(q1, p2, p, residual), torch.tensor([0.75, 0.25]))   # lossy
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        q1, p2, p = (x / x.sum() for x in torch.rand(3, 6, generator=g) ** 4)
+        torch.testing.assert_close(_target_output(q1, p2, p, marginal), p)
+    assert (_target_output(q1, p2, p, residual) - p).abs().sum() > 1e-3
+
+
+def test_first_two_tokens_joint_distribution(small):
+    a = DynamicWindowAssistant(small["noisy"], small["noisy2"], max_window=3, tau_init=INF, tau2_init=INF)
+    chi2, limit, tv = joint_test(small["target"], a, runs=600, seed=500)
+    assert chi2 < limit, (chi2, limit, tv)
+
+
+def test_entropy_is_taken_on_the_q_handed_to_the_target(small, monkeypatch):
+    """Under sampling with temperature and top-k, the entropies the thresholds use are those of the
+    exact ``q`` given to transformers' verification."""
+    seen = []
+    original = DynamicWindowCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, **kwargs):
+        candidates, logits = original(self, input_ids, **kwargs)
+        if logits is not None:
+            seen.append((candidates, logits[0].softmax(-1), self._pending.clone()))
+        return candidates, logits
+
+    monkeypatch.setattr(DynamicWindowCandidateGenerator, "get_candidates", spy)
+    for a, handing in ((DynamicWindowAssistant(small["noisy"], max_window=4, tau_init=1.0), "noisy"),
+                       (DynamicWindowAssistant(small["noisy"], small["noisy2"], max_window=4, tau_init=1.0, tau2_init=1.0),
+                        "noisy2")):
+        seen.clear()
+        torch.manual_seed(0)
+        small["target"].generate(PROMPT, do_sample=True, max_new_tokens=30, temperature=0.7, top_k=8, assistant_model=a)
+        assert len(seen) > 5
+        levels = a.last_stats.levels
+        assert levels[-1].tokens_accepted < levels[-1].tokens_proposed   # rejections (and resampled tokens) happened
+        for candidates, q, used in seen:
+            torch.testing.assert_close(entropy(q), used, atol=1e-4, rtol=1e-4)
+            # and q is exactly the processed distribution of the model handing the tokens over
+            # (with a pre-verifier: its own p2, for accepted and resampled tokens alike)
+            k = q.shape[0]
+            with torch.no_grad():
+                logits = small[handing](candidates).logits[0, -k - 1 : -1]
+            torch.testing.assert_close(q, processed_probs(logits, 0.7, 8), atol=1e-5, rtol=1e-4)
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+def test_argument_errors():
+    target = tm.llama_target()
+    d, v = tm.truncated_copy(target), tm.noisy_copy(target)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_window must be >= 1"):
+            DynamicWindowAssistant(d, max_window=bad)
+    for bad in (2.5, True, "4"):
+        with pytest.raises(TypeError, match="max_window must be an int"):
+            DynamicWindowAssistant(d, max_window=bad)
+    for kw in ({"tau_init": -1.0}, {"tau2_init": -0.5}, {"tau_init": float("nan")}):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            DynamicWindowAssistant(d, v, **kw)
+    with pytest.raises(TypeError, match="tau_init must be a number"):
+        DynamicWindowAssistant(d, tau_init="0")
+    with pytest.raises(ValueError, match="different .*stronger"):
+        DynamicWindowAssistant(d, d)
+    with pytest.raises(TypeError, match="draft_model must be a transformers causal LM"):
+        DynamicWindowAssistant(MaxGram())
+    with pytest.raises(TypeError, match="verifier_model must be a transformers causal LM"):
+        DynamicWindowAssistant(d, "big")
+    with pytest.raises(ValueError, match="only applies with a verifier_model"):
+        DynamicWindowAssistant(d, max_target_window=20)
+    with pytest.raises(ValueError, match="max_target_window must be >= 1"):
+        DynamicWindowAssistant(d, v, max_target_window=0)
+
+
+def test_generate_time_errors():
+    target = tm.llama_target()
+    d = tm.truncated_copy(target)
+    gen = dict(max_new_tokens=4, do_sample=False)
+    with pytest.raises(ValueError, match="Vocabulary mismatch"):
+        target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(tm.llama(vocab_size=tm.VOCAB + 1025, seed=3)), **gen)
+    with pytest.raises(ValueError, match="Vocabulary mismatch"):
+        target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(d, tm.llama(vocab_size=tm.VOCAB + 1025)), **gen)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(d, tm.llama(eos_token_id=3, seed=3)), **gen)
+    with pytest.raises(ValueError, match="own draft model"):
+        target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(target), **gen)
+    with pytest.raises(ValueError, match="batch size 1"):
+        target.generate(REPETITIVE.repeat(2, 1), assistant_model=DynamicWindowAssistant(d), **gen)

@@ -1,0 +1,436 @@
+"""Tree-verified assisted decoding through ``generate()`` (hf_cascade.tree.decode, .strategy,
+.maxgram_tree): greedy outputs, scores and streams equal plain ``generate``; stops (EOS, max length,
+custom criteria) cut accepted paths where plain decoding stops; sampling is lossless (the
+statistical tests of test_sampling.py); non-first branches are accepted; the drafter sees the
+target's true cache and last hidden state; unsupported inputs fail clearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, pipeline
+
+from hf_cascade import CascadeAssistant, LossyLenientTarget, MaxGram
+from hf_cascade.tree import TokenTree
+from hf_cascade.tree.decode import process_tree_logits, prune_tree
+from hf_cascade.tree.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
+from hf_cascade.tree.strategy import TreeAssistant, TreeDrafter, TreeStats
+from tests import tiny_models as tm
+from tests.test_greedy_parity import REPETITIVE, ONE_TOKEN, Collect, _processor_kwargs, models, plain
+from tests.test_sampling import PROMPT as SPROMPT
+from tests.test_sampling import calibration, joint_test, passes, run_long, small  # noqa: F401  (fixture)
+from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
+
+T = torch.tensor
+NEW = 30
+
+
+@pytest.fixture(params=["llama", "gemma3"], scope="module")
+def m(request):
+    return models(request.param)
+
+
+def ours(target, prompt, assistant, **kw):
+    kw.setdefault("max_new_tokens", NEW)
+    kw.setdefault("do_sample", False)
+    return target.generate(prompt, assistant_model=assistant, **kw)
+
+
+def assert_parity(target, prompt, assistant, **kw):
+    expected = plain(target, prompt, **kw)
+    got = ours(target, prompt, assistant, **kw)
+    assert got.tolist() == expected.tolist()
+    stats = assistant.last_stats
+    assert isinstance(stats, TreeStats) and stats.target_calls >= 1
+    assert stats.new_tokens == got.shape[1] - prompt.shape[1]
+    assert len(stats.tree_sizes) == len(stats.accepted_per_call) == stats.target_calls
+    return stats
+
+
+class Using(TreeAssistant):
+    """A tree assistant around a drafter factory (one fresh drafter per call)."""
+
+    def __init__(self, make):
+        self.make = make
+        self.fast_head = False
+
+    def new_drafter(self, target, generation_config, logits_processor):
+        return self.make()
+
+
+class Oracle(TreeDrafter):
+    """Knows the expected output: proposes ``[wrong, right]`` beams of ``depth`` tokens (the right
+    one second), and records what the loop hands it."""
+
+    def __init__(self, expected: list[int], depth: int = 4, vocab: int = tm.VOCAB):
+        self.expected, self.depth, self.vocab = expected, depth, vocab
+        self.states = []
+
+    def draft_tree(self, seq, state):
+        self.states.append((seq.clone(), state.cache.get_seq_length(),
+                            None if state.last_hidden is None else state.last_hidden.clone(), state.budget))
+        right = self.expected[seq.shape[0]: seq.shape[0] + self.depth]
+        if not right:
+            return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
+        wrong = [(right[0] + 1) % self.vocab] + right[1:]
+        tree, _ = TokenTree.from_beams(T([wrong, right]))
+        return tree, None
+
+    def on_accept(self, tree, acceptance, state):
+        # the state after a step (the last one included, even when cut): the cache holds seq[:-1]
+        assert state.cache.get_seq_length() == state.seq.shape[0] - 1
+        assert acceptance.path.shape[0] <= tree.num_nodes
+
+
+# -- greedy parity -----------------------------------------------------------------------------------
+
+CONFIGS = {
+    "default": lambda: MaxGramTreeAssistant(),
+    "chain": lambda: MaxGramTreeAssistant(branches=1, depth=8),
+    "wide": lambda: MaxGramTreeAssistant(branches=6, depth=3, max_ngram=3),
+    "deep": lambda: MaxGramTreeAssistant(branches=2, depth=12, fast_head=False),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("prompt", [REPETITIVE, ONE_TOKEN], ids=["repetitive", "one_token"])
+def test_greedy_parity(m, config, prompt):
+    assert_parity(m["target"], prompt, CONFIGS[config]())
+
+
+BRANCHING = ids(1, 5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6)                    # "5 6" followed by 7, 8 and 9
+
+
+def test_trees_are_accepted_and_rejected(m):
+    stats = assert_parity(m["target"], REPETITIVE, MaxGramTreeAssistant(), max_new_tokens=60)
+    assert stats.tokens_per_target_call > 1.3
+    stats = assert_parity(m["target"], BRANCHING, MaxGramTreeAssistant(), max_new_tokens=60)
+    assert max(stats.tree_leaves) >= 3                                   # real trees, not only chains
+    assert any(n < d for n, d in zip(stats.accepted_per_call, stats.tree_depths))   # rejections happen
+    assert sum(stats.acceptance_by_position.proposed) > sum(stats.acceptance_by_position.accepted) > 0
+
+
+def test_long_generation_through_sliding_window(m):
+    """Sequences many times the sliding window (8 on Gemma3), trees deeper than the window."""
+    assert_parity(m["target"], REPETITIVE, MaxGramTreeAssistant(branches=3, depth=10), max_new_tokens=80)
+
+
+@pytest.mark.parametrize("name", ["repetition_penalty", "no_repeat_ngram_size", "combined"])
+def test_logits_processors(m, name):
+    target = m["target"]
+    kw = _processor_kwargs(target, name)
+    assert plain(target, REPETITIVE, **kw).tolist() != plain(target, REPETITIVE).tolist()
+    assert_parity(target, REPETITIVE, MaxGramTreeAssistant(), **kw)
+    # an oracle tree: every step verifies two branches whose rows need different processed logits
+    expected = plain(target, REPETITIVE, **kw)[0].tolist()
+    assert_parity(target, REPETITIVE, Using(lambda: Oracle(expected)), **kw)
+
+
+def test_process_tree_logits_sees_each_ancestor_path():
+    """Row i + 1 is processed with seq + the path to node i (a recording processor)."""
+    seen = []
+
+    class Record:
+        def __call__(self, input_ids, scores):
+            seen.append(input_ids[0].tolist())
+            return scores + input_ids.shape[1]
+
+    tree = TokenTree(T([10, 11, 12, 13]), T([-1, 0, -1, 2]))
+    raw = torch.zeros(5, 20)
+    out = process_tree_logits(LogitsProcessorList([Record()]), T([1, 2]), tree, raw)
+    assert seen == [[1, 2], [1, 2, 10], [1, 2, 10, 11], [1, 2, 12], [1, 2, 12, 13]]
+    assert out[:, 0].tolist() == [2, 3, 4, 3, 4]
+    assert process_tree_logits(LogitsProcessorList(), T([1]), tree, raw) is raw
+
+
+# -- non-first branches, cache and hidden state handed to the drafter -------------------------------------------
+
+def test_non_first_branch_is_accepted(m):
+    target = m["target"]
+    expected = plain(target, REPETITIVE, max_new_tokens=NEW)[0].tolist()
+    oracle = Oracle(expected, depth=4)
+    a = Using(lambda: oracle)
+    stats = assert_parity(target, REPETITIVE, a)
+    # beam 0 (wrong) holds nodes 0..3, beam 1 (right) nodes 4..7: every full step takes branch 2
+    assert stats.accepted_paths[0] == [4, 5, 6, 7]
+    assert all(p == [4, 5, 6, 7][: len(p)] for p in stats.accepted_paths)
+    assert stats.tokens_per_target_call == NEW / stats.target_calls and stats.target_calls == 6   # 5 tokens per call
+    # what the drafter saw: the target's cache of seq[:-1] and its last hidden state at seq[-2]
+    assert oracle.states[0][3] == NEW - 1
+    with torch.no_grad():
+        for seq, cached, hidden, budget in oracle.states:
+            assert cached == seq.shape[0] - 1
+            assert budget == REPETITIVE.shape[1] + NEW - seq.shape[0] - 1
+            ref = target.model(input_ids=seq[None, :-1]).last_hidden_state[0, -1]
+            torch.testing.assert_close(hidden, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_maxgram_tree_accepts_non_first_branches():
+    """Token ``t`` was last followed by made-up words, earlier by what the target says after it:
+    Max-Gram's own guess (branch 1) is wrong, the older occurrence (branch 2) is right."""
+    target = tm.llama_target()                  # its next token depends mostly on the last one
+    t = 9
+
+    def make(chain):
+        return ids(1, t, *chain, 3, t, 20, 21, 22, 23, 8, t)
+
+    chain = plain(target, ids(1, t), max_new_tokens=4)[0, 2:].tolist()
+    for _ in range(5):       # a fixed point: the target continues the prompt with what followed t first
+        nxt = plain(target, make(chain), max_new_tokens=4)[0, -4:].tolist()
+        if nxt == chain:
+            break
+        chain = nxt
+    assert nxt == chain
+    prompt = make(chain)
+    a = MaxGramTreeAssistant(branches=4, depth=4)
+    stats = assert_parity(target, prompt, a, max_new_tokens=12)
+    assert stats.tree_leaves[0] >= 2
+    assert stats.accepted_paths[0] and stats.accepted_paths[0][0] != 0, stats.accepted_paths
+
+
+def test_maxgram_tree_continuations():
+    mg = MaxGramTree(branches=4, depth=3)
+    seq = T([1, 2, 3, 9, 1, 2, 3, 8, 5, 1, 2, 3])
+    # "1 2 3" last occurred followed by "8 5 1", before that by "9 1 2"; shorter suffixes add nothing new
+    assert mg.continuations(seq, 3).tolist() == [[8, 5, 1], [9, 1, 2]]
+    assert MaxGramTree(branches=1, depth=3).continuations(seq, 3).tolist() == [[8, 5, 1]]
+    # a continuation running into the end wraps around the period
+    assert mg.continuations(T([4, 5, 4, 5]), 5).tolist()[0] == [4, 5, 4, 5, 4]
+    assert mg.continuations(T([7]), 3).shape == (0, 3)
+    # beam 0 is Max-Gram's own guess
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        s = torch.randint(4, 9, (30,), generator=g)
+        got = MaxGramTree(depth=5, max_ngram=10).continuations(s, 5)
+        assert got[0].tolist() == MaxGram(max_tokens=5, max_ngram=10).candidates(s).tokens.tolist()
+        assert len({tuple(b) for b in got.tolist()}) == got.shape[0]
+    with pytest.raises(ValueError, match="branches >= 1"):
+        MaxGramTree(branches=0)
+
+
+def test_prune_tree():
+    tree = TokenTree(T([10, 2, 12, 13, 14]), T([-1, 0, 1, -1, 3]))   # 10 -> EOS(2) -> 12 ; 13 -> 14
+    q = torch.arange(5.0)[:, None].expand(5, 3)
+    pruned, pq = prune_tree(tree, q, budget=5, stop_ids=T([2]))
+    assert pruned.tokens.tolist() == [10, 2, 13, 14] and pruned.parents.tolist() == [-1, 0, -1, 2]
+    assert pq[:, 0].tolist() == [0, 1, 3, 4]
+    pruned, _ = prune_tree(tree, None, budget=1, stop_ids=None)
+    assert pruned.tokens.tolist() == [10, 13] and pruned.parents.tolist() == [-1, -1]
+    assert prune_tree(tree, None, budget=0, stop_ids=None)[0].num_nodes == 0
+    assert prune_tree(tree, q, budget=9, stop_ids=None)[0] is tree
+
+
+# -- stops: EOS, max length, custom criteria, cut in the middle of an accepted path -------------------
+
+def test_eos_inside_an_accepted_path(m):
+    target = m["target"]
+    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1]:].tolist()
+    eos = free[6]
+    first = free.index(eos)
+    expected = plain(target, REPETITIVE, max_new_tokens=40, eos_token_id=eos)
+    assert expected.shape[1] == REPETITIVE.shape[1] + first + 1
+    depth = 4 if first % 5 != 4 else 3           # the oracle's steps emit depth + 1 tokens: EOS lands on a node
+    for a in (MaxGramTreeAssistant(), Using(lambda: Oracle(expected[0].tolist(), depth=depth))):
+        got = ours(target, REPETITIVE, a, max_new_tokens=40, eos_token_id=eos)
+        assert got.tolist() == expected.tolist()
+        assert a.last_stats.new_tokens == first + 1
+    # the oracle's last step accepted the EOS node itself: the bonus token after it was cut
+    st = a.last_stats
+    assert len(st.accepted_paths[-1]) == st.accepted_per_call[-1] + 1
+
+
+class StopAtLength(StoppingCriteria):
+    """A custom criterion the loop cannot prune for: stops once the sequence has ``n`` tokens."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.n, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("new", [1, 2, 3, 5, 7])
+def test_max_new_tokens_and_custom_stops_mid_path(m, new):
+    target = m["target"]
+    # max_new_tokens: the tree is pruned to the budget, outputs stay equal
+    stats = assert_parity(target, REPETITIVE, MaxGramTreeAssistant(depth=10), max_new_tokens=new)
+    assert stats.new_tokens == new
+    assert all(d <= new - 1 for d in stats.tree_depths)
+    # a custom criterion stops inside an accepted path
+    free = plain(target, REPETITIVE, max_new_tokens=40)[0].tolist()
+    stop = lambda: StoppingCriteriaList([StopAtLength(REPETITIVE.shape[1] + new)])  # noqa: E731
+    expected = plain(target, REPETITIVE, max_new_tokens=40, stopping_criteria=stop())
+    assert expected.shape[1] == REPETITIVE.shape[1] + new
+    a = Using(lambda: Oracle(free, depth=6))
+    got = ours(target, REPETITIVE, a, max_new_tokens=40, stopping_criteria=stop())
+    assert got.tolist() == expected.tolist()
+    st = a.last_stats
+    assert st.new_tokens == new
+    if new % 7:                                                          # 7 tokens per full step
+        assert len(st.accepted_paths[-1]) + 1 > st.accepted_per_call[-1] + 1   # the path was cut
+
+
+# -- outputs: scores, logits, cache, streamer, pipeline -------------------------------------------------------
+
+@pytest.mark.parametrize("extra", [{}, {"repetition_penalty": 1.5}], ids=["plain", "repetition_penalty"])
+def test_scores_and_logits_match_plain(m, extra):
+    target = m["target"]
+    kw = dict(max_new_tokens=20, return_dict_in_generate=True, output_scores=True, output_logits=True, **extra)
+    expected = plain(target, REPETITIVE, **kw)
+    for a in (MaxGramTreeAssistant(), Using(lambda: Oracle(expected.sequences[0].tolist(), depth=3))):
+        got = ours(target, REPETITIVE, a, **kw)
+        assert type(got).__name__ == "GenerateDecoderOnlyOutput"
+        assert got.sequences.tolist() == expected.sequences.tolist()
+        assert len(got.scores) == len(expected.scores) == 20
+        assert len(got.logits) == len(expected.logits) == 20
+        for s_got, s_exp in zip(got.scores, expected.scores):
+            torch.testing.assert_close(s_got, s_exp, atol=1e-4, rtol=1e-4)
+        for s_got, s_exp in zip(got.logits, expected.logits):
+            torch.testing.assert_close(s_got, s_exp, atol=1e-4, rtol=1e-4)
+        cache = got.past_key_values
+        if hasattr(cache, "get_seq_length"):                               # 4.57 may hand back a legacy tuple
+            assert cache.get_seq_length() == got.sequences.shape[1] - 1
+
+
+def test_streamer_receives_exactly_the_generated_tokens(m):
+    target = m["target"]
+    expected = plain(target, REPETITIVE)
+    s = Collect()
+    got = ours(target, REPETITIVE, MaxGramTreeAssistant(), streamer=s)
+    assert got.tolist() == expected.tolist()
+    assert s.chunks[0] == REPETITIVE[0].tolist()
+    assert sum(s.chunks[1:], []) == got[0, REPETITIVE.shape[1]:].tolist()
+    assert s.ended == 1
+    assert len(s.chunks) - 1 < NEW                                       # some chunks hold several tokens
+
+
+def test_pipeline(m):
+    target, tok = m["target"], tm.word_tokenizer()
+    text = "w5 w6 w7 w5 w6 w7 w5 w6"
+    kw = dict(max_new_tokens=25, do_sample=False)
+    expected = pipeline("text-generation", model=target, tokenizer=tok)(text, **kw)[0]["generated_text"]
+    a = MaxGramTreeAssistant()
+    pipe = pipeline("text-generation", model=target, tokenizer=tok)
+    assert pipe(text, assistant_model=a, **kw)[0]["generated_text"] == expected
+    assert a.last_stats.new_tokens == 25
+
+
+# -- reuse -----------------------------------------------------------------------------------------
+
+def test_assistant_reused_across_calls(m):
+    target = m["target"]
+    g = torch.Generator().manual_seed(5)
+    prompts = [ids(*torch.randint(4, tm.VOCAB, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist())
+               for _ in range(8)]
+    prompts[3] = REPETITIVE
+    reused = MaxGramTreeAssistant()
+    seen = []
+    for prompt in prompts:
+        fresh = MaxGramTreeAssistant()
+        a = ours(target, prompt, reused, max_new_tokens=12)
+        b = ours(target, prompt, fresh, max_new_tokens=12)
+        assert a.tolist() == b.tolist() == plain(target, prompt, max_new_tokens=12).tolist()
+        stats = reused.last_stats
+        assert all(stats is not s for s in seen)
+        seen.append(stats)
+        assert stats.new_tokens == 12
+        assert stats.to_dict()["accepted_per_call"] == fresh.last_stats.to_dict()["accepted_per_call"]
+        assert stats.tree_sizes == fresh.last_stats.tree_sizes
+    # linear assistants are unaffected by the tree route
+    c = CascadeAssistant([MaxGram()])
+    assert ours(target, REPETITIVE, c).tolist() == plain(target, REPETITIVE).tolist()
+    assert type(c.last_stats) is not TreeStats
+
+
+# -- sampling: lossless --------------------------------------------------------------------------------
+
+class SampledTree(TreeDrafter):
+    """A stochastic tree: ``width`` i.i.d. children of the root from a drafter model's ``q``, one
+    child each below them; ``lie`` reports a uniform ``q`` instead of the true one."""
+
+    def __init__(self, drafter, width=3, lie=False):
+        self.drafter, self.width, self.lie = drafter, width, lie
+
+    def draft_tree(self, seq, state):
+        if state.budget < 1:
+            return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
+        with torch.no_grad():
+            q0 = self.drafter(seq[None]).logits[0, -1].float().softmax(-1)
+            kids = torch.multinomial(q0, self.width, replacement=True)
+            tokens, parents, probs = [kids], [torch.full_like(kids, -1)], [q0.expand(self.width, -1)]
+            if state.budget >= 2:
+                batch = torch.cat([seq.expand(self.width, -1), kids[:, None]], dim=1)
+                q1 = self.drafter(batch).logits[:, -1].float().softmax(-1)
+                tokens.append(torch.multinomial(q1, 1).flatten())
+                parents.append(torch.arange(self.width))
+                probs.append(q1)
+        q = torch.cat(probs)
+        if self.lie:
+            q = torch.full_like(q, 1.0 / q.shape[-1])
+        return TokenTree(torch.cat(tokens), torch.cat(parents)), q
+
+
+SAMPLING = {
+    "maxgram_tree": (lambda s: MaxGramTreeAssistant(branches=3, depth=3), None, {}),
+    "maxgram_tree_temp_topk": (lambda s: MaxGramTreeAssistant(branches=3, depth=3), None,
+                               {"temperature": 1.5, "top_k": 6}),
+    "sampled_tree": (lambda s: Using(lambda: SampledTree(s["noisy"])), "noisy", {}),
+    "sampled_tree_temp": (lambda s: Using(lambda: SampledTree(s["noisy"])), "noisy", {"temperature": 0.8}),
+}
+
+
+def _calibrate(small, make, drafter, kw, seed=0):
+    assistant = make(small)
+    seqs = run_long(small["target"], assistant, 8, 100, seed, **kw)
+    stats = calibration(small["target"], small[drafter] if drafter else None, seqs, SPROMPT.shape[1],
+                        kw.get("temperature", 1.0), kw.get("top_k"))
+    return stats, assistant
+
+
+@pytest.mark.parametrize("name", list(SAMPLING))
+def test_per_step_calibration(small, name):
+    make, drafter, kw = SAMPLING[name]
+    stats, assistant = _calibrate(small, make, drafter, kw)
+    assert stats["n"] == 8 * 100
+    assert passes(stats), stats
+    st = assistant.last_stats
+    assert 0 < sum(st.accepted_per_call) < sum(st.tree_depths)         # speculation, with rejections
+
+
+def test_per_step_calibration_detects_a_wrong_q(small):
+    stats, _ = _calibrate(small, lambda s: Using(lambda: SampledTree(s["noisy"], lie=True)), "noisy", {})
+    assert not passes(stats), stats
+
+
+def test_first_two_tokens_joint_distribution(small):
+    chi2, limit, tv = joint_test(small["target"], MaxGramTreeAssistant(branches=3, depth=3), runs=600, seed=300)
+    assert chi2 < limit, (chi2, limit, tv)
+    sampled = Using(lambda: SampledTree(small["noisy"]))
+    chi2, limit, tv = joint_test(small["target"], sampled, runs=600, seed=900, temperature=1.3)
+    assert chi2 < limit, (chi2, limit, tv)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+def test_errors():
+    target = models("llama")["target"]
+    a = MaxGramTreeAssistant()
+    with pytest.raises(ValueError, match="batch size 1"):
+        ours(target, torch.cat([REPETITIVE, REPETITIVE]), a)
+    for do_sample in (False, True):
+        with pytest.raises(ValueError, match="beam"):
+            ours(target, REPETITIVE, a, num_beams=2, do_sample=do_sample)
+    with pytest.raises(ValueError, match="lossy target rules"):
+        ours(target, REPETITIVE, a, logits_processor=[LossyLenientTarget(2.0)])
+    with pytest.raises(ValueError, match="use_cache"):
+        ours(target, REPETITIVE, a, use_cache=False)
+    with pytest.raises(ValueError, match="(?i)static"):
+        ours(target, REPETITIVE, a, cache_implementation="static")
+    with pytest.raises(ValueError, match="attentions or hidden states"):
+        ours(target, REPETITIVE, a, return_dict_in_generate=True, output_attentions=True)
+    with pytest.raises(ValueError, match="padding"):
+        ours(target, REPETITIVE, a, attention_mask=torch.cat([torch.zeros(1, 1), torch.ones(1, 8)], 1).long())
+    with pytest.raises(RuntimeError, match="tree assistant"):
+        a.candidate_generator(target, REPETITIVE, target.generation_config, None, {})
+    # nothing half-installed: the same assistant works afterwards
+    assert ours(target, REPETITIVE, a).tolist() == plain(target, REPETITIVE).tolist()
