@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ import hf_cascade
 from hf_cascade import CascadeAssistant, CascadeDrafterConfig, CascadeDrafterForCausalLM, MaxGram
 from hf_cascade.heads.hub import load_head, save_hub
 from tests import tiny_models as tm
+from tests.fresh_process import run_offline
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 N = 48
@@ -152,13 +151,7 @@ with torch.no_grad():
     assert torch.equal(m(e["x"], full_vocab=False).logits, e["reduced"])
 print("OK", m.num_parameters())
 """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"),
-               OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == ["OK", str(d.num_parameters())]
+    assert run_offline(script, tmp_path).split() == ["OK", str(d.num_parameters())]
 
 
 def test_load_head_roundtrip_and_wrong_shape(tmp_path):

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,6 +19,7 @@ from hf_cascade.heads.hub import load_head, save_hub
 from hf_cascade.training.glide import glide_acceptance, glide_loss
 from hf_cascade.training.loop import Batch
 from tests import tiny_models as tm
+from tests.fresh_process import run_offline
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 EVEN = torch.arange(0, tm.VOCAB, 2)
@@ -226,13 +225,7 @@ with torch.no_grad():
     assert torch.equal(m(e["x"], target_key_values=e["kv"], cross_attention_mask=e["mask"], full_vocab=False).logits, e["masked"])
 print("OK", m.num_parameters())
 """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"),
-               OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == ["OK", str(g.num_parameters())]
+    assert run_offline(script, tmp_path).split() == ["OK", str(g.num_parameters())]
 
 
 def test_load_head_roundtrip_and_wrong_shape(target, tmp_path):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +18,7 @@ from hf_cascade.training.loop import Batch
 from hf_cascade.training.redrafter import redrafter_acceptance, redrafter_loss
 from hf_cascade.training.store import DistillStore
 from tests import tiny_models as tm
+from tests.fresh_process import run_offline
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 H = 32                                   # the tiny targets' hidden size
@@ -180,13 +179,7 @@ with torch.no_grad():
 assert m.vocab_subset.tolist() == list(range(0, 96, 2))
 print("OK", m.num_parameters())
 """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"),
-               OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == ["OK", str(head.num_parameters())]
+    assert run_offline(script, tmp_path).split() == ["OK", str(head.num_parameters())]
 
 
 def test_load_head_roundtrip_and_wrong_shape(tmp_path):

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -25,6 +23,7 @@ from hf_cascade.training.run import train_vanilla
 from hf_cascade.training.vanilla import VanillaSpec, _run_lengths, build_vanilla, vanilla_loss
 from hf_cascade.training.vocab import coverage, frequent_subset, token_counts
 from tests import tiny_models as tm
+from tests.fresh_process import run_offline
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 META = {"target": "tiny", "prompt_format": "{question}", "max_new_tokens": 8, "hidden_size": 0, "vocab_size": 16}
@@ -342,13 +341,7 @@ with torch.no_grad():
     assert torch.equal(m(e["x"]).logits, e["logits"]), (m(e["x"]).logits - e["logits"]).abs().max()
 print("OK")
 """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"),
-               OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == ["OK"]
+    assert run_offline(script, tmp_path).split() == ["OK"]
 
     reloaded = load_head(out).eval()
     for prompt in (ids(1, 5, 9), ids(1, 50, 51, 52, 53, 54)):
