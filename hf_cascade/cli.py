@@ -32,6 +32,8 @@ def _add_bench(sub) -> None:
                    help="draft model of the hf-assisted baselines (default: the first --draft)")
     p.add_argument("--verifier", default=None, metavar="PATH",
                    help="--strategy hsddw: a stronger draft model that pre-verifies the --draft model (same specs as --draft)")
+    p.add_argument("--window", type=int, default=10, metavar="K",
+                   help="draft window of the hf-assisted-constant/-confidence baselines and HSDDW's max_window (default 10)")
     p.add_argument("--k-matrix", default=None, metavar="JSON",
                    help="K-matrix of the cascade as JSON (e.g. '[[2,10],[0,10]]') or a JSON file")
     p.add_argument("--lenience", type=float, default=1.0, help="lenience between drafters (>= 1; default 1)")
@@ -43,7 +45,7 @@ def _add_bench(sub) -> None:
                    help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
     p.add_argument("--baselines", default="plain",
                    help="comma list from plain,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
-                        "economize (plain is always included)")
+                        "economize,maxgram,hsddw-single (plain is always included)")
     p.add_argument("--prompts", default=None, metavar="FILE", help="Spec-Bench question.jsonl (default: the bundled one)")
     p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
@@ -179,6 +181,7 @@ def bench_config(args: argparse.Namespace):
         maxgram_lenience=args.maxgram_lenience,
         min_confidence=args.min_confidence,
         maxgram_first=args.maxgram_first,
+        window=args.window,
         max_new_tokens=args.max_new_tokens,
         sampling=args.sampling,
         temperature=args.temperature,

@@ -11,7 +11,7 @@ from tests.test_bench import NEW_TOKENS, PROMPTS, _llama, tiny  # noqa: F401  (t
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 from hf_cascade.bench import BenchConfig, markdown_report, run_benchmark, write_results  # noqa: E402
-from hf_cascade.bench.methods import ASSISTED_SETTINGS, ASSISTED_WINDOW, build_method  # noqa: E402
+from hf_cascade.bench.methods import ASSISTED_WINDOW, assisted_settings, build_method  # noqa: E402
 from hf_cascade.cli import bench_config, build_parser  # noqa: E402
 
 BASELINES = ["plain", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence"]
@@ -42,8 +42,9 @@ def test_hsddw_strategy_and_assisted_baselines(tiny, verifier, with_verifier, tm
     assert "| hsddw |" in markdown_report(r)
 
 
-@pytest.mark.parametrize("name", list(ASSISTED_SETTINGS))
-def test_assisted_variants_set_the_draft_config_per_call_only(tiny, name, monkeypatch):
+@pytest.mark.parametrize("window", [ASSISTED_WINDOW, 4])
+@pytest.mark.parametrize("name", ["hf-assisted-constant", "hf-assisted-confidence"])
+def test_assisted_variants_set_the_draft_config_per_call_only(tiny, name, window, monkeypatch):
     model, draft, _ = tiny
     before = draft.generation_config.to_dict()
     seen = []
@@ -56,11 +57,29 @@ def test_assisted_variants_set_the_draft_config_per_call_only(tiny, name, monkey
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(type(model), "generate", spy)
-    method = build_method(name, model, [draft], strategy_kwargs={}, sampling=False)
+    method = build_method(name, model, [draft], strategy_kwargs={}, sampling=False, window=window)
     method.run(torch.tensor([[1, 5, 6, 7]]), torch.ones(1, 4, dtype=torch.long), {"max_new_tokens": 4, "do_sample": False})
-    s = ASSISTED_SETTINGS[name]
-    assert seen == [(ASSISTED_WINDOW, "constant", s["assistant_confidence_threshold"])]
+    threshold = {"hf-assisted-constant": 0.0, "hf-assisted-confidence": 0.4}[name]
+    assert seen == [(window, "constant", threshold)]
+    assert assisted_settings(name, window)["num_assistant_tokens"] == window and assisted_settings("hf-assisted") is None
     assert draft.generation_config.to_dict() == before        # the shared draft model is left as it was
+
+
+def test_single_and_hierarchical_in_one_run_with_a_window(tiny, verifier):
+    """``hsddw-single`` (Algorithm 1) beside ``hsddw`` with a verifier (Algorithm 2); ``window`` is both max_windows."""
+    model, draft, tok = tiny
+    config = BenchConfig(strategy="hsddw", baselines=["hsddw-single"], window=3, max_new_tokens=NEW_TOKENS,
+                         warmup_tokens=2)
+    r = run_benchmark(config, model, tok, PROMPTS[:2], drafts=[draft], verifier=verifier)
+    assert r.methods == ["plain", "hsddw-single", "hsddw"], r.errors
+    for rec in r.records:
+        assert rec["identical_to_plain"] is True
+        if rec["method"] != "plain":
+            # the target's window: max_window alone, up to max_target_window = 5 * max_window with a pre-verifier
+            assert max(rec["stats"]["window_per_step"]) <= (15 if rec["method"] == "hsddw" else 3)
+            assert ("verifier" in rec["stats"]["calls_per_model"]) == (rec["method"] == "hsddw")
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        BenchConfig(strategy="hsddw", window=0)
 
 
 def test_hsddw_needs_a_draft(tiny):
@@ -72,9 +91,9 @@ def test_hsddw_needs_a_draft(tiny):
 
 def test_cli_and_config():
     args = build_parser().parse_args(["bench", "--strategy", "hsddw", "--draft", "small", "--verifier", "big",
-                                      "--baselines", "hf-assisted-constant,hf-assisted-confidence"])
+                                      "--baselines", "hf-assisted-constant,hf-assisted-confidence", "--window", "16"])
     config = bench_config(args)
-    assert (config.strategy, config.drafts, config.verifier) == ("hsddw", ["small"], "big")
+    assert (config.strategy, config.drafts, config.verifier, config.window) == ("hsddw", ["small"], "big", 16)
     assert config.methods == ["plain", "hf-assisted-constant", "hf-assisted-confidence", "hsddw"]
     with pytest.raises(ValueError, match="only used by strategy hsddw"):
         BenchConfig(strategy="cascade", verifier="big")

@@ -10,7 +10,7 @@ from pathlib import Path
 STRATEGIES = ("maxgram", "cascade", "hsddw")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
-             "maxgram")
+             "maxgram", "hsddw-single")
 
 
 @dataclass
@@ -25,6 +25,8 @@ class BenchConfig:
         k_matrix: optional ``n x n`` K-matrix of the cascade (``n`` = drafters including MaxGram).
         lenience: lenience between drafters of the cascade (``>= 1``).
         maxgram_lenience / min_confidence / maxgram_first: see :class:`~hf_cascade.CascadeAssistant`.
+        window: the fixed draft window of the ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's
+            ``max_window`` (default 10, HSDDW's K).
         max_new_tokens: tokens generated per prompt.
         sampling: ``do_sample=True`` with ``temperature`` (default: greedy).
         temperature: sampling temperature.
@@ -42,6 +44,7 @@ class BenchConfig:
     maxgram_lenience: float = 1.0
     min_confidence: float = 0.0
     maxgram_first: bool = False
+    window: int = 10
     max_new_tokens: int = 128
     sampling: bool = False
     temperature: float = 0.7
@@ -61,6 +64,8 @@ class BenchConfig:
         if unknown:
             raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
         self.baselines = ["plain"] + [b for b in dict.fromkeys(self.baselines) if b not in ("plain", self.strategy)]
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         if self.lenience < 1.0:

@@ -20,16 +20,20 @@ from ..drafters import MaxGram
 from ..hsddw import DynamicWindowAssistant
 
 ECONOMIZE_VERSION = "0.3.2"
-#: Draft window of the fixed-window assisted baselines: HSDDW's K (App. A.1), ``DynamicWindowAssistant``'s max_window.
+#: Default draft window of the fixed-window assisted baselines: HSDDW's K (App. A.1), ``DynamicWindowAssistant``'s
+#: max_window (``BenchConfig.window`` / ``--window`` changes both).
 ASSISTED_WINDOW = 10
-#: transformers' assisted generation settings of the named ``hf-assisted-*`` baselines (``hf-assisted``
-#: keeps the draft model's own generation config).
-ASSISTED_SETTINGS = {
-    "hf-assisted-constant": {"num_assistant_tokens": ASSISTED_WINDOW, "num_assistant_tokens_schedule": "constant",
-                             "assistant_confidence_threshold": 0.0},
-    "hf-assisted-confidence": {"num_assistant_tokens": ASSISTED_WINDOW, "num_assistant_tokens_schedule": "constant",
-                               "assistant_confidence_threshold": 0.4},
-}
+
+
+def assisted_settings(name: str, window: int = ASSISTED_WINDOW) -> dict | None:
+    """transformers' assisted-generation settings of the named ``hf-assisted-*`` baselines: ``constant`` is vanilla
+    speculative decoding with a fixed window, ``confidence`` adds ``assistant_confidence_threshold=0.4`` (its
+    default); ``hf-assisted`` (``None``) keeps the draft model's own generation config."""
+    threshold = {"hf-assisted-constant": 0.0, "hf-assisted-confidence": 0.4}.get(name)
+    if threshold is None:
+        return None
+    return {"num_assistant_tokens": window, "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": threshold}
 
 
 class MethodUnavailable(RuntimeError):
@@ -164,33 +168,36 @@ def _position_counts(pairs: list[tuple[int, int]]) -> dict:
 
 
 def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, sampling: bool,
-                 verifier: Any = None, assisted_draft: Any = None) -> Method:
+                 verifier: Any = None, assisted_draft: Any = None, window: int = ASSISTED_WINDOW) -> Method:
     """The :class:`Method` named ``name`` (a baseline of :data:`~hf_cascade.bench.config.BASELINES` or a
-    strategy of :data:`~hf_cascade.bench.config.STRATEGIES`)."""
+    strategy of :data:`~hf_cascade.bench.config.STRATEGIES`); ``window``: the fixed window of the
+    ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's ``max_window``."""
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
     builders: dict[str, Callable[[], Method]] = {
         "plain": lambda: Method("plain", model),
         "pld": lambda: PromptLookup("pld", model, num_tokens=10),
         "pld-tuned": lambda: PromptLookup("pld-tuned", model, num_tokens=5, max_ngram=3),
-        "hf-assisted": lambda: _hf_assisted("hf-assisted", model, hf_drafts),
-        "hf-assisted-constant": lambda: _hf_assisted("hf-assisted-constant", model, hf_drafts),
-        "hf-assisted-confidence": lambda: _hf_assisted("hf-assisted-confidence", model, hf_drafts),
+        "hf-assisted": lambda: _hf_assisted("hf-assisted", model, hf_drafts, window),
+        "hf-assisted-constant": lambda: _hf_assisted("hf-assisted-constant", model, hf_drafts, window),
+        "hf-assisted-confidence": lambda: _hf_assisted("hf-assisted-confidence", model, hf_drafts, window),
         "economize": lambda: Economize("economize", model, sampling),
         # as a baseline of another strategy, Max-Gram alone runs with its own defaults
         "maxgram": lambda: Ours("maxgram", model, CascadeAssistant(
             [MaxGram()], **({} if "k_matrix" in strategy_kwargs else strategy_kwargs))),
         "cascade": lambda: _cascade(model, drafts, strategy_kwargs),
-        "hsddw": lambda: _hsddw(model, drafts, verifier),
+        "hsddw": lambda: _hsddw("hsddw", model, drafts, verifier, window),
+        # HSDDW's one-draft-model form (Algorithm 1) beside the hierarchical one (--verifier), same run
+        "hsddw-single": lambda: _hsddw("hsddw-single", model, drafts, None, window),
     }
     if name not in builders:
         raise ValueError(f"unknown method {name!r}")
     return builders[name]()
 
 
-def _hf_assisted(name: str, model: Any, drafts: list) -> Method:
+def _hf_assisted(name: str, model: Any, drafts: list, window: int) -> Method:
     if not drafts:
         raise MethodUnavailable(f"baseline {name!r} needs a draft model: pass --draft PATH")
-    return HFAssisted(name, model, drafts[0], ASSISTED_SETTINGS.get(name))
+    return HFAssisted(name, model, drafts[0], assisted_settings(name, window))
 
 
 def _cascade(model: Any, drafts: list, strategy_kwargs: dict) -> Method:
@@ -199,7 +206,7 @@ def _cascade(model: Any, drafts: list, strategy_kwargs: dict) -> Method:
     return Ours("cascade", model, CascadeAssistant([*drafts, MaxGram()], **strategy_kwargs))
 
 
-def _hsddw(model: Any, drafts: list, verifier: Any) -> Method:
+def _hsddw(name: str, model: Any, drafts: list, verifier: Any, window: int) -> Method:
     if not drafts:
-        raise MethodUnavailable("strategy 'hsddw' needs a draft model: pass --draft PATH (and optionally --verifier PATH)")
-    return Ours("hsddw", model, DynamicWindowAssistant(drafts[0], verifier, max_window=ASSISTED_WINDOW))
+        raise MethodUnavailable(f"{name!r} needs a draft model: pass --draft PATH (and optionally --verifier PATH)")
+    return Ours(name, model, DynamicWindowAssistant(drafts[0], verifier, max_window=window))
