@@ -123,7 +123,6 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        cache_position: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         full_vocab: bool = True,
         **kwargs,
@@ -134,6 +133,7 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
         Returns logits ``[B, T', V]`` (``full_vocab=True``, ``finfo.min`` outside the subset) or
         ``[B, T', N]`` (``full_vocab=False``), ``T'`` = the positions kept by ``logits_to_keep``."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        cache_position = kwargs.pop("cache_position", None)   # transformers 4.x's generate passes it
         if cache_position is not None and _BACKBONE_TAKES_CACHE_POSITION:
             kwargs["cache_position"] = cache_position
         outputs = self.model(
