@@ -9,9 +9,11 @@ from . import hook as _hook
 from .assistant import Assistant
 from .cascade import CascadeAssistant
 from .drafters import BigramTable, CostModel, MaxGram
+from .glide import GlideAssistant, GlideStats
 from .hsddw import DynamicWindowAssistant, DynamicWindowStats
 from .heads import CascadeDrafterConfig, CascadeDrafterForCausalLM, GlideConfig, GlideForCausalLM, ReDrafterConfig, ReDrafterModel, register_heads
 from .processors import LossyLenientTarget, LossyTypicalAcceptance
+from .redrafter import ReDrafterAssistant, ReDrafterStats
 from .stats import GenerationStats
 
 __version__ = "0.1.0"
@@ -29,11 +31,15 @@ __all__ = [
     "DynamicWindowAssistant",
     "DynamicWindowStats",
     "GenerationStats",
+    "GlideAssistant",
     "GlideConfig",
     "GlideForCausalLM",
+    "GlideStats",
     "LossyLenientTarget",
     "LossyTypicalAcceptance",
     "MaxGram",
+    "ReDrafterAssistant",
     "ReDrafterConfig",
     "ReDrafterModel",
+    "ReDrafterStats",
 ]

@@ -22,9 +22,10 @@ def _add_bench(sub) -> None:
     )
     p.add_argument("--target", default=None,
                    help="target model: default (embedded Gemma-3-270M), smollm2, a local HF directory, or gguf:PATH")
-    p.add_argument("--strategy", choices=["maxgram", "cascade", "hsddw"], default="maxgram",
+    p.add_argument("--strategy", choices=["maxgram", "cascade", "hsddw", "glide", "redrafter"], default="maxgram",
                    help="maxgram = CascadeAssistant([MaxGram()]); cascade = CascadeAssistant([*drafts, MaxGram()]); "
-                        "hsddw = DynamicWindowAssistant(first draft, --verifier)")
+                        "hsddw = DynamicWindowAssistant(first draft, --verifier); glide = GlideAssistant(--draft, cape=True); "
+                        "redrafter = ReDrafterAssistant(--draft)")
     p.add_argument("--draft", action="extend", nargs="+", default=[], metavar="PATH",
                    help="draft model(s), largest first (HF directory, gguf:PATH, smollm2, self:N = the target's first N layers); "
                         "needed by --strategy cascade / hsddw and the hf-assisted baselines")
@@ -34,6 +35,10 @@ def _add_bench(sub) -> None:
                    help="--strategy hsddw: a stronger draft model that pre-verifies the --draft model (same specs as --draft)")
     p.add_argument("--window", type=int, default=10, metavar="K",
                    help="draft window of the hf-assisted-constant/-confidence baselines and HSDDW's max_window (default 10)")
+    p.add_argument("--draft-length", type=int, default=5, help="glide: main-path draft tokens per step (default 5)")
+    p.add_argument("--max-tree-nodes", type=int, default=None, help="glide: cap on CAPE tree nodes (default none)")
+    p.add_argument("--beam-width", type=int, default=4, help="redrafter: beams (default 4)")
+    p.add_argument("--beam-length", type=int, default=5, help="redrafter: draft tokens per beam (default 5)")
     p.add_argument("--k-matrix", default=None, metavar="JSON",
                    help="K-matrix of the cascade as JSON (e.g. '[[2,10],[0,10]]') or a JSON file")
     p.add_argument("--lenience", type=float, default=1.0, help="lenience between drafters (>= 1; default 1)")
@@ -45,7 +50,7 @@ def _add_bench(sub) -> None:
                    help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
     p.add_argument("--baselines", default="plain",
                    help="comma list from plain,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
-                        "economize,maxgram,hsddw-single (plain is always included)")
+                        "economize,maxgram,hsddw-single,glide-chain,redrafter-w1,redrafter-flat (plain is always included)")
     p.add_argument("--prompts", default=None, metavar="FILE", help="Spec-Bench question.jsonl (default: the bundled one)")
     p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
@@ -107,14 +112,19 @@ def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train a drafter head on distillation data (target frozen); saves Hub layout with a model card",
-        description="vanilla: a small independent causal-LM drafter (for CascadeAssistant / DynamicWindowAssistant). "
-        "Evaluates held-out greedy acceptance every --eval-every steps and saves the checkpoint each time.",
+        description="vanilla: a small independent causal-LM drafter (for CascadeAssistant / DynamicWindowAssistant); "
+        "glide: a GLIDE draft reading the target's KV cache (GlideAssistant); redrafter: a recurrent draft head on the "
+        "target's last hidden state (ReDrafterAssistant). Evaluates held-out greedy acceptance every --eval-every steps "
+        "and keeps the best checkpoint.",
     )
     p.add_argument("head", choices=["vanilla", "glide", "redrafter"])
     p.add_argument("--data", required=True, metavar="DIR", help="directory written by `hf-cascade distill`")
     p.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory (Hub layout)")
     p.add_argument("--target", default=None, help="target model (as for bench; default Gemma-3-270M)")
-    p.add_argument("--preset", default="s", help="vanilla size preset: xs, s, m (default s)")
+    p.add_argument("--preset", default=None,
+                   help="size preset: vanilla xs, s, m (default s); glide xs, s (default xs); redrafter xs, s (default s)")
+    p.add_argument("--no-cross-attention", action="store_true",
+                   help="glide: train the paper's controlled baseline, the same draft without cross-attention")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N", help="reduced vocabulary size (default: preset's)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16)
@@ -127,25 +137,35 @@ def _add_train(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _trainers() -> dict:
+    """``head -> (presets, default preset, train function)`` of ``hf-cascade train``."""
+    from .training.run import PRESETS, train_vanilla
+    from .training.run_glide import GLIDE_PRESETS, train_glide
+    from .training.run_redrafter import DEFAULT_PRESET, PRESETS as REDRAFTER_PRESETS, train_redrafter
+
+    return {"vanilla": (PRESETS, "s", train_vanilla), "glide": (GLIDE_PRESETS, "xs", train_glide),
+            "redrafter": (REDRAFTER_PRESETS, DEFAULT_PRESET, train_redrafter)}
+
+
 def run_train(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
     from .bench.loading import load_model
     from .training.loop import TrainConfig
-    from .training.run import PRESETS, train_vanilla
     from .training.store import DistillStore
 
-    if args.head != "vanilla":
-        raise ValueError(f"`hf-cascade train {args.head}` is not available yet: its head and loss are built in "
-                         f"the {args.head} issue; only `vanilla` trains in this release")
-    if args.preset not in PRESETS:
-        raise ValueError(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}")
+    presets, default, train_fn = _trainers()[args.head]
+    preset = args.preset or default
+    if preset not in presets:
+        raise ValueError(f"unknown {args.head} preset {preset!r}; choose from {', '.join(presets)}")
+    if args.no_cross_attention and args.head != "glide":
+        raise ValueError("--no-cross-attention applies to `train glide` only (its controlled baseline)")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    spec = PRESETS[args.preset]
+    spec = presets[preset]
     if args.draft_vocab:
         spec = dataclasses.replace(spec, draft_vocab_size=args.draft_vocab)
     cfg = TrainConfig(Path(args.out), steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
@@ -153,8 +173,9 @@ def run_train(args: argparse.Namespace) -> int:
     DistillStore.open(args.data)  # a missing / foreign --data fails here, before the (slow) target load
     _log(f"loading target {args.target or 'default (Gemma-3-270M)'}")
     target, _ = load_model(args.target)
-    _, state = train_vanilla(target, args.data, spec, cfg, target_name=args.target or "gemma-3-270m",
-                             progress=not args.no_progress)
+    extra = {"cross_attention": False} if args.no_cross_attention else {}
+    _, state = train_fn(target, args.data, cfg, spec, target_name=args.target or "gemma-3-270m",
+                        progress=not args.no_progress, **extra)
     print(f"saved {args.out} (step {state.step}); best held-out acceptance: {state.best}")
     return 0
 
@@ -182,6 +203,10 @@ def bench_config(args: argparse.Namespace):
         min_confidence=args.min_confidence,
         maxgram_first=args.maxgram_first,
         window=args.window,
+        draft_length=args.draft_length,
+        max_tree_nodes=args.max_tree_nodes,
+        beam_width=args.beam_width,
+        beam_length=args.beam_length,
         max_new_tokens=args.max_new_tokens,
         sampling=args.sampling,
         temperature=args.temperature,
@@ -212,6 +237,8 @@ def run_bench(args: argparse.Namespace) -> int:
         raise SystemExit("hf-cascade bench: --strategy cascade needs --draft PATH (one or more, largest first)")
     if config.strategy == "hsddw" and not config.drafts:
         raise SystemExit("hf-cascade bench: --strategy hsddw needs --draft PATH (and optionally --verifier PATH)")
+    if config.strategy in ("glide", "redrafter") and not config.drafts:
+        raise SystemExit(f"hf-cascade bench: --strategy {config.strategy} needs --draft PATH (its trained head)")
     _log(f"loading target {config.target or 'default (Gemma-3-270M)'}")
     model, tokenizer = load_model(config.target)
     drafts = load_drafts(config.drafts, target=model)

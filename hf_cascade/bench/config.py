@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 #: Our strategies (``--strategy``).
-STRATEGIES = ("maxgram", "cascade", "hsddw")
+STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
-             "maxgram", "hsddw-single")
+             "maxgram", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat")
 
 
 @dataclass
@@ -25,6 +25,8 @@ class BenchConfig:
         k_matrix: optional ``n x n`` K-matrix of the cascade (``n`` = drafters including MaxGram).
         lenience: lenience between drafters of the cascade (``>= 1``).
         maxgram_lenience / min_confidence / maxgram_first: see :class:`~hf_cascade.CascadeAssistant`.
+        draft_length / max_tree_nodes: ``GlideAssistant``'s main-path length and tree-size cap (strategy glide).
+        beam_width / beam_length: ``ReDrafterAssistant``'s beam search (strategy redrafter).
         window: the fixed draft window of the ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's
             ``max_window`` (default 10, HSDDW's K).
         max_new_tokens: tokens generated per prompt.
@@ -45,6 +47,10 @@ class BenchConfig:
     min_confidence: float = 0.0
     maxgram_first: bool = False
     window: int = 10
+    draft_length: int = 5
+    max_tree_nodes: int | None = None
+    beam_width: int = 4
+    beam_length: int = 5
     max_new_tokens: int = 128
     sampling: bool = False
     temperature: float = 0.7
@@ -64,8 +70,9 @@ class BenchConfig:
         if unknown:
             raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
         self.baselines = ["plain"] + [b for b in dict.fromkeys(self.baselines) if b not in ("plain", self.strategy)]
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
+        for name in ("window", "draft_length", "beam_width", "beam_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         if self.lenience < 1.0:
@@ -76,6 +83,12 @@ class BenchConfig:
             raise ValueError("k_matrix and lenience apply to the cascade strategies, not hsddw")
         if self.verifier is not None and self.strategy != "hsddw":
             raise ValueError("a verifier (pre-verifier model) is only used by strategy hsddw")
+
+    @property
+    def tree(self) -> dict:
+        """Settings of the tree strategies (see :func:`~hf_cascade.bench.methods.build_method`)."""
+        return {"draft_length": self.draft_length, "max_tree_nodes": self.max_tree_nodes,
+                "beam_width": self.beam_width, "beam_length": self.beam_length}
 
     @property
     def methods(self) -> list[str]:

@@ -17,7 +17,9 @@ import torch
 from ..assistant import Assistant
 from ..cascade import CascadeAssistant
 from ..drafters import MaxGram
+from ..glide import GlideAssistant
 from ..hsddw import DynamicWindowAssistant
+from ..redrafter import ReDrafterAssistant
 
 ECONOMIZE_VERSION = "0.3.2"
 #: Default draft window of the fixed-window assisted baselines: HSDDW's K (App. A.1), ``DynamicWindowAssistant``'s
@@ -168,10 +170,16 @@ def _position_counts(pairs: list[tuple[int, int]]) -> dict:
 
 
 def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, sampling: bool,
-                 verifier: Any = None, assisted_draft: Any = None, window: int = ASSISTED_WINDOW) -> Method:
+                 verifier: Any = None, assisted_draft: Any = None, window: int = ASSISTED_WINDOW,
+                 tree: dict | None = None) -> Method:
     """The :class:`Method` named ``name`` (a baseline of :data:`~hf_cascade.bench.config.BASELINES` or a
     strategy of :data:`~hf_cascade.bench.config.STRATEGIES`); ``window``: the fixed window of the
-    ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's ``max_window``."""
+    ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's ``max_window``; ``tree``: settings of
+    the tree strategies (``draft_length``, ``max_tree_nodes`` for GLIDE; ``beam_width``, ``beam_length``
+    for ReDrafter)."""
+    tree = tree or {}
+    glide = {k: tree[k] for k in ("draft_length", "max_tree_nodes") if k in tree}
+    beams = {k: tree[k] for k in ("beam_width", "beam_length") if k in tree}
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
     builders: dict[str, Callable[[], Method]] = {
         "plain": lambda: Method("plain", model),
@@ -188,6 +196,13 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
         "hsddw": lambda: _hsddw("hsddw", model, drafts, verifier, window),
         # HSDDW's one-draft-model form (Algorithm 1) beside the hierarchical one (--verifier), same run
         "hsddw-single": lambda: _hsddw("hsddw-single", model, drafts, None, window),
+        # GLIDE with CAPE (the strategy) and without it (a chain: the paper's GLIDE alone)
+        "glide": lambda: _tree("glide", model, drafts, GlideAssistant, cape=True, **glide),
+        "glide-chain": lambda: _tree("glide-chain", model, drafts, GlideAssistant, cape=False, **glide),
+        # ReDrafter: beams packed into a prefix tree (the strategy), beam width 1, and the beams verified flat
+        "redrafter": lambda: _tree("redrafter", model, drafts, ReDrafterAssistant, **beams),
+        "redrafter-w1": lambda: _tree("redrafter-w1", model, drafts, ReDrafterAssistant, **{**beams, "beam_width": 1}),
+        "redrafter-flat": lambda: _tree("redrafter-flat", model, drafts, ReDrafterAssistant, dedupe=False, **beams),
     }
     if name not in builders:
         raise ValueError(f"unknown method {name!r}")
@@ -210,3 +225,10 @@ def _hsddw(name: str, model: Any, drafts: list, verifier: Any, window: int) -> M
     if not drafts:
         raise MethodUnavailable(f"{name!r} needs a draft model: pass --draft PATH (and optionally --verifier PATH)")
     return Ours(name, model, DynamicWindowAssistant(drafts[0], verifier, max_window=window))
+
+
+def _tree(name: str, model: Any, drafts: list, assistant: type, **kwargs) -> Method:
+    if not drafts:
+        raise MethodUnavailable(f"{name!r} needs its trained head: pass --draft PATH (hf-cascade train "
+                                f"{name.split('-')[0]})")
+    return Ours(name, model, assistant(drafts[0], **kwargs))

@@ -101,7 +101,8 @@ def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, 
     for name in config.methods:
         try:
             methods[name] = build_method(name, model, drafts, strategy_kwargs=strategy_kwargs, sampling=config.sampling,
-                                         verifier=verifier, assisted_draft=assisted_draft, window=config.window)
+                                         verifier=verifier, assisted_draft=assisted_draft, window=config.window,
+                                         tree=config.tree)
         except MethodUnavailable as exc:
             errors[name] = str(exc)
     if "plain" not in methods:

@@ -59,6 +59,9 @@ class GlideConfig(PretrainedConfig):
             cross-attention queries so they match the target's post-rotary keys (``None`` = ``rope_theta`` /
             ``rope_config``).
         block_size: the block length ``L`` of the training mask (Section 4.1; 5 in the paper).
+        cross_attention: ``False`` removes the cross-attention sub-layers (no ``cross_attn`` weights; target
+            K/V handed to ``forward`` are ignored): the paper's "Vanilla Drafter" of the controlled experiment
+            (Section 5.2, Figure 4), the same architecture without the glimpse.
 
     :meth:`from_target` fills the target fields and rope settings from the target's config.
     """
@@ -93,6 +96,7 @@ class GlideConfig(PretrainedConfig):
         cross_attention_scale: float | None = None,
         cross_rope: list[dict] | None = None,
         block_size: int = 5,
+        cross_attention: bool = True,
         bos_token_id: int | None = 1,
         eos_token_id: int | list[int] | None = 2,
         pad_token_id: int | None = None,
@@ -145,6 +149,7 @@ class GlideConfig(PretrainedConfig):
         self.cross_attention_scale = cross_attention_scale
         self.cross_rope = cross_rope
         self.block_size = block_size
+        self.cross_attention = bool(cross_attention)
         self.target_name_or_path = target_name_or_path
         kwargs.pop("rope_parameters", None)  # never let transformers 5.x's rope standardisation shadow ours
         kwargs.pop("rope_scaling", None)

@@ -1,0 +1,321 @@
+"""GLIDE + CAPE decoding (Du et al., ICML 2024, "GLIDE with a CAPE", Sections 4.1-4.2, Appendix A) through
+``generate(assistant_model=GlideAssistant(glide))``, verified as a token tree by :mod:`hf_cascade.tree`.
+
+One step (:meth:`GlideDrafter.draft_tree`), with ``seq`` the ``L`` verified tokens (``seq[-1]`` the root, not
+yet in the target's cache):
+
+1. **Glimpse without copying** -- the draft reads the target's cached K/V of layers ``l = N_T - N_D + m``
+   straight from the loop's ``DynamicCache`` (:meth:`GlideForCausalLM.target_kv` returns the cache's own
+   tensors). It holds ``seq[:-1]``: the paper's *KV cache delay*, every draft query at or after the root
+   sees all ``L - 1`` entries, a catch-up token at index ``i < L - 1`` sees entries ``< i`` (as at a block
+   start in training).
+2. **Draft the main path** greedily, one draft forward per token, with the draft's own self-attention
+   ``DynamicCache`` kept across steps: the first forward feeds the tokens the draft has not seen (the
+   previous step's bonus / accepted tokens and the root), then each main token; drafting stops after
+   ``draft_length`` tokens, at the length budget or after an EOS token.
+3. **CAPE** (``cape=True``): at each step ``i`` the confidence ``p_i = max p_D`` picks ``K_i = S(p_i)``
+   (:class:`~hf_cascade.glide.cape.CapeSettings`) and the ``K_i`` next-best tokens become leaves beside
+   ``x_{t+i}``; ``cape=False`` sends the main path alone (a chain).
+4. After verification (:meth:`GlideDrafter.on_accept`) the draft cache is **cropped** (``Cache.crop``) to
+   the verified tokens it already holds: the root and the accepted main-path tokens it fed. (With one draft
+   layer their K/V do not depend on the glimpse at all; with more, the upper layers' K/V keep the view of
+   the target cache they were drafted with, like positions inside a block of the training mask.)
+
+CAPE's confidence ``p_i`` is the draft's own softmax (no temperature or other processing), as Section 4.2
+defines it, so the tree does not depend on the sampling settings.
+
+Lossless sampling: the tree is a deterministic function of the context (the argmax path and top-ranked
+expansions, no random draws), so the drafter returns ``draft_probs=None`` and
+:func:`~hf_cascade.tree.accept.sampling_tree_accept` runs its point-mass case: at each node the children are
+tried in order, accepted with the target's residual probability of their token, which is removed on
+rejection; every emitted token is distributed exactly as the target's processed distribution (temperature,
+top-k/p, penalties) whatever the draft proposes. Greedy decoding is exact by construction.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
+
+from ..stats import LevelStats
+from ..tree.strategy import TreeAssistant, TreeDrafter, TreeStats, TreeStep
+from ..tree.structure import TokenTree
+from .cape import CapeSettings, expanded_proposal
+
+
+@dataclass(frozen=True)
+class GlideSettings:
+    """``draft_length``: main-path tokens per step (``gamma``; the paper evaluates GLIDE with 5);
+    ``cape``: the expansion function, ``None`` = no expansion (a chain)."""
+
+    draft_length: int = 5
+    cape: CapeSettings | None = field(default_factory=CapeSettings)
+
+    def __post_init__(self) -> None:
+        if int(self.draft_length) < 1:
+            raise ValueError(f"draft_length must be >= 1, got {self.draft_length}")
+
+
+@dataclass
+class GlideStats(TreeStats):
+    """:class:`~hf_cascade.tree.strategy.TreeStats` of one ``generate()`` call, plus GLIDE's own numbers.
+
+    Attributes:
+        draft_forwards: forward calls of the draft model.
+        draft_tokens: tokens run through the draft (catch-up tokens included).
+        main_lengths: main-path tokens drafted at each drafted step.
+        expansion_sizes: ``|X_i|`` of each main token at each drafted step (empty lists without CAPE).
+        confidences: the draft's ``p_i = max p_D`` of each main token at each drafted step.
+        main_accepted: accepted tokens that lie on the main path, per verification.
+        expansion_accepted: verifications whose accepted path ends with an expansion token.
+        skipped_drafts: steps that drafted nothing (no length budget left).
+    """
+
+    draft_forwards: int = 0
+    draft_tokens: int = 0
+    main_lengths: list[int] = field(default_factory=list)
+    expansion_sizes: list[list[int]] = field(default_factory=list)
+    confidences: list[list[float]] = field(default_factory=list)
+    main_accepted: list[int] = field(default_factory=list)
+    expansion_accepted: int = 0
+    skipped_drafts: int = 0
+
+    @property
+    def draft_cost_ratio(self) -> float:
+        """Drafting time over verification time (both once per step)."""
+        verify = self.phase_seconds.get("verify", 0.0)
+        return self.phase_seconds.get("draft", 0.0) / verify if verify else 0.0
+
+    @property
+    def draft_forward_cost(self) -> float:
+        """The paper's cost coefficient ``c``: time of one draft forward over that of one target forward
+        (a verification over the tree)."""
+        verify = self.phase_seconds.get("verify", 0.0)
+        if not (verify and self.draft_forwards and self.target_calls):
+            return 0.0
+        return (self.phase_seconds.get("draft", 0.0) / self.draft_forwards) / (verify / self.target_calls)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out.update({k: getattr(self, k) for k in (
+            "draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
+            "expansion_accepted", "skipped_drafts", "draft_cost_ratio", "draft_forward_cost")})
+        return out
+
+
+_RECORDED = ("draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
+             "expansion_accepted", "skipped_drafts")
+
+
+def _empty(seq: torch.Tensor) -> TokenTree:
+    return TokenTree(seq.new_zeros(0), seq.new_zeros(0))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class GlideDrafter(TreeDrafter):
+    """Drafts GLIDE (+ CAPE) trees below the last verified token; one per ``generate()`` call (its draft
+    cache and records live and die with the call). See the module docstring for the step."""
+
+    def __init__(self, glide, settings: GlideSettings, stop_ids: list[int]):
+        self.glide, self.settings = glide, settings
+        self.stop_ids = set(int(t) for t in stop_ids)
+        self.cache = DynamicCache()                  # the draft's own self-attention K/V of verified tokens
+        self.record = GlideStats()                   # only the GLIDE fields are used (copied by the assistant)
+        self._root_len: int | None = None            # L at the last draft (None: nothing drafted)
+        self._main: list[int] = []                   # the last main path (target ids)
+        self._checked = False
+        self._device = next(glide.parameters()).device
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.glide.config.share_target_embeddings else self.glide.vocab_subset[draft_ids]
+
+    def _glimpse(self, state: TreeStep) -> list | None:
+        """The ``N_D`` target ``(k, v)`` pairs ``[1, kv_heads, L - 1, d_k]`` the draft reads (the cache's own
+        tensors), or ``None`` (no cross-attention, or nothing cached yet)."""
+        if not self.glide.config.cross_attention or state.cache.get_seq_length() == 0:
+            return None
+        kv = self.glide.target_kv(state.cache)
+        if not self._checked:
+            c = self.glide.config
+            layers = c.target_layer_ids or [f"N_T - {len(kv) - m}" for m in range(len(kv))]
+            for (k, v), layer in zip(kv, layers):
+                ok = (k.dim() == 4 and k.shape == v.shape and k.shape[-1] == c.target_head_dim
+                      and c.target_num_attention_heads % k.shape[1] == 0
+                      and k.shape[-2] == state.seq.shape[0] - 1)
+                if not ok:
+                    raise ValueError(
+                        f"the target's cached K/V of layer {layer} have shape {tuple(k.shape)}; this GLIDE expects "
+                        f"[1, kv_heads | {c.target_num_attention_heads}, {state.seq.shape[0] - 1}, "
+                        f"{c.target_head_dim}] (a target of another geometry?)")
+            self._checked = True
+        return kv
+
+    # -- the TreeDrafter contract ------------------------------------------------------------------
+    @torch.no_grad()
+    def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
+        """A chain (``cape=None``) or CAPE tree of at most ``min(draft_length, budget)`` main tokens after
+        ``seq`` (``[L]``); ``draft_probs = None``: the tree is deterministic given ``seq``."""
+        k = min(self.settings.draft_length, state.budget)
+        self._root_len, self._main = None, []
+        if k < 1:
+            self.record.skipped_drafts += 1
+            return _empty(seq), None
+        length = seq.shape[0]
+        past = self.cache.get_seq_length()
+        if past >= length:
+            raise RuntimeError(f"the draft cache holds {past} tokens but only {length} are verified")
+        kv = self._glimpse(state)
+        ids = seq[past:].to(self._device)                                           # catch-up tokens + root
+        main: list[int] = []
+        rows: list[torch.Tensor] = []
+        for t in range(k):
+            out = self.glide(input_ids=ids[None], past_key_values=self.cache, use_cache=True, target_key_values=kv,
+                             full_vocab=False, logits_to_keep=1)
+            self.record.draft_forwards += 1
+            self.record.draft_tokens += ids.shape[0]
+            p = out.logits[0, -1].float().softmax(-1)                               # [N] draft distribution
+            best = int(p.argmax())
+            main.append(best)
+            rows.append(p)
+            token = int(self._to_target(torch.tensor(best, device=p.device)))
+            if t + 1 == k or token in self.stop_ids:
+                break
+            ids = torch.tensor([token], device=self._device)
+        self._root_len = length
+        probs = torch.stack(rows)                                                   # [k', N]
+        main_d = torch.tensor(main, device=probs.device)                            # [k'] draft ids
+        self._main = self._to_target(main_d).tolist()                               # [k'] target ids
+        conf = probs.gather(1, main_d[:, None])[:, 0]                               # [k'] p_i
+        tree, expansions = expanded_proposal(probs, main_d, self.settings.cape, self._to_target)
+        tree = TokenTree(tree.tokens.to(seq.device), tree.parents.to(seq.device))
+        self.record.main_lengths.append(len(main))
+        self.record.expansion_sizes.append([int(x.shape[0]) for x in expansions])
+        self.record.confidences.append([round(float(c), 4) for c in conf])
+        return tree, None
+
+    def on_accept(self, tree, acceptance, state: TreeStep) -> None:
+        """Keep, in the draft cache, the verified tokens it holds: ``seq[:L]`` and the fed main tokens that
+        the target accepted (``Cache.crop``); count main-path and expansion acceptances."""
+        if self._root_len is None:
+            return
+        length = self._root_len
+        accepted = tree.tokens[acceptance.path].tolist() if acceptance.path.numel() else []
+        on_main = _common_prefix(accepted, self._main)
+        self.record.main_accepted.append(on_main)
+        self.record.expansion_accepted += int(len(accepted) > on_main)
+        fed = self._main[:-1]                                                       # the last main token is never fed
+        keep = length + _common_prefix(state.seq[length:].tolist(), fed)
+        extra = self.cache.get_seq_length() - min(keep, state.seq.shape[0] - 1)
+        if extra > 0:
+            self.cache.crop(-extra)                  # negative: remove ``extra`` positions (4.57 and 5.x)
+
+
+def check_glide_matches(glide, target: PreTrainedModel) -> None:
+    """``ValueError`` unless ``glide`` (a :class:`~hf_cascade.heads.GlideForCausalLM`) was built for
+    ``target``'s vocabulary and attention geometry (query heads, head size, K/V heads, layers) and lives
+    on its device. Ties the shared embeddings when the GLIDE uses the target's."""
+    if not all(hasattr(glide, a) for a in ("target_kv", "tie_to_target", "to_draft_ids")):
+        raise TypeError(f"glide_model must be a GlideForCausalLM (or the path of one), got {type(glide).__name__}")
+    tc = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    c = glide.config
+    if int(tc.vocab_size) != int(c.vocab_size):
+        raise ValueError(f"this GLIDE predicts over a vocabulary of {c.vocab_size} ids, the target has "
+                         f"{tc.vocab_size}: it was built for another tokenizer.")
+    kv_heads = int(getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads)
+    if c.target_num_key_value_heads is not None and int(c.target_num_key_value_heads) != kv_heads:
+        raise ValueError(f"the target has {kv_heads} K/V heads, this GLIDE expects {c.target_num_key_value_heads}.")
+    if c.target_num_hidden_layers is not None and int(c.target_num_hidden_layers) != int(tc.num_hidden_layers):
+        raise ValueError(f"the target has {tc.num_hidden_layers} layers, this GLIDE was built for "
+                         f"{c.target_num_hidden_layers} (it would read the wrong layers' K/V).")
+    glide.tie_to_target(target)                     # query heads, head size, layer ids; shared embeddings
+    g_dev, t_dev = next(glide.parameters()).device, target.device
+    if g_dev != t_dev:
+        raise ValueError(f"the GLIDE is on {g_dev} and the target on {t_dev}: move them to one device.")
+
+
+class GlideAssistant(TreeAssistant):
+    """``generate(..., assistant_model=GlideAssistant(glide))``: GLIDE drafting (optionally with CAPE),
+    verified as a token tree in one target forward per step.
+
+    Args:
+        glide_model: a :class:`~hf_cascade.heads.GlideForCausalLM` built for the target (``hf-cascade train
+            glide``), or the path of one saved in Hub layout (loaded with
+            :func:`hf_cascade.heads.hub.load_head`). A GLIDE with ``cross_attention=False`` (the paper's
+            Vanilla Drafter baseline) works too: it drafts without reading the target's cache.
+        cape: expand the proposal with CAPE (a tree); ``False`` drafts a chain.
+        draft_length: main-path tokens per step (``gamma``).
+        cape_sizes / cape_thresholds: CAPE's ``S(p)`` (:class:`~hf_cascade.glide.cape.CapeSettings`; paper:
+            7/5/3/1 for ``p`` in (0,.3], (.3,.6], (.6,.8], (.8,1]).
+        max_tree_nodes: most tree nodes per verification (``None``: no cap; the paper's CAPE verifies <= 32).
+        fast_head: see :class:`~hf_cascade.assistant.Assistant`.
+
+    Greedy outputs equal plain ``generate``; sampling is lossless (deterministic trees, see the module
+    docstring). After each call ``assistant.last_stats`` is a :class:`GlideStats` (tokens per target call,
+    tree sizes, accepted paths, expansion sizes, ``draft_forward_cost``).
+
+    Example::
+
+        import hf_cascade
+        from hf_cascade.glide import GlideAssistant
+        a = GlideAssistant("path/to/glide", cape=True)
+        out = model.generate(ids, assistant_model=a, max_new_tokens=128)
+        a.last_stats.tokens_per_target_call, a.last_stats.draft_forward_cost
+    """
+
+    def __init__(self, glide_model, cape: bool = True, draft_length: int = 5,
+                 cape_sizes: tuple[int, ...] = (7, 5, 3, 1), cape_thresholds: tuple[float, ...] = (0.3, 0.6, 0.8),
+                 max_tree_nodes: int | None = None, fast_head: bool = True):
+        if isinstance(glide_model, (str, os.PathLike)):
+            from ..heads.hub import load_head
+
+            glide_model = load_head(glide_model)
+        if not all(hasattr(glide_model, a) for a in ("target_kv", "tie_to_target", "to_draft_ids")):
+            raise TypeError(f"glide_model must be a GlideForCausalLM (or the path of one), "
+                            f"got {type(glide_model).__name__}")
+        cape_settings = CapeSettings(tuple(cape_sizes), tuple(cape_thresholds), max_tree_nodes) if cape else None
+        self.settings = GlideSettings(int(draft_length), cape_settings)
+        self.glide = glide_model.eval()
+        self.fast_head = fast_head
+        self._drafter: GlideDrafter | None = None
+
+    def new_drafter(self, target: PreTrainedModel, generation_config: GenerationConfig,
+                    logits_processor: LogitsProcessorList) -> GlideDrafter:
+        check_glide_matches(self.glide, target)
+        eos = generation_config.eos_token_id
+        stop = [] if eos is None else [eos] if isinstance(eos, int) else list(torch.as_tensor(eos).flatten().tolist())
+        self._drafter = GlideDrafter(self.glide, self.settings, stop)
+        return self._drafter
+
+    def decode(self, *args, **kwargs):
+        """:meth:`TreeAssistant.decode`, then ``last_stats`` becomes a :class:`GlideStats`."""
+        self._drafter = None
+        try:
+            out = super().decode(*args, **kwargs)
+        finally:
+            drafter, self._drafter = self._drafter, None
+        base = self.last_stats
+        if base is not None and drafter is not None:
+            stats = GlideStats(**{f.name: getattr(base, f.name) for f in fields(TreeStats) if f.init})
+            for name in _RECORDED:
+                setattr(stats, name, getattr(drafter.record, name))
+            name = "glide+cape" if self.settings.cape is not None else "glide"
+            stats.levels = list(stats.levels) + [LevelStats(
+                name=name, forward_calls=stats.draft_forwards, proposals=len(stats.main_lengths),
+                tokens_proposed=sum(stats.draft_len_per_call), tokens_accepted=sum(stats.accepted_per_call))]
+            self.last_stats = stats
+        return out
+
+
+__all__ = ["GlideAssistant", "GlideDrafter", "GlideSettings", "GlideStats", "check_glide_matches"]

@@ -1,0 +1,131 @@
+"""CAPE, Confidence-Aware Proposal Expansion (Du et al., ICML 2024, "GLIDE with a CAPE", Section 4.2 and
+Appendix A, Algorithms 1-2).
+
+The draft proposes a main path ``x_{t+1} .. x_{t+gamma}`` greedily. At step ``i`` its confidence is
+``p_i = max p_D(. | x_{<t+i})``; a step function ``S(p_i)`` gives the size ``K_i`` of the expansion set
+``X_i``: the ``K_i`` next-best tokens of the same distribution, excluding ``x_{t+i}``. Expansion tokens are
+leaves: siblings of ``x_{t+i}`` that nothing is drafted after. The linearized proposal
+``[main, X_0, X_1, ...]``, its position ids (``input_pi``: ``i`` for ``x_{t+i}`` and for every token of
+``X_i``) and the verification mask (each token sees the main tokens before its position, and itself) are
+those of :meth:`hf_cascade.tree.TokenTree.from_expansions` (see there for the erratum in Algorithm 2).
+
+``S`` (:class:`CapeSettings`): Section 4.2 sets 7, 5, 3, 1 for ``p`` in ``(0, .3]``, ``(.3, .6]``,
+``(.6, .8]``, ``(.8, 1]``. Algorithm 1 writes it as a bin array over ``floor(10 p)`` whose entries count
+the argmax too (``topk(p, 8)`` = the argmax + 7 others), and the authors' run script uses
+``--bin 8 8 8 6 6 6 4 4 2 2 2 2``: the same four sizes with the boundaries at ``floor``-rounded deciles
+(``p = 0.3`` falls in the second bin there, in the first here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..tree import TokenTree
+
+
+@dataclass(frozen=True)
+class CapeSettings:
+    """The expansion-size function ``S(p)`` of CAPE and a cap on the verified tree.
+
+    Attributes:
+        sizes: ``K`` for each confidence bin, lowest confidence first (paper: ``(7, 5, 3, 1)``).
+        thresholds: the increasing upper bounds of every bin but the last (paper: ``(0.3, 0.6, 0.8)``):
+            ``p`` in ``(0, t_0]`` -> ``sizes[0]``, ``(t_0, t_1]`` -> ``sizes[1]``, ..., ``(t_last, 1]`` ->
+            ``sizes[-1]``.
+        max_nodes: most tree nodes (main path + expansions) sent to the target, ``None`` = no cap. Expansion
+            tokens of early steps are kept first (a deeper one only matters if every main token above it
+            is accepted). The paper verifies at most 32 tokens per step.
+    """
+
+    sizes: tuple[int, ...] = (7, 5, 3, 1)
+    thresholds: tuple[float, ...] = (0.3, 0.6, 0.8)
+    max_nodes: int | None = None
+
+    def __post_init__(self) -> None:
+        sizes, thresholds = tuple(int(s) for s in self.sizes), tuple(float(t) for t in self.thresholds)
+        if len(sizes) != len(thresholds) + 1:
+            raise ValueError(f"CAPE needs one size per confidence bin: {len(thresholds)} thresholds make "
+                             f"{len(thresholds) + 1} bins, got sizes {sizes}")
+        if any(s < 0 for s in sizes):
+            raise ValueError(f"CAPE expansion sizes must be >= 0, got {sizes}")
+        if any(not 0.0 < t < 1.0 for t in thresholds) or any(b <= a for a, b in zip(thresholds, thresholds[1:])):
+            raise ValueError(f"CAPE thresholds must increase strictly inside (0, 1), got {thresholds}")
+        if self.max_nodes is not None and int(self.max_nodes) < 1:
+            raise ValueError(f"max_nodes must be >= 1 or None, got {self.max_nodes}")
+        object.__setattr__(self, "sizes", sizes)
+        object.__setattr__(self, "thresholds", thresholds)
+
+    @property
+    def max_size(self) -> int:
+        return max(self.sizes)
+
+    def expansion_sizes(self, confidence: torch.Tensor) -> torch.Tensor:
+        """``S(p)``: ``[k]`` confidences (the draft's max probability at each step) -> ``[k]`` LongTensor ``K_i``."""
+        confidence = torch.as_tensor(confidence, dtype=torch.float32)
+        bounds = torch.tensor(self.thresholds, dtype=torch.float32, device=confidence.device)
+        sizes = torch.tensor(self.sizes, dtype=torch.long, device=confidence.device)
+        return sizes[torch.bucketize(confidence, bounds, right=False)]       # p <= t_0 -> bin 0, ...
+
+
+def expansion_sets(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor) -> list[torch.Tensor]:
+    """The expansion sets ``X_i`` of Section 4.2.
+
+    Args:
+        probs: ``[k, N]`` the draft's distribution at each main step (any scores with the same order work).
+        main: ``[k]`` the main path's ids (in the same id space as ``probs``' columns).
+        sizes: ``[k]`` the wanted ``K_i`` (e.g. :meth:`CapeSettings.expansion_sizes`).
+
+    Returns ``k`` LongTensors: the ``min(K_i, N - 1)`` highest-probability ids of row ``i`` other than
+    ``main[i]``, best first (ties: ``torch.topk``'s order).
+    """
+    k, n = probs.shape
+    if main.shape != (k,) or sizes.shape != (k,):
+        raise ValueError(f"main and sizes must be [k] = [{k}], got {tuple(main.shape)} and {tuple(sizes.shape)}")
+    width = min(int(sizes.max()) + 1 if k else 1, n)
+    top = probs.topk(width, dim=-1).indices                                      # [k, width]
+    out = []
+    for i in range(k):
+        row = top[i][top[i] != main[i]]
+        out.append(row[: min(int(sizes[i]), n - 1)])
+    return out
+
+
+def cap_expansions(expansions: Sequence[torch.Tensor], main_len: int, max_nodes: int | None) -> list[torch.Tensor]:
+    """Cut the expansion sets so that ``main_len + sum |X_i| <= max_nodes``, earliest steps first."""
+    if max_nodes is None:
+        return list(expansions)
+    room = max(int(max_nodes) - main_len, 0)
+    out = []
+    for x in expansions:
+        out.append(x[:room])
+        room -= out[-1].shape[0]
+    return out
+
+
+def cape_tree(main: torch.Tensor, expansions: Sequence[torch.Tensor]) -> TokenTree:
+    """The verification tree of an expanded proposal: Algorithm 2's linearized ``input`` in node order,
+    ``input_pi`` as ``position_offsets()`` and ``Mask_CAPE`` as ``ancestor_mask()`` (see
+    :meth:`~hf_cascade.tree.TokenTree.from_expansions`). ``main`` ``[k]`` and ``expansions`` are target ids."""
+    return TokenTree.from_expansions(main, list(expansions))
+
+
+def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettings | None,
+                      to_target=None) -> tuple[TokenTree, list[torch.Tensor]]:
+    """Algorithm 1 end to end: the draft's ``[k, N]`` distributions along its main path ``main`` (``[k]``,
+    normally the rows' argmax) -> the verification tree and the expansion sets (``to_target`` maps draft ids
+    to target ids, e.g. through a reduced vocabulary; identity when ``None``). ``settings=None``: no
+    expansion, the tree is the chain ``main``."""
+    to_target = to_target or (lambda x: x)
+    main_t = to_target(main)
+    if settings is None:
+        return TokenTree.chain(main_t), []
+    conf = probs.gather(1, main[:, None].to(probs.device))[:, 0]                  # [k] p_i
+    sets = expansion_sets(probs, main.to(probs.device), settings.expansion_sizes(conf))
+    expansions = [to_target(x) for x in cap_expansions(sets, main.shape[0], settings.max_nodes)]
+    return cape_tree(main_t, expansions), expansions
+
+
+__all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_proposal", "expansion_sets"]

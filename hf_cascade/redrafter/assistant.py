@@ -1,0 +1,215 @@
+"""``generate(..., assistant_model=ReDrafterAssistant(head))``: ReDrafter decoding on the tree loop.
+
+Cheng et al. (2024), "Recurrent Drafter for Fast Speculative Decoding in Large Language Models",
+Section 2 ("Speculative decoding with ReDrafter"). Each step, draft -> verify -> accept -> update:
+
+1. **Draft** (:class:`ReDrafterDrafter`): the target's last hidden state ``x`` (handed over by the
+   tree loop as :attr:`TreeStep.last_hidden`, captured during the previous target pass: no extra
+   target forward) and the token the target produced from it (the root, ``seq[-1]``) start a beam
+   search with the recurrent head (:func:`~hf_cascade.redrafter.beam.beam_search`): ``w`` beams of
+   ``L`` draft tokens.
+2. **Pack**: the beams' shared prefixes are deduplicated with tensor ops
+   (:func:`~hf_cascade.tree.structure.get_prefix_match`, Listing 1) into a token tree
+   (:meth:`TokenTree.from_beams`: dynamic tree attention). ``dedupe=False`` verifies the ``w * L``
+   beam tokens flat instead, each beam its own branch (the paper's "w/o tree attention" baseline).
+3. **Verify and accept** (:func:`~hf_cascade.tree.decode.tree_decode`): one target forward over the
+   tree with its tree mask; greedy: the longest path the target agrees with (= the candidate with
+   the longest accepted prefix); sampling: recursive rejection sampling with point-mass drafts
+   (the tree is a deterministic function of the context), exactly the target's distribution.
+4. **Update**: only the accepted path stays in the target's KV cache; the hidden state that produced
+   the last emitted token is the next step's ``x``.
+
+When the prompt has a single token there is no ``x`` yet: that step drafts nothing (a plain decoding
+step). Typical acceptance (the paper's lossy variant) is not offered: every output here is lossless.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+
+from ..tree.strategy import TreeAssistant, TreeDrafter, TreeStats, TreeStep
+from ..tree.structure import TokenTree
+from .beam import beam_search, beams_tree
+
+
+@dataclass
+class ReDrafterStats(TreeStats):
+    """:class:`~hf_cascade.tree.strategy.TreeStats` of one ``generate()`` call, plus the beams.
+
+    Attributes:
+        beam_tokens: ``w' * L'`` tokens the beam search proposed at each drafted step (``L'`` = the
+            beam length cut to the remaining length budget).
+        drafted_nodes: nodes of the verification tree built from them (before the loop pruned
+            nodes below an EOS): ``beam_tokens`` with ``dedupe=False``.
+        skipped_drafts: steps that drafted nothing (no hidden state yet, or no length budget left).
+    """
+
+    beam_tokens: list[int] = field(default_factory=list)
+    drafted_nodes: list[int] = field(default_factory=list)
+    skipped_drafts: int = 0
+
+    @property
+    def compression_ratio(self) -> float:
+        """Beam tokens per verified tree node (the paper's Figure 5b; 1.0 without dedupe)."""
+        nodes = sum(self.drafted_nodes)
+        return sum(self.beam_tokens) / nodes if nodes else 1.0
+
+    @property
+    def draft_cost_ratio(self) -> float:
+        """Drafting time over verification time: the cost of one draft (beam search + packing) as a
+        fraction of one target forward over the tree (both are done once per step)."""
+        verify = self.phase_seconds.get("verify", 0.0)
+        return self.phase_seconds.get("draft", 0.0) / verify if verify else 0.0
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out.update({
+            "beam_tokens": list(self.beam_tokens),
+            "drafted_nodes": list(self.drafted_nodes),
+            "skipped_drafts": self.skipped_drafts,
+            "compression_ratio": self.compression_ratio,
+            "draft_cost_ratio": self.draft_cost_ratio,
+        })
+        return out
+
+
+@dataclass
+class _BeamRecord:
+    beam_tokens: list[int] = field(default_factory=list)
+    drafted_nodes: list[int] = field(default_factory=list)
+    skipped: int = 0
+
+
+class ReDrafterDrafter(TreeDrafter):
+    """Beam search with the ReDrafter head below the last verified token (one per ``generate()`` call).
+
+    Args:
+        head: a :class:`~hf_cascade.heads.ReDrafterModel` matching the target (see
+            :func:`check_head_matches`).
+        embed: target token ids ``[b]`` -> the target's input embeddings ``[b, H]``.
+        beam_width / beam_length / dedupe: see :class:`ReDrafterAssistant`.
+    """
+
+    def __init__(self, head, embed, beam_width: int, beam_length: int, dedupe: bool = True):
+        self.head, self.embed = head, embed
+        self.beam_width, self.beam_length, self.dedupe = beam_width, beam_length, dedupe
+        self.record = _BeamRecord()
+
+    def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
+        """``w`` beams of ``min(L, budget)`` tokens after ``seq[-1]``, packed into a tree;
+        ``draft_probs = None`` (beam search is deterministic given ``seq``)."""
+        length = min(self.beam_length, state.budget)
+        if state.last_hidden is None or length < 1:
+            self.record.skipped += 1
+            return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
+        beams, _ = beam_search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, length)
+        tree = beams_tree(beams.to(seq.device), self.dedupe)                 # [w', L'] -> n nodes
+        self.record.beam_tokens.append(int(beams.numel()))
+        self.record.drafted_nodes.append(tree.num_nodes)
+        return tree, None
+
+
+def check_head_matches(head, target: PreTrainedModel) -> None:
+    """``ValueError`` unless ``head`` was built for ``target``: same vocabulary size ``V`` (the head's
+    token ids are the target's), same hidden size ``H`` (it reads the target's hidden states and
+    token embeddings), and a target whose output head exposes its input (the last hidden state)."""
+    tc = target.config.get_text_config()
+    hc = head.config
+    v_target = int(tc.vocab_size)
+    if int(hc.vocab_size) != v_target:
+        raise ValueError(
+            f"the ReDrafter head predicts a vocabulary of {hc.vocab_size} tokens but the target's has {v_target}: "
+            "the head must be trained for this target (same tokenizer and vocabulary)."
+        )
+    emb = target.get_input_embeddings()
+    h_target = int(getattr(tc, "hidden_size", emb.weight.shape[-1]))
+    if int(hc.hidden_size) != h_target or emb.weight.shape[-1] != h_target:
+        raise ValueError(
+            f"the ReDrafter head reads hidden states of size {hc.hidden_size} but the target's hidden size is "
+            f"{h_target} (embeddings {emb.weight.shape[-1]}): the head must be trained for this target."
+        )
+    subset = getattr(head, "vocab_subset", None)
+    if subset is not None and subset.numel() and int(subset.max()) >= emb.weight.shape[0]:
+        raise ValueError(f"the head's vocabulary subset holds id {int(subset.max())}, beyond the target's "
+                         f"{emb.weight.shape[0]} embeddings.")
+    out = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+    if not isinstance(out, torch.nn.Module):
+        raise ValueError("ReDrafter drafts from the target's last hidden state (the input of its output head), "
+                         f"but {type(target).__name__} exposes no output-embedding module.")
+
+
+class ReDrafterAssistant(TreeAssistant):
+    """``generate(..., assistant_model=ReDrafterAssistant(head))``: recurrent-drafter speculative decoding.
+
+    Args:
+        head: a :class:`~hf_cascade.heads.ReDrafterModel` trained for the target (``hf-cascade train
+            redrafter``), or the path of one saved in Hub layout (loaded with
+            :func:`hf_cascade.heads.hub.load_head`).
+        beam_width: ``w``, candidates kept by the beam search (``1``: the head's greedy draft, a chain).
+        beam_length: ``L``, draft tokens per candidate (the tree's depth; the reference's
+            ``BeamShape.length`` is ``L + 1``, it counts the target's own first token).
+        dedupe: verify the packed prefix tree (dynamic tree attention, default) or, ``False``, the
+            ``w * L`` beam tokens flat, one branch per beam (same accepted tokens, more computation).
+        fast_head: see :class:`~hf_cascade.assistant.Assistant`.
+
+    Greedy outputs equal plain ``generate``; sampling is lossless. After each call
+    ``assistant.last_stats`` is a :class:`ReDrafterStats` (tokens per target call, tree sizes,
+    accepted paths, beam tokens vs tree nodes = ``compression_ratio``, ``draft_cost_ratio``).
+
+    Example::
+
+        import hf_cascade
+        from hf_cascade.redrafter import ReDrafterAssistant
+        a = ReDrafterAssistant("path/to/redrafter-head", beam_width=4, beam_length=5)
+        out = model.generate(ids, assistant_model=a, max_new_tokens=128)
+        a.last_stats.tokens_per_target_call, a.last_stats.compression_ratio
+    """
+
+    def __init__(self, head, beam_width: int = 4, beam_length: int = 5, dedupe: bool = True, fast_head: bool = True):
+        if isinstance(head, (str, os.PathLike)):
+            from ..heads.hub import load_head
+
+            head = load_head(head)
+        if not all(hasattr(head, a) for a in ("init_state", "step", "logits", "to_target_ids")):
+            raise TypeError(f"head must be a ReDrafterModel (or the path of one), got {type(head).__name__}")
+        if int(beam_width) < 1 or int(beam_length) < 1:
+            raise ValueError(f"ReDrafterAssistant needs beam_width >= 1 and beam_length >= 1, "
+                             f"got {beam_width} and {beam_length}")
+        self.head = head.eval()
+        self.beam_width, self.beam_length, self.dedupe = int(beam_width), int(beam_length), bool(dedupe)
+        self.fast_head = fast_head
+        self._record: _BeamRecord | None = None
+
+    def new_drafter(
+        self, target: PreTrainedModel, generation_config: GenerationConfig, logits_processor: LogitsProcessorList
+    ) -> ReDrafterDrafter:
+        check_head_matches(self.head, target)
+        emb = target.get_input_embeddings()
+
+        def embed(ids: torch.Tensor) -> torch.Tensor:
+            return emb(ids.to(emb.weight.device))                                    # [b, H]
+
+        drafter = ReDrafterDrafter(self.head, embed, self.beam_width, self.beam_length, self.dedupe)
+        self._record = drafter.record
+        return drafter
+
+    def decode(self, *args, **kwargs):
+        """:meth:`TreeAssistant.decode`, then ``last_stats`` becomes a :class:`ReDrafterStats`."""
+        self._record = None
+        out = super().decode(*args, **kwargs)
+        base, record = self.last_stats, self._record
+        if base is not None and record is not None:
+            stats = ReDrafterStats(**{f.name: getattr(base, f.name) for f in fields(TreeStats) if f.init})
+            stats.beam_tokens = record.beam_tokens
+            stats.drafted_nodes = record.drafted_nodes
+            stats.skipped_drafts = record.skipped
+            self.last_stats = stats
+        self._record = None
+        return out
+
+
+__all__ = ["ReDrafterAssistant", "ReDrafterDrafter", "ReDrafterStats", "check_head_matches"]

@@ -1,0 +1,99 @@
+"""ReDrafter's beam search over the recurrent draft head, and the two ways to lay its beams out for
+verification.
+
+Cheng et al. (2024), "Recurrent Drafter for Fast Speculative Decoding in Large Language Models",
+Section 2 ("Beam search", "Dynamic tree attention after beam search"); the procedure is the one of
+the reference implementation (``apple/ml-recurrent-drafter``, ``Drafter.beam_search_candidates``):
+
+* every beam starts with the token the target itself produced from its last hidden state ``x`` (the
+  tree's root, ``seq[-1]``), and the RNN state ``s_0 = 0``;
+* step ``k`` updates each live beam's state with the target embedding of its last token,
+  ``s_k = f(U s_{k-1} + W e_k + b)``, scores every next token with ``log softmax(LMHead([x, s_k]))``
+  and keeps the ``w`` best (beam, token) pairs by the beam's summed log-probability.
+
+Deviations from the reference (none changes which beams are kept when ``w <= N``):
+
+* the first step expands the single root beam instead of ``w`` copies of it scored ``[0, -50000, ...]``
+  (the same top-``w`` choice without a sentinel value);
+* scores are the plain log-softmax over the head's ``N`` output columns (the reference first keeps
+  only the top 50 logits of each step; with a reduced vocabulary the softmax is over that subset);
+* ``length`` counts *draft* tokens: the reference's ``BeamShape(width, length)`` counts the root too,
+  so its ``length = L + 1``.
+
+The search is a deterministic function of the context (no sampling), so its tree is verified with
+``draft_probs = None`` (:func:`hf_cascade.tree.accept.sampling_tree_accept`'s point-mass case: lossless).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..tree.structure import TokenTree
+
+
+@torch.no_grad()
+def beam_search(
+    head,
+    hidden: torch.Tensor,
+    root: int | torch.Tensor,
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    width: int,
+    length: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Beam-search ``length`` draft tokens after ``root`` with a ReDrafter head.
+
+    Args:
+        head: a :class:`~hf_cascade.heads.ReDrafterModel` (its ``init_state`` / ``step`` / ``logits``).
+        hidden: ``[H]`` the target's last hidden state ``x`` (the one that produced ``root``).
+        root: the target's token produced from ``x`` (the first token of every beam, not returned).
+        embed: target token ids ``[b]`` -> their target input embeddings ``[b, H]``.
+        width: ``w``, beams kept after each step (fewer when the head has fewer candidates).
+        length: ``L >= 1``, draft tokens per beam.
+
+    Returns:
+        ``(beams, scores)``: ``beams`` ``[w', L]`` target token ids, best beam first
+        (``w' = min(w, N ** L)``); ``scores`` ``[w']`` their summed log-probabilities under the head.
+    """
+    if width < 1 or length < 1:
+        raise ValueError(f"beam search needs width >= 1 and length >= 1, got width={width}, length={length}")
+    dtype, device = head.dtype, head.device
+    x = hidden.reshape(1, -1).to(device=device, dtype=dtype)                          # [1, H]
+    last = torch.as_tensor(root, device=device).reshape(1).long()                     # [b = 1]
+    state = head.init_state(x)                                                        # [1, H] (s_0 = 0)
+    score = torch.zeros(1, device=device, dtype=torch.float32)                        # [b]
+    beams = last.new_zeros(1, 0)                                                      # [b, k]
+    for _ in range(length):
+        state = head.step(state, embed(last).to(device=device, dtype=dtype))        # [b, H]
+        logp = head.logits(state, x, full_vocab=False).float().log_softmax(dim=-1)    # [b, N]
+        n_cols = logp.shape[-1]
+        total = (score[:, None] + logp).flatten()                                     # [b * N]
+        score, flat = total.topk(min(width, total.numel()))                           # [b'] best first
+        beam, col = flat // n_cols, flat % n_cols
+        last = head.to_target_ids(col).to(device)                                     # [b'] target ids
+        beams = torch.cat([beams[beam], last[:, None]], dim=1)                        # [b', k + 1]
+        state = state[beam]                                                           # [b', H]
+    return beams, score
+
+
+def flat_tree(beams: torch.Tensor) -> TokenTree:
+    """The ``w`` beams (``[w, L]``) as ``w`` separate branches of ``L`` nodes below the root, no
+    prefix shared: node ``i * L + j`` holds ``beams[i, j]`` (what verifying the beams without dynamic
+    tree attention computes, ``w * L`` tokens)."""
+    beams = torch.as_tensor(beams).long()
+    if beams.ndim != 2 or beams.shape[0] == 0:
+        raise ValueError(f"beams must be [w, L] with w >= 1, got shape {tuple(beams.shape)}")
+    w, L = beams.shape
+    parents = torch.arange(w * L, device=beams.device) - 1
+    parents[::L] = -1
+    return TokenTree(beams.flatten(), parents)
+
+
+def beams_tree(beams: torch.Tensor, dedupe: bool = True) -> TokenTree:
+    """The verification tree of ``beams`` (``[w, L]``): the packed prefix tree (dynamic tree
+    attention, :meth:`TokenTree.from_beams`) or, with ``dedupe=False``, :func:`flat_tree`."""
+    return TokenTree.from_beams(beams)[0] if dedupe else flat_tree(beams)
+
+
+__all__ = ["beam_search", "beams_tree", "flat_tree"]

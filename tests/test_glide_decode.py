@@ -1,0 +1,263 @@
+"""GLIDE + CAPE decoding (hf_cascade.glide, Du et al. ICML 2024): CAPE's expansion sizes and sets and the
+verification input of Algorithm 2 on hand-made inputs, a CAPE tree forward against per-branch forwards,
+greedy parity with plain generate (with and without CAPE, EOS and max_length cuts), the glimpse of the
+target's cache without copies and the draft-cache rollback, state across calls, statistics and errors.
+Sampling losslessness: test_glide_sampling.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import hf_cascade  # noqa: F401  (installs the generate() hook)
+from hf_cascade import GlideConfig, GlideForCausalLM
+from hf_cascade.glide import CapeSettings, GlideAssistant, GlideDrafter, GlideStats, cap_expansions, expanded_proposal
+from hf_cascade.glide import expansion_sets
+from hf_cascade.tree import tree_attention_mask, tree_position_ids, verify_tree
+from tests import tiny_models as tm
+from tests.test_sampling import PROMPT as SPROMPT
+from tests.test_sampling import small  # noqa: F401  (fixture)
+from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
+
+T = torch.tensor
+
+
+def echo_glide(target, cross: float = 0.3, layers: int = 1, seed: int = 0) -> GlideForCausalLM:
+    """A GLIDE sharing the target's embeddings and head whose self-attention and MLP write nothing: it
+    predicts ``head(norm(embed(x) + cross-attention))``, close to the tiny targets (whose blocks write
+    little), so drafts are often but not always accepted; ``cross`` scales the glimpse's output."""
+    torch.manual_seed(seed)
+    g = GlideForCausalLM(GlideConfig.from_target(target, share_target_embeddings=True, num_hidden_layers=layers,
+                                                 intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                                 initializer_range=0.3)).eval()
+    with torch.no_grad():
+        for layer in g.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+            layer.cross_attn.o_proj.weight.mul_(cross)
+    return g.tie_to_target(target)
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return {"llama": tm.llama_target(), "gemma3": tm.gemma3_target()}
+
+
+# -- CAPE on hand-made inputs (Section 4.2, Algorithms 1-2) ---------------------------------------------
+def test_expansion_sizes_golden():
+    s = CapeSettings()
+    p = T([0.05, 0.3, 0.3001, 0.6, 0.61, 0.8, 0.8001, 1.0])
+    assert s.expansion_sizes(p).tolist() == [7, 7, 5, 5, 3, 3, 1, 1]         # (0,.3] (.3,.6] (.6,.8] (.8,1]
+    custom = CapeSettings(sizes=(4, 0), thresholds=(0.5,))
+    assert custom.expansion_sizes(T([0.2, 0.5, 0.9])).tolist() == [4, 4, 0]
+    for bad in (dict(sizes=(1, 2)), dict(sizes=(3, 2, 1, -1)), dict(thresholds=(0.6, 0.3, 0.8)),
+                dict(thresholds=(0.0, 0.5, 0.8)), dict(max_nodes=0)):
+        with pytest.raises(ValueError):
+            CapeSettings(**bad)
+
+
+def test_expansion_sets_golden():
+    probs = T([[0.05, 0.50, 0.10, 0.20, 0.15],       # main 1 (p=.5 -> K=5, only 4 others exist)
+               [0.02, 0.03, 0.90, 0.04, 0.01],       # main 2 (p=.9 -> K=1)
+               [0.30, 0.25, 0.20, 0.15, 0.10]])      # main 0 (p=.3 -> K=7 -> 4)
+    main = probs.argmax(-1)
+    sizes = CapeSettings().expansion_sizes(probs.max(-1).values)
+    assert sizes.tolist() == [5, 1, 7]
+    sets = expansion_sets(probs, main, sizes)
+    assert [x.tolist() for x in sets] == [[3, 4, 2, 0], [3], [1, 2, 3, 4]]
+    # The main token is excluded even when it is not the row's argmax; K = 0 gives an empty set.
+    assert [x.tolist() for x in expansion_sets(probs, T([3, 2, 0]), T([2, 0, 1]))] == [[1, 4], [], [1]]
+    assert [x.tolist() for x in cap_expansions(sets, 3, 8)] == [[3, 4, 2, 0], [3], []]
+    assert [x.tolist() for x in cap_expansions(sets, 3, 6)] == [[3, 4, 2], [], []]
+    assert cap_expansions(sets, 3, None) == sets
+
+
+def test_cape_verification_input_golden():
+    """Algorithms 1-2 on a hand-made proposal: main path [a b c] (draft ids 1 2 3, target id = draft id + 20)
+    with S(p) = 2 / 0 / 1 for p in (0,.5] (.5,.8] (.8,1]: X_0 = {d e}, X_1 = {}, X_2 = {f}. The verified
+    input is the root (the last verified token) followed by the linearized proposal."""
+    probs = T([[0.05, 0.40, 0.10, 0.05, 0.25, 0.15],      # main 1, p=.40 -> K=2: 4, 5
+               [0.10, 0.05, 0.70, 0.05, 0.05, 0.05],      # main 2, p=.70 -> K=0
+               [0.05, 0.03, 0.04, 0.85, 0.01, 0.02]])     # main 3, p=.85 -> K=1: 0
+    settings = CapeSettings(sizes=(2, 0, 1), thresholds=(0.5, 0.8))
+    tree, sets = expanded_proposal(probs, T([1, 2, 3]), settings, lambda x: x + 20)
+    a, b, c, d, e, f = 21, 22, 23, 24, 25, 20
+    assert [x.tolist() for x in sets] == [[d, e], [], [f]]
+    assert tree.tokens.tolist() == [a, b, c, d, e, f]                      # input: main, then X_0, X_1, X_2
+    assert tree.parents.tolist() == [-1, 0, 1, -1, -1, 1]
+    assert tree.position_offsets().tolist() == [0, 1, 2, 0, 0, 2]          # input_pi
+    P = 4                                                                  # verified tokens before the root
+    full = tree.with_root(T(99))
+    assert full.tokens.tolist() == [99, a, b, c, d, e, f]
+    assert tree_position_ids(P, full).tolist() == [[4, 5, 6, 7, 5, 5, 7]]
+    rows = ["1111" "1......",    # root
+            "1111" "11.....",    # a
+            "1111" "111....",    # b
+            "1111" "1111...",    # c
+            "1111" "1...1..",    # d: the root and itself (Mask_CAPE: j <= gamma and pos(i) > j, or i = j)
+            "1111" "1....1.",    # e
+            "1111" "111...1"]    # f: a and b (main tokens before its position), itself
+    golden = torch.tensor([[0.0 if ch == "1" else torch.finfo(torch.float32).min for ch in r] for r in rows])
+    assert torch.equal(tree_attention_mask(P, full)[0, 0], golden)
+    chain, none = expanded_proposal(probs, T([1, 2, 3]), None, lambda x: x + 20)
+    assert chain.tokens.tolist() == [a, b, c] and chain.parents.tolist() == [-1, 0, 1] and none == []
+    capped, _ = expanded_proposal(probs, T([1, 2, 3]), CapeSettings((2, 0, 1), (0.5, 0.8), max_nodes=4),
+                                  lambda x: x + 20)
+    assert capped.tokens.tolist() == [a, b, c, d] and capped.parents.tolist() == [-1, 0, 1, -1]
+    paper, _ = expanded_proposal(probs, T([1, 2, 3]), CapeSettings())       # 7/5/3/1: K = 5 (all), 3, 1
+    assert paper.num_nodes == 3 + 5 + 3 + 1
+
+
+def test_cape_tree_forward_equals_per_branch_forwards(targets):
+    model = targets["gemma3"]                                              # sliding window 8 < prefix + depth
+    prefix = T([1, 5, 9, 13, 17, 21, 25, 29, 33, 37])
+    probs = torch.linspace(1, 2, 96).repeat(4, 1).softmax(-1)             # flat: K = 7 everywhere
+    tree, _ = expanded_proposal(probs, T([40, 41, 42, 43]), CapeSettings())
+    assert tree.num_nodes == 4 + 4 * 7
+    with torch.no_grad():
+        cache = DynamicCache()
+        model(input_ids=prefix[None, :-1], past_key_values=cache, use_cache=True)
+        logits = verify_tree(model, cache, prefix.shape[0] - 1, tree, prefix[-1])
+        for path in tree.paths():
+            ref = model(input_ids=torch.cat([prefix, tree.tokens[path]])[None]).logits[0, prefix.shape[0] - 1:]
+            torch.testing.assert_close(logits[[0] + [i + 1 for i in path]], ref, rtol=1e-4, atol=1e-4)
+
+
+# -- greedy parity ------------------------------------------------------------------------------------
+CASES = [("llama", 0.0, 1), ("gemma3", 0.3, 1), ("gemma3", 0.3, 2)]
+
+
+@pytest.mark.parametrize("name,cross,layers", CASES)
+@pytest.mark.parametrize("cape", [False, True])
+def test_greedy_parity(targets, name, cross, layers, cape):
+    target = targets[name]
+    a = GlideAssistant(echo_glide(target, cross, layers), cape=cape, fast_head=False)
+    accepted = rejected = expansions = 0
+    for prompt in (ids(1, 5, 9), ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39)):
+        expected = target.generate(prompt, do_sample=False, max_new_tokens=32)
+        got = target.generate(prompt, do_sample=False, max_new_tokens=32, assistant_model=a)
+        assert got.tolist() == expected.tolist()
+        s = a.last_stats
+        assert isinstance(s, GlideStats) and s.new_tokens == got.shape[1] - prompt.shape[1]
+        accepted += sum(s.accepted_per_call)
+        rejected += sum(d > m for d, m in zip(s.main_lengths, s.main_accepted))
+        expansions += s.expansion_accepted
+        assert all(m <= 5 for m in s.main_lengths) and len(s.main_lengths) == len(s.main_accepted)
+        drafted = [n for n in s.tree_sizes if n]                           # the last step may have no budget
+        assert len(drafted) == len(s.main_lengths) == s.target_calls - s.skipped_drafts
+        if cape:
+            assert all(n == m + sum(x) for n, m, x in zip(drafted, s.main_lengths, s.expansion_sizes))
+        else:
+            assert drafted == s.main_lengths and s.expansion_accepted == 0
+    assert accepted > 0 and rejected > 0                                   # speculation, with rejections
+    assert (expansions > 0) == cape
+
+
+@pytest.mark.parametrize("cape", [False, True])
+def test_greedy_parity_eos_and_max_length_cuts(targets, cape):
+    target = targets["gemma3"]
+    a = GlideAssistant(echo_glide(target, 0.3), cape=cape, fast_head=False)
+    prompt = ids(1, 5, 9)
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0, 3:].tolist()
+    eos = next(t for t in plain[8:] if t not in plain[:8])                 # first appears after 8 new tokens
+    for kw in ({"eos_token_id": eos, "max_new_tokens": 40}, {"max_new_tokens": 7}, {"max_new_tokens": 1},
+               {"eos_token_id": [eos, 3], "max_new_tokens": 40}):
+        expected = target.generate(prompt, do_sample=False, **kw)
+        got = target.generate(prompt, do_sample=False, assistant_model=a, **kw)
+        assert got.tolist() == expected.tolist(), kw
+        if "eos_token_id" in kw:
+            assert got[0, -1] == eos and got.shape[1] < 3 + 40
+
+
+# -- the glimpse and the draft cache -----------------------------------------------------------------------
+class Spy(GlideDrafter):
+    """Checks at every step: the draft reads the target cache's own tensors (no copy) holding ``L - 1``
+    positions (the KV cache delay), and its incremental first forward equals a from-scratch forward."""
+
+    steps = 0
+
+    def draft_tree(self, seq, state):
+        kv = self.glide.target_kv(state.cache) if state.cache.get_seq_length() else None
+        seen = []
+        forward = self.glide.forward
+
+        def spy(*args, **kw):
+            seen.append(kw.get("target_key_values"))
+            return forward(*args, **kw)
+
+        self.glide.forward = spy
+        try:
+            tree, probs = super().draft_tree(seq, state)
+        finally:
+            del self.glide.forward
+        if kv is not None and seen:
+            layer = self.glide.config.target_layer_ids[0]
+            assert all(s[0][0] is state.cache.layers[layer].keys for s in seen)       # no copy
+            assert all(s[0][0].shape[-2] == seq.shape[0] - 1 for s in seen)           # everything but the root
+        if seen:
+            fresh = self.glide(seq[None], target_key_values=kv, full_vocab=False).logits[0, -1].softmax(-1)
+            assert int(tree.tokens[0]) == int(fresh.argmax())                          # shared vocabulary
+            assert self.record.confidences[-1][0] == pytest.approx(float(fresh.max()), abs=1e-4)
+            assert self.cache.get_seq_length() == seq.shape[0] + self.record.main_lengths[-1] - 1
+        Spy.steps += 1
+        return tree, probs
+
+
+def test_glimpse_without_copy_and_cache_rollback(targets, monkeypatch):
+    target = targets["gemma3"]
+    monkeypatch.setattr("hf_cascade.glide.assistant.GlideDrafter", Spy)
+    a = GlideAssistant(echo_glide(target, 0.3), cape=True, fast_head=False)
+    prompt = ids(1, 5, 9, 13)
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=30)
+    Spy.steps = 0
+    got = target.generate(prompt, do_sample=False, max_new_tokens=30, assistant_model=a)
+    assert got.tolist() == expected.tolist() and Spy.steps == a.last_stats.target_calls > 3
+    assert sum(a.last_stats.accepted_per_call) > 0
+
+
+def test_state_does_not_leak_across_calls(targets):
+    target = targets["gemma3"]
+    g = echo_glide(target, 0.3)
+    a = GlideAssistant(g, cape=True, fast_head=False)
+    first, second = ids(1, 30, 31, 32, 33), ids(1, 5, 9)
+    target.generate(first, do_sample=False, max_new_tokens=25, assistant_model=a)
+    got = target.generate(second, do_sample=False, max_new_tokens=25, assistant_model=a)
+    fresh = GlideAssistant(g, cape=True, fast_head=False)
+    ref = target.generate(second, do_sample=False, max_new_tokens=25, assistant_model=fresh)
+    assert got.tolist() == ref.tolist() == target.generate(second, do_sample=False, max_new_tokens=25).tolist()
+    s, r = a.last_stats.to_dict(), fresh.last_stats.to_dict()
+    for key in ("tree_sizes", "accepted_per_call", "main_lengths", "expansion_sizes", "draft_forwards", "draft_tokens"):
+        assert s[key] == r[key], key
+
+
+def test_stats_as_data(targets):
+    target = targets["gemma3"]
+    a = GlideAssistant(echo_glide(target, 0.3), cape=True, draft_length=3, max_tree_nodes=12, fast_head=False)
+    target.generate(ids(1, 5, 9), do_sample=False, max_new_tokens=30, assistant_model=a)
+    s = a.last_stats
+    assert max(s.tree_sizes) <= 12 and max(s.main_lengths) <= 3
+    assert all(0 < c <= 1 for step in s.confidences for c in step)
+    assert s.draft_forwards == sum(s.main_lengths) and s.draft_forward_cost > 0 and s.draft_cost_ratio > 0
+    d = s.to_dict()
+    assert {"draft_forward_cost", "expansion_sizes", "main_accepted", "tokens_per_target_call"} <= set(d)
+    assert s.levels[-1].name == "glide+cape" and s.levels[-1].forward_calls == s.draft_forwards
+
+
+# -- errors ------------------------------------------------------------------------------------------------
+def test_errors(targets, small):
+    g = echo_glide(targets["llama"], 0.0)
+    with pytest.raises(ValueError, match="vocabulary"):                   # built for V=96, target has 16
+        small["target"].generate(SPROMPT, max_new_tokens=3, assistant_model=GlideAssistant(g))
+    other = tm.llama(layers=2, hidden=48, seed=5)                         # head size 12, not 8
+    with pytest.raises(ValueError, match="heads of size 12"):
+        other.generate(ids(1, 5), max_new_tokens=3, assistant_model=GlideAssistant(g))
+    deeper = tm.llama(layers=3, seed=5)                                   # same geometry, 3 layers instead of 2
+    with pytest.raises(ValueError, match="layers"):
+        deeper.generate(ids(1, 5), max_new_tokens=3, assistant_model=GlideAssistant(g))
+    with pytest.raises(TypeError, match="GlideForCausalLM"):
+        GlideAssistant(targets["llama"])
+    with pytest.raises(ValueError, match="draft_length"):
+        GlideAssistant(g, draft_length=0)
+    with pytest.raises(ValueError, match="thresholds"):
+        GlideAssistant(g, cape_sizes=(3, 1), cape_thresholds=(1.5,))

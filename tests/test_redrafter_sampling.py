@@ -1,0 +1,71 @@
+"""ReDrafter under sampling is lossless: beam search is a deterministic function of the context, so
+its trees (packed, or flat with duplicated siblings) are verified as point-mass drafts
+(``draft_probs=None``); checked with the statistical tests of test_sampling.py (per-step calibration
+over long generations, joint distribution of the first two tokens) and a chi-square test of
+``sampling_tree_accept`` on a flat beam tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_cascade import ReDrafterAssistant
+from hf_cascade.redrafter import flat_tree
+from hf_cascade.tree import sampling_tree_accept
+from tests.redrafter_helpers import fit_head
+from tests.test_sampling import PROMPT, calibration, joint_test, passes, run_long, small  # noqa: F401  (fixture)
+from tests.test_tree import V, _check_exact, _targets, _two_tokens
+from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
+
+T = torch.tensor
+
+
+def test_sampling_tree_accept_on_flat_beams_is_exact():
+    """Flat beams repeat their first tokens as siblings (and a whole beam twice): still exact."""
+    p0, p_next = _targets()
+    beams = T([[1, 2], [1, 4], [3, 0], [1, 2]])
+    tree = flat_tree(beams)
+    target = torch.cat([p0[None], p_next[tree.tokens]])                          # [n + 1, V]
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(V, V)
+    lengths = torch.zeros(3)
+    for _ in range(6000):
+        acc = sampling_tree_accept(tree, target, None, generator=g)
+        x1, x2 = _two_tokens(tree, acc, p_next, g)
+        counts[x1, x2] += 1
+        lengths[len(acc.path)] += 1
+    assert (lengths > 0).all()
+    _check_exact(counts, p0, p_next)
+
+
+@pytest.fixture(scope="module")
+def head(small):
+    return fit_head(small["target"], "small", steps=60, L=3)
+
+
+SAMPLING = {
+    "packed": (dict(beam_width=3, beam_length=3), {}),
+    "flat": (dict(beam_width=3, beam_length=3, dedupe=False), {}),
+    "packed_temp_topk": (dict(beam_width=4, beam_length=2), {"temperature": 1.5, "top_k": 6}),
+    "wide_temp": (dict(beam_width=6, beam_length=4), {"temperature": 0.7}),
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLING))
+def test_per_step_calibration(small, head, name):
+    settings, kw = SAMPLING[name]
+    assistant = ReDrafterAssistant(head, fast_head=False, **settings)
+    seqs = run_long(small["target"], assistant, 8, 100, 0, **kw)
+    stats = calibration(small["target"], None, seqs, PROMPT.shape[1], kw.get("temperature", 1.0), kw.get("top_k"))
+    assert stats["n"] == 8 * 100
+    assert passes(stats), stats
+    st = assistant.last_stats
+    assert 0 < sum(st.accepted_per_call) < sum(st.tree_depths)                 # speculation, with rejections
+
+
+def test_first_two_tokens_joint_distribution(small, head):
+    chi2, limit, tv = joint_test(small["target"], ReDrafterAssistant(head, 4, 3), runs=600, seed=300)
+    assert chi2 < limit, (chi2, limit, tv)
+    chi2, limit, tv = joint_test(small["target"], ReDrafterAssistant(head, 3, 2, dedupe=False), runs=600, seed=900,
+                                 temperature=1.3)
+    assert chi2 < limit, (chi2, limit, tv)
