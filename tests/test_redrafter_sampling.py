@@ -11,10 +11,9 @@ import torch
 
 from hf_cascade import ReDrafterAssistant
 from hf_cascade.redrafter import flat_tree
-from hf_cascade.tree import sampling_tree_accept
 from tests.redrafter_helpers import fit_head
 from tests.test_sampling import PROMPT, calibration, joint_test, passes, run_long, small  # noqa: F401  (fixture)
-from tests.test_tree import V, _check_exact, _targets, _two_tokens
+from tests.test_tree import assert_deterministic_tree_exact
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 T = torch.tensor
@@ -22,20 +21,7 @@ T = torch.tensor
 
 def test_sampling_tree_accept_on_flat_beams_is_exact():
     """Flat beams repeat their first tokens as siblings (and a whole beam twice): still exact."""
-    p0, p_next = _targets()
-    beams = T([[1, 2], [1, 4], [3, 0], [1, 2]])
-    tree = flat_tree(beams)
-    target = torch.cat([p0[None], p_next[tree.tokens]])                          # [n + 1, V]
-    g = torch.Generator().manual_seed(0)
-    counts = torch.zeros(V, V)
-    lengths = torch.zeros(3)
-    for _ in range(6000):
-        acc = sampling_tree_accept(tree, target, None, generator=g)
-        x1, x2 = _two_tokens(tree, acc, p_next, g)
-        counts[x1, x2] += 1
-        lengths[len(acc.path)] += 1
-    assert (lengths > 0).all()
-    _check_exact(counts, p0, p_next)
+    assert_deterministic_tree_exact(flat_tree(T([[1, 2], [1, 4], [3, 0], [1, 2]])))
 
 
 @pytest.fixture(scope="module")

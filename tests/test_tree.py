@@ -240,15 +240,20 @@ def _check_exact(counts: torch.Tensor, p0: torch.Tensor, p_next: torch.Tensor) -
 
 
 def test_sampling_tree_accept_deterministic_children_is_exact():
-    p0, p_next = _targets()
     # Root children 1, 3 and a duplicate 1 (top-k/beam style: fixed by the context); node 0 has
     # children 2 and 4, node 1 has child 3.
-    tree = TokenTree(T([1, 3, 1, 2, 4, 3]), T([-1, -1, -1, 0, 0, 1]))
+    assert_deterministic_tree_exact(TokenTree(T([1, 3, 1, 2, 4, 3]), T([-1, -1, -1, 0, 0, 1])))
+
+
+def assert_deterministic_tree_exact(tree: TokenTree, draws: int = 6000) -> None:
+    """Sampling acceptance of a deterministic depth-2 ``tree`` (``draft_probs=None``) emits its first two
+    tokens with the target's joint distribution, and every accepted depth (0, 1, 2) happens."""
+    p0, p_next = _targets()
     target = torch.cat([p0[None], p_next[tree.tokens]])                       # [n + 1, V]
     g = torch.Generator().manual_seed(0)
     counts = torch.zeros(V, V)
     lengths = torch.zeros(3)
-    for _ in range(6000):
+    for _ in range(draws):
         acc = sampling_tree_accept(tree, target, None, generator=g)
         x1, x2 = _two_tokens(tree, acc, p_next, g)
         counts[x1, x2] += 1
