@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import pipeline
 
 from hf_cascade import DynamicWindowAssistant, DynamicWindowStats, MaxGram
 from hf_cascade.hsddw import DynamicWindowCandidateGenerator, entropy
 from hf_cascade.verify import output_distribution
 from tests import tiny_models as tm
-from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, assert_parity, m, ours, plain  # noqa: F401  (m: fixture)
+from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, Collect, assert_parity, m, ours, plain  # noqa: F401  (m: fixture)
 from tests.test_sampling import PROMPT, _lying_q, calibration, joint_test, passes, processed_probs, run_long, small  # noqa: F401
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
@@ -159,6 +160,25 @@ def _comparable(stats) -> dict:
     d = stats.to_dict()
     d.pop("phase_seconds")
     return d
+
+
+@pytest.mark.parametrize("config", ["sd", "hsddw"])
+def test_pipeline_and_streaming(m, config):
+    """Algorithms 1 and 2 through ``pipeline("text-generation")`` and with a streamer, like the cascade."""
+    target, tok = m["target"], tm.word_tokenizer()
+    text = "w5 w6 w7 w5 w6 w7 w5 w6"
+    kw = dict(max_new_tokens=20, do_sample=False)
+    expected = pipeline("text-generation", model=target, tokenizer=tok)(text, **kw)[0]["generated_text"]
+    assistant = DynamicWindowAssistant(m["trunc"], verifier_model=m["noisy"] if config == "hsddw" else None)
+    pipe = pipeline("text-generation", model=target, tokenizer=tok)
+    assert pipe(text, assistant_model=assistant, **kw)[0]["generated_text"] == expected
+    assert assistant.last_stats is not None and assistant.last_stats.new_tokens == 20
+    ref, got = Collect(), Collect()
+    expected_ids = plain(target, REPETITIVE, streamer=ref)
+    out = ours(target, REPETITIVE, assistant, streamer=got)
+    assert out.tolist() == expected_ids.tolist()
+    flat = [t for chunk in got.chunks for t in chunk]
+    assert flat == [t for chunk in ref.chunks for t in chunk] and got.ended == 1
 
 
 def test_reuse_without_state_leaks(m):
