@@ -1,0 +1,64 @@
+"""``hf-cascade train vanilla|glide|redrafter`` from the command line: bad arguments fail before the
+(slow) target load, and every head trains end to end on the tiny target and store of test_training.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_cascade.cli import main
+from tests.test_training import distilled, target  # noqa: F401  (fixtures: tiny Llama target + its store)
+from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
+
+
+# -- the command line ----------------------------------------------------------------------------
+@pytest.fixture
+def no_target_load(monkeypatch):
+    """Fail the test if the CLI tries to load a target (it must reject bad arguments first)."""
+    import hf_cascade.bench.loading as loading
+
+    def load_model(spec):
+        pytest.fail(f"the target ({spec}) was loaded before the arguments were validated")
+
+    monkeypatch.setattr(loading, "load_model", load_model)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "glide", "--preset", "huge"], "unknown glide preset 'huge'"),
+    (["train", "redrafter", "--preset", "m"], "unknown redrafter preset 'm'"),
+    (["train", "redrafter", "--no-cross-attention"], "--no-cross-attention applies to `train glide` only"),
+])
+def test_cli_train_rejects_bad_arguments_before_loading_the_target(argv, message, tmp_path, capsys, no_target_load):
+    assert main([*argv, "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "hf-cascade train: error:" in err and message in err
+
+
+@pytest.mark.parametrize("head, flags, expected", [
+    ("glide", [], {"model_type": "hf_cascade_glide", "cross_attention": True}),
+    ("glide", ["--no-cross-attention"], {"model_type": "hf_cascade_glide", "cross_attention": False}),
+    ("redrafter", ["--preset", "xs"], {"model_type": "hf_cascade_redrafter"}),
+])
+def test_cli_trains_every_head(head, flags, expected, distilled, target, tmp_path, monkeypatch):
+    """``hf-cascade train glide|redrafter`` end to end on the tiny target (loaded through the patched loader)."""
+    import hf_cascade.bench.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", lambda spec: (target, None))
+    out = tmp_path / head
+    argv = ["train", head, *flags, "--data", str(distilled[2].out), "--out", str(out), "--steps", "2",
+            "--batch-size", "2", "--max-len", "48", "--eval-every", "2", "--eval-records", "2", "--draft-vocab", "64",
+            "--no-progress"]
+    assert main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert {k: config.get(k) for k in expected} == expected and config["auto_map"]
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["config"]["steps"] == 2 and state["best"] is not None
+
+
+def test_cli_train_vanilla_missing_data_fails_before_loading_the_target(tmp_path, capsys, no_target_load):
+    missing = tmp_path / "nope"
+    assert main(["train", "vanilla", "--data", str(missing), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "hf-cascade train: error:" in err and str(missing) in err and "no meta.json" in err
+    assert not (tmp_path / "o").exists()
