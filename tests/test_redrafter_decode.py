@@ -184,11 +184,12 @@ def test_packed_and_flat_trees_accept_the_same_tokens(m):
 
 
 def test_no_extra_target_forward(m):
-    """The head drafts from the hidden state the previous target pass left: prefill + one forward per step."""
+    """The head drafts from the hidden state the previous target pass left: prefill + one forward per
+    step (counted on the target's decoder, which verification calls without the output head)."""
     target = m["target"]
     a = ReDrafterAssistant(m["head"], 4, 4)
     calls = []
-    handle = target.register_forward_hook(lambda mod, args, out: calls.append(1))
+    handle = target.get_decoder().register_forward_hook(lambda mod, args, out: calls.append(1))
     try:
         got = ours(target, REPETITIVE, a)
     finally:

@@ -11,8 +11,9 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, pipeline
 
 from hf_cascade import CascadeAssistant, LossyLenientTarget, MaxGram
-from hf_cascade.tree import TokenTree
-from hf_cascade.tree.decode import process_tree_logits, prune_tree
+from hf_cascade.tree import TokenTree, greedy_tree_accept
+from hf_cascade.tree.decode import prune_tree
+from hf_cascade.tree.rows import TreeRows
 from hf_cascade.tree.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
 from hf_cascade.tree.strategy import TreeAssistant, TreeDrafter, TreeStats
 from tests import tiny_models as tm
@@ -124,8 +125,46 @@ def test_logits_processors(m, name):
     assert_parity(target, REPETITIVE, Using(lambda: Oracle(expected)), **kw)
 
 
-def test_process_tree_logits_sees_each_ancestor_path():
-    """Row i + 1 is processed with seq + the path to node i (a recording processor)."""
+def test_output_head_runs_only_on_the_rows_acceptance_reads(m):
+    """Verification runs the decoder on every node, the output head on the walked rows only."""
+    stats = assert_parity(m["target"], BRANCHING, MaxGramTreeAssistant(), max_new_tokens=60)
+    verified = [n + 1 for n in stats.tree_sizes]
+    assert all(1 <= r <= v for r, v in zip(stats.head_rows, verified))
+    assert sum(stats.head_rows) < sum(verified)
+    assert stats.to_dict()["head_rows"] == stats.head_rows
+
+
+def test_output_head_reproduces_gemma_softcapping():
+    target = tm.gemma3(seed=3)
+    target.config.final_logit_softcapping = 0.5                       # strong: changes every distribution
+    stats = assert_parity(target, BRANCHING, MaxGramTreeAssistant(), max_new_tokens=40)
+    assert sum(stats.head_rows) < sum(n + 1 for n in stats.tree_sizes)
+    assert_parity(target, BRANCHING, MaxGramTreeAssistant(), max_new_tokens=40, repetition_penalty=1.5)
+
+
+def test_full_logits_when_the_head_is_not_reproduced():
+    """A target whose forward changes the head's logits: every row comes from its own forward."""
+
+    class ScaledLogits(type(tm.llama())):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 3 - 1
+            return out
+
+    target = tm.llama(seed=4)
+    target.__class__ = ScaledLogits
+    kw = dict(max_new_tokens=40, output_logits=True, return_dict_in_generate=True)
+    expected = target.generate(BRANCHING, do_sample=False, **kw)
+    a = MaxGramTreeAssistant()
+    got = ours(target, BRANCHING, a, **kw)
+    assert got.sequences.tolist() == expected.sequences.tolist()
+    assert a.last_stats.head_rows == [n + 1 for n in a.last_stats.tree_sizes]
+    for a, b in zip(got.logits, expected.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_tree_rows_process_each_row_with_its_ancestor_path():
+    """Row i + 1 is processed with seq + the path to node i (a recording processor), only when read."""
     seen = []
 
     class Record:
@@ -135,10 +174,50 @@ def test_process_tree_logits_sees_each_ancestor_path():
 
     tree = TokenTree(T([10, 11, 12, 13]), T([-1, 0, -1, 2]))
     raw = torch.zeros(5, 20)
-    out = process_tree_logits(LogitsProcessorList([Record()]), T([1, 2]), tree, raw)
+    rows = TreeRows(tree, T([1, 2]), LogitsProcessorList([Record()]), raw=raw)
+    assert [float(rows[r][0]) for r in (0, 1, 2, 3, 4)] == [2, 3, 4, 3, 4]
     assert seen == [[1, 2], [1, 2, 10], [1, 2, 10, 11], [1, 2, 12], [1, 2, 12, 13]]
-    assert out[:, 0].tolist() == [2, 3, 4, 3, 4]
-    assert process_tree_logits(LogitsProcessorList(), T([1]), tree, raw) is raw
+    rows[3]
+    assert len(seen) == 5                                      # processed once per row
+    assert torch.equal(TreeRows(tree, T([1]), LogitsProcessorList(), raw=raw)[2], raw[2])
+
+
+def test_tree_rows_compute_first_child_chains_only_when_read():
+    """Hidden rows become logits through the head in chains: a row, its first child, its first child..."""
+    #        root
+    #       /    \
+    #      0      2
+    #      |      |
+    #      1      3
+    tree = TokenTree(T([10, 11, 12, 13]), T([-1, 0, -1, 2]))
+    hidden = torch.arange(5.0)[:, None].repeat(1, 3)                    # row r: [r, r, r]
+    calls = []
+
+    def head(h):
+        calls.append(h[:, 0].tolist())
+        return torch.cat([h, -h], dim=-1)                              # [k, 6]
+
+    rows = TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden, head=head)
+    assert rows.rows_computed == 0
+    assert rows[0].tolist() == [0, 0, 0, 0, 0, 0]
+    assert calls == [[0, 1, 2]]                                       # root, node 0, node 1
+    assert rows[2][0] == 2 and rows.head_calls == 1
+    assert rows.raw(3)[1] == 3
+    assert calls == [[0, 1, 2], [3, 4]]                                 # node 2's chain: nodes 2, 3
+    assert rows.rows_computed == 5 and rows.head_calls == 2
+    with pytest.raises(ValueError, match="expected 5 rows"):
+        TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden[:4], head=head)
+
+
+def test_lazy_greedy_walk_reads_only_the_rows_it_reaches():
+    """Greedy acceptance on TreeRows computes the main path in one head call and nothing else."""
+    tree = TokenTree(T([1, 2, 3, 4, 5]), T([-1, 0, 1, -1, 3]))          # two chains: 1-2-3 and 4-5
+    best = [1, 2, 9, 0, 0, 0]                                            # root -> 1 -> 2, then bonus 9
+    logits = torch.nn.functional.one_hot(torch.tensor(best), 10).float()
+    rows = TreeRows(tree, T([7]), LogitsProcessorList(), hidden=logits, head=lambda h: h)
+    acc = greedy_tree_accept(tree, rows)
+    assert acc.path.tolist() == [0, 1] and acc.bonus == 9
+    assert rows.rows_computed == 4 and rows.head_calls == 1               # rows 0-3, not node 3/4's
 
 
 # -- non-first branches, cache and hidden state handed to the drafter -------------------------------------------

@@ -24,7 +24,13 @@ class TreeAcceptance(NamedTuple):
     bonus: int
 
 
-def _full_rows(tree: TokenTree, rows: torch.Tensor, node_rows: torch.Tensor | None, name: str) -> torch.Tensor:
+def _full_rows(tree: TokenTree, rows, node_rows: torch.Tensor | None, name: str):
+    """``rows`` as an indexable of ``n + 1`` rows (root first): a ``[n + 1, V]`` tensor (checked), or a
+    lazy :class:`~hf_cascade.tree.rows.TreeRows` (or its softmax view), passed through."""
+    if not isinstance(rows, torch.Tensor):
+        if node_rows is not None or len(rows) != tree.num_nodes + 1:
+            raise ValueError(f"{name} must hold n + 1 = {tree.num_nodes + 1} rows (root first), got {len(rows)}")
+        return rows
     if node_rows is not None:
         rows = torch.cat([rows.reshape(1, -1), node_rows.to(rows.device)], dim=0)
     if rows.ndim != 2 or rows.shape[0] != tree.num_nodes + 1:
@@ -32,33 +38,51 @@ def _full_rows(tree: TokenTree, rows: torch.Tensor, node_rows: torch.Tensor | No
     return rows
 
 
-def greedy_tree_accept(tree: TokenTree, logits: torch.Tensor, node_logits: torch.Tensor | None = None) -> TreeAcceptance:
+def _children(tree: TokenTree) -> list[list[int]]:
+    """Row ``r`` -> the node indices of its children, in node order (row 0: the root)."""
+    children: list[list[int]] = [[] for _ in range(tree.num_nodes + 1)]
+    for i, parent in enumerate(tree.parents.tolist()):
+        children[parent + 1].append(i)
+    return children
+
+
+def greedy_tree_accept(tree: TokenTree, logits, node_logits: torch.Tensor | None = None) -> TreeAcceptance:
     """Greedy tree verification (SpecInfer's greedy token tree verification, Miao et al., 2024, §4).
 
     Args:
         logits: ``[n + 1, V]`` (root row first), or the root's ``[V]`` when ``node_logits``
-            (``[n, V]``) is given.
+            (``[n, V]``) is given, or a lazy :class:`~hf_cascade.tree.rows.TreeRows`.
 
-    From the root, the target's argmax at the current node selects the child holding that token;
-    the walk stops when no child matches, and the bonus token is the argmax at the last accepted
-    node. Vectorized: node ``i`` *matches* iff ``tokens[i] == argmax(logits[parents[i] + 1])``; the
-    accepted path ends at the deepest node whose whole root path matches (lowest index among equally
-    deep ones, which only matters for duplicate siblings), so the output is exactly greedy decoding.
+    A walk from the root: the target's argmax at the current node selects the children holding
+    that token, and the walk descends into each of them (several only when sibling tokens repeat);
+    the accepted path is the deepest fully matching one (lowest last-node index among equally deep
+    ones) and the bonus token is the argmax at its end, so the output is exactly greedy decoding.
+    Only the rows of the nodes the walk reaches are read: with :class:`TreeRows` the others are
+    never computed.
     """
-    logits = _full_rows(tree, logits, node_logits, "logits")
-    best = logits.argmax(dim=-1)                                                   # [n + 1]
-    if tree.num_nodes == 0:
-        return TreeAcceptance(tree.tokens.new_zeros(0), int(best[0]))
-    tokens, parents = tree.tokens.to(best.device), tree.parents.to(best.device)
-    match = tokens == best[parents + 1]                                           # [n]
-    anc = tree.ancestor_mask().to(best.device)                                    # [n, n]
-    ok = ~(anc & ~match[None, :]).any(dim=-1)                                     # whole root path matches
-    if not bool(ok.any()):
-        return TreeAcceptance(tokens.new_zeros(0), int(best[0]))
-    score = torch.where(ok, tree.depth.to(best.device), torch.full_like(tree.depth.to(best.device), -1))
-    last = int(score.argmax())                                                    # first of the deepest
-    path = anc[last].nonzero().flatten()                                          # ancestors: parents precede children
-    return TreeAcceptance(path, int(best[last + 1]))
+    rows = _full_rows(tree, logits, node_logits, "logits")
+    tokens, children = tree.tokens.tolist(), _children(tree)
+    best: dict[int, int] = {}
+
+    def argmax(row: int) -> int:
+        if row not in best:
+            best[row] = int(rows[row].argmax())
+        return best[row]
+
+    accepted: list[int] = []
+    stack: list[list[int]] = [[]]                        # paths still to extend, depth first
+    while stack:
+        path = stack.pop()
+        row = path[-1] + 1 if path else 0
+        target = argmax(row)
+        for c in reversed(children[row]):                # pushed reversed: popped in node order
+            if tokens[c] == target:
+                longer = path + [c]
+                if len(longer) > len(accepted) or (len(longer) == len(accepted) and c < accepted[-1]):
+                    accepted = longer
+                stack.append(longer)
+    bonus = argmax(accepted[-1] + 1 if accepted else 0)
+    return TreeAcceptance(torch.tensor(accepted, dtype=torch.long), bonus)
 
 
 def sampling_tree_accept(
@@ -71,7 +95,9 @@ def sampling_tree_accept(
 
     Args:
         tree: the verified tree.
-        target_probs: ``[n + 1, V]`` the target's processed distributions (root row first).
+        target_probs: ``[n + 1, V]`` the target's processed distributions (root row first), or
+            the lazy :meth:`TreeRows.softmax() <hf_cascade.tree.rows.TreeRows.softmax>` view: only
+            the rows of the nodes the walk reaches are read.
         draft_probs: ``[n, V]``: row ``i`` is the distribution node ``i``'s token was drawn from
             (conditioned on its parent's path), or ``None`` when the children are *deterministic*
             (top-k expansions, beam search, CAPE: a function of the context, no randomness).
@@ -103,15 +129,12 @@ def sampling_tree_accept(
     if draft_probs is not None and tuple(draft_probs.shape[:1]) != (tree.num_nodes,):
         raise ValueError(f"draft_probs must be [n, V] = [{tree.num_nodes}, V], got {tuple(draft_probs.shape)}")
     target_probs = _full_rows(tree, target_probs, None, "target_probs")
-    device = target_probs.device
-    tokens = tree.tokens.tolist()
-    children: list[list[int]] = [[] for _ in range(tree.num_nodes + 1)]
-    for i, parent in enumerate(tree.parents.tolist()):
-        children[parent + 1].append(i)
+    tokens, children = tree.tokens.tolist(), _children(tree)
 
     path: list[int] = []
     row = 0                                   # node + 1 of the current node (0 = root)
     r = target_probs[0].float()
+    device = r.device
     while True:
         accepted = None
         for c in children[row]:

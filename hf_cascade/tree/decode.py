@@ -11,15 +11,20 @@ in place of transformers' ``_assisted_decoding`` (batch size 1).
 2. **Draft** a tree below ``seq[-1]`` (:meth:`TreeDrafter.draft_tree`, given a
    :class:`~hf_cascade.tree.strategy.TreeStep`), pruned to what can still be emitted: no node deeper
    than the length budget, nothing below an EOS node.
-3. **Verify** ``[root, nodes]`` in one target forward (:func:`~hf_cascade.tree.forward.verify_tree`:
-   4D tree mask, each node at its branch position). The output head's input is captured by a
-   forward pre-hook: the target's final hidden states, for the next :class:`TreeStep`, with no
-   extra forward and without ``output_hidden_states`` (which would keep every layer).
-4. **Accept** on *processed* logits: row ``r`` goes through the generation's ``LogitsProcessorList``
-   with ``input_ids`` = the sequence up to that row's node (``seq`` + the node's ancestor path +
-   the node), exactly what plain ``generate`` would pass if it had decoded that path
-   (:func:`process_tree_logits`). Greedy: :func:`greedy_tree_accept`; sampling:
-   :func:`sampling_tree_accept` on their softmax (recursive rejection sampling, lossless).
+3. **Verify** ``[root, nodes]`` in one target forward (4D tree mask, each node at its branch
+   position) through the target's decoder only
+   (:func:`~hf_cascade.tree.forward.verify_tree_hidden`): the final hidden states ``[n + 1, H]``,
+   which also give the next :class:`TreeStep` its hidden state at no extra forward. The output head
+   runs later, on the rows acceptance reads (:mod:`hf_cascade.tree.rows`). Step 1 checks that
+   :func:`~hf_cascade.tree.forward.output_head` reproduces the target's own logits; if it does
+   not (or the prompt has one token), the full forward :func:`~hf_cascade.tree.forward.verify_tree`
+   computes every row and a forward pre-hook on the head captures the hidden states.
+4. **Accept** on *processed* logits (:class:`~hf_cascade.tree.rows.TreeRows`): row ``r`` goes
+   through the generation's ``LogitsProcessorList`` with ``input_ids`` = the sequence up to that
+   row's node (``seq`` + the node's ancestor path + the node), exactly what plain ``generate``
+   would pass if it had decoded that path. Greedy: :func:`greedy_tree_accept`; sampling:
+   :func:`sampling_tree_accept` on their softmax (recursive rejection sampling, lossless). Both
+   walk from the root and read only the rows they reach.
 5. **Keep** the accepted path's K/V (:func:`~hf_cascade.tree.forward.keep_path`).
 6. **Emit** the accepted tokens and the target's bonus token one at a time, checking the stopping
    criteria (EOS, ``max_length``, custom ones) after each token as plain ``generate`` does, so the
@@ -29,13 +34,10 @@ in place of transformers' ``_assisted_decoding`` (batch size 1).
 Returns what transformers returns: the ``[1, L']`` sequences, or a ``GenerateDecoderOnlyOutput``
 (``sequences``, ``scores``, ``logits``, ``past_key_values``) when ``return_dict_in_generate``.
 
-Cost of step 4: ``n + 1`` calls of the processor list per step (``n`` tree nodes) instead of
-``k + 1`` for a linear draft of ``k`` tokens, each on a sequence of length ``L + depth + 1``.
-Sequence-independent processors (temperature, top-k/p) cost what they cost in plain decoding per row;
-sequence-dependent ones scale with the sequence: repetition penalty gathers ``L`` entries per row,
-no-repeat-ngram scans the whole sequence in Python per row, so a 20-node tree makes them 20x as
-expensive per step. Without processors (plain greedy) nothing is done. Processing only the rows the
-acceptance walk visits would be cheaper, but both acceptance functions take every row.
+Cost of steps 3-4: the transformer layers run on all ``n + 1`` tokens; the output head and the
+logits processors only on the rows the acceptance walk reads (about ``accepted + 2``, in one or two
+head calls; ``TreeStats.head_rows`` records them per step), each processor call on a sequence of
+length ``L + depth + 1``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..processors import DraftAwareProcessor
 from ..stats import PhaseTimer
 from .accept import greedy_tree_accept, sampling_tree_accept
-from .forward import keep_path, verify_tree
+from .forward import keep_path, output_head, verify_tree, verify_tree_hidden
+from .rows import TreeRows
 from .strategy import TreeDrafter, TreeStats, TreeStep
 from .structure import TokenTree
 
@@ -82,7 +85,7 @@ def tree_decode(
     with heads:
         # 1. Prefill everything but the root.
         with timer("prefill"):
-            last_hidden = _prefill(target, cache, seq[:-1], heads)
+            last_hidden, head = _prefill(target, cache, seq[:-1], heads)
         while not done:
             L = seq.shape[0]
             state = TreeStep(seq, cache, last_hidden, budget=max(cfg.max_length - L - 1, 0), step=step)
@@ -92,19 +95,23 @@ def tree_decode(
                 tree, draft_probs = prune_tree(tree, draft_probs, state.budget, stop_ids)
             # 3. Verify: one forward over [root, nodes]; hidden[r] is the head input of row r.
             with timer("verify"):
-                raw = verify_tree(target, cache, L - 1, tree, seq[-1]).float()       # [n + 1, V]
-                hidden = heads.rows()                                                # [n + 1, H] or None
-            # 4. Accept, on logits processed with each row's own ancestor path.
-            with timer("accept"):
-                processed = process_tree_logits(processors, seq, tree, raw)
-                if cfg.do_sample:
-                    acceptance = sampling_tree_accept(tree, processed.softmax(dim=-1), draft_probs)
+                if head is not None:
+                    hidden = verify_tree_hidden(target, cache, L - 1, tree, seq[-1])      # [n + 1, H]
+                    rows = TreeRows(tree, seq, processors, hidden=hidden, head=head)
                 else:
-                    acceptance = greedy_tree_accept(tree, processed)
+                    raw = verify_tree(target, cache, L - 1, tree, seq[-1])                 # [n + 1, V]
+                    hidden = heads.rows()                                                # [n + 1, H] or None
+                    rows = TreeRows(tree, seq, processors, raw=raw)
+            # 4. Accept, on logits processed with each row's own ancestor path (read lazily).
+            with timer("accept"):
+                if cfg.do_sample:
+                    acceptance = sampling_tree_accept(tree, rows.softmax(), draft_probs)
+                else:
+                    acceptance = greedy_tree_accept(tree, rows)
             # 5. Keep the accepted path's K/V: the cache now holds seq[:-1] + root + path.
             path = acceptance.path.to(seq.device)
             keep_path(cache, L - 1, path)
-            rows = torch.cat([path.new_zeros(1), path + 1])                 # row that produced each new token
+            src = torch.cat([path.new_zeros(1), path + 1]).tolist()        # row that produced each new token
             new = torch.cat([tree.tokens.to(seq.device)[path], seq.new_tensor([acceptance.bonus])])
             # 6. Emit token by token, stopping exactly where plain generate() would.
             emitted = 0
@@ -112,9 +119,9 @@ def tree_decode(
                 seq = torch.cat([seq, new[j : j + 1]])
                 emitted += 1
                 if scores is not None:
-                    scores += (processed[rows[j]][None],)
+                    scores += (rows[src[j]][None],)
                 if raw_logits is not None:
-                    raw_logits += (raw[rows[j]][None],)
+                    raw_logits += (rows.raw(src[j])[None],)
                 if _should_stop(seq, scores, stopping_criteria, cfg.max_length, stop_ids):
                     done = True
                     break
@@ -122,8 +129,8 @@ def tree_decode(
                 cache.crop(-(new.shape[0] - emitted))                   # a cut path: keep what was emitted
             if streamer is not None:
                 streamer.put(new[None, :emitted].cpu())
-            last_hidden = hidden[rows[emitted - 1]] if hidden is not None else None
-            stats.record_tree_step(tree, acceptance, emitted)
+            last_hidden = hidden[src[emitted - 1]] if hidden is not None else None
+            stats.record_tree_step(tree, acceptance, emitted, rows.rows_computed)
             step += 1
             drafter.on_accept(tree, acceptance, TreeStep(seq, cache, last_hidden, max(cfg.max_length - seq.shape[0] - 1, 0), step))
     if streamer is not None:
@@ -135,14 +142,21 @@ def tree_decode(
 
 # -- the steps' helpers -------------------------------------------------------------------------
 
-def _prefill(target: PreTrainedModel, cache: DynamicCache, tokens: torch.Tensor, heads: "_HeadInput") -> torch.Tensor | None:
-    """Run ``tokens`` (``[L - 1]``) into ``cache``; the hidden state of the last one (or ``None``)."""
+def _prefill(target: PreTrainedModel, cache: DynamicCache, tokens: torch.Tensor, heads: "_HeadInput"):
+    """Run ``tokens`` (``[L - 1]``) into ``cache``. Returns the hidden state of the last one (or
+    ``None``) and :func:`~hf_cascade.tree.forward.output_head` if it reproduces the target's logits
+    of that token (else ``None``: verification then computes every row with the full model)."""
     if tokens.numel() == 0:
-        return None
+        return None, None
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(target.forward).parameters else {}
-    target(input_ids=tokens[None], past_key_values=cache, use_cache=True, **kwargs)
+    logits = target(input_ids=tokens[None], past_key_values=cache, use_cache=True, **kwargs).logits[0, -1]
     hidden = heads.rows()
-    return hidden[-1] if hidden is not None else None
+    if hidden is None:
+        return None, None
+    head = output_head(target)
+    if head is not None and not torch.allclose(head(hidden[-1:])[0].float(), logits.float(), rtol=1e-4, atol=1e-4):
+        head = None
+    return hidden[-1], head
 
 
 def prune_tree(
@@ -170,25 +184,6 @@ def prune_tree(
     parents = torch.where(parents >= 0, new_index[parents.clamp_min(0)], parents)
     pruned = TokenTree(tree.tokens[keep], parents)
     return pruned, (draft_probs[keep.to(draft_probs.device)] if draft_probs is not None else None)
-
-
-def process_tree_logits(
-    processors: LogitsProcessorList, seq: torch.Tensor, tree: TokenTree, raw: torch.Tensor
-) -> torch.Tensor:
-    """``[n + 1, V]`` raw rows -> processed rows; row 0 sees ``seq`` (root included), row ``i + 1``
-    sees ``seq`` + the tokens from the root's first descendant down to node ``i`` (its ancestors,
-    in root -> node order, and itself): the ``input_ids`` plain decoding would have had there."""
-    if len(processors) == 0:
-        return raw
-    out = torch.empty_like(raw)
-    out[0] = processors(seq[None], raw[0:1].clone())[0]
-    if tree.num_nodes:
-        anc = tree.ancestor_mask().to(seq.device)                            # parents precede children:
-        tokens = tree.tokens.to(seq.device)                                  # index order = root -> node order
-        for i in range(tree.num_nodes):
-            ids = torch.cat([seq, tokens[anc[i]]])
-            out[i + 1] = processors(ids[None], raw[i + 1 : i + 2].clone())[0]
-    return out
 
 
 def _should_stop(seq, scores, stopping_criteria, max_length: int, stop_ids) -> bool:

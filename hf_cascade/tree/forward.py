@@ -68,6 +68,21 @@ def model_tree_mask(
     return tree_attention_mask(prefix_len, tree, dtype, device)
 
 
+def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: TokenTree, last_token) -> dict:
+    _check_cache(cache)
+    if cache.get_seq_length() != prefix_len:
+        raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
+    device = model.device
+    full = tree.with_root(torch.as_tensor(last_token).reshape(()).to(tree.tokens.device))   # n + 1 nodes
+    return dict(
+        input_ids=full.tokens[None].to(device),
+        position_ids=tree_position_ids(prefix_len, full).to(device),
+        attention_mask=model_tree_mask(model, prefix_len, full),
+        past_key_values=cache,
+        use_cache=True,
+    )
+
+
 @torch.no_grad()
 def verify_tree(
     model: PreTrainedModel,
@@ -92,19 +107,42 @@ def verify_tree(
         after node ``i`` (the layout :func:`~hf_cascade.tree.accept.greedy_tree_accept` and
         :func:`~hf_cascade.tree.accept.sampling_tree_accept` take).
     """
-    _check_cache(cache)
-    if cache.get_seq_length() != prefix_len:
-        raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
-    device = model.device
-    full = tree.with_root(torch.as_tensor(last_token).reshape(()).to(tree.tokens.device))   # n + 1 nodes
-    out = model(
-        input_ids=full.tokens[None].to(device),
-        position_ids=tree_position_ids(prefix_len, full).to(device),
-        attention_mask=model_tree_mask(model, prefix_len, full),
-        past_key_values=cache,
-        use_cache=True,
-    )
-    return out.logits[0]
+    return model(**_tree_inputs(model, cache, prefix_len, tree, last_token)).logits[0]
+
+
+@torch.no_grad()
+def verify_tree_hidden(
+    model: PreTrainedModel,
+    cache: Cache,
+    prefix_len: int,
+    tree: TokenTree,
+    last_token: int | torch.Tensor,
+) -> torch.Tensor:
+    """:func:`verify_tree` without the output head: the same forward through ``model.get_decoder()``
+    (same inputs, same cache update), returning the ``[n + 1, H]`` final hidden states, the head's
+    input. :func:`output_head` turns rows of them into logits (see :mod:`hf_cascade.tree.rows`)."""
+    out = model.get_decoder()(**_tree_inputs(model, cache, prefix_len, tree, last_token))
+    return out.last_hidden_state[0]
+
+
+def output_head(model: PreTrainedModel):
+    """The function ``[k, H] -> [k, V]`` from final hidden states to the raw logits ``model`` returns:
+    its output embeddings, then Gemma-2/3's ``final_logit_softcapping`` when the config sets it.
+    ``None`` when the model has no output-embedding module or no decoder to run without it. Other
+    post-head transforms are not reproduced: :func:`~hf_cascade.tree.decode.tree_decode` checks this
+    function against the model's own logits on the prompt and falls back to full logits if they differ."""
+    get_head, get_decoder = getattr(model, "get_output_embeddings", None), getattr(model, "get_decoder", None)
+    head = get_head() if get_head is not None else None
+    decoder = get_decoder() if get_decoder is not None else None
+    if not isinstance(head, torch.nn.Module) or not isinstance(decoder, torch.nn.Module) or decoder is model:
+        return None
+    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+
+    def logits(hidden: torch.Tensor) -> torch.Tensor:
+        out = head(hidden)
+        return torch.tanh(out / cap) * cap if cap else out
+
+    return logits
 
 
 def keep_path(cache: Cache, prefix_len: int, path_nodes: torch.Tensor) -> None:

@@ -95,11 +95,14 @@ class TreeStats(GenerationStats):
         tree_depths: depth (longest root -> leaf path) of each tree.
         tree_leaves: leaves (branches) of each tree.
         accepted_paths: accepted node indices per call (before an EOS / ``max_length`` cut).
+        head_rows: rows whose logits the target's output head computed per call (of the
+            ``n + 1`` verified; see :mod:`hf_cascade.tree.rows`).
     """
 
     tree_depths: list[int] = field(default_factory=list)
     tree_leaves: list[int] = field(default_factory=list)
     accepted_paths: list[list[int]] = field(default_factory=list)
+    head_rows: list[int] = field(default_factory=list)
 
     @property
     def tree_sizes(self) -> list[int]:
@@ -109,8 +112,9 @@ class TreeStats(GenerationStats):
     def accepted_length_per_step(self) -> list[int]:
         return list(self.accepted_per_call)
 
-    def record_tree_step(self, tree: TokenTree, acceptance: TreeAcceptance, emitted: int) -> None:
-        """One verification of ``tree`` that emitted ``emitted`` tokens (``>= 1``)."""
+    def record_tree_step(self, tree: TokenTree, acceptance: TreeAcceptance, emitted: int, head_rows: int | None = None) -> None:
+        """One verification of ``tree`` that emitted ``emitted`` tokens (``>= 1``), for which the
+        output head computed ``head_rows`` rows (default: all ``n + 1``)."""
         n = tree.num_nodes
         depth = int(tree.depth.max()) + 1 if n else 0
         self.target_calls += 1
@@ -120,6 +124,7 @@ class TreeStats(GenerationStats):
         self.tree_depths.append(depth)
         self.tree_leaves.append(len(tree.paths()) if n else 0)
         self.accepted_paths.append(acceptance.path.tolist())
+        self.head_rows.append(n + 1 if head_rows is None else head_rows)
 
     def to_dict(self) -> dict:
         out = super().to_dict()
@@ -128,6 +133,7 @@ class TreeStats(GenerationStats):
             "tree_depths": list(self.tree_depths),
             "tree_leaves": list(self.tree_leaves),
             "accepted_paths": [list(p) for p in self.accepted_paths],
+            "head_rows": list(self.head_rows),
         })
         return out
 

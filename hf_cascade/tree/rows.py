@@ -1,0 +1,137 @@
+"""The target's logits at a verified tree's nodes, computed only where acceptance looks.
+
+Verifying an ``n``-node tree makes the target produce ``n + 1`` rows of logits (the root, then each
+node), but acceptance reads only the rows on the path it walks: the root, each accepted node, and
+(under greedy decoding, with duplicate sibling tokens) the few siblings it also tries. With a large
+vocabulary the output head dominates the cost of those rows: Gemma-3-270M's tied 262k x 640 head is
+671 MB of float32, about 44 ms for one row on this 2-core CPU and about 2-4 ms more per extra row,
+while the 18 transformer layers cost about 38 ms for one token and 105 ms for 32. A 30-node CAPE
+tree therefore paid ~120 ms of head for the ~3 rows its acceptance walk reads.
+
+:class:`TreeRows` holds the target's final hidden states ``[n + 1, H]`` (the output head's input)
+and computes a row's logits when :func:`~hf_cascade.tree.accept.greedy_tree_accept` or
+:func:`~hf_cascade.tree.accept.sampling_tree_accept` first reads it. Because every head call reads
+the whole weight, a missing row is computed together with the rows of its *first-child chain*
+(its first child, that child's first child, ...: the drafter's main path, which CAPE and beam
+search put first), so a walk that stays on the main path costs one head call of at most
+``depth + 1`` rows; leaving it costs one more call. Logits processors also run only on the rows
+that are read (``input_ids`` = the sequence up to that row's node, as plain decoding would have
+it). The same class wraps precomputed logits (``raw=[n + 1, V]``), for targets whose head we do
+not reproduce (see :func:`~hf_cascade.tree.forward.output_head`).
+
+Rows are computed from the same hidden states with the same head and dtype as the model's own
+forward, so greedy acceptance is unchanged (up to the float accumulation order a different number
+of rows already implies in any batched forward).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from transformers import LogitsProcessorList
+
+from .structure import TokenTree
+
+HeadFn = Callable[[torch.Tensor], torch.Tensor]     # [k, H] hidden -> [k, V] raw logits
+
+
+class TreeRows:
+    """Processed logits of rows ``0 .. n`` of a verified tree (row 0: the root, row ``i + 1``:
+    node ``i``), computed on first access: ``rows[r]`` is the ``[V]`` float32 row after the
+    generation's logits processors, :meth:`raw` the row before them.
+
+    Args:
+        tree: the ``n``-node verified tree.
+        seq: ``[L]`` the verified sequence (its last token is the root).
+        processors: the generation's ``LogitsProcessorList`` (may be empty).
+        hidden: ``[n + 1, H]`` the target's final hidden states, with ``head`` the function from
+            hidden states to raw logits; or
+        raw: ``[n + 1, V]`` logits computed already (then ``hidden`` and ``head`` are not used).
+    """
+
+    def __init__(
+        self,
+        tree: TokenTree,
+        seq: torch.Tensor,
+        processors: LogitsProcessorList,
+        hidden: torch.Tensor | None = None,
+        head: HeadFn | None = None,
+        raw: torch.Tensor | None = None,
+    ):
+        if raw is None and (hidden is None or head is None):
+            raise ValueError("TreeRows needs either raw logits or hidden states and a head")
+        n = tree.num_nodes
+        given = raw if raw is not None else hidden
+        if given.ndim != 2 or given.shape[0] != n + 1:
+            raise ValueError(f"expected {n + 1} rows (root first) for a {n}-node tree, got {tuple(given.shape)}")
+        self.tree, self.seq, self.processors = tree, seq, processors
+        self.hidden, self.head = hidden, head
+        self._raw: dict[int, torch.Tensor] = {} if raw is None else dict(enumerate(raw.float()))
+        self._processed: dict[int, torch.Tensor] = {}
+        self.head_calls = 0                          # output-head calls made by this object
+        first_child = [-1] * (n + 1)                 # row -> row of its lowest-index child, or -1
+        for i in range(n - 1, -1, -1):
+            first_child[int(tree.parents[i]) + 1] = i + 1
+        self._first_child = first_child
+        self._anc = tree.ancestor_mask().to(seq.device) if n and len(processors) else None
+
+    def __len__(self) -> int:
+        return self.tree.num_nodes + 1
+
+    @property
+    def rows_computed(self) -> int:
+        """Rows whose raw logits exist (all ``n + 1`` when built from ``raw``)."""
+        return len(self._raw)
+
+    def raw(self, r: int) -> torch.Tensor:
+        """``[V]`` the raw logits of row ``r``."""
+        if r not in self._raw:
+            self._compute_chain(r)
+        return self._raw[r]
+
+    def __getitem__(self, r: int) -> torch.Tensor:
+        """``[V]`` the processed logits of row ``r``."""
+        r = int(r)
+        if r not in self._processed:
+            self._processed[r] = self._process(r, self.raw(r))
+        return self._processed[r]
+
+    def softmax(self) -> "_Softmax":
+        """A view whose ``[r]`` is the softmax of the processed row ``r`` (what sampling reads)."""
+        return _Softmax(self)
+
+    def _compute_chain(self, r: int) -> None:
+        chain = []
+        while r != -1:                                               # r, its first child, ...
+            if r not in self._raw:
+                chain.append(r)
+            r = self._first_child[r]
+        index = torch.tensor(chain, device=self.hidden.device)
+        logits = self.head(self.hidden.index_select(0, index)).float()           # [k, V]
+        self.head_calls += 1
+        for row, values in zip(chain, logits):
+            self._raw[row] = values
+
+    def _process(self, r: int, raw: torch.Tensor) -> torch.Tensor:
+        if len(self.processors) == 0:
+            return raw
+        ids = self.seq
+        if r > 0:
+            ids = torch.cat([self.seq, self.tree.tokens.to(self.seq.device)[self._anc[r - 1]]])
+        return self.processors(ids[None], raw[None].clone())[0]
+
+
+class _Softmax:
+    def __init__(self, rows: TreeRows):
+        self.rows = rows
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, r: int) -> torch.Tensor:
+        r = int(r)
+        if r not in self._cache:
+            self._cache[r] = self.rows[r].softmax(dim=-1)
+        return self._cache[r]
