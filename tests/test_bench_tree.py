@@ -42,7 +42,16 @@ def test_tree_strategies_are_identical_to_plain_and_report_tree_stats(tiny, stra
     packed = [rec["stats"] for rec in r.records if rec["method"] == "redrafter"]
     if strategy == "redrafter":   # same beams, packed: never more nodes than flat
         assert sum(map(sum, (s["tree_sizes"] for s in packed))) <= sum(map(sum, (s["tree_sizes"] for s in flat)))
-    assert f"| {strategy} |" in markdown_report(r)
+    report = markdown_report(r)
+    assert f"| {strategy} |" in report and "### Tree verification" in report
+    tree = r.summary["tree_verification"]
+    assert set(tree) == set(baselines) | {strategy}                     # tree methods only, not plain
+    for m, t in tree.items():
+        calls = sum(rec["stats"]["target_calls"] for rec in r.records if rec["method"] == m)
+        nodes = sum(sum(rec["stats"]["tree_sizes"]) for rec in r.records if rec["method"] == m)
+        assert t["calls"] == calls and t["nodes_per_call"] == pytest.approx(nodes / calls)
+        assert 1 <= t["head_rows_per_call"] <= t["nodes_per_call"] + 1 + 1e-9, (m, t)
+        assert t["verify_ms_per_call"] > 0 and 0 < t["draft_fraction_of_verify"]
 
 
 @pytest.mark.parametrize("strategy", list(CASES))

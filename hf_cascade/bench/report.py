@@ -59,6 +59,20 @@ def markdown_categories(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def markdown_tree(result: BenchResult) -> str | None:
+    """Tree strategies, per target call: nodes verified, output-head rows computed, verification and
+    drafting time (``None`` when no method verifies trees)."""
+    trees = result.summary.get("tree_verification", {})
+    if not trees:
+        return None
+    lines = ["| method | nodes/call | head rows/call | verify ms/call | draft ms/call | draft / verify |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for m, t in trees.items():
+        lines.append(f"| {m} | {t['nodes_per_call']:.1f} | {t['head_rows_per_call']:.1f} | {t['verify_ms_per_call']:.0f} | "
+                     f"{t['draft_ms_per_call']:.1f} | {_fmt(t['draft_fraction_of_verify'], '.1%')} |")
+    return "\n".join(lines)
+
+
 def markdown_report(result: BenchResult) -> str:
     """The full Markdown report: settings, overall table, per-category table, errors."""
     c = result.config
@@ -78,6 +92,9 @@ def markdown_report(result: BenchResult) -> str:
         "",
         markdown_categories(result),
     ]
+    tree = markdown_tree(result)
+    if tree is not None:
+        parts += ["", "### Tree verification (per target call; head rows: output-head rows computed)", "", tree]
     if result.errors:
         parts += ["", "### Methods that could not run", ""]
         parts += [f"- **{m}**: {msg}" for m, msg in result.errors.items()]

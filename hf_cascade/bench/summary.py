@@ -76,18 +76,43 @@ def acceptance_by_position(records: list[dict], method: str) -> dict | None:
     return {"target": target, "levels": levels}
 
 
+def tree_verification(records: list[dict], method: str) -> dict | None:
+    """Per target call of a tree strategy, summed over its prompts: tree nodes verified, output-head
+    rows computed, milliseconds of verification (forward + acceptance) and of drafting, and drafting
+    time as a fraction of verification time. ``None`` for methods without tree statistics."""
+    stats = [r["stats"] for r in records if r["method"] == method and r.get("stats") and "head_rows" in r["stats"]]
+    calls = sum(s["target_calls"] for s in stats)
+    if not calls:
+        return None
+    phase = lambda s, *names: sum(s.get("phase_seconds", {}).get(n, 0.0) for n in names)   # noqa: E731
+    verify = sum(phase(s, "verify", "accept") for s in stats)
+    draft = sum(phase(s, "draft") for s in stats)
+    return {
+        "calls": calls,
+        "nodes_per_call": sum(sum(s["tree_sizes"]) for s in stats) / calls,
+        "head_rows_per_call": sum(sum(s["head_rows"]) for s in stats) / calls,
+        "verify_ms_per_call": 1000 * verify / calls,
+        "draft_ms_per_call": 1000 * draft / calls,
+        "draft_fraction_of_verify": draft / verify if verify > 0 else None,
+    }
+
+
 def summarize(records: list[dict], methods: list[str]) -> dict:
     """``{"overall": {method: numbers}, "categories": {category: {method: numbers}},
-    "acceptance_by_position": {method: {"target": counts, "levels": {...}}}}``.
+    "acceptance_by_position": {method: {"target": counts, "levels": {...}}},
+    "tree_verification": {method: numbers}}`` (the last for tree strategies only).
 
     ``speedup`` is total plain time / total method time over the same prompts;
     ``speedup_mean_per_prompt`` the mean of per-prompt ratios; ``identical`` counts outputs equal to
     plain's (``None`` when sampling).
     """
     categories = list(dict.fromkeys(r["category"] for r in records))
-    out: dict = {OVERALL: {}, "categories": {}, "acceptance_by_position": {}}
+    out: dict = {OVERALL: {}, "categories": {}, "acceptance_by_position": {}, "tree_verification": {}}
     for m in methods:
         out[OVERALL][m] = _group_summary(records, m)
+        tree = tree_verification(records, m)
+        if tree is not None:
+            out["tree_verification"][m] = tree
         acc = acceptance_by_position(records, m)
         if acc is not None:
             out["acceptance_by_position"][m] = acc
