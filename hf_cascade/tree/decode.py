@@ -13,7 +13,7 @@ in place of transformers' ``_assisted_decoding`` (batch size 1).
    than the length budget, nothing below an EOS node.
 3. **Verify** ``[root, nodes]`` in one target forward (4D tree mask, each node at its branch
    position) through the target's decoder only
-   (:func:`~hf_cascade.tree.forward.verify_tree_hidden`): the final hidden states ``[n + 1, H]``,
+   (:func:`~hf_cascade.tree.forward.verify_tree` with ``hidden_only``): the final hidden states ``[n + 1, H]``,
    which also give the next :class:`TreeStep` its hidden state at no extra forward. The output head
    runs later, on the rows acceptance reads (:mod:`hf_cascade.tree.rows`). Step 1 checks that
    :func:`~hf_cascade.tree.forward.output_head` reproduces the target's own logits; if it does
@@ -51,7 +51,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..processors import DraftAwareProcessor
 from ..stats import PhaseTimer
 from .accept import greedy_tree_accept, sampling_tree_accept
-from .forward import keep_path, output_head, verify_tree, verify_tree_hidden
+from .forward import keep_path, output_head, verify_tree
 from .rows import TreeRows
 from .strategy import TreeDrafter, TreeStats, TreeStep
 from .structure import TokenTree
@@ -96,7 +96,7 @@ def tree_decode(
             # 3. Verify: one forward over [root, nodes]; hidden[r] is the head input of row r.
             with timer("verify"):
                 if head is not None:
-                    hidden = verify_tree_hidden(target, cache, L - 1, tree, seq[-1])      # [n + 1, H]
+                    hidden = verify_tree(target, cache, L - 1, tree, seq[-1], hidden_only=True)  # [n + 1, H]
                     rows = TreeRows(tree, seq, processors, hidden=hidden, head=head)
                 else:
                     raw = verify_tree(target, cache, L - 1, tree, seq[-1])                 # [n + 1, V]

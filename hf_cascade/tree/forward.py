@@ -90,6 +90,7 @@ def verify_tree(
     prefix_len: int,
     tree: TokenTree,
     last_token: int | torch.Tensor,
+    hidden_only: bool = False,
 ) -> torch.Tensor:
     """Score a token tree in one forward.
 
@@ -101,28 +102,20 @@ def verify_tree(
         prefix_len: the cache length before the call.
         tree: the ``n``-node draft tree below ``last_token``.
         last_token: the last verified token (the root), at position ``prefix_len``.
+        hidden_only: run ``model.get_decoder()`` only (same inputs, same cache update) and return
+            the final hidden states, the output head's input; :func:`output_head` turns rows of
+            them into logits (see :mod:`hf_cascade.tree.rows`).
 
     Returns:
         ``[n + 1, V]`` raw logits: row 0 predicts the token after the root, row ``i + 1`` the token
         after node ``i`` (the layout :func:`~hf_cascade.tree.accept.greedy_tree_accept` and
-        :func:`~hf_cascade.tree.accept.sampling_tree_accept` take).
+        :func:`~hf_cascade.tree.accept.sampling_tree_accept` take); ``[n + 1, H]`` hidden states
+        with ``hidden_only``.
     """
-    return model(**_tree_inputs(model, cache, prefix_len, tree, last_token)).logits[0]
-
-
-@torch.no_grad()
-def verify_tree_hidden(
-    model: PreTrainedModel,
-    cache: Cache,
-    prefix_len: int,
-    tree: TokenTree,
-    last_token: int | torch.Tensor,
-) -> torch.Tensor:
-    """:func:`verify_tree` without the output head: the same forward through ``model.get_decoder()``
-    (same inputs, same cache update), returning the ``[n + 1, H]`` final hidden states, the head's
-    input. :func:`output_head` turns rows of them into logits (see :mod:`hf_cascade.tree.rows`)."""
-    out = model.get_decoder()(**_tree_inputs(model, cache, prefix_len, tree, last_token))
-    return out.last_hidden_state[0]
+    inputs = _tree_inputs(model, cache, prefix_len, tree, last_token)
+    if hidden_only:
+        return model.get_decoder()(**inputs).last_hidden_state[0]
+    return model(**inputs).logits[0]
 
 
 def output_head(model: PreTrainedModel):
