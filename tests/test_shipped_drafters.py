@@ -121,4 +121,7 @@ def test_tree_heads_greedy_parity_with_gemma(gemma):
                       ReDrafterAssistant(head, beam_width=4, beam_length=5)):
         out = model.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=assistant)
         assert out.tolist() == plain.tolist(), repr(assistant)
-        assert assistant.last_stats.target_calls < 24       # the trained heads get tokens accepted on GSM8K-like text
+        stats = assistant.last_stats
+        assert stats.target_calls < 24                       # the trained heads get tokens accepted on GSM8K-like text
+        if max(stats.tree_leaves) > 1:                       # branching trees: Gemma's head runs on the walked rows only
+            assert sum(stats.head_rows) < sum(n + 1 for n in stats.tree_sizes)
