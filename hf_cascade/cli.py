@@ -45,7 +45,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--maxgram-lenience", type=float, default=1.0,
                    help="cascade: lenience of neural drafters' reviews of Max-Gram tokens (>= 1; 'inf' = no veto; default 1)")
     p.add_argument("--min-confidence", type=float, default=0.0,
-                   help="cascade: a neural drafter stops after a token it gave probability < this (default 0 = never)")
+                   help="cascade: a neural drafter stops after a token it gave probability < this; redrafter: beam "
+                        "tokens below it are not verified (default 0 = never)")
     p.add_argument("--maxgram-first", action="store_true",
                    help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
     p.add_argument("--baselines", default="plain",

@@ -34,6 +34,7 @@ SAMPLING = {
     "flat": (dict(beam_width=3, beam_length=3, dedupe=False), {}),
     "packed_temp_topk": (dict(beam_width=4, beam_length=2), {"temperature": 1.5, "top_k": 6}),
     "wide_temp": (dict(beam_width=6, beam_length=4), {"temperature": 0.7}),
+    "confident": (dict(beam_width=4, beam_length=4, min_confidence=0.2), {}),
 }
 
 

@@ -285,7 +285,7 @@ def trained(distilled, target, tmp_path_factory):
     torch.manual_seed(0)
     initial, _ = build_vanilla(target, DistillStore.open(cfg.out), SPEC, "tiny")   # what train_vanilla starts from
     torch.manual_seed(0)
-    model, state = train_vanilla(target, cfg.out, SPEC, train_cfg, target_name="tiny", command=COMMAND,
+    model, state = train_vanilla(target, cfg.out, train_cfg, SPEC, target_name="tiny", command=COMMAND,
                                  progress=False)
     return out, model, state, initial, train_cfg
 

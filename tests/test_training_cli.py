@@ -36,12 +36,13 @@ def test_cli_train_rejects_bad_arguments_before_loading_the_target(argv, message
 
 
 @pytest.mark.parametrize("head, flags, expected", [
+    ("vanilla", ["--preset", "xs"], {"model_type": "hf_cascade_drafter"}),
     ("glide", [], {"model_type": "hf_cascade_glide", "cross_attention": True}),
     ("glide", ["--no-cross-attention"], {"model_type": "hf_cascade_glide", "cross_attention": False}),
     ("redrafter", ["--preset", "xs"], {"model_type": "hf_cascade_redrafter"}),
 ])
 def test_cli_trains_every_head(head, flags, expected, distilled, target, tmp_path, monkeypatch):
-    """``hf-cascade train glide|redrafter`` end to end on the tiny target (loaded through the patched loader)."""
+    """``hf-cascade train vanilla|glide|redrafter`` end to end on the tiny target (loaded through the patched loader)."""
     import hf_cascade.bench.loading as loading
 
     monkeypatch.setattr(loading, "load_model", lambda spec: (target, None))

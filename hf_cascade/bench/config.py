@@ -24,7 +24,8 @@ class BenchConfig:
         baselines: baselines besides ours; ``"plain"`` is added when missing.
         k_matrix: optional ``n x n`` K-matrix of the cascade (``n`` = drafters including MaxGram).
         lenience: lenience between drafters of the cascade (``>= 1``).
-        maxgram_lenience / min_confidence / maxgram_first: see :class:`~hf_cascade.CascadeAssistant`.
+        maxgram_lenience / min_confidence / maxgram_first: see :class:`~hf_cascade.CascadeAssistant`
+            (``min_confidence`` is also ``ReDrafterAssistant``'s, for every redrafter method).
         draft_length / max_tree_nodes: ``GlideAssistant``'s main-path length and tree-size cap (strategy glide).
         beam_width / beam_length: ``ReDrafterAssistant``'s beam search (strategy redrafter).
         window: the fixed draft window of the ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's
@@ -88,7 +89,7 @@ class BenchConfig:
     def tree(self) -> dict:
         """Settings of the tree strategies (see :func:`~hf_cascade.bench.methods.build_method`)."""
         return {"draft_length": self.draft_length, "max_tree_nodes": self.max_tree_nodes,
-                "beam_width": self.beam_width, "beam_length": self.beam_length}
+                "beam_width": self.beam_width, "beam_length": self.beam_length, "min_confidence": self.min_confidence}
 
     @property
     def methods(self) -> list[str]:

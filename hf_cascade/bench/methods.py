@@ -175,11 +175,11 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
     """The :class:`Method` named ``name`` (a baseline of :data:`~hf_cascade.bench.config.BASELINES` or a
     strategy of :data:`~hf_cascade.bench.config.STRATEGIES`); ``window``: the fixed window of the
     ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's ``max_window``; ``tree``: settings of
-    the tree strategies (``draft_length``, ``max_tree_nodes`` for GLIDE; ``beam_width``, ``beam_length``
-    for ReDrafter)."""
+    the tree strategies (``draft_length``, ``max_tree_nodes`` for GLIDE; ``beam_width``, ``beam_length``,
+    ``min_confidence`` for ReDrafter)."""
     tree = tree or {}
     glide = {k: tree[k] for k in ("draft_length", "max_tree_nodes") if k in tree}
-    beams = {k: tree[k] for k in ("beam_width", "beam_length") if k in tree}
+    beams = {k: tree[k] for k in ("beam_width", "beam_length", "min_confidence") if k in tree}
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
     builders: dict[str, Callable[[], Method]] = {
         "plain": lambda: Method("plain", model),

@@ -10,7 +10,7 @@ The head itself is :class:`hf_cascade.heads.ReDrafterModel`; it is trained by
 """
 
 from .assistant import ReDrafterAssistant, ReDrafterDrafter, ReDrafterStats, check_head_matches
-from .beam import beam_search, beams_tree, flat_tree
+from .beam import beam_search, beams_tree, confident_prefix, flat_tree
 
 __all__ = [
     "ReDrafterAssistant",
@@ -19,5 +19,6 @@ __all__ = [
     "beam_search",
     "beams_tree",
     "check_head_matches",
+    "confident_prefix",
     "flat_tree",
 ]

@@ -41,7 +41,8 @@ def beam_search(
     embed: Callable[[torch.Tensor], torch.Tensor],
     width: int,
     length: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    token_logp: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Beam-search ``length`` draft tokens after ``root`` with a ReDrafter head.
 
     Args:
@@ -51,10 +52,13 @@ def beam_search(
         embed: target token ids ``[b]`` -> their target input embeddings ``[b, H]``.
         width: ``w``, beams kept after each step (fewer when the head has fewer candidates).
         length: ``L >= 1``, draft tokens per beam.
+        token_logp: also return each beam token's conditional log-probability.
 
     Returns:
         ``(beams, scores)``: ``beams`` ``[w', L]`` target token ids, best beam first
         (``w' = min(w, N ** L)``); ``scores`` ``[w']`` their summed log-probabilities under the head.
+        With ``token_logp``: ``(beams, scores, logp)``, ``logp`` ``[w', L]`` the log-probability of
+        ``beams[i, j]`` given ``beams[i, :j]`` (``logp.sum(-1) == scores``).
     """
     if width < 1 or length < 1:
         raise ValueError(f"beam search needs width >= 1 and length >= 1, got width={width}, length={length}")
@@ -64,6 +68,7 @@ def beam_search(
     state = head.init_state(x)                                                        # [1, H] (s_0 = 0)
     score = torch.zeros(1, device=device, dtype=torch.float32)                        # [b]
     beams = last.new_zeros(1, 0)                                                      # [b, k]
+    steps = score.new_zeros(1, 0)                                                     # [b, k]
     for _ in range(length):
         state = head.step(state, embed(last).to(device=device, dtype=dtype))        # [b, H]
         logp = head.logits(state, x, full_vocab=False).float().log_softmax(dim=-1)    # [b, N]
@@ -73,8 +78,9 @@ def beam_search(
         beam, col = flat // n_cols, flat % n_cols
         last = head.to_target_ids(col).to(device)                                     # [b'] target ids
         beams = torch.cat([beams[beam], last[:, None]], dim=1)                        # [b', k + 1]
+        steps = torch.cat([steps[beam], logp[beam, col][:, None]], dim=1)             # [b', k + 1]
         state = state[beam]                                                           # [b', H]
-    return beams, score
+    return (beams, score, steps) if token_logp else (beams, score)
 
 
 def flat_tree(beams: torch.Tensor) -> TokenTree:
@@ -90,10 +96,32 @@ def flat_tree(beams: torch.Tensor) -> TokenTree:
     return TokenTree(beams.flatten(), parents)
 
 
-def beams_tree(beams: torch.Tensor, dedupe: bool = True) -> TokenTree:
+def beams_tree(beams: torch.Tensor, dedupe: bool = True, keep: torch.Tensor | None = None) -> TokenTree:
     """The verification tree of ``beams`` (``[w, L]``): the packed prefix tree (dynamic tree
-    attention, :meth:`TokenTree.from_beams`) or, with ``dedupe=False``, :func:`flat_tree`."""
-    return TokenTree.from_beams(beams)[0] if dedupe else flat_tree(beams)
+    attention, :meth:`TokenTree.from_beams`) or, with ``dedupe=False``, :func:`flat_tree`.
+
+    ``keep`` (``[w, L]`` bool, each row a prefix: ``True`` then ``False``) drops the beam tokens
+    where it is ``False``; a shared node stays when any beam through it keeps it."""
+    if dedupe:
+        tree, beam_to_node = TokenTree.from_beams(beams)                              # beam_to_node: [w, L]
+    else:
+        tree = flat_tree(beams)
+        beam_to_node = torch.arange(beams.numel(), device=tree.tokens.device).view(beams.shape)
+    if keep is None:
+        return tree
+    keep = keep.to(tree.tokens.device).bool()
+    if keep.shape != beams.shape or bool((keep[:, 1:] & ~keep[:, :-1]).any()):
+        raise ValueError("keep must be a [w, L] mask whose rows are prefixes (True..., then False...)")
+    nodes = torch.zeros(tree.num_nodes, dtype=torch.bool, device=keep.device)
+    nodes[beam_to_node[keep]] = True                                                  # [n]
+    return tree.select(nodes)
 
 
-__all__ = ["beam_search", "beams_tree", "flat_tree"]
+def confident_prefix(logp: torch.Tensor, min_confidence: float) -> torch.Tensor:
+    """``[w, L]`` bool: beam token ``(i, j)`` is kept iff it and every earlier token of beam ``i``
+    had a conditional probability ``>= min_confidence`` under the head (``logp``: ``[w, L]``)."""
+    ok = logp.exp() >= min_confidence                                                  # [w, L]
+    return ok.long().cumprod(dim=1).bool()
+
+
+__all__ = ["beam_search", "beams_tree", "confident_prefix", "flat_tree"]

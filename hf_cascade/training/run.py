@@ -21,7 +21,7 @@ from .vanilla import PRESETS, VanillaSpec, build_vanilla, greedy_acceptance, van
 HEADS = ("vanilla", "glide", "redrafter")
 
 
-def train_vanilla(target, data: str | Path, spec: VanillaSpec, cfg: TrainConfig, target_name: str = "",
+def train_vanilla(target, data: str | Path, cfg: TrainConfig, spec: VanillaSpec, target_name: str = "",
                   command: str | None = None, progress: bool = True) -> tuple[object, TrainState]:
     """Train a vanilla drafter on the distillation directory ``data``; checkpoints go to ``cfg.out``."""
     store = DistillStore.open(data)

@@ -179,11 +179,7 @@ def prune_tree(
         keep &= ~(anc & is_stop[None, :]).any(dim=-1)
     if bool(keep.all()):
         return tree, draft_probs
-    new_index = keep.long().cumsum(0) - 1
-    parents = tree.parents[keep]
-    parents = torch.where(parents >= 0, new_index[parents.clamp_min(0)], parents)
-    pruned = TokenTree(tree.tokens[keep], parents)
-    return pruned, (draft_probs[keep.to(draft_probs.device)] if draft_probs is not None else None)
+    return tree.select(keep), (draft_probs[keep.to(draft_probs.device)] if draft_probs is not None else None)
 
 
 def _should_stop(seq, scores, stopping_criteria, max_length: int, stop_ids) -> bool:

@@ -127,6 +127,22 @@ class TokenTree:
         root = torch.as_tensor(token, device=self.tokens.device).long().reshape(1)
         return TokenTree(torch.cat([root, self.tokens]), torch.cat([root.new_full((1,), -1), self.parents + 1]))
 
+    def select(self, keep: torch.Tensor) -> "TokenTree":
+        """The subtree of the nodes where ``keep`` (``[n]`` bool) is true, renumbered in node order.
+
+        ``keep`` must be closed under ancestors (a kept node's parent is kept), as the masks of
+        :func:`~hf_cascade.tree.decode.prune_tree` and of confidence pruning are."""
+        keep = torch.as_tensor(keep, dtype=torch.bool, device=self.tokens.device)
+        if keep.shape != self.tokens.shape:
+            raise ValueError(f"keep must have one entry per node ({self.num_nodes}), got {tuple(keep.shape)}")
+        parents_kept = torch.where(self.parents >= 0, keep[self.parents.clamp_min(0)], torch.ones_like(keep))
+        if bool((keep & ~parents_kept).any()):
+            raise ValueError("keep must be closed under ancestors: a kept node has a dropped parent")
+        new_index = keep.long().cumsum(0) - 1
+        parents = self.parents[keep]
+        parents = torch.where(parents >= 0, new_index[parents.clamp_min(0)], parents)
+        return TokenTree(self.tokens[keep], parents)
+
     # -- builders -------------------------------------------------------------------------------
     @classmethod
     def chain(cls, tokens: torch.Tensor) -> "TokenTree":
