@@ -109,6 +109,43 @@ def run_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_questions(sub) -> None:
+    p = sub.add_parser(
+        "questions",
+        help="sample new training questions from the target (more varied distillation prompts)",
+        description="The target samples new questions after two seed questions from the shared training prompts "
+        "(Alpaca seed tasks and Vicuna bench; GSM8K in a few); appends them to a JSONL file for "
+        "`hf-cascade distill --prompts FILE`. Running it again adds --n more.",
+    )
+    p.add_argument("--out", required=True, metavar="FILE", help="JSONL file of {\"question\": ...} lines (appended)")
+    p.add_argument("--n", type=int, default=600, help="questions to add (default 600)")
+    p.add_argument("--target", default=None, help="target model (as for bench; default Gemma-3-270M)")
+    p.add_argument("--batch-size", type=int, default=32, help="seed prompts per sampled batch (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_questions(args: argparse.Namespace) -> int:
+    from .bench.loading import load_model
+    from .data import load_train_prompts
+    from .training.questions import QuestionConfig, append_questions, read_questions, sample_questions
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    general = load_train_prompts(files=["alpaca_seed_tasks.jsonl", "vicuna_bench_question.jsonl"])
+    gsm8k = load_train_prompts(files=["gsm8k_train.jsonl"])
+    have = read_questions(args.out)
+    model, tokenizer = load_model(args.target)
+    cfg = QuestionConfig(n=args.n, batch_size=args.batch_size, seed=args.seed + len(have))
+    new = sample_questions(model, tokenizer, general, gsm8k, cfg, exclude=have, progress=not args.no_progress)
+    append_questions(args.out, new)
+    print(f"{len(have) + len(new)} questions in {args.out}")
+    return 0
+
+
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -187,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_demo(sub)
     _add_distill(sub)
+    _add_questions(sub)
     _add_train(sub)
     return parser
 
@@ -266,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_distill(args)
         if args.command == "train":
             return run_train(args)
+        if args.command == "questions":
+            return run_questions(args)
         from .demo import run_demo
 
         return run_demo(max_new_tokens=args.max_new_tokens)

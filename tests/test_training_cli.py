@@ -63,3 +63,33 @@ def test_cli_train_vanilla_missing_data_fails_before_loading_the_target(tmp_path
     err = capsys.readouterr().err
     assert "hf-cascade train: error:" in err and str(missing) in err and "no meta.json" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_questions_sampled_from_the_target(target, tmp_path, monkeypatch):
+    """``sample_questions`` on the tiny target (word tokenizer): new, distinct, not seeds, at least
+    ``min_words`` words, reproducible from its seed; the CLI appends them for ``distill --prompts``."""
+    from hf_cascade.training.questions import QuestionConfig, read_questions, sample_questions, seed_prompt
+    from tests import tiny_models as tm
+
+    tok = tm.word_tokenizer()
+    general = ["w5 w6 w7 w8", "w9 w10 w11", "w12 w13 w14 w15 w16"]
+    cfg = QuestionConfig(n=6, batch_size=4, max_new_tokens=6, seed=3)
+    qs = sample_questions(target, tok, general, ["w20 w21"], cfg, progress=False)
+    assert len(qs) == len(set(q.lower() for q in qs)) == 6
+    assert all(len(q.split()) >= cfg.min_words and q not in general for q in qs)
+    assert sample_questions(target, tok, general, ["w20 w21"], cfg, progress=False) == qs
+    assert tok.padding_side == "right"                                           # restored
+    assert seed_prompt("a?", "b?") == "Question: a?\n\nQuestion: b?\n\nQuestion:"
+    again = sample_questions(target, tok, general, [], QuestionConfig(n=3, batch_size=4, max_new_tokens=6, seed=3),
+                             exclude=qs, progress=False)
+    assert not set(again) & set(qs)
+
+    import hf_cascade.bench.loading as loading
+    import hf_cascade.data as data
+
+    monkeypatch.setattr(loading, "load_model", lambda spec: (target, tok))
+    monkeypatch.setattr(data, "load_train_prompts", lambda files=None, **kw: general if "gsm8k_train.jsonl" not in files else [])
+    out = tmp_path / "q.jsonl"
+    for total in (4, 8):
+        assert main(["questions", "--out", str(out), "--n", "4", "--batch-size", "4", "--no-progress"]) == 0
+        assert len(read_questions(out)) == len(set(read_questions(out))) == total
