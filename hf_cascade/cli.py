@@ -13,6 +13,19 @@ import sys
 from typing import Sequence
 
 
+def _add_run_options(p) -> None:
+    """``--threads`` and ``--no-progress``, shared by every command that runs a model."""
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _set_threads(args: argparse.Namespace) -> None:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def _add_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
@@ -47,6 +60,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--min-confidence", type=float, default=0.0,
                    help="cascade: a neural drafter stops after a token it gave probability < this; redrafter: beam "
                         "tokens below it are not verified (default 0 = never)")
+    p.add_argument("--drop-unsure", action="store_true",
+                   help="cascade: with --min-confidence, drop the unsure token instead of drafting it (keep_unsure=False)")
     p.add_argument("--maxgram-first", action="store_true",
                    help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
     p.add_argument("--baselines", default="plain",
@@ -59,8 +74,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     p.add_argument("--seed", type=int, default=0, help="random seed (reset per prompt and method)")
     p.add_argument("--out", default="bench_results", metavar="DIR", help="output directory (default bench_results)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_run_options(p)
 
 
 def _add_demo(sub) -> None:
@@ -84,8 +98,7 @@ def _add_distill(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batched generate (default 16)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="stop once N prompts are stored")
     p.add_argument("--hidden-states", action="store_true", help="also store the target's last hidden states")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_run_options(p)
 
 
 def run_distill(args: argparse.Namespace) -> int:
@@ -94,10 +107,7 @@ def run_distill(args: argparse.Namespace) -> int:
     from .bench.loading import load_model
     from .training import DistillConfig, distill, training_prompts
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     prompts = training_prompts(args.prompts)
     _log(f"{len(prompts)} training prompts (Spec-Bench questions excluded); loading target {args.target or 'default'}")
     model, tokenizer = load_model(args.target)
@@ -122,8 +132,7 @@ def _add_questions(sub) -> None:
     p.add_argument("--target", default=None, help="target model (as for bench; default Gemma-3-270M)")
     p.add_argument("--batch-size", type=int, default=32, help="seed prompts per sampled batch (default 32)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_run_options(p)
 
 
 def run_questions(args: argparse.Namespace) -> int:
@@ -131,10 +140,7 @@ def run_questions(args: argparse.Namespace) -> int:
     from .data import load_train_prompts
     from .training.questions import QuestionConfig, append_questions, read_questions, sample_questions
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     general = load_train_prompts(files=["alpaca_seed_tasks.jsonl", "vicuna_bench_question.jsonl"])
     gsm8k = load_train_prompts(files=["gsm8k_train.jsonl"])
     have = read_questions(args.out)
@@ -171,8 +177,7 @@ def _add_train(sub) -> None:
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-records", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_run_options(p)
 
 
 def _trainers() -> dict:
@@ -199,10 +204,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown {args.head} preset {preset!r}; choose from {', '.join(presets)}")
     if args.no_cross_attention and args.head != "glide":
         raise ValueError("--no-cross-attention applies to `train glide` only (its controlled baseline)")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     spec = presets[preset]
     if args.draft_vocab:
         spec = dataclasses.replace(spec, draft_vocab_size=args.draft_vocab)
@@ -241,6 +243,7 @@ def bench_config(args: argparse.Namespace):
         maxgram_lenience=args.maxgram_lenience,
         min_confidence=args.min_confidence,
         maxgram_first=args.maxgram_first,
+        keep_unsure=not args.drop_unsure,
         window=args.window,
         draft_length=args.draft_length,
         max_tree_nodes=args.max_tree_nodes,
@@ -268,10 +271,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from .bench.loading import load_drafts, load_model, load_prompts
 
     config = bench_config(args)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    _set_threads(args)
     if config.strategy == "cascade" and not config.drafts:
         raise SystemExit("hf-cascade bench: --strategy cascade needs --draft PATH (one or more, largest first)")
     if config.strategy == "hsddw" and not config.drafts:

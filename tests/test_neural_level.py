@@ -89,3 +89,27 @@ def test_generate_greedy_and_stop():
     assert tokens.shape == (3,) and dists.shape == (3, tm.VOCAB)
     torch.testing.assert_close(dists.sum(-1), torch.ones(3))
     torch.testing.assert_close(probs, dists[torch.arange(3), tokens])
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.05, 0.2, 1.0])
+def test_min_confidence_keeps_or_drops_the_unsure_token(threshold):
+    """``generate`` stops at the first token below ``min_confidence``: kept (transformers' rule) or
+    dropped (``keep_unsure=False``), so that every drafted token is one the drafter was sure of."""
+    model = tm.llama_target()
+    seq = torch.tensor([1, 5, 6, 7, 5, 6])
+    kept = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("d")).generate(seq, 6, False, set(), threshold)
+    dropped = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("d")).generate(
+        seq, 6, False, set(), threshold, keep_unsure=False)
+    k_tokens, k_probs, _ = kept
+    d_tokens, d_probs, _ = dropped
+    assert bool((k_probs[:-1] >= threshold).all())
+    if k_tokens.shape[0] < 6 or float(k_probs[-1]) < threshold:      # stopped at an unsure token
+        assert float(k_probs[-1]) < threshold
+        assert d_tokens.tolist() == k_tokens[:-1].tolist()
+    else:
+        assert d_tokens.tolist() == k_tokens.tolist()
+    assert bool((d_probs >= threshold).all())
+    if threshold == 1.0:
+        assert d_tokens.shape[0] == 0 and k_tokens.shape[0] == 1
+    if threshold == 0.0:
+        assert d_tokens.shape[0] == k_tokens.shape[0] == 6

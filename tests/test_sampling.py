@@ -129,6 +129,9 @@ CONFIGS = {
     "maxgram_first": (
         lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[2, 3], [0, 3]],
                                    maxgram_first=True, min_confidence=0.3), "noisy", {}),
+    "maxgram_first_drop_unsure": (
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[2, 3], [0, 3]],
+                                   maxgram_first=True, min_confidence=0.3, keep_unsure=False), "noisy", {}),
     "maxgram_unreviewed": (
         lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], maxgram_lenience=float("inf")),
         "noisy", {}),

@@ -34,6 +34,10 @@ class CascadeAssistant(Assistant):
         min_confidence: a neural drafter stops contributing to the current draft after a token
             it gave probability ``< min_confidence`` (0 = never; transformers' assistants use 0.4
             the same way). Stop rules that only look at drawn tokens keep sampling lossless.
+        keep_unsure: with ``min_confidence``, whether the unsure token itself stays in the draft
+            (``True``, transformers' behaviour) or is dropped (``False``: the target then verifies
+            only tokens the drafter was confident of, so when Max-Gram has no match and the drafter
+            is unsure, the target runs a cheap one-token step). Lossless either way.
         maxgram_first: with ``[..., MaxGram()]``: Max-Gram's proposal (``K[0][-1]`` tokens at most,
             adaptive length judged by the target's verdicts) goes to the target unreviewed, then the
             smallest neural drafter continues it autoregressively (``K[0]`` of that level, with
@@ -62,6 +66,7 @@ class CascadeAssistant(Assistant):
         min_confidence: float = 0.0,
         maxgram_first: bool = False,
         fast_head: bool = True,
+        keep_unsure: bool = True,
     ):
         drafters = list(drafters)
         if not drafters:
@@ -83,6 +88,7 @@ class CascadeAssistant(Assistant):
         self.maxgram_lenience = float(maxgram_lenience)
         self.min_confidence = float(min_confidence)
         self.maxgram_first = bool(maxgram_first)
+        self.keep_unsure = bool(keep_unsure)
         self.tokenizer = tokenizer
         self.fast_head = bool(fast_head)
 
@@ -92,7 +98,7 @@ class CascadeAssistant(Assistant):
                 check_same_vocabulary(target, d, target_tokenizer, self.tokenizer)
         return CascadeCandidateGenerator(
             target, generation_config, logits_processor, stats, self.drafters, self.k_matrix, self.lenience,
-            self.maxgram_lenience, self.min_confidence, self.maxgram_first,
+            self.maxgram_lenience, self.min_confidence, self.maxgram_first, self.keep_unsure,
         )
 
     def __repr__(self) -> str:

@@ -74,12 +74,14 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     """One ``generate()`` call of a :class:`~hf_cascade.CascadeAssistant`."""
 
     def __init__(self, target, generation_config, logits_processor, stats, drafters, k_matrix, lenience: float,
-                 maxgram_lenience: float = 1.0, min_confidence: float = 0.0, maxgram_first: bool = False):
+                 maxgram_lenience: float = 1.0, min_confidence: float = 0.0, maxgram_first: bool = False,
+                 keep_unsure: bool = True):
         super().__init__(target, generation_config, logits_processor, stats)
         self.k = k_matrix
         self.lenience = float(lenience)
         self.maxgram_lenience = float(maxgram_lenience)
         self.min_confidence = float(min_confidence)
+        self.keep_unsure = bool(keep_unsure)
         # maxgram_first: Max-Gram drafts for the target directly and the smallest neural level drafts
         # after it autoregressively (no neural review of Max-Gram tokens); see CascadeAssistant.
         self.maxgram_first = bool(maxgram_first) and isinstance(drafters[-1], MaxGram) and len(drafters) > 1
@@ -113,11 +115,12 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                     self._append_maxgram(out, j, reviewer, cur, room)
                     break
                 if j == self.bottom:                                       # smallest level is neural
-                    tokens, probs, dists = level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence)
+                    tokens, probs, dists = level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence,
+                                                          self.keep_unsure)
                     out.append(tokens, probs, dists, origin=j, lenient=True)
                     produced += tokens.shape[0]
-                    if self.min_confidence > 0 and tokens.shape[0] and float(probs[-1]) < self.min_confidence:
-                        break
+                    if tokens.shape[0] < room or (self.min_confidence > 0 and float(probs[-1]) < self.min_confidence):
+                        break                                              # stopped early: unsure or a stop token
                     continue
                 sub = self._cascade(j, cur, budget - len(out) - 1)         # vertical cascade
                 review = self._review(j, cur, sub)

@@ -127,15 +127,19 @@ class NeuralLevel:
         self.cached = self.cached[:length]
 
     # -- autoregressive drafting (only when no smaller level exists) --------------------------
-    def generate(self, seq: torch.Tensor, k: int, do_sample: bool, stop_ids: set[int], min_confidence: float = 0.0):
-        """Draft ``k`` tokens autoregressively, stopping after a stop token or after a token drawn
-        with probability ``< min_confidence``. Returns ``(tokens [k'], token_probs [k'], dists [k', V] | None)``."""
+    def generate(self, seq: torch.Tensor, k: int, do_sample: bool, stop_ids: set[int], min_confidence: float = 0.0,
+                 keep_unsure: bool = True):
+        """Draft ``k`` tokens autoregressively, stopping after a stop token or at a token drawn with
+        probability ``< min_confidence`` (kept when ``keep_unsure``, else dropped: a shorter draft is
+        still drawn from the same distributions). Returns ``(tokens [k'], token_probs [k'], dists [k', V] | None)``."""
         tokens, probs, dists = [], [], []
         cur = seq
         for _ in range(k):
             s = self.scores(cur, cur.shape[0])[-1]                           # [V]
             p = s.softmax(dim=-1)
             tok = torch.multinomial(p, 1) if do_sample else s.argmax()[None]
+            if not keep_unsure and float(p[tok]) < min_confidence:
+                break
             tokens.append(tok.to(seq.device))
             probs.append(p[tok])
             if do_sample:
