@@ -62,6 +62,9 @@ def _add_bench(sub) -> None:
                         "tokens below it are not verified (default 0 = never)")
     p.add_argument("--drop-unsure", action="store_true",
                    help="cascade: with --min-confidence, drop the unsure token instead of drafting it (keep_unsure=False)")
+    p.add_argument("--cost-aware", action="store_true",
+                   help="cascade: the smallest drafter's tokens go to the target only while they raise expected tokens "
+                        "per unit of measured verification time (cost_aware=True)")
     p.add_argument("--maxgram-first", action="store_true",
                    help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
     p.add_argument("--baselines", default="plain",
@@ -244,6 +247,7 @@ def bench_config(args: argparse.Namespace):
         min_confidence=args.min_confidence,
         maxgram_first=args.maxgram_first,
         keep_unsure=not args.drop_unsure,
+        cost_aware=args.cost_aware,
         window=args.window,
         draft_length=args.draft_length,
         max_tree_nodes=args.max_tree_nodes,

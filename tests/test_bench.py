@@ -142,10 +142,10 @@ def test_cli_parsing():
         "bench", "--strategy", "cascade", "--draft", "big", "small", "--k-matrix", "[[2, 10], [0, 10]]",
         "--lenience", "2", "--baselines", "pld,economize", "--per-category", "1", "--max-new-tokens", "32",
         "--sampling", "--temperature", "0.5", "--seed", "3", "--out", "/tmp/x",
-        "--maxgram-first", "--min-confidence", "0.4", "--drop-unsure",
+        "--maxgram-first", "--min-confidence", "0.4", "--drop-unsure", "--cost-aware",
     ])
     config = bench_config(args)
-    assert (config.maxgram_first, config.min_confidence, config.keep_unsure) == (True, 0.4, False)
+    assert (config.maxgram_first, config.min_confidence, config.keep_unsure, config.cost_aware) == (True, 0.4, False, True)
     assert config.drafts == ["big", "small"]
     assert config.k_matrix == [[2, 10], [0, 10]]
     assert config.methods == ["plain", "pld", "economize", "cascade"]
@@ -154,7 +154,8 @@ def test_cli_parsing():
     defaults = bench_config(build_parser().parse_args(["bench"]))
     assert (defaults.strategy, defaults.methods, defaults.max_new_tokens, defaults.per_category) == (
         "maxgram", ["plain", "maxgram"], 128, 3)
-    assert (defaults.maxgram_first, defaults.min_confidence, defaults.keep_unsure) == (False, 0.0, True)
+    assert (defaults.maxgram_first, defaults.min_confidence, defaults.keep_unsure, defaults.cost_aware) == (
+        False, 0.0, True, False)
     assert build_parser().parse_args(["demo"]).max_new_tokens == 96
     with pytest.raises(ValueError):
         bench_config(build_parser().parse_args(["bench", "--baselines", "nope"]))

@@ -86,6 +86,8 @@ CONFIGS = {
                                                 maxgram_first=True, min_confidence=0.3),
     "maxgram_first_drop_unsure": lambda m: CascadeAssistant([m["noisy"], mg_fixed()], k_matrix=[[3, 10], [0, 10]],
                                                             maxgram_first=True, min_confidence=0.3, keep_unsure=False),
+    "maxgram_first_cost_aware": lambda m: CascadeAssistant([m["noisy"], MaxGram()], k_matrix=[[6, 10], [0, 10]],
+                                                           maxgram_first=True, cost_aware=True),
     "maxgram_first_two": lambda m: CascadeAssistant([m["big"], m["noisy"], MaxGram()], maxgram_first=True),
     "maxgram_lenience2": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=5)], maxgram_lenience=2.0),
     "padded_drafter": lambda m: CascadeAssistant([m["padded"], MaxGram()]),

@@ -113,3 +113,22 @@ def test_min_confidence_keeps_or_drops_the_unsure_token(threshold):
         assert d_tokens.shape[0] == 0 and k_tokens.shape[0] == 1
     if threshold == 0.0:
         assert d_tokens.shape[0] == k_tokens.shape[0] == 6
+
+
+def test_dropping_by_probability_hands_over_the_restricted_distribution():
+    """Under sampling a token kept only because ``q(x) >= floor`` was drawn from ``q`` restricted to
+    ``{q >= floor}``: that renormalised row is what verification gets (exact speculative sampling)."""
+    model = tm.noisy_copy(tm.llama_target(), noise=0.3)
+    seq = torch.tensor([1, 5, 6, 7, 5, 6])
+    floor = 0.02
+    for seed in range(8):
+        torch.manual_seed(seed)
+        level = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("d"))
+        tokens, probs, dists = level.generate(seq, 4, True, set(), floor, keep_unsure=False)
+        ref = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("d"))
+        for i in range(tokens.shape[0]):
+            q = ref.scores(torch.cat([seq, tokens[:i]]), seq.shape[0] + i)[-1].softmax(-1)
+            expected = torch.where(q >= floor, q, torch.zeros_like(q))
+            torch.testing.assert_close(dists[i], expected / expected.sum())
+            assert float(probs[i]) == pytest.approx(float(q[tokens[i]]))
+            assert float(q[tokens[i]]) >= floor

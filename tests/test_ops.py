@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_cascade.cascade.k_matrix import default_k_matrix, validate_k_matrix
-from hf_cascade.drafters.lookahead import AdaptiveLookahead, CostModel
+from hf_cascade.drafters.lookahead import AdaptiveLookahead, CostModel, ExpectedGainRule
 from hf_cascade.drafters.maxgram import BIGRAM_BUCKET, BigramTable, MaxGram, longest_suffix_match
 from hf_cascade.stats import GenerationStats, PositionCounts
 from hf_cascade.verify import greedy_review, one_hot_dists, output_distribution, sampling_review
@@ -398,3 +398,23 @@ def test_position_counts_and_generation_stats():
     s.record_target_review(0, 0)
     assert s.target_calls == 2 and s.new_tokens == 4 and s.tokens_per_target_call == 2.0
     assert s.to_dict()["draft_len_per_call"] == [4, 0]
+
+
+def test_expected_gain_rule_golden():
+    """Prior cost(k) = 1 + 0.6 [k > 0] + 0.05 k: the first token must lift E from 1 to >= 1.65."""
+    rule = ExpectedGainRule.after([], CostModel(measure=False))
+    assert rule.threshold() == pytest.approx(0.65)           # (1 + p) / 1.65 >= 1 / 1
+    rule.extend(0.7)                                          # E = 1.7, reach 0.7
+    assert rule.threshold() == pytest.approx(1.7 * (1.70 / 1.65 - 1) / 0.7)   # 0.0736
+    rule.extend(0.5)                                          # E = 2.05, reach 0.35
+    assert rule.threshold() == pytest.approx(2.05 * (1.75 / 1.70 - 1) / 0.35)  # 0.1723
+    # after two Max-Gram tokens accepted half the time: E = 1.75, reach 0.25
+    rule = ExpectedGainRule.after([0.5, 0.5], CostModel(measure=False))
+    assert (rule.expected, rule.reach, rule.n) == (1.75, 0.25, 2)
+    assert rule.threshold() == pytest.approx(1.75 * (1.75 / 1.70 - 1) / 0.25)  # 0.2059
+    # measured: one more row costs 10% more than a plain step
+    measured = CostModel()
+    measured.observe(0, 0.100)
+    measured.observe(1, 0.110)
+    assert ExpectedGainRule.after([], measured).threshold() == pytest.approx(0.1)
+    assert ExpectedGainRule.after([0.0], measured).threshold() == math.inf

@@ -132,6 +132,9 @@ CONFIGS = {
     "maxgram_first_drop_unsure": (
         lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[2, 3], [0, 3]],
                                    maxgram_first=True, min_confidence=0.3, keep_unsure=False), "noisy", {}),
+    "maxgram_first_cost_aware": (
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[3, 3], [0, 3]],
+                                   maxgram_first=True, cost_aware=True), "noisy", {}),
     "maxgram_unreviewed": (
         lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], maxgram_lenience=float("inf")),
         "noisy", {}),

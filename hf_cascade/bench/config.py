@@ -24,7 +24,7 @@ class BenchConfig:
         baselines: baselines besides ours; ``"plain"`` is added when missing.
         k_matrix: optional ``n x n`` K-matrix of the cascade (``n`` = drafters including MaxGram).
         lenience: lenience between drafters of the cascade (``>= 1``).
-        maxgram_lenience / min_confidence / maxgram_first / keep_unsure: see :class:`~hf_cascade.CascadeAssistant`
+        maxgram_lenience / min_confidence / maxgram_first / keep_unsure / cost_aware: see :class:`~hf_cascade.CascadeAssistant`
             (``min_confidence`` is also ``ReDrafterAssistant``'s, for every redrafter method).
         draft_length / max_tree_nodes: ``GlideAssistant``'s main-path length and tree-size cap (strategy glide).
         beam_width / beam_length: ``ReDrafterAssistant``'s beam search (strategy redrafter).
@@ -48,6 +48,7 @@ class BenchConfig:
     min_confidence: float = 0.0
     maxgram_first: bool = False
     keep_unsure: bool = True
+    cost_aware: bool = False
     window: int = 10
     draft_length: int = 5
     max_tree_nodes: int | None = None

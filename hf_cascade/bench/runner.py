@@ -94,7 +94,8 @@ def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, 
     strategy_kwargs: dict[str, Any] = {"lenience": config.lenience}
     if config.strategy == "cascade":
         strategy_kwargs.update(maxgram_lenience=config.maxgram_lenience, min_confidence=config.min_confidence,
-                               maxgram_first=config.maxgram_first, keep_unsure=config.keep_unsure)
+                               maxgram_first=config.maxgram_first, keep_unsure=config.keep_unsure,
+                               cost_aware=config.cost_aware)
     if config.k_matrix is not None:
         strategy_kwargs["k_matrix"] = config.k_matrix
     methods: dict[str, Method] = {}

@@ -37,7 +37,15 @@ class CascadeAssistant(Assistant):
         keep_unsure: with ``min_confidence``, whether the unsure token itself stays in the draft
             (``True``, transformers' behaviour) or is dropped (``False``: the target then verifies
             only tokens the drafter was confident of, so when Max-Gram has no match and the drafter
-            is unsure, the target runs a cheap one-token step). Lossless either way.
+            is unsure, the target runs a cheap one-token step). Lossless either way: under sampling a
+            kept token's ``q`` is the drafter's distribution restricted to tokens at or above the floor.
+        cost_aware: the smallest neural drafter's tokens for the target are admitted only while each
+            raises the expected tokens per unit of target time (measured verification cost by draft
+            length; the drafter's probability as its acceptance estimate, Max-Gram's measured
+            acceptance for the Max-Gram tokens before it): Max-Gram's adaptive-lookahead rule applied
+            to the drafter, as a probability floor that drops the first token below it (the ``q``
+            handed to verification is restricted accordingly). Not in the paper (its K-matrix
+            lengths are fixed); lossless.
         maxgram_first: with ``[..., MaxGram()]``: Max-Gram's proposal (``K[0][-1]`` tokens at most,
             adaptive length judged by the target's verdicts) goes to the target unreviewed, then the
             smallest neural drafter continues it autoregressively (``K[0]`` of that level, with
@@ -67,6 +75,7 @@ class CascadeAssistant(Assistant):
         maxgram_first: bool = False,
         fast_head: bool = True,
         keep_unsure: bool = True,
+        cost_aware: bool = False,
     ):
         drafters = list(drafters)
         if not drafters:
@@ -89,6 +98,7 @@ class CascadeAssistant(Assistant):
         self.min_confidence = float(min_confidence)
         self.maxgram_first = bool(maxgram_first)
         self.keep_unsure = bool(keep_unsure)
+        self.cost_aware = bool(cost_aware)
         self.tokenizer = tokenizer
         self.fast_head = bool(fast_head)
 
@@ -99,6 +109,7 @@ class CascadeAssistant(Assistant):
         return CascadeCandidateGenerator(
             target, generation_config, logits_processor, stats, self.drafters, self.k_matrix, self.lenience,
             self.maxgram_lenience, self.min_confidence, self.maxgram_first, self.keep_unsure,
+            self.cost_aware,
         )
 
     def __repr__(self) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
-from ..drafters.lookahead import AdaptiveLookahead
+from ..drafters.lookahead import AdaptiveLookahead, CostModel, ExpectedGainRule
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import NeuralLevel
 from ..stats import LevelStats
@@ -75,13 +75,15 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     def __init__(self, target, generation_config, logits_processor, stats, drafters, k_matrix, lenience: float,
                  maxgram_lenience: float = 1.0, min_confidence: float = 0.0, maxgram_first: bool = False,
-                 keep_unsure: bool = True):
+                 keep_unsure: bool = True, cost_aware: bool = False):
         super().__init__(target, generation_config, logits_processor, stats)
         self.k = k_matrix
         self.lenience = float(lenience)
         self.maxgram_lenience = float(maxgram_lenience)
         self.min_confidence = float(min_confidence)
         self.keep_unsure = bool(keep_unsure)
+        self.cost_aware = bool(cost_aware)
+        self._target_cost = CostModel()   # the target's verification time by draft length (cost_aware)
         # maxgram_first: Max-Gram drafts for the target directly and the smallest neural level drafts
         # after it autoregressively (no neural review of Max-Gram tokens); see CascadeAssistant.
         self.maxgram_first = bool(maxgram_first) and isinstance(drafters[-1], MaxGram) and len(drafters) > 1
@@ -115,8 +117,9 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                     self._append_maxgram(out, j, reviewer, cur, room)
                     break
                 if j == self.bottom:                                       # smallest level is neural
+                    rule = self._expected_gain_rule(out) if self.cost_aware and reviewer == TARGET else None
                     tokens, probs, dists = level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence,
-                                                          self.keep_unsure)
+                                                          self.keep_unsure, rule)
                     out.append(tokens, probs, dists, origin=j, lenient=True)
                     produced += tokens.shape[0]
                     if tokens.shape[0] < room or (self.min_confidence > 0 and float(probs[-1]) < self.min_confidence):
@@ -132,6 +135,14 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                 if self.min_confidence > 0 and _confidence(review) < self.min_confidence:
                     break                                                  # level j is unsure: stop it here
         return out
+
+    def _expected_gain_rule(self, out: _Drafted) -> ExpectedGainRule:
+        """The ``cost_aware`` rule for the smallest drafter's next target-bound tokens: the draft so far
+        counts with its Max-Gram tokens' measured bucket acceptance and its neural tokens' probability."""
+        accept = out.probs.clone()                                          # [u] acceptance estimates
+        for seg in out.segments:
+            accept[seg.start:seg.start + seg.length] = seg.policy.acceptance(seg.bucket)
+        return ExpectedGainRule.after(accept.tolist(), self._target_cost)
 
     def _append_maxgram(self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int) -> None:
         mg: MaxGram = self.levels[j]
@@ -169,6 +180,8 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     # -- update ------------------------------------------------------------------------------
     def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
+        if verify_seconds is not None:
+            self._target_cost.observe(num_proposed, verify_seconds)
         if self._pending is not None:
             self._feedback_segments(self._pending.segments, num_accepted)
             self._record_acceptance(self._pending, num_accepted)

@@ -16,7 +16,9 @@ from the reviewer's own forward times (:class:`CostModel`), or fixed for determi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 
 @dataclass
@@ -118,3 +120,41 @@ class AdaptiveLookahead:
         trials = accepted + (1 if accepted < proposed else 0)
         self._accepted[bucket] = self._accepted.get(bucket, 0.0) + accepted
         self._trials[bucket] = self._trials.get(bucket, 0.0) + trials
+
+
+
+@dataclass
+class ExpectedGainRule:
+    """The lookahead's rule for a drafter that proposes one token at a time: a further token, accepted
+    with probability ``p`` once reached, is worth verifying while it does not lower ``E(n) / cost(n)``,
+    i.e. while ``p >= threshold()``.
+
+    ``E(n) = 1 + sum_i prod_{j<=i} a_j`` (the target's bonus token included) over the acceptance
+    estimates ``a_j`` of the ``n`` tokens in the draft; a token is reached when all before it are accepted.
+    """
+
+    cost: CostModel
+    reach: float = 1.0
+    expected: float = 1.0
+    n: int = 0
+
+    @classmethod
+    def after(cls, accept: Sequence[float], cost: CostModel) -> "ExpectedGainRule":
+        """The rule for a draft that already holds tokens with acceptance estimates ``accept``."""
+        rule = cls(cost)
+        for a in accept:
+            rule.extend(a)
+        return rule
+
+    def threshold(self) -> float:
+        """Smallest ``p`` for which ``(E + reach * p) / cost(n + 1) >= E / cost(n)``."""
+        if self.reach <= 0.0:
+            return math.inf
+        ratio = self.cost.cost(self.n + 1) / self.cost.cost(self.n)
+        return self.expected * (ratio - 1.0) / self.reach
+
+    def extend(self, a: float) -> None:
+        """A token with acceptance estimate ``a`` joins the draft."""
+        self.reach *= a
+        self.expected += self.reach
+        self.n += 1

@@ -17,6 +17,7 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from ..processors import process_positions
 from ..stats import LevelStats
+from .lookahead import ExpectedGainRule
 
 # Vocabularies whose sizes differ by at most this many rows are treated as padded copies of each
 # other (e.g. 151936 vs 152064), provided their special tokens agree.
@@ -128,30 +129,45 @@ class NeuralLevel:
 
     # -- autoregressive drafting (only when no smaller level exists) --------------------------
     def generate(self, seq: torch.Tensor, k: int, do_sample: bool, stop_ids: set[int], min_confidence: float = 0.0,
-                 keep_unsure: bool = True):
-        """Draft ``k`` tokens autoregressively, stopping after a stop token or at a token drawn with
-        probability ``< min_confidence`` (kept when ``keep_unsure``, else dropped: a shorter draft is
-        still drawn from the same distributions). Returns ``(tokens [k'], token_probs [k'], dists [k', V] | None)``."""
+                 keep_unsure: bool = True, rule: ExpectedGainRule | None = None):
+        """Draft ``k`` tokens autoregressively. Stops after a stop token; after a token drawn with
+        probability ``< min_confidence`` when ``keep_unsure`` (transformers' rule); *before* a token
+        whose probability is below a floor (``min_confidence`` when not ``keep_unsure``, and ``rule``'s
+        threshold), which is then dropped.
+
+        Dropping a drawn token by its probability changes the distribution the kept token came from:
+        with floor ``t`` it is ``q`` restricted to ``{x: q(x) >= t}`` and renormalised, and that is the
+        ``dists`` row returned, so speculative sampling stays exact. Returns ``(tokens [k'],
+        token_probs [k'], dists [k', V] | None)``; ``token_probs`` are the unrestricted ``q(x)``.
+        """
         tokens, probs, dists = [], [], []
         cur = seq
         for _ in range(k):
             s = self.scores(cur, cur.shape[0])[-1]                           # [V]
-            p = s.softmax(dim=-1)
-            tok = torch.multinomial(p, 1) if do_sample else s.argmax()[None]
-            if not keep_unsure and float(p[tok]) < min_confidence:
-                break
+            q = s.softmax(dim=-1)                                            # [V] the drafter's distribution
+            tok = torch.multinomial(q, 1) if do_sample else s.argmax()[None]
+            prob = float(q[tok])
+            dist = q
+            floor = max(0.0 if keep_unsure else min_confidence, rule.threshold() if rule is not None else 0.0)
+            if floor > 0.0:
+                admitted = q >= floor                                        # [V]
+                if not bool(admitted[tok]):
+                    break                                                    # drop it: the draft ends here
+                dist = q * admitted / (q * admitted).sum()                   # what a kept token was drawn from
             tokens.append(tok.to(seq.device))
-            probs.append(p[tok])
+            probs.append(prob)
             if do_sample:
-                dists.append(p)
+                dists.append(dist)
+            if rule is not None:
+                rule.extend(prob)
             cur = torch.cat([cur, tok.to(seq.device)])
-            if int(tok) in stop_ids or float(p[tok]) < min_confidence:
+            if int(tok) in stop_ids or prob < min_confidence:
                 break
         if not tokens:
             return seq[:0], torch.ones(0), (torch.zeros(0, self.vocab_size) if do_sample else None)
         return (
             torch.cat(tokens),
-            torch.cat(probs).cpu(),
+            torch.tensor(probs),
             torch.stack(dists).to(seq.device) if do_sample else None,
         )
 
