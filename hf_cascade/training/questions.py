@@ -71,7 +71,8 @@ def sample_questions(target, tokenizer, general: Sequence[str], gsm8k: Sequence[
                     else rng.sample(general, 2)
                 batch.append(seed_prompt(*pair))
             enc = tokenizer(batch, return_tensors="pt", padding=True).to(target.device)
-            gen = target.generate(**enc, max_new_tokens=cfg.max_new_tokens, do_sample=True,
+            gen = target.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                                  max_new_tokens=cfg.max_new_tokens, do_sample=True,
                                   temperature=cfg.temperature, top_p=cfg.top_p)  # [B, T + new]
             for row in gen[:, enc["input_ids"].shape[1]:]:
                 text = tokenizer.decode(row, skip_special_tokens=True).split("\n")[0].strip()
