@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_cascade.cascade.k_matrix import default_k_matrix, validate_k_matrix
-from hf_cascade.drafters.lookahead import AdaptiveLookahead, Calibration, CostModel, ExpectedGainRule
+from hf_cascade.drafters.lookahead import AdaptiveLookahead, CostModel, ExpectedGainRule
 from hf_cascade.drafters.maxgram import BIGRAM_BUCKET, BigramTable, MaxGram, longest_suffix_match
 from hf_cascade.stats import GenerationStats, PositionCounts
 from hf_cascade.verify import greedy_review, one_hot_dists, output_distribution, sampling_review
@@ -418,20 +418,3 @@ def test_expected_gain_rule_golden():
     measured.observe(1, 0.110)
     assert ExpectedGainRule.after([], measured).threshold() == pytest.approx(0.1)
     assert ExpectedGainRule.after([0.0], measured).threshold() == math.inf
-
-
-def test_calibration_golden():
-    cal = Calibration(prior_strength=4.0)
-    assert cal.scale == 1.0
-    cal.observe([0.8, 0.5, 0.4], accepted=1)       # reached: 0.8 (accepted), 0.5 (rejected); 0.4 not reached
-    assert (cal.accepted, cal.expected) == (1.0, pytest.approx(1.3))
-    assert cal.scale == pytest.approx(5.0 / 5.3)
-    cal.observe([0.9], accepted=1)                  # all accepted: the bonus position is not a drafter token
-    assert (cal.accepted, cal.expected) == (2.0, pytest.approx(2.2))
-    # a drafter accepted half as often as it claims has its floor doubled
-    rule = ExpectedGainRule.after([], CostModel(measure=False), scale=0.5)
-    assert rule.floor() == pytest.approx(1.3)
-    rule = ExpectedGainRule.after([], CostModel(measure=False), scale=2.0)
-    assert rule.floor() == pytest.approx(0.325)
-    rule.extend_drafted(0.9)                        # estimate min(1, 1.8) = 1
-    assert (rule.reach, rule.expected, rule.n) == (1.0, 2.0, 1)

@@ -39,13 +39,11 @@ class CascadeAssistant(Assistant):
             only tokens the drafter was confident of, so when Max-Gram has no match and the drafter
             is unsure, the target runs a cheap one-token step). Lossless either way: under sampling a
             kept token's ``q`` is the drafter's distribution restricted to tokens at or above the floor.
-        cost_aware: Max-Gram's adaptive-lookahead rule applied to the smallest neural drafter: its
-            tokens for the target are admitted only while each raises the expected tokens per unit
-            of target time, given the measured verification cost by draft length, Max-Gram's
-            measured acceptance for the Max-Gram tokens before them, and the drafter's probability
-            scaled by how often its reached tokens were accepted so far in this call
-            (:class:`~hf_cascade.drafters.lookahead.Calibration`) as its acceptance estimate. This
-            is a floor on the drafter's probability that drops the first token below it (the ``q``
+        cost_aware: the smallest neural drafter's tokens for the target are admitted only while each
+            raises the expected tokens per unit of target time (measured verification cost by draft
+            length; the drafter's probability as its acceptance estimate, Max-Gram's measured
+            acceptance for the Max-Gram tokens before it): Max-Gram's adaptive-lookahead rule applied
+            to the drafter, as a probability floor that drops the first token below it (the ``q``
             handed to verification is restricted accordingly). Not in the paper (its K-matrix
             lengths are fixed); lossless.
         maxgram_first: with ``[..., MaxGram()]``: Max-Gram's proposal (``K[0][-1]`` tokens at most,

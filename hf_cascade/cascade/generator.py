@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
-from ..drafters.lookahead import AdaptiveLookahead, Calibration, CostModel, ExpectedGainRule
+from ..drafters.lookahead import AdaptiveLookahead, CostModel, ExpectedGainRule
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import NeuralLevel
 from ..stats import LevelStats
@@ -84,7 +84,6 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         self.keep_unsure = bool(keep_unsure)
         self.cost_aware = bool(cost_aware)
         self._target_cost = CostModel()   # the target's verification time by draft length (cost_aware)
-        self._calibration = Calibration()  # the smallest drafter's acceptance vs its probabilities (cost_aware)
         # maxgram_first: Max-Gram drafts for the target directly and the smallest neural level drafts
         # after it autoregressively (no neural review of Max-Gram tokens); see CascadeAssistant.
         self.maxgram_first = bool(maxgram_first) and isinstance(drafters[-1], MaxGram) and len(drafters) > 1
@@ -143,7 +142,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         accept = out.probs.clone()                                          # [u] acceptance estimates
         for seg in out.segments:
             accept[seg.start:seg.start + seg.length] = seg.policy.acceptance(seg.bucket)
-        return ExpectedGainRule.after(accept.tolist(), self._target_cost, self._calibration.scale)
+        return ExpectedGainRule.after(accept.tolist(), self._target_cost)
 
     def _append_maxgram(self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int) -> None:
         mg: MaxGram = self.levels[j]
@@ -183,8 +182,6 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
         if verify_seconds is not None:
             self._target_cost.observe(num_proposed, verify_seconds)
-        if self.cost_aware and self._pending is not None:
-            self._calibrate(self._pending, num_accepted)
         if self._pending is not None:
             self._feedback_segments(self._pending.segments, num_accepted)
             self._record_acceptance(self._pending, num_accepted)
@@ -192,15 +189,6 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
             if reviewer == TARGET and verify_seconds is not None:
                 policy.cost.observe(num_proposed, verify_seconds)
         self._pending = None
-
-    def _calibrate(self, d: _Drafted, num_accepted: int) -> None:
-        """Feed the target's verdict on the smallest drafter's run of tokens to the calibration."""
-        idx = (d.origin == self.bottom).nonzero().flatten()
-        if idx.numel() == 0 or not isinstance(self.levels[self.bottom], NeuralLevel):
-            return
-        start = int(idx[0])
-        if num_accepted >= start:                                           # the run was reached
-            self._calibration.observe(d.probs[idx].tolist(), num_accepted - start)
 
     def _feedback(self, sub: _Drafted, n: int, reviewer: int, seconds: float | None) -> None:
         self._feedback_segments(sub.segments, n)

@@ -134,16 +134,14 @@ class ExpectedGainRule:
     """
 
     cost: CostModel
-    scale: float = 1.0
     reach: float = 1.0
     expected: float = 1.0
     n: int = 0
 
     @classmethod
-    def after(cls, accept: Sequence[float], cost: CostModel, scale: float = 1.0) -> "ExpectedGainRule":
-        """The rule for a draft that already holds tokens with acceptance estimates ``accept``; the
-        drafter's next tokens are estimated at ``min(1, scale * q(x))`` (see :class:`Calibration`)."""
-        rule = cls(cost, scale)
+    def after(cls, accept: Sequence[float], cost: CostModel) -> "ExpectedGainRule":
+        """The rule for a draft that already holds tokens with acceptance estimates ``accept``."""
+        rule = cls(cost)
         for a in accept:
             rule.extend(a)
         return rule
@@ -160,36 +158,3 @@ class ExpectedGainRule:
         self.reach *= a
         self.expected += self.reach
         self.n += 1
-
-    def floor(self) -> float:
-        """The threshold on the drafter's own probability ``q(x)``: ``threshold() / scale``."""
-        return self.threshold() / self.scale
-
-    def extend_drafted(self, q: float) -> None:
-        """A drafter token of probability ``q`` joins the draft (estimate ``min(1, scale * q)``)."""
-        self.extend(min(1.0, self.scale * q))
-
-
-@dataclass
-class Calibration:
-    """How often a drafter's reached tokens are accepted relative to its own probabilities:
-    ``scale = (accepted + s) / (sum of q over reached tokens + s)``, ``s = prior_strength`` (``scale``
-    starts at 1: the probabilities taken at face value). One global factor keeps ``min(1, scale * q)``
-    monotone in ``q``, so the admitted tokens are still ``{x: q(x) >= floor}``."""
-
-    prior_strength: float = 4.0
-    accepted: float = 0.0
-    expected: float = 0.0
-
-    @property
-    def scale(self) -> float:
-        return (self.accepted + self.prior_strength) / (self.expected + self.prior_strength)
-
-    def observe(self, probs: Sequence[float], accepted: int) -> None:
-        """Verdict on a run of drafter tokens whose first ``accepted`` were accepted (the rest up to
-        and including the first rejection were reached; later ones were not)."""
-        for i, q in enumerate(probs):
-            if i > accepted:
-                break
-            self.expected += q
-            self.accepted += float(i < accepted)

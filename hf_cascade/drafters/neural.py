@@ -148,7 +148,7 @@ class NeuralLevel:
             tok = torch.multinomial(q, 1) if do_sample else s.argmax()[None]
             prob = float(q[tok])
             dist = q
-            floor = max(0.0 if keep_unsure else min_confidence, rule.floor() if rule is not None else 0.0)
+            floor = max(0.0 if keep_unsure else min_confidence, rule.threshold() if rule is not None else 0.0)
             if floor > 0.0:
                 admitted = q >= floor                                        # [V]
                 if not bool(admitted[tok]):
@@ -159,7 +159,7 @@ class NeuralLevel:
             if do_sample:
                 dists.append(dist)
             if rule is not None:
-                rule.extend_drafted(prob)
+                rule.extend(prob)
             cur = torch.cat([cur, tok.to(seq.device)])
             if int(tok) in stop_ids or prob < min_confidence:
                 break
