@@ -1,12 +1,10 @@
-"""Golden values for the pure operations: suffix matching, bigrams, reviews, K-matrices, lookahead."""
-
-import math
+"""Golden values for the pure operations: suffix matching, bigrams, reviews, K-matrices (the lookahead's
+are in test_lookahead.py)."""
 
 import pytest
 import torch
 
 from hf_cascade.cascade.k_matrix import default_k_matrix, validate_k_matrix
-from hf_cascade.drafters.lookahead import AdaptiveLookahead, CostModel, ExpectedGainRule
 from hf_cascade.drafters.maxgram import BIGRAM_BUCKET, BigramTable, MaxGram, longest_suffix_match
 from hf_cascade.stats import GenerationStats, PositionCounts
 from hf_cascade.verify import greedy_review, one_hot_dists, output_distribution, sampling_review
@@ -316,75 +314,6 @@ def test_validate_k_matrix_errors(k, n, message):
         validate_k_matrix(k, n)
 
 
-# -- AdaptiveLookahead / CostModel -----------------------------------------------------------------------
-
-def _fixed():
-    return CostModel(measure=False)
-
-
-def test_cost_model_prior_and_measurements():
-    c = _fixed()
-    assert c.cost(0) == 1.0
-    assert math.isclose(c.cost(4), 1.0 + 0.6 + 0.2)
-    c.observe(4, 123.0)  # measure=False: ignored
-    assert math.isclose(c.cost(4), 1.8)
-    m = CostModel()
-    m.observe(0, 1.0)
-    m.observe(4, 2.0)
-    assert math.isclose(m.cost(4), 2.0)
-    assert math.isclose(m.cost(2), 2.0 * 1.7 / 1.8)       # interpolated from k = 4 with the prior's shape
-    m.observe(4, 4.0)                                     # EMA: 0.8 * 2 + 0.2 * 4
-    assert math.isclose(m.cost(4), 2.4)
-
-
-def test_lookahead_high_acceptance_drafts_everything():
-    la = AdaptiveLookahead(max_tokens=10, cost=_fixed(), bucket_priors={5: 0.95})
-    assert la.choose(5, available=12) == 10
-    assert la.choose(5, available=4) == 4
-    assert la.choose(5, available=12, limit=3) == 3
-    for _ in range(20):
-        la.observe(1, proposed=10, accepted=10)
-    assert la.acceptance(1) > 0.9
-    assert la.choose(1, available=10) == 10
-
-
-def test_lookahead_low_acceptance_drafts_nothing_but_explores():
-    la = AdaptiveLookahead(max_tokens=10, cost=_fixed(), explore_every=4, explore_tokens=2)
-    for _ in range(30):
-        la.observe(0, proposed=5, accepted=0)
-    assert la.acceptance(0) < 0.15
-    choices = [la.choose(0, available=10) for _ in range(12)]
-    assert choices == [0, 0, 0, 2] * 3
-    # exploration never exceeds what is available
-    la2 = AdaptiveLookahead(max_tokens=10, cost=_fixed(), explore_every=1, explore_tokens=5, prior_accept=0.001)
-    assert la2.choose(0, available=3) == 3
-
-
-def test_lookahead_non_adaptive_and_limits():
-    la = AdaptiveLookahead(max_tokens=6, cost=_fixed(), adaptive=False, prior_accept=0.001)
-    assert la.choose(0, available=10) == 6
-    assert la.choose(0, available=10, limit=2) == 2
-    assert la.choose(0, available=0) == 0
-
-
-def test_lookahead_observe_updates_beta_estimate():
-    la = AdaptiveLookahead(prior_accept=0.5, prior_strength=4.0, cost=_fixed())
-    la.observe(3, proposed=5, accepted=2)       # 2 accepted, 1 rejected trial
-    assert math.isclose(la.acceptance(3), (2 + 2) / (3 + 4))
-    la.observe(3, proposed=3, accepted=3)       # all accepted: 3 trials
-    assert math.isclose(la.acceptance(3), (5 + 2) / (6 + 4))
-    la.observe(3, proposed=0, accepted=0)       # ignored
-    assert math.isclose(la.acceptance(3), 7 / 10)
-
-
-def test_lookahead_middle_acceptance_picks_interior_length():
-    # a = 0.5, cost(k) = 1.6 + 0.05 k: E(k)/cost(k) = (2 - 0.5^k) / (1.6 + 0.05 k), best at k = 4 ... 5
-    la = AdaptiveLookahead(max_tokens=10, cost=CostModel(prior_step=0.6, prior_slope=0.05, measure=False), prior_accept=0.75)
-    values = {k: (sum(0.75 ** i for i in range(k + 1))) / (1.6 + 0.05 * k) for k in range(1, 11)}
-    assert la.choose(2, available=10) == max(values, key=values.get)
-    assert 0 < la.choose(2, available=10) < 10
-
-
 # -- statistics ----------------------------------------------------------------------------------------
 
 def test_position_counts_and_generation_stats():
@@ -398,23 +327,3 @@ def test_position_counts_and_generation_stats():
     s.record_target_review(0, 0)
     assert s.target_calls == 2 and s.new_tokens == 4 and s.tokens_per_target_call == 2.0
     assert s.to_dict()["draft_len_per_call"] == [4, 0]
-
-
-def test_expected_gain_rule_golden():
-    """Prior cost(k) = 1 + 0.6 [k > 0] + 0.05 k: the first token must lift E from 1 to >= 1.65."""
-    rule = ExpectedGainRule.after([], CostModel(measure=False))
-    assert rule.threshold() == pytest.approx(0.65)           # (1 + p) / 1.65 >= 1 / 1
-    rule.extend(0.7)                                          # E = 1.7, reach 0.7
-    assert rule.threshold() == pytest.approx(1.7 * (1.70 / 1.65 - 1) / 0.7)   # 0.0736
-    rule.extend(0.5)                                          # E = 2.05, reach 0.35
-    assert rule.threshold() == pytest.approx(2.05 * (1.75 / 1.70 - 1) / 0.35)  # 0.1723
-    # after two Max-Gram tokens accepted half the time: E = 1.75, reach 0.25
-    rule = ExpectedGainRule.after([0.5, 0.5], CostModel(measure=False))
-    assert (rule.expected, rule.reach, rule.n) == (1.75, 0.25, 2)
-    assert rule.threshold() == pytest.approx(1.75 * (1.75 / 1.70 - 1) / 0.25)  # 0.2059
-    # measured: one more row costs 10% more than a plain step
-    measured = CostModel()
-    measured.observe(0, 0.100)
-    measured.observe(1, 0.110)
-    assert ExpectedGainRule.after([], measured).threshold() == pytest.approx(0.1)
-    assert ExpectedGainRule.after([0.0], measured).threshold() == math.inf
