@@ -150,10 +150,11 @@ class NeuralLevel:
             dist = q
             floor = max(0.0 if keep_unsure else min_confidence, rule.threshold() if rule is not None else 0.0)
             if floor > 0.0:
-                admitted = q >= floor                                        # [V]
-                if not bool(admitted[tok]):
+                if not bool(q[tok] >= floor):                                # the same comparison as the mask
                     break                                                    # drop it: the draft ends here
-                dist = q * admitted / (q * admitted).sum()                   # what a kept token was drawn from
+                if do_sample:                                                # what a kept token was drawn from
+                    kept = torch.where(q >= floor, q, torch.zeros_like(q))   # [V]
+                    dist = kept / kept.sum()
             tokens.append(tok.to(seq.device))
             probs.append(prob)
             if do_sample:
