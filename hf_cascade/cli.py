@@ -50,6 +50,8 @@ def _add_bench(sub) -> None:
                    help="draft window of the hf-assisted-constant/-confidence baselines and HSDDW's max_window (default 10)")
     p.add_argument("--draft-length", type=int, default=5, help="glide: main-path draft tokens per step (default 5)")
     p.add_argument("--max-tree-nodes", type=int, default=None, help="glide: cap on CAPE tree nodes (default none)")
+    p.add_argument("--min-expansion-prob", type=float, default=0.0,
+                   help="glide: CAPE leaves out expansion tokens the draft gives probability < this (default 0)")
     p.add_argument("--beam-width", type=int, default=4, help="redrafter: beams (default 4)")
     p.add_argument("--beam-length", type=int, default=5, help="redrafter: draft tokens per beam (default 5)")
     p.add_argument("--k-matrix", default=None, metavar="JSON",
@@ -59,7 +61,8 @@ def _add_bench(sub) -> None:
                    help="cascade: lenience of neural drafters' reviews of Max-Gram tokens (>= 1; 'inf' = no veto; default 1)")
     p.add_argument("--min-confidence", type=float, default=0.0,
                    help="cascade: a neural drafter stops after a token it gave probability < this; redrafter: beam "
-                        "tokens below it are not verified (default 0 = never)")
+                        "tokens below it are not verified; glide: the main path stops at a token below it "
+                        "(default 0 = never)")
     p.add_argument("--drop-unsure", action="store_true",
                    help="cascade: with --min-confidence, drop the unsure token instead of drafting it (keep_unsure=False)")
     p.add_argument("--cost-aware", action="store_true",
@@ -251,6 +254,7 @@ def bench_config(args: argparse.Namespace):
         window=args.window,
         draft_length=args.draft_length,
         max_tree_nodes=args.max_tree_nodes,
+        min_expansion_prob=args.min_expansion_prob,
         beam_width=args.beam_width,
         beam_length=args.beam_length,
         max_new_tokens=args.max_new_tokens,

@@ -71,6 +71,14 @@ def test_expansion_sets_golden():
     assert [x.tolist() for x in cap_expansions(sets, 3, 8)] == [[3, 4, 2, 0], [3], []]
     assert [x.tolist() for x in cap_expansions(sets, 3, 6)] == [[3, 4, 2], [], []]
     assert cap_expansions(sets, 3, None) == sets
+    # min_prob (not in the paper) drops siblings whose path the draft finds unlikely after S(p) sized the sets:
+    # path probability = own probability x main confidences above (1, .5, .5 * .9 = .45 for the three rows).
+    assert [x.tolist() for x in expansion_sets(probs, main, sizes, min_prob=0.1)] == [[3, 4, 2], [], [1]]
+    assert [x.tolist() for x in expansion_sets(probs, main, sizes, min_prob=0.085)] == [[3, 4, 2], [], [1, 2]]
+    assert [x.tolist() for x in expansion_sets(probs, main, sizes, min_prob=0.2)] == [[3], [], []]
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="min_prob"):
+            CapeSettings(min_prob=bad)
 
 
 def test_cape_verification_input_golden():
@@ -168,6 +176,30 @@ def test_greedy_parity_eos_and_max_length_cuts(targets, cape):
         assert got.tolist() == expected.tolist(), kw
         if "eos_token_id" in kw:
             assert got[0, -1] == eos and got.shape[1] < 3 + 40
+
+
+@pytest.mark.parametrize("cape", [False, True])
+def test_min_confidence_stops_the_main_path(targets, cape):
+    """``min_confidence`` (not in the paper): the main path ends at the first token the draft gives less; a
+    chain leaves that token out, CAPE verifies it with its expansions. Outputs stay those of plain."""
+    target = targets["gemma3"]
+    mc = 0.5
+    a = GlideAssistant(echo_glide(target, 0.3), cape=cape, min_confidence=mc, min_expansion_prob=0.3, fast_head=False)
+    for prompt in (ids(1, 5, 9), ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39)):
+        expected = target.generate(prompt, do_sample=False, max_new_tokens=32)
+        got = target.generate(prompt, do_sample=False, max_new_tokens=32, assistant_model=a)
+        assert got.tolist() == expected.tolist()
+        s = a.last_stats
+        assert len(s.main_lengths) == len(s.confidences) and sum(s.accepted_per_call) > 0
+        for n, conf in zip(s.main_lengths, s.confidences):
+            assert len(conf) == n
+            sure = conf if not cape else conf[:-1]                       # CAPE keeps the unsure token last,
+            assert all(c >= mc for c in sure)
+            if conf and conf[-1] < mc:                                   # ... when its path reaches the floor
+                assert cape and torch.tensor(conf).prod() >= 0.3 - 1e-4
+        assert 0 in s.main_lengths                                       # unsure at once: a plain step
+    unsure = [c[-1] for c in a.last_stats.confidences if c]
+    assert any(c < mc for c in unsure) == cape
 
 
 # -- the glimpse and the draft cache -----------------------------------------------------------------------

@@ -15,10 +15,11 @@ from tests.test_sampling import calibration, joint_test, passes, run_long, small
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 
-@pytest.mark.parametrize("cape,kw", [(True, {}), (True, {"temperature": 1.5, "top_k": 6})])
-def test_sampling_calibration(small, cape, kw):
+@pytest.mark.parametrize("cape,kw,extra", [(True, {}, {}), (True, {"temperature": 1.5, "top_k": 6}, {}),
+                                           (True, {}, {"min_confidence": 0.4, "min_expansion_prob": 0.05})])
+def test_sampling_calibration(small, cape, kw, extra):
     target = small["target"]
-    a = GlideAssistant(echo_glide(target, 0.3), cape=cape, draft_length=3, max_tree_nodes=10, fast_head=False)
+    a = GlideAssistant(echo_glide(target, 0.3), cape=cape, draft_length=3, max_tree_nodes=10, fast_head=False, **extra)
     seqs = run_long(target, a, 6, 80, 0, **kw)
     stats = calibration(target, None, seqs, SPROMPT.shape[1], kw.get("temperature", 1.0), kw.get("top_k"))
     assert stats["n"] == 6 * 80 and passes(stats), stats

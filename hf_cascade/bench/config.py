@@ -25,8 +25,9 @@ class BenchConfig:
         k_matrix: optional ``n x n`` K-matrix of the cascade (``n`` = drafters including MaxGram).
         lenience: lenience between drafters of the cascade (``>= 1``).
         maxgram_lenience / min_confidence / maxgram_first / keep_unsure / cost_aware: see :class:`~hf_cascade.CascadeAssistant`
-            (``min_confidence`` is also ``ReDrafterAssistant``'s, for every redrafter method).
-        draft_length / max_tree_nodes: ``GlideAssistant``'s main-path length and tree-size cap (strategy glide).
+            (``min_confidence`` is also ``ReDrafterAssistant``'s and ``GlideAssistant``'s, for every redrafter / glide method).
+        draft_length / max_tree_nodes / min_expansion_prob: ``GlideAssistant``'s main-path length, tree-size cap and
+            CAPE's expansion floor (strategy glide).
         beam_width / beam_length: ``ReDrafterAssistant``'s beam search (strategy redrafter).
         window: the fixed draft window of the ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's
             ``max_window`` (default 10, HSDDW's K).
@@ -52,6 +53,7 @@ class BenchConfig:
     window: int = 10
     draft_length: int = 5
     max_tree_nodes: int | None = None
+    min_expansion_prob: float = 0.0
     beam_width: int = 4
     beam_length: int = 5
     max_new_tokens: int = 128
@@ -91,7 +93,8 @@ class BenchConfig:
     def tree(self) -> dict:
         """Settings of the tree strategies (see :func:`~hf_cascade.bench.methods.build_method`)."""
         return {"draft_length": self.draft_length, "max_tree_nodes": self.max_tree_nodes,
-                "beam_width": self.beam_width, "beam_length": self.beam_length, "min_confidence": self.min_confidence}
+                "beam_width": self.beam_width, "beam_length": self.beam_length, "min_confidence": self.min_confidence,
+                "min_expansion_prob": self.min_expansion_prob}
 
     @property
     def methods(self) -> list[str]:

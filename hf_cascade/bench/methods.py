@@ -175,10 +175,10 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
     """The :class:`Method` named ``name`` (a baseline of :data:`~hf_cascade.bench.config.BASELINES` or a
     strategy of :data:`~hf_cascade.bench.config.STRATEGIES`); ``window``: the fixed window of the
     ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's ``max_window``; ``tree``: settings of
-    the tree strategies (``draft_length``, ``max_tree_nodes`` for GLIDE; ``beam_width``, ``beam_length``,
-    ``min_confidence`` for ReDrafter)."""
+    the tree strategies (``draft_length``, ``max_tree_nodes``, ``min_confidence``, ``min_expansion_prob`` for
+    GLIDE; ``beam_width``, ``beam_length``, ``min_confidence`` for ReDrafter)."""
     tree = tree or {}
-    glide = {k: tree[k] for k in ("draft_length", "max_tree_nodes") if k in tree}
+    glide = {k: tree[k] for k in ("draft_length", "max_tree_nodes", "min_confidence", "min_expansion_prob") if k in tree}
     beams = {k: tree[k] for k in ("beam_width", "beam_length", "min_confidence") if k in tree}
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
     builders: dict[str, Callable[[], Method]] = {
@@ -198,7 +198,8 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
         "hsddw-single": lambda: _hsddw("hsddw-single", model, drafts, None, window),
         # GLIDE with CAPE (the strategy) and without it (a chain: the paper's GLIDE alone)
         "glide": lambda: _tree("glide", model, drafts, GlideAssistant, cape=True, **glide),
-        "glide-chain": lambda: _tree("glide-chain", model, drafts, GlideAssistant, cape=False, **glide),
+        "glide-chain": lambda: _tree("glide-chain", model, drafts, GlideAssistant, cape=False,
+                                     **{k: v for k, v in glide.items() if k != "min_expansion_prob"}),
         # ReDrafter: beams packed into a prefix tree (the strategy), beam width 1, and the beams verified flat
         "redrafter": lambda: _tree("redrafter", model, drafts, ReDrafterAssistant, **beams),
         "redrafter-w1": lambda: _tree("redrafter-w1", model, drafts, ReDrafterAssistant, **{**beams, "beam_width": 1}),

@@ -12,7 +12,8 @@ yet in the target's cache):
 2. **Draft the main path** greedily, one draft forward per token, with the draft's own self-attention
    ``DynamicCache`` kept across steps: the first forward feeds the tokens the draft has not seen (the
    previous step's bonus / accepted tokens and the root), then each main token; drafting stops after
-   ``draft_length`` tokens, at the length budget or after an EOS token.
+   ``draft_length`` tokens, at the length budget, after an EOS token or (``min_confidence > 0``, not in
+   the paper) at the first token the draft gives less than ``min_confidence``.
 3. **CAPE** (``cape=True``): at each step ``i`` the confidence ``p_i = max p_D`` picks ``K_i = S(p_i)``
    (:class:`~hf_cascade.glide.cape.CapeSettings`) and the ``K_i`` next-best tokens become leaves beside
    ``x_{t+i}``; ``cape=False`` sends the main path alone (a chain).
@@ -49,14 +50,21 @@ from .cape import CapeSettings, expanded_proposal
 @dataclass(frozen=True)
 class GlideSettings:
     """``draft_length``: main-path tokens per step (``gamma``; the paper evaluates GLIDE with 5);
-    ``cape``: the expansion function, ``None`` = no expansion (a chain)."""
+    ``cape``: the expansion function, ``None`` = no expansion (a chain); ``min_confidence``: the main path
+    stops at the first token the draft gives probability ``< min_confidence`` (0 = never, the paper's fixed
+    ``gamma``). A chain does not verify that unsure token; with CAPE it is verified with its expansion set,
+    the position where siblings are most likely to be needed, if its path probability (its ``p`` times the
+    main confidences above it) reaches CAPE's ``min_prob``, the floor of the siblings."""
 
     draft_length: int = 5
     cape: CapeSettings | None = field(default_factory=CapeSettings)
+    min_confidence: float = 0.0
 
     def __post_init__(self) -> None:
         if int(self.draft_length) < 1:
             raise ValueError(f"draft_length must be >= 1, got {self.draft_length}")
+        if not 0.0 <= float(self.min_confidence) <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence}")
 
 
 @dataclass
@@ -66,7 +74,8 @@ class GlideStats(TreeStats):
     Attributes:
         draft_forwards: forward calls of the draft model.
         draft_tokens: tokens run through the draft (catch-up tokens included).
-        main_lengths: main-path tokens drafted at each drafted step.
+        main_lengths: main-path tokens drafted at each drafted step (0: ``min_confidence`` stopped a chain
+            at its first token).
         expansion_sizes: ``|X_i|`` of each main token at each drafted step (empty lists without CAPE).
         confidences: the draft's ``p_i = max p_D`` of each main token at each drafted step.
         main_accepted: accepted tokens that lie on the main path, per verification.
@@ -180,6 +189,7 @@ class GlideDrafter(TreeDrafter):
         ids = seq[past:].to(self._device)                                           # catch-up tokens + root
         main: list[int] = []
         rows: list[torch.Tensor] = []
+        cape, reach = self.settings.cape, 1.0                                       # reach: prod of main p_i
         for t in range(k):
             out = self.glide(input_ids=ids[None], past_key_values=self.cache, use_cache=True, target_key_values=kv,
                              full_vocab=False, logits_to_keep=1)
@@ -187,20 +197,28 @@ class GlideDrafter(TreeDrafter):
             self.record.draft_tokens += ids.shape[0]
             p = out.logits[0, -1].float().softmax(-1)                               # [N] draft distribution
             best = int(p.argmax())
+            unsure = float(p[best]) < self.settings.min_confidence
+            if unsure and (cape is None or reach * float(p[best]) < cape.min_prob):
+                break                                   # a chain leaves it out, CAPE too below its path floor
+            reach *= float(p[best])
             main.append(best)
             rows.append(p)
             token = int(self._to_target(torch.tensor(best, device=p.device)))
-            if t + 1 == k or token in self.stop_ids:
+            if unsure or t + 1 == k or token in self.stop_ids:
                 break
             ids = torch.tensor([token], device=self._device)
         self._root_len = length
+        self.record.main_lengths.append(len(main))
+        if not main:                                                                # unsure from the start
+            self.record.expansion_sizes.append([])
+            self.record.confidences.append([])
+            return _empty(seq), None
         probs = torch.stack(rows)                                                   # [k', N]
         main_d = torch.tensor(main, device=probs.device)                            # [k'] draft ids
         self._main = self._to_target(main_d).tolist()                               # [k'] target ids
         conf = probs.gather(1, main_d[:, None])[:, 0]                               # [k'] p_i
         tree, expansions = expanded_proposal(probs, main_d, self.settings.cape, self._to_target)
         tree = TokenTree(tree.tokens.to(seq.device), tree.parents.to(seq.device))
-        self.record.main_lengths.append(len(main))
         self.record.expansion_sizes.append([int(x.shape[0]) for x in expansions])
         self.record.confidences.append([round(float(c), 4) for c in conf])
         return tree, None
@@ -259,6 +277,12 @@ class GlideAssistant(TreeAssistant):
         cape_sizes / cape_thresholds: CAPE's ``S(p)`` (:class:`~hf_cascade.glide.cape.CapeSettings`; paper:
             7/5/3/1 for ``p`` in (0,.3], (.3,.6], (.6,.8], (.8,1]).
         max_tree_nodes: most tree nodes per verification (``None``: no cap; the paper's CAPE verifies <= 32).
+        min_confidence: stop the main path at the first token the draft gives probability below it (a
+            chain leaves that token out, CAPE verifies it with its expansion set unless its path is below
+            ``min_expansion_prob``); 0 = the paper's fixed ``draft_length``. Not in the paper; see
+            :class:`GlideSettings`.
+        min_expansion_prob: CAPE leaves out expansion tokens the draft gives probability below it (0 = the
+            paper's ``S(p)`` sets in full; see :class:`~hf_cascade.glide.cape.CapeSettings`).
         fast_head: see :class:`~hf_cascade.assistant.Assistant`.
 
     Greedy outputs equal plain ``generate``; sampling is lossless (deterministic trees, see the module
@@ -276,7 +300,8 @@ class GlideAssistant(TreeAssistant):
 
     def __init__(self, glide_model, cape: bool = True, draft_length: int = 5,
                  cape_sizes: tuple[int, ...] = (7, 5, 3, 1), cape_thresholds: tuple[float, ...] = (0.3, 0.6, 0.8),
-                 max_tree_nodes: int | None = None, fast_head: bool = True):
+                 max_tree_nodes: int | None = None, min_confidence: float = 0.0, min_expansion_prob: float = 0.0,
+                 fast_head: bool = True):
         if isinstance(glide_model, (str, os.PathLike)):
             from ..heads.hub import load_head
 
@@ -284,8 +309,9 @@ class GlideAssistant(TreeAssistant):
         if not all(hasattr(glide_model, a) for a in ("target_kv", "tie_to_target", "to_draft_ids")):
             raise TypeError(f"glide_model must be a GlideForCausalLM (or the path of one), "
                             f"got {type(glide_model).__name__}")
-        cape_settings = CapeSettings(tuple(cape_sizes), tuple(cape_thresholds), max_tree_nodes) if cape else None
-        self.settings = GlideSettings(int(draft_length), cape_settings)
+        cape_settings = (CapeSettings(tuple(cape_sizes), tuple(cape_thresholds), max_tree_nodes, float(min_expansion_prob))
+                         if cape else None)
+        self.settings = GlideSettings(int(draft_length), cape_settings, float(min_confidence))
         self.glide = glide_model.eval()
         self.fast_head = fast_head
         self._drafter: GlideDrafter | None = None
