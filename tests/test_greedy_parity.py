@@ -192,14 +192,19 @@ def test_scores_and_logits_match_plain(m):
     kw = dict(max_new_tokens=20, return_dict_in_generate=True, output_scores=True, output_logits=True)
     expected = plain(target, REPETITIVE, **kw)
     for a in (CascadeAssistant([m["trunc"], MaxGram()]), CascadeAssistant([MaxGram(adaptive=False)])):
-        got = ours(target, REPETITIVE, a, **kw)
-        assert got.sequences.tolist() == expected.sequences.tolist()
-        assert len(got.scores) == len(expected.scores) == 20
-        assert len(got.logits) == len(expected.logits) == 20
-        for s_got, s_exp in zip(got.scores, expected.scores):
-            torch.testing.assert_close(s_got, s_exp, atol=1e-4, rtol=1e-4)
-        for s_got, s_exp in zip(got.logits, expected.logits):
-            torch.testing.assert_close(s_got, s_exp, atol=1e-4, rtol=1e-4)
+        assert_same_outputs(ours(target, REPETITIVE, a, **kw), expected, 20)
+
+
+def assert_same_outputs(got, expected, steps: int) -> None:
+    """``generate(..., return_dict_in_generate=True, output_scores=True, output_logits=True)`` outputs agree:
+    the same sequences and ``steps`` scores and logits per step (up to float noise)."""
+    assert got.sequences.tolist() == expected.sequences.tolist()
+    assert len(got.scores) == len(expected.scores) == steps
+    assert len(got.logits) == len(expected.logits) == steps
+    for s_got, s_exp in zip(got.scores, expected.scores):
+        torch.testing.assert_close(s_got, s_exp, atol=1e-4, rtol=1e-4)
+    for s_got, s_exp in zip(got.logits, expected.logits):
+        torch.testing.assert_close(s_got, s_exp, atol=1e-4, rtol=1e-4)
 
 
 def _processor_kwargs(target, name):

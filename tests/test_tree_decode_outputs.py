@@ -12,7 +12,7 @@ from hf_cascade import CascadeAssistant, LossyLenientTarget, MaxGram
 from hf_cascade.tree.maxgram_tree import MaxGramTreeAssistant
 from hf_cascade.tree.strategy import TreeStats
 from tests import tiny_models as tm
-from tests.test_greedy_parity import REPETITIVE, Collect, models, plain
+from tests.test_greedy_parity import REPETITIVE, Collect, assert_same_outputs, models, plain
 from tests.test_tree_decode import NEW, Oracle, Using, assert_parity, m, ours  # noqa: F401  (m: fixture)
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
@@ -77,13 +77,7 @@ def test_scores_and_logits_match_plain(m, extra):
     for a in (MaxGramTreeAssistant(), Using(lambda: Oracle(expected.sequences[0].tolist(), depth=3))):
         got = ours(target, REPETITIVE, a, **kw)
         assert type(got).__name__ == "GenerateDecoderOnlyOutput"
-        assert got.sequences.tolist() == expected.sequences.tolist()
-        assert len(got.scores) == len(expected.scores) == 20
-        assert len(got.logits) == len(expected.logits) == 20
-        for s_got, s_exp in zip(got.scores, expected.scores):
-            torch.testing.assert_close(s_got, s_exp, atol=1e-4, rtol=1e-4)
-        for s_got, s_exp in zip(got.logits, expected.logits):
-            torch.testing.assert_close(s_got, s_exp, atol=1e-4, rtol=1e-4)
+        assert_same_outputs(got, expected, 20)
         cache = got.past_key_values
         if hasattr(cache, "get_seq_length"):                               # 4.57 may hand back a legacy tuple
             assert cache.get_seq_length() == got.sequences.shape[1] - 1
