@@ -74,8 +74,8 @@ class GlideStats(TreeStats):
     Attributes:
         draft_forwards: forward calls of the draft model.
         draft_tokens: tokens run through the draft (catch-up tokens included).
-        main_lengths: main-path tokens drafted at each drafted step (0: ``min_confidence`` stopped a chain
-            at its first token).
+        main_lengths: main-path tokens drafted at each drafted step (0: ``min_confidence`` stopped the path
+            at its first token, for CAPE below ``min_expansion_prob``).
         expansion_sizes: ``|X_i|`` of each main token at each drafted step (empty lists without CAPE).
         confidences: the draft's ``p_i = max p_D`` of each main token at each drafted step.
         main_accepted: accepted tokens that lie on the main path, per verification.
@@ -197,10 +197,11 @@ class GlideDrafter(TreeDrafter):
             self.record.draft_tokens += ids.shape[0]
             p = out.logits[0, -1].float().softmax(-1)                               # [N] draft distribution
             best = int(p.argmax())
-            unsure = float(p[best]) < self.settings.min_confidence
-            if unsure and (cape is None or reach * float(p[best]) < cape.min_prob):
+            p_best = float(p[best])
+            unsure = p_best < self.settings.min_confidence
+            if unsure and (cape is None or reach * p_best < cape.min_prob):
                 break                                   # a chain leaves it out, CAPE too below its path floor
-            reach *= float(p[best])
+            reach *= p_best
             main.append(best)
             rows.append(p)
             token = int(self._to_target(torch.tensor(best, device=p.device)))
@@ -281,8 +282,9 @@ class GlideAssistant(TreeAssistant):
             chain leaves that token out, CAPE verifies it with its expansion set unless its path is below
             ``min_expansion_prob``); 0 = the paper's fixed ``draft_length``. Not in the paper; see
             :class:`GlideSettings`.
-        min_expansion_prob: CAPE leaves out expansion tokens the draft gives probability below it (0 = the
-            paper's ``S(p)`` sets in full; see :class:`~hf_cascade.glide.cape.CapeSettings`).
+        min_expansion_prob: CAPE leaves out expansion tokens whose path the draft gives probability below it
+            (own probability x the main confidences above; 0 = the paper's ``S(p)`` sets in full; see
+            :class:`~hf_cascade.glide.cape.CapeSettings`).
         fast_head: see :class:`~hf_cascade.assistant.Assistant`.
 
     Greedy outputs equal plain ``generate``; sampling is lossless (deterministic trees, see the module
