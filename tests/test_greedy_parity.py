@@ -295,9 +295,7 @@ def test_pipeline(m):
 
 def test_assistant_reused_across_calls(m):
     target = m["target"]
-    g = torch.Generator().manual_seed(5)
-    prompts = [ids(*torch.randint(4, tm.VOCAB, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist())
-               for _ in range(10)]
+    prompts = tm.random_prompts(10, seed=5)
     prompts[3] = REPETITIVE
     reused = CascadeAssistant([m["trunc"], MaxGram()])
     seen = []

@@ -110,9 +110,7 @@ def test_pipeline(m):
 
 def test_assistant_reused_across_calls(m):
     target = m["target"]
-    g = torch.Generator().manual_seed(5)
-    prompts = [ids(*torch.randint(4, tm.VOCAB, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist())
-               for _ in range(8)]
+    prompts = tm.random_prompts(8, seed=5)
     prompts[3] = REPETITIVE
     reused = MaxGramTreeAssistant()
     seen = []

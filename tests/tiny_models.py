@@ -170,6 +170,13 @@ def ids(*tokens: int) -> torch.Tensor:
     return torch.tensor([list(tokens)], dtype=torch.long)
 
 
+def random_prompts(n: int, seed: int = 5, max_len: int = 11) -> list[torch.Tensor]:
+    """``n`` random ``[1, L]`` prompts (``1 <= L <= max_len``, ids ``>= 4``), reproducible from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return [ids(*torch.randint(4, VOCAB, (int(torch.randint(1, max_len + 1, (1,), generator=g)),), generator=g).tolist())
+            for _ in range(n)]
+
+
 # -- the standard test targets ------------------------------------------------------------------
 # Chosen so greedy outputs fall into cycles that break now and then: Max-Gram drafts get both
 # accepted and rejected (the parity tests assert that this actually happened).
