@@ -175,6 +175,8 @@ def _add_train(sub) -> None:
                    help="size preset: vanilla xs, s, m (default s); glide xs, s (default xs); redrafter xs, s (default s)")
     p.add_argument("--no-cross-attention", action="store_true",
                    help="glide: train the paper's controlled baseline, the same draft without cross-attention")
+    p.add_argument("--target-layers", type=int, nargs="+", default=None, metavar="L",
+                   help="glide: the target layer each draft layer reads (default: the paper's l = N_T - N_D + m)")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N", help="reduced vocabulary size (default: preset's)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16)
@@ -210,10 +212,17 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown {args.head} preset {preset!r}; choose from {', '.join(presets)}")
     if args.no_cross_attention and args.head != "glide":
         raise ValueError("--no-cross-attention applies to `train glide` only (its controlled baseline)")
+    if args.target_layers and args.head != "glide":
+        raise ValueError("--target-layers applies to `train glide` only")
     _set_threads(args)
     spec = presets[preset]
     if args.draft_vocab:
         spec = dataclasses.replace(spec, draft_vocab_size=args.draft_vocab)
+    if args.target_layers:
+        if len(args.target_layers) != spec.num_hidden_layers:
+            raise ValueError(f"--target-layers needs one target layer per draft layer ({spec.num_hidden_layers}), "
+                             f"got {len(args.target_layers)}")
+        spec = dataclasses.replace(spec, target_layer_ids=tuple(args.target_layers))
     cfg = TrainConfig(Path(args.out), steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
                       eval_every=args.eval_every, eval_records=args.eval_records, seed=args.seed)
     DistillStore.open(args.data)  # a missing / foreign --data fails here, before the (slow) target load

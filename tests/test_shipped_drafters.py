@@ -47,7 +47,7 @@ def test_tree_head_layout_and_size(name):
 def _tree_head_inputs(name: str) -> dict:
     """Inputs of one forward of a shipped tree head (random stand-ins for what the target provides)."""
     g = torch.Generator().manual_seed(0)
-    if "glide" in name:       # target K/V of layer 17: [1, 1 kv head, 7 positions, 256]
+    if "glide" in name:       # target K/V of layer 11: [1, 1 kv head, 7 positions, 256]
         kv = [(torch.randn(1, 1, 7, 256, generator=g), torch.randn(1, 1, 7, 256, generator=g))]
         return {"input_ids": torch.tensor([[2, 9259, 236787, 108, 818, 5279, 529, 7001]]), "target_key_values": kv}
     return {"hidden_states": torch.randn(1, 640, generator=g), "inputs_embeds": torch.randn(1, 3, 640, generator=g)}

@@ -28,6 +28,8 @@ def no_target_load(monkeypatch):
     (["train", "glide", "--preset", "huge"], "unknown glide preset 'huge'"),
     (["train", "redrafter", "--preset", "m"], "unknown redrafter preset 'm'"),
     (["train", "redrafter", "--no-cross-attention"], "--no-cross-attention applies to `train glide` only"),
+    (["train", "vanilla", "--target-layers", "1"], "--target-layers applies to `train glide` only"),
+    (["train", "glide", "--target-layers", "0", "1"], "--target-layers needs one target layer per draft layer (1), got 2"),
 ])
 def test_cli_train_rejects_bad_arguments_before_loading_the_target(argv, message, tmp_path, capsys, no_target_load):
     assert main([*argv, "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
@@ -39,6 +41,7 @@ def test_cli_train_rejects_bad_arguments_before_loading_the_target(argv, message
     ("vanilla", ["--preset", "xs"], {"model_type": "hf_cascade_drafter"}),
     ("glide", [], {"model_type": "hf_cascade_glide", "cross_attention": True}),
     ("glide", ["--no-cross-attention"], {"model_type": "hf_cascade_glide", "cross_attention": False}),
+    ("glide", ["--target-layers", "0"], {"model_type": "hf_cascade_glide", "target_layer_ids": [0]}),
     ("redrafter", ["--preset", "xs"], {"model_type": "hf_cascade_redrafter"}),
 ])
 def test_cli_trains_every_head(head, flags, expected, distilled, target, tmp_path, monkeypatch):
