@@ -15,6 +15,7 @@ from .heads import CascadeDrafterConfig, CascadeDrafterForCausalLM, GlideConfig,
 from .processors import LossyLenientTarget, LossyTypicalAcceptance
 from .redrafter import ReDrafterAssistant, ReDrafterStats
 from .stats import GenerationStats
+from .tree.budget import VerifyCost, measure_verify_cost
 
 __version__ = "0.1.0"
 
@@ -42,4 +43,6 @@ __all__ = [
     "ReDrafterConfig",
     "ReDrafterModel",
     "ReDrafterStats",
+    "VerifyCost",
+    "measure_verify_cost",
 ]

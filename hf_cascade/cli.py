@@ -52,6 +52,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--max-tree-nodes", type=int, default=None, help="glide: cap on CAPE tree nodes (default none)")
     p.add_argument("--min-expansion-prob", type=float, default=0.0,
                    help="glide: CAPE leaves out expansion tokens the draft gives probability < this (default 0)")
+    p.add_argument("--verify-cost", action="store_true",
+                   help="glide: verify only the drafted nodes that pay for their cost (VerifyCost(): this CPU's profile)")
     p.add_argument("--beam-width", type=int, default=4, help="redrafter: beams (default 4)")
     p.add_argument("--beam-length", type=int, default=5, help="redrafter: draft tokens per beam (default 5)")
     p.add_argument("--k-matrix", default=None, metavar="JSON",
@@ -264,6 +266,7 @@ def bench_config(args: argparse.Namespace):
         draft_length=args.draft_length,
         max_tree_nodes=args.max_tree_nodes,
         min_expansion_prob=args.min_expansion_prob,
+        verify_cost=args.verify_cost,
         beam_width=args.beam_width,
         beam_length=args.beam_length,
         max_new_tokens=args.max_new_tokens,

@@ -70,8 +70,8 @@ def test_cli_tree_options():
     assert config.methods == ["plain", "redrafter-w1", "redrafter-flat", "redrafter"]
     args = build_parser().parse_args(["bench", "--strategy", "glide", "--draft", "g", "--max-tree-nodes", "16",
                                       "--draft-length", "4", "--baselines", "glide-chain", "--min-confidence", "0.3",
-                                      "--min-expansion-prob", "0.05"])
+                                      "--min-expansion-prob", "0.05", "--verify-cost"])
     assert bench_config(args).tree == {"draft_length": 4, "max_tree_nodes": 16, "beam_width": 4, "beam_length": 5,
-                                       "min_confidence": 0.3, "min_expansion_prob": 0.05}
+                                       "min_confidence": 0.3, "min_expansion_prob": 0.05, "verify_cost": True}
     with pytest.raises(ValueError, match="beam_width must be >= 1"):
         BenchConfig(strategy="redrafter", beam_width=0)

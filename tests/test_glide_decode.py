@@ -89,9 +89,10 @@ def test_cape_verification_input_golden():
                [0.10, 0.05, 0.70, 0.05, 0.05, 0.05],      # main 2, p=.70 -> K=0
                [0.05, 0.03, 0.04, 0.85, 0.01, 0.02]])     # main 3, p=.85 -> K=1: 0
     settings = CapeSettings(sizes=(2, 0, 1), thresholds=(0.5, 0.8))
-    tree, sets = expanded_proposal(probs, T([1, 2, 3]), settings, lambda x: x + 20)
+    tree, sets, node_probs = expanded_proposal(probs, T([1, 2, 3]), settings, lambda x: x + 20)
     a, b, c, d, e, f = 21, 22, 23, 24, 25, 20
     assert [x.tolist() for x in sets] == [[d, e], [], [f]]
+    torch.testing.assert_close(node_probs, T([0.40, 0.70, 0.85, 0.25, 0.15, 0.05]))   # each token's own p
     assert tree.tokens.tolist() == [a, b, c, d, e, f]                      # input: main, then X_0, X_1, X_2
     assert tree.parents.tolist() == [-1, 0, 1, -1, -1, 1]
     assert tree.position_offsets().tolist() == [0, 1, 2, 0, 0, 2]          # input_pi
@@ -108,12 +109,13 @@ def test_cape_verification_input_golden():
             "1111" "111...1"]    # f: a and b (main tokens before its position), itself
     golden = torch.tensor([[0.0 if ch == "1" else torch.finfo(torch.float32).min for ch in r] for r in rows])
     assert torch.equal(tree_attention_mask(P, full)[0, 0], golden)
-    chain, none = expanded_proposal(probs, T([1, 2, 3]), None, lambda x: x + 20)
+    chain, none, chain_probs = expanded_proposal(probs, T([1, 2, 3]), None, lambda x: x + 20)
     assert chain.tokens.tolist() == [a, b, c] and chain.parents.tolist() == [-1, 0, 1] and none == []
-    capped, _ = expanded_proposal(probs, T([1, 2, 3]), CapeSettings((2, 0, 1), (0.5, 0.8), max_nodes=4),
+    torch.testing.assert_close(chain_probs, T([0.40, 0.70, 0.85]))
+    capped, _, _ = expanded_proposal(probs, T([1, 2, 3]), CapeSettings((2, 0, 1), (0.5, 0.8), max_nodes=4),
                                   lambda x: x + 20)
     assert capped.tokens.tolist() == [a, b, c, d] and capped.parents.tolist() == [-1, 0, 1, -1]
-    paper, _ = expanded_proposal(probs, T([1, 2, 3]), CapeSettings())       # 7/5/3/1: K = 5 (all), 3, 1
+    paper, _, _ = expanded_proposal(probs, T([1, 2, 3]), CapeSettings())       # 7/5/3/1: K = 5 (all), 3, 1
     assert paper.num_nodes == 3 + 5 + 3 + 1
 
 
@@ -121,7 +123,7 @@ def test_cape_tree_forward_equals_per_branch_forwards(targets):
     model = targets["gemma3"]                                              # sliding window 8 < prefix + depth
     prefix = T([1, 5, 9, 13, 17, 21, 25, 29, 33, 37])
     probs = torch.linspace(1, 2, 96).repeat(4, 1).softmax(-1)             # flat: K = 7 everywhere
-    tree, _ = expanded_proposal(probs, T([40, 41, 42, 43]), CapeSettings())
+    tree, _, _ = expanded_proposal(probs, T([40, 41, 42, 43]), CapeSettings())
     assert tree.num_nodes == 4 + 4 * 7
     with torch.no_grad():
         cache = DynamicCache()
@@ -200,6 +202,30 @@ def test_min_confidence_stops_the_main_path(targets, cape):
         assert 0 in s.main_lengths                                       # unsure at once: a plain step
     unsure = [c[-1] for c in a.last_stats.confidences if c]
     assert any(c < mc for c in unsure) == cape
+
+
+@pytest.mark.parametrize("cape", [False, True])
+def test_verify_cost_verifies_what_pays_and_keeps_parity(targets, cape):
+    """``verify_cost`` (hf_cascade.tree.budget, not in the paper): each step verifies an ancestor-closed subset
+    of the drafted tree, sometimes nothing; outputs stay those of plain generate."""
+    from hf_cascade.tree.budget import VerifyCost
+
+    target = targets["gemma3"]
+    a = GlideAssistant(echo_glide(target, 0.3), cape=cape, verify_cost=VerifyCost((1.0, 1.6, 1.7, 1.8)),
+                       fast_head=False)
+    pruned = 0
+    for prompt in (ids(1, 5, 9), ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39)):
+        expected = target.generate(prompt, do_sample=False, max_new_tokens=32)
+        got = target.generate(prompt, do_sample=False, max_new_tokens=32, assistant_model=a)
+        assert got.tolist() == expected.tolist()
+        s = a.last_stats
+        verified = s.tree_sizes[:len(s.drafted_nodes)]
+        assert len(s.drafted_nodes) == len(s.main_lengths) and all(v <= d for v, d in zip(verified, s.drafted_nodes))
+        pruned += sum(v < d for v, d in zip(verified, s.drafted_nodes))
+        assert sum(s.accepted_per_call) > 0
+    assert pruned > 0
+    with pytest.raises(TypeError, match="VerifyCost"):
+        GlideAssistant(echo_glide(target), verify_cost=(1.0, 1.5))
 
 
 # -- the glimpse and the draft cache -----------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hf_cascade.glide import GlideAssistant
+from hf_cascade.tree.budget import VerifyCost
 from tests.test_glide_decode import echo_glide
 from tests.test_sampling import PROMPT as SPROMPT
 from tests.test_sampling import calibration, joint_test, passes, run_long, small  # noqa: F401  (fixture)
@@ -16,7 +17,8 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 
 @pytest.mark.parametrize("cape,kw,extra", [(True, {}, {}), (True, {"temperature": 1.5, "top_k": 6}, {}),
-                                           (True, {}, {"min_confidence": 0.4, "min_expansion_prob": 0.05})])
+                                           (True, {}, {"min_confidence": 0.4, "min_expansion_prob": 0.05}),
+                                           (True, {"temperature": 1.3}, {"verify_cost": VerifyCost((1.0, 1.5, 1.6))})])
 def test_sampling_calibration(small, cape, kw, extra):
     target = small["target"]
     a = GlideAssistant(echo_glide(target, 0.3), cape=cape, draft_length=3, max_tree_nodes=10, fast_head=False, **extra)

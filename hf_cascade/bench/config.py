@@ -28,6 +28,8 @@ class BenchConfig:
             (``min_confidence`` is also ``ReDrafterAssistant``'s and ``GlideAssistant``'s, for every redrafter / glide method).
         draft_length / max_tree_nodes / min_expansion_prob: ``GlideAssistant``'s main-path length, tree-size cap and
             CAPE's expansion floor (strategy glide).
+        verify_cost: ``GlideAssistant(verify_cost=VerifyCost())`` (the reference CPU's profile) when true (glide
+            methods).
         beam_width / beam_length: ``ReDrafterAssistant``'s beam search (strategy redrafter).
         window: the fixed draft window of the ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's
             ``max_window`` (default 10, HSDDW's K).
@@ -54,6 +56,7 @@ class BenchConfig:
     draft_length: int = 5
     max_tree_nodes: int | None = None
     min_expansion_prob: float = 0.0
+    verify_cost: bool = False
     beam_width: int = 4
     beam_length: int = 5
     max_new_tokens: int = 128
@@ -94,7 +97,7 @@ class BenchConfig:
         """Settings of the tree strategies (see :func:`~hf_cascade.bench.methods.build_method`)."""
         return {"draft_length": self.draft_length, "max_tree_nodes": self.max_tree_nodes,
                 "beam_width": self.beam_width, "beam_length": self.beam_length, "min_confidence": self.min_confidence,
-                "min_expansion_prob": self.min_expansion_prob}
+                "min_expansion_prob": self.min_expansion_prob, "verify_cost": self.verify_cost}
 
     @property
     def methods(self) -> list[str]:

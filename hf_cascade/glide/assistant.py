@@ -17,6 +17,9 @@ yet in the target's cache):
 3. **CAPE** (``cape=True``): at each step ``i`` the confidence ``p_i = max p_D`` picks ``K_i = S(p_i)``
    (:class:`~hf_cascade.glide.cape.CapeSettings`) and the ``K_i`` next-best tokens become leaves beside
    ``x_{t+i}``; ``cape=False`` sends the main path alone (a chain).
+   **Hardware-aware size** (``verify_cost``, not in the paper): of the drafted nodes, verify the set of
+   highest path probability whose expected accepted tokens best pay for the measured cost of verifying
+   it (:mod:`hf_cascade.tree.budget`; on this CPU one node costs 63% of a plain step, five cost 78%).
 4. After verification (:meth:`GlideDrafter.on_accept`) the draft cache is **cropped** (``Cache.crop``) to
    the verified tokens it already holds: the root and the accepted main-path tokens it fed. (With one draft
    layer their K/V do not depend on the glimpse at all; with more, the upper layers' K/V keep the view of
@@ -42,6 +45,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..stats import LevelStats
+from ..tree.budget import RateTracker, VerifyCost, budget_mask, path_probabilities
 from ..tree.strategy import TreeAssistant, TreeDrafter, TreeStats, TreeStep
 from ..tree.structure import TokenTree
 from .cape import CapeSettings, expanded_proposal
@@ -54,11 +58,14 @@ class GlideSettings:
     stops at the first token the draft gives probability ``< min_confidence`` (0 = never, the paper's fixed
     ``gamma``). A chain does not verify that unsure token; with CAPE it is verified with its expansion set,
     the position where siblings are most likely to be needed, if its path probability (its ``p`` times the
-    main confidences above it) reaches CAPE's ``min_prob``, the floor of the siblings."""
+    main confidences above it) reaches CAPE's ``min_prob``, the floor of the siblings. ``verify_cost``: verify
+    only the drafted nodes that pay for their verification on this hardware (:mod:`hf_cascade.tree.budget`);
+    ``None`` = everything drafted (the paper)."""
 
     draft_length: int = 5
     cape: CapeSettings | None = field(default_factory=CapeSettings)
     min_confidence: float = 0.0
+    verify_cost: VerifyCost | None = None
 
     def __post_init__(self) -> None:
         if int(self.draft_length) < 1:
@@ -81,6 +88,8 @@ class GlideStats(TreeStats):
         main_accepted: accepted tokens that lie on the main path, per verification.
         expansion_accepted: verifications whose accepted path ends with an expansion token.
         skipped_drafts: steps that drafted nothing (no length budget left).
+        drafted_nodes: tree nodes drafted at each drafted step, before ``verify_cost`` chose what to verify
+            (``tree_sizes`` holds the verified ones).
     """
 
     draft_forwards: int = 0
@@ -91,6 +100,7 @@ class GlideStats(TreeStats):
     main_accepted: list[int] = field(default_factory=list)
     expansion_accepted: int = 0
     skipped_drafts: int = 0
+    drafted_nodes: list[int] = field(default_factory=list)
 
     @property
     def draft_cost_ratio(self) -> float:
@@ -111,12 +121,12 @@ class GlideStats(TreeStats):
         out = super().to_dict()
         out.update({k: getattr(self, k) for k in (
             "draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
-            "expansion_accepted", "skipped_drafts", "draft_cost_ratio", "draft_forward_cost")})
+            "expansion_accepted", "skipped_drafts", "drafted_nodes", "draft_cost_ratio", "draft_forward_cost")})
         return out
 
 
 _RECORDED = ("draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
-             "expansion_accepted", "skipped_drafts")
+             "expansion_accepted", "skipped_drafts", "drafted_nodes")
 
 
 def _empty(seq: torch.Tensor) -> TokenTree:
@@ -145,6 +155,7 @@ class GlideDrafter(TreeDrafter):
         self._main: list[int] = []                   # the last main path (target ids)
         self._checked = False
         self._device = next(glide.parameters()).device
+        self.rate = RateTracker(settings.verify_cost) if settings.verify_cost is not None else None
 
     # -- helpers -----------------------------------------------------------------------------------
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -213,15 +224,19 @@ class GlideDrafter(TreeDrafter):
         if not main:                                                                # unsure from the start
             self.record.expansion_sizes.append([])
             self.record.confidences.append([])
+            self.record.drafted_nodes.append(0)
             return _empty(seq), None
         probs = torch.stack(rows)                                                   # [k', N]
         main_d = torch.tensor(main, device=probs.device)                            # [k'] draft ids
         self._main = self._to_target(main_d).tolist()                               # [k'] target ids
         conf = probs.gather(1, main_d[:, None])[:, 0]                               # [k'] p_i
-        tree, expansions = expanded_proposal(probs, main_d, self.settings.cape, self._to_target)
+        tree, expansions, node_probs = expanded_proposal(probs, main_d, self.settings.cape, self._to_target)
         tree = TokenTree(tree.tokens.to(seq.device), tree.parents.to(seq.device))
         self.record.expansion_sizes.append([int(x.shape[0]) for x in expansions])
         self.record.confidences.append([round(float(c), 4) for c in conf])
+        self.record.drafted_nodes.append(tree.num_nodes)
+        if self.rate is not None:                                                   # what pays on this hardware
+            tree = tree.select(budget_mask(tree, path_probabilities(tree, node_probs), self.rate.cost, self.rate.rate))
         return tree, None
 
     def on_accept(self, tree, acceptance, state: TreeStep) -> None:
@@ -229,6 +244,8 @@ class GlideDrafter(TreeDrafter):
         the target accepted (``Cache.crop``); count main-path and expansion acceptances."""
         if self._root_len is None:
             return
+        if self.rate is not None:
+            self.rate.update(tree.num_nodes, int(acceptance.path.numel()) + 1)
         length = self._root_len
         accepted = tree.tokens[acceptance.path].tolist() if acceptance.path.numel() else []
         on_main = _common_prefix(accepted, self._main)
@@ -285,6 +302,10 @@ class GlideAssistant(TreeAssistant):
         min_expansion_prob: CAPE leaves out expansion tokens whose path the draft gives probability below it
             (own probability x the main confidences above; 0 = the paper's ``S(p)`` sets in full; see
             :class:`~hf_cascade.glide.cape.CapeSettings`).
+        verify_cost: a :class:`~hf_cascade.tree.budget.VerifyCost` (``VerifyCost()``: the profile measured on
+            the reference CPU; :func:`~hf_cascade.tree.budget.measure_verify_cost` measures yours): each step
+            verifies only the drafted nodes whose expected accepted tokens pay for their cost. ``None``
+            (default): verify everything drafted, as the paper does. Not in the paper; lossless either way.
         fast_head: see :class:`~hf_cascade.assistant.Assistant`.
 
     Greedy outputs equal plain ``generate``; sampling is lossless (deterministic trees, see the module
@@ -303,7 +324,7 @@ class GlideAssistant(TreeAssistant):
     def __init__(self, glide_model, cape: bool = True, draft_length: int = 5,
                  cape_sizes: tuple[int, ...] = (7, 5, 3, 1), cape_thresholds: tuple[float, ...] = (0.3, 0.6, 0.8),
                  max_tree_nodes: int | None = None, min_confidence: float = 0.0, min_expansion_prob: float = 0.0,
-                 fast_head: bool = True):
+                 verify_cost: VerifyCost | None = None, fast_head: bool = True):
         if isinstance(glide_model, (str, os.PathLike)):
             from ..heads.hub import load_head
 
@@ -313,7 +334,9 @@ class GlideAssistant(TreeAssistant):
                             f"got {type(glide_model).__name__}")
         cape_settings = (CapeSettings(tuple(cape_sizes), tuple(cape_thresholds), max_tree_nodes, float(min_expansion_prob))
                          if cape else None)
-        self.settings = GlideSettings(int(draft_length), cape_settings, float(min_confidence))
+        if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
+            raise TypeError(f"verify_cost must be a hf_cascade.tree.budget.VerifyCost or None, got {type(verify_cost).__name__}")
+        self.settings = GlideSettings(int(draft_length), cape_settings, float(min_confidence), verify_cost)
         self.glide = glide_model.eval()
         self.fast_head = fast_head
         self._drafter: GlideDrafter | None = None

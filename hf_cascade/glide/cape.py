@@ -126,19 +126,25 @@ def cape_tree(main: torch.Tensor, expansions: Sequence[torch.Tensor]) -> TokenTr
 
 
 def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettings | None,
-                      to_target=None) -> tuple[TokenTree, list[torch.Tensor]]:
+                      to_target=None) -> tuple[TokenTree, list[torch.Tensor], torch.Tensor]:
     """Algorithm 1 end to end: the draft's ``[k, N]`` distributions along its main path ``main`` (``[k]``,
-    normally the rows' argmax) -> the verification tree and the expansion sets (``to_target`` maps draft ids
-    to target ids, e.g. through a reduced vocabulary; identity when ``None``). ``settings=None``: no
-    expansion, the tree is the chain ``main``."""
+    normally the rows' argmax) -> the verification tree, the expansion sets (``to_target`` maps draft ids
+    to target ids, e.g. through a reduced vocabulary; identity when ``None``) and ``[n]`` the draft's
+    probability of each node's token at its step (node order). ``settings=None``: no expansion, the tree is
+    the chain ``main``."""
     to_target = to_target or (lambda x: x)
     main_t = to_target(main)
-    if settings is None:
-        return TokenTree.chain(main_t), []
     conf = probs.gather(1, main[:, None].to(probs.device))[:, 0]                  # [k] p_i
-    sets = expansion_sets(probs, main.to(probs.device), settings.expansion_sizes(conf), settings.min_prob)
-    expansions = [to_target(x) for x in cap_expansions(sets, main.shape[0], settings.max_nodes)]
-    return cape_tree(main_t, expansions), expansions
+    if settings is None:
+        return TokenTree.chain(main_t), [], conf
+    sets = cap_expansions(expansion_sets(probs, main.to(probs.device), settings.expansion_sizes(conf),
+                                         settings.min_prob), main.shape[0], settings.max_nodes)
+    node_probs = torch.cat([conf] + [probs[i, x] for i, x in enumerate(sets)])   # Algorithm 2's node order
+    expansions = [to_target(x) for x in sets]
+    tree = cape_tree(main_t, expansions)
+    if tree.num_nodes != node_probs.shape[0]:                                     # sets exclude main[i], unique
+        raise RuntimeError("CAPE expansion sets must not repeat the main token or each other")
+    return tree, expansions, node_probs
 
 
 __all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_proposal", "expansion_sets"]

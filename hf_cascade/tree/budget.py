@@ -1,0 +1,198 @@
+"""Hardware-aware tree size: verify only the draft nodes whose expected return pays for their cost.
+
+Not in GLIDE's or ReDrafter's paper: both verify what they draft (CAPE up to 32 tokens, ReDrafter every
+beam), as if a forward over 32 tokens cost what a forward over one does, roughly true on a GPU. On a CPU
+the profile has a shape. Gemma-3-270M, fp32, 2 threads, one step of
+:func:`~hf_cascade.tree.decode.tree_decode` verifying ``n`` nodes over one verifying none
+(:func:`measure_verify_cost`, the loop itself; a separate timing of the decoder forward plus the output
+head on the rows acceptance reads agrees within 0.04):
+
+    n     0     1      2-7    8-13   16
+    cost  1.0   1.06   1.15   1.19   1.25
+
+(the 262k-row output head, read once per step whatever the number of rows, is more than half of a
+step; the decoder costs +55% from 1 to 2 tokens, then little more up to 17.) So whether a node pays
+depends on the node *and* on the step: Sequoia (Chen et al., 2024, "Sequoia: Scalable, Robust, and
+Hardware-aware Speculative Decoding", Section 3.3) sizes its tree from a measured forward-time profile;
+EAGLE-2 (Li et al., 2024) keeps the nodes of highest draft path probability. This module does both,
+per step:
+
+1. the draft's *path probability* of each node (its own probability times its ancestors',
+   :func:`path_probabilities`) estimates the chance the target accepts it, so the expected number of
+   accepted tokens of any ancestor-closed node set is the sum of its path probabilities (linearity;
+   siblings are exclusive events, each counted with its own probability). Measured for the shipped
+   GLIDE on training prompts: nodes of path probability 0.05-0.1 / 0.2-0.3 / 0.6-0.7 / > 0.9 were
+   accepted 11% / 29% / 61% / 97% of the time;
+2. sorting nodes by path probability gives, for each size ``n``, the best ``n``-node set (a child never
+   outranks its parent, so every prefix of the order is a tree) with expected gain ``G(n)``;
+3. :func:`best_size` picks the ``n`` maximizing ``1 + G(n) - R * cost(n)``, where ``R`` is the
+   generation's tokens per unit of cost so far (:class:`RateTracker`): by Dinkelbach's argument, the
+   per-step choice that maximizes the long-run tokens per unit of time, ``sum(1 + G) / sum(cost)``,
+   once ``R`` is that optimum.
+
+Not modelled: a step whose accepted path leaves the main path (an accepted CAPE sibling) pays a second
+output-head call (:mod:`hf_cascade.tree.rows` computes the main path's rows first), about half a unit.
+
+The tree stays a deterministic function of the context and the past steps (no random draws of this
+step), so greedy decoding stays exact and the point-mass sampling acceptance stays lossless.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .structure import TokenTree
+
+# Gemma-3-270M fp32, 2 CPU threads (the reference machine), n = 0..16 nodes: decoder forward + output head on
+# the rows acceptance reads, mean of prefixes of 32 and 128 tokens. measure_verify_cost (the loop itself) gave
+# (1.0, 1.058, 1.151 x 6, 1.189 x 4, 1.19, 1.19, 1.205, 1.206, 1.251) on the same machine.
+_CPU_PROFILE = (1.0, 1.06, 1.16, 1.19, 1.19, 1.19, 1.2, 1.2, 1.2, 1.21, 1.22, 1.22, 1.22, 1.22, 1.25, 1.25, 1.27)
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """The cost of one verification of ``n`` tree nodes, in units of a one-token target forward.
+
+    Attributes:
+        relative: ``relative[n]`` for ``n = 0 .. len - 1`` nodes (``relative[0] = 1``: the root alone, what a
+            step of plain decoding costs), non-decreasing; larger ``n`` extend the last slope (at least 0).
+    """
+
+    relative: tuple[float, ...] = _CPU_PROFILE
+
+    def __post_init__(self) -> None:
+        rel = tuple(float(c) for c in self.relative)
+        if len(rel) < 2:
+            raise ValueError(f"VerifyCost needs the cost of at least 0 and 1 nodes, got {rel}")
+        if abs(rel[0] - 1.0) > 1e-6:
+            raise ValueError(f"relative[0] is the unit (a one-token forward) and must be 1.0, got {rel[0]}")
+        if any(b < a for a, b in zip(rel, rel[1:])):
+            raise ValueError(f"verification costs must not decrease with the number of nodes, got {rel}")
+        object.__setattr__(self, "relative", rel)
+
+    @classmethod
+    def flat(cls) -> "VerifyCost":
+        """Every tree costs what one token costs (a GPU far from its compute bound): verify everything."""
+        return cls((1.0, 1.0))
+
+    def __call__(self, n: int) -> float:
+        rel = self.relative
+        if n < len(rel):
+            return rel[n]
+        return rel[-1] + (n - len(rel) + 1) * (rel[-1] - rel[-2])
+
+    def table(self, n: int) -> torch.Tensor:
+        """``[n + 1]`` float64 costs of ``0 .. n`` nodes."""
+        return torch.tensor([self(i) for i in range(n + 1)], dtype=torch.float64)
+
+
+def path_probabilities(tree: TokenTree, node_probs: torch.Tensor) -> torch.Tensor:
+    """``[n]`` draft probabilities of each node's own token -> ``[n]`` probabilities of each node's path
+    (the product over the node and its ancestors)."""
+    node_probs = torch.as_tensor(node_probs, dtype=torch.float64)
+    if node_probs.shape != (tree.num_nodes,):
+        raise ValueError(f"need one probability per node ({tree.num_nodes}), got shape {tuple(node_probs.shape)}")
+    if tree.num_nodes == 0:
+        return node_probs
+    logp = node_probs.clamp_min(1e-30).log().to(tree.tokens.device)
+    return (tree.ancestor_mask().to(torch.float64) @ logp).exp()                 # ancestor_mask includes self
+
+
+def best_size(gains: torch.Tensor, cost: VerifyCost, rate: float) -> int:
+    """``gains``: ``[n]`` path probabilities sorted in decreasing order -> the ``m`` in ``0..n`` maximizing
+    ``1 + sum(gains[:m]) - rate * cost(m)`` (ties: the smaller ``m``)."""
+    gains = torch.as_tensor(gains, dtype=torch.float64).flatten()
+    value = 1.0 + torch.cat([gains.new_zeros(1), gains.cumsum(0)]) - float(rate) * cost.table(gains.shape[0])
+    return int(torch.argmax(value))                                              # first maximum = smallest m
+
+
+def budget_mask(tree: TokenTree, path_probs: torch.Tensor, cost: VerifyCost, rate: float) -> torch.Tensor:
+    """``[n]`` bool: the :func:`best_size` nodes of highest path probability (ties: node order, so a parent,
+    which precedes its children and is at least as probable, comes first); closed under ancestors."""
+    n = tree.num_nodes
+    path_probs = torch.as_tensor(path_probs, dtype=torch.float64).to(tree.tokens.device)
+    order = sorted(range(n), key=lambda i: (-float(path_probs[i]), i))
+    m = best_size(path_probs[order], cost, rate)
+    keep = torch.zeros(n, dtype=torch.bool, device=tree.tokens.device)
+    keep[order[:m]] = True
+    return keep
+
+
+class RateTracker:
+    """``R``: tokens emitted per unit of verification cost so far in one ``generate()`` call, starting from
+    ``prior_steps`` imaginary plain steps (one token for a cost of 1 each)."""
+
+    def __init__(self, cost: VerifyCost, prior_steps: float = 1.0):
+        self.cost = cost
+        self.tokens = float(prior_steps)
+        self.units = float(prior_steps)
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.units
+
+    def update(self, nodes: int, emitted: int) -> None:
+        """Record one verification of ``nodes`` nodes that emitted ``emitted`` tokens (bonus included)."""
+        self.tokens += emitted
+        self.units += self.cost(nodes)
+
+
+@torch.no_grad()
+def measure_verify_cost(model, max_nodes: int = 16, prompt_len: int = 64, steps: int = 16,
+                        repeats: int = 3) -> VerifyCost:
+    """Measure the profile in the loop itself: :func:`~hf_cascade.tree.decode.tree_decode` (with the fast head
+    of :mod:`hf_cascade.verify_head`, as the tree assistants run it) over a random prompt of ``prompt_len``
+    tokens, each step verifying ``n`` leaves the target never chooses (so each step emits one token), for
+    ``n = 0 .. max_nodes``; seconds per step over those of ``n = 0`` (a tree step without a tree: what a
+    step of plain decoding costs in this loop). Median of ``repeats`` generations of ``steps`` steps per ``n``
+    (after one warm-up), the sizes in alternating order, made non-decreasing. About ``repeats * steps *
+    (max_nodes + 1)`` target forwards (Gemma-3-270M, 2 CPU threads, defaults: about a minute). Pass the result
+    as ``verify_cost=`` on hardware other than the reference CPU."""
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+    from ..verify_head import fast_verification_head
+    from .decode import tree_decode
+    from .strategy import TreeDrafter, TreeStats
+
+    class Leaves(TreeDrafter):
+        """``n`` leaves of token 0 below the root (pruned at the length budget): ``n`` verified nodes per step."""
+
+        def __init__(self, n: int):
+            self.n = n
+
+        def draft_tree(self, seq, state):
+            return TokenTree(seq.new_zeros(self.n), seq.new_full((self.n,), -1)), None
+
+    vocab = int(model.config.get_text_config().vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(model.device)
+    config = GenerationConfig(max_length=prompt_len + steps, do_sample=False, eos_token_id=None)
+
+    def seconds_per_step(n: int) -> float:
+        stats = TreeStats()
+        t0 = time.perf_counter()
+        tree_decode(model, Leaves(n), prompt, LogitsProcessorList(), StoppingCriteriaList(), config,
+                    stats)
+        return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
+
+    times: dict[int, list[float]] = {n: [] for n in range(max_nodes + 1)}
+    with fast_verification_head(model):
+        for rep in range(repeats + 1):
+            order = range(max_nodes + 1) if rep % 2 else range(max_nodes, -1, -1)   # alternate: no drift bias
+            for n in order:
+                elapsed = seconds_per_step(n)
+                if rep:
+                    times[n].append(elapsed)
+    base = statistics.median(times[0])
+    rel, top = [1.0], 1.0
+    for n in range(1, max_nodes + 1):
+        top = max(top, statistics.median(times[n]) / base)
+        rel.append(top)
+    return VerifyCost(tuple(rel))
+
+
+__all__ = ["RateTracker", "VerifyCost", "best_size", "budget_mask", "measure_verify_cost", "path_probabilities"]
