@@ -150,7 +150,7 @@ def measure_verify_cost(model, max_nodes: int = 16, prompt_len: int = 64, steps:
     ``n = 0 .. max_nodes``; seconds per step over those of ``n = 0`` (a tree step without a tree: what a
     step of plain decoding costs in this loop). Median of ``repeats`` generations of ``steps`` steps per ``n``
     (after one warm-up), the sizes in alternating order, made non-decreasing. About ``repeats * steps *
-    (max_nodes + 1)`` target forwards (Gemma-3-270M, 2 CPU threads, defaults: about a minute). Pass the result
+    (max_nodes + 1)`` target forwards (Gemma-3-270M, 2 CPU threads, defaults: about 2.5 minutes). Pass the result
     as ``verify_cost=`` on hardware other than the reference CPU."""
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
