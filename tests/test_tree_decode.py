@@ -295,3 +295,25 @@ def test_prune_tree():
     assert pruned.tokens.tolist() == [10, 13] and pruned.parents.tolist() == [-1, -1]
     assert prune_tree(tree, None, budget=0, stop_ids=None)[0].num_nodes == 0
     assert prune_tree(tree, q, budget=9, stop_ids=None)[0] is tree
+
+
+def test_tree_rows_compute_at_most_block_rows_per_head_call():
+    """A chain of 6 nodes read row by row: rows 0-3 in one call, 4-6 in the next (``block_rows=4``);
+    ``block_rows=None`` computes the whole first-child chain at once."""
+    tree = TokenTree.chain(T([10, 11, 12, 13, 14, 15]))
+    hidden = torch.arange(7.0)[:, None].repeat(1, 3)
+    calls = []
+
+    def head(h):
+        calls.append(h[:, 0].tolist())
+        return torch.cat([h, -h], dim=-1)
+
+    rows = TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden, head=head)
+    assert [float(rows.raw(r)[0]) for r in range(7)] == [0, 1, 2, 3, 4, 5, 6]
+    assert calls == [[0, 1, 2, 3], [4, 5, 6]] and rows.head_calls == 2
+    calls.clear()
+    whole = TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden, head=head, block_rows=None)
+    whole[0]
+    assert calls == [[0, 1, 2, 3, 4, 5, 6]] and whole.rows_computed == 7
+    with pytest.raises(ValueError, match="block_rows"):
+        TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden, head=head, block_rows=0)
