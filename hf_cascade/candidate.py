@@ -25,6 +25,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from .drafters.neural import output_vocab_size
 from .processors import split_processors
 from .stats import GenerationStats, PhaseTimer
+from .verify_head import GreedyPlan, active_head, logit_transform
 
 
 @dataclass
@@ -54,6 +55,9 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         self.max_length = int(generation_config.max_length)
         self.vocab_size = output_vocab_size(target)
         self.processors, self.target_rules = split_processors(logits_processor)
+        self._all_processors = logits_processor or LogitsProcessorList()   # transformers' list, in its order
+        self._logit_transform = logit_transform(target)
+        self._plan: GreedyPlan | None = None
         eos = getattr(generation_config, "_eos_token_tensor", None)
         if eos is None and generation_config.eos_token_id is not None:
             eos = torch.as_tensor(generation_config.eos_token_id)
@@ -91,8 +95,20 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         logits = None
         if self.do_sample and k > 0:
             logits = d.dists.to(input_ids.device).clamp_min(0).log()[None]  # [1, k, V]
+        self._expect_greedy_review(candidates, seq.shape[0])
         self._verify_started = time.perf_counter()
         return candidates, logits
+
+    def _expect_greedy_review(self, candidates: torch.Tensor, start: int) -> None:
+        """2. Verify: tell the target's :class:`~hf_cascade.verify_head.VerificationHead` (if the
+        session installed one) which drafts greedy acceptance will check, so it can skip the rows
+        after the first rejection."""
+        head = active_head(self.target)
+        self._plan = None
+        if head is None or self.do_sample or candidates.shape[1] == start:
+            return
+        self._plan = GreedyPlan(candidates, start, self._all_processors, self._logit_transform)
+        head.expect(self._plan)
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """4. Update: statistics and the strategy's feedback."""
@@ -100,6 +116,11 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         self.stats.phase_seconds["verify"] += verify_seconds
         n = int(num_matches)
         self.stats.record_target_review(self._last_draft_len, n)
+        head = active_head(self.target)
+        if head is not None:
+            if head.validated is None and self._plan is not None:
+                head.validate(self._plan, scores)
+            self.stats.head_rows_requested, self.stats.head_rows_computed = head.rows_requested, head.rows_computed
         for rule in self.target_rules:
             rule.set_candidates(None)
         first = self.stats.target_calls == 1

@@ -57,6 +57,9 @@ class GenerationStats:
         acceptance_by_position: acceptance at the target by draft position (Figure 2 of CS Drafting).
         levels: per-drafter statistics, top (largest) drafter first.
         phase_seconds: wall time per phase, e.g. ``{"draft": .., "verify": ..}``.
+        head_rows_requested / head_rows_computed: rows of target logits that multi-row verification
+            forwards asked for, and those the output head computed (:mod:`hf_cascade.verify_head`
+            skips rows greedy acceptance never reads).
     """
 
     target_calls: int = 0
@@ -65,6 +68,8 @@ class GenerationStats:
     acceptance_by_position: PositionCounts = field(default_factory=PositionCounts)
     levels: list[LevelStats] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    head_rows_requested: int = 0
+    head_rows_computed: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -108,6 +113,8 @@ class GenerationStats:
                 for lv in self.levels
             ],
             "phase_seconds": dict(self.phase_seconds),
+            "head_rows_requested": self.head_rows_requested,
+            "head_rows_computed": self.head_rows_computed,
         }
 
 
