@@ -200,3 +200,40 @@ def test_greedy_parity(target, kind, prompt):
 
     got_hf = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=drafter)
     assert got_hf.tolist() == expected.tolist()
+
+
+def test_reduced_greedy_step_equals_the_full_row():
+    """``NeuralLevel.next_greedy`` (softmax over the drafter's subset only) gives the token and
+    probability of the full-vocabulary row, and ``generate`` drafts the same tokens with it."""
+    from transformers import LogitsProcessorList
+
+    from hf_cascade.drafters.neural import NeuralLevel
+    from hf_cascade.stats import LevelStats
+
+    drafter = make_drafter(seed=3)
+    for prompt in tm.random_prompts(6, seed=4):
+        seq = prompt[0]
+        fast = NeuralLevel(drafter, tm.VOCAB, LogitsProcessorList(), LevelStats("d"))
+        full = NeuralLevel(drafter, tm.VOCAB, LogitsProcessorList(), LevelStats("d"))
+        full._reduced = False
+        token, prob = fast.next_greedy(seq)
+        row = full.scores(seq, seq.shape[0])[-1].softmax(-1)
+        assert int(token) == int(row.argmax()) and int(token) in EVEN.tolist()
+        torch.testing.assert_close(prob, row[token][0], rtol=1e-6, atol=1e-7)
+        t_fast, p_fast, _ = fast.generate(seq, 5, False, set())
+        t_full, p_full, _ = full.generate(seq, 5, False, set())
+        assert t_fast.tolist() == t_full.tolist()
+        torch.testing.assert_close(p_fast, p_full, rtol=1e-6, atol=1e-7)
+    assert NeuralLevel(tm.llama_target(), tm.VOCAB, LogitsProcessorList(), LevelStats("d")).next_greedy(seq) is None
+
+
+@pytest.mark.parametrize("prompt", [ids(1, 5, 6, 7, 5, 6, 7, 5, 6), ids(9)])
+def test_greedy_parity_drafting_below_maxgram(target, prompt):
+    """The drafter drafts autoregressively (the reduced greedy path) after Max-Gram's match."""
+    drafter = restricted_copy(target)
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=20)
+    for kw in ({"maxgram_first": True}, {"maxgram_first": True, "cost_aware": True}):
+        assistant = CascadeAssistant([drafter, MaxGram()], k_matrix=[[3, 10], [0, 10]], **kw)
+        got = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=assistant)
+        assert got.tolist() == expected.tolist()
+        assert assistant.last_stats.levels[0].forward_calls >= 1

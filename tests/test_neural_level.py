@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
+from hf_cascade.drafters.lookahead import CostModel, ExpectedGainRule
 from hf_cascade.drafters.neural import NeuralLevel, check_same_vocabulary, output_vocab_size
 from hf_cascade.stats import LevelStats
 from tests import tiny_models as tm
@@ -113,6 +114,21 @@ def test_min_confidence_keeps_or_drops_the_unsure_token(threshold):
         assert d_tokens.shape[0] == 0 and k_tokens.shape[0] == 1
     if threshold == 0.0:
         assert d_tokens.shape[0] == k_tokens.shape[0] == 6
+
+
+def test_no_forward_when_the_rule_cannot_be_met():
+    """After a long draft whose end is unlikely to be reached, no drafter token could pay for its
+    verification (threshold > 1): ``generate`` returns nothing without running the drafter."""
+    model = tm.llama_target()
+    seq = torch.tensor([1, 5, 6, 7, 5, 6])
+    stats = LevelStats("d")
+    level = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), stats)
+    hopeless = ExpectedGainRule.after([0.3] * 10, CostModel(measure=False))
+    assert hopeless.threshold() > 1.0
+    tokens, probs, _ = level.generate(seq, 3, False, set(), rule=hopeless)
+    assert tokens.shape[0] == 0 and stats.forward_calls == 0
+    tokens, _, _ = level.generate(seq, 3, False, set(), rule=ExpectedGainRule.after([], CostModel(measure=False)))
+    assert stats.forward_calls >= 1
 
 
 def test_dropping_by_probability_hands_over_the_restricted_distribution():

@@ -84,32 +84,46 @@ class NeuralLevel:
         self.cached = torch.empty(0, dtype=torch.long)  # tokens whose K/V are in ``cache``
         self.last_forward_seconds = 0.0
         self.last_forward_tokens = 0
+        # hf_cascade's own drafters predict over a reduced vocabulary and can return those logits only
+        self._reduced = getattr(model.config, "draft_vocab_size", None) is not None and hasattr(model, "vocab_subset")
 
     # -- scoring -----------------------------------------------------------------------------
     @torch.no_grad()
     def scores(self, seq: torch.Tensor, start: int) -> torch.Tensor:
         """Processed scores ``[L - start + 1, V]`` of the positions predicting ``seq[start:]`` and
         the token after ``seq`` (``seq``: ``[L]`` on CPU or the target's device, ``start >= 1``)."""
+        logits = self._to_target_vocab(self._forward(seq, start).float())  # [1, needed, V]
+        scores = process_positions(self.processors, seq[None].to(logits.device), logits, start)
+        return scores[0]
+
+    @torch.no_grad()
+    def next_greedy(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(token [1], q [1, N] over the drafter's reduced vocabulary)`` for the greedy token after
+        ``seq``, without building a full-vocabulary row; ``None`` when that is not possible (a drafter
+        without a reduced vocabulary, or logits processors, which act on full rows). The token and its
+        probability equal ``scores``' argmax and softmax: outside the subset those rows are
+        ``finfo.min``, whose exponential is 0."""
+        if len(self.processors) or not self._reduced:
+            return None
+        reduced = self._forward(seq, seq.shape[0], full_vocab=False)[0, -1].float()   # [N]
+        q = reduced.softmax(dim=-1)
+        i = int(q.argmax())
+        return self.model.vocab_subset[i:i + 1].to(seq.device), q[i]
+
+    def _forward(self, seq: torch.Tensor, start: int, **kwargs) -> torch.Tensor:
+        """Run the drafter on the tokens of ``seq`` its cache lacks; ``[1, L - start + 1, V_d]`` logits."""
         length = seq.shape[0]
         keep = min(_common_prefix(self.cached, seq), start - 1)
         self._rollback(keep)
         new = seq[keep:].to(self.device)[None]                              # [1, L - keep]
         needed = length - start + 1
         t0 = time.perf_counter()
-        out = self.model(
-            input_ids=new,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=needed,
-        )
+        out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=needed, **kwargs)
         self.last_forward_seconds = time.perf_counter() - t0
         self.last_forward_tokens = new.shape[1]
         self.stats.forward_calls += 1
         self.cached = seq.clone()
-        logits = out.logits[:, -needed:, :].float()                          # [1, needed, V_d]
-        logits = self._to_target_vocab(logits)
-        scores = process_positions(self.processors, seq[None].to(logits.device), logits, start)
-        return scores[0]
+        return out.logits[:, -needed:, :]
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         vd = logits.shape[-1]
@@ -133,7 +147,7 @@ class NeuralLevel:
         """Draft ``k`` tokens autoregressively. Stops after a stop token; after a token drawn with
         probability ``< min_confidence`` when ``keep_unsure`` (transformers' rule); *before* a token
         whose probability is below a floor (``min_confidence`` when not ``keep_unsure``, and ``rule``'s
-        threshold), which is then dropped.
+        threshold), which is then dropped; without a forward when ``rule``'s threshold exceeds 1.
 
         Dropping a drawn token by its probability changes the distribution the kept token came from:
         with floor ``t`` it is ``q`` restricted to ``{x: q(x) >= t}`` and renormalised, and that is the
@@ -143,14 +157,22 @@ class NeuralLevel:
         tokens, probs, dists = [], [], []
         cur = seq
         for _ in range(k):
-            s = self.scores(cur, cur.shape[0])[-1]                           # [V]
-            q = s.softmax(dim=-1)                                            # [V] the drafter's distribution
-            tok = torch.multinomial(q, 1) if do_sample else s.argmax()[None]
-            prob = float(q[tok])
+            if rule is not None and rule.threshold() > 1.0:
+                break                                                        # no token could pay: skip the forward
+            fast = None if do_sample else self.next_greedy(cur)
+            if fast is not None:
+                q = None                                                     # greedy: no full row needed
+                tok, q_tok = fast                                            # [1], []
+            else:
+                s = self.scores(cur, cur.shape[0])[-1]                       # [V]
+                q = s.softmax(dim=-1)                                        # [V] the drafter's distribution
+                tok = torch.multinomial(q, 1) if do_sample else s.argmax()[None]
+                q_tok = q[tok]
+            prob = float(q_tok)
             dist = q
             floor = max(0.0 if keep_unsure else min_confidence, rule.threshold() if rule is not None else 0.0)
             if floor > 0.0:
-                if not bool(q[tok] >= floor):                                # the same comparison as the mask
+                if not bool(q_tok >= floor):                                 # the same comparison as the mask
                     break                                                    # drop it: the draft ends here
                 if do_sample:                                                # what a kept token was drawn from
                     kept = torch.where(q >= floor, q, torch.zeros_like(q))   # [V]

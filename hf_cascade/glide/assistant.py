@@ -19,8 +19,8 @@ yet in the target's cache):
    ``x_{t+i}``; ``cape=False`` sends the main path alone (a chain).
    **Hardware-aware size** (``verify_cost``, not in the paper): of the drafted nodes, verify the set of
    highest path probability whose expected accepted tokens best pay for the measured cost of verifying
-   it (:mod:`hf_cascade.tree.budget`; on this CPU a step verifying one node costs 1.06 plain steps, two to seven
-   nodes 1.15).
+   it (:mod:`hf_cascade.tree.budget`; on this CPU a step verifying one node costs 1.25 plain steps, two to seven
+   nodes 1.38).
 4. After verification (:meth:`GlideDrafter.on_accept`) the draft cache is **cropped** (``Cache.crop``) to
    the verified tokens it already holds: the root and the accepted main-path tokens it fed. (With one draft
    layer their K/V do not depend on the glimpse at all; with more, the upper layers' K/V keep the view of

@@ -7,11 +7,13 @@ the profile has a shape. Gemma-3-270M, fp32, 2 threads, one step of
 (:func:`measure_verify_cost`, the loop itself; a separate timing of the decoder forward plus the output
 head on the rows acceptance reads agrees within 0.04):
 
-    n     0     1      2-7    8-13   16
-    cost  1.0   1.06   1.15   1.19   1.25
+    n     0     1      2-7    8-11        12-16
+    cost  1.0   1.25   1.38   1.40-1.46   1.47-1.57
 
-(the 262k-row output head, read once per step whatever the number of rows, is more than half of a
-step; the decoder costs +55% from 1 to 2 tokens, then little more up to 17.) So whether a node pays
+(the 262k-row output head costs about the same for 1-4 rows, ~34 ms, and a third of a step; the
+decoder costs ~+50% from 1 to 2 tokens, then little more up to 17. Before :mod:`hf_cascade.verify_head`
+computed a single row as a 2-row product, a step without a tree paid ~52 ms of head and the profile was
+1.06 / 1.15 / 1.19 / 1.25: the nodes cost the same milliseconds, the plain step is cheaper.) So whether a node pays
 depends on the node *and* on the step: Sequoia (Chen et al., 2024, "Sequoia: Scalable, Robust, and
 Hardware-aware Speculative Decoding", Section 3.3) sizes its tree from a measured forward-time profile;
 EAGLE-2 (Li et al., 2024) keeps the nodes of highest draft path probability. This module does both,
@@ -31,7 +33,7 @@ per step:
    once ``R`` is that optimum.
 
 Not modelled: a step whose accepted path leaves the main path (an accepted CAPE sibling) pays a second
-output-head call (:mod:`hf_cascade.tree.rows` computes the main path's rows first), about half a unit.
+output-head call (:mod:`hf_cascade.tree.rows` computes the main path's rows first), about a third of a unit.
 
 The tree stays a deterministic function of the context and the past steps (no random draws of this
 step), so greedy decoding stays exact and the point-mass sampling acceptance stays lossless.
@@ -47,10 +49,10 @@ import torch
 
 from .structure import TokenTree
 
-# Gemma-3-270M fp32, 2 CPU threads (the reference machine), n = 0..16 nodes: decoder forward + output head on
-# the rows acceptance reads, mean of prefixes of 32 and 128 tokens. measure_verify_cost (the loop itself) gave
-# (1.0, 1.058, 1.151 x 6, 1.189 x 4, 1.19, 1.19, 1.205, 1.206, 1.251) on the same machine.
-_CPU_PROFILE = (1.0, 1.06, 1.16, 1.19, 1.19, 1.19, 1.2, 1.2, 1.2, 1.21, 1.22, 1.22, 1.22, 1.22, 1.25, 1.25, 1.27)
+# Gemma-3-270M fp32, 2 CPU threads (the reference machine), n = 0..16 nodes: measure_verify_cost(model) (the loop
+# itself, with the session's head: one row as a 2-row product), 2026-11-23.
+_CPU_PROFILE = (1.0, 1.253, 1.382, 1.382, 1.382, 1.382, 1.382, 1.382, 1.397, 1.4, 1.426, 1.464, 1.47, 1.497, 1.529,
+                1.529, 1.566)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Verifying an ``n``-node tree makes the target produce ``n + 1`` rows of logits (
 node), but acceptance reads only the rows on the path it walks: the root, each accepted node, and
 (under greedy decoding, with duplicate sibling tokens) the few siblings it also tries. With a large
 vocabulary the output head dominates the cost of those rows: Gemma-3-270M's tied 262k x 640 head is
-671 MB of float32, about 44 ms for one row on this 2-core CPU and about 2-4 ms more per extra row,
+671 MB of float32, about 34 ms for 1-4 rows on this 2-core CPU with the session's head (a single row
+runs as a 2-row product, see :mod:`hf_cascade.verify_head`) and about 10 ms per row past four,
 while the 18 transformer layers cost about 38 ms for one token and 105 ms for 32. A 30-node CAPE
 tree therefore paid ~120 ms of head for the ~3 rows its acceptance walk reads.
 
