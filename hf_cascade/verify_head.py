@@ -156,11 +156,12 @@ class VerificationHead:
         """``[m, V]`` logits whose rows up to the first rejected draft are computed, and how many
         rows were (whole blocks)."""
         m = rows.shape[0]
-        out = rows.new_zeros(m, self.weight.shape[0])                     # [m, V]; unread rows stay 0
+        out = rows.new_empty(m, self.weight.shape[0])                     # [m, V]
         for start, end in self.blocks(m):
             out[start:end] = self._rows(rows[start:end])
             for i in range(start, end):
                 if i == m - 1 or not plan.accepts(i, out[i]):
+                    out[end:].zero_()                                     # rows acceptance never reads
                     return out, end
         return out, m
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from transformers import Cache, PreTrainedModel
 
+from ..verify_head import logit_transform
 from .attention import tree_attention_mask, tree_position_ids
 from .structure import TokenTree
 
@@ -129,11 +130,10 @@ def output_head(model: PreTrainedModel):
     decoder = get_decoder() if get_decoder is not None else None
     if not isinstance(head, torch.nn.Module) or not isinstance(decoder, torch.nn.Module) or decoder is model:
         return None
-    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    transform = logit_transform(model)
 
     def logits(hidden: torch.Tensor) -> torch.Tensor:
-        out = head(hidden)
-        return torch.tanh(out / cap) * cap if cap else out
+        return transform(head(hidden))
 
     return logits
 
