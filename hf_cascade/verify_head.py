@@ -42,6 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LogitsProcessorList
 
+from .processors import process_positions
+
 
 def logit_transform(model: nn.Module):
     """What ``model``'s forward applies to its head's output: Gemma-2/3's ``final_logit_softcapping``
@@ -74,10 +76,8 @@ class GreedyPlan:
 
     def process(self, i: int, raw: torch.Tensor) -> torch.Tensor:
         """``[V]`` row ``i`` as transformers' assisted loop processes it."""
-        row = self.transform(raw[None].float())
-        if len(self.processors):
-            row = self.processors(self.candidates[:, : self.start + i], row.clone())
-        return row[0]
+        row = self.transform(raw[None, None].float())                     # [1, 1, V]
+        return process_positions(self.processors, self.candidates, row, self.start + i)[0, 0]
 
     def accepts(self, i: int, raw: torch.Tensor) -> bool:
         """Whether greedy acceptance takes draft ``i`` given row ``i``'s raw logits."""
