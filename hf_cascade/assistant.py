@@ -13,14 +13,15 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 
 from .candidate import SpeculativeCandidateGenerator
 from .stats import GenerationStats
-from .verify_head import fast_verification_head
+from .verify_linear import fast_verification
 
 
 class Assistant:
     """Base of all hf_cascade assistants (``CascadeAssistant``, ...).
 
-    ``fast_head``: during our assisted calls, compute the target's multi-row verification logits
-    as ``W @ h.T`` (:mod:`hf_cascade.verify_head`; CPU, float32, large vocabularies only).
+    ``fast_head``: during our assisted calls, run the target's multi-token verification forwards with
+    the CPU kernels of :mod:`hf_cascade.verify_linear` (decoder linears) and :mod:`hf_cascade.verify_head`
+    (output head, large vocabularies only); CPU, float32. ``False``: the model's own kernels.
     """
 
     last_stats: GenerationStats | None = None
@@ -28,7 +29,7 @@ class Assistant:
 
     def target_session(self, target: PreTrainedModel):
         """Context manager entered around one assisted ``generate()`` call."""
-        return fast_verification_head(target) if self.fast_head else nullcontext(False)
+        return fast_verification(target) if self.fast_head else nullcontext(False)
 
     def candidate_generator(
         self,

@@ -17,11 +17,12 @@ T = torch.tensor
 
 def test_verify_cost_table_and_extrapolation():
     c = VerifyCost((1.0, 1.6, 1.8, 1.9))
-    assert [round(c(n), 6) for n in range(7)] == [1.0, 1.6, 1.8, 1.9, 2.0, 2.1, 2.2]     # last slope 0.1 continues
+    assert [round(c(n), 6) for n in range(7)] == [1.0, 1.6, 1.8, 1.9, 2.05, 2.2, 2.35]   # slope of 1.6 -> 1.9: 0.15
+    assert VerifyCost((1.0, 1.2, 1.2))(4) == pytest.approx(1.2)                          # a flat half stays flat
     assert c.table(2).tolist() == [1.0, 1.6, 1.8]
     assert VerifyCost.flat()(50) == 1.0
     default = VerifyCost()
-    assert default(0) == 1.0 and 1.0 < default(1) < default(2) < default(16) < default(32)
+    assert default(0) == 1.0 <= default(1) < default(2) < default(16) < default(32)
     for bad in ((1.0,), (0.5, 1.0), (1.0, 1.5, 1.4)):
         with pytest.raises(ValueError):
             VerifyCost(bad)

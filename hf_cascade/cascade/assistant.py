@@ -55,8 +55,8 @@ class CascadeAssistant(Assistant):
             correct matches when they review them.
         tokenizer: optional tokenizer of the drafters, to check vocabularies exactly when
             ``generate(..., tokenizer=...)`` is also given.
-        fast_head: compute the target's verification logits as ``W @ h.T`` on CPU
-            (:mod:`hf_cascade.verify_head`); ``False`` leaves the target untouched.
+        fast_head: run the target's verification forwards with the CPU kernels of
+            :mod:`hf_cascade.verify_linear` and :mod:`hf_cascade.verify_head`; ``False`` leaves the target untouched.
 
     Example::
 

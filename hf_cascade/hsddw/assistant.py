@@ -34,8 +34,8 @@ class DynamicWindowAssistant(Assistant):
             (default ``5 * max_window``).
         tokenizer: optional tokenizer of the draft models, for an exact vocabulary check when
             ``generate(..., tokenizer=...)`` is also given.
-        fast_head: compute the target's verification logits as ``W @ h.T`` on CPU
-            (:mod:`hf_cascade.verify_head`); ``False`` leaves the target untouched.
+        fast_head: run the target's verification forwards with the CPU kernels of
+            :mod:`hf_cascade.verify_linear` and :mod:`hf_cascade.verify_head`; ``False`` leaves the target untouched.
 
     After each call ``assistant.last_stats`` is a :class:`~hf_cascade.hsddw.DynamicWindowStats`:
     window per step, redundancy sigma, target utilisation eta, tau trajectories, calls per model.

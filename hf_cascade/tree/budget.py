@@ -7,13 +7,14 @@ the profile has a shape. Gemma-3-270M, fp32, 2 threads, one step of
 (:func:`measure_verify_cost`, the loop itself; a separate timing of the decoder forward plus the output
 head on the rows acceptance reads agrees within 0.04):
 
-    n     0     1      2-7    8-11        12-16
-    cost  1.0   1.25   1.38   1.40-1.46   1.47-1.57
+    n     0     1     2-4         5-7         8-11        12-13       14-24
+    cost  1.0   1.0   1.04-1.05   1.15-1.23   1.27-1.45   1.67-1.71   1.93-1.98
 
-(the 262k-row output head costs about the same for 1-4 rows, ~34 ms, and a third of a step; the
-decoder costs ~+50% from 1 to 2 tokens, then little more up to 17. Before :mod:`hf_cascade.verify_head`
-computed a single row as a 2-row product, a step without a tree paid ~52 ms of head and the profile was
-1.06 / 1.15 / 1.19 / 1.25: the nodes cost the same milliseconds, the plain step is cheaper.) So whether a node pays
+(with the target's CPU kernels of :mod:`hf_cascade.verify_linear` and :mod:`hf_cascade.verify_head`:
+the decoder costs about the same for 1-5 tokens, the 262k-row output head about the same for 1-4 rows,
+~34 ms, a third of a step. Before the decoder linears were switched, a second token cost the decoder
+~+50% and the profile was 1.25 / 1.38 / 1.40-1.46 / 1.47-1.57; before the head computed a single row as
+a 2-row product, 1.06 / 1.15 / 1.19 / 1.25.) So whether a node pays
 depends on the node *and* on the step: Sequoia (Chen et al., 2024, "Sequoia: Scalable, Robust, and
 Hardware-aware Speculative Decoding", Section 3.3) sizes its tree from a measured forward-time profile;
 EAGLE-2 (Li et al., 2024) keeps the nodes of highest draft path probability. This module does both,
@@ -49,10 +50,10 @@ import torch
 
 from .structure import TokenTree
 
-# Gemma-3-270M fp32, 2 CPU threads (the reference machine), n = 0..16 nodes: measure_verify_cost(model) (the loop
-# itself, with the session's head: one row as a 2-row product), 2026-11-23.
-_CPU_PROFILE = (1.0, 1.253, 1.382, 1.382, 1.382, 1.382, 1.382, 1.382, 1.397, 1.4, 1.426, 1.464, 1.47, 1.497, 1.529,
-                1.529, 1.566)
+# Gemma-3-270M fp32, 2 CPU threads (the reference machine), n = 0..24 nodes: measure_verify_cost(model) (the loop
+# itself, with the session's decoder linears and head: hf_cascade.verify_linear.fast_verification), 2026-11-23.
+_CPU_PROFILE = (1.0, 1.0, 1.039, 1.039, 1.054, 1.153, 1.225, 1.225, 1.271, 1.354, 1.425, 1.454, 1.671, 1.711, 1.93,
+                1.93, 1.93, 1.93, 1.93, 1.93, 1.93, 1.93, 1.982, 1.982, 1.982)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class VerifyCost:
 
     Attributes:
         relative: ``relative[n]`` for ``n = 0 .. len - 1`` nodes (``relative[0] = 1``: the root alone, what a
-            step of plain decoding costs), non-decreasing; larger ``n`` extend the last slope (at least 0).
+            step of plain decoding costs), non-decreasing; larger ``n`` extend the mean slope of the table's
+            second half (a measured profile rises in steps, so its very last slope is often 0).
     """
 
     relative: tuple[float, ...] = _CPU_PROFILE
@@ -85,7 +87,9 @@ class VerifyCost:
         rel = self.relative
         if n < len(rel):
             return rel[n]
-        return rel[-1] + (n - len(rel) + 1) * (rel[-1] - rel[-2])
+        half = (len(rel) - 1) // 2
+        slope = (rel[-1] - rel[half]) / (len(rel) - 1 - half)
+        return rel[-1] + (n - len(rel) + 1) * slope
 
     def table(self, n: int) -> torch.Tensor:
         """``[n + 1]`` float64 costs of ``0 .. n`` nodes."""
@@ -144,19 +148,19 @@ class RateTracker:
 
 
 @torch.no_grad()
-def measure_verify_cost(model, max_nodes: int = 16, prompt_len: int = 64, steps: int = 16,
+def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16,
                         repeats: int = 3) -> VerifyCost:
-    """Measure the profile in the loop itself: :func:`~hf_cascade.tree.decode.tree_decode` (with the fast head
-    of :mod:`hf_cascade.verify_head`, as the tree assistants run it) over a random prompt of ``prompt_len``
+    """Measure the profile in the loop itself: :func:`~hf_cascade.tree.decode.tree_decode` (with the CPU kernels
+    of :func:`~hf_cascade.verify_linear.fast_verification`, as the tree assistants run it) over a random prompt of ``prompt_len``
     tokens, each step verifying ``n`` leaves the target never chooses (so each step emits one token), for
     ``n = 0 .. max_nodes``; seconds per step over those of ``n = 0`` (a tree step without a tree: what a
     step of plain decoding costs in this loop). Median of ``repeats`` generations of ``steps`` steps per ``n``
     (after one warm-up), the sizes in alternating order, made non-decreasing. About ``repeats * steps *
-    (max_nodes + 1)`` target forwards (Gemma-3-270M, 2 CPU threads, defaults: about 2.5 minutes). Pass the result
+    (max_nodes + 1)`` target forwards (Gemma-3-270M, 2 CPU threads, defaults: about 4 minutes). Pass the result
     as ``verify_cost=`` on hardware other than the reference CPU."""
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-    from ..verify_head import fast_verification_head
+    from ..verify_linear import fast_verification
     from .decode import tree_decode
     from .strategy import TreeDrafter, TreeStats
 
@@ -182,7 +186,7 @@ def measure_verify_cost(model, max_nodes: int = 16, prompt_len: int = 64, steps:
         return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
 
     times: dict[int, list[float]] = {n: [] for n in range(max_nodes + 1)}
-    with fast_verification_head(model):
+    with fast_verification(model):
         for rep in range(repeats + 1):
             order = range(max_nodes + 1) if rep % 2 else range(max_nodes, -1, -1)   # alternate: no drift bias
             for n in order:
