@@ -10,7 +10,7 @@ positions) so the wrappers survive signature changes across versions:
    compare the assistant's ``config`` with the target's; our assistants are checked by their own
    ``bind`` instead, so the assistant is hidden from that check.
 3. ``GenerationMixin._assisted_decoding``: runs inside ``assistant.target_session(model)``, where a
-   strategy may prepare the target for one call (e.g. :mod:`hf_cascade.verify_head`) and undo it.
+   strategy may prepare the target for one call (e.g. the CPU kernels of :mod:`hf_cascade.verify_linear`) and undo it.
    For a :class:`~hf_cascade.tree.strategy.TreeAssistant` (token-tree drafts) it is replaced by
    ``assistant.decode(...)``, our own loop (:mod:`hf_cascade.tree.decode`), with the same inputs.
 4. ``transformers.pipelines.base.load_assistant_model``: lets ``pipeline(..., assistant_model=...)``

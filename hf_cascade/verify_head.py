@@ -27,8 +27,9 @@ computes from the head's raw rows, and only with logits processors from transfor
 never uses a plan (speculative sampling draws for every row first).
 
 :func:`fast_verification_head` installs a :class:`VerificationHead` as the head's ``forward`` for
-one assisted ``generate()`` call (the hook enters it around transformers' ``_assisted_decoding``)
-and restores it afterwards; :func:`active_head` finds it from the model.
+one assisted ``generate()`` call (the hook enters it, with the decoder linears of
+:mod:`hf_cascade.verify_linear`, through :func:`~hf_cascade.verify_linear.fast_verification` around
+transformers' ``_assisted_decoding``) and restores it afterwards; :func:`active_head` finds it from the model.
 """
 
 from __future__ import annotations

@@ -183,7 +183,8 @@ def test_tree_rows_process_each_row_with_its_ancestor_path():
 
 
 def test_tree_rows_compute_first_child_chains_only_when_read():
-    """Hidden rows become logits through the head in chains: a row, its first child, its first child..."""
+    """Hidden rows become logits through the head in chains: a row, its first child, its first child...,
+    then, while the block has room, the children of rows already computed (in node order)."""
     #        root
     #       /    \
     #      0      2
@@ -200,11 +201,15 @@ def test_tree_rows_compute_first_child_chains_only_when_read():
     rows = TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden, head=head)
     assert rows.rows_computed == 0
     assert rows[0].tolist() == [0, 0, 0, 0, 0, 0]
-    assert calls == [[0, 1, 2]]                                       # root, node 0, node 1
-    assert rows[2][0] == 2 and rows.head_calls == 1
-    assert rows.raw(3)[1] == 3
-    assert calls == [[0, 1, 2], [3, 4]]                                 # node 2's chain: nodes 2, 3
+    assert calls == [[0, 1, 2, 3]]                      # root, node 0, node 1; then node 2 fills the block
+    assert rows[2][0] == 2 and rows.raw(3)[1] == 3 and rows.head_calls == 1
+    assert rows.raw(4)[1] == 4
+    assert calls == [[0, 1, 2, 3], [4]]                                 # node 3: its own call
     assert rows.rows_computed == 5 and rows.head_calls == 2
+    calls.clear()
+    rows = TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden, head=head, block_rows=2)
+    rows[3], rows[0], rows[2]
+    assert calls == [[3, 4], [0, 1], [2]]                               # node 2's chain; root + node 0; node 1
     with pytest.raises(ValueError, match="expected 5 rows"):
         TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden[:4], head=head)
 

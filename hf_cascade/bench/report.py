@@ -60,15 +60,16 @@ def markdown_categories(result: BenchResult) -> str:
 
 
 def markdown_tree(result: BenchResult) -> str | None:
-    """Tree strategies, per target call: nodes verified, output-head rows computed, verification and
+    """Tree strategies, per target call: nodes verified, output-head rows computed and calls, verification and
     drafting time (``None`` when no method verifies trees)."""
     trees = result.summary.get("tree_verification", {})
     if not trees:
         return None
-    lines = ["| method | nodes/call | head rows/call | verify ms/call | draft ms/call | draft / verify |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| method | nodes/call | head rows/call | head calls/call | verify ms/call | draft ms/call | draft / verify |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for m, t in trees.items():
-        lines.append(f"| {m} | {t['nodes_per_call']:.1f} | {t['head_rows_per_call']:.1f} | {t['verify_ms_per_call']:.0f} | "
+        lines.append(f"| {m} | {t['nodes_per_call']:.1f} | {t['head_rows_per_call']:.1f} | {t.get('head_calls_per_call', 0):.2f} | "
+                     f"{t['verify_ms_per_call']:.0f} | "
                      f"{t['draft_ms_per_call']:.1f} | {_fmt(t['draft_fraction_of_verify'], '.1%')} |")
     return "\n".join(lines)
 

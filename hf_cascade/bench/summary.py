@@ -78,7 +78,7 @@ def acceptance_by_position(records: list[dict], method: str) -> dict | None:
 
 def tree_verification(records: list[dict], method: str) -> dict | None:
     """Per target call of a tree strategy, summed over its prompts: tree nodes verified, output-head
-    rows computed, milliseconds of verification (forward + acceptance) and of drafting, and drafting
+    rows computed and head calls, milliseconds of verification (forward + acceptance) and of drafting, and drafting
     time as a fraction of verification time. ``None`` for methods without tree statistics."""
     stats = [r["stats"] for r in records if r["method"] == method and r.get("stats") and "head_rows" in r["stats"]]
     calls = sum(s["target_calls"] for s in stats)
@@ -91,6 +91,7 @@ def tree_verification(records: list[dict], method: str) -> dict | None:
         "calls": calls,
         "nodes_per_call": sum(sum(s["tree_sizes"]) for s in stats) / calls,
         "head_rows_per_call": sum(sum(s["head_rows"]) for s in stats) / calls,
+        "head_calls_per_call": sum(sum(s.get("head_calls", [])) for s in stats) / calls,
         "verify_ms_per_call": 1000 * verify / calls,
         "draft_ms_per_call": 1000 * draft / calls,
         "draft_fraction_of_verify": draft / verify if verify > 0 else None,

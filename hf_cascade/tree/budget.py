@@ -34,7 +34,8 @@ per step:
    once ``R`` is that optimum.
 
 Not modelled: a step whose accepted path leaves the main path (an accepted CAPE sibling) pays a second
-output-head call (:mod:`hf_cascade.tree.rows` computes the main path's rows first), about a third of a unit.
+output-head call, about a third of a unit, unless the sibling's row fit in the first call's block
+(:mod:`hf_cascade.tree.rows` computes the main path's rows first, then siblings while the block has room).
 
 The tree stays a deterministic function of the context and the past steps (no random draws of this
 step), so greedy decoding stays exact and the point-mass sampling acceptance stays lossless.

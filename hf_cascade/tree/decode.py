@@ -130,7 +130,7 @@ def tree_decode(
             if streamer is not None:
                 streamer.put(new[None, :emitted].cpu())
             last_hidden = hidden[src[emitted - 1]] if hidden is not None else None
-            stats.record_tree_step(tree, acceptance, emitted, rows.rows_computed)
+            stats.record_tree_step(tree, acceptance, emitted, rows.rows_computed, max(rows.head_calls, 1))
             step += 1
             drafter.on_accept(tree, acceptance, TreeStep(seq, cache, last_hidden, max(cfg.max_length - seq.shape[0] - 1, 0), step))
     if streamer is not None:

@@ -97,12 +97,14 @@ class TreeStats(GenerationStats):
         accepted_paths: accepted node indices per call (before an EOS / ``max_length`` cut).
         head_rows: rows whose logits the target's output head computed per call (of the
             ``n + 1`` verified; see :mod:`hf_cascade.tree.rows`).
+        head_calls: output-head calls per target call (each reads the whole head weight).
     """
 
     tree_depths: list[int] = field(default_factory=list)
     tree_leaves: list[int] = field(default_factory=list)
     accepted_paths: list[list[int]] = field(default_factory=list)
     head_rows: list[int] = field(default_factory=list)
+    head_calls: list[int] = field(default_factory=list)
 
     @property
     def tree_sizes(self) -> list[int]:
@@ -112,9 +114,10 @@ class TreeStats(GenerationStats):
     def accepted_length_per_step(self) -> list[int]:
         return list(self.accepted_per_call)
 
-    def record_tree_step(self, tree: TokenTree, acceptance: TreeAcceptance, emitted: int, head_rows: int | None = None) -> None:
+    def record_tree_step(self, tree: TokenTree, acceptance: TreeAcceptance, emitted: int, head_rows: int | None = None,
+                         head_calls: int = 1) -> None:
         """One verification of ``tree`` that emitted ``emitted`` tokens (``>= 1``), for which the
-        output head computed ``head_rows`` rows (default: all ``n + 1``)."""
+        output head computed ``head_rows`` rows (default: all ``n + 1``) in ``head_calls`` calls."""
         n = tree.num_nodes
         depth = int(tree.depth.max()) + 1 if n else 0
         self.target_calls += 1
@@ -125,6 +128,7 @@ class TreeStats(GenerationStats):
         self.tree_leaves.append(len(tree.paths()) if n else 0)
         self.accepted_paths.append(acceptance.path.tolist())
         self.head_rows.append(n + 1 if head_rows is None else head_rows)
+        self.head_calls.append(int(head_calls))
 
     def to_dict(self) -> dict:
         out = super().to_dict()
@@ -134,6 +138,7 @@ class TreeStats(GenerationStats):
             "tree_leaves": list(self.tree_leaves),
             "accepted_paths": [list(p) for p in self.accepted_paths],
             "head_rows": list(self.head_rows),
+            "head_calls": list(self.head_calls),
         })
         return out
 
