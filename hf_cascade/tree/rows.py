@@ -83,9 +83,10 @@ class TreeRows:
         if block_rows is not None and int(block_rows) < 1:
             raise ValueError(f"block_rows must be >= 1 or None, got {block_rows}")
         self.block_rows = int(block_rows) if block_rows is not None else n + 1
+        self._parent_row = [-1] + [p + 1 for p in tree.parents.tolist()]    # row -> its parent's row (root: -1)
         first_child = [-1] * (n + 1)                 # row -> row of its lowest-index child, or -1
-        for i in range(n - 1, -1, -1):
-            first_child[int(tree.parents[i]) + 1] = i + 1
+        for row in range(n, 0, -1):
+            first_child[self._parent_row[row]] = row
         self._first_child = first_child
         self._anc = tree.ancestor_mask().to(seq.device) if n and len(processors) else None
 
@@ -123,13 +124,12 @@ class TreeRows:
         # room left in the block (a call over up to block_rows rows costs what one over 1 row does):
         # the rows a walk leaving the chain would read next, children of rows known or in this call
         known = set(chain) | set(self._raw)
-        parents = self.tree.parents.tolist()
-        for row in range(1, len(self) if len(chain) < self.block_rows else 0):
-            if row not in known and parents[row - 1] + 1 in known:
+        for row in range(1, len(self)):
+            if len(chain) == self.block_rows:
+                break
+            if row not in known and self._parent_row[row] in known:
                 chain.append(row)
                 known.add(row)
-                if len(chain) == self.block_rows:
-                    break
         index = torch.tensor(chain, device=self.hidden.device)
         logits = self.head(self.hidden.index_select(0, index)).float()           # [k, V]
         self.head_calls += 1
