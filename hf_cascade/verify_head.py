@@ -3,18 +3,20 @@
 1. **Kernel.** Verifying ``k`` draft tokens makes the target compute logits for ``k + 1`` positions.
    For a tied 262k x 640 fp32 head (Gemma-3-270M: 671 MB) ``F.linear(h, W)`` with a few rows is
    several times slower than with one row on CPUs where the BLAS picks a poor kernel for a
-   transposed, very wide right-hand side (measured here: 1 row ~50 ms, 6 rows ~250-500 ms).
-   ``W @ h.T`` computes the same products with the weight as the left operand and stays close to
-   one pass over the weight. A single row is computed as a 2-row product with a zero row: the
-   matrix-vector kernel uses one thread (measured here with 2 threads: 52 ms for one row, 34 ms for
-   two, 34 ms for four, 58 for eight, 118 for twelve).
+   transposed, very wide right-hand side (measured on one machine: 1 row ~50 ms, 6 rows ~250-500 ms),
+   where ``W @ h.T`` stays close to one pass over the weight (34 ms for 2 or 4 rows, 58 for 8), and a
+   single row is faster as a 2-row product with a zero row (34 ms: the matrix-vector kernel ran on one
+   thread of two). On another CPU ``F.linear`` was the faster for 1-4 rows (22.5 / 24.7 / 48.9 ms
+   against 22.8 / 59 / 59). The head offers the candidates to the process-wide
+   :class:`~hf_cascade.kernels.KernelTuner`, which keeps the faster per row count.
 2. **Rows.** Greedy acceptance in transformers' assisted loop reads rows ``0 .. n`` only (``n``: the
    accepted drafts; row ``n`` gives the bonus token); the rows after the first rejected draft are
-   computed and thrown away. Here a ``W @ h.T`` call over 2-4 rows costs about what 1 row costs and
-   8-10 rows about twice that (the measurement behind :class:`~hf_cascade.tree.rows.TreeRows`), so a
-   10-token Max-Gram draft rejected at its second token pays twice for its head. With a
+   computed and thrown away. On the first machine above a call over 2-4 rows costs about what 1 row
+   costs and 8-10 rows about twice that (the measurement behind :class:`~hf_cascade.tree.rows.TreeRows`),
+   so a 10-token Max-Gram draft rejected at its second token paid twice for its head. With a
    :class:`GreedyPlan` (set by the candidate generator before each greedy verification) the head
-   computes ``block_rows`` rows at a time (a last block of one row joins the one before), checks each row the way transformers will (the model's
+   computes ``block_rows`` rows at a time (by default the largest block that costs at most 1.2 times
+   one row on this machine, :func:`calibrate_block_rows`: 4 on the first machine above, 3 on the second) (a last block of one row joins the one before), checks each row the way transformers will (the model's
    post-head transform, the generation's logits processors with the same ``input_ids`` prefix,
    argmax against the draft token), and stops after the first row that rejects its draft. Rows it
    did not compute are zeros: acceptance never reads them (they come after the first mismatch).
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LogitsProcessorList
 
+from .kernels import TUNER, KernelTuner, shape_key
 from .processors import process_positions
 
 
@@ -93,10 +96,11 @@ class VerificationHead:
         validated: ``None`` until :meth:`validate` ran, then whether plans may be used.
     """
 
-    def __init__(self, head: nn.Linear, block_rows: int = 4):
+    def __init__(self, head: nn.Linear, block_rows: int = 4, tuner: KernelTuner | None = None):
         if int(block_rows) < 1:
             raise ValueError(f"block_rows must be >= 1, got {block_rows}")
         self.weight, self.bias = head.weight, head.bias
+        self.tuner = tuner if tuner is not None else TUNER
         self.block_rows = int(block_rows)
         self.plan: GreedyPlan | None = None
         self.validated: bool | None = None
@@ -134,14 +138,16 @@ class VerificationHead:
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:               # [m, d] -> [m, V]
+        kernels = {"linear": lambda: F.linear(rows, self.weight, self.bias)}
         if rows.shape[0] == 1:
-            if torch.get_num_threads() == 1:
-                return F.linear(rows, self.weight, self.bias)
-            # one row as a 2-row product: the matrix-vector kernel runs on one thread (here 52 ms
-            # against 34 ms for two rows on two threads); the padding row is discarded
-            out = (self.weight @ torch.cat([rows, torch.zeros_like(rows)]).T).T[:1]
+            # one row as a 2-row product (the padding row is discarded): where the matrix-vector
+            # kernel runs on one thread, two rows on two threads are faster than one row
+            kernels["pad2"] = lambda: self._bias((self.weight @ torch.cat([rows, torch.zeros_like(rows)]).T).T[:1])
         else:
-            out = (self.weight @ rows.T).T
+            kernels["rows"] = lambda: self._bias((self.weight @ rows.T).T)
+        return self.tuner.run(shape_key(self.weight, rows.shape[0]), kernels)
+
+    def _bias(self, out: torch.Tensor) -> torch.Tensor:
         return out + self.bias if self.bias is not None else out
 
     def blocks(self, m: int) -> list[tuple[int, int]]:
@@ -167,6 +173,32 @@ class VerificationHead:
         return out, m
 
 
+#: calibrated block sizes, by the head's shape key (one measurement per process and head shape)
+_BLOCK_ROWS: dict[tuple, int] = {}
+
+
+def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3, 4, 8), tolerance: float = 1.2,
+                         default: int = 4) -> int:
+    """The largest of ``sizes`` whose head call (with the tuner's faster kernel) costs at most
+    ``tolerance`` times a one-row call, timed on random rows until the tuner has chosen (a few calls
+    per size; ~1 s for Gemma-3-270M's head, once per process). ``default`` when the tuner does not
+    time (a forced kernel)."""
+    key = shape_key(vh.weight, 1)
+    if key not in _BLOCK_ROWS:
+        cost = {}
+        for m in sizes:
+            x = torch.randn(m, vh.weight.shape[1], dtype=vh.weight.dtype)
+            for _ in range(4 * max(vh.tuner.trials, 1)):
+                if vh.tuner.seconds(shape_key(vh.weight, m)) is not None or vh.tuner.force is not None:
+                    break
+                vh._rows(x)
+            cost[m] = vh.tuner.seconds(shape_key(vh.weight, m))
+        if any(c is None for c in cost.values()):
+            return default
+        _BLOCK_ROWS[key] = max(m for m in sizes if cost[m] <= tolerance * cost[sizes[0]])
+    return _BLOCK_ROWS[key]
+
+
 def active_head(model: nn.Module) -> VerificationHead | None:
     """The :class:`VerificationHead` installed on ``model`` by :func:`fast_verification_head`, if any."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -175,8 +207,10 @@ def active_head(model: nn.Module) -> VerificationHead | None:
 
 
 @contextmanager
-def fast_verification_head(model: nn.Module, min_vocab: int = 32768, block_rows: int = 4) -> Iterator[bool]:
-    """Within the block, ``model``'s output head is a :class:`VerificationHead`.
+def fast_verification_head(model: nn.Module, min_vocab: int = 32768, block_rows: int | None = None,
+                           tuner: KernelTuner | None = None) -> Iterator[bool]:
+    """Within the block, ``model``'s output head is a :class:`VerificationHead` (``block_rows``:
+    ``None`` = :func:`calibrate_block_rows`).
 
     Applies only to an ``nn.Linear`` head on CPU in float32 with at least ``min_vocab`` rows;
     yields whether it applied.
@@ -192,7 +226,11 @@ def fast_verification_head(model: nn.Module, min_vocab: int = 32768, block_rows:
     if not applies:
         yield False
         return
-    head.forward = VerificationHead(head, block_rows)
+    vh = VerificationHead(head, block_rows or 1, tuner)
+    if block_rows is None:
+        with torch.inference_mode():
+            vh.block_rows = calibrate_block_rows(vh)
+    head.forward = vh
     try:
         yield True
     finally:

@@ -1,21 +1,21 @@
 """The target's decoder linears on CPU: a multi-token forward at about the price of a one-token one.
 
 Verifying ``k`` draft tokens runs the target's decoder over ``k + 1`` positions, so every linear
-layer multiplies ``[k + 1, d_in]`` rows by its ``[d_out, d_in]`` weight. On this machine (2 CPU
-threads, PyTorch's CPU BLAS) ``F.linear(x, W)`` with 2-16 rows runs on one thread: all 126 linears
-of Gemma-3-270M take ~24 ms for 1 row, ~35-47 ms for 2-4 rows. ``W @ x.T`` (the weight as the left
-operand, split across threads by its output rows) takes ~17-26 ms for 2-4 rows and ~30 ms for 16:
-one pass over the weights, shared by the threads. The decoder forward over 2 / 4 tokens went from
-~79 / ~85 ms to ~45 / ~45 ms (1 token: ~48 ms, unchanged). That is the room speculative decoding
-lives in: a token verified should cost little more than the token decoded.
+layer multiplies ``[k + 1, d_in]`` rows by its ``[d_out, d_in]`` weight. On some CPUs ``F.linear(x, W)``
+with 2-16 rows runs on one thread while ``W @ x.T`` (the weight as the left operand, split across
+threads by its output rows) uses all: measured on one 2-core machine, all 126 linears of Gemma-3-270M
+took ~24 ms for 1 row, ~35-47 ms for 2-4 rows with ``F.linear`` and ~17-26 ms with ``W @ x.T``, and
+the decoder forward over 2 / 4 tokens went from ~79 / ~85 ms to ~45 / ~45 ms. On another 2-core
+machine (AVX-512) the opposite held. So :class:`RowsLinear` offers both kernels to the process-wide
+:class:`~hf_cascade.kernels.KernelTuner`, which keeps the faster per weight shape and row count.
 
 :class:`RowsLinear` is installed as the ``forward`` of each plain ``nn.Linear`` of the target's
 decoder for one assisted ``generate()`` (:func:`fast_decoder_linears`, entered with the output head
-of :mod:`hf_cascade.verify_head` by :func:`fast_verification`). It computes the same products in a
-different order of accumulation, like any multi-token forward does against a one-token one (logits
-differ from plain decoding's by ~1e-6, as verification logits always did); a single row and more than
-``max_rows`` rows (a long prompt, where the usual kernel is as fast or faster) take ``F.linear``
-unchanged, and so does everything with one thread, where the two kernels cost about the same.
+of :mod:`hf_cascade.verify_head` by :func:`fast_verification`). The two kernels compute the same
+products in a different order of accumulation, like any multi-token forward does against a one-token
+one (logits differ from plain decoding's by ~1e-6, as verification logits always did); a single row
+and more than ``max_rows`` rows (a long prompt, where the usual kernel is as fast or faster) take
+``F.linear`` unchanged.
 """
 
 from __future__ import annotations
@@ -27,24 +27,34 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels import TUNER, KernelTuner, shape_key
+
 
 class RowsLinear:
-    """An ``nn.Linear``'s ``forward`` computing 2..``max_rows`` rows as ``(W @ x.T).T``."""
+    """An ``nn.Linear``'s ``forward`` computing 2..``max_rows`` rows with the faster of ``F.linear`` and
+    ``(W @ x.T).T`` (``tuner``'s choice; default: the process-wide one)."""
 
-    def __init__(self, linear: nn.Linear, max_rows: int = 64):
+    def __init__(self, linear: nn.Linear, max_rows: int = 64, tuner: KernelTuner | None = None):
         if int(max_rows) < 2:
             raise ValueError(f"max_rows must be >= 2, got {max_rows}")
         self.weight, self.bias = linear.weight, linear.bias
         self.max_rows = int(max_rows)
+        self.tuner = tuner if tuner is not None else TUNER
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:                 # x: [..., d_in]
         rows = x.reshape(-1, x.shape[-1])                                  # [m, d_in]
-        if not 2 <= rows.shape[0] <= self.max_rows or torch.get_num_threads() == 1:
+        m = rows.shape[0]
+        if not 2 <= m <= self.max_rows:
             return F.linear(x, self.weight, self.bias)
-        out = (self.weight @ rows.T).T.contiguous()                        # [m, d_out]
-        if self.bias is not None:
-            out = out + self.bias
+        out = self.tuner.run(shape_key(self.weight, m), {
+            "linear": lambda: F.linear(rows, self.weight, self.bias),      # [m, d_out]
+            "rows": lambda: self._rows(rows),
+        })
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:                 # [m, d_in] -> [m, d_out]
+        out = (self.weight @ rows.T).T.contiguous()
+        return out + self.bias if self.bias is not None else out
 
 
 def _decoder(model: nn.Module) -> nn.Module:
@@ -54,7 +64,7 @@ def _decoder(model: nn.Module) -> nn.Module:
 
 
 @contextmanager
-def fast_decoder_linears(model: nn.Module, max_rows: int = 64) -> Iterator[int]:
+def fast_decoder_linears(model: nn.Module, max_rows: int = 64, tuner: KernelTuner | None = None) -> Iterator[int]:
     """Within the block, every plain ``nn.Linear`` of ``model``'s decoder on CPU in float32 (the output
     head excluded: :mod:`hf_cascade.verify_head` has its own) computes through :class:`RowsLinear`.
     Subclasses (quantized or LoRA layers) and layers whose ``forward`` is already replaced are left
@@ -66,7 +76,7 @@ def fast_decoder_linears(model: nn.Module, max_rows: int = 64) -> Iterator[int]:
         and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
     ]
     for m in switched:
-        m.forward = RowsLinear(m, max_rows)
+        m.forward = RowsLinear(m, max_rows, tuner)
     try:
         yield len(switched)
     finally:
@@ -75,14 +85,15 @@ def fast_decoder_linears(model: nn.Module, max_rows: int = 64) -> Iterator[int]:
 
 
 @contextmanager
-def fast_verification(model: nn.Module) -> Iterator[bool]:
+def fast_verification(model: nn.Module, tuner: KernelTuner | None = None) -> Iterator[bool]:
     """The target's CPU kernels for one assisted call: :func:`fast_decoder_linears` and
-    :func:`~hf_cascade.verify_head.fast_verification_head`. Yields whether either applied."""
+    :func:`~hf_cascade.verify_head.fast_verification_head`, kernels chosen by ``tuner`` (default: the
+    process-wide :data:`~hf_cascade.kernels.TUNER`). Yields whether either applied."""
     from .verify_head import fast_verification_head
 
     with ExitStack() as stack:
-        switched = stack.enter_context(fast_decoder_linears(model))
-        head = stack.enter_context(fast_verification_head(model))
+        switched = stack.enter_context(fast_decoder_linears(model, tuner=tuner))
+        head = stack.enter_context(fast_verification_head(model, tuner=tuner))
         yield bool(switched) or head
 
 

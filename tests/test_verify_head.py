@@ -8,6 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsP
 
 import hf_cascade
 from hf_cascade import MaxGram
+from hf_cascade.kernels import KernelTuner
 from hf_cascade.verify_head import GreedyPlan, VerificationHead, fast_verification_head
 
 from tests import tiny_models
@@ -35,7 +36,7 @@ def test_same_logits_and_restored():
             out5, out1 = m.lm_head(x), m.lm_head(x[:, :1])
         assert "forward" not in vars(m.lm_head)
         torch.testing.assert_close(out5, ref, rtol=1e-5, atol=1e-5)
-        assert torch.equal(out1, torch.nn.functional.linear(x[:, :1], m.lm_head.weight, m.lm_head.bias))
+        torch.testing.assert_close(out1, ref[:, :1], rtol=1e-5, atol=1e-5)
 
 
 def test_not_applied_to_small_vocab_or_half_precision():
@@ -109,16 +110,27 @@ def test_blocks_join_a_last_single_row():
     assert vh.blocks(9) == [(0, 4), (4, 9)] and vh.blocks(10) == [(0, 4), (4, 8), (8, 10)]
 
 
-def test_single_row_on_two_threads_matches_linear():
+def test_every_kernel_gives_the_head_rows():
+    """``linear`` is the model's own kernel (bit-equal); ``pad2`` (one row as a 2-row product) and
+    ``rows`` (``W @ h.T``) the same products in another order, on 1 and 2 threads."""
     head = nn.Linear(16, 40000)
-    vh = VerificationHead(head)
-    x = torch.randn(1, 1, 16)
     before = torch.get_num_threads()
     try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for force in ("linear", "pad2", "rows"):
+                vh = VerificationHead(head, tuner=KernelTuner(force=force))
+                for x in (torch.randn(1, 1, 16), torch.randn(1, 3, 16)):
+                    out, ref = vh(x), torch.nn.functional.linear(x, head.weight, head.bias)
+                    assert out.shape == ref.shape
+                    if force == "linear":
+                        assert torch.equal(out, ref)
+                    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
         torch.set_num_threads(2)
-        torch.testing.assert_close(vh(x), head(x), rtol=1e-5, atol=1e-5)
-        torch.set_num_threads(1)
-        assert torch.equal(vh(x), torch.nn.functional.linear(x, head.weight, head.bias))
+        vh = VerificationHead(head, tuner=KernelTuner())                    # tuned: explores, then chooses
+        for _ in range(8):
+            torch.testing.assert_close(vh(x), torch.nn.functional.linear(x, head.weight, head.bias), rtol=1e-5, atol=1e-5)
+        assert list(vh.tuner.choices().values())[0] in ("linear", "rows")
     finally:
         torch.set_num_threads(before)
 

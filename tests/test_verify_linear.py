@@ -12,6 +12,7 @@ from torch import nn
 
 import hf_cascade
 from hf_cascade import GlideAssistant, MaxGram
+from hf_cascade.kernels import TUNER, KernelTuner
 from hf_cascade.verify_linear import RowsLinear, fast_decoder_linears, fast_verification
 
 from tests import tiny_models as tm
@@ -30,23 +31,26 @@ def threads(n: int):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_rows_taken_and_products(bias):
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_rows_taken_and_products(bias, n_threads):
     torch.manual_seed(0)
     lin = nn.Linear(24, 40, bias=bias)
-    rl = RowsLinear(lin, max_rows=8)
     ref = lambda x: F.linear(x, lin.weight, lin.bias)                              # noqa: E731
-    with threads(2):
-        for shape in [(1, 1, 24), (9, 24), (1, 9, 24)]:                            # 1 row, more than max_rows
-            x = torch.randn(*shape)
-            assert torch.equal(rl(x), ref(x))
-        for shape in [(2, 24), (1, 5, 24), (2, 4, 24), (1, 8, 24)]:                # 2 .. max_rows rows
-            x = torch.randn(*shape)
-            out = rl(x)
-            assert out.shape == shape[:-1] + (40,) and out.is_contiguous()
-            torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-6)
-    with threads(1):                                                                # one thread: the model's kernel
-        x = torch.randn(1, 5, 24)
-        assert torch.equal(rl(x), ref(x))
+    with threads(n_threads):
+        for force in ("rows", "linear", None):                                     # None: tuned by timing
+            rl = RowsLinear(lin, max_rows=8, tuner=KernelTuner(force=force))
+            for shape in [(1, 1, 24), (9, 24), (1, 9, 24)]:                        # 1 row, more than max_rows
+                x = torch.randn(*shape)
+                assert torch.equal(rl(x), ref(x))
+            for shape in [(2, 24), (1, 5, 24), (2, 4, 24), (1, 8, 24)] * 4:        # 2 .. max_rows rows
+                x = torch.randn(*shape)
+                out = rl(x)
+                assert out.shape == shape[:-1] + (40,) and out.is_contiguous()
+                torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-6)
+                if force == "linear":
+                    assert torch.equal(out, ref(x))
+            assert set(rl.tuner.choices().values()) <= {"rows", "linear"}
+            assert bool(rl.tuner.choices()) == (force is None)               # the 5-8 row bucket: decided
     with pytest.raises(ValueError, match="max_rows"):
         RowsLinear(lin, max_rows=1)
 
@@ -98,6 +102,7 @@ def test_greedy_parity_on_two_threads(name, monkeypatch):
         return call(self, x)
 
     monkeypatch.setattr(RowsLinear, "__call__", counting)
+    monkeypatch.setattr(TUNER, "force", "rows")                # the multi-row kernel, whatever this CPU prefers
     assistants = [hf_cascade.CascadeAssistant([tm.noisy_copy(target), MaxGram()], k_matrix=[[2, 6], [0, 6]]),
                   GlideAssistant(echo_glide(target, 0.3), cape=True)]
     with threads(2):

@@ -50,6 +50,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..processors import DraftAwareProcessor
 from ..stats import PhaseTimer
+from ..verify_head import active_head
 from .accept import greedy_tree_accept, sampling_tree_accept
 from .forward import keep_path, output_head, verify_tree
 from .rows import TreeRows
@@ -81,6 +82,8 @@ def tree_decode(
     seq = input_ids[0].to(target.device)
     cache = DynamicCache()
     heads = _HeadInput(target)
+    fast = active_head(target)                  # the CPU verification head, if installed: its block size
+    block_rows = fast.block_rows if fast is not None else 4
     done, step = False, 0
     with heads:
         # 1. Prefill everything but the root.
@@ -97,7 +100,7 @@ def tree_decode(
             with timer("verify"):
                 if head is not None:
                     hidden = verify_tree(target, cache, L - 1, tree, seq[-1], hidden_only=True)  # [n + 1, H]
-                    rows = TreeRows(tree, seq, processors, hidden=hidden, head=head)
+                    rows = TreeRows(tree, seq, processors, hidden=hidden, head=head, block_rows=block_rows)
                 else:
                     raw = verify_tree(target, cache, L - 1, tree, seq[-1])                 # [n + 1, V]
                     hidden = heads.rows()                                                # [n + 1, H] or None
