@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 import hf_cascade  # noqa: E402,F401  (installs the generate hook)
 from hf_cascade.bench import BenchConfig, markdown_report, run_benchmark, write_results  # noqa: E402
 from hf_cascade.bench.runner import rotated  # noqa: E402
+from hf_cascade.bench.summary import paired  # noqa: E402
 from hf_cascade.cli import bench_config, build_parser  # noqa: E402
 
 # economize (the `bench` extra) needs transformers>=5; CI's second pass (transformers 4.57) runs without it.
@@ -106,6 +107,22 @@ def test_summary_structure(greedy_result):
     assert all(0.0 <= x <= 1.0 for x in acc["target"]["rates"])
     if "economize" in greedy_result.methods:  # economize's (drafted, accepted) log gives the same curve
         assert s["acceptance_by_position"]["economize"]["target"]["proposed"]
+    assert set(s["paired"]) == {f"{m}/cascade" for m in greedy_result.methods[:-1]}
+    for pair in s["paired"].values():
+        assert pair["prompts"] == len(PROMPTS) and pair["low"] <= pair["high"] and 0 <= pair["faster_on"] <= len(PROMPTS)
+    assert "### Paired" in markdown_report(greedy_result)
+
+
+def test_paired_ratio_and_interval():
+    """Golden: b takes half of a's time on every prompt but one; the interval brackets the ratio."""
+    recs = [{"prompt_index": i, "method": m, "seconds": t}
+            for i, (ta, tb) in enumerate([(2.0, 1.0), (4.0, 2.0), (3.0, 1.5), (1.0, 2.0)])
+            for m, t in (("a", ta), ("b", tb))]
+    p = paired(recs, "a", "b")
+    assert p["prompts"] == 4 and p["faster_on"] == 3
+    assert p["ratio"] == pytest.approx(10.0 / 6.5)
+    assert p["low"] <= p["ratio"] <= p["high"] and p["low"] >= 0.5 and p["high"] <= 2.0
+    assert paired(recs, "a", "missing") is None
 
 
 def test_outputs_written(greedy_result, tmp_path):

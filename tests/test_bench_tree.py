@@ -62,6 +62,18 @@ def test_tree_strategies_need_their_head(tiny, strategy):
     assert r.methods == ["plain"] and "needs its trained head" in r.errors[strategy]
 
 
+def test_measured_verify_cost_is_used_and_reported(tiny):
+    """``--verify-cost measure``: the profile is measured on this machine before the run and recorded."""
+    model, _, tok = tiny
+    config = BenchConfig(strategy="glide", baselines=["glide-chain"], max_new_tokens=6, warmup_tokens=1,
+                         max_tree_nodes=3, verify_cost="measure")
+    r = run_benchmark(config, model, tok, PROMPTS[:1], drafts=[echo_glide(model)])
+    assert r.methods == ["plain", "glide-chain", "glide"], r.errors
+    profile = r.environment["verify_cost_measured"]
+    assert len(profile) == 4 and profile[0] == 1.0 and profile == sorted(profile)
+    assert all(rec["identical_to_plain"] for rec in r.records)
+
+
 def test_cli_tree_options():
     args = build_parser().parse_args(["bench", "--strategy", "redrafter", "--draft", "head", "--beam-width", "2",
                                       "--beam-length", "3", "--baselines", "redrafter-w1,redrafter-flat"])
@@ -72,6 +84,11 @@ def test_cli_tree_options():
                                       "--draft-length", "4", "--baselines", "glide-chain", "--min-confidence", "0.3",
                                       "--min-expansion-prob", "0.05", "--verify-cost"])
     assert bench_config(args).tree == {"draft_length": 4, "max_tree_nodes": 16, "beam_width": 4, "beam_length": 5,
-                                       "min_confidence": 0.3, "min_expansion_prob": 0.05, "verify_cost": True}
+                                       "min_confidence": 0.3, "min_expansion_prob": 0.05, "verify_cost": "reference"}
+    measure = build_parser().parse_args(["bench", "--strategy", "glide", "--draft", "g", "--verify-cost", "measure"])
+    assert bench_config(measure).verify_cost == "measure"
+    assert not bench_config(build_parser().parse_args(["bench"])).verify_cost
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--verify-cost", "guess"])
     with pytest.raises(ValueError, match="beam_width must be >= 1"):
         BenchConfig(strategy="redrafter", beam_width=0)

@@ -28,7 +28,9 @@ class BenchConfig:
             (``min_confidence`` is also ``ReDrafterAssistant``'s and ``GlideAssistant``'s, for every redrafter / glide method).
         draft_length / max_tree_nodes / min_expansion_prob: ``GlideAssistant``'s main-path length, tree-size cap and
             CAPE's expansion floor (strategy glide).
-        verify_cost: ``GlideAssistant(verify_cost=VerifyCost())`` (the reference CPU's profile) when true (glide
+        verify_cost: ``GlideAssistant(verify_cost=VerifyCost())`` (the reference CPU's profile) when true or
+            ``"reference"``, the profile :func:`~hf_cascade.tree.budget.measure_verify_cost` measures on this
+            machine when ``"measure"`` (glide
             methods).
         beam_width / beam_length: ``ReDrafterAssistant``'s beam search (strategy redrafter).
         window: the fixed draft window of the ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's
@@ -56,7 +58,7 @@ class BenchConfig:
     draft_length: int = 5
     max_tree_nodes: int | None = None
     min_expansion_prob: float = 0.0
-    verify_cost: bool = False
+    verify_cost: bool | str = False
     beam_width: int = 4
     beam_length: int = 5
     max_new_tokens: int = 128

@@ -180,8 +180,9 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
     GLIDE; ``beam_width``, ``beam_length``, ``min_confidence`` for ReDrafter)."""
     tree = tree or {}
     glide = {k: tree[k] for k in ("draft_length", "max_tree_nodes", "min_confidence", "min_expansion_prob") if k in tree}
-    if tree.get("verify_cost"):
-        glide["verify_cost"] = VerifyCost()
+    cost = tree.get("verify_cost")
+    if cost:                                      # True / "reference": the reference CPU's profile; or a measured one
+        glide["verify_cost"] = cost if isinstance(cost, VerifyCost) else VerifyCost()
     beams = {k: tree[k] for k in ("beam_width", "beam_length", "min_confidence") if k in tree}
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
     builders: dict[str, Callable[[], Method]] = {

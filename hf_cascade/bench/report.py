@@ -93,6 +93,13 @@ def markdown_report(result: BenchResult) -> str:
         "",
         markdown_categories(result),
     ]
+    pairs = result.summary.get("paired") or {}
+    if pairs:
+        parts += ["", f"### Paired: each method's time over `{result.methods[-1]}`'s on the same prompts "
+                  "(95% bootstrap interval over prompts)", "",
+                  "| methods | time ratio | 95% interval | strategy faster on |", "|---|---:|---:|---:|"]
+        parts += [f"| {k} | {v['ratio']:.3f} | {v['low']:.3f}-{v['high']:.3f} | {v['faster_on']}/{v['prompts']} |"
+                  for k, v in pairs.items()]
     tree = markdown_tree(result)
     if tree is not None:
         parts += ["", "### Tree verification (per target call; head rows: output-head rows computed)", "", tree]

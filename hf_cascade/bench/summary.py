@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from statistics import mean
 
@@ -98,17 +99,44 @@ def tree_verification(records: list[dict], method: str) -> dict | None:
     }
 
 
+def paired(records: list[dict], a: str, b: str, resamples: int = 2000, seed: int = 0) -> dict | None:
+    """``a``'s total time over ``b``'s on the prompts where both ran (above 1: ``b`` is faster), with a
+    95% bootstrap interval over prompts (``resamples`` resamplings of the prompts, fixed ``seed``) and on
+    how many prompts ``b`` was faster. Methods run interleaved on each prompt, so the ratio is free of
+    the machine's drift between prompts."""
+    seconds: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in records:
+        seconds[r["prompt_index"]][r["method"]] = r["seconds"]
+    pairs = [(t[a], t[b]) for t in seconds.values() if a in t and b in t and t[b] > 0]
+    if not pairs:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(sum(x for x, _ in sample) / sum(y for _, y in sample))
+    ratios.sort()
+    return {
+        "prompts": len(pairs),
+        "ratio": sum(x for x, _ in pairs) / sum(y for _, y in pairs),
+        "low": ratios[int(0.025 * resamples)],
+        "high": ratios[min(int(0.975 * resamples), resamples - 1)],
+        "faster_on": sum(y < x for x, y in pairs),
+    }
+
+
 def summarize(records: list[dict], methods: list[str]) -> dict:
     """``{"overall": {method: numbers}, "categories": {category: {method: numbers}},
     "acceptance_by_position": {method: {"target": counts, "levels": {...}}},
-    "tree_verification": {method: numbers}}`` (the last for tree strategies only).
+    "tree_verification": {method: numbers}, "paired": {"a/b": numbers}}`` (tree numbers for tree strategies
+    only; ``paired``: every other method against the last one, the strategy, see :func:`paired`).
 
     ``speedup`` is total plain time / total method time over the same prompts;
     ``speedup_mean_per_prompt`` the mean of per-prompt ratios; ``identical`` counts outputs equal to
     plain's (``None`` when sampling).
     """
     categories = list(dict.fromkeys(r["category"] for r in records))
-    out: dict = {OVERALL: {}, "categories": {}, "acceptance_by_position": {}, "tree_verification": {}}
+    out: dict = {OVERALL: {}, "categories": {}, "acceptance_by_position": {}, "tree_verification": {}, "paired": {}}
     for m in methods:
         out[OVERALL][m] = _group_summary(records, m)
         tree = tree_verification(records, m)
@@ -117,6 +145,10 @@ def summarize(records: list[dict], methods: list[str]) -> dict:
         acc = acceptance_by_position(records, m)
         if acc is not None:
             out["acceptance_by_position"][m] = acc
+    for m in methods[:-1]:
+        pair = paired(records, m, methods[-1])
+        if pair is not None:
+            out["paired"][f"{m}/{methods[-1]}"] = pair
     for c in categories:
         group = [r for r in records if r["category"] == c]
         out["categories"][c] = {m: _group_summary(group, m) for m in methods}
