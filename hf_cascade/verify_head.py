@@ -16,8 +16,9 @@
    so a 10-token Max-Gram draft rejected at its second token paid twice for its head. With a
    :class:`GreedyPlan` (set by the candidate generator before each greedy verification) the head
    computes ``block_rows`` rows at a time (by default the largest block that costs at most 1.2 times
-   one row on this machine, :func:`calibrate_block_rows`: 4 on the first machine above, 3 on the second) (a last block of one row joins the one before), checks each row the way transformers will (the model's
-   post-head transform, the generation's logits processors with the same ``input_ids`` prefix,
+   one row on this machine, :func:`calibrate_block_rows`: 3 on the second machine above; 4 by the
+   first's measurements; a last block of one row joins the one before), checks each row the way
+   transformers will (the model's post-head transform, the generation's logits processors with the same ``input_ids`` prefix,
    argmax against the draft token), and stops after the first row that rejects its draft. Rows it
    did not compute are zeros: acceptance never reads them (they come after the first mismatch).
 
