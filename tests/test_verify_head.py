@@ -8,7 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsP
 
 import hf_cascade
 from hf_cascade import MaxGram
-from hf_cascade.kernels import KernelTuner
+from hf_cascade import verify_head
+from hf_cascade.kernels import TUNER, KernelTuner
 from hf_cascade.verify_head import GreedyPlan, VerificationHead, fast_verification_head
 
 from tests import tiny_models
@@ -198,9 +199,10 @@ def _assisted(target, ids, assistant, **kw):
     return out, assistant.last_stats
 
 
-def test_lazy_rows_greedy_parity_on_large_vocab_targets():
+def test_lazy_rows_greedy_parity_on_large_vocab_targets(monkeypatch):
     """Llama, and Gemma-3 with a logit softcap, 40k vocabularies (the head is installed): outputs equal
     plain greedy, with a repetition penalty too, and rows after rejections are skipped."""
+    monkeypatch.setattr(TUNER, "force", "linear")       # blocks of 4 rows, not a size calibrated on a tiny head
     llama_t = tiny_models.llama(vocab_size=40000, block_scale=0.005)
     gemma_t = tiny_models.gemma3(vocab_size=40000, block_scale=0.1)
     gemma_t.config.final_logit_softcapping = 3.0
@@ -216,6 +218,30 @@ def test_lazy_rows_greedy_parity_on_large_vocab_targets():
         a = hf_cascade.CascadeAssistant([drafter], k_matrix=[[8]])
         out, stats = _assisted(target, tiny_models.random_prompts(1, seed=3)[0], a)
         assert stats.head_rows_computed < stats.head_rows_requested   # rejections happened and rows were skipped
+
+
+def test_calibrated_block_rows(monkeypatch):
+    """The largest of 1, 2, 3, 4, 8 rows whose call costs at most 1.2 one-row calls; cached per head shape;
+    the default block when the tuner does not time (a forced kernel)."""
+    monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
+    costs = {1: 1.0, 2: 1.05, 3: 1.15, 4: 2.1, 8: 1.19}
+
+    class Costs(KernelTuner):
+        def seconds(self, key):
+            return costs[key[4]]
+
+    head = nn.Linear(8, 40000)
+    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs())) == 8
+    costs[8] = 2.6
+    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs())) == 8     # cached
+    monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
+    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs())) == 3
+    assert verify_head.calibrate_block_rows(VerificationHead(nn.Linear(8, 40001), tuner=KernelTuner(force="rows"))) == 4
+    with fast_verification_head(_Head(40000, 8, False)) as applied:                    # real timing: some size
+        assert applied
+    m = _Head(40000, 8, False)
+    with fast_verification_head(m):
+        assert verify_head.active_head(m).block_rows in (1, 2, 3, 4, 8)
 
 
 def test_sampling_computes_every_row():
