@@ -268,7 +268,7 @@ def bench_config(args: argparse.Namespace):
         draft_length=args.draft_length,
         max_tree_nodes=args.max_tree_nodes,
         min_expansion_prob=args.min_expansion_prob,
-        verify_cost=args.verify_cost,
+        verify_cost=args.verify_cost or False,
         beam_width=args.beam_width,
         beam_length=args.beam_length,
         max_new_tokens=args.max_new_tokens,

@@ -34,6 +34,13 @@ import torch
 Kernels = dict[str, Callable[[], torch.Tensor]]
 
 
+def left_product(weight: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(rows, weight, bias)`` computed as ``(weight @ rows.T).T``: ``[m, d_in] -> [m, d_out]``, the
+    weight as the left operand (a transposed view; callers that need it contiguous copy it)."""
+    out = (weight @ rows.T).T
+    return out + bias if bias is not None else out
+
+
 def rows_bucket(m: int) -> int:
     """The row count a choice is keyed by: exact up to 4, then the next power of two (kernel speed
     changes in steps with the number of rows; fewer keys mean less exploring)."""
@@ -103,4 +110,4 @@ class KernelTuner:
 #: The process-wide tuner of the target's CPU kernels (:mod:`hf_cascade.verify_linear`, :mod:`hf_cascade.verify_head`).
 TUNER = KernelTuner()
 
-__all__ = ["KernelTuner", "TUNER", "rows_bucket", "shape_key"]
+__all__ = ["KernelTuner", "TUNER", "left_product", "rows_bucket", "shape_key"]

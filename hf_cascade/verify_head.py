@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LogitsProcessorList
 
-from .kernels import TUNER, KernelTuner, shape_key
+from .kernels import TUNER, KernelTuner, left_product, shape_key
 from .processors import process_positions
 
 
@@ -143,13 +143,10 @@ class VerificationHead:
         if rows.shape[0] == 1:
             # one row as a 2-row product (the padding row is discarded): where the matrix-vector
             # kernel runs on one thread, two rows on two threads are faster than one row
-            kernels["pad2"] = lambda: self._bias((self.weight @ torch.cat([rows, torch.zeros_like(rows)]).T).T[:1])
+            kernels["pad2"] = lambda: left_product(self.weight, torch.cat([rows, torch.zeros_like(rows)]), self.bias)[:1]
         else:
-            kernels["rows"] = lambda: self._bias((self.weight @ rows.T).T)
+            kernels["rows"] = lambda: left_product(self.weight, rows, self.bias)
         return self.tuner.run(shape_key(self.weight, rows.shape[0]), kernels)
-
-    def _bias(self, out: torch.Tensor) -> torch.Tensor:
-        return out + self.bias if self.bias is not None else out
 
     def blocks(self, m: int) -> list[tuple[int, int]]:
         """Row ranges of the successive head calls for ``m`` rows: ``block_rows`` at a time, a last
@@ -229,7 +226,7 @@ def fast_verification_head(model: nn.Module, min_vocab: int = 32768, block_rows:
     if not applies:
         yield False
         return
-    vh = VerificationHead(head, block_rows or 1, tuner)
+    vh = VerificationHead(head, block_rows if block_rows is not None else 4, tuner)
     if block_rows is None:
         with torch.inference_mode():
             vh.block_rows = calibrate_block_rows(vh)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import TUNER, KernelTuner, shape_key
+from .kernels import TUNER, KernelTuner, left_product, shape_key
 
 
 class RowsLinear:
@@ -48,13 +48,9 @@ class RowsLinear:
             return F.linear(x, self.weight, self.bias)
         out = self.tuner.run(shape_key(self.weight, m), {
             "linear": lambda: F.linear(rows, self.weight, self.bias),      # [m, d_out]
-            "rows": lambda: self._rows(rows),
+            "rows": lambda: left_product(self.weight, rows, self.bias).contiguous(),
         })
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
-
-    def _rows(self, rows: torch.Tensor) -> torch.Tensor:                 # [m, d_in] -> [m, d_out]
-        out = (self.weight @ rows.T).T.contiguous()
-        return out + self.bias if self.bias is not None else out
 
 
 def _decoder(model: nn.Module) -> nn.Module:

@@ -90,7 +90,7 @@ def _timed(method: Method, ids, mask, kwargs: dict, seed: int) -> tuple[torch.Te
 
 
 def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, verifier: Any = None,
-                   assisted_draft: Any = None, measured: dict | None = None) -> dict[str, Method]:
+                   assisted_draft: Any = None, tree: dict | None = None) -> dict[str, Method]:
     strategy_kwargs: dict[str, Any] = {"lenience": config.lenience}
     if config.strategy == "cascade":
         strategy_kwargs.update(maxgram_lenience=config.maxgram_lenience, min_confidence=config.min_confidence,
@@ -98,19 +98,12 @@ def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, 
                                cost_aware=config.cost_aware)
     if config.k_matrix is not None:
         strategy_kwargs["k_matrix"] = config.k_matrix
-    tree = config.tree
-    if tree.get("verify_cost") == "measure" and config.strategy == "glide":
-        from ..tree.budget import measure_verify_cost
-
-        tree["verify_cost"] = measure_verify_cost(model, max_nodes=config.max_tree_nodes or 24)
-        if measured is not None:
-            measured["verify_cost_measured"] = list(tree["verify_cost"].relative)
     methods: dict[str, Method] = {}
     for name in config.methods:
         try:
             methods[name] = build_method(name, model, drafts, strategy_kwargs=strategy_kwargs, sampling=config.sampling,
                                          verifier=verifier, assisted_draft=assisted_draft, window=config.window,
-                                         tree=tree)
+                                         tree=tree if tree is not None else config.tree)
         except MethodUnavailable as exc:
             errors[name] = str(exc)
     if "plain" not in methods:
@@ -163,8 +156,13 @@ def run_benchmark(
         raise ValueError("run_benchmark needs at least one prompt")
     drafts = list(drafts)
     errors: dict[str, str] = {}
-    measured: dict[str, Any] = {}
-    methods = _build_methods(config, model, drafts, errors, verifier, assisted_draft, measured)
+    tree, environment = config.tree, _environment(model, drafts, verifier)
+    if tree["verify_cost"] == "measure" and config.strategy == "glide":   # the tree cost profile of this machine
+        from ..tree.budget import measure_verify_cost
+
+        tree["verify_cost"] = measure_verify_cost(model, max_nodes=config.max_tree_nodes or 24)
+        environment["verify_cost_measured"] = list(tree["verify_cost"].relative)
+    methods = _build_methods(config, model, drafts, errors, verifier, assisted_draft, tree)
     kwargs = generation_kwargs(config, tokenizer)
 
     # One untimed warm-up generate per method (first-call allocations, lazy imports, caches).
@@ -228,5 +226,5 @@ def run_benchmark(
         records=records,
         summary=summarize(records, names),
         errors=errors,
-        environment={**_environment(model, drafts, verifier), **measured},
+        environment=environment,
     )
