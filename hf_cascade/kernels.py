@@ -20,12 +20,22 @@ forward on B 1.75x slower (97 vs 55 ms). :class:`KernelTuner` therefore decides 
 candidate kernels on the real inputs, and the one with the lowest median time is used from then on,
 for the rest of the process. Nothing is computed twice; exploring costs at most
 ``trials`` calls of the slower kernel per shape.
+
+A third candidate, ``packed`` (:class:`WeightPacker`), multiplies by a copy of the weight reordered once
+into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the layout
+``torch.compile``'s CPU backend also uses for frozen linears). On machine B it stays close to one pass
+over the weight for a few rows: the head 22 / 23 / 26 / 26 / 28 / 33 ms for 1 / 2 / 3 / 4 / 6 / 8 rows
+(``F.linear``: 22.6 / 24.5 / 27.6 / 49-59 / 55 / 79-81), the 126 decoder linears 19.5 / 22 ms for 4 / 7
+rows (``F.linear`` 22-27 / 27.5, one row 14 ms). Its price is memory: the packed copy is as large as the
+weight (+671 MB for Gemma-3-270M's tied head, +400 MB for its decoder), made the first time the tuner
+tries it (~1 s for the head) and kept while the weight lives. ``PACKER.enabled = False`` turns it off.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
@@ -39,6 +49,52 @@ def left_product(weight: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor | 
     weight as the left operand (a transposed view; callers that need it contiguous copy it)."""
     out = (weight @ rows.T).T
     return out + bias if bias is not None else out
+
+
+@dataclass
+class WeightPacker:
+    """Copies of weights in oneDNN's blocked layout for :func:`torch.ops.mkldnn._linear_pointwise`, made
+    once per weight (and again after an in-place update of it) and dropped with the weight.
+
+    Args:
+        enabled: offer the ``packed`` kernel at all (``False``: never pack; saves the copies' memory).
+        batch_hint: the row count the layout is tuned for (any row count works).
+    """
+
+    enabled: bool = True
+    batch_hint: int = 8
+    _packed: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
+
+    def offers(self, weight: torch.Tensor) -> bool:
+        """Whether the ``packed`` kernel can run for ``weight`` (float32 on a CPU with oneDNN)."""
+        return (self.enabled and weight.device.type == "cpu" and weight.dtype == torch.float32
+                and weight.dim() == 2 and torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+    def packed(self, weight: torch.Tensor) -> torch.Tensor:
+        """The packed copy of ``weight`` ``[d_out, d_in]`` (made now if missing or stale)."""
+        entry = self._packed.get(id(weight))
+        if entry is None or entry[0] != weight._version:
+            if entry is None:
+                weakref.finalize(weight, self._packed.pop, id(weight), None)
+            with torch.no_grad():
+                entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.batch_hint))
+            self._packed[id(weight)] = entry
+        return entry[1]
+
+    def product(self, weight: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``F.linear(rows, weight, bias)`` with the packed weight: ``[m, d_in] -> [m, d_out]``. Where this
+        torch build's oneDNN refuses, the product falls back to ``F.linear`` and packing is disabled."""
+        try:
+            return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed(weight), bias, "none", [], "")
+        except RuntimeError:
+            self.enabled = False
+            self.clear()
+            return torch.nn.functional.linear(rows, weight, bias)
+
+    def clear(self) -> None:
+        """Drop every packed copy."""
+        self._packed.clear()
 
 
 def rows_bucket(m: int) -> int:
@@ -62,26 +118,38 @@ class KernelTuner:
         trials: timed calls of each kernel before a key's choice is made.
         force: always use the kernel of this name where a call offers it (tests, or a user who knows
             their machine); ``None``: choose by timing.
+        recheck_every: after this many calls with a key's choice, explore that key again (``0``: never).
+            A choice timed while something else loaded the CPU would otherwise stay for the whole
+            process (seen here: a run whose first calls overlapped another job was ~10% slower
+            throughout); re-exploring costs ``trials`` calls of each other kernel per ``recheck_every``.
         clock: the timer (seconds).
     """
 
     trials: int = 3
     force: str | None = None
+    recheck_every: int = 512
     clock: Callable[[], float] = time.perf_counter
     _times: dict[Hashable, dict[str, list[float]]] = field(default_factory=dict)
     _choice: dict[Hashable, str] = field(default_factory=dict)
     _seconds: dict[Hashable, float] = field(default_factory=dict)
+    _uses: dict[Hashable, int] = field(default_factory=dict)
 
     def run(self, key: Hashable, kernels: Kernels) -> torch.Tensor:
         """The result of one of ``kernels`` (each computes the same product)."""
         if self.force is not None and self.force in kernels:
             return kernels[self.force]()
+        if len(kernels) == 1:
+            return next(iter(kernels.values()))()
         name = self._choice.get(key)
-        if name is None and len(kernels) == 1:
-            name = next(iter(kernels))
-        if name is not None:
-            return kernels[name]()
-        times = self._times.setdefault(key, {n: [] for n in kernels})
+        if name in kernels:
+            uses = self._uses[key] = self._uses.get(key, 0) + 1
+            if not self.recheck_every or uses < self.recheck_every:
+                return kernels[name]()
+        self._choice.pop(key, None)                                       # explore: none yet, a recheck, or
+        self._uses.pop(key, None)                                         # the choice is no longer offered
+        times = self._times.setdefault(key, {})
+        for n in kernels:
+            times.setdefault(n, [])
         name = min(kernels, key=lambda n: len(times[n]))                 # the least tried, in order
         t0 = self.clock()
         out = kernels[name]()
@@ -105,9 +173,13 @@ class KernelTuner:
         self._times.clear()
         self._choice.clear()
         self._seconds.clear()
+        self._uses.clear()
 
 
 #: The process-wide tuner of the target's CPU kernels (:mod:`hf_cascade.verify_linear`, :mod:`hf_cascade.verify_head`).
 TUNER = KernelTuner()
 
-__all__ = ["KernelTuner", "TUNER", "left_product", "rows_bucket", "shape_key"]
+#: The process-wide packed weights of the ``packed`` kernel.
+PACKER = WeightPacker()
+
+__all__ = ["KernelTuner", "PACKER", "TUNER", "WeightPacker", "left_product", "rows_bucket", "shape_key"]

@@ -7,8 +7,10 @@
    where ``W @ h.T`` stays close to one pass over the weight (34 ms for 2 or 4 rows, 58 for 8), and a
    single row is faster as a 2-row product with a zero row (34 ms: the matrix-vector kernel ran on one
    thread of two). On another CPU ``F.linear`` was the faster for 1-4 rows (22.5 / 24.7 / 48.9 ms
-   against 22.8 / 59 / 59). The head offers the candidates to the process-wide
-   :class:`~hf_cascade.kernels.KernelTuner`, which keeps the faster per row count.
+   against 22.8 / 59 / 59), and a oneDNN product with the weight packed once
+   (:class:`~hf_cascade.kernels.WeightPacker`, a second 671 MB copy) beat both from 2 rows on (22 / 23 /
+   26 / 26 / 33 ms for 1 / 2 / 3 / 4 / 8 rows). The head offers the candidates to the process-wide
+   :class:`~hf_cascade.kernels.KernelTuner`, which keeps the fastest per row count.
 2. **Rows.** Greedy acceptance in transformers' assisted loop reads rows ``0 .. n`` only (``n``: the
    accepted drafts; row ``n`` gives the bonus token); the rows after the first rejected draft are
    computed and thrown away. On the first machine above a call over 2-4 rows costs about what 1 row
@@ -46,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LogitsProcessorList
 
-from .kernels import TUNER, KernelTuner, left_product, shape_key
+from .kernels import PACKER, TUNER, KernelTuner, left_product, shape_key
 from .processors import process_positions
 
 
@@ -146,6 +148,8 @@ class VerificationHead:
             kernels["pad2"] = lambda: left_product(self.weight, torch.cat([rows, torch.zeros_like(rows)]), self.bias)[:1]
         else:
             kernels["rows"] = lambda: left_product(self.weight, rows, self.bias)
+        if PACKER.offers(self.weight):
+            kernels["packed"] = lambda: PACKER.product(self.weight, rows, self.bias)
         return self.tuner.run(shape_key(self.weight, rows.shape[0]), kernels)
 
     def blocks(self, m: int) -> list[tuple[int, int]]:

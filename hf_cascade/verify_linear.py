@@ -6,12 +6,14 @@ with 2-16 rows runs on one thread while ``W @ x.T`` (the weight as the left oper
 threads by its output rows) uses all: measured on one 2-core machine, all 126 linears of Gemma-3-270M
 took ~24 ms for 1 row, ~35-47 ms for 2-4 rows with ``F.linear`` and ~17-26 ms with ``W @ x.T``, and
 the decoder forward over 2 / 4 tokens went from ~79 / ~85 ms to ~45 / ~45 ms. On another 2-core
-machine (AVX-512) the opposite held. So :class:`RowsLinear` offers both kernels to the process-wide
-:class:`~hf_cascade.kernels.KernelTuner`, which keeps the faster per weight shape and row count.
+machine (AVX-512) the opposite held, and a oneDNN product with a weight packed once
+(:class:`~hf_cascade.kernels.WeightPacker`) beat both from 4 rows on (19.5 ms for 4 rows against 22-27 and
+30). So :class:`RowsLinear` offers the three kernels to the process-wide
+:class:`~hf_cascade.kernels.KernelTuner`, which keeps the fastest per weight shape and row count.
 
 :class:`RowsLinear` is installed as the ``forward`` of each plain ``nn.Linear`` of the target's
 decoder for one assisted ``generate()`` (:func:`fast_decoder_linears`, entered with the output head
-of :mod:`hf_cascade.verify_head` by :func:`fast_verification`). The two kernels compute the same
+of :mod:`hf_cascade.verify_head` by :func:`fast_verification`). The kernels compute the same
 products in a different order of accumulation, like any multi-token forward does against a one-token
 one (logits differ from plain decoding's by ~1e-6, as verification logits always did); a single row
 and more than ``max_rows`` rows (a long prompt, where the usual kernel is as fast or faster) take
@@ -27,12 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import TUNER, KernelTuner, left_product, shape_key
+from .kernels import PACKER, TUNER, KernelTuner, left_product, shape_key
 
 
 class RowsLinear:
-    """An ``nn.Linear``'s ``forward`` computing 2..``max_rows`` rows with the faster of ``F.linear`` and
-    ``(W @ x.T).T`` (``tuner``'s choice; default: the process-wide one)."""
+    """An ``nn.Linear``'s ``forward`` computing 2..``max_rows`` rows with the fastest of ``F.linear``,
+    ``(W @ x.T).T`` and the packed oneDNN product (``tuner``'s choice; default: the process-wide one)."""
 
     def __init__(self, linear: nn.Linear, max_rows: int = 64, tuner: KernelTuner | None = None):
         if int(max_rows) < 2:
@@ -46,10 +48,13 @@ class RowsLinear:
         m = rows.shape[0]
         if not 2 <= m <= self.max_rows:
             return F.linear(x, self.weight, self.bias)
-        out = self.tuner.run(shape_key(self.weight, m), {
+        kernels = {
             "linear": lambda: F.linear(rows, self.weight, self.bias),      # [m, d_out]
             "rows": lambda: left_product(self.weight, rows, self.bias).contiguous(),
-        })
+        }
+        if PACKER.offers(self.weight):
+            kernels["packed"] = lambda: PACKER.product(self.weight, rows, self.bias)
+        out = self.tuner.run(shape_key(self.weight, m), kernels)
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
 
 

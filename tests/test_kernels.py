@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_cascade.kernels import KernelTuner, rows_bucket, shape_key
+from hf_cascade.kernels import KernelTuner, WeightPacker, rows_bucket, shape_key
 
 
 class _Clock:
@@ -65,3 +65,80 @@ def test_keys():
     w = torch.zeros(6, 4)
     assert shape_key(w, 5) == shape_key(w, 7) != shape_key(w, 4)
     assert shape_key(w, 2) != shape_key(w.T.contiguous().T, 2)          # same shape, other layout
+
+
+def test_packer_products_repack_after_updates_and_drop_with_the_weight():
+    """``packed`` computes ``F.linear`` (another accumulation order), packs a weight once, packs again
+    after an in-place update (an optimizer step), and forgets the copy when the weight is freed."""
+    import gc
+
+    import pytest
+
+    packer = WeightPacker()
+    lin = torch.nn.Linear(48, 96)
+    if not packer.offers(lin.weight):
+        pytest.skip("this torch build has no oneDNN")
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(packer.product(lin.weight, x, lin.bias), torch.nn.functional.linear(x, lin.weight, lin.bias),
+                               rtol=1e-5, atol=1e-5)
+    first = packer.packed(lin.weight)
+    assert packer.packed(lin.weight) is first                                   # packed once
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    assert packer.packed(lin.weight) is not first                               # stale after the update
+    torch.testing.assert_close(packer.product(lin.weight, x[:1]), x[:1] @ lin.weight.T, rtol=1e-5, atol=1e-5)
+    assert len(packer._packed) == 1
+    del lin, first
+    gc.collect()
+    assert packer._packed == {}
+
+
+def test_packer_offers_only_float32_cpu_weights_when_enabled():
+    w = torch.randn(8, 4)
+    assert WeightPacker(enabled=False).offers(w) is False
+    assert WeightPacker().offers(w.to(torch.bfloat16)) is False
+    assert WeightPacker().offers(torch.randn(8)) is False
+
+
+def test_a_packing_failure_falls_back_to_linear_and_stops_offering():
+    class Refusing(WeightPacker):
+        def packed(self, weight):
+            raise RuntimeError("no oneDNN layout for this weight")
+
+    packer, w, x = Refusing(), torch.randn(6, 4), torch.randn(3, 4)
+    assert torch.equal(packer.product(w, x), torch.nn.functional.linear(x, w))
+    assert packer.enabled is False and packer.offers(w) is False
+
+
+def test_a_choice_no_longer_offered_is_explored_again():
+    clock, log = _Clock(), []
+    tuner = KernelTuner(clock=clock)
+    for _ in range(6):
+        tuner.run("k", _kernels(clock, log, {"linear": 2.0, "packed": 1.0}))
+    assert tuner.choices() == {"k": "packed"}
+    log.clear()
+    out = tuner.run("k", _kernels(clock, log, {"linear": 2.0, "rows": 3.0}))   # packing turned off since
+    assert log == ["linear"] and out.tolist() == [1.0]
+
+
+def test_a_choice_is_rechecked_and_follows_the_machine():
+    """After ``recheck_every`` calls the key is explored again: a choice timed under load does not stay."""
+    clock, log = _Clock(), []
+    tuner = KernelTuner(clock=clock, recheck_every=5)
+    costs = {"linear": 1.0, "packed": 3.0}                    # "packed" looks slow (the machine was busy)
+    for _ in range(6):
+        tuner.run("k", _kernels(clock, log, costs))
+    assert tuner.choices() == {"k": "linear"}
+    log.clear()
+    costs["packed"] = 0.5                                     # the load is gone
+    for _ in range(4):
+        tuner.run("k", _kernels(clock, log, costs))
+    assert log == ["linear"] * 4                              # uses 1-4 of the choice
+    for _ in range(6):                                        # use 5: explore again (3 trials each)
+        tuner.run("k", _kernels(clock, log, costs))
+    assert log[4:] == ["linear", "packed"] * 3
+    assert tuner.choices() == {"k": "packed"} and tuner.seconds("k") == 0.5
+    never = KernelTuner(clock=clock, recheck_every=0)
+    for _ in range(20):
+        never.run("k", _kernels(clock, log, {"linear": 1.0, "packed": 3.0}))
+    assert never.choices() == {"k": "linear"}

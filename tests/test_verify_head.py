@@ -112,14 +112,15 @@ def test_blocks_join_a_last_single_row():
 
 
 def test_every_kernel_gives_the_head_rows():
-    """``linear`` is the model's own kernel (bit-equal); ``pad2`` (one row as a 2-row product) and
-    ``rows`` (``W @ h.T``) the same products in another order, on 1 and 2 threads."""
+    """``linear`` is the model's own kernel (bit-equal); ``pad2`` (one row as a 2-row product), ``rows``
+    (``W @ h.T``) and ``packed`` (oneDNN, packed weight) the same products in another order, on 1 and 2
+    threads."""
     head = nn.Linear(16, 40000)
     before = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            for force in ("linear", "pad2", "rows"):
+            for force in ("linear", "pad2", "rows", "packed"):
                 vh = VerificationHead(head, tuner=KernelTuner(force=force))
                 for x in (torch.randn(1, 1, 16), torch.randn(1, 3, 16)):
                     out, ref = vh(x), torch.nn.functional.linear(x, head.weight, head.bias)
@@ -129,9 +130,9 @@ def test_every_kernel_gives_the_head_rows():
                     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
         torch.set_num_threads(2)
         vh = VerificationHead(head, tuner=KernelTuner())                    # tuned: explores, then chooses
-        for _ in range(8):
+        for _ in range(12):
             torch.testing.assert_close(vh(x), torch.nn.functional.linear(x, head.weight, head.bias), rtol=1e-5, atol=1e-5)
-        assert list(vh.tuner.choices().values())[0] in ("linear", "rows")
+        assert list(vh.tuner.choices().values())[0] in ("linear", "rows", "packed")
     finally:
         torch.set_num_threads(before)
 

@@ -37,7 +37,7 @@ def test_rows_taken_and_products(bias, n_threads):
     lin = nn.Linear(24, 40, bias=bias)
     ref = lambda x: F.linear(x, lin.weight, lin.bias)                              # noqa: E731
     with threads(n_threads):
-        for force in ("rows", "linear", None):                                     # None: tuned by timing
+        for force in ("rows", "linear", "packed", None):                           # None: tuned by timing
             rl = RowsLinear(lin, max_rows=8, tuner=KernelTuner(force=force))
             for shape in [(1, 1, 24), (9, 24), (1, 9, 24)]:                        # 1 row, more than max_rows
                 x = torch.randn(*shape)
@@ -49,7 +49,7 @@ def test_rows_taken_and_products(bias, n_threads):
                 torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-6)
                 if force == "linear":
                     assert torch.equal(out, ref(x))
-            assert set(rl.tuner.choices().values()) <= {"rows", "linear"}
+            assert set(rl.tuner.choices().values()) <= {"rows", "linear", "packed"}
             assert bool(rl.tuner.choices()) == (force is None)               # the 5-8 row bucket: decided
     with pytest.raises(ValueError, match="max_rows"):
         RowsLinear(lin, max_rows=1)
@@ -89,9 +89,11 @@ def test_switches_plain_float32_decoder_linears_only_and_restores():
     assert all("forward" not in vars(x) for x in target.modules())
 
 
+@pytest.mark.parametrize("kernel", ["rows", "packed"])
 @pytest.mark.parametrize("name", ["llama", "gemma3"])
-def test_greedy_parity_on_two_threads(name, monkeypatch):
-    """Linear (cascade) and tree (GLIDE + CAPE) verification with the decoder linears in use."""
+def test_greedy_parity_on_two_threads(name, kernel, monkeypatch):
+    """Linear (cascade) and tree (GLIDE + CAPE) verification with the decoder linears in use, each
+    multi-row kernel forced (whatever this CPU prefers)."""
     target = tm.llama_target() if name == "llama" else tm.gemma3_target()
     multi_row = []
     call = RowsLinear.__call__
@@ -102,7 +104,7 @@ def test_greedy_parity_on_two_threads(name, monkeypatch):
         return call(self, x)
 
     monkeypatch.setattr(RowsLinear, "__call__", counting)
-    monkeypatch.setattr(TUNER, "force", "rows")                # the multi-row kernel, whatever this CPU prefers
+    monkeypatch.setattr(TUNER, "force", kernel)
     assistants = [hf_cascade.CascadeAssistant([tm.noisy_copy(target), MaxGram()], k_matrix=[[2, 6], [0, 6]]),
                   GlideAssistant(echo_glide(target, 0.3), cape=True)]
     with threads(2):
