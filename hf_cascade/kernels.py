@@ -18,15 +18,16 @@ on A (``W @ x.T`` for 2-64 rows, the head's single row as a 2-row product) made 
 forward on B 1.75x slower (97 vs 55 ms). :class:`KernelTuner` therefore decides per call shape
 (weight shape and layout, rows, threads): the first ``trials`` calls of a shape alternate between the
 candidate kernels on the real inputs, and the one with the lowest median time is used from then on,
-for the rest of the process. Nothing is computed twice; exploring costs at most
-``trials`` calls of the slower kernel per shape.
+until the key is explored again after ``recheck_every`` uses. Nothing is computed twice; exploring costs
+at most ``trials`` calls of each slower kernel per shape and recheck.
 
 A third candidate, ``packed`` (:class:`WeightPacker`), multiplies by a copy of the weight reordered once
 into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the layout
 ``torch.compile``'s CPU backend also uses for frozen linears). On machine B it stays close to one pass
 over the weight for a few rows: the head 22 / 23 / 26 / 26 / 28 / 33 ms for 1 / 2 / 3 / 4 / 6 / 8 rows
-(``F.linear``: 22.6 / 24.5 / 27.6 / 49-59 / 55 / 79-81), the 126 decoder linears 19.5 / 22 ms for 4 / 7
-rows (``F.linear`` 22-27 / 27.5, one row 14 ms). Its price is memory: the packed copy is as large as the
+(``F.linear``: 22.6 / 24.5 / 27.6 / 49-59 / 55 / 79-81); the 126 decoder linears, timed alone, 19.5 / 22 ms
+for 4 / 7 rows (``F.linear`` 22-27 / 27.5, one row 14 ms), inside the model's forward about the same as
+``F.linear`` at 4 rows and ~3 ms less at 7-12. Its price is memory: the packed copy is as large as the
 weight (+671 MB for Gemma-3-270M's tied head, +400 MB for its decoder), made the first time the tuner
 tries it (~1 s for the head) and kept while the weight lives. ``PACKER.enabled = False`` turns it off.
 """
