@@ -34,6 +34,7 @@ tries it (~1 s for the head) and kept while the weight lives. ``PACKER.enabled =
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 import weakref
@@ -52,6 +53,12 @@ def left_product(weight: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor | 
     return out + bias if bias is not None else out
 
 
+@functools.cache
+def _onednn_packs() -> bool:
+    """Whether this torch build has oneDNN's weight packing (checked once: ``offers`` runs on every call)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
 @dataclass
 class WeightPacker:
     """Copies of weights in oneDNN's blocked layout for :func:`torch.ops.mkldnn._linear_pointwise`, made
@@ -68,9 +75,8 @@ class WeightPacker:
 
     def offers(self, weight: torch.Tensor) -> bool:
         """Whether the ``packed`` kernel can run for ``weight`` (float32 on a CPU with oneDNN)."""
-        return (self.enabled and weight.device.type == "cpu" and weight.dtype == torch.float32
-                and weight.dim() == 2 and torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+        return (self.enabled and weight.dtype == torch.float32 and weight.device.type == "cpu"
+                and weight.dim() == 2 and _onednn_packs())
 
     def packed(self, weight: torch.Tensor) -> torch.Tensor:
         """The packed copy of ``weight`` ``[d_out, d_in]`` (made now if missing or stale)."""
@@ -121,7 +127,7 @@ class KernelTuner:
             their machine); ``None``: choose by timing.
         recheck_every: after this many calls with a key's choice, explore that key again (``0``: never).
             A choice timed while something else loaded the CPU would otherwise stay for the whole
-            process (seen here: a run whose first calls overlapped another job was ~10% slower
+            process (the likely cause of a run, whose first calls overlapped another job, ~10% slower
             throughout); re-exploring costs ``trials`` calls of each other kernel per ``recheck_every``.
         clock: the timer (seconds).
     """

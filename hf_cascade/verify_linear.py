@@ -7,8 +7,9 @@ threads by its output rows) uses all: measured on one 2-core machine, all 126 li
 took ~24 ms for 1 row, ~35-47 ms for 2-4 rows with ``F.linear`` and ~17-26 ms with ``W @ x.T``, and
 the decoder forward over 2 / 4 tokens went from ~79 / ~85 ms to ~45 / ~45 ms. On another 2-core
 machine (AVX-512) the opposite held, and a oneDNN product with a weight packed once
-(:class:`~hf_cascade.kernels.WeightPacker`) beat both from 4 rows on (19.5 ms for 4 rows against 22-27 and
-30). So :class:`RowsLinear` offers the three kernels to the process-wide
+(:class:`~hf_cascade.kernels.WeightPacker`) beat both from 4 rows on when the linears were timed alone
+(19.5 ms for 4 rows against 22-27 and 30; inside the model's forward about even at 4 rows, ~3 ms less at
+7-12). So :class:`RowsLinear` offers the three kernels to the process-wide
 :class:`~hf_cascade.kernels.KernelTuner`, which keeps the fastest per weight shape and row count.
 
 :class:`RowsLinear` is installed as the ``forward`` of each plain ``nn.Linear`` of the target's

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+
+import pytest
 import torch
 
 from hf_cascade.kernels import KernelTuner, WeightPacker, rows_bucket, shape_key
@@ -70,10 +73,6 @@ def test_keys():
 def test_packer_products_repack_after_updates_and_drop_with_the_weight():
     """``packed`` computes ``F.linear`` (another accumulation order), packs a weight once, packs again
     after an in-place update (an optimizer step), and forgets the copy when the weight is freed."""
-    import gc
-
-    import pytest
-
     packer = WeightPacker()
     lin = torch.nn.Linear(48, 96)
     if not packer.offers(lin.weight):
