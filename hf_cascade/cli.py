@@ -75,7 +75,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--maxgram-first", action="store_true",
                    help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
     p.add_argument("--baselines", default="plain",
-                   help="comma list from plain,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
+                   help="comma list from plain,plain-kernels,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
                         "economize,maxgram,hsddw-single,glide-chain,redrafter-w1,redrafter-flat (plain is always included)")
     p.add_argument("--prompts", default=None, metavar="FILE", help="Spec-Bench question.jsonl (default: the bundled one)")
     p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")

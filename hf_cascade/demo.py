@@ -34,12 +34,14 @@ def run_demo(max_new_tokens: int = 96) -> int:
     import torch
     from transformers import TextStreamer
 
-    from . import CascadeAssistant, MaxGram
+    from . import CascadeAssistant, MaxGram, panel
     from .bench import BenchConfig, run_benchmark
     from .models import load_default_target
 
     _err("loading Gemma-3-270M (first use assembles and converts it once; later loads take seconds)")
     model, tokenizer = load_default_target()
+    _err("preparing the CPU verification kernel (compiled once per machine, ~30 s the first time)")
+    panel.extension()                      # else the first generate() below would pause for the build
     assistant = CascadeAssistant([MaxGram()])
 
     print(f"=== Streaming {len(DEMO_PROMPTS)} answers with CascadeAssistant([MaxGram()]), greedy, "

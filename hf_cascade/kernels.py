@@ -39,7 +39,7 @@ import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Callable, ClassVar, Hashable
 
 import torch
 
@@ -64,19 +64,27 @@ class WeightPacker:
     """Copies of weights in oneDNN's blocked layout for :func:`torch.ops.mkldnn._linear_pointwise`, made
     once per weight (and again after an in-place update of it) and dropped with the weight.
 
+    Subclasses change the layout and the product (``available``, ``_pack``, ``_multiply``;
+    :class:`hf_cascade.panel.PanelPacker`); the bookkeeping of the copies is this class's.
+
     Args:
-        enabled: offer the ``packed`` kernel at all (``False``: never pack; saves the copies' memory).
-        batch_hint: the row count the layout is tuned for (any row count works).
+        enabled: offer the kernel at all (``False``: never pack; saves the copies' memory).
+        batch_hint: the row count oneDNN's layout is tuned for (any row count works).
     """
 
+    kernel: ClassVar[str] = "packed"   # the kernel's name among the tuner's candidates
     enabled: bool = True
     batch_hint: int = 8
     _packed: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
+    def available(self) -> bool:
+        """Whether this build of torch can make and use the copies (checked once per process)."""
+        return _onednn_packs()
+
     def offers(self, weight: torch.Tensor) -> bool:
-        """Whether the ``packed`` kernel can run for ``weight`` (float32 on a CPU with oneDNN)."""
+        """Whether the kernel can run for ``weight`` (float32 on the CPU, and :meth:`available`)."""
         return (self.enabled and weight.dtype == torch.float32 and weight.device.type == "cpu"
-                and weight.dim() == 2 and _onednn_packs())
+                and weight.dim() == 2 and self.available())
 
     def packed(self, weight: torch.Tensor) -> torch.Tensor:
         """The packed copy of ``weight`` ``[d_out, d_in]`` (made now if missing or stale)."""
@@ -85,19 +93,26 @@ class WeightPacker:
             if entry is None:
                 weakref.finalize(weight, self._packed.pop, id(weight), None)
             with torch.no_grad():
-                entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.batch_hint))
+                entry = (weight._version, self._pack(weight.detach()))
             self._packed[id(weight)] = entry
         return entry[1]
 
     def product(self, weight: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``F.linear(rows, weight, bias)`` with the packed weight: ``[m, d_in] -> [m, d_out]``. Where this
-        torch build's oneDNN refuses, the product falls back to ``F.linear`` and packing is disabled."""
+        """``F.linear(rows, weight, bias)`` with the packed weight: ``[m, d_in] -> [m, d_out]``. Where the
+        packed product fails, it falls back to ``F.linear`` and packing is disabled."""
         try:
-            return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.packed(weight), bias, "none", [], "")
+            return self._multiply(rows.contiguous(), self.packed(weight), weight, bias)
         except RuntimeError:
             self.enabled = False
             self.clear()
             return torch.nn.functional.linear(rows, weight, bias)
+
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, self.batch_hint)
+
+    def _multiply(self, rows: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
     def clear(self) -> None:
         """Drop every packed copy."""

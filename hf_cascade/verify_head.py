@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LogitsProcessorList
 
-from .kernels import PACKER, TUNER, KernelTuner, left_product, shape_key
+from .kernels import TUNER, KernelTuner, left_product, shape_key
+from .panel import copy_kernel
 from .processors import process_positions
 
 
@@ -148,8 +149,9 @@ class VerificationHead:
             kernels["pad2"] = lambda: left_product(self.weight, torch.cat([rows, torch.zeros_like(rows)]), self.bias)[:1]
         else:
             kernels["rows"] = lambda: left_product(self.weight, rows, self.bias)
-        if PACKER.offers(self.weight):
-            kernels["packed"] = lambda: PACKER.product(self.weight, rows, self.bias)
+        copy = copy_kernel(self.weight)                                   # panel, else packed, else None
+        if copy is not None:
+            kernels[copy.kernel] = lambda: copy.product(self.weight, rows, self.bias)
         return self.tuner.run(shape_key(self.weight, rows.shape[0]), kernels)
 
     def blocks(self, m: int) -> list[tuple[int, int]]:

@@ -9,8 +9,10 @@ the decoder forward over 2 / 4 tokens went from ~79 / ~85 ms to ~45 / ~45 ms. On
 machine (AVX-512) the opposite held, and a oneDNN product with a weight packed once
 (:class:`~hf_cascade.kernels.WeightPacker`) beat both from 4 rows on when the linears were timed alone
 (19.5 ms for 4 rows against 22-27 and 30; inside the model's forward about even at 4 rows, ~3 ms less at
-7-12). So :class:`RowsLinear` offers the three kernels to the process-wide
-:class:`~hf_cascade.kernels.KernelTuner`, which keeps the fastest per weight shape and row count.
+7-12), and a compiled kernel that reads a copy of the weight in panels (:mod:`hf_cascade.panel`) made the
+decoder forward over 4 / 8 tokens 35.3 / 39.6 ms -> 28.7 / 34.5 ms. So :class:`RowsLinear` offers
+``F.linear``, ``W @ x.T`` and one copy-based kernel (``panel`` where it builds, else ``packed``) to the
+process-wide :class:`~hf_cascade.kernels.KernelTuner`, which keeps the fastest per weight shape and row count.
 
 :class:`RowsLinear` is installed as the ``forward`` of each plain ``nn.Linear`` of the target's
 decoder for one assisted ``generate()`` (:func:`fast_decoder_linears`, entered with the output head
@@ -30,12 +32,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels import PACKER, TUNER, KernelTuner, left_product, shape_key
+from .kernels import TUNER, KernelTuner, left_product, shape_key
+from .panel import copy_kernel
 
 
 class RowsLinear:
-    """An ``nn.Linear``'s ``forward`` computing 2..``max_rows`` rows with the fastest of ``F.linear``,
-    ``(W @ x.T).T`` and the packed oneDNN product (``tuner``'s choice; default: the process-wide one)."""
+    """An ``nn.Linear``'s ``forward`` computing up to ``max_rows`` rows with the fastest of ``F.linear``,
+    ``(W @ x.T).T`` (2 rows or more) and a product with a copy of the weight: the compiled ``panel``
+    kernel (:mod:`hf_cascade.panel`) where it builds, else the packed oneDNN one
+    (:func:`~hf_cascade.panel.copy_kernel`; ``tuner``'s choice, default: the process-wide one). A single
+    row is offered to the tuner only where a copy kernel exists (``W @ x.T`` is no faster than
+    ``F.linear`` for one row); without one it takes ``F.linear`` unchanged."""
 
     def __init__(self, linear: nn.Linear, max_rows: int = 64, tuner: KernelTuner | None = None):
         if int(max_rows) < 2:
@@ -47,14 +54,14 @@ class RowsLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:                 # x: [..., d_in]
         rows = x.reshape(-1, x.shape[-1])                                  # [m, d_in]
         m = rows.shape[0]
-        if not 2 <= m <= self.max_rows:
+        copy = copy_kernel(self.weight)                                    # panel, else packed, else None
+        if not (2 if copy is None else 1) <= m <= self.max_rows:
             return F.linear(x, self.weight, self.bias)
-        kernels = {
-            "linear": lambda: F.linear(rows, self.weight, self.bias),      # [m, d_out]
-            "rows": lambda: left_product(self.weight, rows, self.bias).contiguous(),
-        }
-        if PACKER.offers(self.weight):
-            kernels["packed"] = lambda: PACKER.product(self.weight, rows, self.bias)
+        kernels = {"linear": lambda: F.linear(rows, self.weight, self.bias)}             # [m, d_out]
+        if m > 1:
+            kernels["rows"] = lambda: left_product(self.weight, rows, self.bias).contiguous()
+        if copy is not None:
+            kernels[copy.kernel] = lambda: copy.product(self.weight, rows, self.bias)
         out = self.tuner.run(shape_key(self.weight, m), kernels)
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
 

@@ -39,3 +39,18 @@ def gemma():
     from hf_cascade.models import load_default_target
 
     return load_default_target()
+
+
+@pytest.fixture(params=["panel", "packed"])
+def copy_kernel(request, monkeypatch) -> str:
+    """The name of the kernel with a copy of the weight that the target's linears and head offer:
+    ``panel`` (compiled here; skipped where it does not build), or oneDNN's ``packed``, offered where the
+    panel kernel is not (here: turned off for the test)."""
+    from hf_cascade.panel import PANEL
+
+    if request.param == "panel":
+        if not PANEL.available():
+            pytest.skip("the panel kernel did not build on this machine")
+    else:
+        monkeypatch.setattr(PANEL, "enabled", False)
+    return request.param

@@ -67,7 +67,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def greedy_result(tiny):
     model, draft, tok = tiny
-    baselines = ["plain", "pld", "pld-tuned", "hf-assisted"] + (["economize"] if HAS_ECONOMIZE else [])
+    baselines = ["plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted"] + (["economize"] if HAS_ECONOMIZE else [])
     config = BenchConfig(strategy="cascade", baselines=baselines,
                          max_new_tokens=NEW_TOKENS, warmup_tokens=2)
     return run_benchmark(config, model, tok, PROMPTS, drafts=[draft])
@@ -77,7 +77,7 @@ def test_records_and_equality(greedy_result):
     r = greedy_result
     assert r.methods[0] == "plain" and "cascade" in r.methods
     ran = set(r.methods)
-    assert {"plain", "pld", "pld-tuned", "hf-assisted", "cascade"} <= ran
+    assert {"plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "cascade"} <= ran
     assert len(r.records) == len(PROMPTS) * len(ran)
     for rec in r.records:
         assert rec["seconds"] > 0

@@ -111,28 +111,29 @@ def test_blocks_join_a_last_single_row():
     assert vh.blocks(9) == [(0, 4), (4, 9)] and vh.blocks(10) == [(0, 4), (4, 8), (8, 10)]
 
 
-def test_every_kernel_gives_the_head_rows():
+def test_every_kernel_gives_the_head_rows(copy_kernel):
     """``linear`` is the model's own kernel (bit-equal); ``pad2`` (one row as a 2-row product), ``rows``
-    (``W @ h.T``) and ``packed`` (oneDNN, packed weight) the same products in another order, on 1 and 2
-    threads."""
+    (``W @ h.T``) and the copy kernel (``panel``, or oneDNN's ``packed``) the same products in another
+    order, on 1 and 2 threads."""
     head = nn.Linear(16, 40000)
     before = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            for force in ("linear", "pad2", "rows", "packed"):
+            for force in ("linear", "pad2", "rows", copy_kernel):
                 vh = VerificationHead(head, tuner=KernelTuner(force=force))
-                for x in (torch.randn(1, 1, 16), torch.randn(1, 3, 16)):
+                for x in (torch.randn(1, 1, 16), torch.randn(1, 3, 16), torch.randn(1, 9, 16)):
                     out, ref = vh(x), torch.nn.functional.linear(x, head.weight, head.bias)
                     assert out.shape == ref.shape
                     if force == "linear":
                         assert torch.equal(out, ref)
                     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+                assert force in ("pad2", "rows") or set(vh.tuner.choices().values()) <= {force}
         torch.set_num_threads(2)
         vh = VerificationHead(head, tuner=KernelTuner())                    # tuned: explores, then chooses
         for _ in range(12):
             torch.testing.assert_close(vh(x), torch.nn.functional.linear(x, head.weight, head.bias), rtol=1e-5, atol=1e-5)
-        assert list(vh.tuner.choices().values())[0] in ("linear", "rows", "packed")
+        assert list(vh.tuner.choices().values())[0] in ("linear", "rows", copy_kernel)
     finally:
         torch.set_num_threads(before)
 

@@ -12,7 +12,8 @@ from torch import nn
 
 import hf_cascade
 from hf_cascade import GlideAssistant, MaxGram
-from hf_cascade.kernels import TUNER, KernelTuner
+from hf_cascade.kernels import PACKER, TUNER, KernelTuner
+from hf_cascade.panel import PANEL
 from hf_cascade.verify_linear import RowsLinear, fast_decoder_linears, fast_verification
 
 from tests import tiny_models as tm
@@ -32,15 +33,19 @@ def threads(n: int):
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("n_threads", [1, 2])
-def test_rows_taken_and_products(bias, n_threads):
+def test_rows_taken_and_products(bias, n_threads, copy_kernel):
     torch.manual_seed(0)
     lin = nn.Linear(24, 40, bias=bias)
     ref = lambda x: F.linear(x, lin.weight, lin.bias)                              # noqa: E731
     with threads(n_threads):
-        for force in ("rows", "linear", "packed", None):                           # None: tuned by timing
+        for force in ("rows", "linear", copy_kernel, None):                        # None: tuned by timing
             rl = RowsLinear(lin, max_rows=8, tuner=KernelTuner(force=force))
-            for shape in [(1, 1, 24), (9, 24), (1, 9, 24)]:                        # 1 row, more than max_rows
+            for shape in [(9, 24), (1, 9, 24)]:                                    # more than max_rows
                 x = torch.randn(*shape)
+                assert torch.equal(rl(x), ref(x))
+            x = torch.randn(1, 1, 24)                                              # 1 row: linear or the copy
+            torch.testing.assert_close(rl(x), ref(x), rtol=1e-5, atol=1e-6)
+            if force == "linear":
                 assert torch.equal(rl(x), ref(x))
             for shape in [(2, 24), (1, 5, 24), (2, 4, 24), (1, 8, 24)] * 4:        # 2 .. max_rows rows
                 x = torch.randn(*shape)
@@ -49,10 +54,23 @@ def test_rows_taken_and_products(bias, n_threads):
                 torch.testing.assert_close(out, ref(x), rtol=1e-5, atol=1e-6)
                 if force == "linear":
                     assert torch.equal(out, ref(x))
-            assert set(rl.tuner.choices().values()) <= {"rows", "linear", "packed"}
-            assert bool(rl.tuner.choices()) == (force is None)               # the 5-8 row bucket: decided
+            assert set(rl.tuner.choices().values()) <= {"rows", "linear", copy_kernel}
+            decided = {key[4] for key in rl.tuner.choices()}                 # row buckets with a choice
+            assert (8 in decided) == (force is None)                         # the 5-8 row bucket: tuned
     with pytest.raises(ValueError, match="max_rows"):
         RowsLinear(lin, max_rows=1)
+
+
+def test_one_row_is_plain_linear_without_a_copy_kernel(monkeypatch):
+    """Without a kernel that copies the weight, one row takes ``F.linear`` unchanged (no tuning)."""
+    monkeypatch.setattr(PANEL, "enabled", False)
+    monkeypatch.setattr(PACKER, "enabled", False)
+    lin = nn.Linear(24, 40)
+    rl = RowsLinear(lin, max_rows=8, tuner=KernelTuner())
+    for _ in range(8):
+        x = torch.randn(1, 24)
+        assert torch.equal(rl(x), F.linear(x, lin.weight, lin.bias))
+    assert rl.tuner.choices() == {} and rl.tuner._times == {}
 
 
 class _Sub(nn.Linear):
@@ -89,11 +107,15 @@ def test_switches_plain_float32_decoder_linears_only_and_restores():
     assert all("forward" not in vars(x) for x in target.modules())
 
 
-@pytest.mark.parametrize("kernel", ["rows", "packed"])
+@pytest.mark.parametrize("kernel", ["rows", "panel", "packed"])
 @pytest.mark.parametrize("name", ["llama", "gemma3"])
 def test_greedy_parity_on_two_threads(name, kernel, monkeypatch):
     """Linear (cascade) and tree (GLIDE + CAPE) verification with the decoder linears in use, each
     multi-row kernel forced (whatever this CPU prefers)."""
+    if kernel == "panel" and not PANEL.available():
+        pytest.skip("the panel kernel did not build on this machine")
+    if kernel == "packed":
+        monkeypatch.setattr(PANEL, "enabled", False)                 # offered where panel is not
     target = tm.llama_target() if name == "llama" else tm.gemma3_target()
     multi_row = []
     call = RowsLinear.__call__

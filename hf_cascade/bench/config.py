@@ -9,7 +9,7 @@ from pathlib import Path
 #: Our strategies (``--strategy``).
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
-BASELINES = ("plain", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
+BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
              "maxgram", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat")
 
 

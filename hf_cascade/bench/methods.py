@@ -21,6 +21,7 @@ from ..glide import GlideAssistant
 from ..tree.budget import VerifyCost
 from ..hsddw import DynamicWindowAssistant
 from ..redrafter import ReDrafterAssistant
+from ..verify_linear import fast_verification
 
 ECONOMIZE_VERSION = "0.3.2"
 #: Default draft window of the fixed-window assisted baselines: HSDDW's K (App. A.1), ``DynamicWindowAssistant``'s
@@ -58,6 +59,17 @@ class Method:
 
     def extra_kwargs(self) -> dict:
         return {}
+
+
+class PlainKernels(Method):
+    """Plain greedy ``generate`` (no assistant) with the target's CPU kernels that our assistants verify
+    with (:func:`~hf_cascade.verify_linear.fast_verification`). On a CPU where those kernels make a
+    one-token forward faster than the model's own, part of every strategy's speedup over ``plain`` is
+    the kernels'; the speedup over this baseline is what drafting and verifying adds."""
+
+    def run(self, input_ids, attention_mask, gen_kwargs):
+        with fast_verification(self.model):
+            return super().run(input_ids, attention_mask, gen_kwargs)
 
 
 class PromptLookup(Method):
@@ -187,6 +199,7 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
     builders: dict[str, Callable[[], Method]] = {
         "plain": lambda: Method("plain", model),
+        "plain-kernels": lambda: PlainKernels("plain-kernels", model),
         "pld": lambda: PromptLookup("pld", model, num_tokens=10),
         "pld-tuned": lambda: PromptLookup("pld-tuned", model, num_tokens=5, max_ngram=3),
         "hf-assisted": lambda: _hf_assisted("hf-assisted", model, hf_drafts, window),
