@@ -21,10 +21,11 @@ class Assistant:
 
     ``fast_head``: during our assisted calls, run the target's multi-token verification forwards with
     the CPU kernels of :mod:`hf_cascade.verify_linear` (decoder linears) and :mod:`hf_cascade.verify_head`
-    (output head, large vocabularies only); CPU, float32. ``False``: the model's own kernels. Where the
-    tuner picks oneDNN's kernel, the weights it multiplies get a packed copy of the same size, kept
-    while the model lives (Gemma-3-270M: up to ~1.1 GB; ``hf_cascade.kernels.PACKER.enabled = False``
-    avoids it).
+    (output head, large vocabularies only); CPU, float32. ``False``: the model's own kernels. The
+    kernels with a copy of the weight (the compiled ``panel`` kernel of :mod:`hf_cascade.panel`, built
+    on first use; else oneDNN's packed one) keep that copy, of the same size, while the model lives
+    (Gemma-3-270M: up to ~1.1 GB; ``hf_cascade.panel.PANEL.enabled = False`` and
+    ``hf_cascade.kernels.PACKER.enabled = False`` avoid them).
     """
 
     last_stats: GenerationStats | None = None

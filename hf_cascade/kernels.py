@@ -120,9 +120,11 @@ class WeightPacker:
 
 
 def rows_bucket(m: int) -> int:
-    """The row count a choice is keyed by: exact up to 4, then the next power of two (kernel speed
-    changes in steps with the number of rows; fewer keys mean less exploring)."""
-    return m if m <= 4 else 1 << (m - 1).bit_length()
+    """The row count a choice is keyed by: exact up to 8, then the next power of two (kernel speed
+    changes in steps with the number of rows; fewer keys mean less exploring). Up to 8 rows, the
+    counts verification uses most, a bucket shared by 5 and 8 rows mixed their timings: on an AMD EPYC
+    it kept ``W @ x.T`` (0.24 ms) for 5-8 rows of a 640 x 1024 weight where the panel kernel takes ~0.1."""
+    return m if m <= 8 else 1 << (m - 1).bit_length()
 
 
 def shape_key(weight: torch.Tensor, m: int) -> tuple:
@@ -143,7 +145,10 @@ class KernelTuner:
         recheck_every: after this many calls with a key's choice, explore that key again (``0``: never).
             A choice timed while something else loaded the CPU would otherwise stay for the whole
             process (the likely cause of a run, whose first calls overlapped another job, ~10% slower
-            throughout); re-exploring costs ``trials`` calls of each other kernel per ``recheck_every``.
+            throughout). Re-exploring costs ``trials`` calls of each other kernel; a recheck that
+            confirms the choice doubles that key's interval (a choice that changes resets it), so a
+            stable machine pays less and less for it (measured on an AMD EPYC, where the other
+            kernels are 2-3x slower: ~2-8% of the verification time at a fixed 512).
         clock: the timer (seconds).
     """
 
@@ -155,6 +160,7 @@ class KernelTuner:
     _choice: dict[Hashable, str] = field(default_factory=dict)
     _seconds: dict[Hashable, float] = field(default_factory=dict)
     _uses: dict[Hashable, int] = field(default_factory=dict)
+    _interval: dict[Hashable, tuple[str, int]] = field(default_factory=dict)   # last choice, its recheck interval
 
     def run(self, key: Hashable, kernels: Kernels) -> torch.Tensor:
         """The result of one of ``kernels`` (each computes the same product)."""
@@ -165,7 +171,7 @@ class KernelTuner:
         name = self._choice.get(key)
         if name in kernels:
             uses = self._uses[key] = self._uses.get(key, 0) + 1
-            if not self.recheck_every or uses < self.recheck_every:
+            if not self.recheck_every or uses < self._interval[key][1]:
                 return kernels[name]()
         self._choice.pop(key, None)                                       # explore: none yet, a recheck, or
         self._uses.pop(key, None)                                         # the choice is no longer offered
@@ -180,6 +186,8 @@ class KernelTuner:
             best = min(kernels, key=lambda n: statistics.median(times[n]))
             self._choice[key], self._seconds[key] = best, statistics.median(times[best])
             del self._times[key]
+            last, interval = self._interval.get(key, (None, 0))
+            self._interval[key] = (best, 2 * interval if best == last else self.recheck_every)
         return out
 
     def seconds(self, key: Hashable) -> float | None:
@@ -196,6 +204,7 @@ class KernelTuner:
         self._choice.clear()
         self._seconds.clear()
         self._uses.clear()
+        self._interval.clear()
 
 
 #: The process-wide tuner of the target's CPU kernels (:mod:`hf_cascade.verify_linear`, :mod:`hf_cascade.verify_head`).

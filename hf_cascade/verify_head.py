@@ -9,7 +9,9 @@
    thread of two). On another CPU ``F.linear`` was the faster for 1-4 rows (22.5 / 24.7 / 48.9 ms
    against 22.8 / 59 / 59), and a oneDNN product with the weight packed once
    (:class:`~hf_cascade.kernels.WeightPacker`, a second 671 MB copy) beat both from 2 rows on (22 / 23 /
-   26 / 26 / 33 ms for 1 / 2 / 3 / 4 / 8 rows). The head offers the candidates to the process-wide
+   26 / 26 / 33 ms for 1 / 2 / 3 / 4 / 8 rows); on a third (AMD EPYC) ``F.linear`` took 63 / 140 / 114 ms
+   for 1 / 2 / 8 rows and the compiled panel kernel (:mod:`hf_cascade.panel`, offered instead of
+   oneDNN's where it builds) 13 / 13 / 22 ms. The head offers the candidates to the process-wide
    :class:`~hf_cascade.kernels.KernelTuner`, which keeps the fastest per row count.
 2. **Rows.** Greedy acceptance in transformers' assisted loop reads rows ``0 .. n`` only (``n``: the
    accepted drafts; row ``n`` gives the bonus token); the rows after the first rejected draft are

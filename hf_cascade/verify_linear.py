@@ -10,17 +10,20 @@ machine (AVX-512) the opposite held, and a oneDNN product with a weight packed o
 (:class:`~hf_cascade.kernels.WeightPacker`) beat both from 4 rows on when the linears were timed alone
 (19.5 ms for 4 rows against 22-27 and 30; inside the model's forward about even at 4 rows, ~3 ms less at
 7-12), and a compiled kernel that reads a copy of the weight in panels (:mod:`hf_cascade.panel`) made the
-decoder forward over 4 / 8 tokens 35.3 / 39.6 ms -> 28.7 / 34.5 ms. So :class:`RowsLinear` offers
-``F.linear``, ``W @ x.T`` and one copy-based kernel (``panel`` where it builds, else ``packed``) to the
-process-wide :class:`~hf_cascade.kernels.KernelTuner`, which keeps the fastest per weight shape and row count.
+decoder forward over 4 / 8 tokens 35.3 / 39.6 ms -> 28.7 / 34.5 ms; on a third (AMD EPYC, where MKL's
+few-row kernels are slow) the panel kernel made the decoder over 1 / 2 / 4 / 8 tokens ~50 / 75-80 / 76 / 80 ms
+(``F.linear``) -> ~28 / 23 / 27 / 33 ms. So :class:`RowsLinear` offers ``F.linear``, ``W @ x.T`` and one
+copy-based kernel (``panel`` where it builds, else ``packed``) to the process-wide
+:class:`~hf_cascade.kernels.KernelTuner`, which keeps the fastest per weight shape and row count.
 
 :class:`RowsLinear` is installed as the ``forward`` of each plain ``nn.Linear`` of the target's
 decoder for one assisted ``generate()`` (:func:`fast_decoder_linears`, entered with the output head
 of :mod:`hf_cascade.verify_head` by :func:`fast_verification`). The kernels compute the same
 products in a different order of accumulation, like any multi-token forward does against a one-token
-one (logits differ from plain decoding's by ~1e-6, as verification logits always did); a single row
-and more than ``max_rows`` rows (a long prompt, where the usual kernel is as fast or faster) take
-``F.linear`` unchanged.
+one (logits differ from plain decoding's by ~1e-6, as verification logits always did). A single row
+goes to the tuner only where a copy kernel exists (a verification of an empty draft, or a
+``self:N`` drafter sharing the decoder); without one, and for more than ``max_rows`` rows (a long
+prompt, where the usual kernel is as fast or faster), ``F.linear`` runs unchanged.
 """
 
 from __future__ import annotations

@@ -64,9 +64,9 @@ def test_force_and_single_kernel():
 
 
 def test_keys():
-    assert [rows_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 33, 64)] == [1, 2, 3, 4, 8, 8, 16, 64, 64]
+    assert [rows_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64)] == [1, 2, 3, 4, 5, 8, 16, 16, 32, 64, 64]
     w = torch.zeros(6, 4)
-    assert shape_key(w, 5) == shape_key(w, 7) != shape_key(w, 4)
+    assert shape_key(w, 9) == shape_key(w, 16) != shape_key(w, 8)
     assert shape_key(w, 2) != shape_key(w.T.contiguous().T, 2)          # same shape, other layout
 
 
@@ -97,6 +97,19 @@ def test_packer_offers_only_float32_cpu_weights_when_enabled():
     assert WeightPacker(enabled=False).offers(w) is False
     assert WeightPacker().offers(w.to(torch.bfloat16)) is False
     assert WeightPacker().offers(torch.randn(8)) is False
+
+
+def test_a_confirmed_choice_is_rechecked_less_and_less_often():
+    """Each recheck that keeps the choice doubles the key's interval (4, 8, 16 uses). Golden: with 3
+    trials of two kernels, exploring takes 6 calls (alternating); the slower kernel ``rows`` runs only then."""
+    clock, log = _Clock(), []
+    tuner = KernelTuner(clock=clock, recheck_every=4)
+    for _ in range(50):
+        tuner.run("k", _kernels(clock, log, {"linear": 1.0, "rows": 3.0}))
+    rows_calls = [i + 1 for i, name in enumerate(log) if name == "rows"]
+    # explore 1-6; 3 uses; explore 10-15; 7 uses; explore 23-28; 15 uses; explore from 44
+    assert rows_calls == [2, 4, 6, 11, 13, 15, 24, 26, 28, 45, 47, 49]
+    assert tuner.choices() == {"k": "linear"}                   # decided again at call 49
 
 
 def test_a_packing_failure_falls_back_to_linear_and_stops_offering():
@@ -137,6 +150,10 @@ def test_a_choice_is_rechecked_and_follows_the_machine():
         tuner.run("k", _kernels(clock, log, costs))
     assert log[4:] == ["linear", "packed"] * 3
     assert tuner.choices() == {"k": "packed"} and tuner.seconds("k") == 0.5
+    log.clear()
+    for _ in range(9):                                        # the new choice starts at the base interval
+        tuner.run("k", _kernels(clock, log, costs))
+    assert log == ["packed"] * 4 + ["linear", "packed"] * 2 + ["linear"]   # use 5: explored again
     never = KernelTuner(clock=clock, recheck_every=0)
     for _ in range(20):
         never.run("k", _kernels(clock, log, {"linear": 1.0, "packed": 3.0}))
