@@ -81,6 +81,8 @@ def test_questions_sampled_from_the_target(target, tmp_path, monkeypatch):
     assert len(qs) == len(set(q.lower() for q in qs)) == 6
     assert all(len(q.split()) >= cfg.min_words and q not in general for q in qs)
     assert sample_questions(target, tok, general, ["w20 w21"], cfg, progress=False) == qs
+    long_seed = " ".join(f"w{i % 40}" for i in range(300))                    # > max_seed_chars: never a seed
+    assert sample_questions(target, tok, general + [long_seed], ["w20 w21", long_seed], cfg, progress=False) == qs
     assert tok.padding_side == "right"                                           # restored
     assert seed_prompt("a?", "b?") == "Question: a?\n\nQuestion: b?\n\nQuestion:"
     again = sample_questions(target, tok, general, [], QuestionConfig(n=3, batch_size=4, max_new_tokens=6, seed=3),
