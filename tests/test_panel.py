@@ -97,3 +97,12 @@ def test_not_offered_when_turned_off_or_when_the_build_fails(monkeypatch):
         warnings.simplefilter("always")
         assert panel.extension.__wrapped__() is None
     assert any("could not be built" in str(w.message) for w in caught)
+
+
+def test_builds_are_kept_apart_per_cpu_kind(monkeypatch):
+    """The build directory's name carries a tag of the CPU's model and flags (code built with
+    ``-march=native`` must not load on another kind of CPU sharing the cache)."""
+    tag = panel.cpu_tag()
+    assert len(tag) == 10 and int(tag, 16) >= 0 and panel.cpu_tag() == tag
+    monkeypatch.setattr(panel.platform, "processor", lambda: "another-cpu")
+    assert panel.cpu_tag() != tag
