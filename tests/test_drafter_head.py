@@ -8,11 +8,13 @@ import os
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
 import hf_cascade
 from hf_cascade import CascadeAssistant, CascadeDrafterConfig, CascadeDrafterForCausalLM, MaxGram
+from hf_cascade.cascade.generator import _Drafted
 from hf_cascade.heads.hub import load_head, save_hub
+from hf_cascade.stats import GenerationStats
 from tests import tiny_models as tm
 from tests.fresh_process import run_offline
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
@@ -237,3 +239,19 @@ def test_greedy_parity_drafting_below_maxgram(target, prompt):
         got = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=assistant)
         assert got.tolist() == expected.tolist()
         assert assistant.last_stats.levels[0].forward_calls >= 1
+
+
+def test_cost_aware_calibration_learns_from_the_targets_verdicts(target):
+    """Only the smallest neural drafter's tokens the target reached teach the calibration: here a draft
+    [Max-Gram, Max-Gram, drafter p=.5, drafter p=.7, drafter p=.9] of which the target accepted 3."""
+    assistant = CascadeAssistant([restricted_copy(target), MaxGram()], maxgram_first=True, cost_aware=True)
+    gen = assistant.build(target, GenerationConfig(do_sample=False, max_length=64), LogitsProcessorList(), GenerationStats())
+    d = _Drafted.empty(ids(1)[0], tm.VOCAB, do_sample=False)
+    d.append(ids(5, 6)[0], torch.ones(2), None, origin=1, lenient=False)
+    d.append(ids(7, 8, 9)[0], torch.tensor([0.5, 0.7, 0.9]), None, origin=0, lenient=True)
+    gen._pending = d
+    gen.on_target_review(ids(1, 5, 6, 7)[0], num_proposed=5, num_accepted=3, verify_seconds=None)
+    cal = gen._calibration
+    assert cal._hits == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]               # p=.5 accepted
+    assert cal._expected == pytest.approx([0.0, 0.0, 0.5, 0.7, 0.0, 0.0])   # p=.7 reached and rejected, p=.9 never reached
+    assert cal(0.7) < 0.7 < cal(0.5) / 0.5 * 0.7                     # a rejection lowers, an acceptance raises

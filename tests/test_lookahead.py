@@ -4,8 +4,9 @@ expected-tokens-per-cost rule (golden numbers from the prior cost curve)."""
 import math
 
 import pytest
+import torch
 
-from hf_cascade.drafters.lookahead import AdaptiveLookahead, CostModel, ExpectedGainRule
+from hf_cascade.drafters.lookahead import AcceptanceCalibration, AdaptiveLookahead, CostModel, ExpectedGainRule
 
 # -- AdaptiveLookahead / CostModel -----------------------------------------------------------------------
 
@@ -94,3 +95,51 @@ def test_expected_gain_rule_golden():
     measured.observe(1, 0.110)
     assert ExpectedGainRule.after([], measured).threshold() == pytest.approx(0.1)
     assert ExpectedGainRule.after([0.0], measured).threshold() == math.inf
+
+
+# -- AcceptanceCalibration ------------------------------------------------------------------------------
+
+
+def test_calibration_trusts_p_until_verdicts_arrive():
+    cal = AcceptanceCalibration()
+    assert cal(0.5) == pytest.approx(0.5)
+    assert cal.floor(0.3) == pytest.approx(0.3)
+    assert cal.floor(0.9995) == math.inf
+
+
+def test_calibration_golden_after_rejections():
+    """Ten tokens at p = 0.5, all rejected: pooled r = (0 + 4) / (5 + 4) = 4/9, the [0.4, 0.6) bin
+    r = (0 + 4 * 4/9) / (5 + 4) = 16/81; every other bin falls back to the pooled 4/9."""
+    cal = AcceptanceCalibration()
+    for _ in range(10):
+        cal.observe(0.5, False)
+    assert cal(0.5) == pytest.approx(0.5 * 16 / 81)
+    assert cal(0.7) == pytest.approx(0.7 * 4 / 9)
+    # t = 0.3: bins >= 0.8 pass whole (0.3 / (4/9) = 0.675 <= 0.8); [0.6, 0.8) from 0.675 on
+    assert cal.floor(0.3) == pytest.approx(0.675)
+    # t = 0.05: need 0.1125 in the pooled bins, 0.253 in the rejected one: still below its 0.4 edge
+    assert cal.floor(0.05) == pytest.approx(0.1125)
+    # t = 0.09: the rejected bin needs 0.456 > 0.4, so the floor stops inside it
+    assert cal.floor(0.09) == pytest.approx(0.09 * 81 / 16)
+
+
+def test_calibration_floor_is_safe_for_every_higher_p():
+    torch.manual_seed(0)
+    cal = AcceptanceCalibration()
+    for p, hit in zip(torch.rand(200).tolist(), (torch.rand(200) < 0.4).tolist()):
+        cal.observe(p, hit)
+    grid = [i / 1000 for i in range(1001)]
+    for t in (0.02, 0.1, 0.2, 0.35, 0.5, 0.8):
+        f = cal.floor(t)
+        assert all(cal(p) >= t - 1e-9 for p in grid if p >= f)
+        assert math.isinf(f) or f == 0.0 or cal(f - 1e-6) < t   # and it is the lowest such floor
+
+
+def test_rule_floor_uses_the_calibration():
+    cal = AcceptanceCalibration()
+    for _ in range(10):
+        cal.observe(0.5, False)
+    rule = ExpectedGainRule.after([], CostModel(measure=False), cal)
+    assert rule.threshold() == pytest.approx(0.65)
+    assert rule.floor() == pytest.approx(cal.floor(0.65)) and rule.floor() > 0.65
+    assert rule.estimate(0.5) == pytest.approx(cal(0.5))

@@ -41,11 +41,13 @@ class CascadeAssistant(Assistant):
             kept token's ``q`` is the drafter's distribution restricted to tokens at or above the floor.
         cost_aware: the smallest neural drafter's tokens for the target are admitted only while each
             raises the expected tokens per unit of target time (measured verification cost by draft
-            length; the drafter's probability as its acceptance estimate, Max-Gram's measured
-            acceptance for the Max-Gram tokens before it): Max-Gram's adaptive-lookahead rule applied
-            to the drafter, as a probability floor that drops the first token below it (the ``q``
-            handed to verification is restricted accordingly). Not in the paper (its K-matrix
-            lengths are fixed); lossless.
+            length; the drafter's probability, calibrated online by the target's verdicts
+            (:class:`~hf_cascade.drafters.lookahead.AcceptanceCalibration`), as its acceptance
+            estimate, Max-Gram's measured acceptance for the Max-Gram tokens before it): Max-Gram's
+            adaptive-lookahead rule applied to the drafter, as a probability floor that drops the
+            first token below it (the ``q`` handed to verification is restricted accordingly). Not in
+            the paper (its K-matrix lengths are fixed); lossless. The calibration starts from
+            ``a(p) = p`` at every ``generate()`` call.
         maxgram_first: with ``[..., MaxGram()]``: Max-Gram's proposal (``K[0][-1]`` tokens at most,
             adaptive length judged by the target's verdicts) goes to the target unreviewed, then the
             smallest neural drafter continues it autoregressively (``K[0]`` of that level, with

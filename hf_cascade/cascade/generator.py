@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
-from ..drafters.lookahead import AdaptiveLookahead, CostModel, ExpectedGainRule
+from ..drafters.lookahead import AcceptanceCalibration, AdaptiveLookahead, CostModel, ExpectedGainRule
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import NeuralLevel
 from ..stats import LevelStats
@@ -84,6 +84,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         self.keep_unsure = bool(keep_unsure)
         self.cost_aware = bool(cost_aware)
         self._target_cost = CostModel()   # the target's verification time by draft length (cost_aware)
+        self._calibration = AcceptanceCalibration()   # the smallest drafter's p -> the target's acceptance (cost_aware)
         # maxgram_first: Max-Gram drafts for the target directly and the smallest neural level drafts
         # after it autoregressively (no neural review of Max-Gram tokens); see CascadeAssistant.
         self.maxgram_first = bool(maxgram_first) and isinstance(drafters[-1], MaxGram) and len(drafters) > 1
@@ -138,11 +139,14 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _expected_gain_rule(self, out: _Drafted) -> ExpectedGainRule:
         """The ``cost_aware`` rule for the smallest drafter's next target-bound tokens: the draft so far
-        counts with its Max-Gram tokens' measured bucket acceptance and its neural tokens' probability."""
-        accept = out.probs.clone()                                          # [u] acceptance estimates
+        counts with its Max-Gram tokens' measured bucket acceptance and its neural tokens' probability
+        (the smallest drafter's calibrated by the target's verdicts so far)."""
+        accept = out.probs.tolist()                                          # [u] acceptance estimates
+        for i in (out.origin == self.bottom).nonzero().flatten().tolist():
+            accept[i] = self._calibration(accept[i])
         for seg in out.segments:
-            accept[seg.start:seg.start + seg.length] = seg.policy.acceptance(seg.bucket)
-        return ExpectedGainRule.after(accept.tolist(), self._target_cost)
+            accept[seg.start:seg.start + seg.length] = [seg.policy.acceptance(seg.bucket)] * seg.length
+        return ExpectedGainRule.after(accept, self._target_cost, self._calibration)
 
     def _append_maxgram(self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int) -> None:
         mg: MaxGram = self.levels[j]
@@ -184,11 +188,20 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
             self._target_cost.observe(num_proposed, verify_seconds)
         if self._pending is not None:
             self._feedback_segments(self._pending.segments, num_accepted)
+            self._calibrate(self._pending, num_proposed, num_accepted)
             self._record_acceptance(self._pending, num_accepted)
         for (j, reviewer), policy in self._policies.items():
             if reviewer == TARGET and verify_seconds is not None:
                 policy.cost.observe(num_proposed, verify_seconds)
         self._pending = None
+
+    def _calibrate(self, d: _Drafted, proposed: int, n: int) -> None:
+        """The target reached the first ``n + 1`` of the ``proposed`` tokens of ``d`` and accepted ``n``:
+        teach the calibration what the smallest (neural) drafter's probabilities were worth."""
+        if not self.cost_aware or isinstance(self.levels[self.bottom], MaxGram):
+            return
+        for i in (d.origin[: min(n + 1, proposed)] == self.bottom).nonzero().flatten().tolist():
+            self._calibration.observe(float(d.probs[i]), i < n)
 
     def _feedback(self, sub: _Drafted, n: int, reviewer: int, seconds: float | None) -> None:
         self._feedback_segments(sub.segments, n)

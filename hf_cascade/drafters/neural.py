@@ -147,7 +147,7 @@ class NeuralLevel:
         """Draft ``k`` tokens autoregressively. Stops after a stop token; after a token drawn with
         probability ``< min_confidence`` when ``keep_unsure`` (transformers' rule); *before* a token
         whose probability is below a floor (``min_confidence`` when not ``keep_unsure``, and ``rule``'s
-        threshold), which is then dropped; without a forward when ``rule``'s threshold exceeds 1.
+        ``floor()``), which is then dropped; without a forward when ``rule``'s floor exceeds 1.
 
         Dropping a drawn token by its probability changes the distribution the kept token came from:
         with floor ``t`` it is ``q`` restricted to ``{x: q(x) >= t}`` and renormalised, and that is the
@@ -157,7 +157,7 @@ class NeuralLevel:
         tokens, probs, dists = [], [], []
         cur = seq
         for _ in range(k):
-            if rule is not None and rule.threshold() > 1.0:
+            if rule is not None and rule.floor() > 1.0:
                 break                                                        # no token could pay: skip the forward
             fast = None if do_sample else self.next_greedy(cur)
             if fast is not None:
@@ -170,7 +170,7 @@ class NeuralLevel:
                 q_tok = q[tok]
             prob = float(q_tok)
             dist = q
-            floor = max(0.0 if keep_unsure else min_confidence, rule.threshold() if rule is not None else 0.0)
+            floor = max(0.0 if keep_unsure else min_confidence, rule.floor() if rule is not None else 0.0)
             if floor > 0.0:
                 if not bool(q_tok >= floor):                                 # the same comparison as the mask
                     break                                                    # drop it: the draft ends here
@@ -182,7 +182,7 @@ class NeuralLevel:
             if do_sample:
                 dists.append(dist)
             if rule is not None:
-                rule.extend(prob)
+                rule.extend(rule.estimate(prob))
             cur = torch.cat([cur, tok.to(seq.device)])
             if int(tok) in stop_ids or prob < min_confidence:
                 break
