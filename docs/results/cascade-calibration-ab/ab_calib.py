@@ -1,5 +1,9 @@
-"""A/B: cost-aware cascade with and without the acceptance calibration, plus Max-Gram, interleaved."""
-import sys, time, random, json
+"""A/B, interleaved in one process, Spec-Bench prompts 4-5 of each category, 128 tokens, greedy.
+
+    python ab_calib.py RETRAINED_DRAFTER SHIPPED_DRAFTER calibration   # ab.log: calibration on/off, two drafters
+    python ab_calib.py RETRAINED_DRAFTER SHIPPED_DRAFTER budget        # ab_k.log: the drafter's K row 0 = 2, 3, 6
+"""
+import sys, time
 import numpy as np, torch
 torch.set_num_threads(2)
 from hf_cascade import CascadeAssistant, MaxGram
@@ -11,7 +15,7 @@ class Off(AcceptanceCalibration):
     def observe(self, p, accepted):
         pass
 
-draft_path, old_path = sys.argv[1], sys.argv[2]
+draft_path, old_path, experiment = sys.argv[1], sys.argv[2], sys.argv[3]
 per_cat, take = 5, 2
 model, tok = load_model(None)
 draft, old = load_drafts([draft_path, old_path], model)
@@ -20,14 +24,14 @@ bycat = {}
 for it in items:
     bycat.setdefault(it["category"], []).append(it)
 prompts = [it for v in bycat.values() for it in v[-take:]]
-K = [[3, 10], [0, 10]]
+def cascade(drafter, k0=3):
+    return CascadeAssistant([drafter, MaxGram()], k_matrix=[[k0, 10], [0, 10]], maxgram_first=True, cost_aware=True)
 def arms():
-    return {
-        "maxgram": (CascadeAssistant([MaxGram()]), None),
-        "cs-raw": (CascadeAssistant([draft, MaxGram()], k_matrix=K, maxgram_first=True, cost_aware=True), Off),
-        "cs-cal": (CascadeAssistant([draft, MaxGram()], k_matrix=K, maxgram_first=True, cost_aware=True), AcceptanceCalibration),
-        "old-cal": (CascadeAssistant([old, MaxGram()], k_matrix=K, maxgram_first=True, cost_aware=True), AcceptanceCalibration),
-    }
+    if experiment == "budget":
+        return {"maxgram": (CascadeAssistant([MaxGram()]), None), "cs-k6": (cascade(old, 6), AcceptanceCalibration),
+                "cs-k2": (cascade(old, 2), AcceptanceCalibration), "old-cal": (cascade(old), AcceptanceCalibration)}
+    return {"maxgram": (CascadeAssistant([MaxGram()]), None), "cs-raw": (cascade(draft), Off),
+            "cs-cal": (cascade(draft), AcceptanceCalibration), "old-cal": (cascade(old), AcceptanceCalibration)}
 A = arms()
 names = list(A)
 gk = dict(do_sample=False, max_new_tokens=128)
@@ -58,8 +62,7 @@ def paired(a, b):
     return round(a.sum() / b.sum(), 3), round(float(np.percentile(r, 2.5)), 3), round(float(np.percentile(r, 97.5)), 3), int((b < a).sum())
 print("identical across arms:", same, "/", len(prompts))
 print("tok/call", {n: round(float(np.mean(tpc[n])), 2) for n in names})
-print("maxgram/cs-cal", paired("maxgram", "cs-cal"))
-print("maxgram/cs-raw", paired("maxgram", "cs-raw"))
-print("cs-raw/cs-cal", paired("cs-raw", "cs-cal"))
-print("old-cal/cs-cal", paired("old-cal", "cs-cal"))
-print("maxgram/old-cal", paired("maxgram", "old-cal"))
+pairs = [("maxgram", "old-cal"), ("cs-k6", "old-cal"), ("cs-k2", "old-cal"), ("maxgram", "cs-k6")] if experiment == "budget" \
+    else [("maxgram", "cs-cal"), ("maxgram", "cs-raw"), ("cs-raw", "cs-cal"), ("old-cal", "cs-cal"), ("maxgram", "old-cal")]
+for a, b in pairs:
+    print(f"{a}/{b}", paired(a, b))
