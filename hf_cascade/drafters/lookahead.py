@@ -150,8 +150,11 @@ class AcceptanceCalibration:
     def _bin(self, p: float) -> int:
         return min(max(bisect.bisect_right(self.edges, p) - 1, 0), len(self._hits) - 1)
 
-    def ratio(self, b: int) -> float:
-        pooled = (sum(self._hits) + self.strength) / (sum(self._expected) + self.strength)
+    def _pooled(self) -> float:
+        return (sum(self._hits) + self.strength) / (sum(self._expected) + self.strength)
+
+    def ratio(self, b: int, pooled: float | None = None) -> float:
+        pooled = self._pooled() if pooled is None else pooled
         return (self._hits[b] + self.strength * pooled) / (self._expected[b] + self.strength)
 
     def __call__(self, p: float) -> float:
@@ -168,10 +171,10 @@ class AcceptanceCalibration:
         scanning bins from the top; a floor on ``p`` keeps the drafting rule a plain threshold."""
         if t > 0.999:
             return math.inf
-        floor = math.inf
+        floor, pooled = math.inf, self._pooled()
         for b in reversed(range(len(self._hits))):
             lo, hi = self.edges[b], self.edges[b + 1]
-            need = t / self.ratio(b)                 # within bin b, a(p) >= t  <=>  p >= need
+            need = t / self.ratio(b, pooled)         # within bin b, a(p) >= t  <=>  p >= need
             if need <= lo:
                 floor = lo
                 continue

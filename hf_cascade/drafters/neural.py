@@ -157,7 +157,8 @@ class NeuralLevel:
         tokens, probs, dists = [], [], []
         cur = seq
         for _ in range(k):
-            if rule is not None and rule.floor() > 1.0:
+            rule_floor = rule.floor() if rule is not None else 0.0            # once per token: bins are scanned
+            if rule_floor > 1.0:
                 break                                                        # no token could pay: skip the forward
             fast = None if do_sample else self.next_greedy(cur)
             if fast is not None:
@@ -170,7 +171,7 @@ class NeuralLevel:
                 q_tok = q[tok]
             prob = float(q_tok)
             dist = q
-            floor = max(0.0 if keep_unsure else min_confidence, rule.floor() if rule is not None else 0.0)
+            floor = max(0.0 if keep_unsure else min_confidence, rule_floor)
             if floor > 0.0:
                 if not bool(q_tok >= floor):                                 # the same comparison as the mask
                     break                                                    # drop it: the draft ends here
