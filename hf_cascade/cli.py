@@ -182,6 +182,9 @@ def _add_train(sub) -> None:
     p.add_argument("--target-layers", type=int, nargs="+", default=None, metavar="L",
                    help="glide: the target layer each draft layer reads (default: the paper's l = N_T - N_D + m)")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N", help="reduced vocabulary size (default: preset's)")
+    p.add_argument("--soft-labels", type=int, default=0, metavar="K",
+                   help="vanilla: also distil the target's top-K next-token distribution at every position (one "
+                   "teacher-forced pass over --data, cached there; 0 = greedy tokens only)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--max-len", type=int, default=256)
@@ -218,6 +221,8 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError("--no-cross-attention applies to `train glide` only (its controlled baseline)")
     if args.target_layers and args.head != "glide":
         raise ValueError("--target-layers applies to `train glide` only")
+    if args.soft_labels and args.head != "vanilla":
+        raise ValueError("--soft-labels applies to `train vanilla` only")
     _set_threads(args)
     spec = presets[preset]
     if args.draft_vocab:
@@ -233,6 +238,8 @@ def run_train(args: argparse.Namespace) -> int:
     _log(f"loading target {args.target or 'default (Gemma-3-270M)'}")
     target, _ = load_model(args.target)
     extra = {"cross_attention": False} if args.no_cross_attention else {}
+    if args.soft_labels:
+        extra["soft_labels"] = args.soft_labels
     _, state = train_fn(target, args.data, cfg, spec, target_name=args.target or "gemma-3-270m",
                         progress=not args.no_progress, **extra)
     print(f"saved {args.out} (step {state.step}); best held-out acceptance: {state.best}")

@@ -19,6 +19,7 @@ from hf_cascade.heads.hub import load_head
 from hf_cascade.training import DistillConfig, DistillStore, Prompt, Record, distill, training_prompts
 from hf_cascade.training.loop import TrainConfig, iterate_batches, make_batch, split_records
 from hf_cascade.training.run import train_vanilla
+from hf_cascade.training.soft_labels import load_soft_labels
 from hf_cascade.training.vanilla import VanillaSpec, _run_lengths, build_vanilla, vanilla_loss
 from hf_cascade.training.vocab import coverage, frequent_subset, token_counts
 from tests import tiny_models as tm
@@ -351,3 +352,20 @@ print("OK")
         assert assistant.last_stats.levels[0].forward_calls >= 1
         got_hf = target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=reloaded)
         assert got_hf.tolist() == expected.tolist()
+
+
+def test_train_vanilla_with_soft_labels(distilled, target, tmp_path):
+    """``soft_labels=K``: the table is computed once into the store and reused; the loss reports both
+    terms and falls; the card says what it was trained on."""
+    _, _, cfg, store = distilled
+    train_cfg = TrainConfig(tmp_path / "soft", steps=6, batch_size=2, eval_every=3, eval_records=2, max_len=64,
+                            lr=5e-2, warmup=1)
+    torch.manual_seed(0)
+    model, state = train_vanilla(target, cfg.out, train_cfg, SPEC, target_name="tiny", command=COMMAND,
+                                 progress=False, soft_labels=4)
+    losses = [h for h in state.history if "loss" in h]
+    assert all({"hard", "soft"} <= set(h) for h in losses) and losses[-1]["soft"] < losses[0]["soft"]
+    assert load_soft_labels(store, model.vocab_subset, 4) is not None
+    card = (tmp_path / "soft" / "README.md").read_text()
+    assert "top-4 distribution" in card
+    assert json.loads((tmp_path / "soft" / "trainer_state.json").read_text())["vocab"]["soft_labels"] == 4

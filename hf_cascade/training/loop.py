@@ -49,12 +49,14 @@ class TrainConfig:
 class Batch:
     """Right-padded sequences. ``input_ids``: ``[B, T]``; ``weights``: ``[B, T]``, the loss weight of
     predicting ``input_ids[:, t]`` from the tokens before it (0 at padding and at t = 0);
-    ``attention_mask``: ``[B, T]``; ``index``: the store records, for heads that read hidden states."""
+    ``attention_mask``: ``[B, T]``; ``index``: the store records, for heads that read hidden states;
+    ``response``: ``[B, T]`` bool, True where ``input_ids[:, t]`` is a token of the target's response."""
 
     input_ids: torch.Tensor
     weights: torch.Tensor
     attention_mask: torch.Tensor
     index: list[int]
+    response: torch.Tensor | None = None
 
 
 @dataclass
@@ -80,13 +82,15 @@ def make_batch(store: DistillStore, index: list[int], max_len: int, prompt_weigh
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     weights = torch.zeros(len(seqs), width)
     mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    response = torch.zeros(len(seqs), width, dtype=torch.bool)
     for b, (s, plen) in enumerate(seqs):
         n = min(width, len(s))
         ids[b, :n] = torch.from_numpy(s[:n].astype(np.int64))
         mask[b, :n] = 1
         weights[b, 1:n] = prompt_weight
         weights[b, max(1, plen):n] = 1.0
-    return Batch(ids, weights, mask, list(index))
+        response[b, max(1, plen):n] = True
+    return Batch(ids, weights, mask, list(index), response)
 
 
 def iterate_batches(store: DistillStore, train_idx: list[int], cfg: TrainConfig) -> Iterator[Batch]:

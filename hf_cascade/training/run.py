@@ -15,21 +15,32 @@ from pathlib import Path
 
 from ..heads.hub import save_hub
 from .loop import TrainConfig, TrainState, iterate_batches, split_records, train, write_state
+from .soft_labels import compute_soft_labels
 from .store import DistillStore
-from .vanilla import PRESETS, VanillaSpec, build_vanilla, greedy_acceptance, vanilla_loss
+from .vanilla import PRESETS, SoftTerm, VanillaSpec, build_vanilla, greedy_acceptance, vanilla_loss
 
 HEADS = ("vanilla", "glide", "redrafter")
 
 
 def train_vanilla(target, data: str | Path, cfg: TrainConfig, spec: VanillaSpec, target_name: str = "",
-                  command: str | None = None, progress: bool = True) -> tuple[object, TrainState]:
-    """Train a vanilla drafter on the distillation directory ``data``; checkpoints go to ``cfg.out``."""
+                  command: str | None = None, progress: bool = True, soft_labels: int = 0) -> tuple[object, TrainState]:
+    """Train a vanilla drafter on the distillation directory ``data``; checkpoints go to ``cfg.out``.
+
+    ``soft_labels=K > 0``: first compute (or reuse) the target's top-K distributions over the
+    drafter's subset at every position of ``data`` and train with :class:`~.vanilla.SoftTerm`."""
     store = DistillStore.open(data)
     if len(store) < 2:
         raise ValueError(f"{data} holds {len(store)} sequences; distill more prompts first")
     if store.meta.get("vocab_size") not in (None, int(target.config.get_text_config().vocab_size)):
         raise ValueError(f"{data} was distilled from a target with vocab_size {store.meta['vocab_size']}")
     model, facts = build_vanilla(target, store, spec, target_name)
+    loss_fn = vanilla_loss
+    if soft_labels:
+        soft = SoftTerm(compute_soft_labels(target, store, model.vocab_subset, soft_labels, progress=progress), store)
+        facts["soft_labels"] = soft_labels
+
+        def loss_fn(m, batch):
+            return vanilla_loss(m, batch, soft)
     train_idx, eval_idx = split_records(store, cfg.eval_records)
     command = command or "hf-cascade " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     baseline = None
@@ -44,7 +55,7 @@ def train_vanilla(target, data: str | Path, cfg: TrainConfig, spec: VanillaSpec,
             save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline))
 
     baseline = eval_fn(model.eval())
-    state = train(model, iterate_batches(store, train_idx, cfg), vanilla_loss, eval_fn, save_fn, cfg, progress)
+    state = train(model, iterate_batches(store, train_idx, cfg), loss_fn, eval_fn, save_fn, cfg, progress)
     return model, state
 
 
@@ -81,7 +92,7 @@ Data: `hf-cascade distill --out DATA` (defaults: batch 16, at most 128 new token
 {command}
 ```
 {state.step} steps (this checkpoint: the best held-out evaluation so far), batch {extra.get('batch_size', '')} sequences, {state.seconds / 60:.1f} min on the machine it ran on.
-Loss: cross-entropy on the target's tokens (prompt positions weighted down).
+Loss: {_loss_text(extra)}
 
 ## Measured acceptance (held-out, greedy, teacher forced = exact greedy acceptance)
 | | alpha (per token) | tau@4 | tau@8 |
@@ -100,6 +111,15 @@ out = target.generate(ids, assistant_model=hf_cascade.CascadeAssistant([drafter,
 ```
 """
     return {"body": body, "pipeline_tag": "text-generation"}
+
+
+def _loss_text(extra: dict) -> str:
+    k = extra["vocab"].get("soft_labels")
+    if not k:
+        return "cross-entropy on the target's tokens (prompt positions weighted down)."
+    return (f"cross-entropy against the target's top-{k} distribution over the subset at every position, prompt "
+            "positions included (teacher-forced soft labels, `--soft-labels`), plus 0.5 x cross-entropy on the target's "
+            "greedy tokens at response positions.")
 
 
 def _f(d: dict | None, key: str) -> str:

@@ -5,7 +5,9 @@ ids over a reduced vocabulary (:mod:`hf_cascade.training.vocab`). It is initiali
 where shapes allow: its embedding rows are the target's (scaled) embeddings of the subset tokens,
 projected onto their top principal directions when the drafter is narrower (deviation from plain
 random init; it speeds up training on small data). Loss: cross-entropy on the target's greedy
-tokens (sequence-level distillation), prompt positions down-weighted.
+tokens (sequence-level distillation), prompt positions down-weighted; with soft labels
+(:mod:`.soft_labels`) also cross-entropy against the target's top-K distribution at every position,
+prompt positions included (:class:`SoftTerm`).
 
 Held-out metric: greedy acceptance under teacher forcing. For a greedy target, a drafted token
 ``t`` is accepted iff the drafter's argmax equals the target's token *and* every earlier drafted
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 
 from ..heads import CascadeDrafterConfig, CascadeDrafterForCausalLM
 from .loop import Batch, make_batch
+from .soft_labels import SoftLabels, soft_cross_entropy
 from .store import DistillStore
 from .vocab import coverage, frequent_subset, token_counts
 
@@ -93,15 +96,34 @@ def _init_embeddings_from_target(model: CascadeDrafterForCausalLM, target, subse
     model.get_input_embeddings().weight[: subset.numel()] = w.to(model.dtype)
 
 
-def vanilla_loss(model: CascadeDrafterForCausalLM, batch: Batch) -> tuple[torch.Tensor, dict]:
-    """Weighted next-token cross-entropy over the reduced vocabulary (targets outside it ignored)."""
+@dataclass(frozen=True)
+class SoftTerm:
+    """The soft-label part of the vanilla loss: ``hard * CE(greedy tokens, response positions only) +
+    weight * CE(top-K target distribution, every position; prompt positions x prompt_weight)``."""
+
+    labels: SoftLabels
+    store: DistillStore
+    weight: float = 1.0
+    hard: float = 0.5
+    prompt_weight: float = 1.0
+
+
+def vanilla_loss(model: CascadeDrafterForCausalLM, batch: Batch, soft: SoftTerm | None = None) -> tuple[torch.Tensor, dict]:
+    """Weighted next-token cross-entropy over the reduced vocabulary (targets outside it ignored);
+    with ``soft``, the combination of :class:`SoftTerm`."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, full_vocab=False).logits  # [B, T, N]
+    n = logits.shape[-1]
     labels = model.to_draft_ids(batch.input_ids[:, 1:])                                # [B, T-1]
-    w = batch.weights[:, 1:] * (labels < model.config.draft_vocab_size)
-    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp_max(logits.shape[-1] - 1),
-                         reduction="none").view_as(w)
-    loss = (ce * w).sum() / w.sum().clamp_min(1.0)
-    return loss, {}
+    w = (batch.weights[:, 1:] if soft is None else batch.response[:, 1:].float()) * (labels < n)
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, n), labels.reshape(-1).clamp_max(n - 1), reduction="none").view_as(w)
+    hard = (ce * w).sum() / w.sum().clamp_min(1.0)
+    if soft is None:
+        return hard, {}
+    ids, logp = soft.labels.rows(soft.store, batch.index, batch.input_ids.shape[1])    # [B, T, K] each
+    sce = soft_cross_entropy(logits[:, :-1], ids[:, :-1], logp[:, :-1])               # [B, T-1]
+    ws = batch.attention_mask[:, 1:].float() * torch.where(batch.response[:, 1:], 1.0, soft.prompt_weight)
+    soft_loss = (sce * ws).sum() / ws.sum().clamp_min(1.0)
+    return soft.hard * hard + soft.weight * soft_loss, {"hard": float(hard.detach()), "soft": float(soft_loss.detach())}
 
 
 @torch.no_grad()
