@@ -41,31 +41,32 @@ class _Segment:
 
 @dataclass
 class _Drafted:
-    """A draft under construction. ``tokens``/``probs``/``origin``/``lenient``: ``[u]``; ``dists``: ``[u, V]``."""
+    """A draft under construction: ``tokens`` ``[u]`` and ``dists`` ``[u, V]`` (sampling) as tensors;
+    per token, as lists (the bookkeeping reads them one by one): ``probs``, its drafting level's
+    probability (float32 values), ``origin``, that level, and ``lenient``, whether reviews between
+    drafters may be lenient with it."""
 
     tokens: torch.Tensor
-    probs: torch.Tensor
-    origin: torch.Tensor
-    lenient: torch.Tensor
     dists: torch.Tensor | None
+    probs: list[float] = field(default_factory=list)
+    origin: list[int] = field(default_factory=list)
+    lenient: list[bool] = field(default_factory=list)
     segments: list[_Segment] = field(default_factory=list)
 
     @classmethod
     def empty(cls, like: torch.Tensor, vocab_size: int, do_sample: bool) -> "_Drafted":
-        return cls(
-            like[:0], torch.ones(0), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool),
-            torch.zeros(0, vocab_size, device=like.device) if do_sample else None,
-        )
+        return cls(like[:0], torch.zeros(0, vocab_size, device=like.device) if do_sample else None)
 
     def __len__(self) -> int:
-        return self.tokens.shape[0]
+        return len(self.origin)
 
     def append(self, tokens, probs, dists, origin: int, lenient: bool) -> None:
+        """Add ``tokens`` ``[u]`` with their ``probs`` ``[u]`` and (sampling) ``dists`` ``[u, V]``."""
         u = tokens.shape[0]
         self.tokens = torch.cat([self.tokens, tokens.to(self.tokens.device)])
-        self.probs = torch.cat([self.probs, probs.float().cpu()])
-        self.origin = torch.cat([self.origin, torch.full((u,), origin, dtype=torch.long)])
-        self.lenient = torch.cat([self.lenient, torch.full((u,), lenient, dtype=torch.bool)])
+        self.probs += probs.float().cpu().tolist()
+        self.origin += [origin] * u
+        self.lenient += [lenient] * u
         if self.dists is not None:
             self.dists = torch.cat([self.dists, dists.to(self.dists.device)])
 
@@ -141,9 +142,8 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         """The ``cost_aware`` rule for the smallest drafter's next target-bound tokens: the draft so far
         counts with its Max-Gram tokens' measured bucket acceptance and its neural tokens' probability
         (the smallest drafter's calibrated by the target's verdicts so far)."""
-        accept = out.probs.tolist()                                          # [u] acceptance estimates
-        for i in (out.origin == self.bottom).nonzero().flatten().tolist():
-            accept[i] = self._calibration(accept[i])
+        accept = [self._calibration(p) if level == self.bottom else p             # [u] acceptance estimates
+                  for p, level in zip(out.probs, out.origin)]
         for seg in out.segments:
             accept[seg.start:seg.start + seg.length] = [seg.policy.acceptance(seg.bucket)] * seg.length
         return ExpectedGainRule.after(accept, self._target_cost, self._calibration)
@@ -172,11 +172,11 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         level: NeuralLevel = self.levels[j]
         with self.timer(f"review[{j}]"):
             scores = level.scores(torch.cat([seq, sub.tokens]), start=seq.shape[0])   # [u + 1, V]
-            lenience = torch.where(sub.lenient, self.lenience, self.maxgram_lenience)
+            lenience = torch.where(torch.tensor(sub.lenient, dtype=torch.bool), self.lenience, self.maxgram_lenience)
             if self.do_sample:
                 review = sampling_review(sub.tokens, sub.dists, scores.softmax(dim=-1), lenience)
             else:
-                review = greedy_review(sub.tokens, scores, sub.probs, lenience)
+                review = greedy_review(sub.tokens, scores, torch.tensor(sub.probs, dtype=torch.float32), lenience)
         # a forward that also caught up on many earlier tokens (e.g. the prompt) says nothing about review cost
         seconds = level.last_forward_seconds if level.last_forward_tokens <= len(sub) + 2 else None
         self._feedback(sub, review.num_accepted, reviewer=j, seconds=seconds)
@@ -200,8 +200,9 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         teach the calibration what the smallest (neural) drafter's probabilities were worth."""
         if not self.cost_aware or isinstance(self.levels[self.bottom], MaxGram):
             return
-        for i in (d.origin[: min(n + 1, proposed)] == self.bottom).nonzero().flatten().tolist():
-            self._calibration.observe(float(d.probs[i]), i < n)
+        for i, level in enumerate(d.origin[: min(n + 1, proposed)]):
+            if level == self.bottom:
+                self._calibration.observe(d.probs[i], i < n)
 
     def _feedback(self, sub: _Drafted, n: int, reviewer: int, seconds: float | None) -> None:
         self._feedback_segments(sub.segments, n)
@@ -219,13 +220,12 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     def _record_acceptance(self, d: _Drafted, n: int) -> None:
         if len(d) == 0:
             return
-        for j in d.origin.unique().tolist():
-            mask = d.origin == j
+        for j in sorted(set(d.origin)):
             lv = self.stats.levels[j]
             lv.proposals += 1
-            lv.tokens_proposed += int(mask.sum())
-            lv.tokens_accepted += int(mask[:n].sum())
-        self.stats.levels[int(d.origin[0])].acceptance_by_position.record(len(d), n)
+            lv.tokens_proposed += d.origin.count(j)
+            lv.tokens_accepted += d.origin[:n].count(j)
+        self.stats.levels[d.origin[0]].acceptance_by_position.record(len(d), n)
 
 
 def _confidence(review: Review) -> float:

@@ -36,14 +36,25 @@ class CostModel:
     measure: bool = True
     decay: float = 0.8
     _seconds: dict[int, float] = field(default_factory=dict)
+    _costs: dict[tuple[int, float, float], float] = field(default_factory=dict, repr=False, compare=False)
 
     def observe(self, k: int, seconds: float) -> None:
         if not self.measure:
             return
         old = self._seconds.get(k)
         self._seconds[k] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        self._costs.clear()
 
     def cost(self, k: int) -> float:
+        """``cost(k)``, remembered until the next :meth:`observe` (the drafting rules ask for the same
+        few ``k`` many times per draft)."""
+        key = (k, self.prior_step, self.prior_slope)
+        value = self._costs.get(key)
+        if value is None:
+            value = self._costs[key] = self._cost(k)
+        return value
+
+    def _cost(self, k: int) -> float:
         prior = 1.0 + self.prior_step * (k > 0) + self.prior_slope * k
         base = self._seconds.get(0)
         if base is None or base <= 0:
@@ -131,7 +142,7 @@ class AcceptanceCalibration:
         a(p) = min(0.999, p * r_b)    b: p's bin;  r_b = (hits_b + s * r) / (sum_p_b + s)
         r    = (hits + s) / (sum_p + s)                       pooled over bins, shrunk toward 1
 
-    A distilled drafter is overconfident away from its training data: on Spec-Bench, drafter-xs's
+    A distilled drafter is overconfident away from its training data: on Spec-Bench, the first drafter-xs's
     tokens with p in [0.3, 0.8) match the target 19-36% of the time (teacher-forced on the target's
     own outputs), so ``p`` as the acceptance estimate admits tokens that do not pay for their
     verification. Until verdicts arrive ``a(p) = p``.

@@ -7,9 +7,9 @@ fitted by :meth:`BigramTable.fit` on any token sequences, e.g. the target's own 
 optional).
 
 Deviations from the paper, and why:
-* the match search is one vectorized tensor op over all end positions (the paper loops over match
-  lengths), and it takes the *most recent* occurrence of the longest match (the paper takes the
-  first): generated text tends to repeat what it said last;
+* the match search extends only the earlier occurrences of the last token, most recent first (the
+  paper loops over match lengths), and it takes the *most recent* occurrence of the longest match
+  (the paper takes the first): generated text tends to repeat what it said last;
 * a continuation that runs into the end of the sequence wraps around (the text is repeating with
   that period), so loops are drafted in full;
 * the number of proposed tokens adapts (:mod:`hf_cascade.drafters.lookahead`): the paper always
@@ -37,20 +37,29 @@ def longest_suffix_match(seq: torch.Tensor, max_ngram: int) -> tuple[int, int]:
     most recent such end, so ``seq[e+1:]`` is what followed it. ``(0, -1)`` when nothing matches.
     ``m`` is capped at ``max_ngram``.
     """
-    length = seq.shape[0]
+    return _suffix_match(seq.tolist(), max_ngram)
+
+
+def _suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:
+    """:func:`longest_suffix_match` on a token list. Only earlier occurrences of the last token can
+    end a match: they are visited most recent first (``list.index`` on the reversed list finds each
+    in C) and extended backwards, until a match of ``max_ngram`` tokens or the sequence's start."""
+    length = len(tokens)
     if length < 2 or max_ngram < 1:
         return 0, -1
     n = min(max_ngram, length - 1)
-    offsets = torch.arange(n, device=seq.device)                             # [n]
-    ends = torch.arange(length - 1, device=seq.device)                       # [L-1]
-    idx = ends[None, :] - offsets[:, None]                                   # [n, L-1]
-    same = seq[idx.clamp_min(0)] == seq[length - 1 - offsets][:, None]       # [n, L-1]
-    same &= idx >= 0
-    lengths = same.int().cumprod(dim=0).sum(dim=0)                           # [L-1]
-    best = int(lengths.max())
-    if best == 0:
-        return 0, -1
-    end = int((lengths == best).nonzero()[-1])
+    rev = tokens[::-1]                     # rev[i] = tokens[L-1-i]: the end e = L-1-i
+    best, end, i = 0, -1, 0
+    while best < n:
+        try:
+            i = rev.index(rev[0], i + 1)   # the next earlier occurrence of the last token
+        except ValueError:
+            break
+        m, limit = 1, min(n, length - i)   # the match cannot reach before the sequence's start
+        while m < limit and rev[i + m] == rev[m]:
+            m += 1
+        if m > best:                       # strictly longer: ties keep the most recent end
+            best, end = m, length - 1 - i
     return best, end
 
 
@@ -133,15 +142,16 @@ class MaxGram:
 
     def candidates(self, seq: torch.Tensor) -> MaxGramProposal:
         """Everything MaG could propose after ``seq`` (``[L]``), before choosing a length."""
-        m, end = longest_suffix_match(seq, self.max_ngram)
+        tokens = seq.tolist()
+        m, end = _suffix_match(tokens, self.max_ngram)
         if m > 0:
             # What followed the match; where it runs into the end of the sequence the text is
             # repeating with period L-1-end, so the continuation wraps around that period.
-            period = seq.shape[0] - 1 - end
-            idx = end + 1 + torch.arange(self.max_tokens, device=seq.device) % period
-            return MaxGramProposal(seq[idx], bucket=min(m, 6))
-        if self.bigram is not None and seq.numel():
-            return MaxGramProposal(self.bigram.chain(int(seq[-1]), self.max_tokens).to(seq.device), BIGRAM_BUCKET)
+            period = len(tokens) - 1 - end
+            follow = [tokens[end + 1 + i % period] for i in range(self.max_tokens)]
+            return MaxGramProposal(torch.tensor(follow, dtype=seq.dtype, device=seq.device), bucket=min(m, 6))
+        if self.bigram is not None and tokens:
+            return MaxGramProposal(self.bigram.chain(tokens[-1], self.max_tokens).to(seq.device), BIGRAM_BUCKET)
         return MaxGramProposal(seq[:0], BIGRAM_BUCKET)
 
     def propose(self, seq: torch.Tensor, limit: int, policy: AdaptiveLookahead, offset: int = 0) -> MaxGramProposal:

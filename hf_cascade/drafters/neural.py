@@ -4,12 +4,14 @@
 rolls it back through the ``Cache`` API (``crop``), so each step only forwards the tokens the cache
 has not seen: no prefix recomputation. Its logits are mapped onto the target's vocabulary (a draft
 vocabulary padded to a different size is cut or padded with ``-inf``) and go through the same logits
-processors as the target's.
+processors as the target's. Tokens are kept as Python lists between forwards (no per-token tensor
+copies or concatenations on the drafting loop).
 """
 
 from __future__ import annotations
 
 import math
+import struct
 import time
 
 import torch
@@ -81,49 +83,72 @@ class NeuralLevel:
         # tokens. transformers' sliding-window cache layers forget states past the window at each
         # crop, which a drafter's deeper rollbacks (across several forwards) cannot afford.
         self.cache = DynamicCache()
-        self.cached = torch.empty(0, dtype=torch.long)  # tokens whose K/V are in ``cache``
+        self.cached: list[int] = []  # tokens whose K/V are in ``cache``
         self.last_forward_seconds = 0.0
         self.last_forward_tokens = 0
         # hf_cascade's own drafters predict over a reduced vocabulary and can return those logits only
         self._reduced = getattr(model.config, "draft_vocab_size", None) is not None and hasattr(model, "vocab_subset")
+        self._subset: list[int] = model.vocab_subset.tolist() if self._reduced else []   # [N] target ids
 
     # -- scoring -----------------------------------------------------------------------------
     @torch.no_grad()
     def scores(self, seq: torch.Tensor, start: int) -> torch.Tensor:
         """Processed scores ``[L - start + 1, V]`` of the positions predicting ``seq[start:]`` and
         the token after ``seq`` (``seq``: ``[L]`` on CPU or the target's device, ``start >= 1``)."""
-        logits = self._to_target_vocab(self._forward(seq, start).float())  # [1, needed, V]
+        logits = self._to_target_vocab(self._forward(seq.tolist(), start).float())  # [1, needed, V]
         scores = process_positions(self.processors, seq[None].to(logits.device), logits, start)
         return scores[0]
 
     @torch.no_grad()
     def next_greedy(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(token [1], q [1, N] over the drafter's reduced vocabulary)`` for the greedy token after
-        ``seq``, without building a full-vocabulary row; ``None`` when that is not possible (a drafter
-        without a reduced vocabulary, or logits processors, which act on full rows). The token and its
-        probability equal ``scores``' argmax and softmax: outside the subset those rows are
-        ``finfo.min``, whose exponential is 0."""
-        if len(self.processors) or not self._reduced:
+        """``(token [1], q [])`` for the greedy token after ``seq`` and the drafter's probability of it,
+        computed over the drafter's reduced vocabulary without building a full-vocabulary row; ``None``
+        when that is not possible (a drafter without a reduced vocabulary, or logits processors, which
+        act on full rows). The token and its probability equal ``scores``' argmax and softmax: outside
+        the subset those rows are ``finfo.min``, whose exponential is 0."""
+        if not self._greedy_reduced():
             return None
-        reduced = self._forward(seq, seq.shape[0], full_vocab=False)[0, -1].float()   # [N]
-        q = reduced.softmax(dim=-1)
+        q = self._reduced_logits(seq.tolist()).float().softmax(dim=-1)   # [N]
         i = int(q.argmax())
-        return self.model.vocab_subset[i:i + 1].to(seq.device), q[i]
+        return torch.tensor([self._subset[i]], device=seq.device), q[i]
 
-    def _forward(self, seq: torch.Tensor, start: int, **kwargs) -> torch.Tensor:
-        """Run the drafter on the tokens of ``seq`` its cache lacks; ``[1, L - start + 1, V_d]`` logits."""
-        length = seq.shape[0]
-        keep = min(_common_prefix(self.cached, seq), start - 1)
+    def _greedy_reduced(self) -> bool:
+        return self._reduced and not len(self.processors)
+
+    def _greedy_token(self, ids: list[int]) -> tuple[int, float]:
+        """``next_greedy`` on a token list: ``(token, q(token))`` as Python numbers."""
+        q = self._reduced_logits(ids).float().softmax(dim=-1)            # [N]
+        i = int(q.argmax())
+        return self._subset[i], float(q[i])
+
+    def _reduced_logits(self, ids: list[int]) -> torch.Tensor:
+        """The drafter's logits ``[N]`` over its subset for the token after ``ids``."""
+        return self._run(ids, self._sync(ids, len(ids)), 1, full_vocab=False)[0, -1]
+
+    def _forward(self, ids: list[int], start: int, **kwargs) -> torch.Tensor:
+        """Run the drafter on the tokens of ``ids`` its cache lacks; ``[1, L - start + 1, V_d]`` logits."""
+        return self._run(ids, self._sync(ids, start), len(ids) - start + 1, **kwargs)
+
+    def _sync(self, ids: list[int], start: int) -> int:
+        """Roll the cache back to the longest prefix it shares with ``ids`` (at most ``start - 1``
+        tokens, so the position predicting ``ids[start]`` is recomputed); returns its length."""
+        keep = min(_common_prefix(self.cached, ids), start - 1)
         self._rollback(keep)
-        new = seq[keep:].to(self.device)[None]                              # [1, L - keep]
-        needed = length - start + 1
+        return keep
+
+    def _run(self, ids: list[int], keep: int, needed: int, **kwargs) -> torch.Tensor:
+        """The model's forward over ``ids[keep:]``; logits ``[1, needed, V_d]`` of its last positions."""
+        new = torch.tensor(ids[keep:], dtype=torch.long, device=self.device)[None]   # [1, L - keep]
         t0 = time.perf_counter()
         out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=needed, **kwargs)
-        self.last_forward_seconds = time.perf_counter() - t0
-        self.last_forward_tokens = new.shape[1]
-        self.stats.forward_calls += 1
-        self.cached = seq.clone()
+        self._count_forward(t0, new.shape[1])
+        self.cached = list(ids)
         return out.logits[:, -needed:, :]
+
+    def _count_forward(self, t0: float, tokens: int) -> None:
+        self.last_forward_seconds = time.perf_counter() - t0
+        self.last_forward_tokens = tokens
+        self.stats.forward_calls += 1
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         vd = logits.shape[-1]
@@ -139,9 +164,10 @@ class NeuralLevel:
         extra = self.cache.get_seq_length() - length
         if extra > 0:
             self.cache.crop(-extra)
-        self.cached = self.cached[:length]
+        del self.cached[length:]
 
     # -- autoregressive drafting (only when no smaller level exists) --------------------------
+    @torch.no_grad()
     def generate(self, seq: torch.Tensor, k: int, do_sample: bool, stop_ids: set[int], min_confidence: float = 0.0,
                  keep_unsure: bool = True, rule: ExpectedGainRule | None = None):
         """Draft ``k`` tokens autoregressively. Stops after a stop token; after a token drawn with
@@ -154,51 +180,76 @@ class NeuralLevel:
         ``dists`` row returned, so speculative sampling stays exact. Returns ``(tokens [k'],
         token_probs [k'], dists [k', V] | None)``; ``token_probs`` are the unrestricted ``q(x)``.
         """
+        ids = seq.tolist()                                                   # the sequence, drafts appended
         tokens, probs, dists = [], [], []
-        cur = seq
+        greedy = not do_sample and self._greedy_reduced()
         for _ in range(k):
             rule_floor = rule.floor() if rule is not None else 0.0            # once per token: bins are scanned
             if rule_floor > 1.0:
                 break                                                        # no token could pay: skip the forward
-            fast = None if do_sample else self.next_greedy(cur)
-            if fast is not None:
-                q = None                                                     # greedy: no full row needed
-                tok, q_tok = fast                                            # [1], []
-            else:
-                s = self.scores(cur, cur.shape[0])[-1]                       # [V]
-                q = s.softmax(dim=-1)                                        # [V] the drafter's distribution
-                tok = torch.multinomial(q, 1) if do_sample else s.argmax()[None]
-                q_tok = q[tok]
-            prob = float(q_tok)
-            dist = q
             floor = max(0.0 if keep_unsure else min_confidence, rule_floor)
-            if floor > 0.0:
-                if not bool(q_tok >= floor):                                 # the same comparison as the mask
+            if greedy:                                                       # no full row needed
+                tok, prob = self._greedy_token(ids)
+                dist = None
+                if floor > 0.0 and not prob >= _as_float32(floor):           # float32, as the tensor comparison
                     break                                                    # drop it: the draft ends here
-                if do_sample:                                                # what a kept token was drawn from
-                    kept = torch.where(q >= floor, q, torch.zeros_like(q))   # [V]
-                    dist = kept / kept.sum()
-            tokens.append(tok.to(seq.device))
+            else:
+                tok, prob, dist = self._drawn_token(ids, seq.device, do_sample, floor)
+                if tok is None:
+                    break
+            tokens.append(tok)
             probs.append(prob)
             if do_sample:
                 dists.append(dist)
             if rule is not None:
                 rule.extend(rule.estimate(prob))
-            cur = torch.cat([cur, tok.to(seq.device)])
-            if int(tok) in stop_ids or prob < min_confidence:
+            ids.append(tok)
+            if tok in stop_ids or prob < min_confidence:
                 break
         if not tokens:
             return seq[:0], torch.ones(0), (torch.zeros(0, self.vocab_size) if do_sample else None)
         return (
-            torch.cat(tokens),
+            torch.tensor(tokens, dtype=torch.long, device=seq.device),
             torch.tensor(probs),
             torch.stack(dists).to(seq.device) if do_sample else None,
         )
 
+    def _drawn_token(self, ids: list[int], device: torch.device, do_sample: bool, floor: float):
+        """A token from the full processed row after ``ids``: ``(token, q(token), dist [V])``, ``dist``
+        the distribution it was drawn from (``q`` restricted to ``{q >= floor}`` under sampling);
+        ``(None, None, None)`` when its probability is below ``floor``."""
+        s = self.scores(torch.tensor(ids, dtype=torch.long, device=device), len(ids))[-1]   # [V]
+        q = s.softmax(dim=-1)                                                # [V] the drafter's distribution
+        tok = torch.multinomial(q, 1) if do_sample else s.argmax()[None]
+        q_tok = q[tok]
+        dist = q
+        if floor > 0.0:
+            if not bool(q_tok >= floor):                                     # the same comparison as the mask
+                return None, None, None
+            if do_sample:                                                    # what a kept token was drawn from
+                kept = torch.where(q >= floor, q, torch.zeros_like(q))       # [V]
+                dist = kept / kept.sum()
+        return int(tok), float(q_tok), dist
 
-def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
-    n = min(a.shape[0], b.shape[0])
-    if n == 0:
-        return 0
-    diff = (a[:n] != b[:n].to(a.device)).nonzero()
-    return int(diff[0]) if diff.numel() else n
+
+def _as_float32(x: float) -> float:
+    """``x`` rounded to float32: a float32 tensor compares with a Python float in float32."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (slice comparisons run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n                 # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
