@@ -1,11 +1,14 @@
 """A/B: Max-Gram alone vs cascade [drafter, MaxGram] for several drafters, interleaved.
 
 usage: python ab_kd.py TAKE DRAFTER [DRAFTER ...]   Spec-Bench prompts FIRST .. FIRST+TAKE-1 of each category
-(environment variable FIRST, default 3: none of the benchmark's first 3)."""
+(environment variable FIRST, default 3: none of the benchmark's first 3). Paired ratios as in `hf-cascade bench`
+(hf_cascade.bench.summary.paired; the logs here were written by an earlier copy of this script whose bootstrap
+drew with numpy: same method, other random draws, so an interval may differ in its third decimal)."""
 import os, sys, time, json
 import numpy as np, torch
 torch.set_num_threads(2)
 from hf_cascade import CascadeAssistant, MaxGram
+from hf_cascade.bench import summary
 from hf_cascade.bench.loading import load_model, load_drafts, load_prompts
 take = int(sys.argv[1]); paths = sys.argv[2:]; first = int(os.environ.get("FIRST", 3))
 model, tok = load_model(None)
@@ -38,12 +41,10 @@ for i, it in enumerate(prompts):
         outs[n] = out[0].tolist()
     same += len({tuple(v) for v in outs.values()}) == 1
     print(i, it["category"], {n: round(res[n][-1], 2) for n in names}, {n: round(tpc[n][-1], 2) for n in names}, flush=True)
+records = [{"prompt_index": i, "method": n, "seconds": t} for n in names for i, t in enumerate(res[n])]
 def paired(a, b):
-    a, b = np.array(res[a]), np.array(res[b]); r = []
-    rng = np.random.default_rng(0)
-    for _ in range(2000):
-        ix = rng.integers(0, len(a), len(a)); r.append(a[ix].sum() / b[ix].sum())
-    return round(a.sum() / b.sum(), 3), round(float(np.percentile(r, 2.5)), 3), round(float(np.percentile(r, 97.5)), 3), int((b < a).sum())
+    p = summary.paired(records, a, b)
+    return round(p["ratio"], 3), round(p["low"], 3), round(p["high"], 3), p["faster_on"]
 print("identical across arms:", same, "/", len(prompts))
 print("tok/call", {n: round(float(np.mean(tpc[n])), 2) for n in names})
 for n in names[1:]:
