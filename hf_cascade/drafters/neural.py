@@ -108,15 +108,14 @@ class NeuralLevel:
         the subset those rows are ``finfo.min``, whose exponential is 0."""
         if not self._greedy_reduced():
             return None
-        q = self._reduced_logits(seq.tolist()).float().softmax(dim=-1)   # [N]
-        i = int(q.argmax())
-        return torch.tensor([self._subset[i]], device=seq.device), q[i]
+        tok, prob = self._greedy_token(seq.tolist())
+        return torch.tensor([tok], device=seq.device), torch.tensor(prob, dtype=torch.float32)  # exact: a float32 value
 
     def _greedy_reduced(self) -> bool:
         return self._reduced and not len(self.processors)
 
     def _greedy_token(self, ids: list[int]) -> tuple[int, float]:
-        """``next_greedy`` on a token list: ``(token, q(token))`` as Python numbers."""
+        """The greedy token after ``ids`` and its probability as Python numbers (:meth:`next_greedy`)."""
         q = self._reduced_logits(ids).float().softmax(dim=-1)            # [N]
         i = int(q.argmax())
         return self._subset[i], float(q[i])

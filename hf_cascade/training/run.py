@@ -118,7 +118,7 @@ def _loss_text(extra: dict) -> str:
     if not k:
         return "cross-entropy on the target's tokens (prompt positions weighted down)."
     return (f"cross-entropy against the target's top-{k} distribution over the subset at every position, prompt "
-            "positions included (teacher-forced soft labels, `--soft-labels`), plus 0.5 x cross-entropy on the target's "
+            f"positions included (teacher-forced soft labels, `--soft-labels`), plus {SoftTerm.hard:g} x cross-entropy on the target's "
             "greedy tokens at response positions.")
 
 

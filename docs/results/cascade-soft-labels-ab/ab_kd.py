@@ -10,6 +10,7 @@ torch.set_num_threads(2)
 from hf_cascade import CascadeAssistant, MaxGram
 from hf_cascade.bench import summary
 from hf_cascade.bench.loading import load_model, load_drafts, load_prompts
+from hf_cascade.bench.runner import encode, rotated
 take = int(sys.argv[1]); paths = sys.argv[2:]; first = int(os.environ.get("FIRST", 3))
 model, tok = load_model(None)
 drafts = load_drafts(paths, model)
@@ -29,15 +30,13 @@ for n in names:
     model.generate(**ids0, assistant_model=A[n], do_sample=False, max_new_tokens=32)
 res = {n: [] for n in names}; tpc = {n: [] for n in names}; same = 0
 for i, it in enumerate(prompts):
-    enc = tok(it["prompt"], return_tensors="pt")
-    order = names[i % len(names):] + names[:i % len(names)]
+    ids, mask = encode(tok, it)                                  # [1, L] each
     outs = {}
-    for n in order:
+    for n in rotated(names, i):                                  # the bench's interleaving
         t0 = time.perf_counter()
-        out = model.generate(**enc, assistant_model=A[n], **gk)
+        out = model.generate(input_ids=ids, attention_mask=mask, assistant_model=A[n], **gk)
         res[n].append(time.perf_counter() - t0)
-        st = A[n].last_stats
-        tpc[n].append((out.shape[1] - enc["input_ids"].shape[1]) / max(1, st.target_calls))
+        tpc[n].append((out.shape[1] - ids.shape[1]) / max(1, A[n].last_stats.target_calls))
         outs[n] = out[0].tolist()
     same += len({tuple(v) for v in outs.values()}) == 1
     print(i, it["category"], {n: round(res[n][-1], 2) for n in names}, {n: round(tpc[n][-1], 2) for n in names}, flush=True)
