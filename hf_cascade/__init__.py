@@ -8,7 +8,7 @@ with our strategies and verifies with transformers' own loop.
 from . import hook as _hook
 from .assistant import Assistant
 from .cascade import CascadeAssistant
-from .drafters import BigramTable, CostModel, MaxGram
+from .drafters import BigramTable, CorpusNGrams, CostModel, MaxGram
 from .glide import GlideAssistant, GlideStats
 from .hsddw import DynamicWindowAssistant, DynamicWindowStats
 from .heads import CascadeDrafterConfig, CascadeDrafterForCausalLM, GlideConfig, GlideForCausalLM, ReDrafterConfig, ReDrafterModel, register_heads
@@ -25,6 +25,7 @@ register_heads()
 __all__ = [
     "Assistant",
     "BigramTable",
+    "CorpusNGrams",
     "CascadeDrafterConfig",
     "CascadeDrafterForCausalLM",
     "CascadeAssistant",

@@ -74,9 +74,12 @@ def _add_bench(sub) -> None:
                         "per unit of measured verification time (cost_aware=True)")
     p.add_argument("--maxgram-first", action="store_true",
                    help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
+    p.add_argument("--corpus", default=None, metavar="FILE",
+                   help="maxgram / cascade: corpus n-grams (hf-cascade corpus) continuing Max-Gram's weak matches; "
+                        "also what the maxgram-corpus baseline uses")
     p.add_argument("--baselines", default="plain",
                    help="comma list from plain,plain-kernels,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
-                        "economize,maxgram,hsddw-single,glide-chain,redrafter-w1,redrafter-flat (plain is always included)")
+                        "economize,maxgram,maxgram-corpus,hsddw-single,glide-chain,redrafter-w1,redrafter-flat (plain is always included)")
     p.add_argument("--prompts", default=None, metavar="FILE", help="Spec-Bench question.jsonl (default: the bundled one)")
     p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
@@ -159,6 +162,28 @@ def run_questions(args: argparse.Namespace) -> int:
     new = sample_questions(model, tokenizer, general, gsm8k, cfg, exclude=have, progress=not args.no_progress)
     append_questions(args.out, new)
     print(f"{len(have) + len(new)} questions in {args.out}")
+    return 0
+
+
+def _add_corpus(sub) -> None:
+    p = sub.add_parser(
+        "corpus",
+        help="count corpus n-grams over a distillation store, for MaxGram(corpus=...) / bench --corpus",
+        description="For every context of 1..--max-n tokens seen at least --min-count times before a response token "
+        "of the store (the target's own outputs), keeps the most frequent next token and its counts (safetensors).",
+    )
+    p.add_argument("--data", required=True, metavar="DIR", help="distillation directory (hf-cascade distill)")
+    p.add_argument("--out", required=True, metavar="FILE", help="output file (.safetensors)")
+    p.add_argument("--max-n", type=int, default=4, help="longest context (default 4)")
+    p.add_argument("--min-count", type=int, default=2, help="drop contexts seen fewer times (default 2)")
+
+
+def run_corpus(args: argparse.Namespace) -> int:
+    from .drafters.corpus import CorpusNGrams
+
+    corpus = CorpusNGrams.from_store(args.data, max_n=args.max_n, min_count=args.min_count)
+    corpus.save(args.out, data=str(args.data), min_count=str(args.min_count))
+    print(f"{len(corpus)} contexts (max_n={corpus.max_n}) in {args.out}")
     return 0
 
 
@@ -250,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-cascade", description="Lossless speculative decoding for model.generate().")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
+    _add_corpus(sub)
     _add_demo(sub)
     _add_distill(sub)
     _add_questions(sub)
@@ -288,6 +314,7 @@ def bench_config(args: argparse.Namespace):
         assisted_draft=args.assisted_draft,
         prompts_path=args.prompts,
         per_category=args.per_category,
+        corpus=args.corpus,
     )
 
 
@@ -329,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return run_bench(args)
+        if args.command == "corpus":
+            return run_corpus(args)
         if args.command == "distill":
             return run_distill(args)
         if args.command == "train":

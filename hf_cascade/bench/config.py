@@ -10,7 +10,7 @@ from pathlib import Path
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
-             "maxgram", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat")
+             "maxgram", "maxgram-corpus", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat")
 
 
 @dataclass
@@ -40,6 +40,8 @@ class BenchConfig:
         temperature: sampling temperature.
         seed: seed of the sampling RNG (reset before every generate of a prompt, per prompt).
         warmup_tokens: new tokens of the untimed warm-up generate of every method.
+        corpus: a corpus n-gram file (:meth:`~hf_cascade.CorpusNGrams.save`) for the strategy's Max-Gram
+            (``maxgram`` or ``cascade``) and the ``maxgram-corpus`` baseline.
         target / drafts / verifier / prompts_path / per_category: where the CLI loads models and prompts from
             (``verifier``: HSDDW's optional pre-verifier);
             :func:`~hf_cascade.bench.runner.run_benchmark` itself receives loaded objects.
@@ -72,6 +74,7 @@ class BenchConfig:
     assisted_draft: str | None = None
     prompts_path: str | None = None
     per_category: int = 3
+    corpus: str | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -91,6 +94,8 @@ class BenchConfig:
             raise ValueError("sampling needs temperature > 0")
         if self.strategy == "hsddw" and (self.k_matrix is not None or self.lenience != 1.0):
             raise ValueError("k_matrix and lenience apply to the cascade strategies, not hsddw")
+        if self.corpus is not None and self.strategy not in ("maxgram", "cascade") and "maxgram-corpus" not in self.baselines:
+            raise ValueError("corpus n-grams are used by strategies maxgram and cascade and the maxgram-corpus baseline")
         if self.verifier is not None and self.strategy != "hsddw":
             raise ValueError("a verifier (pre-verifier model) is only used by strategy hsddw")
 

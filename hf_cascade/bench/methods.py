@@ -16,7 +16,7 @@ import torch
 
 from ..assistant import Assistant
 from ..cascade import CascadeAssistant
-from ..drafters import MaxGram
+from ..drafters import CorpusNGrams, MaxGram
 from ..glide import GlideAssistant
 from ..tree.budget import VerifyCost
 from ..hsddw import DynamicWindowAssistant
@@ -184,12 +184,13 @@ def _position_counts(pairs: list[tuple[int, int]]) -> dict:
 
 def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, sampling: bool,
                  verifier: Any = None, assisted_draft: Any = None, window: int = ASSISTED_WINDOW,
-                 tree: dict | None = None) -> Method:
+                 tree: dict | None = None, corpus: CorpusNGrams | None = None, strategy: str | None = None) -> Method:
     """The :class:`Method` named ``name`` (a baseline of :data:`~hf_cascade.bench.config.BASELINES` or a
     strategy of :data:`~hf_cascade.bench.config.STRATEGIES`); ``window``: the fixed window of the
     ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's ``max_window``; ``tree``: settings of
     the tree strategies (``draft_length``, ``max_tree_nodes``, ``min_confidence``, ``min_expansion_prob`` for
-    GLIDE; ``beam_width``, ``beam_length``, ``min_confidence`` for ReDrafter)."""
+    GLIDE; ``beam_width``, ``beam_length``, ``min_confidence`` for ReDrafter); ``corpus``: the corpus n-grams of
+    the strategy's Max-Gram (``strategy`` ``"maxgram"`` or ``"cascade"``) and of the ``maxgram-corpus`` baseline."""
     tree = tree or {}
     glide = {k: tree[k] for k in ("draft_length", "max_tree_nodes", "min_confidence", "min_expansion_prob") if k in tree}
     cost = tree.get("verify_cost")
@@ -208,8 +209,11 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
         "economize": lambda: Economize("economize", model, sampling),
         # as a baseline of another strategy, Max-Gram alone runs with its own defaults
         "maxgram": lambda: Ours("maxgram", model, CascadeAssistant(
-            [MaxGram()], **({} if "k_matrix" in strategy_kwargs else strategy_kwargs))),
-        "cascade": lambda: _cascade(model, drafts, strategy_kwargs),
+            [MaxGram(corpus=corpus if strategy == "maxgram" else None)],
+            **({} if "k_matrix" in strategy_kwargs else strategy_kwargs))),
+        # Max-Gram alone, continuing weak matches from the corpus n-grams (--corpus)
+        "maxgram-corpus": lambda: _maxgram_corpus(model, corpus),
+        "cascade": lambda: _cascade(model, drafts, strategy_kwargs, corpus),
         "hsddw": lambda: _hsddw("hsddw", model, drafts, verifier, window),
         # HSDDW's one-draft-model form (Algorithm 1) beside the hierarchical one (--verifier), same run
         "hsddw-single": lambda: _hsddw("hsddw-single", model, drafts, None, window),
@@ -233,10 +237,16 @@ def _hf_assisted(name: str, model: Any, drafts: list, window: int) -> Method:
     return HFAssisted(name, model, drafts[0], assisted_settings(name, window))
 
 
-def _cascade(model: Any, drafts: list, strategy_kwargs: dict) -> Method:
+def _maxgram_corpus(model: Any, corpus: CorpusNGrams | None) -> Method:
+    if corpus is None:
+        raise MethodUnavailable("baseline 'maxgram-corpus' needs corpus n-grams: pass --corpus FILE (hf-cascade corpus)")
+    return Ours("maxgram-corpus", model, CascadeAssistant([MaxGram(corpus=corpus)]))
+
+
+def _cascade(model: Any, drafts: list, strategy_kwargs: dict, corpus: CorpusNGrams | None = None) -> Method:
     if not drafts:
         raise MethodUnavailable("strategy 'cascade' needs at least one draft model: pass --draft PATH (largest first)")
-    return Ours("cascade", model, CascadeAssistant([*drafts, MaxGram()], **strategy_kwargs))
+    return Ours("cascade", model, CascadeAssistant([*drafts, MaxGram(corpus=corpus)], **strategy_kwargs))
 
 
 def _hsddw(name: str, model: Any, drafts: list, verifier: Any, window: int) -> Method:

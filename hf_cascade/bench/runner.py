@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..drafters.corpus import CorpusNGrams
 from .config import BenchConfig
 from .methods import Method, MethodUnavailable, build_method
 from .summary import summarize
@@ -98,12 +99,14 @@ def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, 
                                cost_aware=config.cost_aware)
     if config.k_matrix is not None:
         strategy_kwargs["k_matrix"] = config.k_matrix
+    corpus = CorpusNGrams.load(config.corpus) if config.corpus else None
     methods: dict[str, Method] = {}
     for name in config.methods:
         try:
             methods[name] = build_method(name, model, drafts, strategy_kwargs=strategy_kwargs, sampling=config.sampling,
                                          verifier=verifier, assisted_draft=assisted_draft, window=config.window,
-                                         tree=tree if tree is not None else config.tree)
+                                         tree=tree if tree is not None else config.tree, corpus=corpus,
+                                         strategy=config.strategy)
         except MethodUnavailable as exc:
             errors[name] = str(exc)
     if "plain" not in methods:

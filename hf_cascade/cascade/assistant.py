@@ -8,7 +8,7 @@ from transformers import PreTrainedModel
 
 from ..assistant import Assistant
 from ..drafters.maxgram import MaxGram
-from ..drafters.neural import check_same_vocabulary
+from ..drafters.neural import MAX_VOCAB_PADDING, check_same_vocabulary, output_vocab_size
 from .generator import CascadeCandidateGenerator
 from .k_matrix import default_k_matrix, validate_k_matrix
 
@@ -108,6 +108,9 @@ class CascadeAssistant(Assistant):
         for d in self.drafters:
             if not isinstance(d, MaxGram):
                 check_same_vocabulary(target, d, target_tokenizer, self.tokenizer)
+            elif d.corpus is not None and abs(d.corpus.vocab_size - output_vocab_size(target)) > MAX_VOCAB_PADDING:
+                raise ValueError(f"Vocabulary mismatch: the target predicts {output_vocab_size(target)} tokens, the "
+                                 f"corpus n-grams were counted over {d.corpus.vocab_size}; count them over this target's outputs.")
         return CascadeCandidateGenerator(
             target, generation_config, logits_processor, stats, self.drafters, self.k_matrix, self.lenience,
             self.maxgram_lenience, self.min_confidence, self.maxgram_first, self.keep_unsure,

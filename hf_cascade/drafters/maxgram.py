@@ -4,7 +4,9 @@ MaG finds the longest suffix of the current sequence (prompt and generated text)
 earlier in it and proposes what followed that earlier occurrence. Where the last token never
 occurred before, it falls back to a bigram table (the paper's is fitted on Wikipedia; ours is
 fitted by :meth:`BigramTable.fit` on any token sequences, e.g. the target's own outputs, and is
-optional).
+optional). With a :class:`~hf_cascade.drafters.corpus.CorpusNGrams` (``corpus=``), a suffix that matched
+fewer than ``corpus_below`` tokens of the sequence may be continued from the target's distilled outputs
+instead (retrieval-based drafting, REST-style; see that module).
 
 Deviations from the paper, and why:
 * the match search extends only the earlier occurrences of the last token, most recent first (the
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .corpus import CORPUS_PRIORS, CorpusNGrams
 from .lookahead import AdaptiveLookahead, CostModel
 
 BIGRAM_BUCKET = 0
@@ -102,7 +105,7 @@ class BigramTable:
 @dataclass
 class MaxGramProposal:
     tokens: torch.Tensor  # [k]
-    bucket: int           # evidence bucket: the match length (capped), or BIGRAM_BUCKET
+    bucket: int           # evidence bucket: the match length (capped), BIGRAM_BUCKET, or a CORPUS_BUCKETS value
 
 
 @dataclass
@@ -116,6 +119,13 @@ class MaxGram:
         adaptive: choose the draft length online (default) or always propose ``max_tokens``.
         cost: fixed :class:`CostModel` for the reviewer (``None``: measured online).
         bucket_priors: prior per-token acceptance per match length (longer matches repeat more).
+        corpus: optional corpus n-grams (the target's distilled outputs), consulted when the suffix
+            matched fewer than ``corpus_below`` tokens of the sequence; its draft replaces the
+            sequence's when its evidence bucket's estimated acceptance is higher (learned per
+            ``generate()`` call from the target's verdicts, priors ``CORPUS_PRIORS``).
+        corpus_below: see ``corpus``.
+        corpus_min_confidence: a corpus draft continues while the next token's corpus frequency is
+            at least this.
     """
 
     max_tokens: int = 10
@@ -126,19 +136,23 @@ class MaxGram:
     bucket_priors: dict[int, float] = field(
         default_factory=lambda: {BIGRAM_BUCKET: 0.2, 1: 0.4, 2: 0.55, 3: 0.7, 4: 0.75, 5: 0.8, 6: 0.85}
     )
+    corpus: CorpusNGrams | None = None
+    corpus_below: int = 3
+    corpus_min_confidence: float = 0.3
     name: str = "maxgram"
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.max_ngram < 1:
             raise ValueError("MaxGram needs max_tokens >= 1 and max_ngram >= 1")
+        if self.corpus is not None and not isinstance(self.corpus, CorpusNGrams):
+            raise TypeError(f"corpus must be a CorpusNGrams, got {type(self.corpus).__name__}.")
 
     def new_policy(self) -> AdaptiveLookahead:
         """Fresh adaptive state for one reviewer in one ``generate()`` call."""
         cost = CostModel(**{k: getattr(self.cost, k) for k in ("prior_step", "prior_slope", "measure", "decay")}) \
             if self.cost is not None else CostModel()
-        return AdaptiveLookahead(
-            max_tokens=self.max_tokens, bucket_priors=dict(self.bucket_priors), cost=cost, adaptive=self.adaptive
-        )
+        priors = {**CORPUS_PRIORS, **self.bucket_priors} if self.corpus is not None else dict(self.bucket_priors)
+        return AdaptiveLookahead(max_tokens=self.max_tokens, bucket_priors=priors, cost=cost, adaptive=self.adaptive)
 
     def candidates(self, seq: torch.Tensor) -> MaxGramProposal:
         """Everything MaG could propose after ``seq`` (``[L]``), before choosing a length."""
@@ -158,5 +172,10 @@ class MaxGram:
         """Propose at most ``limit`` tokens after ``seq`` (``[L]``), as many as ``policy`` finds worth
         it; ``offset`` tokens from other drafters precede them in the same review."""
         cand = self.candidates(seq)
+        if self.corpus is not None and cand.bucket < self.corpus_below:
+            tokens, first = self.corpus.chain(seq.tolist(), self.max_tokens, self.corpus_min_confidence)
+            if first is not None and (cand.tokens.shape[0] == 0
+                                      or policy.acceptance(first.bucket) > policy.acceptance(cand.bucket)):
+                cand = MaxGramProposal(torch.tensor(tokens, dtype=seq.dtype, device=seq.device), first.bucket)
         k = policy.choose(cand.bucket, cand.tokens.shape[0], limit, offset)
         return MaxGramProposal(cand.tokens[:k], cand.bucket)
