@@ -178,3 +178,22 @@ def test_cli_parsing():
         bench_config(build_parser().parse_args(["bench", "--baselines", "nope"]))
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--strategy", "nope"])
+
+
+def test_corpus_methods(tiny, tmp_path):
+    model, draft, tok = tiny
+    seqs = [(model.generate(tok(p["prompt"], return_tensors="pt").input_ids, do_sample=False, max_new_tokens=12)[0].tolist(), 1)
+            for p in PROMPTS]
+    hf_cascade.CorpusNGrams.fit(seqs, vocab_size=64, max_n=3, min_count=1).save(tmp_path / "c.safetensors")
+    config = BenchConfig(strategy="cascade", baselines=["plain", "maxgram", "maxgram-corpus"], max_new_tokens=8,
+                         warmup_tokens=2, corpus=str(tmp_path / "c.safetensors"))
+    r = run_benchmark(config, model, tok, PROMPTS, drafts=[draft])
+    assert r.methods == ["plain", "maxgram", "maxgram-corpus", "cascade"], r.errors
+    assert all(r.summary["overall"][m]["identical"] == len(PROMPTS) for m in r.methods)
+    r = run_benchmark(BenchConfig(strategy="maxgram", baselines=["plain", "maxgram-corpus"], max_new_tokens=4,
+                                  warmup_tokens=2), model, tok, PROMPTS[:1])
+    assert "needs corpus n-grams" in r.errors["maxgram-corpus"]
+    with pytest.raises(ValueError, match="corpus"):
+        BenchConfig(strategy="glide", corpus="x.safetensors")
+    args = build_parser().parse_args(["bench", "--corpus", "c.safetensors", "--baselines", "maxgram-corpus"])
+    assert bench_config(args).corpus == "c.safetensors"

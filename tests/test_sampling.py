@@ -19,7 +19,7 @@ import math
 import pytest
 import torch
 
-from hf_cascade import CascadeAssistant, LossyLenientTarget, LossyTypicalAcceptance, MaxGram
+from hf_cascade import CascadeAssistant, CorpusNGrams, LossyLenientTarget, LossyTypicalAcceptance, MaxGram
 from hf_cascade.candidate import SpeculativeCandidateGenerator
 from tests import tiny_models as tm
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
@@ -116,8 +116,14 @@ def passes(stats):
     return stats["chi2"] < stats["chi2_limit"] and abs(stats["z_copy"]) < 4.0 and abs(stats["z_draft"]) < 4.0
 
 
+# corpus n-grams over V = 16 (hand sequences: what the corpus proposes is often not what the target samples)
+CORPUS = CorpusNGrams.fit([([1, 5, 6, 5, 6, 5, 7, 8, 9, 5, 6, 7], 1), ([3, 4, 5, 6, 7, 8], 1)], vocab_size=V, max_n=2,
+                          min_count=1)
+
 CONFIGS = {
     "maxgram": (lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3)]), None, {}),
+    "maxgram_corpus": (
+        lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3, corpus=CORPUS, corpus_below=99)]), None, {}),
     "drafter+maxgram_l2": (
         lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0), "noisy", {}),
     "drafter+maxgram_l2_temp_topk": (

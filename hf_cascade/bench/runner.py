@@ -231,3 +231,32 @@ def run_benchmark(
         errors=errors,
         environment=environment,
     )
+
+
+def compare_assistants(model: Any, tokenizer: Any, prompts: Sequence[dict], assistants: dict[str, Any],
+                       max_new_tokens: int = 128, warmup_tokens: int = 32) -> tuple[list[dict], int]:
+    """Greedy A/B of several assistants on ``prompts``, interleaved as in :func:`run_benchmark` (one
+    untimed warm-up each, then every prompt through every assistant in rotating order), for settings a
+    ``BenchConfig`` does not describe. Returns records (``prompt_index``, ``category``, ``method``,
+    ``seconds``, ``tokens_per_call``) for :func:`~hf_cascade.bench.summary.paired`, and on how many
+    prompts every assistant gave the same output."""
+    warm = encode(tokenizer, {"prompt": "Question: Hello\n\nAnswer:"})
+    for assistant in assistants.values():
+        model.generate(input_ids=warm[0], attention_mask=warm[1], assistant_model=assistant, do_sample=False,
+                       max_new_tokens=warmup_tokens)
+    records, identical = [], 0
+    for i, prompt in enumerate(prompts):
+        ids, mask = encode(tokenizer, prompt)
+        outputs = set()
+        for name in rotated(list(assistants), i):
+            t0 = time.perf_counter()
+            out = model.generate(input_ids=ids, attention_mask=mask, assistant_model=assistants[name],
+                                 do_sample=False, max_new_tokens=max_new_tokens)
+            seconds = time.perf_counter() - t0
+            calls = max(1, assistants[name].last_stats.target_calls)
+            records.append({"prompt_index": i, "category": prompt.get("category", "all"), "method": name,
+                            "seconds": seconds, "tokens_per_call": (out.shape[1] - ids.shape[1]) / calls})
+            outputs.add(tuple(out[0].tolist()))
+        identical += len(outputs) == 1
+    return records, identical
+

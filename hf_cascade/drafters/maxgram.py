@@ -155,7 +155,8 @@ class MaxGram:
         return AdaptiveLookahead(max_tokens=self.max_tokens, bucket_priors=priors, cost=cost, adaptive=self.adaptive)
 
     def candidates(self, seq: torch.Tensor) -> MaxGramProposal:
-        """Everything MaG could propose after ``seq`` (``[L]``), before choosing a length."""
+        """What the sequence itself (or the bigram table) offers after ``seq`` (``[L]``), before choosing a
+        length; :meth:`propose` may take the corpus's draft instead."""
         tokens = seq.tolist()
         m, end = _suffix_match(tokens, self.max_ngram)
         if m > 0:
@@ -170,7 +171,9 @@ class MaxGram:
 
     def propose(self, seq: torch.Tensor, limit: int, policy: AdaptiveLookahead, offset: int = 0) -> MaxGramProposal:
         """Propose at most ``limit`` tokens after ``seq`` (``[L]``), as many as ``policy`` finds worth
-        it; ``offset`` tokens from other drafters precede them in the same review."""
+        it; ``offset`` tokens from other drafters precede them in the same review. With a corpus, a
+        sequence match shorter than ``corpus_below`` gives way to the corpus's chain when the
+        corpus bucket's estimated acceptance is higher (or the sequence offers nothing)."""
         cand = self.candidates(seq)
         if self.corpus is not None and cand.bucket < self.corpus_below:
             tokens, first = self.corpus.chain(seq.tolist(), self.max_tokens, self.corpus_min_confidence)
