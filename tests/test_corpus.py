@@ -165,6 +165,10 @@ def test_maxgram_corpus_priors_and_type_check():
     assert MaxGram(corpus=CERTAIN, bucket_priors={20: 0.1}).new_policy().acceptance(20) < 0.3   # user priors win
     with pytest.raises(TypeError, match="CorpusNGrams"):
         MaxGram(corpus={(1,): (2, 1, 1)})
+    with pytest.raises(ValueError, match="corpus_below"):
+        MaxGram(corpus=CERTAIN, corpus_below=-1)
+    with pytest.raises(ValueError, match="corpus_min_confidence"):
+        MaxGram(corpus=CERTAIN, corpus_min_confidence=1.5)
     assert MaxGram(corpus=CERTAIN).candidates(T(7, 1)).bucket == BIGRAM_BUCKET   # candidates: the sequence's own
 
 

@@ -146,6 +146,9 @@ class MaxGram:
             raise ValueError("MaxGram needs max_tokens >= 1 and max_ngram >= 1")
         if self.corpus is not None and not isinstance(self.corpus, CorpusNGrams):
             raise TypeError(f"corpus must be a CorpusNGrams, got {type(self.corpus).__name__}.")
+        if self.corpus_below < 0 or not 0.0 <= self.corpus_min_confidence <= 1.0:
+            raise ValueError(f"MaxGram needs corpus_below >= 0 and corpus_min_confidence in [0, 1], got "
+                             f"{self.corpus_below}, {self.corpus_min_confidence}.")
 
     def new_policy(self) -> AdaptiveLookahead:
         """Fresh adaptive state for one reviewer in one ``generate()`` call."""
