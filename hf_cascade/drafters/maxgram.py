@@ -160,7 +160,10 @@ class MaxGram:
     def candidates(self, seq: torch.Tensor) -> MaxGramProposal:
         """What the sequence itself (or the bigram table) offers after ``seq`` (``[L]``), before choosing a
         length; :meth:`propose` may take the corpus's draft instead."""
-        tokens = seq.tolist()
+        return self._candidates(seq, seq.tolist())
+
+    def _candidates(self, seq: torch.Tensor, tokens: list[int]) -> MaxGramProposal:
+        """:meth:`candidates` with ``seq`` also as a list (``tokens``)."""
         m, end = _suffix_match(tokens, self.max_ngram)
         if m > 0:
             # What followed the match; where it runs into the end of the sequence the text is
@@ -177,11 +180,13 @@ class MaxGram:
         it; ``offset`` tokens from other drafters precede them in the same review. With a corpus, a
         sequence match shorter than ``corpus_below`` gives way to the corpus's chain when the
         corpus bucket's estimated acceptance is higher (or the sequence offers nothing)."""
-        cand = self.candidates(seq)
+        tokens = seq.tolist()                                   # once per draft: the sequence as a list
+        cand = self._candidates(seq, tokens)
         if self.corpus is not None and cand.bucket < self.corpus_below:
-            tokens, first = self.corpus.chain(seq.tolist(), self.max_tokens, self.corpus_min_confidence)
-            if first is not None and (cand.tokens.shape[0] == 0
-                                      or policy.acceptance(first.bucket) > policy.acceptance(cand.bucket)):
-                cand = MaxGramProposal(torch.tensor(tokens, dtype=seq.dtype, device=seq.device), first.bucket)
+            first = self.corpus.match(tokens)                  # decide on the first token before chaining
+            if first is not None and first.confidence >= self.corpus_min_confidence and (
+                    cand.tokens.shape[0] == 0 or policy.acceptance(first.bucket) > policy.acceptance(cand.bucket)):
+                chain, _ = self.corpus.chain(tokens, self.max_tokens, self.corpus_min_confidence)
+                cand = MaxGramProposal(torch.tensor(chain, dtype=seq.dtype, device=seq.device), first.bucket)
         k = policy.choose(cand.bucket, cand.tokens.shape[0], limit, offset)
         return MaxGramProposal(cand.tokens[:k], cand.bucket)
