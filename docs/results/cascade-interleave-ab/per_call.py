@@ -6,10 +6,10 @@ usage: python per_call.py TAKE [ARM,ARM,...]   (FIRST as in ab_interleave.py; de
 import collections, os, sys, time
 import numpy as np, torch
 torch.set_num_threads(2)
-from hf_cascade import CascadeAssistant, MaxGram, CorpusNGrams
-from hf_cascade.bench.loading import load_model, load_drafts, load_prompts
 from hf_cascade.bench.runner import encode, rotated
 from hf_cascade.cascade.generator import CascadeCandidateGenerator
+
+from ab_interleave import setup          # this folder's A/B script: the same target, prompts and arms
 
 CALLS = []                      # (arm, draft length, accepted, verify seconds) of every timed target call
 ARM = [None]
@@ -25,18 +25,7 @@ def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds):
 CascadeCandidateGenerator.on_target_review = on_target_review
 take = int(sys.argv[1])
 arms = sys.argv[2].split(",") if len(sys.argv) > 2 else ["mg+corpus", "cs+corpus", "il+corpus"]
-first = int(os.environ.get("FIRST", 3))
-model, tok = load_model(None)
-drafter = load_drafts(["model_cards/gemma-3-270m-drafter-xs"], model)[0]
-corpus = CorpusNGrams.load("model_cards/gemma-3-270m-corpus-ngrams/corpus.safetensors")
-bycat = {}
-for it in load_prompts(None, first + take):
-    bycat.setdefault(it["category"], []).append(it)
-prompts = [it for v in bycat.values() for it in v[first:first + take]]
-kw = dict(k_matrix=[[3, 10], [0, 10]], cost_aware=True)
-make = {"mg+corpus": lambda: CascadeAssistant([MaxGram(corpus=corpus)]),
-        "cs+corpus": lambda: CascadeAssistant([drafter, MaxGram(corpus=corpus)], maxgram_first=True, **kw),
-        "il+corpus": lambda: CascadeAssistant([drafter, MaxGram(corpus=corpus)], interleave=True, **kw)}
+model, tok, prompts, make = setup(take, int(os.environ.get("FIRST", 3)), [3, 10])
 A = {n: make[n]() for n in arms}
 warm = encode(tok, {"prompt": "Question: Hello\n\nAnswer:"})
 for a in A.values():
@@ -60,7 +49,7 @@ for i, p in enumerate(prompts):
             g[f"{lv.name} accepted"] += lv.tokens_accepted
             g[f"{lv.name} forwards"] += lv.forward_calls
 ARM[0] = None
-print(f"{len(prompts)} prompts (FIRST={first})")
+print(f"{len(prompts)} prompts (FIRST={os.environ.get('FIRST', 3)})")
 for n, g in agg.items():
     c = g["calls"]
     levels = {k: v for k, v in g.items() if " " in k}
