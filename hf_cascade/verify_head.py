@@ -41,6 +41,7 @@ transformers' ``_assisted_decoding``) and restores it afterwards; :func:`active_
 
 from __future__ import annotations
 
+import statistics
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -184,25 +185,35 @@ _BLOCK_ROWS: dict[tuple, int] = {}
 
 
 def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3, 4, 8), tolerance: float = 1.2,
-                         default: int = 4) -> int:
+                         default: int = 4, repeats: int = 5) -> int:
     """The largest of ``sizes`` whose head call (with the tuner's faster kernel) costs at most
-    ``tolerance`` times a one-row call, timed on random rows until the tuner has chosen (a few calls
-    per size; ~1 s for Gemma-3-270M's head, once per process). ``default`` when the tuner does not
-    time (a forced kernel)."""
+    ``tolerance`` times a one-row call: once the tuner has chosen for every size (a few calls each),
+    each size is timed ``repeats`` more times, sizes interleaved, and the medians compared (~1.5 s for
+    Gemma-3-270M's head, once per process and head shape). The tuner's own exploration timings (three
+    per kernel) were too noisy for this on a flat cost curve: on the AMD EPYC, where 1-8 rows cost
+    20-23 ms, one process of two chose 4 rows instead of 8, and a call emitting 5-8 tokens then paid
+    for a second head call (in-process A/B of ``MaxGram(corpus=...)``, time with blocks of 4 / of 8: 1.033
+    and 1.057 in two runs; ``docs/results/verify-blocks-ab``). ``default`` when the tuner does not time (a
+    forced kernel)."""
     if vh.tuner.force is not None:
         return default
     key = shape_key(vh.weight, 1)
     if key not in _BLOCK_ROWS:
-        cost = {}
-        for m in sizes:
-            x = torch.randn(m, vh.weight.shape[1], dtype=vh.weight.dtype)
+        rows = {m: torch.randn(m, vh.weight.shape[1], dtype=vh.weight.dtype) for m in sizes}
+        for m, x in rows.items():
             for _ in range(4 * max(vh.tuner.trials, 1)):
                 if vh.tuner.seconds(shape_key(vh.weight, m)) is not None:
                     break
                 vh._rows(x)
-            cost[m] = vh.tuner.seconds(shape_key(vh.weight, m))
-        if any(c is None for c in cost.values()):
-            return default
+            if vh.tuner.seconds(shape_key(vh.weight, m)) is None:
+                return default
+        times: dict[int, list[float]] = {m: [] for m in sizes}
+        for _ in range(repeats):
+            for m, x in rows.items():
+                t0 = vh.tuner.clock()
+                vh._rows(x)
+                times[m].append(vh.tuner.clock() - t0)
+        cost = {m: statistics.median(t) for m, t in times.items()}
         _BLOCK_ROWS[key] = max(m for m in sizes if cost[m] <= tolerance * cost[sizes[0]])
     return _BLOCK_ROWS[key]
 

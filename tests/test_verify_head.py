@@ -223,21 +223,35 @@ def test_lazy_rows_greedy_parity_on_large_vocab_targets(monkeypatch):
 
 
 def test_calibrated_block_rows(monkeypatch):
-    """The largest of 1, 2, 3, 4, 8 rows whose call costs at most 1.2 one-row calls; cached per head shape;
-    the default block when the tuner does not time (a forced kernel)."""
+    """The largest of 1, 2, 3, 4, 8 rows whose call costs at most 1.2 one-row calls (medians of timed calls
+    once the tuner has chosen); cached per head shape; the default block when the tuner does not time (a
+    forced kernel)."""
     monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
     costs = {1: 1.0, 2: 1.05, 3: 1.15, 4: 2.1, 8: 1.19}
+    clock = {"now": 0.0, "ones": 0}
 
     class Costs(KernelTuner):
+        """Chosen at once; a call of m rows takes costs[m] on a fake clock, except the first timed one-row
+        call, which reads 0.5 (one fast outlier must not move the median)."""
+
+        def run(self, key, kernels):
+            clock["ones"] += key[4] == 1
+            clock["now"] += 0.5 if key[4] == 1 and clock["ones"] == 1 else costs[key[4]]
+            return next(iter(kernels.values()))()
+
         def seconds(self, key):
             return costs[key[4]]
 
+    def tuner():
+        clock["ones"] = 0
+        return Costs(clock=lambda: clock["now"])
+
     head = nn.Linear(8, 40000)
-    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs())) == 8
+    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=tuner())) == 8
     costs[8] = 2.6
-    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs())) == 8     # cached
+    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=tuner())) == 8     # cached
     monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
-    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs())) == 3
+    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=tuner())) == 3
     assert verify_head.calibrate_block_rows(VerificationHead(nn.Linear(8, 40001), tuner=KernelTuner(force="rows"))) == 4
     with fast_verification_head(_Head(40000, 8, False)) as applied:                    # real timing: some size
         assert applied
