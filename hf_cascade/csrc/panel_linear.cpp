@@ -68,26 +68,12 @@ void panels_block(const float* xt, const float* panels, float* y, int64_t ldy, i
 }
 
 template <int M>
-constexpr int panels_at_once() { return M <= 2 ? 4 : (M <= 4 ? 3 : 2); }   // NR * M <= 16 accumulators
-
-template <int M>
-void rows_pass(const float* xt, const float* panels, float* y, int64_t ldy, int64_t K, int64_t N) {
-  constexpr int NR = panels_at_once<M>();
-  const int64_t P = (N + kPanel - 1) / kPanel;
-  at::parallel_for(0, P, NR, [&](int64_t b0, int64_t b1) {
-    panels_block<M, NR>(xt, panels, y, ldy, K, N, b0, b1);
-  });
-}
-
-template <int M>
 void rows_block(const float* xt, const float* panels, float* y, int64_t ldy, int64_t K, int64_t N,
                 int64_t p0, int64_t p1) {
-  panels_block<M, panels_at_once<M>()>(xt, panels, y, ldy, K, N, p0, p1);
+  constexpr int NR = M <= 2 ? 4 : (M <= 4 ? 3 : 2);   // NR * M <= 16 accumulators
+  panels_block<M, NR>(xt, panels, y, ldy, K, N, p0, p1);
 }
 
-using Pass = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t);
-constexpr Pass kPasses[kMaxRows] = {rows_pass<1>, rows_pass<2>, rows_pass<3>, rows_pass<4>,
-                                    rows_pass<5>, rows_pass<6>, rows_pass<7>, rows_pass<8>};
 using Block = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 constexpr Block kBlocks[kMaxRows] = {rows_block<1>, rows_block<2>, rows_block<3>, rows_block<4>,
                                      rows_block<5>, rows_block<6>, rows_block<7>, rows_block<8>};
@@ -117,25 +103,19 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, 
               "panel_linear: panels ", panels.sizes(), " do not fit rows ", x.sizes(), " and ", N, " outputs");
   const int64_t M = x.size(0), K = x.size(1);
   auto y = torch::empty({M, N}, x.options());
-  if (M <= kMaxRows) {                                 // one pass over the weight
-    auto xt = x.t().contiguous();                      // [K, M]
-    kPasses[M - 1](xt.data_ptr<float>(), panels.data_ptr<float>(), y.data_ptr<float>(), N, K, N);
-    return y;
-  }
-  // More rows: chunks of kMaxRows rows share each block of panels while it is in cache.
-  std::vector<torch::Tensor> xts;                      // [K, mc] per chunk
+  std::vector<torch::Tensor> xts;                      // x transposed, [K, mc], per chunk of <= kMaxRows rows
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
     xts.push_back(x.narrow(0, m0, std::min<int64_t>(kMaxRows, M - m0)).t().contiguous());
   const float* w = panels.data_ptr<float>();
   float* out = y.data_ptr<float>();
   const int64_t P = (N + kPanel - 1) / kPanel;
   at::parallel_for(0, P, kBlockPanels, [&](int64_t b0, int64_t b1) {
-    for (int64_t q0 = b0; q0 < b1; q0 += kBlockPanels) {
-      const int64_t q1 = std::min(b1, q0 + kBlockPanels);
-      for (size_t c = 0; c < xts.size(); ++c) {
-        const int64_t mc = xts[c].size(1);
-        kBlocks[mc - 1](xts[c].data_ptr<float>(), w, out + c * kMaxRows * N, N, K, N, q0, q1);
-      }
+    // one chunk: one pass over this thread's panels; more: every chunk over each cached block of panels
+    const int64_t step = xts.size() == 1 ? b1 - b0 : kBlockPanels;
+    for (int64_t q0 = b0; q0 < b1; q0 += step) {
+      const int64_t q1 = std::min(b1, q0 + step);
+      for (size_t c = 0; c < xts.size(); ++c)
+        kBlocks[xts[c].size(1) - 1](xts[c].data_ptr<float>(), w, out + c * kMaxRows * N, N, K, N, q0, q1);
     }
   });
   return y;
