@@ -1,39 +1,123 @@
-"""Base class of the objects users pass as ``generate(assistant_model=...)``.
+"""Base classes of the objects users pass as ``generate(assistant_model=...)``.
 
-An :class:`Assistant` holds settings and (references to) drafter models; it builds a fresh
-:class:`~hf_cascade.candidate.SpeculativeCandidateGenerator` for every ``generate()`` call (through
-the hook in :mod:`hf_cascade.hook`) and exposes that call's statistics as :attr:`last_stats`.
+An :class:`Assistant` holds settings and (references to) drafter models. For every ``generate()``
+call the hook (:mod:`hf_cascade.hook`) calls :meth:`Assistant.decode` in place of transformers'
+``_assisted_decoding``: it checks the inputs, binds the drafters to the target (device, dtype),
+builds a fresh drafter (no state survives the call), engages the verification backend the switch
+asks for (:mod:`hf_cascade.backends`) and runs the decoding core
+(:func:`~hf_cascade.core.loop.speculative_decode`). The call's statistics are :attr:`last_stats`.
+
+* :class:`TreeAssistant`: strategies whose drafts are token trees (GLIDE+CAPE, ReDrafter, Max-Gram
+  trees) implement :meth:`TreeAssistant.new_drafter`.
+* :class:`LinearAssistant`: strategies whose drafts are one path (the cascade, HSDDW) implement
+  :meth:`LinearAssistant.build`, a transformers ``CandidateGenerator``
+  (:class:`~hf_cascade.candidate.SpeculativeCandidateGenerator`). It runs in the core by default;
+  ``assistant.loop = "transformers"`` runs it in transformers' own assisted loop instead.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
-
-from .candidate import SpeculativeCandidateGenerator
-from .stats import GenerationStats
-from .verify_linear import fast_verification
+from .backends import verification_session
+from .candidate import ChainDrafter, SpeculativeCandidateGenerator
+from .core.checks import check_supported
+from .core.loop import speculative_decode
+from .core.stats import GenerationStats
+from .core.strategy import TreeDrafter
 
 
 class Assistant:
-    """Base of all hf_cascade assistants (``CascadeAssistant``, ...).
+    """Base of all hf_cascade assistants.
 
-    ``fast_head``: during our assisted calls, run the target's multi-token verification forwards with
-    the CPU kernels of :mod:`hf_cascade.verify_linear` (decoder linears) and :mod:`hf_cascade.verify_head`
-    (output head, large vocabularies only); CPU, float32. ``False``: the model's own kernels. The
-    kernels with a copy of the weight (the compiled ``panel`` kernel of :mod:`hf_cascade.panel`, built
-    on first use; else oneDNN's packed one) keep that copy, of the same size, while the model lives
-    (Gemma-3-270M: up to ~1.1 GB; ``hf_cascade.panel.PANEL.enabled = False`` and
-    ``hf_cascade.kernels.PACKER.enabled = False`` avoid them).
+    Attributes:
+        cpu_kernels: the verification backend switch (:mod:`hf_cascade.backends`): ``None``
+            (automatic: hf_cascade's CPU kernels exactly for float32 targets on CPU, unless the
+            environment variable ``HF_CASCADE_CPU_KERNELS=0``), ``True`` or ``False``.
+        place_drafters: move and cast drafters/heads to the target's input-embedding device and
+            dtype at each call (``False``: leave them where the user placed them).
+        last_stats: the statistics of the last ``generate()`` call.
     """
 
     last_stats: GenerationStats | None = None
-    fast_head: bool = True
+    cpu_kernels: bool | None = None
+    place_drafters: bool = True
+    trees: bool = True           # drafts may branch (lossy target rules need linear drafts)
+
+    # -- to implement ---------------------------------------------------------------------------
+    def new_stats(self) -> GenerationStats:
+        """A fresh statistics object for one call."""
+        return GenerationStats()
+
+    def new_drafter(self, target: PreTrainedModel, generation_config: GenerationConfig,
+                    logits_processor: LogitsProcessorList, stats: GenerationStats, target_tokenizer=None) -> TreeDrafter:
+        """A fresh drafter for one ``generate()`` call (no state survives the call)."""
+        raise NotImplementedError
+
+    def bind(self, target: PreTrainedModel) -> None:
+        """Prepare the drafters for ``target`` (placement on its device and dtype); called once per call."""
+
+    def finish(self, drafter: TreeDrafter, stats: GenerationStats) -> GenerationStats:
+        """The call's final statistics (a strategy may add its drafter's own records)."""
+        return stats
+
+    # -- called by the hook ---------------------------------------------------------------------
+    def decode(
+        self,
+        target: PreTrainedModel,
+        input_ids,
+        logits_processor: LogitsProcessorList | None,
+        stopping_criteria,
+        generation_config: GenerationConfig,
+        streamer=None,
+        synced_gpus: bool = False,
+        model_kwargs: dict | None = None,
+        target_tokenizer=None,
+    ):
+        """Called by the hook in place of transformers' ``_assisted_decoding`` (same inputs, same outputs)."""
+        model_kwargs = model_kwargs or {}
+        processors = logits_processor or LogitsProcessorList()
+        check_supported(target, input_ids, generation_config, model_kwargs, processors, synced_gpus, self.trees)
+        self.bind(target)
+        stats = self.new_stats()
+        self.last_stats = stats
+        drafter = self.new_drafter(target, generation_config, processors, stats, target_tokenizer)
+        try:
+            with verification_session(target, self.cpu_kernels) as session:
+                return speculative_decode(target, drafter, input_ids, processors, stopping_criteria, generation_config,
+                                          stats, streamer, session.block_rows)
+        finally:
+            self.last_stats = self.finish(drafter, stats)
 
     def target_session(self, target: PreTrainedModel):
-        """Context manager entered around one assisted ``generate()`` call."""
-        return fast_verification(target) if self.fast_head else nullcontext(False)
+        """The verification backend for one call (see :mod:`hf_cascade.backends`)."""
+        return verification_session(target, self.cpu_kernels)
+
+
+class TreeAssistant(Assistant):
+    """Base of assistants whose drafts are token trees. Greedy outputs equal plain ``generate``;
+    sampling is exact given correct ``draft_probs`` (see :meth:`TreeDrafter.draft_tree`)."""
+
+    def candidate_generator(self, *args, **kwargs):
+        raise RuntimeError(
+            f"{type(self).__name__} is a tree assistant: transformers' assisted loop verifies one linear candidate, "
+            "so it runs in hf_cascade's decoding core only, which the hook selects (is it installed? `import hf_cascade`)."
+        )
+
+
+class LinearAssistant(Assistant):
+    """Base of assistants whose drafts are one path, written as a transformers ``CandidateGenerator``
+    (:meth:`build`). ``loop``: ``"core"`` (default) runs it in hf_cascade's decoding core;
+    ``"transformers"`` in transformers' ``_assisted_decoding`` (same outputs)."""
+
+    trees = False
+    loop: str = "core"
+
+    def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> SpeculativeCandidateGenerator:
+        raise NotImplementedError
+
+    def new_drafter(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> TreeDrafter:
+        return ChainDrafter(self.build(target, generation_config, logits_processor, stats, target_tokenizer))
 
     def candidate_generator(
         self,
@@ -44,29 +128,10 @@ class Assistant:
         model_kwargs: dict,
         target_tokenizer=None,
     ) -> SpeculativeCandidateGenerator:
-        """Called by the hook once per ``generate()`` call (``target_tokenizer``: the ``tokenizer=``
-        given to ``generate``, if any)."""
-        self.check_supported(target, input_ids, generation_config, model_kwargs)
-        stats = GenerationStats()
+        """transformers' loop (``loop = "transformers"``): called by the hook once per ``generate()`` call."""
+        check_supported(target, input_ids, generation_config, model_kwargs, logits_processor, trees=False)
+        self.bind(target)
+        stats = self.new_stats()
         generator = self.build(target, generation_config, logits_processor, stats, target_tokenizer)
         self.last_stats = stats
         return generator
-
-    def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> SpeculativeCandidateGenerator:
-        raise NotImplementedError
-
-    @staticmethod
-    def check_supported(target: PreTrainedModel, input_ids, generation_config: GenerationConfig, model_kwargs: dict) -> None:
-        """Clear errors for what assisted generation with our assistants does not support."""
-        if input_ids.shape[0] != 1:
-            raise ValueError(f"hf_cascade assistants support batch size 1 only (got {input_ids.shape[0]}).")
-        if (generation_config.num_beams or 1) > 1:
-            raise ValueError("hf_cascade assistants do not support beam search (num_beams > 1).")
-        if target.config.is_encoder_decoder:
-            raise ValueError("hf_cascade assistants support decoder-only targets only.")
-        cache = model_kwargs.get("past_key_values")
-        if cache is not None and not isinstance(cache, DynamicCache):
-            raise ValueError(
-                f"hf_cascade assistants need a DynamicCache on the target (got {type(cache).__name__}); "
-                "static and quantized caches cannot be rolled back."
-            )

@@ -1,6 +1,10 @@
-"""The ``CandidateGenerator`` every hf_cascade strategy plugs into transformers' assisted loop.
+"""Linear strategies: a ``CandidateGenerator`` that runs in the decoding core and in transformers' loop.
 
-transformers' ``_assisted_decoding`` runs, per step (numbered as in its source):
+A linear strategy (the cascade, HSDDW) implements :meth:`SpeculativeCandidateGenerator.draft` and
+:meth:`~SpeculativeCandidateGenerator.on_target_review` once. :class:`ChainDrafter` runs it in the
+decoding core (:func:`~hf_cascade.core.loop.speculative_decode`, the default) as a draft with one path;
+the same object is also a transformers ``CandidateGenerator``, so ``assistant.loop = "transformers"``
+runs it in transformers' own ``_assisted_decoding``, which runs, per step (numbered as in its source):
 
 1. ``candidate_generator.get_candidates(input_ids)``  -> our **draft**
 2. one target forward over the candidates             -> **verify**
@@ -24,8 +28,11 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from .drafters.neural import output_vocab_size
 from .processors import split_processors
-from .stats import GenerationStats, PhaseTimer
-from .verify_head import GreedyPlan, active_head, logit_transform
+from .core.accept import TreeAcceptance
+from .core.stats import GenerationStats, PhaseTimer
+from .core.stopping import stop_token_ids
+from .core.strategy import TreeDrafter, TreeStep
+from .core.structure import TokenTree
 
 
 @dataclass
@@ -55,14 +62,8 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         self.max_length = int(generation_config.max_length)
         self.vocab_size = output_vocab_size(target)
         self.processors, self.target_rules = split_processors(logits_processor)
-        self._all_processors = logits_processor or LogitsProcessorList()   # transformers' list, in its order
-        self._logit_transform = logit_transform(target)
-        self._plan: GreedyPlan | None = None
-        eos = getattr(generation_config, "_eos_token_tensor", None)
-        if eos is None and generation_config.eos_token_id is not None:
-            eos = torch.as_tensor(generation_config.eos_token_id)
-        self.stop_ids: set[int] = set(eos.flatten().tolist()) if eos is not None else set()
-        self._stop_tensor = torch.tensor(sorted(self.stop_ids), dtype=torch.long)
+        self.stop_ids, stop_tensor = stop_token_ids(generation_config)
+        self._stop_tensor = stop_tensor if stop_tensor is not None else torch.zeros(0, dtype=torch.long)
         self.stats = stats
         self.timer = PhaseTimer(stats)
         self._last_draft_len = 0
@@ -95,20 +96,8 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         logits = None
         if self.do_sample and k > 0:
             logits = d.dists.to(input_ids.device).clamp_min(0).log()[None]  # [1, k, V]
-        self._expect_greedy_review(candidates, seq.shape[0])
         self._verify_started = time.perf_counter()
         return candidates, logits
-
-    def _expect_greedy_review(self, candidates: torch.Tensor, start: int) -> None:
-        """2. Verify: tell the target's :class:`~hf_cascade.verify_head.VerificationHead` (if the
-        session installed one) which drafts greedy acceptance will check, so it can skip the rows
-        after the first rejection."""
-        head = active_head(self.target)
-        self._plan = None
-        if head is None or self.do_sample or candidates.shape[1] == start:
-            return
-        self._plan = GreedyPlan(candidates, start, self._all_processors, self._logit_transform)
-        head.expect(self._plan)
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, num_matches: int):
         """4. Update: statistics and the strategy's feedback."""
@@ -116,11 +105,6 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         self.stats.phase_seconds["verify"] += verify_seconds
         n = int(num_matches)
         self.stats.record_target_review(self._last_draft_len, n)
-        head = active_head(self.target)
-        if head is not None:
-            if head.validated is None and self._plan is not None:
-                head.validate(self._plan, scores)
-            self.stats.head_rows_requested, self.stats.head_rows_computed = head.rows_requested, head.rows_computed
         for rule in self.target_rules:
             rule.set_candidates(None)
         first = self.stats.target_calls == 1
@@ -136,3 +120,22 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
             return d
         end = int(hits[0]) + 1
         return Draft(d.tokens[:end], None if d.dists is None else d.dists[:end])
+
+
+class ChainDrafter(TreeDrafter):
+    """A linear strategy's drafts in the decoding core: each draft is a chain (a tree with one path),
+    verified without a tree mask; the core's statistics and the generator's own feedback as in
+    transformers' loop (``on_target_review`` with the measured verification time)."""
+
+    linear = True
+
+    def __init__(self, generator: SpeculativeCandidateGenerator):
+        self.generator = generator
+
+    def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
+        d = self.generator.draft(seq, state.budget) if state.budget > 0 else Draft(seq[:0])
+        return TokenTree.chain(d.tokens), (d.dists if self.generator.do_sample else None)
+
+    def on_accept(self, tree: TokenTree, acceptance: TreeAcceptance, state: TreeStep) -> None:
+        self.generator.on_target_review(state.seq, tree.num_nodes, len(acceptance.path), state.verify_seconds)
+

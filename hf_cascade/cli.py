@@ -54,7 +54,7 @@ def _add_bench(sub) -> None:
                    help="glide: CAPE leaves out expansion tokens the draft gives probability < this (default 0)")
     p.add_argument("--verify-cost", nargs="?", const="reference", default=None, choices=["reference", "measure"],
                    help="glide: verify only the drafted nodes that pay for their cost; 'reference' (the default when "
-                        "given alone): VerifyCost(), the reference CPU's profile; 'measure': measure_verify_cost() on "
+                        "given alone): VerifyCost.reference(), the reference CPU's profile; 'measure': measure_verify_cost() on "
                         "this machine first (up to --max-tree-nodes nodes, about a minute)")
     p.add_argument("--beam-width", type=int, default=4, help="redrafter: beams (default 4)")
     p.add_argument("--beam-length", type=int, default=5, help="redrafter: draft tokens per beam (default 5)")

@@ -34,14 +34,18 @@ def run_demo(max_new_tokens: int = 96) -> int:
     import torch
     from transformers import TextStreamer
 
-    from . import CascadeAssistant, MaxGram, panel
+    from . import CascadeAssistant, MaxGram
+    from .backends import wants_cpu_kernels
     from .bench import BenchConfig, run_benchmark
     from .models import load_default_target
 
     _err("loading Gemma-3-270M (first use assembles and converts it once; later loads take seconds)")
     model, tokenizer = load_default_target()
-    _err("preparing the CPU verification kernel (compiled once per machine, ~30 s the first time)")
-    panel.extension()                      # else the first generate() below would pause for the build
+    if wants_cpu_kernels(model, None):     # a float32 target on CPU: the assistant will engage the CPU kernels
+        from .backends.cpu import panel
+
+        _err("preparing the CPU verification kernel (compiled once per machine, ~30 s the first time)")
+        panel.extension()                  # else the first generate() below would pause for the build
     assistant = CascadeAssistant([MaxGram()])
 
     print(f"=== Streaming {len(DEMO_PROMPTS)} answers with CascadeAssistant([MaxGram()]), greedy, "

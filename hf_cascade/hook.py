@@ -9,10 +9,11 @@ positions) so the wrappers survive signature changes across versions:
 2. ``GenerationMixin._validate_generation_mode`` (5.x) / ``_validate_assistant`` (4.x): these
    compare the assistant's ``config`` with the target's; our assistants are checked by their own
    ``bind`` instead, so the assistant is hidden from that check.
-3. ``GenerationMixin._assisted_decoding``: runs inside ``assistant.target_session(model)``, where a
-   strategy may prepare the target for one call (e.g. the CPU kernels of :mod:`hf_cascade.verify_linear`) and undo it.
-   For a :class:`~hf_cascade.tree.strategy.TreeAssistant` (token-tree drafts) it is replaced by
-   ``assistant.decode(...)``, our own loop (:mod:`hf_cascade.tree.decode`), with the same inputs.
+3. ``GenerationMixin._assisted_decoding``: replaced by ``assistant.decode(...)``, the decoding core
+   (:mod:`hf_cascade.core.loop`), with the same inputs and outputs. A
+   :class:`~hf_cascade.assistant.LinearAssistant` with ``loop = "transformers"`` runs transformers'
+   own loop instead, inside ``assistant.target_session(model)`` (the verification backend), with the
+   candidate generator of 1.
 4. ``transformers.pipelines.base.load_assistant_model``: lets ``pipeline(..., assistant_model=...)``
    accept our assistants (no tokenizer of their own).
 
@@ -27,6 +28,8 @@ from typing import Any, Callable
 
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
+
+from .core.checks import refuse_unsupported_config
 
 _MARK = "__hf_cascade_original__"
 
@@ -83,22 +86,20 @@ def _candidate_generator_wrapper(assistant, a, original, args, kwargs):
 
 @_when_ours
 def _session_wrapper(assistant, a, original, args, kwargs):
-    from .tree.strategy import TreeAssistant
-
-    with assistant.target_session(a["self"]):
-        if isinstance(assistant, TreeAssistant):
-            # Tree drafts: our own loop (hf_cascade.tree.decode) replaces transformers' linear one.
-            return assistant.decode(
-                target=a["self"],
-                input_ids=a["input_ids"],
-                logits_processor=a.get("logits_processor"),
-                stopping_criteria=a.get("stopping_criteria"),
-                generation_config=a["generation_config"],
-                streamer=a.get("streamer"),
-                synced_gpus=bool(a.get("synced_gpus", False)),
-                model_kwargs=a.get("model_kwargs") or {},
-            )
-        return original(*args, **kwargs)
+    if getattr(assistant, "loop", "core") == "transformers":
+        with assistant.target_session(a["self"]):
+            return original(*args, **kwargs)
+    return assistant.decode(
+        target=a["self"],
+        input_ids=a["input_ids"],
+        logits_processor=a.get("logits_processor"),
+        stopping_criteria=a.get("stopping_criteria"),
+        generation_config=a["generation_config"],
+        streamer=a.get("streamer"),
+        synced_gpus=bool(a.get("synced_gpus", False)),
+        model_kwargs=a.get("model_kwargs") or {},
+        target_tokenizer=a.get("tokenizer"),
+    )
 
 
 @_when_ours
@@ -122,22 +123,10 @@ def _hide_assistant_wrapper(original: Callable) -> Callable:
             # Beam search never asks for a candidate generator: refuse it here, where it is still visible.
             for value in bound.arguments.values():
                 if isinstance(value, GenerationConfig):
-                    _refuse_unsupported(value)
+                    refuse_unsupported_config(value)
         return original(*bound.args, **bound.kwargs)
 
     return wrapper
-
-
-def _refuse_unsupported(config: GenerationConfig) -> None:
-    """Settings our assistants cannot honour, refused before transformers prepares the call (4.x
-    would silently replace a static cache; beam search never builds a candidate generator)."""
-    if (config.num_beams or 1) > 1:
-        raise ValueError("hf_cascade assistants do not support beam search (num_beams > 1).")
-    if config.cache_implementation not in (None, "dynamic"):
-        raise ValueError(
-            f"hf_cascade assistants need a dynamic cache; cache_implementation={config.cache_implementation!r} "
-            "cannot be rolled back after rejected drafts."
-        )
 
 
 def install() -> None:

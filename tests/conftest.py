@@ -46,7 +46,7 @@ def copy_kernel(request, monkeypatch) -> str:
     """The name of the kernel with a copy of the weight that the target's linears and head offer:
     ``panel`` (compiled here; skipped where it does not build), or oneDNN's ``packed``, offered where the
     panel kernel is not (here: turned off for the test)."""
-    from hf_cascade.panel import PANEL
+    from hf_cascade.backends.cpu.panel import PANEL
 
     if request.param == "panel":
         if not PANEL.available():

@@ -14,7 +14,7 @@ import hf_cascade
 from hf_cascade import CascadeAssistant, CascadeDrafterConfig, CascadeDrafterForCausalLM, MaxGram
 from hf_cascade.cascade.generator import _Drafted
 from hf_cascade.heads.hub import load_head, save_hub
-from hf_cascade.stats import GenerationStats
+from hf_cascade.core.stats import GenerationStats
 from tests import tiny_models as tm
 from tests.fresh_process import run_offline
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
@@ -210,7 +210,7 @@ def test_reduced_greedy_step_equals_the_full_row():
     from transformers import LogitsProcessorList
 
     from hf_cascade.drafters.neural import NeuralLevel
-    from hf_cascade.stats import LevelStats
+    from hf_cascade.core.stats import LevelStats
 
     drafter = make_drafter(seed=3)
     for prompt in tm.random_prompts(6, seed=4):

@@ -11,7 +11,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
 from hf_cascade.drafters.neural import NeuralLevel
 from hf_cascade.hsddw import EntropyThreshold, draft_and_self_verify, entropy, self_verify_length
-from hf_cascade.stats import LevelStats
+from hf_cascade.core.stats import LevelStats
 from tests import tiny_models as tm
 from tests.test_greedy_parity import REPETITIVE
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)

@@ -1,4 +1,4 @@
-"""KernelTuner (hf_cascade/kernels.py): explores each kernel on the real calls, then keeps the fastest."""
+"""KernelTuner (hf_cascade/backends/cpu/kernels.py): explores each kernel on the real calls, then keeps the fastest."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 
-from hf_cascade.kernels import KernelTuner, WeightPacker, rows_bucket, shape_key
+from hf_cascade.backends.cpu.kernels import KernelTuner, WeightPacker, rows_bucket, shape_key
 
 
 class _Clock:

@@ -12,7 +12,7 @@ from transformers import LogitsProcessorList
 
 from hf_cascade.drafters.lookahead import AcceptanceCalibration, CostModel, ExpectedGainRule
 from hf_cascade.drafters.neural import NeuralLevel, _as_float32, _common_prefix
-from hf_cascade.stats import LevelStats
+from hf_cascade.core.stats import LevelStats
 from tests import tiny_models as tm
 from tests.test_drafter_head import EVEN, make_drafter
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)

@@ -9,7 +9,7 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, 
 
 from hf_cascade.drafters.lookahead import CostModel, ExpectedGainRule
 from hf_cascade.drafters.neural import NeuralLevel, check_same_vocabulary, output_vocab_size
-from hf_cascade.stats import LevelStats
+from hf_cascade.core.stats import LevelStats
 from tests import tiny_models as tm
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 

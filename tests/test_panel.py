@@ -1,4 +1,4 @@
-"""The compiled ``panel`` kernel (hf_cascade/panel.py, csrc/panel_linear.cpp): its layout on a hand-made
+"""The compiled ``panel`` kernel (hf_cascade/backends/cpu/panel.py, csrc/panel_linear.cpp): its layout on a hand-made
 weight, its products against ``F.linear`` for every row-count path (1-8 rows in one pass, more in
 chunks of 8 over each cached block of panels) on 1 and 2 threads, the copies' bookkeeping, and what
 happens where it cannot be built."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_cascade import panel
-from hf_cascade.panel import PANEL, PanelPacker
+from hf_cascade.backends.cpu import panel
+from hf_cascade.backends.cpu.panel import PANEL, PanelPacker
 
 from tests.test_verify_linear import threads
 
@@ -85,11 +85,7 @@ def test_bad_panels_raise_a_clear_error():
         ext.pack_panels(w.double())
 
 
-def test_not_offered_when_turned_off_or_when_the_build_fails(monkeypatch):
-    monkeypatch.setenv("HF_CASCADE_PANEL", "0")
-    assert panel.extension.__wrapped__() is None                              # the uncached function
-    monkeypatch.delenv("HF_CASCADE_PANEL")
-
+def test_not_offered_when_the_build_fails(monkeypatch):
     def no_compiler(*args, **kwargs):
         raise RuntimeError("no C++ compiler")
 

@@ -10,7 +10,7 @@ import torch
 
 from hf_cascade import ReDrafterAssistant
 from hf_cascade.redrafter import beam_search, beams_tree, confident_prefix
-from hf_cascade.tree import TokenTree
+from hf_cascade.core import TokenTree
 from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, plain
 from tests.test_redrafter_decode import assert_parity, m  # noqa: F401  (fixture)
 from tests.test_tree import PAPER_BEAMS

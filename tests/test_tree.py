@@ -1,4 +1,4 @@
-"""Token-tree verification (hf_cascade.tree): golden structures and masks, tree-masked forwards equal
+"""Token-tree verification (hf_cascade.core): golden structures and masks, tree-masked forwards equal
 per-branch forwards (Llama, Gemma3 with its sliding window; eager and sdpa), the KV cache after
 ``keep_path``, greedy acceptance, and the exactness of lossless tree sampling (chi-square tests)."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from hf_cascade.tree import (
+from hf_cascade.core import (
     TokenTree,
     get_prefix_match,
     greedy_tree_accept,

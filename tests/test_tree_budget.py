@@ -1,4 +1,4 @@
-"""Hardware-aware tree size (hf_cascade.tree.budget): the cost profile, path probabilities, the size choice and
+"""Hardware-aware tree size (hf_cascade.core.budget): the cost profile, path probabilities, the size choice and
 the ancestor-closed node mask on hand-made inputs; the measured profile on a tiny model."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_cascade.tree import TokenTree
-from hf_cascade.tree.budget import (RateTracker, VerifyCost, best_size, budget_mask, measure_verify_cost,
+from hf_cascade.core import TokenTree
+from hf_cascade.core.budget import (RateTracker, VerifyCost, best_size, budget_mask, measure_verify_cost,
                                     path_probabilities)
 from tests import tiny_models as tm
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
@@ -21,7 +21,7 @@ def test_verify_cost_table_and_extrapolation():
     assert VerifyCost((1.0, 1.2, 1.2))(4) == pytest.approx(1.2)                          # a flat half stays flat
     assert c.table(2).tolist() == [1.0, 1.6, 1.8]
     assert VerifyCost.flat()(50) == 1.0
-    default = VerifyCost()
+    default = VerifyCost.reference()
     assert default(0) == 1.0 <= default(1) < default(2) < default(16) < default(32)
     for bad in ((1.0,), (0.5, 1.0), (1.0, 1.5, 1.4)):
         with pytest.raises(ValueError):

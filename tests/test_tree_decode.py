@@ -1,4 +1,4 @@
-"""Tree-verified assisted decoding through ``generate()`` (hf_cascade.tree.decode, .strategy,
+"""Tree-verified assisted decoding through ``generate()`` (hf_cascade.core.loop, .strategy,
 .maxgram_tree): greedy outputs equal plain ``generate``; the output head runs only on the rows
 acceptance reads; non-first branches are accepted; the drafter sees the target's true cache and last
 hidden state. Stops, scores, streams, reuse and errors: test_tree_decode_outputs.py; sampling: the
@@ -11,11 +11,13 @@ import torch
 from transformers import LogitsProcessorList
 
 from hf_cascade import MaxGram
-from hf_cascade.tree import TokenTree, greedy_tree_accept
-from hf_cascade.tree.decode import prune_tree
-from hf_cascade.tree.rows import TreeRows
-from hf_cascade.tree.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
-from hf_cascade.tree.strategy import TreeAssistant, TreeDrafter, TreeStats
+from hf_cascade.core import TokenTree, greedy_tree_accept
+from hf_cascade.core.stopping import prune_tree
+from hf_cascade.core.rows import TreeRows
+from hf_cascade.drafters.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
+from hf_cascade.assistant import TreeAssistant
+from hf_cascade.core.stats import TreeStats
+from hf_cascade.core.strategy import TreeDrafter
 from tests import tiny_models as tm
 from tests.test_greedy_parity import REPETITIVE, ONE_TOKEN, _processor_kwargs, models, plain
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
@@ -51,9 +53,9 @@ class Using(TreeAssistant):
 
     def __init__(self, make):
         self.make = make
-        self.fast_head = False
+        self.cpu_kernels = False
 
-    def new_drafter(self, target, generation_config, logits_processor):
+    def new_drafter(self, target, generation_config, logits_processor, stats=None, target_tokenizer=None):
         return self.make()
 
 
@@ -83,11 +85,11 @@ class Oracle(TreeDrafter):
 
 # -- greedy parity -----------------------------------------------------------------------------------
 
+# MaxGramTreeAssistant() (the default): tests/test_contract.py, on every target setting
 CONFIGS = {
-    "default": lambda: MaxGramTreeAssistant(),
     "chain": lambda: MaxGramTreeAssistant(branches=1, depth=8),
     "wide": lambda: MaxGramTreeAssistant(branches=6, depth=3, max_ngram=3),
-    "deep": lambda: MaxGramTreeAssistant(branches=2, depth=12, fast_head=False),
+    "deep": lambda: MaxGramTreeAssistant(branches=2, depth=12, cpu_kernels=False),
 }
 
 

@@ -1,4 +1,4 @@
-"""The CPU decoder linears (hf_cascade/verify_linear.py): which rows they take, same products, restored
+"""The CPU decoder linears (hf_cascade/backends/cpu/verify_linear.py): which rows they take, same products, restored
 afterwards, and greedy parity with them on two threads (where they are used)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from torch import nn
 
 import hf_cascade
 from hf_cascade import GlideAssistant, MaxGram
-from hf_cascade.kernels import PACKER, TUNER, KernelTuner
-from hf_cascade.panel import PANEL
-from hf_cascade.verify_linear import RowsLinear, fast_decoder_linears, fast_verification
+from hf_cascade.backends.cpu.kernels import PACKER, TUNER, KernelTuner
+from hf_cascade.backends.cpu.panel import PANEL
+from hf_cascade.backends.cpu.verify_linear import RowsLinear, fast_decoder_linears, fast_verification
 
 from tests import tiny_models as tm
 from tests.test_glide_decode import echo_glide

@@ -10,7 +10,7 @@ from pathlib import Path
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
-             "maxgram", "maxgram-corpus", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat")
+             "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat")
 
 
 @dataclass
@@ -28,8 +28,8 @@ class BenchConfig:
             (``min_confidence`` is also ``ReDrafterAssistant``'s and ``GlideAssistant``'s, for every redrafter / glide method).
         draft_length / max_tree_nodes / min_expansion_prob: ``GlideAssistant``'s main-path length, tree-size cap and
             CAPE's expansion floor (strategy glide).
-        verify_cost: ``GlideAssistant(verify_cost=VerifyCost())`` (the reference CPU's profile) when true or
-            ``"reference"``, the profile :func:`~hf_cascade.tree.budget.measure_verify_cost` measures on this
+        verify_cost: ``GlideAssistant(verify_cost=VerifyCost.reference())`` (the reference CPU's profile) when true or
+            ``"reference"``, the profile :func:`~hf_cascade.core.budget.measure_verify_cost` measures on this
             machine when ``"measure"`` (glide
             methods).
         beam_width / beam_length: ``ReDrafterAssistant``'s beam search (strategy redrafter).

@@ -15,13 +15,13 @@ from typing import Any, Callable
 import torch
 
 from ..assistant import Assistant
+from ..backends import cpu_kernels_apply
 from ..cascade import CascadeAssistant
 from ..drafters import CorpusNGrams, MaxGram
 from ..glide import GlideAssistant
-from ..tree.budget import VerifyCost
+from ..core.budget import VerifyCost
 from ..hsddw import DynamicWindowAssistant
 from ..redrafter import ReDrafterAssistant
-from ..verify_linear import fast_verification
 
 ECONOMIZE_VERSION = "0.3.2"
 #: Default draft window of the fixed-window assisted baselines: HSDDW's K (App. A.1), ``DynamicWindowAssistant``'s
@@ -62,13 +62,20 @@ class Method:
 
 
 class PlainKernels(Method):
-    """Plain greedy ``generate`` (no assistant) with the target's CPU kernels that our assistants verify
-    with (:func:`~hf_cascade.verify_linear.fast_verification`). On a CPU where those kernels make a
+    """Plain greedy ``generate`` (no assistant) inside ``hf_cascade.cpu_kernels(model)``: the CPU kernels
+    our assistants verify with (float32 targets on CPU only). On a CPU where those kernels make a
     one-token forward faster than the model's own, part of every strategy's speedup over ``plain`` is
     the kernels'; the speedup over this baseline is what drafting and verifying adds."""
 
+    def __init__(self, name: str, model: Any):
+        if not cpu_kernels_apply(model):
+            raise MethodUnavailable(f"baseline {name!r} needs a float32 target on CPU (hf_cascade's CPU kernels)")
+        super().__init__(name, model)
+
     def run(self, input_ids, attention_mask, gen_kwargs):
-        with fast_verification(self.model):
+        from ..backends.cpu import cpu_kernels              # the backend, imported only for this baseline
+
+        with cpu_kernels(self.model):
             return super().run(input_ids, attention_mask, gen_kwargs)
 
 
@@ -195,7 +202,7 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
     glide = {k: tree[k] for k in ("draft_length", "max_tree_nodes", "min_confidence", "min_expansion_prob") if k in tree}
     cost = tree.get("verify_cost")
     if cost:                                      # True / "reference": the reference CPU's profile; or a measured one
-        glide["verify_cost"] = cost if isinstance(cost, VerifyCost) else VerifyCost()
+        glide["verify_cost"] = cost if isinstance(cost, VerifyCost) else VerifyCost.reference()
     beams = {k: tree[k] for k in ("beam_width", "beam_length", "min_confidence") if k in tree}
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
     builders: dict[str, Callable[[], Method]] = {
@@ -211,6 +218,10 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
         "maxgram": lambda: Ours("maxgram", model, CascadeAssistant(
             [MaxGram(corpus=corpus if strategy == "maxgram" else None)],
             **({} if "k_matrix" in strategy_kwargs else strategy_kwargs))),
+        # the same Max-Gram in transformers' own assisted loop instead of the decoding core (loop A/B)
+        "maxgram-hf-loop": lambda: _in_transformers_loop(Ours("maxgram-hf-loop", model, CascadeAssistant(
+            [MaxGram(corpus=corpus if strategy == "maxgram" else None)],
+            **({} if "k_matrix" in strategy_kwargs else strategy_kwargs)))),
         # Max-Gram alone, continuing weak matches from the corpus n-grams (--corpus)
         "maxgram-corpus": lambda: _maxgram_corpus(model, corpus),
         "cascade": lambda: _cascade(model, drafts, strategy_kwargs, corpus),
@@ -229,6 +240,11 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
     if name not in builders:
         raise ValueError(f"unknown method {name!r}")
     return builders[name]()
+
+
+def _in_transformers_loop(method: "Ours") -> "Ours":
+    method.assistant.loop = "transformers"
+    return method
 
 
 def _hf_assisted(name: str, model: Any, drafts: list, window: int) -> Method:

@@ -161,7 +161,7 @@ def run_benchmark(
     errors: dict[str, str] = {}
     tree, environment = config.tree, _environment(model, drafts, verifier)
     if tree["verify_cost"] == "measure" and config.strategy == "glide":   # the tree cost profile of this machine
-        from ..tree.budget import measure_verify_cost
+        from ..core.budget import measure_verify_cost
 
         tree["verify_cost"] = measure_verify_cost(model, max_nodes=config.max_tree_nodes or 24)
         environment["verify_cost_measured"] = list(tree["verify_cost"].relative)

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
+from torch.nn import Module
 from transformers import PreTrainedModel
 
-from ..assistant import Assistant
+from ..assistant import LinearAssistant
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import MAX_VOCAB_PADDING, check_same_vocabulary, output_vocab_size
+from ..loading import load_pretrained
+from ..placement import place_like
 from .generator import CascadeCandidateGenerator
 from .k_matrix import default_k_matrix, validate_k_matrix
 
 
-class CascadeAssistant(Assistant):
+class CascadeAssistant(LinearAssistant):
     """Cascade Speculative Drafting (Chen et al., 2024) for ``model.generate``.
 
     Args:
         drafters: largest first, e.g. ``[draft_model, MaxGram()]``. Neural drafters are HF causal
-            LMs sharing the target's tokenizer; :class:`MaxGram` is the statistical bottom level.
+            LMs sharing the target's tokenizer, each given loaded or as a local directory or Hub repo id
+            (loaded here by :func:`hf_cascade.loading.load_pretrained`); :class:`MaxGram` is the
+            statistical bottom level.
             ``[MaxGram()]`` alone is prompt-lookup-style drafting; ``[draft_model]`` alone is
             classic speculative decoding.
         k_matrix: ``n x n`` upper-triangular draft counts (see :mod:`hf_cascade.cascade.k_matrix`);
@@ -57,8 +63,15 @@ class CascadeAssistant(Assistant):
             correct matches when they review them.
         tokenizer: optional tokenizer of the drafters, to check vocabularies exactly when
             ``generate(..., tokenizer=...)`` is also given.
-        fast_head: run the target's verification forwards with the CPU kernels of
-            :mod:`hf_cascade.verify_linear` and :mod:`hf_cascade.verify_head`; ``False`` leaves the target untouched.
+        cpu_kernels: verify with hf_cascade's CPU kernels (:mod:`hf_cascade.backends.cpu`). ``None`` (default):
+            automatic, on exactly for a float32 target on CPU (or as ``HF_CASCADE_CPU_KERNELS`` says);
+            ``True``: on (``ValueError`` for another target); ``False``: the target's own kernels.
+        revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options for the drafters given
+            as paths or repo ids (``dtype`` / ``device_map`` with an already loaded drafter: ``ValueError``).
+        place_drafters: at every ``generate()``, move each neural drafter to the device of the target's input
+            embeddings and cast its float weights to their dtype (:func:`hf_cascade.placement.place_like`;
+            a drafter dispatched with ``device_map`` stays put). ``False``: leave the drafters where they are
+            (each reviews on its own device; tokens cross devices explicitly).
 
     Example::
 
@@ -68,26 +81,37 @@ class CascadeAssistant(Assistant):
 
     def __init__(
         self,
-        drafters: Sequence[PreTrainedModel | MaxGram],
+        drafters: Sequence[PreTrainedModel | MaxGram | str | os.PathLike],
         k_matrix: Sequence[Sequence[int]] | None = None,
         lenience: float = 1.0,
         tokenizer=None,
         maxgram_lenience: float = 1.0,
         min_confidence: float = 0.0,
         maxgram_first: bool = False,
-        fast_head: bool = True,
+        cpu_kernels: bool | None = None,
         keep_unsure: bool = True,
         cost_aware: bool = False,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        dtype=None,
+        device_map=None,
+        place_drafters: bool = True,
     ):
         drafters = list(drafters)
         if not drafters:
             raise ValueError("CascadeAssistant needs at least one drafter, e.g. [MaxGram()].")
+        hub = dict(revision=revision, token=token, cache_dir=cache_dir, dtype=dtype, device_map=device_map)
+        drafters = [load_pretrained(d, kind=f"drafters[{i}]", **hub) if isinstance(d, (str, os.PathLike, Module)) else d
+                    for i, d in enumerate(drafters)]
         for i, d in enumerate(drafters):
             if isinstance(d, MaxGram):
                 if i != len(drafters) - 1:
                     raise ValueError("MaxGram must be the last (smallest) drafter of a cascade.")
             elif not isinstance(d, PreTrainedModel) or not hasattr(d, "generate"):
-                raise TypeError(f"Drafter {i} must be a transformers causal LM or MaxGram, got {type(d).__name__}.")
+                raise TypeError(f"Drafter {i} must be a transformers causal LM or MaxGram (or the local path or Hub "
+                                f"repo id of a causal LM), got {type(d).__name__}.")
         if lenience < 1.0 or maxgram_lenience < 1.0:
             raise ValueError(f"lenience and maxgram_lenience must be >= 1, got {lenience}, {maxgram_lenience}.")
         if not 0.0 <= min_confidence <= 1.0:
@@ -102,7 +126,15 @@ class CascadeAssistant(Assistant):
         self.keep_unsure = bool(keep_unsure)
         self.cost_aware = bool(cost_aware)
         self.tokenizer = tokenizer
-        self.fast_head = bool(fast_head)
+        self.cpu_kernels = cpu_kernels
+        self.place_drafters = bool(place_drafters)
+
+    def bind(self, target) -> None:
+        """Place the neural drafters on the target's input-embedding device and dtype (``place_drafters``)."""
+        if self.place_drafters:
+            for d in self.drafters:
+                if not isinstance(d, MaxGram):
+                    place_like(d, target)
 
     def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> CascadeCandidateGenerator:
         for d in self.drafters:

@@ -10,7 +10,7 @@ smallest level. The target's own review is transformers' verification step, with
 
 Every token in a draft carries the exact distribution it was drawn from (``dists``, sampling) or
 its drafting level's probability (``probs``, greedy), so reviews with lenience between drafters
-still hand the target a correct ``q`` (see :mod:`hf_cascade.verify`).
+still hand the target a correct ``q`` (see :mod:`hf_cascade.core.accept`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from ..candidate import Draft, SpeculativeCandidateGenerator
 from ..drafters.lookahead import AcceptanceCalibration, AdaptiveLookahead, CostModel, ExpectedGainRule
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import NeuralLevel
-from ..stats import LevelStats
-from ..verify import Review, greedy_review, one_hot_dists, sampling_review
+from ..core.stats import LevelStats
+from ..core.accept import Review, greedy_review, one_hot_dists, sampling_review
 
 TARGET = -1  # reviewer index of the target model
 
@@ -129,8 +129,8 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                     continue
                 sub = self._cascade(j, cur, budget - len(out) - 1)         # vertical cascade
                 review = self._review(j, cur, sub)
-                out.append(review.tokens, review.probs if review.probs is not None else torch.ones(len(review.tokens)),
-                           review.dists, origin=j, lenient=True)
+                out.append(review.tokens, review.probs if review.probs is not None else
+                           torch.ones(len(review.tokens), device="cpu"), review.dists, origin=j, lenient=True)
                 produced += review.tokens.shape[0]
                 if int(review.tokens[-1]) in self.stop_ids:
                     return out
@@ -156,8 +156,9 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         if u == 0:
             return
         out.segments.append(_Segment(policy, prop.bucket, len(out), u))
-        dists = one_hot_dists(prop.tokens, self.vocab_size) if self.do_sample else None
-        out.append(prop.tokens, torch.ones(u), dists, origin=j, lenient=False)
+        tokens = prop.tokens.to(cur.device)                        # Max-Gram proposes on the host
+        dists = one_hot_dists(tokens, self.vocab_size) if self.do_sample else None
+        out.append(tokens, torch.ones(u, device="cpu"), dists, origin=j, lenient=False)
 
     def _policy(self, j: int, reviewer: int) -> AdaptiveLookahead:
         key = (j, reviewer)
@@ -170,13 +171,17 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         """Drafter ``j`` reviews ``sub`` in one forward. ``lenience`` applies to tokens from neural
         levels; Max-Gram tokens get ``maxgram_lenience`` (default 1: none, as in CS Drafting App. B)."""
         level: NeuralLevel = self.levels[j]
+        timed = isinstance(self.levels[-1], MaxGram)          # Max-Gram's lookahead learns this review's cost
         with self.timer(f"review[{j}]"):
-            scores = level.scores(torch.cat([seq, sub.tokens]), start=seq.shape[0])   # [u + 1, V]
-            lenience = torch.where(torch.tensor(sub.lenient, dtype=torch.bool), self.lenience, self.maxgram_lenience)
+            # the review runs on the reviewer's device: drafts move there, its output moves back in ``append``
+            scores = level.scores(torch.cat([seq, sub.tokens]), start=seq.shape[0], timed=timed)   # [u + 1, V]
+            lenience = torch.where(torch.tensor(sub.lenient, dtype=torch.bool, device="cpu"), self.lenience,
+                                   self.maxgram_lenience)                   # host values, checked there
             if self.do_sample:
                 review = sampling_review(sub.tokens, sub.dists, scores.softmax(dim=-1), lenience)
             else:
-                review = greedy_review(sub.tokens, scores, torch.tensor(sub.probs, dtype=torch.float32), lenience)
+                probs = torch.tensor(sub.probs, dtype=torch.float32, device=scores.device)
+                review = greedy_review(sub.tokens, scores, probs, lenience)
         # a forward that also caught up on many earlier tokens (e.g. the prompt) says nothing about review cost
         seconds = level.last_forward_seconds if level.last_forward_tokens <= len(sub) + 2 else None
         self._feedback(sub, review.num_accepted, reviewer=j, seconds=seconds)

@@ -156,10 +156,16 @@ class CorpusNGrams:
         save_file(tensors, str(path), metadata=meta)
 
     @classmethod
-    def load(cls, path: str | Path) -> "CorpusNGrams":
-        """Read a file written by :meth:`save` (``ValueError`` for anything else)."""
+    def load(cls, path: str | Path, *, filename: str = "corpus.safetensors", revision: str | None = None,
+             token: str | bool | None = None, cache_dir: str | Path | None = None) -> "CorpusNGrams":
+        """Read a file written by :meth:`save` (``ValueError`` for anything else). ``path``: the file, a local
+        directory holding ``filename``, or a Hub repo id (``filename`` of the repo at ``revision``, through
+        ``huggingface_hub.hf_hub_download``: the local Hub cache first, ``HF_HUB_OFFLINE`` honoured)."""
         from safetensors import safe_open
 
+        from ..loading import resolve_file
+
+        path = resolve_file(path, filename, revision=revision, token=token, cache_dir=cache_dir, kind="corpus")
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             if meta.get("format") != "hf_cascade.corpus_ngrams":

@@ -29,6 +29,10 @@ class CostModel:
     With ``measure=True`` the reviewer's forward times are recorded by :meth:`observe` and averaged
     (exponential moving average per ``k``); ``prior_slope``/``prior_step`` describe the curve until
     a ``k`` has been measured: ``cost(k) = 1 + prior_step * [k > 0] + prior_slope * k``.
+
+    The seconds given to :meth:`observe` must be device time: on an accelerator kernels run
+    asynchronously, so whoever times a forward synchronises the device before reading the clock, at
+    both ends (:func:`hf_cascade.placement.synchronize`; ``NeuralLevel.scores(..., timed=True)`` does).
     """
 
     prior_step: float = 0.6

@@ -66,6 +66,14 @@ def _suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:
     return best, end
 
 
+def follow(tokens: list[int], end: int, k: int) -> list[int]:
+    """The ``k`` tokens that followed a match ending at ``end`` (``<= len(tokens) - 2``). Where they run
+    into the end of the sequence the text is repeating with period ``len(tokens) - 1 - end``, so the
+    continuation wraps around that period."""
+    period = len(tokens) - 1 - end
+    return [tokens[end + 1 + i % period] for i in range(k)]
+
+
 @dataclass
 class BigramTable:
     """Most frequent successor of every token (``-1`` where unseen)."""
@@ -166,11 +174,8 @@ class MaxGram:
         """:meth:`candidates` with ``seq`` also as a list (``tokens``)."""
         m, end = _suffix_match(tokens, self.max_ngram)
         if m > 0:
-            # What followed the match; where it runs into the end of the sequence the text is
-            # repeating with period L-1-end, so the continuation wraps around that period.
-            period = len(tokens) - 1 - end
-            follow = [tokens[end + 1 + i % period] for i in range(self.max_tokens)]
-            return MaxGramProposal(torch.tensor(follow, dtype=seq.dtype, device=seq.device), bucket=min(m, 6))
+            return MaxGramProposal(torch.tensor(follow(tokens, end, self.max_tokens), dtype=seq.dtype, device=seq.device),
+                                   bucket=min(m, 6))
         if self.bigram is not None and tokens:
             return MaxGramProposal(self.bigram.chain(tokens[-1], self.max_tokens).to(seq.device), BIGRAM_BUCKET)
         return MaxGramProposal(seq[:0], BIGRAM_BUCKET)

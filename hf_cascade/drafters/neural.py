@@ -6,6 +6,13 @@ has not seen: no prefix recomputation. Its logits are mapped onto the target's v
 vocabulary padded to a different size is cut or padded with ``-inf``) and go through the same logits
 processors as the target's. Tokens are kept as Python lists between forwards (no per-token tensor
 copies or concatenations on the drafting loop).
+
+Host reads: on a CPU the drafting loop reads each token as it is drawn and stops as early as its rules say.
+On an accelerator (:func:`~hf_cascade.placement.defer_reads`) it drafts its ``k`` tokens on the device,
+feeding each drawn token straight back, and reads them once (:meth:`NeuralLevel.draft_on_device`); the
+stop rules then cut the draft on the host (same tokens; the cache keeps the extra positions until the next
+rollback). Forwards whose time decides something (a review's, for the lookahead's cost model) synchronise
+the device around the clock reads (``timed=True``).
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ import time
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
+from ..placement import defer_reads, synchronize
 from ..processors import process_positions
-from ..stats import LevelStats
+from ..core.stats import LevelStats
 from .lookahead import ExpectedGainRule
 
 # Vocabularies whose sizes differ by at most this many rows are treated as padded copies of each
@@ -92,10 +100,11 @@ class NeuralLevel:
 
     # -- scoring -----------------------------------------------------------------------------
     @torch.no_grad()
-    def scores(self, seq: torch.Tensor, start: int) -> torch.Tensor:
+    def scores(self, seq: torch.Tensor, start: int, timed: bool = False) -> torch.Tensor:
         """Processed scores ``[L - start + 1, V]`` of the positions predicting ``seq[start:]`` and
-        the token after ``seq`` (``seq``: ``[L]`` on CPU or the target's device, ``start >= 1``)."""
-        logits = self._to_target_vocab(self._forward(seq.tolist(), start).float())  # [1, needed, V]
+        the token after ``seq`` (``seq``: ``[L]`` on any device, ``start >= 1``), on the drafter's device.
+        ``timed``: synchronise around the forward so :attr:`last_forward_seconds` is its device time."""
+        logits = self._to_target_vocab(self._forward(seq.tolist(), start, timed=timed).float())  # [1, needed, V]
         scores = process_positions(self.processors, seq[None].to(logits.device), logits, start)
         return scores[0]
 
@@ -109,7 +118,8 @@ class NeuralLevel:
         if not self._greedy_reduced():
             return None
         tok, prob = self._greedy_token(seq.tolist())
-        return torch.tensor([tok], device=seq.device), torch.tensor(prob, dtype=torch.float32)  # exact: a float32 value
+        return (torch.tensor([tok], device=seq.device),
+                torch.tensor(prob, dtype=torch.float32, device="cpu"))           # a host value (exact: a float32)
 
     def _greedy_reduced(self) -> bool:
         return self._reduced and not len(self.processors)
@@ -128,6 +138,42 @@ class NeuralLevel:
         """Run the drafter on the tokens of ``ids`` its cache lacks; ``[1, L - start + 1, V_d]`` logits."""
         return self._run(ids, self._sync(ids, start), len(ids) - start + 1, **kwargs)
 
+    @torch.no_grad()
+    def draft_on_device(self, seq: torch.Tensor, k: int, do_sample: bool, reduced: bool = False):
+        """Draft ``k`` tokens after ``seq`` feeding each drawn token back on the device, with one host read
+        at the end (the tokens). Same forwards, rows and draws as ``k`` calls of :meth:`scores` (or of the
+        reduced greedy path, ``reduced=True``: no processors, greedy). Returns ``(tokens`` (a list),
+        ``token_probs [k]``, ``rows [k, V] | None`` (the processed distributions; ``None`` when reduced)``)``,
+        tensors on the drafter's device; the cache then holds ``seq`` and the first ``k - 1`` drafts."""
+        ids = seq.tolist()
+        new = torch.tensor(ids[self._sync(ids, len(ids)):], dtype=torch.long, device=self.device)[None]
+        cur = seq.to(self.device)
+        kwargs = {"full_vocab": False} if reduced else {}
+        toks, probs, rows = [], [], []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=1, **kwargs)
+            self._count_forward(t0, new.shape[1])
+            if reduced:
+                q = out.logits[0, -1].float().softmax(dim=-1)                  # [N]
+                j = q.argmax()
+                tok, q_tok = self.model.vocab_subset[j], q[j]
+            else:
+                logits = self._to_target_vocab(out.logits[:, -1:, :].float())  # [1, 1, V]
+                s = process_positions(self.processors, cur[None], logits, cur.shape[0])[0, -1]
+                q = s.softmax(dim=-1)
+                tok = torch.multinomial(q, 1)[0] if do_sample else s.argmax()
+                q_tok = q[tok]
+                rows.append(q)
+            toks.append(tok.reshape(()))
+            probs.append(q_tok)
+            cur = torch.cat([cur, tok.reshape(1)])
+            new = tok.reshape(1, 1)
+        tokens = torch.stack(toks).tolist() if toks else []                       # the one read
+        self.cached = ids + tokens[:-1]
+        return tokens, (torch.stack(probs) if probs else torch.ones(0, device=self.device)), (
+            torch.stack(rows) if rows else None)
+
     def _sync(self, ids: list[int], start: int) -> int:
         """Roll the cache back to the longest prefix it shares with ``ids`` (at most ``start - 1``
         tokens, so the position predicting ``ids[start]`` is recomputed); returns its length."""
@@ -135,11 +181,15 @@ class NeuralLevel:
         self._rollback(keep)
         return keep
 
-    def _run(self, ids: list[int], keep: int, needed: int, **kwargs) -> torch.Tensor:
+    def _run(self, ids: list[int], keep: int, needed: int, timed: bool = False, **kwargs) -> torch.Tensor:
         """The model's forward over ``ids[keep:]``; logits ``[1, needed, V_d]`` of its last positions."""
         new = torch.tensor(ids[keep:], dtype=torch.long, device=self.device)[None]   # [1, L - keep]
+        if timed:
+            synchronize(self.device)
         t0 = time.perf_counter()
         out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=needed, **kwargs)
+        if timed:
+            synchronize(self.device)
         self._count_forward(t0, new.shape[1])
         self.cached = list(ids)
         return out.logits[:, -needed:, :]
@@ -179,6 +229,8 @@ class NeuralLevel:
         ``dists`` row returned, so speculative sampling stays exact. Returns ``(tokens [k'],
         token_probs [k'], dists [k', V] | None)``; ``token_probs`` are the unrestricted ``q(x)``.
         """
+        if defer_reads(self.device):
+            return self._generate_deferred(seq, k, do_sample, stop_ids, min_confidence, keep_unsure, rule)
         ids = seq.tolist()                                                   # the sequence, drafts appended
         tokens, probs, dists = [], [], []
         greedy = not do_sample and self._greedy_reduced()
@@ -205,13 +257,47 @@ class NeuralLevel:
             ids.append(tok)
             if tok in stop_ids or prob < min_confidence:
                 break
+        return self._result(seq, tokens, probs, dists, do_sample)
+
+    def _result(self, seq: torch.Tensor, tokens: list[int], probs: list[float], dists: list, do_sample: bool):
+        """``generate``'s outputs: tokens and dists on ``seq``'s device, the probabilities as host values."""
         if not tokens:
-            return seq[:0], torch.ones(0), (torch.zeros(0, self.vocab_size) if do_sample else None)
+            return seq[:0], torch.ones(0, device="cpu"), (
+                torch.zeros(0, self.vocab_size, device=seq.device) if do_sample else None)
         return (
             torch.tensor(tokens, dtype=torch.long, device=seq.device),
-            torch.tensor(probs),
+            torch.tensor(probs, device="cpu"),                                # host values (float32-exact)
             torch.stack(dists).to(seq.device) if do_sample else None,
         )
+
+    def _generate_deferred(self, seq, k, do_sample, stop_ids, min_confidence, keep_unsure, rule):
+        """:meth:`generate` on an accelerator: :meth:`draft_on_device` (``k`` forwards, the tokens and their
+        probabilities read once each), then the same stop rules, on the host, in the same order."""
+        if k < 1 or (rule is not None and rule.floor() > 1.0):
+            return self._result(seq, [], [], [], do_sample)                 # no token could pay: no forward
+        drafted, q_tok, rows = self.draft_on_device(seq, k, do_sample, reduced=not do_sample and self._greedy_reduced())
+        drafted_probs = q_tok.tolist()
+        tokens, probs, dists = [], [], []
+        for i, (tok, prob) in enumerate(zip(drafted, drafted_probs)):
+            rule_floor = rule.floor() if rule is not None else 0.0
+            if rule_floor > 1.0:
+                break
+            floor = max(0.0 if keep_unsure else min_confidence, rule_floor)
+            if floor > 0.0 and not prob >= _as_float32(floor):               # float32, as the tensor comparison
+                break                                                        # drop it: the draft ends here
+            tokens.append(tok)
+            probs.append(prob)
+            if do_sample:
+                q = rows[i]
+                if floor > 0.0:                                              # what a kept token was drawn from
+                    kept = torch.where(q >= floor, q, torch.zeros_like(q))
+                    q = kept / kept.sum()
+                dists.append(q)
+            if rule is not None:
+                rule.extend(rule.estimate(prob))
+            if tok in stop_ids or prob < min_confidence:
+                break
+        return self._result(seq, tokens, probs, dists, do_sample)
 
     def _drawn_token(self, ids: list[int], device: torch.device, do_sample: bool, floor: float):
         """A token from the full processed row after ``ids``: ``(token, q(token), dist [V])``, ``dist``

@@ -20,6 +20,9 @@ def first_layers_drafter(target: PreTrainedModel, num_layers: int) -> PreTrained
 
     The returned model shares every parameter tensor with ``target`` (memory is not duplicated);
     its config is ``target``'s with ``num_hidden_layers = num_layers`` (and ``layer_types`` cut).
+    Nothing is moved: each shared tensor stays where the target keeps it (moving the drafter would move
+    the target's own parameters with it). A target dispatched by accelerate (``device_map``, offload)
+    lends its hooks to the drafter's modules of the same names, so its layers run where the target's do.
     """
     text_config = target.config.get_text_config()
     total = int(text_config.num_hidden_layers)
@@ -45,4 +48,23 @@ def first_layers_drafter(target: PreTrainedModel, num_layers: int) -> PreTrained
                 module._buffers[buffer_name] = source[f"{module_name}.{buffer_name}" if module_name else buffer_name]
     drafter.tie_weights()
     drafter.config._name_or_path = f"{target.config._name_or_path or type(target).__name__}[:{num_layers} layers]"
-    return drafter.eval().to(next(target.parameters()).device)
+    _share_dispatch(target, drafter)
+    return drafter.eval()
+
+
+def _share_dispatch(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
+    """Give ``drafter`` copies of the accelerate hooks of ``target``'s modules of the same names (device
+    alignment, offload); a hook's init replaces the drafter's own ``Parameter`` objects, never the target's."""
+    hooked = [(name, m._hf_hook) for name, m in target.named_modules() if getattr(m, "_hf_hook", None) is not None]
+    if not hooked:
+        return
+    from accelerate.hooks import SequentialHook, add_hook_to_module
+
+    modules = dict(drafter.named_modules())
+    for name, hook in hooked:
+        if name in modules:                    # shallow copies: an offload weights_map is shared, not duplicated
+            mine = SequentialHook(*map(copy.copy, hook.hooks)) if isinstance(hook, SequentialHook) else copy.copy(hook)
+            add_hook_to_module(modules[name], mine)
+    device_map = getattr(target, "hf_device_map", None)
+    if device_map is not None:
+        drafter.hf_device_map = {k: v for k, v in device_map.items() if k in modules or k == ""}

@@ -1,5 +1,5 @@
 """GLIDE + CAPE decoding (Du et al., ICML 2024, "GLIDE with a CAPE", Sections 4.1-4.2, Appendix A) through
-``generate(assistant_model=GlideAssistant(glide))``, verified as a token tree by :mod:`hf_cascade.tree`.
+``generate(assistant_model=GlideAssistant(glide))``, verified as a token tree by :mod:`hf_cascade.core`.
 
 One step (:meth:`GlideDrafter.draft_tree`), with ``seq`` the ``L`` verified tokens (``seq[-1]`` the root, not
 yet in the target's cache):
@@ -19,8 +19,7 @@ yet in the target's cache):
    ``x_{t+i}``; ``cape=False`` sends the main path alone (a chain).
    **Hardware-aware size** (``verify_cost``, not in the paper): of the drafted nodes, verify the set of
    highest path probability whose expected accepted tokens best pay for the measured cost of verifying
-   it (:mod:`hf_cascade.tree.budget`; on this CPU a step verifying one node costs 1.25 plain steps, two to seven
-   nodes 1.38).
+   it (:mod:`hf_cascade.core.budget`, the profile measured on the running device).
 4. After verification (:meth:`GlideDrafter.on_accept`) the draft cache is **cropped** (``Cache.crop``) to
    the verified tokens it already holds: the root and the accepted main-path tokens it fed. (With one draft
    layer their K/V do not depend on the glimpse at all; with more, the upper layers' K/V keep the view of
@@ -31,7 +30,7 @@ defines it, so the tree does not depend on the sampling settings.
 
 Lossless sampling: the tree is a deterministic function of the context (the argmax path and top-ranked
 expansions, no random draws), so the drafter returns ``draft_probs=None`` and
-:func:`~hf_cascade.tree.accept.sampling_tree_accept` runs its point-mass case: at each node the children are
+:func:`~hf_cascade.core.accept.sampling_tree_accept` runs its point-mass case: at each node the children are
 tried in order, accepted with the target's residual probability of their token, which is removed on
 rejection; every emitted token is distributed exactly as the target's processed distribution (temperature,
 top-k/p, penalties) whatever the draft proposes. Greedy decoding is exact by construction.
@@ -40,15 +39,20 @@ top-k/p, penalties) whatever the draft proposes. Greedy decoding is exact by con
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 
-from ..stats import LevelStats
-from ..tree.budget import RateTracker, VerifyCost, budget_mask, path_probabilities
-from ..tree.strategy import TreeAssistant, TreeDrafter, TreeStats, TreeStep
-from ..tree.structure import TokenTree
+from ..core.stats import LevelStats
+from ..core.budget import RateTracker, VerifyCost, budget_mask, path_probabilities
+from ..assistant import TreeAssistant
+from ..core.stats import TreeStats
+from .stats import _RECORDED, GlideStats
+from ..core.strategy import TreeDrafter, TreeStep
+from ..core.structure import TokenTree
+from ..loading import load_pretrained
+from ..placement import defer_reads, place_like
 from .cape import CapeSettings, expanded_proposal
 
 
@@ -60,7 +64,7 @@ class GlideSettings:
     ``gamma``). A chain does not verify that unsure token; with CAPE it is verified with its expansion set,
     the position where siblings are most likely to be needed, if its path probability (its ``p`` times the
     main confidences above it) reaches CAPE's ``min_prob``, the floor of the siblings. ``verify_cost``: verify
-    only the drafted nodes that pay for their verification on this hardware (:mod:`hf_cascade.tree.budget`);
+    only the drafted nodes that pay for their verification on this hardware (:mod:`hf_cascade.core.budget`);
     ``None`` = everything drafted (the paper)."""
 
     draft_length: int = 5
@@ -73,61 +77,6 @@ class GlideSettings:
             raise ValueError(f"draft_length must be >= 1, got {self.draft_length}")
         if not 0.0 <= float(self.min_confidence) <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence}")
-
-
-@dataclass
-class GlideStats(TreeStats):
-    """:class:`~hf_cascade.tree.strategy.TreeStats` of one ``generate()`` call, plus GLIDE's own numbers.
-
-    Attributes:
-        draft_forwards: forward calls of the draft model.
-        draft_tokens: tokens run through the draft (catch-up tokens included).
-        main_lengths: main-path tokens drafted at each drafted step (0: ``min_confidence`` stopped the path
-            at its first token, for CAPE below ``min_expansion_prob``).
-        expansion_sizes: ``|X_i|`` of each main token at each drafted step (empty lists without CAPE).
-        confidences: the draft's ``p_i = max p_D`` of each main token at each drafted step.
-        main_accepted: accepted tokens that lie on the main path, per verification.
-        expansion_accepted: verifications whose accepted path ends with an expansion token.
-        skipped_drafts: steps that drafted nothing (no length budget left).
-        drafted_nodes: tree nodes drafted at each drafted step, before ``verify_cost`` chose what to verify
-            (``tree_sizes`` holds the verified ones).
-    """
-
-    draft_forwards: int = 0
-    draft_tokens: int = 0
-    main_lengths: list[int] = field(default_factory=list)
-    expansion_sizes: list[list[int]] = field(default_factory=list)
-    confidences: list[list[float]] = field(default_factory=list)
-    main_accepted: list[int] = field(default_factory=list)
-    expansion_accepted: int = 0
-    skipped_drafts: int = 0
-    drafted_nodes: list[int] = field(default_factory=list)
-
-    @property
-    def draft_cost_ratio(self) -> float:
-        """Drafting time over verification time (both once per step)."""
-        verify = self.phase_seconds.get("verify", 0.0)
-        return self.phase_seconds.get("draft", 0.0) / verify if verify else 0.0
-
-    @property
-    def draft_forward_cost(self) -> float:
-        """The paper's cost coefficient ``c``: time of one draft forward over that of one target forward
-        (a verification over the tree)."""
-        verify = self.phase_seconds.get("verify", 0.0)
-        if not (verify and self.draft_forwards and self.target_calls):
-            return 0.0
-        return (self.phase_seconds.get("draft", 0.0) / self.draft_forwards) / (verify / self.target_calls)
-
-    def to_dict(self) -> dict:
-        out = super().to_dict()
-        out.update({k: getattr(self, k) for k in (
-            "draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
-            "expansion_accepted", "skipped_drafts", "drafted_nodes", "draft_cost_ratio", "draft_forward_cost")})
-        return out
-
-
-_RECORDED = ("draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
-             "expansion_accepted", "skipped_drafts", "drafted_nodes")
 
 
 def _empty(seq: torch.Tensor) -> TokenTree:
@@ -149,6 +98,7 @@ class GlideDrafter(TreeDrafter):
 
     def __init__(self, glide, settings: GlideSettings, stop_ids: list[int]):
         self.glide, self.settings = glide, settings
+        self.linear = settings.cape is None          # without CAPE every draft is a chain (no tree mask)
         self.stop_ids = set(int(t) for t in stop_ids)
         self.cache = DynamicCache()                  # the draft's own self-attention K/V of verified tokens
         self.record = GlideStats()                   # only the GLIDE fields are used (copied by the assistant)
@@ -199,46 +149,58 @@ class GlideDrafter(TreeDrafter):
             raise RuntimeError(f"the draft cache holds {past} tokens but only {length} are verified")
         kv = self._glimpse(state)
         ids = seq[past:].to(self._device)                                           # catch-up tokens + root
-        main: list[int] = []
-        rows: list[torch.Tensor] = []
-        cape, reach = self.settings.cape, 1.0                                       # reach: prod of main p_i
+        rows, bests, tops, tokens = [], [], [], []         # per draft forward, on the device
+        p_best, target_ids = [], []                        # host copies of tops / tokens
+        defer = defer_reads(self._device)                  # GPU: read once after the k forwards, not per token
         for t in range(k):
             out = self.glide(input_ids=ids[None], past_key_values=self.cache, use_cache=True, target_key_values=kv,
                              full_vocab=False, logits_to_keep=1)
             self.record.draft_forwards += 1
             self.record.draft_tokens += ids.shape[0]
             p = out.logits[0, -1].float().softmax(-1)                               # [N] draft distribution
-            best = int(p.argmax())
-            p_best = float(p[best])
-            unsure = p_best < self.settings.min_confidence
-            if unsure and (cape is None or reach * p_best < cape.min_prob):
-                break                                   # a chain leaves it out, CAPE too below its path floor
-            reach *= p_best
-            main.append(best)
-            rows.append(p)
-            token = int(self._to_target(torch.tensor(best, device=p.device)))
-            if unsure or t + 1 == k or token in self.stop_ids:
-                break
-            ids = torch.tensor([token], device=self._device)
+            best = p.argmax()
+            token = self._to_target(best)
+            rows.append(p), bests.append(best), tops.append(p[best]), tokens.append(token)
+            if not defer:                                  # host reads are free: stop as soon as the rule says
+                p_best.append(float(tops[-1]))
+                target_ids.append(int(token))
+                if self._main_length(p_best, target_ids, k)[1]:
+                    break
+            ids = token.reshape(1).to(self._device)
+        if defer:
+            p_best, target_ids = torch.stack(tops).tolist(), torch.stack(tokens).tolist()
+        m = self._main_length(p_best, target_ids, k)[0]
         self._root_len = length
-        self.record.main_lengths.append(len(main))
-        if not main:                                                                # unsure from the start
+        self.record.main_lengths.append(m)
+        if not m:                                                                   # unsure from the start
             self.record.expansion_sizes.append([])
             self.record.confidences.append([])
             self.record.drafted_nodes.append(0)
             return _empty(seq), None
-        probs = torch.stack(rows)                                                   # [k', N]
-        main_d = torch.tensor(main, device=probs.device)                            # [k'] draft ids
-        self._main = self._to_target(main_d).tolist()                               # [k'] target ids
-        conf = probs.gather(1, main_d[:, None])[:, 0]                               # [k'] p_i
-        tree, expansions, node_probs = expanded_proposal(probs, main_d, self.settings.cape, self._to_target)
-        tree = TokenTree(tree.tokens.to(seq.device), tree.parents.to(seq.device))
-        self.record.expansion_sizes.append([int(x.shape[0]) for x in expansions])
-        self.record.confidences.append([round(float(c), 4) for c in conf])
+        probs = torch.stack(rows[:m])                                               # [k', N]
+        main_d = torch.stack(bests[:m])                                             # [k'] draft ids
+        self._main = target_ids[:m]                                                 # [k'] target ids
+        tree, expansions, node_probs = expanded_proposal(probs, main_d, self.settings.cape, self._to_target,
+                                                         main_target=self._main, device=seq.device)
+        self.record.expansion_sizes.append([len(x) for x in expansions])
+        self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
         self.record.drafted_nodes.append(tree.num_nodes)
         if self.rate is not None:                                                   # what pays on this hardware
             tree = tree.select(budget_mask(tree, path_probabilities(tree, node_probs), self.rate.cost, self.rate.rate))
         return tree, None
+
+    def _main_length(self, p_best: list[float], tokens: list[int], k: int) -> tuple[int, bool]:
+        """The main path's stop rule over the drafted ``p_i`` / target ids: ``(m kept, rule ended)``."""
+        cape, reach, m = self.settings.cape, 1.0, 0                                 # reach: prod of main p_i
+        for t, (p, token) in enumerate(zip(p_best, tokens)):
+            unsure = p < self.settings.min_confidence
+            if unsure and (cape is None or reach * p < cape.min_prob):
+                return m, True                          # a chain leaves it out, CAPE too below its path floor
+            reach *= p
+            m += 1
+            if unsure or t + 1 == k or token in self.stop_ids:
+                return m, True
+        return m, False
 
     def on_accept(self, tree, acceptance, state: TreeStep) -> None:
         """Keep, in the draft cache, the verified tokens it holds: ``seq[:L]`` and the fed main tokens that
@@ -248,12 +210,13 @@ class GlideDrafter(TreeDrafter):
         if self.rate is not None:
             self.rate.update(tree.num_nodes, int(acceptance.path.numel()) + 1)
         length = self._root_len
-        accepted = tree.tokens[acceptance.path].tolist() if acceptance.path.numel() else []
+        accepted = [tree.token_list[i] for i in acceptance.path.tolist()]          # host structure, host path
         on_main = _common_prefix(accepted, self._main)
         self.record.main_accepted.append(on_main)
         self.record.expansion_accepted += int(len(accepted) > on_main)
         fed = self._main[:-1]                                                       # the last main token is never fed
-        keep = length + _common_prefix(state.seq[length:].tolist(), fed)
+        emitted = state.tokens[length:] if getattr(state, "tokens", None) is not None else state.seq[length:].tolist()
+        keep = length + _common_prefix(emitted, fed)
         extra = self.cache.get_seq_length() - min(keep, state.seq.shape[0] - 1)
         if extra > 0:
             self.cache.crop(-extra)                  # negative: remove ``extra`` positions (4.57 and 5.x)
@@ -261,8 +224,8 @@ class GlideDrafter(TreeDrafter):
 
 def check_glide_matches(glide, target: PreTrainedModel) -> None:
     """``ValueError`` unless ``glide`` (a :class:`~hf_cascade.heads.GlideForCausalLM`) was built for
-    ``target``'s vocabulary and attention geometry (query heads, head size, K/V heads, layers) and lives
-    on its device. Ties the shared embeddings when the GLIDE uses the target's."""
+    ``target``'s vocabulary and attention geometry (query heads, head size, K/V heads, layers). Ties the shared
+    embeddings when the GLIDE uses the target's. Devices may differ: K/V and embeddings move where used."""
     if not all(hasattr(glide, a) for a in ("target_kv", "tie_to_target", "to_draft_ids")):
         raise TypeError(f"glide_model must be a GlideForCausalLM (or the path of one), got {type(glide).__name__}")
     tc = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
@@ -277,9 +240,6 @@ def check_glide_matches(glide, target: PreTrainedModel) -> None:
         raise ValueError(f"the target has {tc.num_hidden_layers} layers, this GLIDE was built for "
                          f"{c.target_num_hidden_layers} (it would read the wrong layers' K/V).")
     glide.tie_to_target(target)                     # query heads, head size, layer ids; shared embeddings
-    g_dev, t_dev = next(glide.parameters()).device, target.device
-    if g_dev != t_dev:
-        raise ValueError(f"the GLIDE is on {g_dev} and the target on {t_dev}: move them to one device.")
 
 
 class GlideAssistant(TreeAssistant):
@@ -288,8 +248,8 @@ class GlideAssistant(TreeAssistant):
 
     Args:
         glide_model: a :class:`~hf_cascade.heads.GlideForCausalLM` built for the target (``hf-cascade train
-            glide``), or the path of one saved in Hub layout (loaded with
-            :func:`hf_cascade.heads.hub.load_head`). A GLIDE with ``cross_attention=False`` (the paper's
+            glide``), or the local directory or Hub repo id of one (hf_cascade's own classes, no remote code:
+            :func:`hf_cascade.loading.load_pretrained`). A GLIDE with ``cross_attention=False`` (the paper's
             Vanilla Drafter baseline) works too: it drafts without reading the target's cache.
         cape: expand the proposal with CAPE (a tree); ``False`` drafts a chain.
         draft_length: main-path tokens per step (``gamma``).
@@ -303,11 +263,16 @@ class GlideAssistant(TreeAssistant):
         min_expansion_prob: CAPE leaves out expansion tokens whose path the draft gives probability below it
             (own probability x the main confidences above; 0 = the paper's ``S(p)`` sets in full; see
             :class:`~hf_cascade.glide.cape.CapeSettings`).
-        verify_cost: a :class:`~hf_cascade.tree.budget.VerifyCost` (``VerifyCost()``: the profile measured on
-            the reference CPU; :func:`~hf_cascade.tree.budget.measure_verify_cost` measures yours): each step
-            verifies only the drafted nodes whose expected accepted tokens pay for their cost. ``None``
+        verify_cost: a :class:`~hf_cascade.core.budget.VerifyCost` (``VerifyCost()``: measured on the target's
+            device at the first call, cached per device kind; or a table, e.g. from
+            :func:`~hf_cascade.core.budget.measure_verify_cost`): each step verifies only the drafted nodes whose
+            expected accepted tokens pay for their cost on this hardware. ``None``
             (default): verify everything drafted, as the paper does. Not in the paper; lossless either way.
-        fast_head: see :class:`~hf_cascade.assistant.Assistant`.
+        cpu_kernels: ``None`` (automatic), ``True`` or ``False``: see :mod:`hf_cascade.backends`.
+        revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options when ``glide_model`` is
+            a path or repo id (``dtype`` / ``device_map`` with a loaded model: ``ValueError``).
+        place_drafters: place the GLIDE like the target's input embeddings (device, dtype) at every call
+            (:func:`hf_cascade.placement.place_like`); ``False``: leave it (K/V then cross at every forward).
 
     Greedy outputs equal plain ``generate``; sampling is lossless (deterministic trees, see the module
     docstring). After each call ``assistant.last_stats`` is a :class:`GlideStats` (tokens per target call,
@@ -317,7 +282,7 @@ class GlideAssistant(TreeAssistant):
 
         import hf_cascade
         from hf_cascade.glide import GlideAssistant
-        a = GlideAssistant("path/to/glide", cape=True)
+        a = GlideAssistant("hf-cascade/gemma-3-270m-glide-xs", cape=True)
         out = model.generate(ids, assistant_model=a, max_new_tokens=128)
         a.last_stats.tokens_per_target_call, a.last_stats.draft_forward_cost
     """
@@ -325,29 +290,38 @@ class GlideAssistant(TreeAssistant):
     def __init__(self, glide_model, cape: bool = True, draft_length: int = 5,
                  cape_sizes: tuple[int, ...] = (7, 5, 3, 1), cape_thresholds: tuple[float, ...] = (0.3, 0.6, 0.8),
                  max_tree_nodes: int | None = None, min_confidence: float = 0.0, min_expansion_prob: float = 0.0,
-                 verify_cost: VerifyCost | None = None, fast_head: bool = True):
-        if isinstance(glide_model, (str, os.PathLike)):
-            from ..heads.hub import load_head
-
-            glide_model = load_head(glide_model)
+                 verify_cost: VerifyCost | None = None, cpu_kernels: bool | None = None, *, revision: str | None = None,
+                 token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, dtype=None, device_map=None,
+                 place_drafters: bool = True):
+        if isinstance(glide_model, (str, os.PathLike, torch.nn.Module)):
+            glide_model = load_pretrained(glide_model, kind="glide_model", revision=revision, token=token,
+                                          cache_dir=cache_dir, dtype=dtype, device_map=device_map)
         if not all(hasattr(glide_model, a) for a in ("target_kv", "tie_to_target", "to_draft_ids")):
-            raise TypeError(f"glide_model must be a GlideForCausalLM (or the path of one), "
+            raise TypeError(f"glide_model must be a GlideForCausalLM (or the path or repo id of one), "
                             f"got {type(glide_model).__name__}")
         cape_settings = (CapeSettings(tuple(cape_sizes), tuple(cape_thresholds), max_tree_nodes, float(min_expansion_prob))
                          if cape else None)
         if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
-            raise TypeError(f"verify_cost must be a hf_cascade.tree.budget.VerifyCost or None, got {type(verify_cost).__name__}")
+            raise TypeError(f"verify_cost must be a hf_cascade.core.budget.VerifyCost or None, got {type(verify_cost).__name__}")
         self.settings = GlideSettings(int(draft_length), cape_settings, float(min_confidence), verify_cost)
         self.glide = glide_model.eval()
-        self.fast_head = fast_head
+        self.cpu_kernels = cpu_kernels
+        self.place_drafters = bool(place_drafters)
         self._drafter: GlideDrafter | None = None
 
+    def bind(self, target: PreTrainedModel) -> None:
+        """``place_drafters``: a float32 GLIDE on a bf16 target is cast once here, not the K/V at every forward."""
+        if self.place_drafters:
+            place_like(self.glide, target)
+
     def new_drafter(self, target: PreTrainedModel, generation_config: GenerationConfig,
-                    logits_processor: LogitsProcessorList) -> GlideDrafter:
+                    logits_processor: LogitsProcessorList, stats=None, target_tokenizer=None) -> GlideDrafter:
         check_glide_matches(self.glide, target)
         eos = generation_config.eos_token_id
         stop = [] if eos is None else [eos] if isinstance(eos, int) else list(torch.as_tensor(eos).flatten().tolist())
-        self._drafter = GlideDrafter(self.glide, self.settings, stop)
+        settings, cost = self.settings, self.settings.verify_cost          # VerifyCost(): measured on this device
+        settings = replace(settings, verify_cost=cost.resolve(target)) if cost is not None else settings
+        self._drafter = GlideDrafter(self.glide, settings, stop)
         return self._drafter
 
     def decode(self, *args, **kwargs):

@@ -7,7 +7,7 @@ The draft proposes a main path ``x_{t+1} .. x_{t+gamma}`` greedily. At step ``i`
 leaves: siblings of ``x_{t+i}`` that nothing is drafted after. The linearized proposal
 ``[main, X_0, X_1, ...]``, its position ids (``input_pi``: ``i`` for ``x_{t+i}`` and for every token of
 ``X_i``) and the verification mask (each token sees the main tokens before its position, and itself) are
-those of :meth:`hf_cascade.tree.TokenTree.from_expansions` (see there for the erratum in Algorithm 2).
+those of :meth:`hf_cascade.core.TokenTree.from_expansions` (see there for the erratum in Algorithm 2).
 
 ``S`` (:class:`CapeSettings`): Section 4.2 sets 7, 5, 3, 1 for ``p`` in ``(0, .3]``, ``(.3, .6]``,
 ``(.6, .8]``, ``(.8, 1]``. Algorithm 1 writes it as a bin array over ``floor(10 p)`` whose entries count
@@ -23,7 +23,8 @@ from typing import Sequence
 
 import torch
 
-from ..tree import TokenTree
+from ..core import TokenTree
+from ..placement import defer_reads
 
 
 @dataclass(frozen=True)
@@ -92,17 +93,31 @@ def expansion_sets(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor,
     Returns ``k`` LongTensors: the ``min(K_i, N - 1)`` highest-probability ids of row ``i`` other than
     ``main[i]``, best first (ties: ``torch.topk``'s order), less those below ``min_prob``.
     """
+    return [torch.tensor(x, dtype=torch.long, device=probs.device) for x in expansion_lists(probs, main, sizes, min_prob)]
+
+
+def expansion_lists(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
+                    max_size: int | None = None) -> list[list[int]]:
+    """:func:`expansion_sets` as lists of ids, computed on ``probs``' device and read in one transfer
+    (``max_size``: an upper bound of ``sizes``, e.g. :attr:`CapeSettings.max_size`, saves reading it; the
+    ``topk`` then runs wider, which can order tied probabilities differently)."""
     k, n = probs.shape
     if main.shape != (k,) or sizes.shape != (k,):
         raise ValueError(f"main and sizes must be [k] = [{k}], got {tuple(main.shape)} and {tuple(sizes.shape)}")
-    width = min(int(sizes.max()) + 1 if k else 1, n)
+    main, sizes = main.to(probs.device).long(), sizes.to(probs.device).long()
+    bound = (int(max_size) if max_size is not None else int(sizes.max())) if k else 0
+    width = min(bound + 1, n)
     top = probs.topk(width, dim=-1).indices                                      # [k, width]
     conf = probs.gather(1, main[:, None])[:, 0]                                  # [k] p_i of the main tokens
     reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])                  # [k] prod_{j<i} p_j
+    ok = probs.gather(1, top) * reach[:, None] >= min_prob                       # [k, width] path prob >= floor
+    flat = torch.cat([top.flatten(), ok.flatten().long(), sizes, main]).tolist()  # the one read
+    kw = k * width
     out = []
     for i in range(k):
-        row = top[i][top[i] != main[i]][: min(int(sizes[i]), n - 1)]
-        out.append(row[probs[i, row] * reach[i] >= min_prob] if min_prob > 0 else row)
+        row_top, row_ok = flat[i * width:(i + 1) * width], flat[kw + i * width:kw + (i + 1) * width]
+        row = [(t, o) for t, o in zip(row_top, row_ok) if t != flat[2 * kw + k + i]][: min(flat[2 * kw + i], n - 1)]
+        out.append([t for t, o in row if o or min_prob <= 0])
     return out
 
 
@@ -114,37 +129,49 @@ def cap_expansions(expansions: Sequence[torch.Tensor], main_len: int, max_nodes:
     out = []
     for x in expansions:
         out.append(x[:room])
-        room -= out[-1].shape[0]
+        room -= len(out[-1])
     return out
 
 
-def cape_tree(main: torch.Tensor, expansions: Sequence[torch.Tensor]) -> TokenTree:
+def cape_tree(main: torch.Tensor, expansions: Sequence[torch.Tensor], device=None) -> TokenTree:
     """The verification tree of an expanded proposal: Algorithm 2's linearized ``input`` in node order,
     ``input_pi`` as ``position_offsets()`` and ``Mask_CAPE`` as ``ancestor_mask()`` (see
-    :meth:`~hf_cascade.tree.TokenTree.from_expansions`). ``main`` ``[k]`` and ``expansions`` are target ids."""
-    return TokenTree.from_expansions(main, list(expansions))
+    :meth:`~hf_cascade.core.TokenTree.from_expansions`). ``main`` ``[k]`` and ``expansions`` are target ids
+    (tensors or lists; ``device``: where the tree goes)."""
+    return TokenTree.from_expansions(main, list(expansions), device=device)
 
 
 def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettings | None,
-                      to_target=None) -> tuple[TokenTree, list[torch.Tensor], torch.Tensor]:
+                      to_target=None, main_target=None, device=None) -> tuple[TokenTree, list[torch.Tensor], torch.Tensor]:
     """Algorithm 1 end to end: the draft's ``[k, N]`` distributions along its main path ``main`` (``[k]``,
     normally the rows' argmax) -> the verification tree, the expansion sets (``to_target`` maps draft ids
     to target ids, e.g. through a reduced vocabulary; identity when ``None``) and ``[n]`` the draft's
     probability of each node's token at its step (node order). ``settings=None``: no expansion, the tree is
-    the chain ``main``."""
-    to_target = to_target or (lambda x: x)
-    main_t = to_target(main)
-    conf = probs.gather(1, main[:, None].to(probs.device))[:, 0]                  # [k] p_i
+    the chain ``main``. ``main_target``: the main path's target ids when the caller has them on the host;
+    ``device``: where the tree goes (default ``probs``' device). Reads the device once for the sets, once
+    more for their target ids when ``to_target`` maps them."""
+    device = probs.device if device is None else device
+    main = main.to(probs.device)
+    main_t = list(main_target) if main_target is not None else (to_target or (lambda x: x))(main)
+    conf = probs.gather(1, main[:, None])[:, 0]                                   # [k] p_i
     if settings is None:
-        return TokenTree.chain(main_t), [], conf
-    sets = cap_expansions(expansion_sets(probs, main.to(probs.device), settings.expansion_sizes(conf),
-                                         settings.min_prob), main.shape[0], settings.max_nodes)
-    node_probs = torch.cat([conf] + [probs[i, x] for i, x in enumerate(sets)])   # Algorithm 2's node order
-    expansions = [to_target(x) for x in sets]
-    tree = cape_tree(main_t, expansions)
+        return TokenTree.from_expansions(main_t, [[] for _ in range(main.shape[0])], device=device), [], conf
+    bound = settings.max_size if defer_reads(probs.device) else None            # CPU: reads are free, exact width
+    sets = cap_expansions(expansion_lists(probs, main, settings.expansion_sizes(conf), settings.min_prob, bound),
+                          main.shape[0], settings.max_nodes)
+    rows = torch.tensor([i for i, x in enumerate(sets) for _ in x], dtype=torch.long, device=probs.device)
+    ids = torch.tensor([t for x in sets for t in x], dtype=torch.long, device=probs.device)
+    node_probs = torch.cat([conf, probs[rows, ids]])                               # Algorithm 2's node order
+    mapped = ids if to_target is None else to_target(ids)
+    flat = [t for x in sets for t in x] if mapped is ids else mapped.tolist()    # target ids, on the host
+    expansions, at = [], 0
+    for x in sets:
+        expansions.append(flat[at:at + len(x)])
+        at += len(x)
+    tree = cape_tree(main_t, expansions, device=device)
     if tree.num_nodes != node_probs.shape[0]:                                     # sets exclude main[i], unique
         raise RuntimeError("CAPE expansion sets must not repeat the main token or each other")
-    return tree, expansions, node_probs
+    return tree, [torch.tensor(x, dtype=torch.long, device=device) for x in expansions], node_probs
 
 
-__all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_proposal", "expansion_sets"]
+__all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_proposal", "expansion_lists", "expansion_sets"]

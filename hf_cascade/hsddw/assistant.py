@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import numbers
+import os
 
+from torch.nn import Module
 from transformers import PreTrainedModel
 
-from ..assistant import Assistant
+from ..assistant import LinearAssistant
 from ..drafters.neural import check_same_vocabulary
+from ..loading import load_pretrained
+from ..placement import place_like
 from .generator import DynamicWindowCandidateGenerator
 from .rules import check_threshold
 from .stats import DynamicWindowStats
@@ -17,13 +21,15 @@ from .stats import DynamicWindowStats
 TARGET_WINDOW_FACTOR = 5
 
 
-class DynamicWindowAssistant(Assistant):
+class DynamicWindowAssistant(LinearAssistant):
     """Hierarchical Speculative Decoding with Dynamic Window (HSDDW) for ``model.generate``.
 
     Args:
-        draft_model: the fast draft model (``M_q1``); any HF causal LM sharing the target's tokenizer.
-        verifier_model: optional stronger draft model (``M_q2``) that pre-verifies the fast model's
-            tokens (Algorithm 2). Without it: SD + Self-verify (Algorithm 1).
+        draft_model: the fast draft model (``M_q1``); any HF causal LM sharing the target's tokenizer,
+            loaded or as a local directory or Hub repo id (loaded here by
+            :func:`hf_cascade.loading.load_pretrained`).
+        verifier_model: optional stronger draft model (``M_q2``, loaded or a path / repo id) that
+            pre-verifies the fast model's tokens (Algorithm 2). Without it: SD + Self-verify (Algorithm 1).
         max_window: most tokens the draft model drafts per Draft + Self-verify stage (the paper's
             ``K``; 10 in its experiments).
         tau_init: the draft model's starting confidence threshold (nats). The paper starts at 0: the
@@ -34,8 +40,15 @@ class DynamicWindowAssistant(Assistant):
             (default ``5 * max_window``).
         tokenizer: optional tokenizer of the draft models, for an exact vocabulary check when
             ``generate(..., tokenizer=...)`` is also given.
-        fast_head: run the target's verification forwards with the CPU kernels of
-            :mod:`hf_cascade.verify_linear` and :mod:`hf_cascade.verify_head`; ``False`` leaves the target untouched.
+        cpu_kernels: verify with hf_cascade's CPU kernels (:mod:`hf_cascade.backends.cpu`). ``None`` (default):
+            automatic, on exactly for a float32 target on CPU (or as ``HF_CASCADE_CPU_KERNELS`` says);
+            ``True``: on (``ValueError`` for another target); ``False``: the target's own kernels.
+        revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options for the models given
+            as paths or repo ids (``dtype`` / ``device_map`` with an already loaded model: ``ValueError``).
+        place_drafters: at every ``generate()``, move both draft models to the device of the target's input
+            embeddings and cast their float weights to their dtype (:func:`hf_cascade.placement.place_like`;
+            a model dispatched with ``device_map`` stays put). ``False``: leave them where they are (the
+            pre-verifier reviews on its own device; tokens cross devices explicitly).
 
     After each call ``assistant.last_stats`` is a :class:`~hf_cascade.hsddw.DynamicWindowStats`:
     window per step, redundancy sigma, target utilisation eta, tau trajectories, calls per model.
@@ -52,15 +65,29 @@ class DynamicWindowAssistant(Assistant):
 
     def __init__(
         self,
-        draft_model: PreTrainedModel,
-        verifier_model: PreTrainedModel | None = None,
+        draft_model: PreTrainedModel | str | os.PathLike,
+        verifier_model: PreTrainedModel | str | os.PathLike | None = None,
         max_window: int = 10,
         tau_init: float = 0.0,
         tau2_init: float = 0.0,
         max_target_window: int | None = None,
         tokenizer=None,
-        fast_head: bool = True,
+        cpu_kernels: bool | None = None,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        dtype=None,
+        device_map=None,
+        place_drafters: bool = True,
     ):
+        hub = dict(revision=revision, token=token, cache_dir=cache_dir, dtype=dtype, device_map=device_map)
+        paths = [os.fspath(m) if isinstance(m, (str, os.PathLike)) else m for m in (draft_model, verifier_model)]
+        if isinstance(draft_model, (str, os.PathLike, Module)):
+            draft_model = load_pretrained(draft_model, kind="draft_model", **hub)
+        if isinstance(verifier_model, (str, os.PathLike, Module)):
+            verifier_model = (draft_model if paths[0] == paths[1]
+                              else load_pretrained(verifier_model, kind="verifier_model", **hub))
         _check_model(draft_model, "draft_model")
         if verifier_model is not None:
             _check_model(verifier_model, "verifier_model")
@@ -77,12 +104,19 @@ class DynamicWindowAssistant(Assistant):
         self.draft_model = draft_model
         self.verifier_model = verifier_model
         self.tokenizer = tokenizer
-        self.fast_head = bool(fast_head)
+        self.cpu_kernels = cpu_kernels
+        self.place_drafters = bool(place_drafters)
 
-    def candidate_generator(self, *args, **kwargs) -> DynamicWindowCandidateGenerator:
-        generator = super().candidate_generator(*args, **kwargs)
-        self.last_stats = generator.stats   # the DynamicWindowStats built in ``build``
-        return generator
+    def bind(self, target) -> None:
+        """Place the draft model and the pre-verifier on the target's input-embedding device and dtype
+        (``place_drafters``)."""
+        if self.place_drafters:
+            for model in (self.draft_model, self.verifier_model):
+                if model is not None and model is not target:
+                    place_like(model, target)
+
+    def new_stats(self) -> DynamicWindowStats:
+        return DynamicWindowStats()
 
     def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> DynamicWindowCandidateGenerator:
         for model in (self.draft_model, self.verifier_model):
@@ -91,7 +125,7 @@ class DynamicWindowAssistant(Assistant):
             if model is not None:
                 check_same_vocabulary(target, model, target_tokenizer, self.tokenizer)
         return DynamicWindowCandidateGenerator(
-            target, generation_config, logits_processor, DynamicWindowStats(), self.draft_model, self.verifier_model,
+            target, generation_config, logits_processor, stats, self.draft_model, self.verifier_model,
             self.max_window, self.max_target_window, self.tau_init, self.tau2_init,
         )
 

@@ -14,7 +14,7 @@ accumulated; its rejections update ``tau2``).
 
 Lossless: every token handed to the target carries the exact distribution it was drawn from: the
 small model's processed ``q`` (Algorithm 1), or, after pre-verification, ``Review.dists`` of
-:func:`~hf_cascade.verify.sampling_review`: the marginal output distribution of the pre-verifier's
+:func:`~hf_cascade.core.accept.sampling_review`: the marginal output distribution of the pre-verifier's
 speculative sampling, which is its own processed distribution for accepted *and* resampled tokens.
 (The residual ``norm(max(0, p2 - q1))`` is only the law of a resampled token *given* that a
 rejection happened; using it there while accepted tokens carry ``p2`` would be lossy.) Stop
@@ -46,8 +46,9 @@ import torch
 from ..candidate import Draft, SpeculativeCandidateGenerator
 from ..cascade.generator import _model_name
 from ..drafters.neural import NeuralLevel
-from ..stats import LevelStats
-from ..verify import Review, greedy_review, sampling_review
+from ..core.stats import LevelStats
+from ..core.accept import Review, greedy_review, sampling_review
+from ..placement import defer_reads
 from .rules import EntropyThreshold, entropy, self_verify_length
 
 
@@ -64,7 +65,12 @@ class StageOutput:
 def draft_and_self_verify(level: NeuralLevel, seq: torch.Tensor, window: int, tau: float, do_sample: bool,
                           stop_ids: set[int]) -> StageOutput:
     """Algorithm 1 lines 3-12: draft up to ``window`` tokens after ``seq``, stopping after the first
-    token whose processed distribution has entropy ``> tau`` (or after an end-of-sequence token)."""
+    token whose processed distribution has entropy ``> tau`` (or after an end-of-sequence token).
+
+    On an accelerator (:func:`~hf_cascade.placement.defer_reads`) the ``window`` tokens are drafted on the
+    device and read once with their entropies, then cut by the same rule (same tokens and rows)."""
+    if defer_reads(getattr(level, "device", "cpu")):
+        return _draft_deferred(level, seq, window, tau, do_sample, stop_ids)
     tokens, dists, ents = [], [], []
     cur = seq
     for _ in range(window):
@@ -82,8 +88,26 @@ def draft_and_self_verify(level: NeuralLevel, seq: torch.Tensor, window: int, ta
     return StageOutput(
         torch.cat(tokens) if tokens else seq[:0],
         torch.stack(dists).to(seq.device) if do_sample and dists else None,
-        torch.stack(ents).cpu() if ents else torch.zeros(0),
+        torch.stack(ents).cpu() if ents else torch.zeros(0, device="cpu"),
     )
+
+
+def _draft_deferred(level: NeuralLevel, seq: torch.Tensor, window: int, tau: float, do_sample: bool,
+                    stop_ids: set[int]) -> StageOutput:
+    """:func:`draft_and_self_verify` with two host reads (tokens; entropies) instead of two per token."""
+    tokens, _, rows = level.draft_on_device(seq, max(window, 0), do_sample)
+    if not tokens:
+        return StageOutput(seq[:0], None, torch.zeros(0, device="cpu"))
+    ents = entropy(rows)                                                  # [window]
+    values = ents.tolist()
+    n = len(tokens)
+    for i, (h, tok) in enumerate(zip(values, tokens)):
+        if h > tau or tok in stop_ids:
+            n = i + 1
+            break
+    return StageOutput(torch.tensor(tokens[:n], dtype=torch.long, device=seq.device),
+                       rows[:n].to(seq.device) if do_sample else None,
+                       torch.tensor(values[:n], dtype=ents.dtype, device="cpu"))
 
 
 class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
@@ -107,7 +131,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
         self.tau2 = EntropyThreshold(tau2_init)
         stats.rejected_entropies = self.tau.rejected
         stats.rejected_entropies2 = self.tau2.rejected
-        self._pending: torch.Tensor = torch.zeros(0)   # entropies of the q of each token handed to the target
+        self._pending: torch.Tensor = torch.zeros(0, device="cpu")   # host: entropies of the q of each token handed to the target
 
     # -- draft ---------------------------------------------------------------------------------
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
@@ -126,7 +150,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     def _hierarchical(self, seq: torch.Tensor, cap: int) -> Draft:
         """Algorithm 2: (Draft + Self-verify -> Pre-verify + Self-verify)* until the pre-verifier is unsure."""
         self.stats.tau2_trajectory.append(self.tau2.value)
-        tokens, dists, ents = [seq[:0]], [], [torch.zeros(0)]
+        tokens, dists, ents = [seq[:0]], [], [torch.zeros(0, device="cpu")]
         total = 0
         while total < cap:
             cur = torch.cat([seq, *tokens])
@@ -134,7 +158,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
             review, review_ents = self._pre_verify(cur, stage)
             keep = min(self_verify_length(review_ents, self.tau2.value), cap - total)
             unsure = bool((review_ents[:keep] > self.tau2.value).any())
-            out = review.tokens[:keep]
+            out = review.tokens[:keep].to(seq.device)                        # the pre-verifier's device -> the target's
             stop = torch.isin(out, self._stop_tensor.to(out.device)).nonzero()
             if stop.numel():
                 keep = int(stop[0]) + 1
@@ -142,7 +166,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
             tokens.append(out)
             ents.append(review_ents[:keep])
             if review.dists is not None:
-                dists.append(review.dists[:keep])
+                dists.append(review.dists[:keep].to(seq.device))
             total += keep
             if unsure or stop.numel():
                 break
@@ -172,7 +196,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
             threshold = self.tau if self.pre is None else self.tau2
             threshold.update(float(self._pending[num_accepted]))
         _record(self.stats.levels[0], num_proposed, num_accepted)
-        self._pending = torch.zeros(0)
+        self._pending = torch.zeros(0, device="cpu")
 
 
 def _record(level: LevelStats, proposed: int, accepted: int) -> None:

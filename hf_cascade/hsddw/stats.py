@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..stats import GenerationStats
+from ..core.stats import GenerationStats
 
 
 @dataclass

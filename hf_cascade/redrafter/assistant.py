@@ -9,10 +9,10 @@ Section 2 ("Speculative decoding with ReDrafter"). Each step, draft -> verify ->
    search with the recurrent head (:func:`~hf_cascade.redrafter.beam.beam_search`): ``w`` beams of
    ``L`` draft tokens.
 2. **Pack**: the beams' shared prefixes are deduplicated with tensor ops
-   (:func:`~hf_cascade.tree.structure.get_prefix_match`, Listing 1) into a token tree
+   (:func:`~hf_cascade.core.structure.get_prefix_match`, Listing 1) into a token tree
    (:meth:`TokenTree.from_beams`: dynamic tree attention). ``dedupe=False`` verifies the ``w * L``
    beam tokens flat instead, each beam its own branch (the paper's "w/o tree attention" baseline).
-3. **Verify and accept** (:func:`~hf_cascade.tree.decode.tree_decode`): one target forward over the
+3. **Verify and accept** (:func:`~hf_cascade.core.loop.speculative_decode`): one target forward over the
    tree with its tree mask; greedy: the longest path the target agrees with (= the candidate with
    the longest accepted prefix); sampling: recursive rejection sampling with point-mass drafts
    (the tree is a deterministic function of the context), exactly the target's distribution.
@@ -31,14 +31,18 @@ from dataclasses import dataclass, field, fields
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
-from ..tree.strategy import TreeAssistant, TreeDrafter, TreeStats, TreeStep
-from ..tree.structure import TokenTree
-from .beam import beam_search, beams_tree, confident_prefix
+from ..assistant import TreeAssistant
+from ..core.stats import TreeStats
+from ..core.strategy import TreeDrafter, TreeStep
+from ..core.structure import TokenTree
+from ..placement import place_like, target_device_dtype
+from ..loading import load_pretrained
+from .beam import beam_search, confident_prefix, pack, prune
 
 
 @dataclass
 class ReDrafterStats(TreeStats):
-    """:class:`~hf_cascade.tree.strategy.TreeStats` of one ``generate()`` call, plus the beams.
+    """:class:`~hf_cascade.core.strategy.TreeStats` of one ``generate()`` call, plus the beams.
 
     Attributes:
         beam_tokens: ``w' * L'`` tokens the beam search proposed at each drafted step (``L'`` = the
@@ -103,6 +107,7 @@ class ReDrafterDrafter(TreeDrafter):
         self.head, self.embed = head, embed
         self.beam_width, self.beam_length, self.dedupe = beam_width, beam_length, dedupe
         self.min_confidence = float(min_confidence)
+        self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
         self.record = _BeamRecord()
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
@@ -115,11 +120,11 @@ class ReDrafterDrafter(TreeDrafter):
         beams, _, logp = beam_search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, length,
                                      token_logp=True)                                  # [w', L'] each
         beams = beams.to(seq.device)
-        tree = beams_tree(beams, self.dedupe)                                          # n nodes
+        tree, beam_to_node = pack(beams, self.dedupe)                                  # n nodes; one read of the beams
         self.record.beam_tokens.append(int(beams.numel()))
         self.record.drafted_nodes.append(tree.num_nodes)
         if self.min_confidence > 0:
-            tree = beams_tree(beams, self.dedupe, keep=confident_prefix(logp, self.min_confidence))
+            tree = prune(tree, beam_to_node, confident_prefix(logp, self.min_confidence))
         self.record.confident_nodes.append(tree.num_nodes)
         return tree, None
 
@@ -158,8 +163,8 @@ class ReDrafterAssistant(TreeAssistant):
 
     Args:
         head: a :class:`~hf_cascade.heads.ReDrafterModel` trained for the target (``hf-cascade train
-            redrafter``), or the path of one saved in Hub layout (loaded with
-            :func:`hf_cascade.heads.hub.load_head`).
+            redrafter``), or the local directory or Hub repo id of one (loaded with hf_cascade's own classes
+            by :func:`hf_cascade.loading.load_pretrained`, no remote code).
         beam_width: ``w``, candidates kept by the beam search (``1``: the head's greedy draft, a chain).
         beam_length: ``L``, draft tokens per candidate (the tree's depth; the reference's
             ``BeamShape.length`` is ``L + 1``, it counts the target's own first token).
@@ -171,7 +176,13 @@ class ReDrafterAssistant(TreeAssistant):
             paper, for CPUs: there every verified token costs time (on Gemma-3-270M, 2 threads: 1
             token ~90 ms, 5 tokens ~120 ms), so unlikely tokens are not worth verifying. The tree
             stays a deterministic function of the context: greedy and sampling stay lossless.
-        fast_head: see :class:`~hf_cascade.assistant.Assistant`.
+        cpu_kernels: ``None`` (automatic), ``True`` or ``False``: see :mod:`hf_cascade.backends`.
+        revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options when ``head`` is a path
+            or repo id (``dtype`` / ``device_map`` with a loaded model: ``ValueError``).
+        place_drafters: at every ``generate()``, move the head to the device of the target's input embeddings
+            and cast its float weights to their dtype (:func:`hf_cascade.placement.place_like`; a head
+            dispatched with ``device_map`` stays put). ``False``: leave it where it is (hidden states and
+            embeddings then move to it at every beam step).
 
     Greedy outputs equal plain ``generate``; sampling is lossless. After each call
     ``assistant.last_stats`` is a :class:`ReDrafterStats` (tokens per target call, tree sizes,
@@ -181,19 +192,20 @@ class ReDrafterAssistant(TreeAssistant):
 
         import hf_cascade
         from hf_cascade.redrafter import ReDrafterAssistant
-        a = ReDrafterAssistant("path/to/redrafter-head", beam_width=4, beam_length=5)
+        a = ReDrafterAssistant("hf-cascade/gemma-3-270m-redrafter-xs", beam_width=4, beam_length=5)
         out = model.generate(ids, assistant_model=a, max_new_tokens=128)
         a.last_stats.tokens_per_target_call, a.last_stats.compression_ratio
     """
 
     def __init__(self, head, beam_width: int = 4, beam_length: int = 5, dedupe: bool = True,
-                 min_confidence: float = 0.0, fast_head: bool = True):
-        if isinstance(head, (str, os.PathLike)):
-            from ..heads.hub import load_head
-
-            head = load_head(head)
+                 min_confidence: float = 0.0, cpu_kernels: bool | None = None, *, revision: str | None = None,
+                 token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, dtype=None, device_map=None,
+                 place_drafters: bool = True):
+        if isinstance(head, (str, os.PathLike, torch.nn.Module)):
+            head = load_pretrained(head, kind="head", revision=revision, token=token, cache_dir=cache_dir, dtype=dtype,
+                                   device_map=device_map)
         if not all(hasattr(head, a) for a in ("init_state", "step", "logits", "to_target_ids")):
-            raise TypeError(f"head must be a ReDrafterModel (or the path of one), got {type(head).__name__}")
+            raise TypeError(f"head must be a ReDrafterModel (or the path or repo id of one), got {type(head).__name__}")
         if int(beam_width) < 1 or int(beam_length) < 1:
             raise ValueError(f"ReDrafterAssistant needs beam_width >= 1 and beam_length >= 1, "
                              f"got {beam_width} and {beam_length}")
@@ -202,17 +214,25 @@ class ReDrafterAssistant(TreeAssistant):
         self.head = head.eval()
         self.min_confidence = float(min_confidence)
         self.beam_width, self.beam_length, self.dedupe = int(beam_width), int(beam_length), bool(dedupe)
-        self.fast_head = fast_head
+        self.cpu_kernels = cpu_kernels
+        self.place_drafters = bool(place_drafters)
         self._record: _BeamRecord | None = None
 
+    def bind(self, target: PreTrainedModel) -> None:
+        """Place the head on the target's input-embedding device and dtype (``place_drafters``)."""
+        if self.place_drafters:
+            place_like(self.head, target)
+
     def new_drafter(
-        self, target: PreTrainedModel, generation_config: GenerationConfig, logits_processor: LogitsProcessorList
+        self, target: PreTrainedModel, generation_config: GenerationConfig, logits_processor: LogitsProcessorList,
+        stats=None, target_tokenizer=None,
     ) -> ReDrafterDrafter:
         check_head_matches(self.head, target)
         emb = target.get_input_embeddings()
+        device = target_device_dtype(target)[0]                       # offloaded embeddings: their execution device
 
         def embed(ids: torch.Tensor) -> torch.Tensor:
-            return emb(ids.to(emb.weight.device))                                    # [b, H]
+            return emb(ids.to(device))                                               # [b, H]
 
         drafter = ReDrafterDrafter(self.head, embed, self.beam_width, self.beam_length, self.dedupe, self.min_confidence)
         self._record = drafter.record

@@ -21,7 +21,7 @@ Deviations from the reference (none changes which beams are kept when ``w <= N``
   so its ``length = L + 1``.
 
 The search is a deterministic function of the context (no sampling), so its tree is verified with
-``draft_probs = None`` (:func:`hf_cascade.tree.accept.sampling_tree_accept`'s point-mass case: lossless).
+``draft_probs = None`` (:func:`hf_cascade.core.accept.sampling_tree_accept`'s point-mass case: lossless).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from ..tree.structure import TokenTree
+from ..core.structure import TokenTree, pack_beams
 
 
 @torch.no_grad()
@@ -91,9 +91,35 @@ def flat_tree(beams: torch.Tensor) -> TokenTree:
     if beams.ndim != 2 or beams.shape[0] == 0:
         raise ValueError(f"beams must be [w, L] with w >= 1, got shape {tuple(beams.shape)}")
     w, L = beams.shape
-    parents = torch.arange(w * L, device=beams.device) - 1
-    parents[::L] = -1
-    return TokenTree(beams.flatten(), parents)
+    host = [-1 if i % L == 0 else i - 1 for i in range(w * L)]                        # the structure, on the host
+    return TokenTree(beams.flatten(), torch.tensor(host, dtype=torch.long, device=beams.device), host_parents=host)
+
+
+def pack(beams: torch.Tensor, dedupe: bool = True) -> tuple[TokenTree, list[list[int]]]:
+    """The verification tree of ``beams`` (``[w, L]``) and, on the host, the node of each beam token:
+    the packed prefix tree (:func:`~hf_cascade.core.structure.pack_beams`, one read of the beams) or
+    :func:`flat_tree` (no read)."""
+    if dedupe:
+        tree, _, beam_to_node = pack_beams(beams)
+        return tree, beam_to_node
+    tree = flat_tree(beams)
+    w, L = beams.shape
+    return tree, [[i * L + j for j in range(L)] for i in range(w)]
+
+
+def prune(tree: TokenTree, beam_to_node: list[list[int]], keep: torch.Tensor) -> TokenTree:
+    """Keep the nodes of the beam tokens where ``keep`` (``[w, L]`` bool, each row a prefix: ``True``
+    then ``False``) is true; a shared node stays when any beam through it keeps it. One read of ``keep``."""
+    rows = keep.bool().tolist()
+    if len(rows) != len(beam_to_node) or any(len(r) != len(b) for r, b in zip(rows, beam_to_node)) or any(
+            not a and b for r in rows for a, b in zip(r, r[1:])):
+        raise ValueError("keep must be a [w, L] mask whose rows are prefixes (True..., then False...)")
+    nodes = [False] * tree.num_nodes
+    for r, b in zip(rows, beam_to_node):
+        for k, node in zip(r, b):
+            if k:
+                nodes[node] = True
+    return tree.select(nodes)
 
 
 def beams_tree(beams: torch.Tensor, dedupe: bool = True, keep: torch.Tensor | None = None) -> TokenTree:
@@ -102,19 +128,8 @@ def beams_tree(beams: torch.Tensor, dedupe: bool = True, keep: torch.Tensor | No
 
     ``keep`` (``[w, L]`` bool, each row a prefix: ``True`` then ``False``) drops the beam tokens
     where it is ``False``; a shared node stays when any beam through it keeps it."""
-    if dedupe:
-        tree, beam_to_node = TokenTree.from_beams(beams)                              # beam_to_node: [w, L]
-    else:
-        tree = flat_tree(beams)
-        beam_to_node = torch.arange(beams.numel(), device=tree.tokens.device).view(beams.shape)
-    if keep is None:
-        return tree
-    keep = keep.to(tree.tokens.device).bool()
-    if keep.shape != beams.shape or bool((keep[:, 1:] & ~keep[:, :-1]).any()):
-        raise ValueError("keep must be a [w, L] mask whose rows are prefixes (True..., then False...)")
-    nodes = torch.zeros(tree.num_nodes, dtype=torch.bool, device=keep.device)
-    nodes[beam_to_node[keep]] = True                                                  # [n]
-    return tree.select(nodes)
+    tree, beam_to_node = pack(beams, dedupe)
+    return tree if keep is None else prune(tree, beam_to_node, keep)
 
 
 def confident_prefix(logp: torch.Tensor, min_confidence: float) -> torch.Tensor:
@@ -124,4 +139,4 @@ def confident_prefix(logp: torch.Tensor, min_confidence: float) -> torch.Tensor:
     return ok.long().cumprod(dim=1).bool()
 
 
-__all__ = ["beam_search", "beams_tree", "confident_prefix", "flat_tree"]
+__all__ = ["beam_search", "beams_tree", "confident_prefix", "flat_tree", "pack", "prune"]

@@ -125,7 +125,7 @@ def _hidden_states(target, seqs: list[list[int]], pad_id: int) -> list[np.ndarra
 def distill(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt] | None = None,
             target_name: str = "", progress: bool = True) -> DistillStore:
     """Run (or resume) a distillation into ``cfg.out``; returns the store."""
-    from ..verify_linear import fast_verification
+    from ..backends import verification_session      # the CPU kernels only where the switch engages them
 
     prompts = training_prompts() if prompts is None else prompts
     hidden_size = int(target.config.get_text_config().hidden_size) if cfg.hidden_states else 0
@@ -141,7 +141,7 @@ def distill(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt] | None 
     pad_id = int(target.generation_config.pad_token_id or 0)
     bar = tqdm(total=len(todo), desc="distill", unit="prompt", disable=not progress)
     new_tokens = 0
-    with fast_verification(target):                       # batched rows: W @ x.T is faster on CPU
+    with verification_session(target):                   # batched rows: faster with the CPU kernels
         for batch, ids in _batches(todo, tokenizer, cfg):
             input_ids, mask = _left_pad(ids, pad_id)
             responses, flags = _generate(target, input_ids, mask, cfg, eos_ids)

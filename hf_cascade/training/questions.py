@@ -23,8 +23,6 @@ from typing import Sequence
 
 import torch
 
-from ..verify_linear import fast_verification
-
 
 @dataclass
 class QuestionConfig:
@@ -53,6 +51,8 @@ def sample_questions(target, tokenizer, general: Sequence[str], gsm8k: Sequence[
                      exclude: Sequence[str] = (), progress: bool = True) -> list[str]:
     """``cfg.n`` new questions sampled by ``target`` (see the module docstring); ``exclude``: texts
     that must not be returned (e.g. questions already written)."""
+    from ..backends import verification_session      # the CPU kernels only where the switch engages them
+
     general = [g for g in general if len(g) <= cfg.max_seed_chars]
     gsm8k = [g for g in gsm8k if len(g) <= cfg.max_seed_chars]
     if len(general) < 2:
@@ -79,7 +79,7 @@ def sample_questions(target, tokenizer, general: Sequence[str], gsm8k: Sequence[
                     else rng.sample(general, 2)
                 batch.append(seed_prompt(*pair))
             enc = tokenizer(batch, return_tensors="pt", padding=True).to(target.device)
-            with fast_verification(target):               # batched rows: the CPU kernels, as in distill
+            with verification_session(target):           # batched rows: the CPU kernels where the switch engages them
                 gen = target.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                                       max_new_tokens=cfg.max_new_tokens, do_sample=True,
                                       temperature=cfg.temperature, top_p=cfg.top_p)  # [B, T + new]

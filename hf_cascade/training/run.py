@@ -13,6 +13,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
 from .loop import TrainConfig, TrainState, iterate_batches, split_records, train, write_state
 from .soft_labels import compute_soft_labels
@@ -52,7 +53,7 @@ def train_vanilla(target, data: str | Path, cfg: TrainConfig, spec: VanillaSpec,
         extra = {"batch_size": cfg.batch_size, "spec": asdict(spec), "data": _data_facts(store, train_idx, eval_idx), "vocab": facts}
         write_state(state, cfg, cfg.out, extra)
         if state.best is not None and state.best["step"] == state.step:   # keep the best held-out checkpoint
-            save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline))
+            save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline, hub_repo_id(cfg.out)))
 
     baseline = eval_fn(model.eval())
     state = train(model, iterate_batches(store, train_idx, cfg), loss_fn, eval_fn, save_fn, cfg, progress)
@@ -68,7 +69,8 @@ def _data_facts(store: DistillStore, train_idx, eval_idx) -> dict:
             "prompt_format": store.meta.get("prompt_format")}
 
 
-def _card(model, spec: VanillaSpec, state: TrainState, extra: dict, command: str, baseline: dict | None) -> dict:
+def _card(model, spec: VanillaSpec, state: TrainState, extra: dict, command: str, baseline: dict | None,
+          repo_id: str = "") -> dict:
     params = sum(p.numel() for p in model.parameters())
     last = next((h["eval"] for h in reversed(state.history) if "eval" in h), {})
     data = extra["data"]
@@ -102,15 +104,12 @@ Loss: {_loss_text(extra)}
 
 tau@k = mean accepted tokens of a k-token draft. Speed with the target: see hf_cascade's README (bench tables).
 
-## Use
-```python
-import hf_cascade
-from transformers import AutoModelForCausalLM
-drafter = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)
-out = target.generate(ids, assistant_model=hf_cascade.CascadeAssistant([drafter, hf_cascade.MaxGram()]))
-```
+{usage_section("drafter", repo_id, model.config.target_name_or_path)}
+Without hf_cascade, as transformers' own assistant: `AutoModelForCausalLM.from_pretrained("{repo_id}",
+trust_remote_code=True)` (the modeling files of this repository), then `generate(ids, assistant_model=drafter)`.
 """
-    return {"body": body, "pipeline_tag": "text-generation"}
+    return {"body": body, "pipeline_tag": "text-generation", "datasets": hub_datasets(data["by_source"]),
+            "sources": data["by_source"]}
 
 
 def _loss_text(extra: dict) -> str:

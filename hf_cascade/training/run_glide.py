@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ..heads import GlideConfig, GlideForCausalLM
+from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
 from .glide import TargetKVMemo, glide_acceptance, glide_loss
 from .loop import TrainConfig, TrainState, iterate_batches, split_records, train, write_state
@@ -129,7 +130,7 @@ def train_glide(target, data: str | Path, cfg: TrainConfig, spec: GlideSpec, tar
                                "cached_mb": round(memo.bytes / 2**20, 1)}}
         write_state(state, cfg, cfg.out, extra)
         if state.best is not None and state.best["step"] == state.step:   # keep the best held-out checkpoint
-            save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline))
+            save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline, hub_repo_id(cfg.out)))
 
     with torch.no_grad():
         baseline = eval_fn(model.eval())
@@ -138,7 +139,7 @@ def train_glide(target, data: str | Path, cfg: TrainConfig, spec: GlideSpec, tar
 
 
 def _card(model: GlideForCausalLM, spec: GlideSpec, state: TrainState, extra: dict, command: str,
-          baseline: dict | None) -> dict:
+          baseline: dict | None, repo_id: str = "") -> dict:
     params = sum(p.numel() for p in model.parameters())
     last = next((h["eval"] for h in reversed(state.history) if "eval" in h), {})
     data, c = extra["data"], model.config
@@ -184,14 +185,9 @@ Data: `hf-cascade distill --out DATA`, then
 | before training | {_f(baseline, 'alpha')} | {_f(baseline, tau)} |
 | this checkpoint (step {state.step}) | {_f(last, 'alpha')} | {_f(last, tau)} |
 
-## Use
-```python
-import hf_cascade
-from hf_cascade.glide import GlideAssistant
-out = target.generate(ids, assistant_model=GlideAssistant(path, cape=True), max_new_tokens=128)
-```
-"""
-    return {"body": body, "pipeline_tag": "text-generation"}
+{usage_section("glide", repo_id, c.target_name_or_path)}"""
+    # no pipeline_tag: the draft cannot generate without the target's K/V
+    return {"body": body, "datasets": hub_datasets(data["by_source"]), "sources": data["by_source"]}
 
 
 __all__ = ["GLIDE_PRESETS", "GlideSpec", "build_glide", "train_glide"]

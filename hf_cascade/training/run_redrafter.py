@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..heads import ReDrafterConfig, ReDrafterModel
+from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
 from .loop import TrainConfig, TrainState, iterate_batches, make_batch, split_records, train, write_state
 from .redrafter import redrafter_acceptance, redrafter_loss, target_context
@@ -178,14 +179,15 @@ def train_redrafter(target, data: str | Path, cfg: TrainConfig, spec: ReDrafterS
                  "vocab": facts, "hidden_states": hidden_from, "baseline": baseline}
         write_state(state, cfg, cfg.out, extra)
         if state.best is not None and state.best["step"] == state.step:   # keep the best held-out checkpoint
-            save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline))
+            save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline, hub_repo_id(cfg.out)))
 
     baseline = eval_fn(head.eval())
     state = train(head, iterate_batches(store, train_idx, cfg), loss_fn, eval_fn, save_fn, cfg, progress)
     return head, state
 
 
-def _card(model, spec: ReDrafterSpec, state: TrainState, extra: dict, command: str, baseline: dict | None) -> dict:
+def _card(model, spec: ReDrafterSpec, state: TrainState, extra: dict, command: str, baseline: dict | None,
+          repo_id: str = "") -> dict:
     cfg = model.config
     last = next((h["eval"] for h in reversed(state.history) if "eval" in h), {})
     data, vocab, L = extra["data"], extra["vocab"], spec.beam_length
@@ -227,15 +229,9 @@ fraction of drafts with at least k tokens accepted. Beam search (width > 1) acce
 | before training | {_f(baseline, 'alpha')} | {_f(baseline, 'tau')} | {row(baseline)} |
 | this checkpoint (step {state.step}) | {_f(last, 'alpha')} | {_f(last, 'tau')} | {row(last)} |
 
-## Use
-```python
-import hf_cascade
-from hf_cascade.redrafter import ReDrafterAssistant
-assistant = ReDrafterAssistant(path, beam_width=4, beam_length={L})
-out = target.generate(ids, assistant_model=assistant, max_new_tokens=128)
-```
-"""
-    return {"body": body, "pipeline_tag": "text-generation"}
+{usage_section("redrafter", repo_id, cfg.target_name_or_path, beam_length=L)}"""
+    # no pipeline_tag: the head cannot generate without the target's hidden states
+    return {"body": body, "datasets": hub_datasets(data["by_source"]), "sources": data["by_source"]}
 
 
 __all__ = ["DEFAULT_PRESET", "PRESETS", "ReDrafterSpec", "build_redrafter", "cache_hidden_states", "train_redrafter"]

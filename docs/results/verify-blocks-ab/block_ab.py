@@ -12,13 +12,13 @@ import os, subprocess, sys, tempfile, time
 from pathlib import Path
 import torch
 from torch.utils.cpp_extension import load
-import hf_cascade.panel as panel
-import hf_cascade.verify_head as verify_head
+import hf_cascade.backends.cpu.panel as panel
+import hf_cascade.backends.cpu.verify_head as verify_head
 from hf_cascade import CascadeAssistant, CorpusNGrams, MaxGram
 from hf_cascade.bench import summary
 from hf_cascade.bench.loading import load_model, load_prompts
 from hf_cascade.bench.runner import encode, rotated
-from hf_cascade.kernels import shape_key
+from hf_cascade.backends.cpu.kernels import shape_key
 
 OLD_COMMIT = "58a4cc6"
 

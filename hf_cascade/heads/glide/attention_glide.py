@@ -124,7 +124,9 @@ class GlideCrossAttention(nn.Module):
         cos, sin = self.rotary_emb(q, position_ids)                                      # [B, T, d_k]
         q = _apply_rope(q, cos, sin)
         n_rep = self.num_heads // key.shape[1]
-        key = _repeat_kv(key.to(q.dtype), n_rep)                                         # [B, h, S, d_k]
-        value = _repeat_kv(value.to(q.dtype), n_rep)
+        # the target's cache layer may live on another device (device_map) or dtype: read it where it is,
+        # move it here (no copy when the GLIDE was placed like the target)
+        key = _repeat_kv(key.to(device=q.device, dtype=q.dtype), n_rep)                  # [B, h, S, d_k]
+        value = _repeat_kv(value.to(device=q.device, dtype=q.dtype), n_rep)
         out = _attend(q, key, value, allowed, self.scale)                                # [B, h, T, d_k]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                        # [B, T, H]

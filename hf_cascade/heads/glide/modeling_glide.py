@@ -99,6 +99,21 @@ def _cache_layers(cache) -> list:
     return [(kv[0], kv[1]) for kv in cache]
 
 
+def _device_of(module: nn.Module, default: torch.Tensor) -> torch.device:
+    """Where ``module`` takes its input: its weight's device (``default``'s when offloaded: accelerate's hook
+    moves the input)."""
+    w = getattr(module, "weight", None)
+    return w.device if isinstance(w, torch.Tensor) and w.device.type != "meta" else default.device
+
+
+def _like_weight(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """``x`` on ``module``'s weight device and in its dtype (a target's shared LM head; unchanged when they agree)."""
+    w = getattr(module, "weight", None)
+    if not isinstance(w, torch.Tensor):
+        return x
+    return x.to(dtype=w.dtype) if w.device.type == "meta" else x.to(device=w.device, dtype=w.dtype)
+
+
 class GlideForCausalLM(PreTrainedModel, GenerationMixin):
     """The GLIDE draft model (see the module docstring). Target ids in; logits over the target's vocabulary out
     (``finfo.min`` outside ``vocab_subset`` with a reduced own vocabulary).
@@ -239,7 +254,9 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         cache_position = kwargs.pop("cache_position", None)  # optional ``[T]`` sequence indices of the new tokens
         embed, head = self._io()
         if inputs_embeds is None:
-            inputs_embeds = embed(self.to_draft_ids(input_ids).to(embed.weight.device))     # [B, T, H]
+            inputs_embeds = embed(self.to_draft_ids(input_ids).to(_device_of(embed, input_ids)))  # [B, T, H]
+        # shared embeddings are the target's (its device and dtype): run the layers where and as they are
+        inputs_embeds = inputs_embeds.to(device=self.model.norm.weight.device, dtype=self.model.norm.weight.dtype)
         b, t, _ = inputs_embeds.shape
         device = inputs_embeds.device
         if use_cache is None:
@@ -282,7 +299,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         hidden = self.model.norm(hidden)                                                    # [B, T, H]
 
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        raw = head(hidden[:, keep, :])                                                      # [B, T', N] or [B, T', V]
+        raw = head(_like_weight(hidden[:, keep, :], head))                                  # [B, T', N] or [B, T', V]
         loss = None
         if labels is not None:
             if not isinstance(logits_to_keep, int):

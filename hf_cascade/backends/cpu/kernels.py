@@ -1,35 +1,22 @@
 """Choosing between kernels that compute the same product, by timing the real calls.
 
 The target's verification forwards multiply a few rows ``x`` (``[m, d_in]``, ``m`` = tokens verified)
-by each weight ``W`` (``[d_out, d_in]``). ``F.linear(x, W)`` and ``W @ x.T`` give the same products in
-a different order of accumulation, and which one is faster depends on the CPU and its BLAS. Measured
-with the same torch 2.13 CPU wheel (MKL) and 2 threads on two 2-core x86 machines, Gemma-3-270M's
-head (262k x 640 fp32):
+by each weight ``W`` (``[d_out, d_in]``). ``F.linear(x, W)``, ``W @ x.T`` and a product with a copy of
+the weight in another layout give the same products in a different order of accumulation, and which
+one is fastest depends on the CPU, its BLAS, the weight's shape, the number of rows and of threads: a
+fixed choice that is fastest on one machine can be much slower on another. :class:`KernelTuner`
+therefore decides per call shape (weight shape and layout, rows, threads): the first ``trials`` calls
+of a shape alternate between the candidate kernels on the real inputs, and the one with the lowest
+median time is used from then on, until the key is explored again after ``recheck_every`` uses.
+Nothing is computed twice; exploring costs at most ``trials`` calls of each slower kernel per shape
+and recheck.
 
-* machine A: ``F.linear`` 52 ms for 1 row and 250-500 ms for 6; ``W @ x.T`` 34 ms for 1 row (*),
-  34 ms for 2 and 4 rows, 58 ms for 8. Its 126 decoder linears: ``F.linear`` ~24 ms for 1 row,
-  35-47 ms for 2-4 rows; ``W @ x.T`` 17-26 ms for 2-4 rows.
-* machine B (a Xeon with AVX-512): ``F.linear`` 22.5 / 24.7 / 48.9 / 78.4 / 52.6 ms for 1 / 2 / 4 / 8 /
-  16 rows; ``W @ x.T`` 22.8 ms for 1 row and ~59 ms for 2-16.
-
-(*) one row computed as a 2-row product with a zero row. On machine A the one-row and few-row
-``F.linear`` kernels ran on one thread; on machine B they use both. The fixed choice that was fastest
-on A (``W @ x.T`` for 2-64 rows, the head's single row as a 2-row product) made a one-token target
-forward on B 1.75x slower (97 vs 55 ms). :class:`KernelTuner` therefore decides per call shape
-(weight shape and layout, rows, threads): the first ``trials`` calls of a shape alternate between the
-candidate kernels on the real inputs, and the one with the lowest median time is used from then on,
-until the key is explored again after ``recheck_every`` uses. Nothing is computed twice; exploring costs
-at most ``trials`` calls of each slower kernel per shape and recheck.
-
-A third candidate, ``packed`` (:class:`WeightPacker`), multiplies by a copy of the weight reordered once
+One candidate, ``packed`` (:class:`WeightPacker`), multiplies by a copy of the weight reordered once
 into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, the layout
-``torch.compile``'s CPU backend also uses for frozen linears). On machine B it stays close to one pass
-over the weight for a few rows: the head 22 / 23 / 26 / 26 / 28 / 33 ms for 1 / 2 / 3 / 4 / 6 / 8 rows
-(``F.linear``: 22.6 / 24.5 / 27.6 / 49-59 / 55 / 79-81); the 126 decoder linears, timed alone, 19.5 / 22 ms
-for 4 / 7 rows (``F.linear`` 22-27 / 27.5, one row 14 ms), inside the model's forward about the same as
-``F.linear`` at 4 rows and ~3 ms less at 7-12. Its price is memory: the packed copy is as large as the
-weight (+671 MB for Gemma-3-270M's tied head, +400 MB for its decoder), made the first time the tuner
-tries it (~1 s for the head) and kept while the weight lives. ``PACKER.enabled = False`` turns it off.
+``torch.compile``'s CPU backend also uses for frozen linears); its subclass
+:class:`~hf_cascade.backends.cpu.panel.PanelPacker` is the compiled ``panel`` kernel. The price of a copy
+is memory: as large as the weight it copies, made the first time the tuner tries it and kept while
+the weight lives. Measurements: ``docs/cpu-kernels.md``.
 """
 
 from __future__ import annotations
@@ -65,7 +52,7 @@ class WeightPacker:
     once per weight (and again after an in-place update of it) and dropped with the weight.
 
     Subclasses change the layout and the product (``available``, ``_pack``, ``_multiply``;
-    :class:`hf_cascade.panel.PanelPacker`); the bookkeeping of the copies is this class's.
+    :class:`hf_cascade.backends.cpu.panel.PanelPacker`); the bookkeeping of the copies is this class's.
 
     Args:
         enabled: offer the kernel at all (``False``: never pack; saves the copies' memory).
@@ -122,8 +109,8 @@ class WeightPacker:
 def rows_bucket(m: int) -> int:
     """The row count a choice is keyed by: exact up to 8, then the next power of two (kernel speed
     changes in steps with the number of rows; fewer keys mean less exploring). Up to 8 rows, the
-    counts verification uses most, a bucket shared by 5 and 8 rows mixed their timings: on an AMD EPYC
-    it kept ``W @ x.T`` (0.24 ms) for 5-8 rows of a 640 x 1024 weight where the panel kernel takes ~0.1."""
+    counts verification uses most, every count has its own key: a shared bucket mixes timings of
+    counts whose fastest kernels differ."""
     return m if m <= 8 else 1 << (m - 1).bit_length()
 
 
@@ -144,11 +131,9 @@ class KernelTuner:
             their machine); ``None``: choose by timing.
         recheck_every: after this many calls with a key's choice, explore that key again (``0``: never).
             A choice timed while something else loaded the CPU would otherwise stay for the whole
-            process (the likely cause of a run, whose first calls overlapped another job, ~10% slower
-            throughout). Re-exploring costs ``trials`` calls of each other kernel; a recheck that
+            process. Re-exploring costs ``trials`` calls of each other kernel; a recheck that
             confirms the choice doubles that key's interval (a choice that changes resets it), so a
-            stable machine pays less and less for it (measured on an AMD EPYC, where the other
-            kernels are 2-3x slower: ~2-8% of the verification time at a fixed 512).
+            stable machine pays less and less for it.
         clock: the timer (seconds).
     """
 
@@ -207,7 +192,7 @@ class KernelTuner:
         self._interval.clear()
 
 
-#: The process-wide tuner of the target's CPU kernels (:mod:`hf_cascade.verify_linear`, :mod:`hf_cascade.verify_head`).
+#: The process-wide tuner of the target's CPU kernels (:mod:`hf_cascade.backends.cpu.verify_linear`, :mod:`hf_cascade.backends.cpu.verify_head`).
 TUNER = KernelTuner()
 
 #: The process-wide packed weights of the ``packed`` kernel.

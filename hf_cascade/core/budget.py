@@ -3,14 +3,14 @@
 Not in GLIDE's or ReDrafter's paper: both verify what they draft (CAPE up to 32 tokens, ReDrafter every
 beam), as if a forward over 32 tokens cost what a forward over one does, roughly true on a GPU. On a CPU
 the profile has a shape. Gemma-3-270M, fp32, 2 threads, one step of
-:func:`~hf_cascade.tree.decode.tree_decode` verifying ``n`` nodes over one verifying none
+:func:`~hf_cascade.core.loop.speculative_decode` verifying ``n`` nodes over one verifying none
 (:func:`measure_verify_cost`, the loop itself; a separate timing of the decoder forward plus the output
 head on the rows acceptance reads agrees within 0.04):
 
     n     0     1     2-4         5-7         8-11        12-13       14-24
     cost  1.0   1.0   1.04-1.05   1.15-1.23   1.27-1.45   1.67-1.71   1.93-1.98
 
-(with the target's CPU kernels of :mod:`hf_cascade.verify_linear` and :mod:`hf_cascade.verify_head`:
+(with the target's CPU kernels of :mod:`hf_cascade.backends.cpu.verify_linear` and :mod:`hf_cascade.backends.cpu.verify_head`:
 the decoder costs about the same for 1-5 tokens, the 262k-row output head about the same for 1-4 rows,
 ~34 ms, a third of a step. Before the decoder linears were switched, a second token cost the decoder
 ~+50% and the profile was 1.25 / 1.38 / 1.40-1.46 / 1.47-1.57; before the head computed a single row as
@@ -35,7 +35,7 @@ per step:
 
 Not modelled: a step whose accepted path leaves the main path (an accepted CAPE sibling) pays a second
 output-head call, about a third of a unit, unless the sibling's row fit in the first call's block
-(:mod:`hf_cascade.tree.rows` computes the main path's rows first, then siblings while the block has room).
+(:mod:`hf_cascade.core.rows` computes the main path's rows first, then siblings while the block has room).
 
 The tree stays a deterministic function of the context and the past steps (no random draws of this
 step), so greedy decoding stays exact and the point-mass sampling acceptance stays lossless.
@@ -52,24 +52,52 @@ import torch
 from .structure import TokenTree
 
 # Gemma-3-270M fp32, 2 CPU threads (the reference machine), n = 0..24 nodes: measure_verify_cost(model) (the loop
-# itself, with the session's decoder linears and head: hf_cascade.verify_linear.fast_verification), 2026-11-23.
+# itself, with the session's decoder linears and head: hf_cascade.backends.cpu.verify_linear.fast_verification), 2026-11-23.
 _CPU_PROFILE = (1.0, 1.0, 1.039, 1.039, 1.054, 1.153, 1.225, 1.225, 1.271, 1.354, 1.425, 1.454, 1.671, 1.711, 1.93,
                 1.93, 1.93, 1.93, 1.93, 1.93, 1.93, 1.93, 1.982, 1.982, 1.982)
+
+
+#: Node counts the default profile measures (:func:`default_verify_cost`); costs in between are interpolated.
+QUICK_GRID = (0, 1, 2, 4, 8, 16, 24)
+_MEASURED: dict[tuple, "VerifyCost"] = {}       # profile_key(model) -> the profile measured in this process
 
 
 @dataclass(frozen=True)
 class VerifyCost:
     """The cost of one verification of ``n`` tree nodes, in units of a one-token target forward.
 
+    The rule: a node is verified when its expected return pays for what it adds to the step's cost *on the
+    running hardware*, so the profile must be that hardware's. ``VerifyCost()`` (no table) is measured on the
+    target, its device and dtype at first use (:meth:`resolve`, :func:`default_verify_cost`: a few steps per
+    node count of :data:`QUICK_GRID`, interpolated; seconds) and cached per device kind and model shape for
+    the process. A table given here is used as is (e.g. :func:`measure_verify_cost`'s longer measurement,
+    :meth:`flat` for a GPU far from its compute bound, or :meth:`reference`, one measured CPU's profile).
+
     Attributes:
         relative: ``relative[n]`` for ``n = 0 .. len - 1`` nodes (``relative[0] = 1``: the root alone, what a
             step of plain decoding costs), non-decreasing; larger ``n`` extend the mean slope of the table's
-            second half (a measured profile rises in steps, so its very last slope is often 0).
+            second half (a measured profile rises in steps, so its very last slope is often 0). ``None``:
+            measure at first use.
     """
 
-    relative: tuple[float, ...] = _CPU_PROFILE
+    relative: tuple[float, ...] | None = None
+
+    @property
+    def resolved(self) -> bool:
+        return self.relative is not None
+
+    def resolve(self, model) -> "VerifyCost":
+        """This profile, or (``VerifyCost()``) the one measured for ``model`` on its device (cached)."""
+        return self if self.resolved else default_verify_cost(model)
+
+    @classmethod
+    def reference(cls) -> "VerifyCost":
+        """The profile measured on the reference CPU (Gemma-3-270M, float32, 2 threads; see the module docstring)."""
+        return cls(_CPU_PROFILE)
 
     def __post_init__(self) -> None:
+        if self.relative is None:
+            return
         rel = tuple(float(c) for c in self.relative)
         if len(rel) < 2:
             raise ValueError(f"VerifyCost needs the cost of at least 0 and 1 nodes, got {rel}")
@@ -86,6 +114,8 @@ class VerifyCost:
 
     def __call__(self, n: int) -> float:
         rel = self.relative
+        if rel is None:
+            raise RuntimeError("VerifyCost() is measured at first use: call .resolve(target) (the assistants do)")
         if n < len(rel):
             return rel[n]
         half = (len(rel) - 1) // 2
@@ -94,7 +124,7 @@ class VerifyCost:
 
     def table(self, n: int) -> torch.Tensor:
         """``[n + 1]`` float64 costs of ``0 .. n`` nodes."""
-        return torch.tensor([self(i) for i in range(n + 1)], dtype=torch.float64)
+        return torch.tensor([self(i) for i in range(n + 1)], dtype=torch.float64, device="cpu")
 
 
 def path_probabilities(tree: TokenTree, node_probs: torch.Tensor) -> torch.Tensor:
@@ -105,8 +135,9 @@ def path_probabilities(tree: TokenTree, node_probs: torch.Tensor) -> torch.Tenso
         raise ValueError(f"need one probability per node ({tree.num_nodes}), got shape {tuple(node_probs.shape)}")
     if tree.num_nodes == 0:
         return node_probs
-    logp = node_probs.clamp_min(1e-30).log().to(tree.tokens.device)
-    return (tree.ancestor_mask().to(torch.float64) @ logp).exp()                 # ancestor_mask includes self
+    device = tree.tokens.device if tree.tokens.device.type != "mps" else torch.device("cpu")   # no float64 on MPS
+    logp = node_probs.clamp_min(1e-30).log().to(device)
+    return (tree.ancestor_mask().to(device=device, dtype=torch.float64) @ logp).exp()   # ancestor_mask includes self
 
 
 def best_size(gains: torch.Tensor, cost: VerifyCost, rate: float) -> int:
@@ -121,12 +152,13 @@ def budget_mask(tree: TokenTree, path_probs: torch.Tensor, cost: VerifyCost, rat
     """``[n]`` bool: the :func:`best_size` nodes of highest path probability (ties: node order, so a parent,
     which precedes its children and is at least as probable, comes first); closed under ancestors."""
     n = tree.num_nodes
-    path_probs = torch.as_tensor(path_probs, dtype=torch.float64).to(tree.tokens.device)
-    order = sorted(range(n), key=lambda i: (-float(path_probs[i]), i))
-    m = best_size(path_probs[order], cost, rate)
-    keep = torch.zeros(n, dtype=torch.bool, device=tree.tokens.device)
-    keep[order[:m]] = True
-    return keep
+    values = torch.as_tensor(path_probs, dtype=torch.float64).tolist()           # one read; the rest on the host
+    order = sorted(range(n), key=lambda i: (-values[i], i))
+    m = best_size(torch.tensor([values[i] for i in order], dtype=torch.float64, device="cpu"), cost, rate)
+    keep = [False] * n
+    for i in order[:m]:
+        keep[i] = True
+    return torch.tensor(keep, dtype=torch.bool, device=tree.tokens.device)
 
 
 class RateTracker:
@@ -148,22 +180,51 @@ class RateTracker:
         self.units += self.cost(nodes)
 
 
+def profile_key(model) -> tuple:
+    """What a measured profile depends on: the device kind (type, name; CPU threads), the model's shape and dtype."""
+    from ..placement import target_device_dtype
+
+    device, dtype = target_device_dtype(model)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif device.type == "cpu":
+        name = f"{torch.get_num_threads()} threads"
+    else:
+        name = str(device)
+    c = model.config.get_text_config()
+    shape = tuple(getattr(c, a, None) for a in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads"))
+    return (device.type, name, getattr(model.config, "_name_or_path", None), shape, str(dtype))
+
+
+def default_verify_cost(model) -> VerifyCost:
+    """``VerifyCost()``'s profile for ``model``: :func:`measure_verify_cost` over :data:`QUICK_GRID` with a short
+    prompt and a few steps per size (interpolated between the sizes), measured once per :func:`profile_key`."""
+    key = profile_key(model)
+    if key not in _MEASURED:
+        _MEASURED[key] = measure_verify_cost(model, prompt_len=32, steps=4, repeats=1, grid=QUICK_GRID)
+    return _MEASURED[key]
+
+
 @torch.no_grad()
 def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16,
-                        repeats: int = 3) -> VerifyCost:
-    """Measure the profile in the loop itself: :func:`~hf_cascade.tree.decode.tree_decode` (with the CPU kernels
-    of :func:`~hf_cascade.verify_linear.fast_verification`, as the tree assistants run it) over a random prompt of ``prompt_len``
+                        repeats: int = 3, grid=None) -> VerifyCost:
+    """Measure the profile in the loop itself: :func:`~hf_cascade.core.loop.speculative_decode` (with the CPU kernels
+    of :func:`~hf_cascade.backends.cpu.verify_linear.fast_verification`, as the tree assistants run it) over a random prompt of ``prompt_len``
     tokens, each step verifying ``n`` leaves the target never chooses (so each step emits one token), for
     ``n = 0 .. max_nodes``; seconds per step over those of ``n = 0`` (a tree step without a tree: what a
     step of plain decoding costs in this loop). Median of ``repeats`` generations of ``steps`` steps per ``n``
     (after one warm-up), the sizes in alternating order, made non-decreasing. About ``repeats * steps *
     (max_nodes + 1)`` target forwards (Gemma-3-270M, 2 CPU threads, defaults: about 4 minutes). Pass the result
-    as ``verify_cost=`` on hardware other than the reference CPU."""
+    as ``verify_cost=`` (``VerifyCost()`` measures a shorter version itself, :func:`default_verify_cost`).
+    ``grid``: measure only these node counts (``0`` included; ``max_nodes`` = the largest) and interpolate
+    linearly in between. The device is synchronised before each clock read (:func:`~hf_cascade.placement.synchronize`)."""
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-    from ..verify_linear import fast_verification
-    from .decode import tree_decode
-    from .strategy import TreeDrafter, TreeStats
+    from ..backends import verification_session
+    from ..placement import synchronize
+    from .loop import speculative_decode
+    from .stats import GenerationStats
+    from .strategy import TreeDrafter
 
     class Leaves(TreeDrafter):
         """``n`` leaves of token 0 below the root (pruned at the length budget): ``n`` verified nodes per step."""
@@ -177,29 +238,38 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
     vocab = int(model.config.get_text_config().vocab_size)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(model.device)
+    sizes = sorted({0, *(int(n) for n in grid)}) if grid is not None else list(range(max_nodes + 1))
+    max_nodes = sizes[-1]
     config = GenerationConfig(max_length=prompt_len + steps, do_sample=False, eos_token_id=None)
 
     def seconds_per_step(n: int) -> float:
-        stats = TreeStats()
+        stats = GenerationStats()
+        synchronize(model)
         t0 = time.perf_counter()
-        tree_decode(model, Leaves(n), prompt, LogitsProcessorList(), StoppingCriteriaList(), config,
-                    stats)
+        speculative_decode(model, Leaves(n), prompt, LogitsProcessorList(), StoppingCriteriaList(), config,
+                    stats, block_rows=session.block_rows)
+        synchronize(model)
         return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
 
-    times: dict[int, list[float]] = {n: [] for n in range(max_nodes + 1)}
-    with fast_verification(model):
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    with verification_session(model) as session:
         for rep in range(repeats + 1):
-            order = range(max_nodes + 1) if rep % 2 else range(max_nodes, -1, -1)   # alternate: no drift bias
+            order = sizes if rep % 2 else sizes[::-1]                               # alternate: no drift bias
             for n in order:
                 elapsed = seconds_per_step(n)
                 if rep:
                     times[n].append(elapsed)
     base = statistics.median(times[0])
+    measured = {n: statistics.median(times[n]) / base for n in sizes}
     rel, top = [1.0], 1.0
     for n in range(1, max_nodes + 1):
-        top = max(top, statistics.median(times[n]) / base)
+        lo = max(m for m in sizes if m <= n)
+        hi = min(m for m in sizes if m >= n)
+        value = measured[lo] if hi == lo else measured[lo] + (measured[hi] - measured[lo]) * (n - lo) / (hi - lo)
+        top = max(top, value)
         rel.append(top)
     return VerifyCost(tuple(rel))
 
 
-__all__ = ["RateTracker", "VerifyCost", "best_size", "budget_mask", "measure_verify_cost", "path_probabilities"]
+__all__ = ["QUICK_GRID", "RateTracker", "VerifyCost", "best_size", "budget_mask", "default_verify_cost",
+           "measure_verify_cost", "path_probabilities", "profile_key"]

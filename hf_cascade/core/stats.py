@@ -1,6 +1,7 @@
 """Statistics returned as data after each ``generate()`` call.
 
-Every strategy fills one :class:`GenerationStats`; nothing is printed by library code.
+Every strategy fills one :class:`GenerationStats` (or a subclass with its own fields); nothing is
+printed by library code.
 Read it from ``assistant.last_stats`` after ``model.generate(..., assistant_model=assistant)``.
 """
 
@@ -48,18 +49,27 @@ class LevelStats:
 
 @dataclass
 class GenerationStats:
-    """Statistics of one ``generate()`` call.
+    """Statistics of one ``generate()`` call, filled by the decoding core (:mod:`hf_cascade.core.loop`)
+    and by the strategy (its levels).
+
+    A linear draft is a tree with one path, so the same fields describe every strategy.
+    ``target_calls`` counts verifications (each emits ``accepted + 1`` tokens; the prompt's prefill
+    emits none and is timed in ``phase_seconds["prefill"]``).
 
     Attributes:
         target_calls: verification forward passes of the target.
         accepted_per_call: draft tokens accepted by the target at each call (the bonus token excluded).
-        draft_len_per_call: draft tokens proposed to the target at each call.
-        acceptance_by_position: acceptance at the target by draft position (Figure 2 of CS Drafting).
+        draft_len_per_call: draft tokens (tree nodes) proposed to the target at each call.
+        acceptance_by_position: acceptance at the target by draft position (*depth* for trees: position
+            ``i`` counts drafts deeper than ``i`` and accepted paths longer than ``i``; Figure 2 of CS Drafting).
         levels: per-drafter statistics, top (largest) drafter first.
-        phase_seconds: wall time per phase, e.g. ``{"draft": .., "verify": ..}``.
-        head_rows_requested / head_rows_computed: rows of target logits that multi-row verification
-            forwards asked for, and those the output head computed (:mod:`hf_cascade.verify_head`
-            skips rows greedy acceptance never reads).
+        phase_seconds: wall time per phase of the loop: ``prefill``, ``draft``, ``verify``, ``accept``,
+            ``update``, and a strategy's own (e.g. ``review[0]``).
+        tree_depths / tree_leaves: depth and leaves of each verified draft (a chain: its length, 1).
+        accepted_paths: accepted node indices per call (before an EOS / ``max_length`` cut).
+        head_rows: rows of logits the target's output head computed per call (of the ``n + 1``
+            verified; acceptance reads only some, see :mod:`hf_cascade.core.rows`); ``head_calls``: the
+            output-head calls per target call.
     """
 
     target_calls: int = 0
@@ -68,12 +78,15 @@ class GenerationStats:
     acceptance_by_position: PositionCounts = field(default_factory=PositionCounts)
     levels: list[LevelStats] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    head_rows_requested: int = 0
-    head_rows_computed: int = 0
+    tree_depths: list[int] = field(default_factory=list)
+    tree_leaves: list[int] = field(default_factory=list)
+    accepted_paths: list[list[int]] = field(default_factory=list)
+    head_rows: list[int] = field(default_factory=list)
+    head_calls: list[int] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
-        """Tokens produced through the assisted loop (accepted drafts plus one target token per call)."""
+        """Tokens produced by verifications (accepted drafts plus one target token per call)."""
         return sum(self.accepted_per_call) + self.target_calls
 
     @property
@@ -81,11 +94,42 @@ class GenerationStats:
         """Mean tokens produced per target forward (1.0 means no speculation gain)."""
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
 
+    @property
+    def tree_sizes(self) -> list[int]:
+        return list(self.draft_len_per_call)
+
+    @property
+    def accepted_length_per_step(self) -> list[int]:
+        return list(self.accepted_per_call)
+
+    @property
+    def head_rows_computed(self) -> int:
+        return sum(self.head_rows)
+
     def record_target_review(self, num_proposed: int, num_accepted: int) -> None:
+        """One verification of a linear draft of ``num_proposed`` tokens, ``num_accepted`` accepted
+        (transformers' assisted loop: no row counts)."""
         self.target_calls += 1
         self.draft_len_per_call.append(num_proposed)
         self.accepted_per_call.append(num_accepted)
         self.acceptance_by_position.record(num_proposed, num_accepted)
+        self.tree_depths.append(num_proposed)
+        self.tree_leaves.append(1 if num_proposed else 0)
+
+    def record_step(self, num_nodes: int, depth: int, leaves: int, path: list[int], emitted: int,
+                    head_rows: int | None = None, head_calls: int = 1) -> None:
+        """One verification of an ``num_nodes``-node draft that emitted ``emitted`` tokens (``>= 1``)
+        along ``path``, for which the output head computed ``head_rows`` rows (default: all
+        ``n + 1``) in ``head_calls`` calls. Host values only (no device reads)."""
+        self.target_calls += 1
+        self.accepted_per_call.append(emitted - 1)
+        self.draft_len_per_call.append(num_nodes)
+        self.acceptance_by_position.record(depth, emitted - 1)
+        self.tree_depths.append(depth)
+        self.tree_leaves.append(leaves)
+        self.accepted_paths.append(list(path))
+        self.head_rows.append(num_nodes + 1 if head_rows is None else int(head_rows))
+        self.head_calls.append(int(head_calls))
 
     def to_dict(self) -> dict:
         return {
@@ -113,9 +157,17 @@ class GenerationStats:
                 for lv in self.levels
             ],
             "phase_seconds": dict(self.phase_seconds),
-            "head_rows_requested": self.head_rows_requested,
-            "head_rows_computed": self.head_rows_computed,
+            "tree_sizes": self.tree_sizes,
+            "tree_depths": list(self.tree_depths),
+            "tree_leaves": list(self.tree_leaves),
+            "accepted_paths": [list(p) for p in self.accepted_paths],
+            "head_rows": list(self.head_rows),
+            "head_calls": list(self.head_calls),
         }
+
+
+#: Former name of the statistics of tree strategies: every strategy now fills the same fields.
+TreeStats = GenerationStats
 
 
 class PhaseTimer:

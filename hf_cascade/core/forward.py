@@ -11,7 +11,9 @@ How the mask reaches the model (checked with transformers 4.57 and 5.x, eager an
 
 * ``masking_utils.create_causal_mask`` / ``create_sliding_window_causal_mask`` return a 4D
   ``attention_mask`` unchanged; eager attention *adds* it to the scores and sdpa passes it as
-  ``attn_mask``. So the mask is additive, ``[1, 1, q, kv]``, in the model's dtype.
+  ``attn_mask``. So the mask is additive, ``[1, 1, q, kv]``, in the attention's compute dtype (that of the
+  input embeddings, :func:`mask_device_dtype`). flash / paged / hub-kernel backends read a 4D mask as padding:
+  :func:`check_attention_backend` refuses them for trees with branches (chains need no mask).
 * Models with several layer types (Gemma2/3, hybrid Qwen, ...: ``config.layer_types``) accept a dict
   ``{layer_type: mask}`` as ``attention_mask`` and would otherwise apply one 4D tensor to every layer,
   dropping the sliding window. We pass the dict, windowing the ``"sliding_attention"`` masks.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import torch
 from transformers import Cache, PreTrainedModel
 
-from ..verify_head import logit_transform
+from ..placement import target_device_dtype
 from .attention import tree_attention_mask, tree_position_ids
 from .structure import TokenTree
 
@@ -45,13 +47,23 @@ def _check_cache(cache: Cache) -> None:
             )
 
 
+def mask_device_dtype(model: PreTrainedModel) -> tuple[torch.device, torch.dtype]:
+    """Where and in which dtype the additive tree mask is built: the device and dtype of ``model``'s
+    input embeddings, i.e. of the hidden states and queries the attention computes with (not
+    ``model.dtype``, the first parameter's, which differs under mixed dtypes; under ``device_map``
+    accelerate moves the mask to each layer's device with the other inputs). A float32 mask added to
+    bf16 scores would promote them (eager) or be refused (sdpa)."""
+    device, dtype = target_device_dtype(model)
+    return device, dtype if dtype.is_floating_point else torch.float32
+
+
 def model_tree_mask(
     model: PreTrainedModel, prefix_len: int, tree: TokenTree
 ) -> torch.Tensor | dict[str, torch.Tensor]:
     """The ``attention_mask`` argument for ``model``: one additive ``[1, 1, n, prefix_len + n]``
     tensor, or a dict per layer type when the model mixes full and sliding-window layers."""
     config = model.config.get_text_config()
-    dtype, device = model.dtype, model.device
+    device, dtype = mask_device_dtype(model)
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types:
@@ -69,12 +81,17 @@ def model_tree_mask(
     return tree_attention_mask(prefix_len, tree, dtype, device)
 
 
-def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: TokenTree, last_token) -> dict:
+def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: TokenTree, last_token,
+                 chain: bool = False) -> dict:
     _check_cache(cache)
     if cache.get_seq_length() != prefix_len:
         raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
-    device = model.device
+    device = mask_device_dtype(model)[0]                          # where the token ids enter the model
     full = tree.with_root(torch.as_tensor(last_token).reshape(()).to(tree.tokens.device))   # n + 1 nodes
+    if chain:
+        # one path: plain causal attention at consecutive positions, which every attention backend
+        # builds itself (flash attention included); the model derives positions from the cache
+        return dict(input_ids=full.tokens[None].to(device), past_key_values=cache, use_cache=True)
     return dict(
         input_ids=full.tokens[None].to(device),
         position_ids=tree_position_ids(prefix_len, full).to(device),
@@ -92,6 +109,7 @@ def verify_tree(
     tree: TokenTree,
     last_token: int | torch.Tensor,
     hidden_only: bool = False,
+    chain: bool = False,
 ) -> torch.Tensor:
     """Score a token tree in one forward.
 
@@ -105,25 +123,84 @@ def verify_tree(
         last_token: the last verified token (the root), at position ``prefix_len``.
         hidden_only: run ``model.get_decoder()`` only (same inputs, same cache update) and return
             the final hidden states, the output head's input; :func:`output_head` turns rows of
-            them into logits (see :mod:`hf_cascade.tree.rows`).
+            them into logits (see :mod:`hf_cascade.core.rows`).
+        chain: the caller knows ``tree`` is one path (node ``i``'s parent is ``i - 1``): no tree mask
+            and no position ids are passed, so the model's own causal masking applies.
 
     Returns:
         ``[n + 1, V]`` raw logits: row 0 predicts the token after the root, row ``i + 1`` the token
-        after node ``i`` (the layout :func:`~hf_cascade.tree.accept.greedy_tree_accept` and
-        :func:`~hf_cascade.tree.accept.sampling_tree_accept` take); ``[n + 1, H]`` hidden states
+        after node ``i`` (the layout :func:`~hf_cascade.core.accept.greedy_tree_accept` and
+        :func:`~hf_cascade.core.accept.sampling_tree_accept` take); ``[n + 1, H]`` hidden states
         with ``hidden_only``.
     """
-    inputs = _tree_inputs(model, cache, prefix_len, tree, last_token)
+    inputs = _tree_inputs(model, cache, prefix_len, tree, last_token, chain)
     if hidden_only:
         return model.get_decoder()(**inputs).last_hidden_state[0]
     return model(**inputs).logits[0]
+
+
+# -- attention backends ------------------------------------------------------------------------------
+#: Attention implementations that apply a custom 4D additive mask as given (transformers' eager adds it
+#: to the scores, sdpa passes it as ``attn_mask``). flash_attention_2/3, paged and hub kernels
+#: ("kernels-community/...") read a 4D mask as padding, or ignore it; flex_attention turns it into a
+#: score_mod whose reads past the mask's padded blocks are unchecked (a CPU run aborted): refused too.
+TREE_ATTENTION = ("eager", "sdpa")
+
+
+def needs_tree_mask(tree: TokenTree) -> bool:
+    """Whether verifying ``tree`` needs the custom tree mask: ``False`` for a chain (node ``i``'s parent is
+    ``i - 1``; no nodes included), which plain causal attention at consecutive positions verifies on any
+    attention backend. Read from the tree's host structure (no device read)."""
+    parents = tree.parent_list if hasattr(tree, "parent_list") else tree.parents.tolist()
+    return any(p != i - 1 for i, p in enumerate(parents))
+
+
+def attention_backend(model: PreTrainedModel) -> str | None:
+    """``model``'s attention implementation (``config._attn_implementation``; its text config's when that
+    differs), ``None`` when unset (transformers then picks eager or sdpa)."""
+    config = getattr(model, "config", None)
+    impls = []
+    for c in (config, config.get_text_config() if hasattr(config, "get_text_config") else None):
+        impl = getattr(c, "_attn_implementation", None) if c is not None else None
+        if isinstance(impl, str) and impl and impl not in impls:
+            impls.append(impl)
+    bad = [i for i in impls if i not in TREE_ATTENTION]
+    return bad[0] if bad else (impls[0] if impls else None)
+
+
+def check_attention_backend(model: PreTrainedModel, tree_shaped: bool) -> None:
+    """``ValueError`` before the first forward when ``model``'s attention backend cannot verify what will be
+    sent: a tree with branches (``tree_shaped``) needs a backend that applies our 4D mask
+    (:data:`TREE_ATTENTION`); a chain (``tree_shaped=False``, verified with plain causal attention) runs on
+    every backend."""
+    if not tree_shaped:
+        return
+    impl = attention_backend(model)
+    if impl is None or impl in TREE_ATTENTION:
+        return
+    raise ValueError(
+        f"tree assistants need eager or sdpa attention to verify trees with branches, but the target runs "
+        f"attn_implementation={impl!r}, which does not apply a custom 4D tree mask (flash / paged / hub kernels "
+        "read it as padding; flex_attention is not supported). Set attn_implementation='sdpa' (or 'eager') when "
+        "loading the target, or call target.set_attn_implementation('sdpa'); or draft chains only "
+        "(e.g. GlideAssistant(cape=False), ReDrafterAssistant(beam_width=1)).")
+
+
+def logit_transform(model: torch.nn.Module):
+    """What ``model``'s forward applies to its head's output: Gemma-2/3's ``final_logit_softcapping``
+    when set, else nothing (other transforms are caught by the check against the model's own logits at prefill)."""
+    config = getattr(model, "config", None)
+    cap = getattr(config.get_text_config(), "final_logit_softcapping", None) if config is not None else None
+    if not cap:
+        return lambda logits: logits
+    return lambda logits: torch.tanh(logits / cap) * cap
 
 
 def output_head(model: PreTrainedModel):
     """The function ``[k, H] -> [k, V]`` from final hidden states to the raw logits ``model`` returns:
     its output embeddings, then Gemma-2/3's ``final_logit_softcapping`` when the config sets it.
     ``None`` when the model has no output-embedding module or no decoder to run without it. Other
-    post-head transforms are not reproduced: :func:`~hf_cascade.tree.decode.tree_decode` checks this
+    post-head transforms are not reproduced: :func:`~hf_cascade.core.loop.speculative_decode` checks this
     function against the model's own logits on the prompt and falls back to full logits if they differ."""
     get_head, get_decoder = getattr(model, "get_output_embeddings", None), getattr(model, "get_decoder", None)
     head = get_head() if get_head is not None else None
@@ -143,22 +220,24 @@ def keep_path(cache: Cache, prefix_len: int, path_nodes: torch.Tensor) -> None:
     given to :func:`verify_tree`, root -> leaf), in place. Afterwards the cache holds
     ``prefix_len + 1 + m`` positions, the K/V of ``prefix + [root] + tree.tokens[path_nodes]``."""
     _check_cache(cache)
-    path_nodes = torch.as_tensor(path_nodes, dtype=torch.long).flatten()
+    # the path as host ints (acceptance returns it on the host: no read); each cache layer gathers on its
+    # own device (under device_map the layers live on several)
+    nodes = [int(i) for i in (path_nodes.tolist() if isinstance(path_nodes, torch.Tensor) else path_nodes)]
     keep = prefix_len + 1
-    m = path_nodes.shape[0]
+    m = len(nodes)
     total = cache.get_seq_length()
-    if m and keep + int(path_nodes.max()) >= total:
-        raise ValueError(f"path node {int(path_nodes.max())} is beyond the cache ({total} positions, prefix_len={prefix_len})")
-    if bool(torch.equal(path_nodes, torch.arange(m))):
-        gathered = []                          # the first branch is already in place: crop only
-        keep += m
+    if m and keep + max(nodes) >= total:
+        raise ValueError(f"path node {max(nodes)} is beyond the cache ({total} positions, prefix_len={prefix_len})")
+    gathered = []
+    if nodes == list(range(m)):
+        keep += m                              # the first branch is already in place: crop only
     else:
-        gathered = []
+        index = torch.tensor([prefix_len + 1 + i for i in nodes], dtype=torch.long, device="cpu")
         for layer in cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 gathered.append(None)
                 continue
-            idx = (prefix_len + 1 + path_nodes).to(layer.keys.device)
+            idx = index.to(layer.keys.device)
             gathered.append((layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)))
     extra = total - keep
     if extra > 0:

@@ -12,11 +12,11 @@ Continuations, best evidence first (beam 0 is exactly Max-Gram's own guess):
 
 * suffix lengths ``n`` from the longest match (at most ``max_ngram``) down to ``min_ngram``;
 * for each ``n``, the occurrences of the length-``n`` suffix from the most recent backwards: each
-  one is found with :func:`~hf_cascade.drafters.maxgram.longest_suffix_match` on the sequence cut
+  one is found with Max-Gram's own suffix match on the sequence cut
   just after the previous occurrence (that cut sequence ends with the same ``n`` tokens, so its most
   recent earlier match of length ``n`` is the previous occurrence);
 * a continuation that runs into the end of the sequence wraps around (the text repeats with that
-  period), as in Max-Gram; duplicate continuations are skipped; at most ``max_scan`` occurrences
+  period): Max-Gram's :func:`~hf_cascade.drafters.maxgram.follow`; duplicate continuations are skipped; at most ``max_scan`` occurrences
   are examined per step.
 
 The tree is a deterministic function of the context (``draft_probs = None``), which
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.maxgram import longest_suffix_match
-from .strategy import TreeAssistant, TreeDrafter, TreeStep
-from .structure import TokenTree
+from .maxgram import _suffix_match, follow
+from ..assistant import TreeAssistant
+from ..core.strategy import TreeDrafter, TreeStep
+from ..core.structure import TokenTree
 
 
 @dataclass
@@ -60,37 +61,38 @@ class MaxGramTree(TreeDrafter):
 
     def continuations(self, seq: torch.Tensor, depth: int) -> torch.Tensor:
         """``[w, depth]`` distinct continuations of ``seq`` (``[L]``), best evidence first (``w <= branches``)."""
-        length = seq.shape[0]
-        longest, _ = longest_suffix_match(seq, self.max_ngram)
-        beams: list[torch.Tensor] = []
+        beams = self.continuation_lists(seq.tolist(), depth)
+        return torch.tensor(beams, dtype=seq.dtype, device=seq.device) if beams else seq.new_zeros(0, depth)
+
+    def continuation_lists(self, tokens: list[int], depth: int) -> list[list[int]]:
+        """:meth:`continuations` on a host token list (no device reads)."""
+        longest, _ = _suffix_match(tokens, self.max_ngram)
+        beams: list[list[int]] = []
         seen: set[tuple[int, ...]] = set()
         scans = 0
         for n in range(longest, self.min_ngram - 1, -1):
-            cut = length
+            cut = len(tokens)
             while len(beams) < self.branches and scans < self.max_scan:
-                m, end = longest_suffix_match(seq[:cut], n)
+                m, end = _suffix_match(tokens[:cut], n)
                 scans += 1
                 if m < n:
                     break                                        # no earlier occurrence of this n-gram
-                period = length - 1 - end
-                cont = seq[end + 1 + torch.arange(depth, device=seq.device) % period]
-                key = tuple(cont.tolist())
-                if key not in seen:
-                    seen.add(key)
+                cont = follow(tokens, end, depth)
+                if tuple(cont) not in seen:
+                    seen.add(tuple(cont))
                     beams.append(cont)
                 cut = end + 1
             if len(beams) >= self.branches or scans >= self.max_scan:
                 break
-        if not beams:
-            return seq.new_zeros(0, depth)
-        return torch.stack(beams)
+        return beams
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
         depth = min(self.depth, state.budget)
-        beams = self.continuations(seq, depth) if depth > 0 else seq.new_zeros(0, 0)
-        if beams.shape[0] == 0 or depth == 0:
+        tokens = state.tokens if state.tokens is not None else seq.tolist()
+        beams = self.continuation_lists(tokens, depth) if depth > 0 else []
+        if not beams:
             return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
-        tree, _ = TokenTree.from_beams(beams)
+        tree, _ = TokenTree.from_beams(torch.tensor(beams, dtype=seq.dtype, device=seq.device))
         return tree, None
 
 
@@ -98,24 +100,24 @@ class MaxGramTreeAssistant(TreeAssistant):
     """``generate(..., assistant_model=MaxGramTreeAssistant())``: prompt lookup with a token tree of
     up to ``branches`` continuations of ``depth`` tokens, verified in one target forward per step.
 
-    Greedy outputs equal plain ``generate``; sampling is lossless. ``fast_head``: see
-    :class:`~hf_cascade.assistant.Assistant`. After each call ``assistant.last_stats`` is a
-    :class:`~hf_cascade.tree.strategy.TreeStats` (tokens per target call, accepted length per step,
+    Greedy outputs equal plain ``generate``; sampling is lossless. ``cpu_kernels``: see
+    :mod:`hf_cascade.backends`. After each call ``assistant.last_stats`` is a
+    :class:`~hf_cascade.core.strategy.TreeStats` (tokens per target call, accepted length per step,
     tree sizes, accepted paths).
 
     Example::
 
         import hf_cascade
-        from hf_cascade.tree.maxgram_tree import MaxGramTreeAssistant
+        from hf_cascade.drafters.maxgram_tree import MaxGramTreeAssistant
         a = MaxGramTreeAssistant(branches=4, depth=6)
         out = model.generate(ids, assistant_model=a, max_new_tokens=128)
         a.last_stats.tokens_per_target_call, a.last_stats.tree_sizes
     """
 
     def __init__(self, branches: int = 4, depth: int = 6, max_ngram: int = 8, min_ngram: int = 1,
-                 max_scan: int = 16, fast_head: bool = True):
+                 max_scan: int = 16, cpu_kernels: bool | None = None):
         self.drafter = MaxGramTree(branches, depth, max_ngram, min_ngram, max_scan)
-        self.fast_head = fast_head
+        self.cpu_kernels = cpu_kernels
 
-    def new_drafter(self, target, generation_config, logits_processor) -> MaxGramTree:
+    def new_drafter(self, target, generation_config, logits_processor, stats=None, target_tokenizer=None) -> MaxGramTree:
         return self.drafter

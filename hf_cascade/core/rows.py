@@ -1,31 +1,26 @@
-"""The target's logits at a verified tree's nodes, computed only where acceptance looks.
+"""Row selection: the target's logits at a verified draft's nodes, computed only where acceptance looks.
 
-Verifying an ``n``-node tree makes the target produce ``n + 1`` rows of logits (the root, then each
+Verifying an ``n``-node draft makes the target produce ``n + 1`` rows of logits (the root, then each
 node), but acceptance reads only the rows on the path it walks: the root, each accepted node, and
-(under greedy decoding, with duplicate sibling tokens) the few siblings it also tries. With a large
-vocabulary the output head dominates the cost of those rows: Gemma-3-270M's tied 262k x 640 head is
-671 MB of float32, about 34 ms for 1-4 rows on this 2-core CPU with the session's head (a single row
-runs as a 2-row product, see :mod:`hf_cascade.verify_head`) and about 10 ms per row past four,
-while the 18 transformer layers cost about 38 ms for one token and 105 ms for 32. A 30-node CAPE
-tree therefore paid ~120 ms of head for the ~3 rows its acceptance walk reads.
+(greedy, with duplicate sibling tokens; sampling, after a rejection) the few siblings it also tries.
+With a large vocabulary the output head dominates the cost of those rows, and every head call reads
+the whole head weight, so the rule is: compute a row when acceptance first reads it, together with
+the rows it will most likely read next, in one head call of at most ``block_rows`` rows.
 
-:class:`TreeRows` holds the target's final hidden states ``[n + 1, H]`` (the output head's input)
-and computes a row's logits when :func:`~hf_cascade.tree.accept.greedy_tree_accept` or
-:func:`~hf_cascade.tree.accept.sampling_tree_accept` first reads it. Because every head call reads
-the whole weight, a missing row is computed together with the next rows of its *first-child chain*
-(its first child, that child's first child, ...: the drafter's main path, which CAPE and beam
-search put first), at most ``block_rows`` rows per call (default 4); a chain shorter than that is
-completed with the rows a walk leaving it reads next (children of the rows computed, in node order:
-CAPE's expansion siblings, the next beams). Here a ``W @ h.T`` head call
-over 2-4 rows costs about what one over 1 row does (~45-60 ms), over 8-10 rows about twice that, and
-most walks stop within a few rows. A walk that stays on the main path costs one head call per
-``block_rows`` rows it reads; leaving it costs one more call unless the rows it needs were in
-the block already. (Measured: Max-Gram chains of 10 in this
-loop, 13 Spec-Bench prompts x 64 tokens, interleaved: 1.43x plain with the whole chain per call, 1.73x
-with blocks of 4; same trees, identical outputs.) Logits processors also run only on the rows
-that are read (``input_ids`` = the sequence up to that row's node, as plain decoding would have
-it). The same class wraps precomputed logits (``raw=[n + 1, V]``), for targets whose head we do
-not reproduce (see :func:`~hf_cascade.tree.forward.output_head`).
+:class:`TreeRows` holds the target's final hidden states ``[n + 1, H]`` (the output head's input).
+A missing row is computed with the next rows of its *first-child chain* (its first child, that
+child's first child, ...: the drafter's main path, which linear drafts, CAPE and beam search put
+first); a chain shorter than ``block_rows`` is completed with the rows a walk leaving it reads next
+(children of the rows computed, in node order: CAPE's expansion siblings, the next beams). A walk
+that stays on the main path costs one head call per ``block_rows`` rows it reads. ``block_rows``
+comes from the verification session (:mod:`hf_cascade.backends`): calibrated by the CPU backend,
+a small block on CPU without it, every row at once on accelerators, where rows are nearly free next
+to a pass over the weight. Measurements: ``docs/``.
+
+Logits processors also run only on the rows that are read (``input_ids`` = the sequence up to that
+row's node, as plain decoding would have it). The same class wraps precomputed logits
+(``raw=[n + 1, V]``), for targets whose head the core does not reproduce (see
+:func:`~hf_cascade.core.forward.output_head`).
 
 Rows are computed from the same hidden states with the same head and dtype as the model's own
 forward, so greedy acceptance is unchanged (up to the float accumulation order a different number
@@ -83,12 +78,14 @@ class TreeRows:
         if block_rows is not None and int(block_rows) < 1:
             raise ValueError(f"block_rows must be >= 1 or None, got {block_rows}")
         self.block_rows = int(block_rows) if block_rows is not None else n + 1
-        self._parent_row = [-1] + [p + 1 for p in tree.parents.tolist()]    # row -> its parent's row (root: -1)
+        self._parent_row = [-1] + [p + 1 for p in tree.parent_list]        # row -> its parent's row (root: -1)
         first_child = [-1] * (n + 1)                 # row -> row of its lowest-index child, or -1
         for row in range(n, 0, -1):
             first_child[self._parent_row[row]] = row
         self._first_child = first_child
-        self._anc = tree.ancestor_mask().to(seq.device) if n and len(processors) else None
+        self._block: dict[int, list[int]] = {}       # row -> the rows computed in the same head call
+        if raw is not None:
+            self._block = dict.fromkeys(range(n + 1), list(range(n + 1)))
 
     def __len__(self) -> int:
         return self.tree.num_nodes + 1
@@ -110,6 +107,14 @@ class TreeRows:
         if r not in self._processed:
             self._processed[r] = self._process(r, self.raw(r))
         return self._processed[r]
+
+    def argmax_block(self, r: int) -> dict[int, int]:
+        """The processed argmax of row ``r`` and of the rows computed in the same head call, ``{row: token}``,
+        in one device read (what greedy acceptance walks through next)."""
+        self.raw(r)
+        block = self._block.get(int(r), [int(r)])
+        best = torch.stack([self[row] for row in block]).argmax(dim=-1).tolist()
+        return dict(zip(block, best))
 
     def softmax(self) -> "_Softmax":
         """A view whose ``[r]`` is the softmax of the processed row ``r`` (what sampling reads)."""
@@ -135,13 +140,18 @@ class TreeRows:
         self.head_calls += 1
         for row, values in zip(chain, logits):
             self._raw[row] = values
+            self._block[row] = chain
 
     def _process(self, r: int, raw: torch.Tensor) -> torch.Tensor:
         if len(self.processors) == 0:
             return raw
+        path, row = [], r                            # the node's ancestor path (host ids), root excluded
+        while row > 0:
+            path.append(self.tree.token_list[row - 1])
+            row = self._parent_row[row]
         ids = self.seq
-        if r > 0:
-            ids = torch.cat([self.seq, self.tree.tokens.to(self.seq.device)[self._anc[r - 1]]])
+        if path:
+            ids = torch.cat([self.seq, torch.tensor(path[::-1], dtype=self.seq.dtype, device=self.seq.device)])
         return self.processors(ids[None], raw[None].clone())[0]
 
 

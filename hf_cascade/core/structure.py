@@ -20,7 +20,7 @@ Builders:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
 
@@ -35,10 +35,19 @@ class TokenTree:
         tokens: ``[n]`` LongTensor, the token of each node.
         parents: ``[n]`` LongTensor, the parent's node index, ``-1`` for children of the root;
             ``-1 <= parents[i] < i`` (parents precede children).
+        host_parents / host_tokens: the same values as Python ints, when the builder has them on the
+            host (they must equal the tensors; not checked against them). The structure is kept on the
+            host beside the device tensors (:attr:`parent_list`, :attr:`token_list`, :attr:`depth_list`):
+            walks over the tree (acceptance, rows, paths) read no device value per node. A tree built
+            from device tensors alone reads its parents once, at construction (with the smallest token,
+            in the same transfer, for the ``tokens >= 0`` check); :meth:`with_root`, :meth:`select` and
+            the builders below carry the host structure over.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
+    host_parents: Sequence[int] | None = field(default=None, repr=False)
+    host_tokens: Sequence[int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         tokens = torch.as_tensor(self.tokens)
@@ -51,18 +60,37 @@ class TokenTree:
             if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
                 raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
         tokens, parents = tokens.long(), parents.long()
-        if tokens.numel() and int(tokens.min()) < 0:
+        n = tokens.shape[0]
+        host_p, host_t = self.host_parents, self.host_tokens
+        on_host = tokens.device.type == "cpu"
+        if host_p is None:
+            if n and not on_host and host_t is None:            # one transfer: parents and the smallest token
+                *host_p, smallest = torch.cat([parents, tokens.min().reshape(1)]).tolist()
+                if smallest < 0:
+                    raise ValueError("tokens must be >= 0")
+            else:
+                host_p = parents.tolist()
+        host_p = tuple(int(p) for p in host_p)
+        if len(host_p) != n:
+            raise ValueError(f"host_parents has {len(host_p)} entries for {n} nodes")
+        for i, p in enumerate(host_p):
+            if p < -1 or p >= i:
+                raise ValueError(
+                    f"node {i} has parent {p}: parents must precede their children "
+                    "(-1 <= parents[i] < i, with -1 meaning the root)"
+                )
+        if host_t is not None:
+            host_t = tuple(int(t) for t in host_t)
+            if len(host_t) != n:
+                raise ValueError(f"host_tokens has {len(host_t)} entries for {n} nodes")
+            if n and min(host_t) < 0:
+                raise ValueError("tokens must be >= 0")
+        elif on_host and n and int(tokens.min()) < 0:
             raise ValueError("tokens must be >= 0")
-        idx = torch.arange(parents.shape[0], device=parents.device)
-        bad = (parents < -1) | (parents >= idx)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            raise ValueError(
-                f"node {i} has parent {int(parents[i])}: parents must precede their children "
-                "(-1 <= parents[i] < i, with -1 meaning the root)"
-            )
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "host_parents", host_p)
+        object.__setattr__(self, "host_tokens", host_t)
 
     # -- basic properties -----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -71,6 +99,24 @@ class TokenTree:
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[0]
+
+    @property
+    def parent_list(self) -> tuple[int, ...]:
+        """:attr:`parents` on the host (kept since construction: no device read)."""
+        return self.host_parents
+
+    @cached_property
+    def token_list(self) -> tuple[int, ...]:
+        """:attr:`tokens` on the host (read once per tree when no builder gave them)."""
+        return self.host_tokens if self.host_tokens is not None else tuple(self.tokens.tolist())
+
+    @cached_property
+    def depth_list(self) -> tuple[int, ...]:
+        """:attr:`depth` on the host, from :attr:`parent_list` (no device read)."""
+        depth: list[int] = []
+        for p in self.host_parents:
+            depth.append(0 if p < 0 else depth[p] + 1)
+        return tuple(depth)
 
     @cached_property
     def _ancestors(self) -> torch.Tensor:
@@ -81,8 +127,9 @@ class TokenTree:
         idx = torch.arange(n, device=device)
         a = torch.zeros(n, n, dtype=torch.float32, device=device)
         a[idx, idx] = 1.0
-        has = self.parents >= 0
-        a[idx[has], self.parents[has]] = 1.0
+        child = [i for i, p in enumerate(self.host_parents) if p >= 0]          # from the host structure
+        if child:
+            a[torch.tensor(child, device=device), torch.tensor([self.host_parents[i] for i in child], device=device)] = 1.0
         for _ in range(math.ceil(math.log2(n)) if n > 1 else 0):
             a = ((a @ a) > 0).float()
         return a > 0
@@ -95,7 +142,7 @@ class TokenTree:
     @cached_property
     def depth(self) -> torch.Tensor:
         """``[n]`` LongTensor: ``0`` for children of the root, ``depth[parent] + 1`` otherwise."""
-        return self._ancestors.sum(dim=-1) - 1
+        return torch.tensor(self.depth_list, dtype=torch.long, device=self.tokens.device)
 
     def position_offsets(self) -> torch.Tensor:
         """``[n]`` position of each node relative to the root's first child (= :attr:`depth`): node
@@ -104,11 +151,12 @@ class TokenTree:
 
     def children(self, node: int) -> torch.Tensor:
         """Indices of the children of ``node`` (``-1``: the root), in node order."""
-        return (self.parents == node).nonzero().flatten()
+        kids = [i for i, p in enumerate(self.host_parents) if p == node]
+        return torch.tensor(kids, dtype=torch.long, device=self.tokens.device)
 
     def paths(self) -> list[list[int]]:
         """Root-to-leaf node index lists, one per leaf, leaves in node order."""
-        parents = self.parents.tolist()
+        parents = self.host_parents
         is_parent = set(parents)
         out = []
         for leaf in range(len(parents)):
@@ -125,30 +173,40 @@ class TokenTree:
         """The ``n + 1``-node tree whose node 0 is the root ``token`` (the last verified token) and
         whose node ``i + 1`` is this tree's node ``i``."""
         root = torch.as_tensor(token, device=self.tokens.device).long().reshape(1)
-        return TokenTree(torch.cat([root, self.tokens]), torch.cat([root.new_full((1,), -1), self.parents + 1]))
+        host_t = None
+        if self.host_tokens is not None and (not isinstance(token, torch.Tensor) or token.device.type == "cpu"):
+            host_t = (int(token),) + self.host_tokens
+        return TokenTree(torch.cat([root, self.tokens]), torch.cat([root.new_full((1,), -1), self.parents + 1]),
+                         host_parents=(-1,) + tuple(p + 1 for p in self.host_parents), host_tokens=host_t)
 
     def select(self, keep: torch.Tensor) -> "TokenTree":
         """The subtree of the nodes where ``keep`` (``[n]`` bool) is true, renumbered in node order.
 
         ``keep`` must be closed under ancestors (a kept node's parent is kept), as the masks of
-        :func:`~hf_cascade.tree.decode.prune_tree` and of confidence pruning are."""
-        keep = torch.as_tensor(keep, dtype=torch.bool, device=self.tokens.device)
+        :func:`~hf_cascade.core.stopping.prune_tree` and of confidence pruning are."""
+        keep = torch.as_tensor(keep, dtype=torch.bool)
         if keep.shape != self.tokens.shape:
             raise ValueError(f"keep must have one entry per node ({self.num_nodes}), got {tuple(keep.shape)}")
-        parents_kept = torch.where(self.parents >= 0, keep[self.parents.clamp_min(0)], torch.ones_like(keep))
-        if bool((keep & ~parents_kept).any()):
+        keep_list = keep.tolist()                                   # one read; the rest runs on the host
+        parents = self.host_parents
+        if any(k and p >= 0 and not keep_list[p] for k, p in zip(keep_list, parents)):
             raise ValueError("keep must be closed under ancestors: a kept node has a dropped parent")
-        new_index = keep.long().cumsum(0) - 1
-        parents = self.parents[keep]
-        parents = torch.where(parents >= 0, new_index[parents.clamp_min(0)], parents)
-        return TokenTree(self.tokens[keep], parents)
+        kept = [i for i, k in enumerate(keep_list) if k]
+        new_index = {old: new for new, old in enumerate(kept)}
+        new_parents = [new_index[parents[i]] if parents[i] >= 0 else -1 for i in kept]
+        device = self.tokens.device
+        host_t = tuple(self.host_tokens[i] for i in kept) if self.host_tokens is not None else None
+        return TokenTree(self.tokens.index_select(0, torch.tensor(kept, dtype=torch.long, device=device)),
+                         torch.tensor(new_parents, dtype=torch.long, device=device),
+                         host_parents=new_parents, host_tokens=host_t)
 
     # -- builders -------------------------------------------------------------------------------
     @classmethod
     def chain(cls, tokens: torch.Tensor) -> "TokenTree":
         """A single path (a plain speculative-decoding draft)."""
         tokens = torch.as_tensor(tokens).long().flatten()
-        return cls(tokens, torch.arange(tokens.shape[0], device=tokens.device) - 1)
+        n = tokens.shape[0]
+        return cls(tokens, torch.arange(n, device=tokens.device) - 1, host_parents=tuple(range(-1, n - 1)))
 
     @classmethod
     def from_beams(cls, beams: torch.Tensor) -> tuple["TokenTree", torch.Tensor]:
@@ -163,20 +221,12 @@ class TokenTree:
             ``(tree, beam_to_node)``: ``beam_to_node [w, L]`` is the node holding ``beams[i, j]``
             (with prefix ``beams[i, :j]``); ``tree.tokens[beam_to_node] == beams``.
         """
-        beams = torch.as_tensor(beams)
-        if beams.ndim != 2 or beams.shape[0] == 0:
-            raise ValueError(f"beams must be [w, L] with w >= 1, got shape {tuple(beams.shape)}")
-        beams = beams.long()
-        w, L = beams.shape
-        match = get_prefix_match(beams)                                          # [w, L]
-        owns = match == torch.arange(w, device=beams.device)[:, None]              # [w, L]
-        node_id = (owns.flatten().long().cumsum(0) - 1).view(w, L)                 # valid where owns
-        beam_to_node = node_id.gather(0, match)                                    # [w, L]
-        parent_grid = torch.cat([beam_to_node.new_full((w, 1), -1), beam_to_node[:, :-1]], dim=1)
-        return cls(beams[owns], parent_grid[owns]), beam_to_node
+        tree, beam_to_node, _ = pack_beams(beams)
+        return tree, beam_to_node
 
     @classmethod
-    def from_expansions(cls, main: torch.Tensor, expansions: Sequence[torch.Tensor], dedupe: bool = True) -> "TokenTree":
+    def from_expansions(cls, main: torch.Tensor | Sequence[int], expansions: Sequence[torch.Tensor | Sequence[int]],
+                        dedupe: bool = True, device: torch.device | str | None = None) -> "TokenTree":
         """GLIDE's CAPE expanded proposal (Du et al., 2024, §4.2; Appendix A, Algorithms 1-2).
 
         ``main`` (``[k]``) is the draft path; ``expansions[t]`` (``[K_t]``, possibly empty) holds the
@@ -195,25 +245,75 @@ class TokenTree:
         ``dedupe`` drops expansion tokens equal to ``main[t]`` or repeated within ``expansions[t]``
         (Algorithm 1 takes ``topk`` including the argmax, while §4.2 excludes ``x_{t+i}``); with
         ``dedupe=False`` the tokens are kept exactly as given.
+
+        ``main`` and the sets may be tensors (read to the host in one transfer) or lists of ints (no read;
+        ``device``: where the tree's tensors go, default ``main``'s device or the CPU).
         """
-        main = torch.as_tensor(main).long().flatten()
-        k = main.shape[0]
-        if len(expansions) != k:
-            raise ValueError(f"need one expansion set per main token: {k} main tokens, {len(expansions)} sets")
-        tokens, parents = [main], [torch.arange(k, device=main.device) - 1]
-        main_list = main.tolist()
-        for t, x in enumerate(expansions):
-            x = torch.as_tensor(x, device=main.device).long().flatten()
-            if dedupe and x.numel():
+        if device is None:
+            device = main.device if isinstance(main, torch.Tensor) else torch.device("cpu")
+        main_list, sets = _host_lists(main, expansions)
+        k = len(main_list)
+        if len(sets) != k:
+            raise ValueError(f"need one expansion set per main token: {k} main tokens, {len(sets)} sets")
+        tokens, parents = list(main_list), list(range(-1, k - 1))
+        for t, x in enumerate(sets):
+            if dedupe and x:
                 seen, keep = {main_list[t]}, []
-                for tok in x.tolist():
+                for tok in x:
                     if tok not in seen:
                         seen.add(tok)
                         keep.append(tok)
-                x = torch.tensor(keep, dtype=torch.long, device=main.device)
-            tokens.append(x)
-            parents.append(torch.full((x.shape[0],), t - 1, dtype=torch.long, device=main.device))
-        return cls(torch.cat(tokens), torch.cat(parents))
+                x = keep
+            tokens += x
+            parents += [t - 1] * len(x)
+        return cls(torch.tensor(tokens, dtype=torch.long, device=device),
+                   torch.tensor(parents, dtype=torch.long, device=device), host_parents=parents, host_tokens=tokens)
+
+
+def _host_lists(main, expansions) -> tuple[list[int], list[list[int]]]:
+    """``main`` and the expansion sets as lists of ints, the tensors among them read in one transfer."""
+    parts = [main, *expansions]
+    tensors = [torch.as_tensor(x).reshape(-1) for x in parts if isinstance(x, torch.Tensor)]
+    flat = torch.cat([t.to(tensors[0].device).long() for t in tensors]).tolist() if tensors else []
+    out, at = [], 0
+    for x in parts:
+        if isinstance(x, torch.Tensor):
+            m = x.numel()
+            out.append(flat[at:at + m])
+            at += m
+        else:
+            out.append([int(t) for t in x])
+    return out[0], out[1:]
+
+
+def pack_beams(beams: torch.Tensor) -> tuple[TokenTree, torch.Tensor, list[list[int]]]:
+    """:meth:`TokenTree.from_beams` with the host copy of ``beam_to_node`` too: ``(tree, beam_to_node [w, L],
+    beam_to_node as lists)``. The beams are read once; the packing runs on the host (``w * L`` small),
+    node order and values those of Listing 1's tensor ops (:func:`get_prefix_match`)."""
+    beams = torch.as_tensor(beams)
+    if beams.ndim != 2 or beams.shape[0] == 0:
+        raise ValueError(f"beams must be [w, L] with w >= 1, got shape {tuple(beams.shape)}")
+    rows = beams.long().tolist()
+    w, L = beams.shape
+    owner: dict[tuple[int, ...], int] = {}                 # prefix -> the smallest beam holding it
+    match = [[owner.setdefault(tuple(row[: j + 1]), i) for j in range(L)] for i, row in enumerate(rows)]
+    node_id = [[-1] * L for _ in range(w)]
+    tokens, parents, count = [], [], 0
+    for i in range(w):                                     # beam-major node numbering
+        for j in range(L):
+            if match[i][j] == i:
+                node_id[i][j] = count
+                count += 1
+    beam_to_node = [[node_id[match[i][j]][j] for j in range(L)] for i in range(w)]
+    for i in range(w):
+        for j in range(L):
+            if match[i][j] == i:
+                tokens.append(rows[i][j])
+                parents.append(beam_to_node[i][j - 1] if j else -1)
+    device = beams.device
+    tree = TokenTree(torch.tensor(tokens, dtype=torch.long, device=device),
+                     torch.tensor(parents, dtype=torch.long, device=device), host_parents=parents, host_tokens=tokens)
+    return tree, torch.tensor(beam_to_node, dtype=torch.long, device=device), beam_to_node
 
 
 def get_prefix_match(beams: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,106 @@
+"""Optional verification backends, beside the decoding core (never under it).
+
+The core (:mod:`hf_cascade.core`) runs the target's forwards with the model's own kernels on any
+device. A backend may replace some of those kernels for one ``generate()`` call where they pay; the
+only one today is :mod:`hf_cascade.backends.cpu` (compiled few-row products for float32 targets on
+CPU). It is imported only when engaged: the core, the strategies and training never import it.
+
+One switch engages it: the assistants' ``cpu_kernels=`` argument (``None``, the default, means
+"automatic"), else the environment variable ``HF_CASCADE_CPU_KERNELS`` (``0`` / ``1``; unset means
+automatic). Automatic engages the CPU kernels exactly when the target's weights are float32 on CPU.
+
+What the core reads from an engaged backend is a :class:`VerifySession`.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+ENV = "HF_CASCADE_CPU_KERNELS"
+
+
+@dataclass
+class VerifySession:
+    """What one ``generate()`` call's verification runs with.
+
+    Attributes:
+        backend: ``"cpu"`` when the CPU kernels are engaged, else ``"model"`` (the model's own kernels).
+        block_rows: most rows of logits per output-head call when acceptance reads rows lazily
+            (:class:`~hf_cascade.core.rows.TreeRows`); ``None``: every row in one call (accelerators,
+            where extra rows are nearly free next to a second pass over the head's weight).
+    """
+
+    backend: str = "model"
+    block_rows: int | None = None
+
+
+def _weight(model) -> torch.Tensor | None:
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if get is not None else None
+    weight = getattr(emb, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight
+    return next((p for p in model.parameters()), None) if hasattr(model, "parameters") else None
+
+
+def cpu_kernels_apply(model) -> bool:
+    """Whether the CPU kernels can run ``model``: its weights are float32 and on the CPU (not offloaded
+    to ``meta``)."""
+    w = _weight(model)
+    return w is not None and w.device.type == "cpu" and w.dtype == torch.float32
+
+
+def env_setting() -> bool | None:
+    """``HF_CASCADE_CPU_KERNELS``: ``True`` / ``False``, or ``None`` when unset (automatic)."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{ENV}={value!r}: use 1 (on), 0 (off) or leave it unset (automatic).")
+
+
+def wants_cpu_kernels(model, requested: bool | None) -> bool:
+    """The switch: the argument if given, else the environment variable, else automatic (on exactly
+    where :func:`cpu_kernels_apply`). Asking for them on a target they cannot run is an error."""
+    source = "cpu_kernels=True"
+    if requested is None:
+        requested, source = env_setting(), f"{ENV}=1"
+    if requested is None:
+        return cpu_kernels_apply(model)
+    if requested and not cpu_kernels_apply(model):
+        w = _weight(model)
+        where = f"{w.dtype} on {w.device}" if w is not None else "no weights"
+        raise ValueError(f"{source} needs a float32 target on CPU; this one is {where} "
+                         "(leave the switch unset: automatic).")
+    return bool(requested)
+
+
+def default_session(model) -> VerifySession:
+    """The session without a backend: blocks of 4 rows on CPU (a head call over 1-4 rows costs about
+    one pass over its weight there), all rows at once elsewhere."""
+    w = _weight(model)
+    return VerifySession("model", 4 if w is None or w.device.type in ("cpu", "meta") else None)
+
+
+@contextmanager
+def verification_session(model, cpu_kernels: bool | None = None) -> Iterator[VerifySession]:
+    """Entered around one ``generate()`` call: engages the CPU kernels per the switch above."""
+    if not wants_cpu_kernels(model, cpu_kernels):
+        yield default_session(model)
+        return
+    from .cpu import cpu_kernels as engage_cpu                # imported only when engaged
+
+    with engage_cpu(model) as session:
+        yield session
+
+
+__all__ = ["ENV", "VerifySession", "cpu_kernels_apply", "default_session", "env_setting", "verification_session",
+           "wants_cpu_kernels"]

@@ -1,0 +1,40 @@
+"""The decoding core shared by every strategy: draft -> verify -> accept -> update.
+
+* :mod:`.loop` -- :func:`~.loop.speculative_decode`, the one loop (each step a named function);
+* :mod:`.strategy` -- the drafter contract (:class:`~.strategy.TreeDrafter`, :class:`~.strategy.TreeStep`);
+* :mod:`.structure` -- :class:`TokenTree` (a linear draft is a tree with one path) and its builders;
+* :mod:`.forward` -- one target forward over a draft, and keeping the accepted path in the KV cache;
+* :mod:`.attention` -- the additive 4D tree mask and the position ids;
+* :mod:`.rows` -- row selection: the logits acceptance reads, computed when it reads them;
+* :mod:`.accept` -- acceptance: greedy and exact speculative sampling (and reviews between drafters);
+* :mod:`.stopping` -- EOS, length budget and stopping criteria;
+* :mod:`.checks` -- clear errors for unsupported inputs;
+* :mod:`.stats` -- the statistics every strategy fills;
+* :mod:`.budget` -- hardware-aware tree size: the measured cost of verifying ``n`` nodes.
+
+The core runs the target with its own kernels on any device; optional verification backends
+(:mod:`hf_cascade.backends`) sit beside it and are never imported by it.
+"""
+
+from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
+from .attention import tree_allowed, tree_attention_mask, tree_position_ids
+from .budget import VerifyCost, measure_verify_cost
+from .forward import keep_path, model_tree_mask, verify_tree
+from .structure import TokenTree, get_prefix_match, unpack
+
+__all__ = [
+    "TokenTree",
+    "TreeAcceptance",
+    "VerifyCost",
+    "get_prefix_match",
+    "greedy_tree_accept",
+    "keep_path",
+    "measure_verify_cost",
+    "model_tree_mask",
+    "sampling_tree_accept",
+    "tree_allowed",
+    "tree_attention_mask",
+    "tree_position_ids",
+    "unpack",
+    "verify_tree",
+]

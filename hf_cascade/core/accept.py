@@ -1,0 +1,396 @@
+"""Acceptance: the one place where a verifier's distributions decide which draft tokens stand.
+
+**The target's acceptance of a draft** (a chain is a tree with one path). Row convention:
+``target[0]`` is the target's (processed) distribution / logits at the root (the
+last verified token), ``target[i + 1]`` at tree node ``i``: the next-token distribution after the
+path root -> ``i``. Both functions return a :class:`TreeAcceptance` ``(path, bonus)``: the accepted
+node indices from the root down (``tree.tokens[path]`` are the accepted tokens) and the one token
+the target contributes after them.
+
+**Reviews between drafters** (the cascade's and HSDDW's draft models reviewing a smaller level's
+draft, with optional lenience): :func:`greedy_review` and :func:`sampling_review`, described below.
+
+One review = a reviewer model scores ``k`` draft tokens in one forward and emits ``n + 1`` tokens:
+the ``n`` accepted drafts and one token of its own (a correction after a rejection, or a bonus
+token when all ``k`` drafts were accepted).
+
+* Greedy: Leviathan et al. (2023) / CS Drafting §3.1: accept while the draft equals the reviewer's
+  argmax. With lenience ``l > 1`` a draft is also accepted when ``l * p(x) >= q(x)`` (CS Drafting's
+  greedy rule, with ``q(x)`` the probability the drafting level gave its own token).
+* Sampling: Leviathan et al. Algorithm 1 (speculative sampling). Accept ``x ~ q`` with probability
+  ``min(1, l * p(x) / q(x))``; on rejection sample from ``norm(max(0, p - q / l))``. With ``l = 1``
+  this is lossless: every emitted token is distributed as ``p``.
+
+Lenience is only ever used when a *draft* model reviews (CS Drafting §3.1); the target's own
+acceptance (the tree functions above) has no lenience. Because the cascade hands its drafts
+upward, :func:`sampling_review` also returns ``out``: the exact distribution each emitted token was
+drawn from (``q * accept + (1 - beta) * residual``, or ``p`` for the bonus token). That is the ``q``
+the next reviewer (ultimately the target) must use, which keeps the whole cascade lossless at the
+target even when lenience > 1 between drafters.
+
+The review functions take one sequence without the batch dimension. Shapes: ``k`` drafts, vocabulary ``V``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .structure import TokenTree
+
+
+class TreeAcceptance(NamedTuple):
+    """``path``: ``[m]`` LongTensor of accepted node indices (root excluded, root -> leaf order);
+    ``bonus``: the target's token after the last accepted node."""
+
+    path: torch.Tensor
+    bonus: int
+
+
+def _full_rows(tree: TokenTree, rows, node_rows: torch.Tensor | None, name: str):
+    """``rows`` as an indexable of ``n + 1`` rows (root first): a ``[n + 1, V]`` tensor (checked), or a
+    lazy :class:`~hf_cascade.core.rows.TreeRows` (or its softmax view), passed through."""
+    if not isinstance(rows, torch.Tensor):
+        if node_rows is not None or len(rows) != tree.num_nodes + 1:
+            raise ValueError(f"{name} must hold n + 1 = {tree.num_nodes + 1} rows (root first), got {len(rows)}")
+        return rows
+    if node_rows is not None:
+        rows = torch.cat([rows.reshape(1, -1), node_rows.to(rows.device)], dim=0)
+    if rows.ndim != 2 or rows.shape[0] != tree.num_nodes + 1:
+        raise ValueError(f"{name} must be [n + 1, V] = [{tree.num_nodes + 1}, V] (root first), got {tuple(rows.shape)}")
+    return rows
+
+
+def _children(tree: TokenTree) -> list[list[int]]:
+    """Row ``r`` -> the node indices of its children, in node order (row 0: the root)."""
+    children: list[list[int]] = [[] for _ in range(tree.num_nodes + 1)]
+    for i, parent in enumerate(tree.parent_list):                  # the tree's host structure: no read
+        children[parent + 1].append(i)
+    return children
+
+
+def _argmax_reader(rows):
+    """``row -> int(argmax)``, reading the device as few times as possible: a ``[n + 1, V]`` tensor in one
+    transfer for all rows; lazy rows through their ``argmax_block(r)`` when they have one (the argmax of
+    row ``r`` and of the rows computed with it, ``{row: token}``, in one transfer), else one read per row."""
+    if isinstance(rows, torch.Tensor):
+        values = rows.argmax(dim=-1).tolist()
+        return values.__getitem__
+    block = getattr(rows, "argmax_block", None)
+    best: dict[int, int] = {}
+
+    def read(row: int) -> int:
+        if row not in best:
+            if block is not None:
+                best.update(block(row))
+            else:
+                best[row] = int(rows[row].argmax())
+        return best[row]
+
+    return read
+
+
+def greedy_tree_accept(tree: TokenTree, logits, node_logits: torch.Tensor | None = None) -> TreeAcceptance:
+    """Greedy tree verification (SpecInfer's greedy token tree verification, Miao et al., 2024, §4).
+
+    Args:
+        logits: ``[n + 1, V]`` (root row first), or the root's ``[V]`` when ``node_logits``
+            (``[n, V]``) is given, or a lazy :class:`~hf_cascade.core.rows.TreeRows`.
+
+    A walk from the root: the target's argmax at the current node selects the children holding
+    that token, and the walk descends into each of them (several only when sibling tokens repeat);
+    the accepted path is the deepest fully matching one (lowest last-node index among equally deep
+    ones) and the bonus token is the argmax at its end, so the output is exactly greedy decoding.
+    Only the rows of the nodes the walk reaches are read: with :class:`TreeRows` the others are
+    never computed.
+    """
+    rows = _full_rows(tree, logits, node_logits, "logits")
+    tokens, children = tree.token_list, _children(tree)
+    argmax = _argmax_reader(rows)
+
+    accepted: list[int] = []
+    stack: list[list[int]] = [[]]                        # paths still to extend, depth first
+    while stack:
+        path = stack.pop()
+        row = path[-1] + 1 if path else 0
+        target = argmax(row)
+        for c in reversed(children[row]):                # pushed reversed: popped in node order
+            if tokens[c] == target:
+                longer = path + [c]
+                if len(longer) > len(accepted) or (len(longer) == len(accepted) and c < accepted[-1]):
+                    accepted = longer
+                stack.append(longer)
+    bonus = argmax(accepted[-1] + 1 if accepted else 0)
+    return TreeAcceptance(torch.tensor(accepted, dtype=torch.long, device="cpu"), bonus)      # host path
+
+
+def sampling_tree_accept(
+    tree: TokenTree,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    batched: bool | None = None,
+) -> TreeAcceptance:
+    """Lossless tree verification by recursive rejection sampling (RRS).
+
+    Args:
+        tree: the verified tree.
+        target_probs: ``[n + 1, V]`` the target's processed distributions (root row first), or
+            the lazy :meth:`TreeRows.softmax() <hf_cascade.core.rows.TreeRows.softmax>` view: only
+            the rows of the nodes the walk reaches are read.
+        draft_probs: ``[n, V]``: row ``i`` is the distribution node ``i``'s token was drawn from
+            (conditioned on its parent's path), or ``None`` when the children are *deterministic*
+            (top-k expansions, beam search, CAPE: a function of the context, no randomness).
+        generator: optional ``torch.Generator`` for the uniforms and the final draw.
+        batched: how the device is read. ``False``: child by child, a uniform drawn only when a child is
+            tried (several host reads per child; free on a CPU). ``True``: one transfer per node on the
+            walk: the residuals after rejecting each child in turn are computed on the device, then one
+            uniform per child and the acceptance probabilities are read together (a uniform is drawn for
+            every child of a reached node, so the random stream differs from ``False``'s; the law is the
+            same). ``None`` (default): ``False`` on a CPU, ``True`` elsewhere.
+
+    At the current node with target distribution ``p`` and children ``c_1 .. c_m`` (tokens ``x_i``,
+    tried in node order), start from the residual ``r_0 = p`` and for ``i = 1 .. m``:
+
+    * accept ``c_i`` with probability ``min(1, r_{i-1}(x_i) / q_i(x_i))``, then descend into ``c_i``
+      (its residual restarts at ``target_probs[c_i + 1]``);
+    * otherwise ``r_i = norm(max(0, r_{i-1} - q_i))``.
+
+    If every child is rejected (or the node is a leaf), the bonus token is drawn from the current
+    residual ``r_m`` (``p`` itself at a leaf). This is SpecInfer's multi-step speculative sampling
+    (Miao et al., 2024, §4, "MSS"): one step emits ``y`` with probability
+    ``min(q_i(y), r(y)) + (1 - sum_z min(q_i(z), r(z))) * norm(max(0, r - q_i))(y) = r(y)``
+    (Leviathan et al., 2023, Algorithm 1 and Appendix A.1), so by induction over the siblings,
+    and then over the depth, every emitted token is distributed exactly as the target's ``p``. This needs each
+    sibling token to be an independent draw from its ``q_i`` *in node order* (do not sort siblings
+    by their values or merge duplicates of stochastic drafts; duplicates themselves are fine).
+
+    Deterministic children (``draft_probs=None``) are the point-mass case ``q_i = delta(x_i)``:
+    accept ``c_i`` with probability ``r_{i-1}(x_i)``; on rejection remove ``x_i``:
+    ``r_i = r_{i-1}`` with ``x_i`` zeroed, renormalized. Then ``P(emit x_i) = prod_{j<i}(1 - r_{j-1}(x_j))
+    * r_{i-1}(x_i) = p(x_i)`` and a non-child token ``y`` is emitted with probability
+    ``(1 - sum_i p(x_i)) * p(y) / (1 - sum_i p(x_i)) = p(y)``: exact for any order and set of
+    children, duplicates included (a removed token has probability 0).
+    """
+    if draft_probs is not None and tuple(draft_probs.shape[:1]) != (tree.num_nodes,):
+        raise ValueError(f"draft_probs must be [n, V] = [{tree.num_nodes}, V], got {tuple(draft_probs.shape)}")
+    target_probs = _full_rows(tree, target_probs, None, "target_probs")
+    tokens, children = tree.token_list, _children(tree)
+
+    path: list[int] = []
+    row = 0                                   # node + 1 of the current node (0 = root)
+    r = target_probs[0].float()
+    device = r.device
+    if batched is None:
+        batched = device.type != "cpu"
+    try_children = _try_batched if batched else _try_in_turn
+    while True:
+        accepted, r = try_children(children[row], tokens, r, draft_probs, generator)
+        if accepted is None:
+            break
+        path.append(accepted)
+        row = accepted + 1
+        r = target_probs[row].float()
+    bonus = int(torch.multinomial(r, 1, generator=generator))
+    return TreeAcceptance(torch.tensor(path, dtype=torch.long, device="cpu"), bonus)          # host path
+
+
+def _residual(r: torch.Tensor, x: int, q: torch.Tensor | None) -> torch.Tensor:
+    """The residual after rejecting token ``x`` drawn from ``q`` (``None``: the point mass at ``x``)."""
+    if q is None:
+        r = r.clone()
+        r[x] = 0.0
+        return r / r.sum()
+    residual = (r - q).clamp_min(0.0)
+    mass = residual.sum()
+    # mass == 0 means r <= q everywhere, i.e. r == q: the acceptance probability was 1,
+    # so a rejection is only a rounding artefact; keep r.
+    return torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), r)
+
+
+def _try_in_turn(kids, tokens, r, draft_probs, generator):
+    """Try ``kids`` in node order, one uniform per child tried: ``(accepted child or None, residual)``."""
+    device = r.device
+    for c in kids:
+        x = tokens[c]
+        u = float(torch.rand((), generator=generator, device=device))
+        if draft_probs is None:
+            if u < float(r[x]):
+                return c, r
+            r = _residual(r, x, None)
+        else:
+            q = draft_probs[c].to(device).float()
+            qx = float(q[x])
+            if qx <= 0.0:
+                raise ValueError(f"node {c}'s token {x} has probability 0 under its draft distribution")
+            if u < float(r[x]) / qx:
+                return c, r
+            residual = (r - q).clamp_min(0.0)
+            mass = residual.sum()
+            if float(mass) > 1e-12:                # see _residual
+                r = residual / mass
+    return None, r
+
+
+def _try_batched(kids, tokens, r, draft_probs, generator):
+    """:func:`_try_in_turn` with one device read: the residual before each child (as if every earlier
+    child was rejected, which is when that child is tried), one uniform per child, then the first child
+    whose uniform falls below its acceptance probability."""
+    if not kids:
+        return None, r
+    device = r.device
+    residuals, hits, qxs = [r], [], []
+    for c in kids:
+        x = tokens[c]
+        q = None if draft_probs is None else draft_probs[c].to(device).float()
+        hits.append(residuals[-1][x])
+        if q is not None:
+            qxs.append(q[x])
+        residuals.append(_residual(residuals[-1], x, q))
+    u = torch.rand(len(kids), generator=generator, device=device)
+    values = torch.stack([u, torch.stack(hits), torch.stack(qxs) if qxs else torch.ones_like(u)]).tolist()
+    for i, (c, ui, rx, qx) in enumerate(zip(kids, *values)):
+        if draft_probs is not None and qx <= 0.0:
+            raise ValueError(f"node {c}'s token {tokens[c]} has probability 0 under its draft distribution")
+        if ui < rx / qx:
+            return c, residuals[i]
+    return None, residuals[-1]
+
+
+# -- reviews between drafters ------------------------------------------------------------
+@dataclass
+class Review:
+    """The result of one review.
+
+    Attributes:
+        num_accepted: ``n``, how many leading drafts were accepted.
+        tokens: ``[n + 1]`` emitted tokens (accepted drafts, then the reviewer's own token).
+        probs: greedy only: ``[n + 1]`` the reviewer's probability of each emitted token (what a
+            lenient reviewer above compares against); ``None`` under sampling.
+        dists: sampling only: ``[n + 1, V]`` the exact distribution each emitted token was drawn
+            from; ``None`` under greedy.
+    """
+
+    num_accepted: int
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+    dists: torch.Tensor | None = None
+
+
+Lenience = float | torch.Tensor  # a scalar, or one value per draft position ([k])
+
+
+def _lenience_vector(lenience: Lenience, k: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """``([k] lenience on device, whether any is > 1)``, checked where it was given (a float: on the host)."""
+    out = torch.as_tensor(lenience, dtype=torch.float32).expand(k).clone() if k else torch.ones(0, device="cpu")
+    values = out.tolist()
+    if any(v < 1.0 for v in values):
+        raise ValueError("lenience must be >= 1")
+    return out.to(device), any(v > 1.0 for v in values)
+
+
+def greedy_review(
+    drafts: torch.Tensor,
+    reviewer_logits: torch.Tensor,
+    draft_token_probs: torch.Tensor | None = None,
+    lenience: Lenience = 1.0,
+) -> Review:
+    """Greedy review of ``drafts`` (``[k]``) with processed reviewer logits ``[k + 1, V]``.
+
+    ``draft_token_probs`` (``[k]``) is the probability the drafting level gave each of its tokens;
+    it is only read where ``lenience > 1`` (a scalar, or ``[k]`` per position).
+
+    The review runs on the reviewer's device (``reviewer_logits``'), the drafts and probabilities move
+    there; the returned tensors live there too. One device read (the number accepted).
+    """
+    k = drafts.shape[0]
+    device = reviewer_logits.device
+    drafts = drafts.to(device)
+    best = reviewer_logits.argmax(dim=-1)                                  # [k + 1]
+    ok = drafts == best[:k]                                                # [k]
+    lenience, lenient = _lenience_vector(lenience, k, device)
+    if k > 0 and draft_token_probs is not None and lenient:
+        p = reviewer_logits[:k].float().softmax(dim=-1)
+        p_draft = p.gather(-1, drafts[:, None]).squeeze(-1)                # [k]
+        q_draft = draft_token_probs.to(device)
+        ok = ok | ((lenience > 1.0) & ((lenience * p_draft >= q_draft) | torch.isinf(lenience)))
+    n = int(torch.cumprod(ok.int(), dim=0).sum()) if k else 0
+    tokens = torch.cat([drafts[:n], best[n : n + 1]])
+    probs = reviewer_logits[: n + 1].float().softmax(dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    return Review(n, tokens, probs=probs)
+
+
+def output_distribution(q: torch.Tensor, p: torch.Tensor, lenience: Lenience = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Acceptance probabilities and residual of lenient speculative sampling, row-wise.
+
+    Args:
+        q: ``[k, V]`` draft distributions; p: ``[k, V]`` reviewer distributions;
+        lenience: a scalar or ``[k, 1]``.
+    Returns:
+        ``accept [k, V]`` = ``min(1, l p / q)`` (1 where ``q = 0``) and ``residual [k, V]`` =
+        ``norm(max(0, p - q / l))`` (``p`` where that has no mass).
+    """
+    lt = torch.as_tensor(lenience, dtype=p.dtype, device=p.device)
+    # infinite lenience accepts every draft token (also where the reviewer gives it p = 0)
+    accept = torch.where((q > 0) & ~torch.isinf(lt), (lt * p / q.clamp_min(1e-30)).clamp(max=1.0), torch.ones_like(q))
+    residual = (p - q / lenience).clamp_min(0.0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    residual = torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), p)
+    return accept, residual
+
+
+def sampling_review(
+    drafts: torch.Tensor,
+    draft_dists: torch.Tensor,
+    reviewer_probs: torch.Tensor,
+    lenience: Lenience = 1.0,
+    generator: torch.Generator | None = None,
+) -> Review:
+    """Speculative sampling (Leviathan et al., Algorithm 1) with optional lenience.
+
+    Args:
+        drafts: ``[k]`` draft tokens, ``drafts[i] ~ draft_dists[i]``.
+        draft_dists: ``[k, V]`` the processed distributions the drafts were drawn from.
+        reviewer_probs: ``[k + 1, V]`` the reviewer's processed distributions.
+
+    Runs on the reviewer's device (``reviewer_probs``'); the returned tensors live there.
+    """
+    k = drafts.shape[0]
+    device = reviewer_probs.device
+    drafts = drafts.to(device)
+    p, q = reviewer_probs[:k].float(), draft_dists.to(device).float()
+    lenience, lenient = _lenience_vector(lenience, k, device)
+    lossless = not lenient
+    if k:
+        accept, residual = output_distribution(q, p, lenience[:, None])
+        a = accept.gather(-1, drafts[:, None]).squeeze(-1)                 # [k]
+        u = torch.rand(k, generator=generator, device=drafts.device)
+        n = int(torch.cumprod((u <= a).int(), dim=0).sum())
+    else:
+        n = 0
+    if n < k:
+        beta = (q[n] * accept[n]).sum()
+        out_n = q[n] * accept[n] + (1.0 - beta).clamp_min(0.0) * residual[n]
+        nxt = torch.multinomial(residual[n], 1, generator=generator)
+        out_acc = q[:n] * accept[:n] + (1.0 - (q[:n] * accept[:n]).sum(-1, keepdim=True)).clamp_min(0) * residual[:n]
+    else:
+        out_n = reviewer_probs[k].float()
+        nxt = torch.multinomial(out_n, 1, generator=generator)
+        out_acc = (
+            q * accept + (1.0 - (q * accept).sum(-1, keepdim=True)).clamp_min(0) * residual if k else q[:0]
+        )
+    tokens = torch.cat([drafts[:n], nxt])
+    dists = torch.cat([out_acc, out_n[None]], dim=0)                      # [n + 1, V]
+    if lossless:
+        # Without lenience the output is exactly p: avoid carrying rounding error upward.
+        dists = p[: n + 1] if n < k else torch.cat([p[:n], out_n[None]], dim=0)
+    return Review(n, tokens, dists=dists)
+
+
+def one_hot_dists(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[k] -> [k, V]`` point masses: the draft distribution of a deterministic drafter."""
+    out = torch.zeros(tokens.shape[0], vocab_size, device=tokens.device)
+    out[torch.arange(tokens.shape[0], device=tokens.device), tokens] = 1.0
+    return out

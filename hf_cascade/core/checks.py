@@ -1,0 +1,67 @@
+"""What the decoding core supports: clear errors, before the first forward, for everything else."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+from ..processors import DraftAwareProcessor
+
+# model_kwargs that generate() prepares and the core may ignore
+_IGNORED_KWARGS = {"attention_mask", "position_ids", "cache_position", "logits_to_keep", "past_key_values", "use_cache"}
+
+
+def check_supported(target, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict,
+                    logits_processor=None, synced_gpus: bool = False, trees: bool = True) -> None:
+    """Raise ``ValueError`` for inputs the core cannot honour. ``trees``: the strategy drafts token
+    trees (lossy target rules review linear drafts only)."""
+    cfg = generation_config
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"hf_cascade assistants support batch size 1 only (got {input_ids.shape[0]}).")
+    if (cfg.num_beams or 1) > 1:
+        raise ValueError("hf_cascade assistants do not support beam search (num_beams > 1).")
+    if target.config.is_encoder_decoder:
+        raise ValueError("hf_cascade assistants support decoder-only targets only.")
+    if not model_kwargs.get("use_cache", True):
+        raise ValueError("hf_cascade assistants need use_cache=True (the target's KV cache holds the verified prefix).")
+    if synced_gpus:
+        raise ValueError("hf_cascade assistants do not support synced_gpus.")
+    if cfg.return_dict_in_generate and (cfg.output_attentions or cfg.output_hidden_states):
+        raise ValueError("hf_cascade assistants return sequences, scores and logits; not attentions or hidden states.")
+    if (getattr(cfg, "num_return_sequences", 1) or 1) > 1:
+        raise ValueError("hf_cascade assistants support num_return_sequences=1 only.")
+    if trees and any(isinstance(p, DraftAwareProcessor) for p in (logits_processor or [])):
+        raise ValueError("lossy target rules (LossyLenientTarget, LossyTypicalAcceptance) review linear drafts; "
+                         "tree assistants do not support them.")
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and not isinstance(cache, DynamicCache):
+        raise ValueError(
+            f"hf_cascade assistants need a DynamicCache on the target (got {type(cache).__name__}); "
+            "static and quantized caches cannot be rolled back."
+        )
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError("hf_cascade assistants start from the prompt: a prefilled past_key_values is not supported.")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool((mask != 0).all()):
+        raise ValueError("hf_cascade assistants do not support padding (an attention_mask with zeros).")
+    positions = model_kwargs.get("position_ids")
+    if positions is not None and not torch.equal(positions.reshape(-1).cpu(), torch.arange(input_ids.shape[1])):
+        raise ValueError("hf_cascade assistants do not support custom position_ids.")
+    extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _IGNORED_KWARGS)
+    if extra:
+        raise ValueError(f"hf_cascade assistants support token inputs only; unsupported model inputs: {extra}.")
+
+
+def refuse_unsupported_config(config: GenerationConfig) -> None:
+    """Settings the assistants cannot honour, refused before transformers prepares the call (4.x
+    would silently replace a static cache; beam search never reaches the assisted loop)."""
+    if (config.num_beams or 1) > 1:
+        raise ValueError("hf_cascade assistants do not support beam search (num_beams > 1).")
+    if config.cache_implementation not in (None, "dynamic"):
+        raise ValueError(
+            f"hf_cascade assistants need a dynamic cache; cache_implementation={config.cache_implementation!r} "
+            "cannot be rolled back after rejected drafts."
+        )
+
+
+__all__ = ["check_supported", "refuse_unsupported_config"]

@@ -1,0 +1,271 @@
+"""The decoding core: one loop for every strategy (a linear draft is a tree with one path).
+
+:func:`speculative_decode` replaces transformers' ``_assisted_decoding`` for hf_cascade's assistants
+(the hook in :mod:`hf_cascade.hook` routes the call here) and returns what it returns. Per step:
+
+1. **draft** -- the strategy's :class:`~hf_cascade.core.strategy.TreeDrafter` proposes a tree below
+   the last verified token, pruned to what can still be emitted (:func:`~hf_cascade.core.stopping.prune_tree`).
+2. **verify** -- one target forward over ``[root, nodes]`` (:func:`~hf_cascade.core.forward.verify_tree`):
+   a tree mask and branch positions for trees, plain causal attention for chains. The decoder
+   alone runs; the output head runs later on the rows acceptance reads (:mod:`hf_cascade.core.rows`).
+3. **accept** -- greedy, or exact speculative sampling (recursive rejection over siblings), on
+   logits processed with each row's own prefix (:mod:`hf_cascade.core.accept`).
+4. **update** -- keep the accepted path's K/V, emit the tokens one by one where plain ``generate``
+   would stop (:class:`~hf_cascade.core.stopping.Stopper`), stream them, record statistics and hand
+   the strategy its feedback (:meth:`TreeDrafter.on_accept`, with the measured verification time).
+
+Before the loop, **prefill** runs the prompt minus its last token into a plain ``DynamicCache()`` (no
+config: sliding-window cache layers would evict K/V a long tree still needs; windows are applied by
+the mask, :mod:`hf_cascade.core.forward`). The last prompt token is the first draft's root, so the
+first verification already carries a draft. The prefill also checks that the core's output head
+(:func:`~hf_cascade.core.forward.output_head`) reproduces the model's logits; if not, or if the
+prompt has one token, verification computes every row with the full model.
+
+Host and device: token ids, the tree's structure and the statistics are host values; each step reads
+the device a bounded number of times (the draft's tokens and the accepted path: one read each), not
+once per drafted token. The state of the sequence lives in :class:`_Row` (one per batch row).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ..processors import split_processors
+from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
+from .forward import check_attention_backend, keep_path, output_head, verify_tree
+from .rows import TreeRows
+from .stats import GenerationStats, PhaseTimer
+from .stopping import Stopper, prune_tree
+from .strategy import TreeDrafter, TreeStep
+from .structure import TokenTree
+
+
+@torch.no_grad()
+def speculative_decode(
+    target: PreTrainedModel,
+    drafter: TreeDrafter,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList | None,
+    stopping_criteria,
+    generation_config: GenerationConfig,
+    stats: GenerationStats,
+    streamer=None,
+    block_rows: int | None = 4,
+):
+    """Generate with ``drafter``'s drafts, verified by ``target`` (see the module docstring).
+    ``block_rows``: most logit rows per output-head call (``None``: all at once)."""
+    check_attention_backend(target, tree_shaped=not drafter.linear)      # before any forward
+    run = _Run(target, input_ids, logits_processor, stopping_criteria, generation_config, stats, streamer, block_rows)
+    with run.head_input:
+        with run.timer("prefill"):
+            prefill(run)
+        while not run.row.done:
+            state = run.state()
+            with run.timer("draft"):
+                tree, q = draft(run, drafter, state)
+            started = time.perf_counter()
+            with run.timer("verify"):
+                rows = verify(run, tree, drafter.linear)
+            with run.timer("accept"):
+                acceptance = accept(run, tree, rows, q)
+            run.verify_seconds = time.perf_counter() - started   # acceptance read the device: synchronised
+            with run.timer("update"):
+                update(run, drafter, tree, rows, acceptance)
+    return run.result()
+
+
+# -- the steps -----------------------------------------------------------------------------------------
+
+def prefill(run: "_Run") -> None:
+    """Run the prompt minus its last token (the first root) into the cache."""
+    row = run.row
+    tokens = row.seq[:-1]
+    if tokens.numel() == 0:
+        return
+    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
+    logits = run.target(input_ids=tokens[None], past_key_values=row.cache, use_cache=True, **kwargs).logits[0, -1]
+    hidden = run.head_input.rows()
+    if hidden is None:
+        return
+    head = output_head(run.target)
+    if head is not None and torch.allclose(head(hidden[-1:])[0].float(), logits.float(), rtol=1e-4, atol=1e-4):
+        run.head = head
+    row.last_hidden = hidden[-1]
+
+
+def draft(run: "_Run", drafter: TreeDrafter, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
+    """The strategy's draft, pruned to what can be emitted (depth budget, nothing below an EOS)."""
+    tree, q = drafter.draft_tree(state.seq, state)
+    tree, q = prune_tree(tree, q, state.budget, run.stopper.stop_tensor)
+    if run.target_rules:                                   # lossy rules compare the target's rows with the draft
+        candidates = torch.cat([state.seq, tree.tokens.to(state.seq.device)])[None]
+        for rule in run.target_rules:
+            rule.set_candidates(candidates)
+    return tree, q
+
+
+def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
+    """One target forward over ``[root, nodes]``; the rows' logits are computed when acceptance reads them."""
+    row, L = run.row, run.row.length
+    if run.head is not None:
+        hidden = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], hidden_only=True, chain=linear)
+        rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.head, block_rows=run.block_rows)
+    else:
+        raw = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], chain=linear)
+        hidden = run.head_input.rows()
+        rows = TreeRows(tree, row.seq, run.processors, raw=raw)
+    row.hidden = hidden
+    return rows
+
+
+def accept(run: "_Run", tree: TokenTree, rows: TreeRows, q: torch.Tensor | None) -> TreeAcceptance:
+    """Greedy: the longest path the target's argmax agrees with. Sampling: recursive rejection sampling
+    (exact for any ``q``, point masses included)."""
+    if run.cfg.do_sample:
+        return sampling_tree_accept(tree, rows.softmax(), q)
+    return greedy_tree_accept(tree, rows)
+
+
+def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, acceptance: TreeAcceptance) -> None:
+    """Keep the accepted path, emit its tokens and the bonus token up to where plain decoding stops,
+    record statistics, give the drafter its feedback."""
+    row = run.row
+    L = row.length
+    path = acceptance.path.tolist() if isinstance(acceptance.path, torch.Tensor) else list(acceptance.path)
+    keep_path(row.cache, L - 1, torch.tensor(path, dtype=torch.long))
+    node_tokens = tree.token_list if path else []
+    new = [node_tokens[i] for i in path] + [int(acceptance.bonus)]
+    src = [0] + [i + 1 for i in path]                                   # the row that produced each new token
+    if run.scores is not None:
+        run.scores += tuple(rows[r][None] for r in src)
+    if run.raw_logits is not None:
+        run.raw_logits += tuple(rows.raw(r)[None] for r in src)
+    seq = torch.cat([row.seq, torch.tensor(new, dtype=row.seq.dtype, device=row.seq.device)])
+    emitted, row.done = run.stopper.emitted(seq, L, new, run.scores)
+    if emitted < len(new):                                             # a cut path: keep what was emitted
+        row.cache.crop(-(len(new) - emitted))
+        seq = seq[: L + emitted]
+        if run.scores is not None:
+            run.scores = run.scores[: len(run.scores) - (len(new) - emitted)]
+        if run.raw_logits is not None:
+            run.raw_logits = run.raw_logits[: len(run.raw_logits) - (len(new) - emitted)]
+    row.seq, row.tokens = seq, row.tokens + new[:emitted]
+    if run.streamer is not None:
+        run.streamer.put(torch.tensor([new[:emitted]]))
+    row.last_hidden = row.hidden[src[emitted - 1]] if row.hidden is not None else None
+    leaves = (1 if tree.num_nodes else 0) if drafter.linear else _leaves(tree)
+    run.stats.record_step(tree.num_nodes, _depth(tree, drafter.linear), leaves, path, emitted, rows.rows_computed,
+                          max(rows.head_calls, 1))
+    row.step += 1
+    drafter.on_accept(tree, acceptance, run.state())
+
+
+# -- the loop's state ----------------------------------------------------------------------------------
+
+@dataclass
+class _Row:
+    """One sequence's state: its tokens (device tensor and host list), the target's cache, the hidden
+    state that produced its last token, the last verification's hidden states."""
+
+    seq: torch.Tensor
+    tokens: list[int]
+    cache: DynamicCache
+    last_hidden: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    step: int = 0
+    done: bool = False
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+class _Run:
+    """One ``generate()`` call: the target, the generation's settings and outputs, the rows."""
+
+    def __init__(self, target, input_ids, logits_processor, stopping_criteria, cfg, stats, streamer, block_rows):
+        self.target, self.cfg, self.stats, self.streamer = target, cfg, stats, streamer
+        self.processors = logits_processor or LogitsProcessorList()
+        self.target_rules = split_processors(self.processors)[1]
+        self.stopper = Stopper(cfg, stopping_criteria)
+        self.block_rows = block_rows
+        self.timer = PhaseTimer(stats)
+        self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None
+        self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
+        self.head_input = _HeadInput(target)
+        self.head = None                                   # the core's output head, once prefill validated it
+        self.verify_seconds: float | None = None
+        device = _input_device(target, input_ids)
+        seq = input_ids[0].to(device)
+        self.row = _Row(seq, input_ids[0].tolist(), DynamicCache())
+
+    def state(self) -> TreeStep:
+        row = self.row
+        return TreeStep(row.seq, row.cache, row.last_hidden, budget=max(self.stopper.max_length - row.length - 1, 0),
+                        step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None)
+
+    def result(self):
+        if self.streamer is not None:
+            self.streamer.end()
+        seq = self.row.seq[None]
+        if self.cfg.return_dict_in_generate:
+            return GenerateDecoderOnlyOutput(sequences=seq, scores=self.scores, logits=self.raw_logits,
+                                             past_key_values=self.row.cache)
+        return seq
+
+
+def _input_device(target, input_ids: torch.Tensor) -> torch.device:
+    """Where the target's input ids go: its input embeddings' device (``meta`` when offloaded: then
+    the device the ids came on)."""
+    emb = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
+    weight = getattr(emb, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.device.type != "meta":
+        return weight.device
+    return input_ids.device
+
+
+def _depth(tree: TokenTree, linear: bool) -> int:
+    if tree.num_nodes == 0:
+        return 0
+    return tree.num_nodes if linear else int(tree.depth.max()) + 1
+
+
+def _leaves(tree: TokenTree) -> int:
+    return len(tree.paths()) if tree.num_nodes else 0
+
+
+class _HeadInput:
+    """Within the block, remembers the input of ``model``'s output head at each forward: the final
+    hidden states ``[1, T, H]`` (``T`` = rows whose logits are computed)."""
+
+    def __init__(self, model: PreTrainedModel):
+        get = getattr(model, "get_output_embeddings", None)
+        self.head = get() if get is not None else None
+        self.value: torch.Tensor | None = None
+        self._handle = None
+
+    def _hook(self, module, args):
+        self.value = args[0] if args else None
+
+    def __enter__(self) -> "_HeadInput":
+        if isinstance(self.head, torch.nn.Module):
+            self._handle = self.head.register_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+    def rows(self) -> torch.Tensor | None:
+        """The last forward's ``[T, H]`` head input (then forgotten), or ``None``."""
+        value, self.value = self.value, None
+        return value.reshape(-1, value.shape[-1]) if value is not None else None
+
+
+__all__ = ["accept", "draft", "prefill", "speculative_decode", "update", "verify"]

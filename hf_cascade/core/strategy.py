@@ -1,0 +1,82 @@
+"""The drafter contract of the decoding core: a :class:`TreeDrafter` proposes a draft (a token tree; a
+linear draft is a tree with one path), :func:`~hf_cascade.core.loop.speculative_decode` verifies it
+in one target forward, accepts a path and hands the result back.
+
+What the target left behind is handed to the drafter as a :class:`TreeStep`, at no extra target
+forward: the verified sequence, the target's ``DynamicCache`` (GLIDE reads it), the target's last
+hidden state (ReDrafter drafts from it) and the measured time of the last verification.
+
+Assistants (what users pass as ``generate(assistant_model=...)``, :mod:`hf_cascade.assistant`) build
+one drafter per ``generate()`` call, so no state survives a call.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from transformers import Cache
+
+from .accept import TreeAcceptance
+from .structure import TokenTree
+
+
+@dataclass
+class TreeStep:
+    """The target's state between two verifications (read-only for drafters).
+
+    Attributes:
+        seq: ``[L]`` every verified token (prompt and generated), on the target's device. ``seq[-1]``
+            is the root of the next draft: the target has not processed it yet.
+        cache: the target's ``DynamicCache`` (built without a config, every layer keeps every
+            position), holding the K/V of ``seq[:-1]`` (positions ``0 .. L - 2``). Do not modify it.
+        last_hidden: ``[H]`` the target's final hidden state (the input of its output head, i.e.
+            after the final norm) at position ``L - 2``: the one whose logits produced ``seq[-1]``.
+            ``None`` when the prompt has a single token (nothing was processed yet), or when the
+            target has no output-embedding module.
+        budget: the deepest useful draft: nodes at depth ``>= budget`` (0-based) can never be emitted
+            before ``max_length`` (the loop prunes them); ``0`` means no draft is useful.
+        step: 0 for the first draft of the call, then 1, 2, ...
+        tokens: ``seq`` as a host list (read it instead of ``seq`` on hot paths: no device read).
+        verify_seconds: wall time of the last verification (forward and acceptance, which ends with a
+            host read, so the device is synchronised); ``None`` before the first and for the first,
+            which includes the prompt's prefill.
+    """
+
+    seq: torch.Tensor
+    cache: Cache
+    last_hidden: torch.Tensor | None
+    budget: int
+    step: int
+    tokens: list[int] | None = None
+    verify_seconds: float | None = None
+
+
+class TreeDrafter(ABC):
+    """Proposes drafts below the last verified token; one instance per ``generate()`` call."""
+
+    #: ``True`` when every draft is one path: the core then verifies without a tree mask (any
+    #: attention backend) and with the linear drafts' options (lossy target rules)
+    linear: bool = False
+
+    @abstractmethod
+    def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
+        """A draft to follow ``seq`` (``[L]``; ``seq[-1]`` is the implicit root) and its draft probabilities.
+
+        Returns ``(tree, draft_probs)``: ``draft_probs`` is ``[n, V]``, row ``i`` the distribution
+        node ``i``'s token was *drawn from* (given its ancestors), each sibling an independent draw
+        in node order; or ``None`` when the tree is a deterministic function of the context
+        (suffix matches, top-k, beam search). Only sampling reads it (``sampling_tree_accept``);
+        a wrong ``draft_probs`` breaks losslessness. An empty tree makes the step a plain decoding step.
+        """
+
+    def on_accept(self, tree: TokenTree, acceptance: TreeAcceptance, state: TreeStep) -> None:
+        """Feedback after a verification: ``acceptance.path`` (node indices, root -> leaf) and
+        ``acceptance.bonus``; ``state`` is the *new* state (``seq`` ends with the emitted tokens,
+        ``last_hidden`` is the hidden state that produced the last of them). Called after every
+        step, the last one included (when that step was cut at EOS / ``max_length``, ``state.seq``
+        holds only the tokens actually emitted)."""
+
+
+__all__ = ["TreeDrafter", "TreeStep"]

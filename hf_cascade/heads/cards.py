@@ -1,0 +1,141 @@
+"""What the model cards of hf_cascade's heads say besides their measurements: front matter (licence, base
+model, Hub datasets), the licence note and the usage snippet. :func:`hf_cascade.heads.hub.save_hub` and the
+``hf-cascade train`` modules use these, so a retrained head's card keeps the metadata of the shipped ones
+(``model_cards/``).
+
+Rules: a head distilled from a target is a derivative of it (the Gemma Terms of Use name distillation from
+Gemma's outputs explicitly), so its card carries the target's licence and names the target as
+``base_model``; ``datasets`` lists the Hub datasets the distillation prompts came from (only sources that
+are on the Hub); only heads that generate on their own (the vanilla drafters) get ``pipeline_tag``.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+#: Hub organisation of the shipped heads (``hf-cascade/<output folder name>``).
+HUB_ORG = "hf-cascade"
+
+#: Target name (``config.target_name_or_path``) -> its Hub id and licence.
+KNOWN_TARGETS = {
+    "gemma-3-270m": {"base_model": "google/gemma-3-270m", "license": "gemma"},
+    "google/gemma-3-270m": {"base_model": "google/gemma-3-270m", "license": "gemma"},
+}
+
+#: Distillation prompt source (``hf-cascade distill``'s prompt file stem) -> the Hub dataset it is taken
+#: from. The Alpaca seed tasks (tatsu-lab/stanford_alpaca, GitHub), the Vicuna benchmark questions
+#: (lm-sys/FastChat, GitHub) and questions the target sampled itself are not Hub datasets.
+HUB_DATASETS = {"gsm8k_train": "openai/gsm8k"}
+
+#: The licence note of each licence id, appended to a card under ``## License``.
+LICENSE_NOTES = {
+    "gemma": (
+        "Distilled from the outputs of Gemma-3-270M (`google/gemma-3-270m`): a Model Derivative of Gemma "
+        "(the Gemma Terms of Use include models trained by distillation on Gemma's outputs), provided under and "
+        "subject to the [Gemma Terms of Use](https://ai.google.dev/gemma/terms), including the "
+        "[Gemma Prohibited Use Policy](https://ai.google.dev/gemma/prohibited_use_policy)."
+    ),
+}
+
+#: Distillation prompt source -> where it comes from and its licence, for the licence note.
+SOURCE_NOTES = {
+    "gsm8k_train": "GSM8K train (`openai/gsm8k`, MIT)",
+    "alpaca_seed_tasks": "the Alpaca seed tasks (tatsu-lab/stanford_alpaca on GitHub, Apache-2.0)",
+    "vicuna_bench_question": "the Vicuna benchmark questions (lm-sys/FastChat on GitHub, Apache-2.0)",
+    "questions": "questions the target sampled itself (`hf-cascade questions`)",
+}
+
+_PROMPT = "Question: What is the capital of France?\\n\\nAnswer:"
+
+#: kind -> (import line, assistant line) of the usage snippet; ``{repo}`` is the head's repo id.
+_USES = {
+    "drafter": ("from hf_cascade import CascadeAssistant, MaxGram",
+                'assistant = CascadeAssistant(["{repo}", MaxGram()], maxgram_first=True, min_confidence=0.4)'),
+    "glide": ("from hf_cascade import GlideAssistant",
+              'assistant = GlideAssistant("{repo}", cape=False, min_confidence=0.3)'),
+    "redrafter": ("from hf_cascade import ReDrafterAssistant",
+                  'assistant = ReDrafterAssistant("{repo}", beam_width=1, beam_length={beam_length}, '
+                  'min_confidence=0.3)'),
+    "corpus": ("from hf_cascade import CascadeAssistant, CorpusNGrams, MaxGram",
+               'assistant = CascadeAssistant([MaxGram(corpus=CorpusNGrams.load("{repo}"))])'),
+}
+
+
+def base_model(target: str | None) -> str | None:
+    """The Hub id of a head's target (``config.target_name_or_path``), or ``None`` if unknown."""
+    if not target:
+        return None
+    if target in KNOWN_TARGETS:
+        return KNOWN_TARGETS[target]["base_model"]
+    return target if not os.path.exists(target) and target.count("/") == 1 else None
+
+
+def front_matter(target: str | None, extra: dict | None = None, library_name: str | None = "transformers",
+                 tags: list[str] | None = None) -> dict:
+    """A card's front matter: ``library_name``, ``license`` and ``base_model`` from the target, then the
+    ``extra`` fields (``datasets``, ``pipeline_tag``, ...; they win), ``tags`` first among the tags."""
+    front: dict = {"library_name": library_name} if library_name else {}
+    known = KNOWN_TARGETS.get(target or "", {})
+    if known.get("license"):
+        front["license"] = known["license"]
+    if base_model(target):
+        front["base_model"] = base_model(target)
+    front["tags"] = list(tags or [])
+    for key, value in (extra or {}).items():
+        front[key] = front["tags"] + [t for t in value if t not in front["tags"]] if key == "tags" else value
+    return front
+
+
+def hub_datasets(by_source: dict | None) -> list[str]:
+    """Hub datasets of the distillation sources ``{source: records}`` (those on the Hub, sorted)."""
+    return sorted({HUB_DATASETS[s] for s in (by_source or {}) if s in HUB_DATASETS})
+
+
+def license_section(license_id: str | None, sources=None) -> str:
+    """``## License``: the note of ``license_id`` and where the distillation ``sources`` (names of
+    ``hf-cascade distill``'s prompt files) come from; empty for a licence without a note."""
+    note = LICENSE_NOTES.get(license_id or "")
+    if not note:
+        return ""
+    known = [SOURCE_NOTES[s] for s in SOURCE_NOTES if s in (sources or ())]
+    if known:
+        note += " The distillation prompts: " + "; ".join(known) + "."
+    return "## License\n" + textwrap.fill(note, width=110, break_on_hyphens=False, break_long_words=False) + "\n"
+
+
+def hub_repo_id(out_dir: str | os.PathLike) -> str:
+    """The repo id a head saved to ``out_dir`` is published under: ``hf-cascade/<folder name>``."""
+    return f"{HUB_ORG}/{Path(out_dir).resolve().name}"
+
+
+def usage_section(kind: str, repo_id: str, target: str | None, beam_length: int = 5) -> str:
+    """``## Use``: load the target and its tokenizer (``device_map="auto"``: a GPU if there is one, else the
+    CPU), build the assistant (``kind``: drafter, glide, redrafter or corpus) from ``repo_id``, generate,
+    decode. Runs as written once the repos exist."""
+    imports, assistant = _USES[kind]
+    base = base_model(target) or target or "TARGET"
+    what = ("`CorpusNGrams.load` reads `corpus.safetensors` of the repo (or of a local file or directory)"
+            if kind == "corpus" else "The head loads with hf_cascade's own classes (no `trust_remote_code`); the "
+            "assistant puts it on the target's device and in its dtype")
+    intro = textwrap.fill(f"`pip install hf-cascade`. {what}; the target verifies every drafted token (lossless: "
+                          "the output is the target's own).", width=110, break_on_hyphens=False, break_long_words=False)
+    return f"""## Use
+{intro}
+```python
+{imports}
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tok = AutoTokenizer.from_pretrained("{base}")
+target = AutoModelForCausalLM.from_pretrained("{base}", device_map="auto")
+{assistant.format(repo=repo_id, beam_length=beam_length)}
+ids = tok("{_PROMPT}", return_tensors="pt").input_ids.to(target.device)
+out = target.generate(ids, assistant_model=assistant, do_sample=False, max_new_tokens=64)
+print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+```
+"""
+
+
+__all__ = ["HUB_DATASETS", "HUB_ORG", "KNOWN_TARGETS", "LICENSE_NOTES", "SOURCE_NOTES", "base_model", "front_matter",
+           "hub_datasets", "hub_repo_id", "license_section", "usage_section"]

@@ -1,0 +1,210 @@
+"""The contract of tests/test_contract.py on CUDA: every registry entry on GPU targets.
+
+* fp16 and bf16 targets (Llama, Gemma3 with sliding-window layers) given fp32 CPU drafters and heads:
+  greedy parity with plain ``generate`` of the same target, exact sampling (16-token vocabulary), no state
+  leak; binding leaves the drafters on the target's device in its dtype;
+* ``device_map="auto"`` (``from_pretrained``), and a target dispatched by accelerate across two devices
+  (``cuda:0`` + ``cuda:1``, or ``cuda:0`` + CPU offload executed on ``cuda:0`` with one GPU);
+* drafters on another device than the target: left on the CPU (``place_drafters=False``; on ``cuda:1`` too
+  with two GPUs), and the default, where binding moves them to the target;
+* flash attention (when ``flash_attn`` is installed): linear drafts (a chain needs no tree mask) keep parity,
+  tree assistants refuse with a ValueError before any forward.
+
+Skipped without CUDA (tests/cuda/conftest.py marks them ``cuda``).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import time
+
+import pytest
+import torch
+
+from tests.test_contract import (
+    ASCENDING,
+    REGISTRY,
+    REPETITIVE,
+    TREE_ASSISTANTS,
+    WITH_MODELS,
+    FakeClock,
+    assert_exact_sampling,
+    assert_placed,
+    assert_greedy_parity,
+    assert_no_state_leak,
+    base_kit,
+    fresh_kit,
+    greedy_cases,
+    models_used,
+)
+from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+ARCHS = ["llama", "gemma3"]
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+_TARGETS: dict = {}
+_CASES: dict = {}
+
+
+def cuda_target(arch: str, dtype: torch.dtype, device: str = "cuda:0"):
+    key = (arch, dtype, device)
+    if key not in _TARGETS:
+        _TARGETS[key] = copy.deepcopy(base_kit(arch).target).to(device=device, dtype=dtype)
+    return _TARGETS[key]
+
+
+def cases_of(key, target):
+    if key not in _CASES:
+        _CASES[key] = greedy_cases(target)
+    return _CASES[key]
+
+
+# -- fp16 / bf16 -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_greedy_parity(name, arch, dtype):
+    target = cuda_target(arch, DTYPES[dtype])
+    kit = fresh_kit(arch, target)                                   # fp32 CPU drafters and heads
+    assistant = REGISTRY[name](kit)
+    assert_greedy_parity(target, assistant, cases_of((arch, dtype), target))
+    assert_placed(models_used(assistant, kit), torch.device("cuda", 0), DTYPES[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_exact_sampling(name, dtype):
+    target = cuda_target("small", DTYPES[dtype])
+    kit = fresh_kit("small", target)
+    assert_exact_sampling(target, lambda: REGISTRY[name](kit))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_no_state_leak(name, dtype, monkeypatch):
+    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    gemma = cuda_target("gemma3", DTYPES[dtype])
+    kit = fresh_kit("gemma3", gemma)
+    assert_no_state_leak(gemma, lambda: REGISTRY[name](kit), REPETITIVE, ASCENDING, do_sample=False)
+    small = cuda_target("small", DTYPES[dtype])
+    kit = fresh_kit("small", small)
+    assert_no_state_leak(small, lambda: REGISTRY[name](kit), ids(1, 5, 6, 5, 6, 5), ids(1, 9, 12), do_sample=True)
+
+
+# -- device_map -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def auto_target(tmp_path_factory):
+    """Gemma3 saved and loaded back with ``from_pretrained(..., device_map="auto", dtype=bf16)``."""
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path_factory.mktemp("gemma3")
+    base_kit("gemma3").target.save_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, device_map="auto", dtype=torch.bfloat16).eval()
+    assert getattr(model, "hf_device_map", None) and model.device.type == "cuda"
+    return model
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_device_map_auto(name, auto_target):
+    kit = fresh_kit("gemma3", auto_target)
+    assert_greedy_parity(auto_target, REGISTRY[name](kit), cases_of("auto", auto_target))
+
+
+@pytest.fixture(scope="module")
+def split_target():
+    """Gemma3 (bf16) dispatched by accelerate across two devices: embeddings and layer 0 on ``cuda:0``, the
+    last layer, final norm and head on ``cuda:1`` (two GPUs) or offloaded to the CPU and executed on
+    ``cuda:0`` (one GPU)."""
+    from accelerate import dispatch_model
+
+    model = copy.deepcopy(base_kit("gemma3").target).to(torch.bfloat16)
+    second = 1 if TWO_GPUS else "cpu"
+    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0,
+                  "model.layers.1": second, "model.norm": second, "lm_head": second}
+    if hasattr(model.model, "rotary_emb_local"):
+        device_map["model.rotary_emb_local"] = 0
+    return dispatch_model(model, device_map=device_map, main_device=0)
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_dispatched_across_devices(name, split_target):
+    kit = fresh_kit("gemma3", split_target)
+    assert_greedy_parity(split_target, REGISTRY[name](kit), cases_of("split", split_target))
+
+
+# -- drafters on another device ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", WITH_MODELS)
+def test_drafters_left_where_the_user_put_them(name):
+    """``place_drafters=False``: fp32 drafters and heads stay on the CPU, the fp32 target runs on ``cuda:0``
+    (what crosses devices is moved where it is used); outputs equal plain generate."""
+    target = cuda_target("gemma3", torch.float32)
+    kit = fresh_kit("gemma3", target)
+    assistant = REGISTRY[name](kit)
+    assistant.place_drafters = False
+    assert_greedy_parity(target, assistant, cases_of(("gemma3", "fp32"), target))
+    assert_placed(models_used(assistant, kit), torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")
+@pytest.mark.parametrize("name", WITH_MODELS)
+def test_drafters_on_another_gpu(name):
+    """``place_drafters=False`` with the drafters on ``cuda:1`` and the target on ``cuda:0``."""
+    target = cuda_target("gemma3", torch.float32)
+    kit = fresh_kit("gemma3", target)
+    assistant = REGISTRY[name](kit)
+    for m in models_used(assistant, kit):
+        m.to("cuda:1")
+    assistant.place_drafters = False
+    assert_greedy_parity(target, assistant, cases_of(("gemma3", "fp32"), target))
+    assert_placed(models_used(assistant, kit), torch.device("cuda", 1), torch.float32)
+
+
+@pytest.mark.parametrize("name", WITH_MODELS)
+def test_drafters_placed_by_default(name):
+    """The default: binding moves CPU fp32 drafters and heads to the target's device and dtype."""
+    target = cuda_target("gemma3", torch.bfloat16)
+    kit = fresh_kit("gemma3", target)
+    assistant = REGISTRY[name](kit)
+    used = models_used(assistant, kit)
+    assert used and all(next(m.parameters()).device.type == "cpu" for m in used)
+    assert_greedy_parity(target, assistant, cases_of(("gemma3", "bf16"), target))
+    assert_placed(used, torch.device("cuda", 0), torch.bfloat16)
+
+
+# -- flash attention ------------------------------------------------------------------------------------------
+
+HAS_FLASH = importlib.util.find_spec("flash_attn") is not None
+
+
+@pytest.fixture(scope="module")
+def flash_target():
+    model = copy.deepcopy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
+    model.set_attn_implementation("flash_attention_2")
+    return model
+
+
+@pytest.mark.skipif(not HAS_FLASH, reason="needs flash_attn")
+@pytest.mark.parametrize("name", [n for n in REGISTRY if n not in TREE_ASSISTANTS + ["maxgram_tree"]])
+def test_flash_attention_linear_drafts(name, flash_target):
+    """Linear drafts are verified with plain causal attention: any attention backend, flash included."""
+    kit = fresh_kit("gemma3", flash_target)
+    assert_greedy_parity(flash_target, REGISTRY[name](kit), cases_of("flash", flash_target))
+
+
+@pytest.mark.skipif(not HAS_FLASH, reason="needs flash_attn")
+@pytest.mark.parametrize("name", TREE_ASSISTANTS)
+def test_flash_attention_refused_by_tree_assistants(name, flash_target):
+    assistant = REGISTRY[name](fresh_kit("gemma3", flash_target))
+    forwards = []
+    handle = flash_target.register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(ValueError, match="flash_attention_2"):
+            flash_target.generate(REPETITIVE.to("cuda:0"), do_sample=False, max_new_tokens=5, assistant_model=assistant)
+    finally:
+        handle.remove()
+    assert forwards == []

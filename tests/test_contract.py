@@ -1,0 +1,497 @@
+"""The contract every hf_cascade assistant keeps, checked in one place for every strategy.
+
+:data:`REGISTRY` names every assistant in its main configurations (``name -> factory(kit) -> assistant``;
+a :class:`Kit` holds the target and the drafters / heads built for it). For each entry:
+
+(a) **greedy parity** -- token-identical to plain ``generate`` of the same model in the same dtype: a
+    repetitive prompt (drafts get accepted), a 1-token prompt, an EOS inside a draft, ``max_new_tokens``
+    reached inside a draft (repetitive and non-repetitive prompts), with ``repetition_penalty`` and with
+    ``no_repeat_ngram_size``; on every target setting of :data:`SETTINGS`: Llama, Gemma3 (sliding-window
+    layers) with eager and sdpa attention, a bf16 target whose drafters and heads are given in fp32 (the
+    assistant casts them when it binds to the target), a target dispatched by accelerate with CPU offload
+    (weights on ``meta`` between forwards, ``AlignDevicesHook`` s);
+(b) **exact sampling** -- on a 16-token vocabulary: the joint distribution of the first three sampled tokens
+    over many runs against the one enumerated from target forwards (chi-square over bins of the exact law),
+    and per-step calibration of long sampled generations, with temperature and top-k, against the target's
+    exact processed distributions; a negative control shows both fail for a sampler that lies about ``q``;
+(c) **no state leak** -- a second ``generate()`` with the same assistant gives what a fresh assistant gives
+    (sequences, greedy and sampled with a fixed seed, and statistics, on a deterministic clock).
+
+Also: tree assistants (GLIDE+CAPE, ReDrafter) refuse a target configured for flash attention (a tree mask
+cannot be expressed there) with a ValueError naming the attention implementation, before any forward.
+
+The checks are functions of a target, so tests/cuda runs the same contract on a GPU (fp16/bf16,
+``device_map="auto"``, drafters on another device). Each strategy's own rules (golden tensors, drafting
+rules, its statistics) stay in its own test file.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+import hf_cascade  # noqa: F401  (installs the generate() hook)
+from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
+from hf_cascade.drafters.maxgram_tree import MaxGramTreeAssistant
+from tests import tiny_models as tm
+from tests.redrafter_helpers import fit_head
+from tests.test_glide_decode import echo_glide
+from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
+
+
+# -- the registry ---------------------------------------------------------------------------------------
+
+@dataclass
+class Kit:
+    """A target and what the assistants are built from: ``drafter`` (a noisy copy of the target: drafts
+    get accepted and rejected), ``big`` (a closer noisy copy: HSDDW's verifier), ``glide`` (a GLIDE tied to
+    this target), ``head`` (a ReDrafter head trained on the target's outputs). All fp32, on the CPU."""
+
+    target: torch.nn.Module
+    drafter: torch.nn.Module
+    big: torch.nn.Module
+    glide: torch.nn.Module
+    head: torch.nn.Module
+
+    def models(self) -> list:
+        return [self.drafter, self.big, self.glide, self.head]
+
+
+REGISTRY: dict[str, Callable[[Kit], object]] = {
+    "maxgram": lambda k: CascadeAssistant([MaxGram()]),
+    "drafter+maxgram": lambda k: CascadeAssistant([k.drafter, MaxGram()]),
+    "lenience3": lambda k: CascadeAssistant([k.drafter, MaxGram(adaptive=False, max_tokens=5)], lenience=3.0),
+    "maxgram_first_cost_aware": lambda k: CascadeAssistant([k.drafter, MaxGram()], k_matrix=[[6, 10], [0, 10]],
+                                                           maxgram_first=True, cost_aware=True),
+    "hsddw": lambda k: DynamicWindowAssistant(k.drafter, k.big, max_window=4, tau_init=2.0, tau2_init=2.0),
+    "glide": lambda k: GlideAssistant(k.glide, cape=False),
+    "glide_cape": lambda k: GlideAssistant(k.glide, cape=True),
+    "redrafter": lambda k: ReDrafterAssistant(k.head, beam_width=4, beam_length=4),
+    "maxgram_tree": lambda k: MaxGramTreeAssistant(),
+}
+
+#: entries drafting with a model (drafter or head): the placement rules apply to them
+WITH_MODELS = ["drafter+maxgram", "lenience3", "maxgram_first_cost_aware", "hsddw", "glide", "glide_cape", "redrafter"]
+TREE_ASSISTANTS = ["glide_cape", "redrafter"]
+
+
+def models_used(assistant, kit: Kit) -> list:
+    """The kit's models ``assistant`` holds (in its attributes, lists and tuples)."""
+    held = []
+    for value in vars(assistant).values():
+        held += list(value) if isinstance(value, (list, tuple)) else [value]
+    return [m for m in kit.models() if any(m is h for h in held)]
+
+
+def assert_placed(models, device: torch.device, dtype: torch.dtype) -> None:
+    """Every floating-point parameter of ``models`` is on ``device`` in ``dtype`` (where binding puts them)."""
+    for m in models:
+        for name, p in m.named_parameters():
+            assert p.device == device, (type(m).__name__, name, p.device)
+            if p.is_floating_point():
+                assert p.dtype == dtype, (type(m).__name__, name, p.dtype)
+
+
+# -- targets --------------------------------------------------------------------------------------------
+
+_BASE: dict = {}
+
+
+def base_kit(arch: str) -> Kit:
+    """The fp32 sdpa target of ``arch`` ("llama", "gemma3", "small": a 16-token vocabulary) and its
+    drafters, built once per session (``glide`` is built per test: it ties to a target)."""
+    if arch not in _BASE:
+        if arch == "small":
+            target = tm.llama(vocab_size=16, layers=1, hidden=16, seed=3)
+            target.generation_config.eos_token_id = None           # every sampled run has the same length
+            drafter, big = tm.noisy_copy(target, noise=0.6, seed=2), tm.noisy_copy(target, noise=0.3, seed=4)
+            head = fit_head(target, "small", steps=60, L=3)
+        else:
+            target = tm.llama_target() if arch == "llama" else tm.gemma3_target()
+            drafter, big = tm.noisy_copy(target, noise=0.3), tm.noisy_copy(target, noise=0.15, seed=7)
+            head = fit_head(target, arch, steps=80)
+        _BASE[arch] = Kit(target, drafter, big, None, head)
+    return _BASE[arch]
+
+
+def fresh_kit(arch: str, target) -> Kit:
+    """Fresh fp32 CPU copies of ``arch``'s drafters and head (binding may move and cast them in place: no
+    test sees another's) and a GLIDE tied to ``target``."""
+    base = base_kit(arch)
+    return Kit(target, copy.deepcopy(base.drafter), copy.deepcopy(base.big), echo_glide(target, 0.3),
+               copy.deepcopy(base.head))
+
+
+def input_device(model) -> torch.device:
+    """Where ``model`` takes its input ids: its input embeddings' device, or accelerate's execution device
+    when they are offloaded (``meta``)."""
+    emb = model.get_input_embeddings()
+    if emb.weight.device.type != "meta":
+        return emb.weight.device
+    for module in (emb, model):
+        hook = getattr(module, "_hf_hook", None)
+        for h in getattr(hook, "hooks", None) or [hook]:
+            device = getattr(h, "execution_device", None)
+            if device is not None:
+                return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return torch.device("cpu")
+
+
+def with_attention(model, impl: str):
+    model = copy.deepcopy(model)
+    model.set_attn_implementation(impl)
+    return model
+
+
+def offloaded(model):
+    """``model`` dispatched by accelerate with CPU offload: weights on ``meta`` between forwards."""
+    import accelerate
+
+    model = copy.deepcopy(model)
+    accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    assert next(model.parameters()).device.type == "meta"
+    return model
+
+
+#: setting -> (architecture, target from the fp32 base target)
+SETTINGS: dict[str, tuple[str, Callable]] = {
+    "llama-sdpa": ("llama", lambda t: with_attention(t, "sdpa")),
+    "gemma3-eager": ("gemma3", lambda t: with_attention(t, "eager")),
+    "gemma3-sdpa": ("gemma3", lambda t: with_attention(t, "sdpa")),
+    "gemma3-bf16": ("gemma3", lambda t: copy.deepcopy(t).to(torch.bfloat16)),
+    "gemma3-offload": ("gemma3", offloaded),
+}
+
+_TARGETS: dict = {}
+
+
+def setting_target(setting: str):
+    if setting not in _TARGETS:
+        arch, make = SETTINGS[setting]
+        _TARGETS[setting] = make(base_kit(arch).target)
+    return _TARGETS[setting]
+
+
+# -- (a) greedy parity ------------------------------------------------------------------------------------
+
+REPETITIVE = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
+ASCENDING = ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39)
+ONE_TOKEN = ids(9)
+
+
+def _eos_inside_drafts(target) -> int:
+    """A token the target emits on REPETITIVE that it emitted before (its outputs cycle, so drafts copy it):
+    as EOS, generation stops inside a draft."""
+    prompt = REPETITIVE.to(input_device(target))
+    free = target.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0, prompt.shape[1]:].tolist()
+    return next((free[i] for i in range(4, len(free)) if free[i] in free[:i]), free[6])
+
+
+def greedy_cases(target) -> list[tuple[str, torch.Tensor, dict, list]]:
+    """``(case, prompt, generate kwargs, plain generate's output)`` on ``target``."""
+    eos = _eos_inside_drafts(target)
+    cases = [
+        ("repetitive", REPETITIVE, {"max_new_tokens": 20}),
+        ("one_token", ONE_TOKEN, {"max_new_tokens": 16}),
+        ("eos_in_draft", REPETITIVE, {"max_new_tokens": 40, "eos_token_id": eos}),
+        ("max_new_tokens_3", REPETITIVE, {"max_new_tokens": 3}),
+        ("ascending_max_new_tokens_7", ASCENDING, {"max_new_tokens": 7}),
+        ("repetition_penalty", REPETITIVE, {"max_new_tokens": 16, "repetition_penalty": 1.5}),
+        ("no_repeat_ngram_size", REPETITIVE, {"max_new_tokens": 16, "no_repeat_ngram_size": 2}),
+    ]
+    device = input_device(target)
+    return [(name, prompt.to(device), kw, target.generate(prompt.to(device), do_sample=False, **kw).tolist())
+            for name, prompt, kw in cases]
+
+
+def assert_greedy_parity(target, assistant, cases) -> None:
+    """Every case gives plain ``generate``'s tokens (the same assistant throughout), and drafts were used."""
+    accepted = 0
+    for case, prompt, kw, expected in cases:
+        got = target.generate(prompt, do_sample=False, assistant_model=assistant, **kw)
+        assert got.tolist() == expected, (case, kw)
+        stats = assistant.last_stats
+        assert stats.new_tokens == got.shape[1] - prompt.shape[1], case
+        accepted += sum(stats.accepted_per_call)
+    assert accepted > 0                                                   # drafts were accepted
+
+
+_CASES: dict = {}
+
+
+def setting_cases(setting: str):
+    if setting not in _CASES:
+        _CASES[setting] = greedy_cases(setting_target(setting))
+    return _CASES[setting]
+
+
+def test_greedy_cases_are_meaningful():
+    """The cases test what they say: EOS stops early, the processors change the output."""
+    for setting in ("llama-sdpa", "gemma3-sdpa"):
+        out = {case: expected for case, _, _, expected in setting_cases(setting)}
+        assert len(out["eos_in_draft"][0]) < REPETITIVE.shape[1] + 40
+        for case in ("repetition_penalty", "no_repeat_ngram_size"):
+            assert out[case][0] != out["repetitive"][0][: len(out[case][0])], case
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_greedy_parity(name, setting):
+    target = setting_target(setting)
+    kit = fresh_kit(SETTINGS[setting][0], target)                  # fp32 drafters and heads
+    assistant = REGISTRY[name](kit)
+    assert_greedy_parity(target, assistant, setting_cases(setting))
+    if setting.endswith("bf16"):                                    # cast when the assistant bound to the target
+        assert_placed(models_used(assistant, kit), torch.device("cpu"), torch.bfloat16)
+
+
+# -- (c) no state leak ----------------------------------------------------------------------------------------
+
+class FakeClock:
+    """``time.perf_counter`` advancing 1 ms per call: measured "durations" (adaptive lookahead, cost-aware
+    lengths) are a function of the code path, so two runs of the same call decide the same."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-3
+        return self.now
+
+
+def comparable(stats) -> dict:
+    """``stats.to_dict()`` without wall times and costs (measured, not decided)."""
+    def clean(x):
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items() if not any(s in k for s in ("second", "cost", "time"))}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+    return clean(stats.to_dict())
+
+
+def assert_no_state_leak(target, make_assistant, first, second, do_sample: bool, new: int = 20) -> None:
+    """After a call on ``first``, the same assistant gives on ``second`` exactly what a fresh one gives
+    (outputs with the same seed, statistics). Needs a deterministic clock (:class:`FakeClock`)."""
+    device = input_device(target)
+
+    def run(assistant, prompt):
+        torch.manual_seed(7)
+        out = target.generate(prompt.to(device), do_sample=do_sample, max_new_tokens=new, assistant_model=assistant)
+        return out.tolist(), comparable(assistant.last_stats)
+
+    reused = make_assistant()
+    run(reused, first)
+    first_stats = reused.last_stats
+    got, got_stats = run(reused, second)
+    assert reused.last_stats is not first_stats
+    ref, ref_stats = run(make_assistant(), second)
+    assert got == ref
+    assert got_stats == ref_stats
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_no_state_leak(name, monkeypatch):
+    """Greedy on Gemma3, sampled on the small target."""
+    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    gemma = base_kit("gemma3").target
+    kit = fresh_kit("gemma3", gemma)
+    assert_no_state_leak(gemma, lambda: REGISTRY[name](kit), REPETITIVE, ASCENDING, do_sample=False, new=12)
+    small = base_kit("small").target
+    kit = fresh_kit("small", small)
+    assert_no_state_leak(small, lambda: REGISTRY[name](kit), ids(1, 5, 6, 5, 6, 5), ids(1, 9, 12), do_sample=True)
+
+
+# -- (b) exact sampling -----------------------------------------------------------------------------------------
+
+V = 16
+SPROMPT = ids(1, 5, 6, 5, 6, 5)
+# the small target's own continuation repeats "1 5 6 5": Max-Gram's draft after it is likely (p(6, 5) ~ .5),
+# so drafts are often accepted within the first three tokens, and a wrong q shows
+JPROMPT = ids(1, 5, 6, 5, 6, 5, 1, 13, 1, 13, 1, 13, 1, 5)
+
+
+def chi2_isf(df: int, z: float = 3.719) -> float:
+    """Upper quantile of chi-square(df) (Wilson-Hilferty); z = 3.719 is the 1e-4 normal quantile."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def processed_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
+    """``[..., V]`` logits -> the target's processed sampling distributions (float32)."""
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    return logits.softmax(dim=-1)
+
+
+def pooled_chi2(observed: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
+    """Chi-square of counts against expectations, the cells expected < 5 times pooled: ``(chi2, limit)``."""
+    small = expected < 5
+    o = torch.cat([observed[~small], observed[small].sum()[None]])
+    e = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = e > 0
+    chi2 = float(((o[keep] - e[keep]) ** 2 / e[keep]).sum())
+    return chi2, chi2_isf(max(int(keep.sum()) - 1, 1))
+
+
+def binned_chi2(observed: torch.Tensor, expected: torch.Tensor, min_expected: float = 5.0) -> tuple[float, float]:
+    """Chi-square over bins of cells taken in decreasing expectation, a bin closed once it expects
+    ``min_expected`` (the remainder joins the last bin): the bins depend on the exact law only, and the
+    likely cells (where a wrong ``q`` moves mass) keep bins of their own. Returns ``(chi2, limit)``."""
+    order = expected.argsort(descending=True)
+    bins_e, bins_o, e_acc, o_acc = [], [], 0.0, 0.0
+    for e, o in zip(expected[order].tolist(), observed[order].tolist()):
+        e_acc, o_acc = e_acc + e, o_acc + o
+        if e_acc >= min_expected:
+            bins_e.append(e_acc)
+            bins_o.append(o_acc)
+            e_acc = o_acc = 0.0
+    bins_e[-1] += e_acc
+    bins_o[-1] += o_acc
+    e, o = torch.tensor(bins_e), torch.tensor(bins_o)
+    return float(((o - e) ** 2 / e).sum()), chi2_isf(max(len(bins_e) - 1, 1))
+
+
+def exact_first_three(model, prompt) -> torch.Tensor:
+    """``[V, V, V]``: the target's exact joint distribution of the first three sampled tokens (CPU)."""
+    device = input_device(model)
+    prompt = prompt.to(device)
+    with torch.no_grad():
+        p1 = processed_probs(model(prompt).logits[0, -1]).cpu()
+        one = torch.cat([prompt.repeat(V, 1), torch.arange(V, device=device)[:, None]], dim=1)   # [V, L + 1]
+        p2 = processed_probs(model(one).logits[:, -1]).cpu()                                      # [V, V]
+        two = torch.cat([one.repeat_interleave(V, dim=0), torch.arange(V, device=device).repeat(V)[:, None]], dim=1)
+        p3 = processed_probs(model(two).logits[:, -1]).cpu().view(V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def joint_test(model, assistant, runs: int, seed: int) -> dict:
+    """The first three tokens of ``runs`` sampled generations against :func:`exact_first_three`."""
+    prompt = JPROMPT.to(input_device(model))
+    counts = torch.zeros(V, V, V)
+    accepted = 0
+    for r in range(runs):
+        torch.manual_seed(seed + r)
+        out = model.generate(prompt, do_sample=True, max_new_tokens=3, assistant_model=assistant)[0, -3:].tolist()
+        counts[tuple(out)] += 1
+        accepted += sum(assistant.last_stats.accepted_per_call)
+    exact = exact_first_three(model, JPROMPT)
+    chi2, limit = binned_chi2(counts.flatten(), exact.flatten() * runs)
+    tv = 0.5 * float((counts / runs - exact).abs().sum())
+    return {"chi2": chi2, "limit": limit, "tv": tv, "accepted": accepted}
+
+
+def calibration(model, sequences, prompt_len: int, temperature: float, top_k: int | None) -> dict:
+    """Emitted tokens against the target's exact processed distribution given the actual prefix: the
+    token counts ``O_v`` and ``E_v = sum_t p_t(v)`` differ by a martingale, so the pooled chi-square is (at
+    most) chi-square distributed; the indicator "``x_t`` is what Max-Gram would copy" gives a z-score."""
+    observed, expected = torch.zeros(V), torch.zeros(V)
+    copy_o = copy_e = copy_var = 0.0
+    for seq in sequences:
+        with torch.no_grad():
+            p = processed_probs(model(seq[None]).logits[0, prompt_len - 1: -1], temperature, top_k).cpu()
+        seq = seq.cpu()
+        tokens = seq[prompt_len:]
+        observed += torch.bincount(tokens, minlength=V).float()
+        expected += p.sum(0)
+        s = seq.tolist()
+        for i, x in enumerate(tokens.tolist()):
+            t = prompt_len + i
+            guess = next((s[j + 1] for j in range(t - 2, -1, -1) if s[j] == s[t - 1]), None)
+            if guess is not None:
+                pg = float(p[i, guess])
+                copy_o, copy_e, copy_var = copy_o + (x == guess), copy_e + pg, copy_var + pg * (1 - pg)
+    chi2, limit = pooled_chi2(observed, expected)
+    return {"n": int(observed.sum()), "chi2": chi2, "limit": limit,
+            "z_copy": (copy_o - copy_e) / math.sqrt(max(copy_var, 1e-9))}
+
+
+SAMPLING_KW = {"temperature": 1.3, "top_k": 10}
+CALLS, NEW = 4, 60
+JOINT_RUNS = 100
+
+
+def calibrate(model, assistant, calls: int = CALLS, new: int = NEW, seed: int = 0) -> dict:
+    prompt = SPROMPT.to(input_device(model))
+    seqs, accepted, drafted = [], 0, 0
+    for c in range(calls):
+        torch.manual_seed(seed + c)
+        seqs.append(model.generate(prompt, do_sample=True, max_new_tokens=new, assistant_model=assistant,
+                                   **SAMPLING_KW)[0])
+        accepted += sum(assistant.last_stats.accepted_per_call)
+        drafted += sum(assistant.last_stats.tree_depths)
+    stats = calibration(model, seqs, prompt.shape[1], SAMPLING_KW["temperature"], SAMPLING_KW["top_k"])
+    stats.update(accepted=accepted, drafted=drafted)
+    return stats
+
+
+def passes(stats: dict) -> bool:
+    return stats["chi2"] < stats["limit"] and abs(stats.get("z_copy", 0.0)) < 4.0
+
+
+def assert_exact_sampling(target, make_assistant) -> None:
+    """Both statistical tests pass, with drafts accepted and rejected (``target``: 16-token vocabulary)."""
+    joint = joint_test(target, make_assistant(), runs=JOINT_RUNS, seed=1000)
+    assert passes(joint), joint
+    assert joint["accepted"] > 0, joint
+    cal = calibrate(target, make_assistant())
+    assert cal["n"] == CALLS * NEW and passes(cal), cal
+    assert 0 < cal["accepted"] < cal["drafted"], cal
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_exact_sampling(name, monkeypatch):
+    monkeypatch.setattr(time, "perf_counter", FakeClock())           # timed decisions: reproducible runs
+    target = base_kit("small").target
+    kit = fresh_kit("small", target)
+    assert_exact_sampling(target, lambda: REGISTRY[name](kit))
+
+
+def lie_about_q(monkeypatch):
+    """A broken sampler: the core's acceptance is told every draft was drawn from a uniform ``q``."""
+    from hf_cascade.core import loop
+
+    honest = loop.sampling_tree_accept
+
+    def lying(tree, target_probs, draft_probs=None, generator=None):
+        return honest(tree, target_probs, torch.full((tree.num_nodes, V), 1.0 / V), generator)
+
+    monkeypatch.setattr(loop, "sampling_tree_accept", lying)
+
+
+@pytest.mark.parametrize("name", ["maxgram", "maxgram_tree"])
+def test_exact_sampling_detects_a_wrong_q(name, monkeypatch):
+    """Negative control: the same two tests, same runs and seeds, fail for a sampler that lies about ``q``."""
+    lie_about_q(monkeypatch)
+    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    target = base_kit("small").target
+    kit = fresh_kit("small", target)
+    joint = joint_test(target, REGISTRY[name](kit), runs=JOINT_RUNS, seed=1000)
+    assert not passes(joint), joint
+    cal = calibrate(target, REGISTRY[name](kit))
+    assert not passes(cal), cal
+
+
+# -- flash attention: a clear error before any forward ---------------------------------------------------------
+
+@pytest.mark.parametrize("name", TREE_ASSISTANTS)
+def test_tree_assistant_refuses_flash_attention(name):
+    target = with_attention(base_kit("gemma3").target, "eager")
+    target.config._attn_implementation = "flash_attention_2"        # flash-attn itself is not installed here
+    assistant = REGISTRY[name](fresh_kit("gemma3", target))
+    forwards = []
+    handle = target.register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(ValueError, match="flash_attention_2") as err:
+            target.generate(REPETITIVE, do_sample=False, max_new_tokens=5, assistant_model=assistant)
+    finally:
+        handle.remove()
+    assert "attention" in str(err.value).lower() or "attn" in str(err.value).lower()
+    assert forwards == []

@@ -1,0 +1,410 @@
+"""Device and dtype discipline (issue 26): drafters and heads placed like the target at bind (bf16 target,
+fp32 heads cast once, outputs identical to plain bf16 ``generate``), ``place_drafters=False`` leaving them
+alone, accelerate-dispatched / offloaded models (meta weights) left where they are, K/V and review outputs
+crossing devices explicitly, the tree mask in the embeddings' dtype, the attention-backend check, the
+device read a bounded number of times per target call (the accelerator schedule, forced on this CPU),
+and device synchronisation before clocks that decide something."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hf_cascade  # noqa: F401  (installs the generate() hook)
+from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideConfig, GlideForCausalLM, ReDrafterAssistant
+from hf_cascade import placement
+from hf_cascade.core import TokenTree
+from hf_cascade.core.accept import greedy_tree_accept, sampling_tree_accept
+from hf_cascade.core.budget import measure_verify_cost
+from hf_cascade.core.forward import check_attention_backend, mask_device_dtype, model_tree_mask, needs_tree_mask
+from hf_cascade.drafters.maxgram import MaxGram
+from hf_cascade.drafters.neural import NeuralLevel
+from hf_cascade.drafters.self_draft import first_layers_drafter
+from hf_cascade.glide import GlideAssistant
+from hf_cascade.core.stats import LevelStats
+from hf_cascade.placement import is_dispatched, place_like, synchronize, target_device_dtype
+from tests import tiny_models as tm
+from tests.redrafter_helpers import fit_head
+from tests.test_glide_decode import echo_glide
+from tests.test_greedy_parity import REPETITIVE
+from tests.test_sampling import calibration, passes, run_long, small  # noqa: F401  (fixture)
+from tests.test_sampling import PROMPT as SPROMPT
+from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
+from transformers import LogitsProcessorList
+
+NEW = 30
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def pair(request):
+    """An fp32 tiny target (to build drafters and heads from) and its bf16 copy (the target under test)."""
+    fp32 = tm.llama_target() if request.param == "llama" else tm.gemma3_target()
+    return {"name": request.param, "fp32": fp32, "bf16": copy.deepcopy(fp32).to(torch.bfloat16)}
+
+
+def greedy(target, assistant=None, prompt=REPETITIVE, **kw):
+    kw.setdefault("max_new_tokens", NEW)
+    return target.generate(prompt, do_sample=False, assistant_model=assistant, **kw).tolist()
+
+
+def float_dtypes(module) -> set:
+    """Dtypes of the float parameters (rotary ``inv_freq`` buffers stay float32 by design)."""
+    return {t.dtype for t in module.parameters() if t.is_floating_point()}
+
+
+# -- placement ----------------------------------------------------------------------------------------------
+
+def test_place_like_casts_float_weights_keeps_int_buffers_and_rotary_and_is_idempotent(pair):
+    target = pair["bf16"]
+    assert target_device_dtype(target) == (torch.device("cpu"), torch.bfloat16)
+    glide = GlideForCausalLM(GlideConfig.from_target(pair["fp32"], draft_vocab_size=24, num_hidden_layers=1,
+                                                     intermediate_size=32, num_attention_heads=4, num_key_value_heads=2))
+    glide.set_vocab_subset(torch.arange(24) * 2)
+    inv_freq = {n: b.dtype for n, b in glide.named_buffers() if n.endswith("inv_freq")}
+    assert place_like(glide, target) is glide
+    assert {p.dtype for p in glide.parameters()} == {torch.bfloat16}
+    assert glide.vocab_subset.dtype == torch.long and glide.vocab_subset.tolist() == (torch.arange(24) * 2).tolist()
+    assert inv_freq and all(dict(glide.named_buffers())[n].dtype == d for n, d in inv_freq.items())  # transient: kept
+    before = {n: t for n, t in list(glide.named_parameters()) + list(glide.named_buffers())}
+    place_like(glide, target)                                                   # already placed: nothing changes
+    after = {n: t for n, t in list(glide.named_parameters()) + list(glide.named_buffers())}
+    assert all(after[n] is t for n, t in before.items())
+
+
+def test_place_like_keeps_tied_weights_tied_and_respects_keep_in_fp32():
+    model = tm.llama(seed=1)
+    model.lm_head.weight = model.model.embed_tokens.weight                     # tied
+    model._keep_in_fp32_modules = ["norm"]
+    place_like(model, dtype=torch.bfloat16)
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.dtype == torch.bfloat16
+    assert model.model.norm.weight.dtype == torch.float32
+    assert model.model.layers[0].input_layernorm.weight.dtype == torch.float32     # matched inside names, as
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16         # transformers' regex does
+
+
+def test_dispatched_and_offloaded_modules_are_left_alone():
+    from accelerate import cpu_offload
+
+    model = tm.llama(seed=2)
+    expected = greedy(model)
+    cpu_offload(model, execution_device="cpu")                                   # weights on meta, hooks load them
+    assert is_dispatched(model) and model.model.embed_tokens.weight.is_meta
+    assert target_device_dtype(model) == (torch.device("cpu"), torch.float32)    # the hook's execution device
+    place_like(model, dtype=torch.bfloat16)
+    assert model.model.embed_tokens.weight.is_meta and model.model.embed_tokens.weight.dtype == torch.float32
+    drafter = first_layers_drafter(model, 1)                                     # borrows the offload hooks
+    assert drafter(torch.tensor([[1, 5, 6]])).logits.shape == (1, 3, tm.VOCAB)
+    assert greedy(model) == expected
+
+
+def test_first_layers_drafter_does_not_move_the_targets_parameters():
+    target = tm.llama(seed=3, layers=3)
+    params = {n: (p, p.data_ptr(), p.dtype) for n, p in target.named_parameters()}
+    drafter = first_layers_drafter(target, 2)
+    assert drafter.model.layers[0].self_attn.q_proj.weight is target.model.layers[0].self_attn.q_proj.weight
+    CascadeAssistant([drafter]).bind(target)                                     # placing the drafter: no-op here
+    assert all(p is params[n][0] and p.data_ptr() == params[n][1] for n, p in target.named_parameters())
+
+
+# -- bf16 target, fp32 drafters and heads: cast at bind, outputs identical to plain bf16 generate -----------
+
+def test_bf16_target_cascade_and_hsddw_drafters_cast(pair):
+    target, fp32 = pair["bf16"], pair["fp32"]
+    expected = greedy(target)
+    drafter = tm.noisy_copy(fp32, 0.3)
+    a = CascadeAssistant([drafter, MaxGram()], k_matrix=[[2, 4], [0, 4]])
+    assert greedy(target, a) == expected
+    assert float_dtypes(drafter) == {torch.bfloat16} and sum(a.last_stats.accepted_per_call) > 0
+    small, big = tm.noisy_copy(fp32, 0.3, seed=5), tm.noisy_copy(fp32, 0.1, seed=6)
+    a = DynamicWindowAssistant(small, big, tau_init=float("inf"), tau2_init=float("inf"))
+    assert greedy(target, a) == expected
+    assert float_dtypes(small) == float_dtypes(big) == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("cape", [True, False])
+def test_bf16_target_glide_cast(pair, cape):
+    target = pair["bf16"]
+    glide = echo_glide(pair["fp32"])                                            # shares the target's embeddings
+    a = GlideAssistant(glide, cape=cape)
+    assert greedy(target, a) == greedy(target)
+    assert {p.dtype for p in glide.parameters()} == {torch.bfloat16}
+    assert sum(a.last_stats.accepted_per_call) > 0 or not cape          # (the echo GLIDE's chains miss on llama)
+
+
+def test_bf16_target_redrafter_cast(pair):
+    target = pair["bf16"]
+    head = copy.deepcopy(fit_head(pair["fp32"], pair["name"], steps=80))
+    a = ReDrafterAssistant(head, 4, 5)
+    assert greedy(target, a) == greedy(target)
+    assert {p.dtype for p in head.parameters()} == {torch.bfloat16}
+    assert sum(a.last_stats.accepted_per_call) > 0
+
+
+def test_place_drafters_false_leaves_drafters_untouched(pair):
+    target, fp32 = pair["bf16"], pair["fp32"]
+    expected = greedy(target)
+    drafter = tm.noisy_copy(fp32, 0.3)
+    glide = echo_glide(fp32)                                # fp32, sharing the bf16 target's embeddings and head
+    head = copy.deepcopy(fit_head(fp32, pair["name"], steps=80))
+    for assistant, module in ((CascadeAssistant([drafter], place_drafters=False), drafter),
+                              (GlideAssistant(glide, place_drafters=False), glide),
+                              (ReDrafterAssistant(head, 2, 3, place_drafters=False), head)):
+        before = {n: t for n, t in module.named_parameters()}
+        assert greedy(target, assistant) == expected                            # drafting in fp32 works, exact
+        assert all(t is before[n] and t.dtype == torch.float32 for n, t in module.named_parameters())
+
+
+# -- devices: reviews, K/V, cache gathers ----------------------------------------------------------------------
+
+def test_glide_moves_the_glimpsed_kv_to_its_own_device(monkeypatch):
+    """The target's cache layers may live on other devices (device_map): the cross-attention moves each
+    layer's K/V to the head's device (here the head on ``meta``, the K/V on the CPU)."""
+    from hf_cascade.heads.glide import attention_glide
+
+    target = tm.llama_target()
+    c = GlideConfig.from_target(target, share_target_embeddings=True, num_hidden_layers=1, intermediate_size=32,
+                                num_attention_heads=4, num_key_value_heads=2)
+    attn = attention_glide.GlideCrossAttention(c, 0).to(device="meta", dtype=torch.bfloat16)
+    seen = []
+    original = attention_glide._repeat_kv
+    monkeypatch.setattr(attention_glide, "_repeat_kv", lambda x, n: seen.append((x.device, x.dtype)) or original(x, n))
+    kv = torch.randn(1, 2, 5, c.target_head_dim)                                 # float32, on the CPU
+    x = torch.zeros(1, 3, c.hidden_size, device="meta", dtype=torch.bfloat16)
+    allowed = torch.ones(1, 1, 3, 5, dtype=torch.bool, device="meta")
+    out = attn(x, torch.arange(3, device="meta")[None], kv, kv, allowed)
+    assert out.shape == (1, 3, c.hidden_size) and seen == [(torch.device("meta"), torch.bfloat16)] * 2
+
+
+# -- attention backends and the tree mask ---------------------------------------------------------------------
+
+def test_needs_tree_mask():
+    assert not needs_tree_mask(TokenTree.chain(torch.tensor([5, 6, 7])))
+    assert not needs_tree_mask(TokenTree(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)))
+    assert needs_tree_mask(TokenTree(torch.tensor([5, 6, 7]), torch.tensor([-1, -1, 0])))
+    assert needs_tree_mask(TokenTree(torch.tensor([5, 6]), torch.tensor([-1, -1])))
+
+
+@pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3", "paged|sdpa",
+                                  "kernels-community/flash-attn", "flex_attention"])
+def test_attention_backend_check(impl):
+    model = tm.llama(seed=4)
+    check_attention_backend(model, tree_shaped=True)                             # eager / sdpa: fine
+    model.config._attn_implementation = impl                                     # no kernel needed: no forward runs
+    check_attention_backend(model, tree_shaped=False)                            # chains: plain causal, any backend
+    with pytest.raises(ValueError, match="eager or sdpa"):
+        check_attention_backend(model, tree_shaped=True)
+
+
+def test_flash_attention_tree_assistant_refused_before_any_forward(monkeypatch):
+    model = tm.llama_target()
+    model.config._attn_implementation = "flash_attention_2"
+    calls = []
+    monkeypatch.setattr(type(model), "forward", lambda *a, **k: calls.append(1))
+    with pytest.raises(ValueError, match="eager or sdpa"):
+        model.generate(REPETITIVE, do_sample=False, max_new_tokens=5, assistant_model=GlideAssistant(echo_glide(model)))
+    assert calls == []
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_tree_mask_dtype_follows_the_embeddings(pair, impl):
+    target = copy.deepcopy(pair["bf16"])
+    target.set_attn_implementation(impl)
+    tree = TokenTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, -1, 2]))
+    assert mask_device_dtype(target) == (torch.device("cpu"), torch.bfloat16)
+    mask = model_tree_mask(target, 6, tree)
+    for m in (mask.values() if isinstance(mask, dict) else [mask]):
+        assert m.dtype == torch.bfloat16 and m.shape == (1, 1, 4, 10)
+        assert float(m.min()) == torch.finfo(torch.bfloat16).min
+    glide = echo_glide(pair["fp32"])
+    assert greedy(target, GlideAssistant(glide, cape=True)) == greedy(target)   # bf16 tree verification, exact
+
+
+# -- host reads: bounded per target call ------------------------------------------------------------------------
+
+class _Reads:
+    """Counts host reads of tensors (``item``, ``tolist``, ``int``, ``float``, ``bool``) outside model forwards."""
+
+    NAMES = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.count, self.paused = 0, 0
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def spy(t, *a, _original=original, **k):
+                if not self.paused:
+                    self.count += 1
+                return _original(t, *a, **k)
+
+            monkeypatch.setattr(torch.Tensor, name, spy)
+
+    def pause_in(self, monkeypatch, module):
+        original = module.forward
+
+        def forward(*a, **k):
+            self.paused += 1
+            try:
+                return original(*a, **k)
+            finally:
+                self.paused -= 1
+
+        monkeypatch.setattr(module, "forward", forward)
+
+
+def test_neural_drafting_reads_do_not_grow_with_the_draft_length(monkeypatch):
+    monkeypatch.setattr(placement, "DEFER_READS", True)
+    target = tm.llama_target()
+    drafter = tm.noisy_copy(target, 0.3)
+    seq = torch.tensor(REPETITIVE[0].tolist())
+    counts, tokens = {}, {}
+    for do_sample in (False, True):
+        for k in (2, 8):
+            level = NeuralLevel(drafter, tm.VOCAB, LogitsProcessorList(), LevelStats("d"))
+            with monkeypatch.context() as m:
+                reads = _Reads(m)
+                reads.pause_in(m, drafter)
+                torch.manual_seed(0)
+                out = level.generate(seq, k, do_sample, set())
+                counts[do_sample, k] = reads.count
+            tokens[do_sample, k] = out[0].tolist()
+            assert len(tokens[do_sample, k]) == k
+    assert counts[False, 2] == counts[False, 8] and counts[True, 2] == counts[True, 8], counts
+    monkeypatch.setattr(placement, "DEFER_READS", False)                         # the CPU schedule: same tokens
+    level = NeuralLevel(drafter, tm.VOCAB, LogitsProcessorList(), LevelStats("d"))
+    assert level.generate(seq, 8, False, set())[0].tolist() == tokens[False, 8]
+
+
+def test_glide_draft_reads_do_not_grow_with_the_draft_length(monkeypatch):
+    from hf_cascade.core.strategy import TreeStep
+    from hf_cascade.glide.assistant import GlideDrafter, GlideSettings
+    from hf_cascade.glide.cape import CapeSettings
+    from transformers import DynamicCache
+
+    monkeypatch.setattr(placement, "DEFER_READS", True)
+    target = tm.llama_target()
+    glide = echo_glide(target)
+    seq = REPETITIVE[0]
+    cache = DynamicCache()
+    with torch.no_grad():
+        target(input_ids=seq[None, :-1], past_key_values=cache, use_cache=True)
+    counts, trees = {}, {}
+    for k in (2, 6):
+        drafter = GlideDrafter(glide, GlideSettings(k, CapeSettings()), [])
+        with monkeypatch.context() as m:
+            reads = _Reads(m)
+            tree, _ = drafter.draft_tree(seq, TreeStep(seq, cache, None, budget=20, step=0))
+            counts[k] = reads.count
+        trees[k] = (tree.tokens.tolist(), tree.parents.tolist())
+    assert counts[2] == counts[6] <= 3, counts
+    monkeypatch.setattr(placement, "DEFER_READS", False)
+    tree, _ = GlideDrafter(glide, GlideSettings(6, CapeSettings()), []).draft_tree(
+        seq, TreeStep(seq, cache, None, budget=20, step=0))
+    assert (tree.tokens.tolist(), tree.parents.tolist()) == trees[6]
+
+
+def test_tree_structure_and_greedy_acceptance_read_once(monkeypatch):
+    logits = torch.randn(33, 12)
+    with monkeypatch.context() as m:
+        reads = _Reads(m)
+        tree = TokenTree.from_expansions([3, 4, 5, 6], [[1, 2], [7], [], [8, 9, 10]])
+        assert reads.count == 0                                                  # built from host lists
+        tree = TokenTree.from_expansions(torch.tensor([3, 4, 5, 6]), [torch.tensor([1, 2]), torch.tensor([7]),
+                                                                        torch.tensor([], dtype=torch.long),
+                                                                        torch.tensor([8, 9, 10])])
+        assert reads.count == 1                                                  # one transfer for all sets
+        reads.count = 0
+        full = tree.with_root(11).select(torch.ones(tree.num_nodes + 1, dtype=torch.bool))
+        assert reads.count == 1                                                  # the keep mask
+        reads.count = 0
+        greedy_tree_accept(full, logits[: full.num_nodes + 1])
+        assert reads.count <= 2                                                  # argmax of every row; the bonus
+
+
+def test_batched_sampling_acceptance_is_exact():
+    """The accelerator schedule of recursive rejection sampling (one read per node on the walk) keeps the
+    target's distribution exactly: deterministic siblings (with a duplicate) and stochastic ones."""
+    V, runs = 6, 8000
+    p = torch.tensor([0.3, 0.25, 0.2, 0.15, 0.07, 0.03])
+    rows = torch.stack([p, p.roll(1), p.roll(2), p, p])
+    q = torch.tensor([[.1, .5, .1, .1, .1, .1], [.6, .1, .1, .1, .05, .05], [.2, .2, .2, .2, .1, .1],
+                      [0, 0, 0, 0, 1.0, 0]])
+    for draft in ("point", "stochastic"):
+        counts = torch.zeros(V)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(runs):
+            # point masses: fixed siblings (a duplicate among them); stochastic: each sibling drawn from its q
+            kids = [1, 0, 1] if draft == "point" else torch.multinomial(q[:3], 1, generator=g).flatten().tolist()
+            tree = TokenTree.from_expansions([kids[0], 4], [kids[1:], []], dedupe=False)   # node 1: below node 0
+            node_q = None if draft == "point" else q[[0, 3, 1, 2]]                  # node order: main, then siblings
+            acc = sampling_tree_accept(tree, rows, node_q, generator=g, batched=True)
+            first = tree.token_list[int(acc.path[0])] if acc.path.numel() else acc.bonus
+            counts[first] += 1
+        chi2 = float(((counts - runs * p) ** 2 / (runs * p)).sum())
+        assert chi2 < 25.0, (draft, chi2, counts / runs)                          # 5 dof: p ~ 1e-4
+
+
+@pytest.mark.parametrize("name", ["drafter_alone", "maxgram_first_drop_unsure", "hsddw"])
+def test_accelerator_schedule_sampling_is_lossless(small, monkeypatch, name):
+    """The deferred-read drafting loops (forced on this CPU) keep speculative sampling exact."""
+    monkeypatch.setattr(placement, "DEFER_READS", True)
+    assistant, drafter, kw = {
+        "drafter_alone": (CascadeAssistant([small["noisy"]], k_matrix=[[3]]), "noisy", {"temperature": 0.8}),
+        "maxgram_first_drop_unsure": (CascadeAssistant([small["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+                                                       k_matrix=[[2, 3], [0, 3]], maxgram_first=True,
+                                                       min_confidence=0.3, keep_unsure=False), "noisy", {}),
+        "hsddw": (DynamicWindowAssistant(small["noisy"], small["noisy2"], max_window=3, tau_init=1.0, tau2_init=1.0),
+                  None, {}),
+    }[name]
+    seqs = run_long(small["target"], assistant, 8, 100, 0, **kw)
+    stats = calibration(small["target"], small[drafter] if drafter else None, seqs, SPROMPT.shape[1],
+                        kw.get("temperature", 1.0), kw.get("top_k"))
+    assert stats["n"] == 8 * 100 and passes(stats), stats
+
+
+# -- clocks: synchronised before reading --------------------------------------------------------------------
+
+def test_synchronize_is_a_noop_on_cpu():
+    synchronize("cpu")
+    synchronize(torch.device("cpu"))
+    synchronize(tm.llama(seed=5))
+    synchronize(None)
+
+
+def test_timed_forwards_synchronise(monkeypatch):
+    from hf_cascade.drafters import neural
+
+    calls = []
+    monkeypatch.setattr(neural, "synchronize", lambda device=None: calls.append(device))
+    target = tm.llama_target()
+    a = CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()], k_matrix=[[2, 4], [0, 4]])
+    out = greedy(target, a, max_new_tokens=12)
+    assert out == greedy(target, max_new_tokens=12)
+    assert calls and len(calls) % 2 == 0 and set(calls) == {torch.device("cpu")}  # around each review forward
+    calls.clear()
+    level = NeuralLevel(target, tm.VOCAB, LogitsProcessorList(), LevelStats("t"))
+    level.scores(REPETITIVE[0], 3)
+    assert calls == []                                                           # untimed: no synchronisation
+    level.scores(REPETITIVE[0], 3, timed=True)
+    assert len(calls) == 2
+
+
+def test_verify_cost_measurement_synchronises_and_default_is_measured_per_device(monkeypatch):
+    from hf_cascade.core import budget
+
+    calls = []
+    monkeypatch.setattr(placement, "synchronize", lambda device=None: calls.append(device))
+    model = tm.gemma3_target()
+    cost = measure_verify_cost(model, prompt_len=8, steps=2, repeats=1, grid=(0, 2, 4))
+    assert len(cost.relative) == 5 and cost.relative[0] == 1.0 and list(cost.relative) == sorted(cost.relative)
+    assert calls and len(calls) % 2 == 0                                         # before and after every timed run
+    monkeypatch.setattr(budget, "_MEASURED", {})
+    measured = []
+    monkeypatch.setattr(budget, "measure_verify_cost", lambda m, **kw: measured.append(kw) or cost)
+    unresolved = budget.VerifyCost()
+    with pytest.raises(RuntimeError, match="resolve"):
+        unresolved(3)
+    assert unresolved.resolve(model) is cost and unresolved.resolve(model) is cost
+    assert len(measured) == 1 and measured[0]["grid"] == budget.QUICK_GRID       # measured once per device kind
+    assert budget.VerifyCost.reference().resolve(model) == budget.VerifyCost.reference()
