@@ -27,155 +27,17 @@ rules, its statistics) stay in its own test file.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
-from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 import torch
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
-from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
-from hf_cascade.drafters.maxgram_tree import MaxGramTreeAssistant
-from tests import tiny_models as tm
-from tests.redrafter_helpers import fit_head
-from tests.test_glide_decode import echo_glide
+from tests.contract_registry import (REGISTRY, SETTINGS, TREE_ASSISTANTS, WITH_MODELS, assert_placed,  # noqa: F401
+                                     base_kit, fresh_kit, input_device, models_used, setting_target, with_attention)
+from tests.sampling_stats import chi2_isf, processed_probs
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
-
-
-# -- the registry ---------------------------------------------------------------------------------------
-
-@dataclass
-class Kit:
-    """A target and what the assistants are built from: ``drafter`` (a noisy copy of the target: drafts
-    get accepted and rejected), ``big`` (a closer noisy copy: HSDDW's verifier), ``glide`` (a GLIDE tied to
-    this target), ``head`` (a ReDrafter head trained on the target's outputs). All fp32, on the CPU."""
-
-    target: torch.nn.Module
-    drafter: torch.nn.Module
-    big: torch.nn.Module
-    glide: torch.nn.Module
-    head: torch.nn.Module
-
-    def models(self) -> list:
-        return [self.drafter, self.big, self.glide, self.head]
-
-
-REGISTRY: dict[str, Callable[[Kit], object]] = {
-    "maxgram": lambda k: CascadeAssistant([MaxGram()]),
-    "drafter+maxgram": lambda k: CascadeAssistant([k.drafter, MaxGram()]),
-    "lenience3": lambda k: CascadeAssistant([k.drafter, MaxGram(adaptive=False, max_tokens=5)], lenience=3.0),
-    "maxgram_first_cost_aware": lambda k: CascadeAssistant([k.drafter, MaxGram()], k_matrix=[[6, 10], [0, 10]],
-                                                           maxgram_first=True, cost_aware=True),
-    "hsddw": lambda k: DynamicWindowAssistant(k.drafter, k.big, max_window=4, tau_init=2.0, tau2_init=2.0),
-    "glide": lambda k: GlideAssistant(k.glide, cape=False),
-    "glide_cape": lambda k: GlideAssistant(k.glide, cape=True),
-    "redrafter": lambda k: ReDrafterAssistant(k.head, beam_width=4, beam_length=4),
-    "maxgram_tree": lambda k: MaxGramTreeAssistant(),
-}
-
-#: entries drafting with a model (drafter or head): the placement rules apply to them
-WITH_MODELS = ["drafter+maxgram", "lenience3", "maxgram_first_cost_aware", "hsddw", "glide", "glide_cape", "redrafter"]
-TREE_ASSISTANTS = ["glide_cape", "redrafter"]
-
-
-def models_used(assistant, kit: Kit) -> list:
-    """The kit's models ``assistant`` holds (in its attributes, lists and tuples)."""
-    held = []
-    for value in vars(assistant).values():
-        held += list(value) if isinstance(value, (list, tuple)) else [value]
-    return [m for m in kit.models() if any(m is h for h in held)]
-
-
-def assert_placed(models, device: torch.device, dtype: torch.dtype) -> None:
-    """Every floating-point parameter of ``models`` is on ``device`` in ``dtype`` (where binding puts them)."""
-    for m in models:
-        for name, p in m.named_parameters():
-            assert p.device == device, (type(m).__name__, name, p.device)
-            if p.is_floating_point():
-                assert p.dtype == dtype, (type(m).__name__, name, p.dtype)
-
-
-# -- targets --------------------------------------------------------------------------------------------
-
-_BASE: dict = {}
-
-
-def base_kit(arch: str) -> Kit:
-    """The fp32 sdpa target of ``arch`` ("llama", "gemma3", "small": a 16-token vocabulary) and its
-    drafters, built once per session (``glide`` is built per test: it ties to a target)."""
-    if arch not in _BASE:
-        if arch == "small":
-            target = tm.llama(vocab_size=16, layers=1, hidden=16, seed=3)
-            target.generation_config.eos_token_id = None           # every sampled run has the same length
-            drafter, big = tm.noisy_copy(target, noise=0.6, seed=2), tm.noisy_copy(target, noise=0.3, seed=4)
-            head = fit_head(target, "small", steps=60, L=3)
-        else:
-            target = tm.llama_target() if arch == "llama" else tm.gemma3_target()
-            drafter, big = tm.noisy_copy(target, noise=0.3), tm.noisy_copy(target, noise=0.15, seed=7)
-            head = fit_head(target, arch, steps=80)
-        _BASE[arch] = Kit(target, drafter, big, None, head)
-    return _BASE[arch]
-
-
-def fresh_kit(arch: str, target) -> Kit:
-    """Fresh fp32 CPU copies of ``arch``'s drafters and head (binding may move and cast them in place: no
-    test sees another's) and a GLIDE tied to ``target``."""
-    base = base_kit(arch)
-    return Kit(target, copy.deepcopy(base.drafter), copy.deepcopy(base.big), echo_glide(target, 0.3),
-               copy.deepcopy(base.head))
-
-
-def input_device(model) -> torch.device:
-    """Where ``model`` takes its input ids: its input embeddings' device, or accelerate's execution device
-    when they are offloaded (``meta``)."""
-    emb = model.get_input_embeddings()
-    if emb.weight.device.type != "meta":
-        return emb.weight.device
-    for module in (emb, model):
-        hook = getattr(module, "_hf_hook", None)
-        for h in getattr(hook, "hooks", None) or [hook]:
-            device = getattr(h, "execution_device", None)
-            if device is not None:
-                return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    return torch.device("cpu")
-
-
-def with_attention(model, impl: str):
-    model = copy.deepcopy(model)
-    model.set_attn_implementation(impl)
-    return model
-
-
-def offloaded(model):
-    """``model`` dispatched by accelerate with CPU offload: weights on ``meta`` between forwards."""
-    import accelerate
-
-    model = copy.deepcopy(model)
-    accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
-    assert next(model.parameters()).device.type == "meta"
-    return model
-
-
-#: setting -> (architecture, target from the fp32 base target)
-SETTINGS: dict[str, tuple[str, Callable]] = {
-    "llama-sdpa": ("llama", lambda t: with_attention(t, "sdpa")),
-    "gemma3-eager": ("gemma3", lambda t: with_attention(t, "eager")),
-    "gemma3-sdpa": ("gemma3", lambda t: with_attention(t, "sdpa")),
-    "gemma3-bf16": ("gemma3", lambda t: copy.deepcopy(t).to(torch.bfloat16)),
-    "gemma3-offload": ("gemma3", offloaded),
-}
-
-_TARGETS: dict = {}
-
-
-def setting_target(setting: str):
-    if setting not in _TARGETS:
-        arch, make = SETTINGS[setting]
-        _TARGETS[setting] = make(base_kit(arch).target)
-    return _TARGETS[setting]
 
 
 # -- (a) greedy parity ------------------------------------------------------------------------------------
@@ -315,20 +177,6 @@ SPROMPT = ids(1, 5, 6, 5, 6, 5)
 # the small target's own continuation repeats "1 5 6 5": Max-Gram's draft after it is likely (p(6, 5) ~ .5),
 # so drafts are often accepted within the first three tokens, and a wrong q shows
 JPROMPT = ids(1, 5, 6, 5, 6, 5, 1, 13, 1, 13, 1, 13, 1, 5)
-
-
-def chi2_isf(df: int, z: float = 3.719) -> float:
-    """Upper quantile of chi-square(df) (Wilson-Hilferty); z = 3.719 is the 1e-4 normal quantile."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
-def processed_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
-    """``[..., V]`` logits -> the target's processed sampling distributions (float32)."""
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    return logits.softmax(dim=-1)
 
 
 def pooled_chi2(observed: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:

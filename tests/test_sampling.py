@@ -25,16 +25,12 @@ import torch
 
 from hf_cascade import CascadeAssistant, CorpusNGrams, LossyLenientTarget, LossyTypicalAcceptance, MaxGram
 from hf_cascade.candidate import ChainDrafter
+from tests.sampling_stats import chi2_isf, processed_probs  # noqa: F401  (re-exported to other tests)
 from tests import tiny_models as tm
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 V = 16
 PROMPT = ids(1, 5, 6, 5, 6, 5)
-
-
-def chi2_isf(df: int, z: float = 3.719) -> float:
-    """Upper quantile of chi-square(df) (Wilson-Hilferty); z = 3.719 is the 1e-4 normal quantile."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +42,6 @@ def small():
         "noisy": tm.noisy_copy(target, noise=0.6, seed=2),
         "noisy2": tm.noisy_copy(target, noise=0.3, seed=4),
     }
-
-
-def processed_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
-    """``[T, V]`` logits -> the target's processed sampling distributions."""
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    return logits.softmax(dim=-1)
 
 
 def maxgram_guess(seq: list[int], t: int) -> int | None:
