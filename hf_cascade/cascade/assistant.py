@@ -63,9 +63,7 @@ class CascadeAssistant(LinearAssistant):
             correct matches when they review them.
         tokenizer: optional tokenizer of the drafters, to check vocabularies exactly when
             ``generate(..., tokenizer=...)`` is also given.
-        cpu_kernels: verify with hf_cascade's CPU kernels (:mod:`hf_cascade.backends.cpu`). ``None`` (default):
-            automatic, on exactly for a float32 target on CPU (or as ``HF_CASCADE_CPU_KERNELS`` says);
-            ``True``: on (``ValueError`` for another target); ``False``: the target's own kernels.
+        cpu_kernels: the verification backend switch (see :class:`~hf_cascade.assistant.Assistant`).
         revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options for the drafters given
             as paths or repo ids (``dtype`` / ``device_map`` with an already loaded drafter: ``ValueError``).
         place_drafters: at every ``generate()``, move each neural drafter to the device of the target's input

@@ -40,9 +40,7 @@ class DynamicWindowAssistant(LinearAssistant):
             (default ``5 * max_window``).
         tokenizer: optional tokenizer of the draft models, for an exact vocabulary check when
             ``generate(..., tokenizer=...)`` is also given.
-        cpu_kernels: verify with hf_cascade's CPU kernels (:mod:`hf_cascade.backends.cpu`). ``None`` (default):
-            automatic, on exactly for a float32 target on CPU (or as ``HF_CASCADE_CPU_KERNELS`` says);
-            ``True``: on (``ValueError`` for another target); ``False``: the target's own kernels.
+        cpu_kernels: the verification backend switch (see :class:`~hf_cascade.assistant.Assistant`).
         revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options for the models given
             as paths or repo ids (``dtype`` / ``device_map`` with an already loaded model: ``ValueError``).
         place_drafters: at every ``generate()``, move both draft models to the device of the target's input
