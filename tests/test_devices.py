@@ -27,7 +27,6 @@ from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head
 from tests.test_glide_decode import echo_glide
 from tests.test_greedy_parity import REPETITIVE
-
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 from transformers import LogitsProcessorList
 
