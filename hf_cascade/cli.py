@@ -34,13 +34,13 @@ def _add_bench(sub) -> None:
         "speedups are against plain generate in the same run.",
     )
     p.add_argument("--target", default=None,
-                   help="target model: default (embedded Gemma-3-270M), smollm2, a local HF directory, or gguf:PATH")
+                   help="target model: default (embedded Gemma-3-270M), smollm2, a local HF directory, a Hub repo id, or gguf:PATH")
     p.add_argument("--strategy", choices=["maxgram", "cascade", "hsddw", "glide", "redrafter"], default="maxgram",
                    help="maxgram = CascadeAssistant([MaxGram()]); cascade = CascadeAssistant([*drafts, MaxGram()]); "
                         "hsddw = DynamicWindowAssistant(first draft, --verifier); glide = GlideAssistant(--draft, cape=True); "
                         "redrafter = ReDrafterAssistant(--draft)")
     p.add_argument("--draft", action="extend", nargs="+", default=[], metavar="PATH",
-                   help="draft model(s), largest first (HF directory, gguf:PATH, smollm2, self:N = the target's first N layers); "
+                   help="draft model(s), largest first (HF directory, Hub repo id, gguf:PATH, smollm2, self:N = the target's first N layers); "
                         "needed by --strategy cascade / hsddw and the hf-assisted baselines")
     p.add_argument("--assisted-draft", default=None, metavar="PATH",
                    help="draft model of the hf-assisted baselines (default: the first --draft)")

@@ -27,7 +27,6 @@ rules, its statistics) stay in its own test file.
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
@@ -36,7 +35,7 @@ import torch
 import hf_cascade  # noqa: F401  (installs the generate() hook)
 from tests.contract_registry import (REGISTRY, SETTINGS, TREE_ASSISTANTS, WITH_MODELS, assert_placed,  # noqa: F401
                                      base_kit, fresh_kit, input_device, models_used, setting_target, with_attention)
-from tests.sampling_stats import chi2_isf, processed_probs
+from tests.sampling_stats import calibration, chi2_isf, passes, processed_probs
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 
@@ -179,16 +178,6 @@ SPROMPT = ids(1, 5, 6, 5, 6, 5)
 JPROMPT = ids(1, 5, 6, 5, 6, 5, 1, 13, 1, 13, 1, 13, 1, 5)
 
 
-def pooled_chi2(observed: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
-    """Chi-square of counts against expectations, the cells expected < 5 times pooled: ``(chi2, limit)``."""
-    small = expected < 5
-    o = torch.cat([observed[~small], observed[small].sum()[None]])
-    e = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = e > 0
-    chi2 = float(((o[keep] - e[keep]) ** 2 / e[keep]).sum())
-    return chi2, chi2_isf(max(int(keep.sum()) - 1, 1))
-
-
 def binned_chi2(observed: torch.Tensor, expected: torch.Tensor, min_expected: float = 5.0) -> tuple[float, float]:
     """Chi-square over bins of cells taken in decreasing expectation, a bin closed once it expects
     ``min_expected`` (the remainder joins the last bin): the bins depend on the exact law only, and the
@@ -236,31 +225,6 @@ def joint_test(model, assistant, runs: int, seed: int) -> dict:
     return {"chi2": chi2, "limit": limit, "tv": tv, "accepted": accepted}
 
 
-def calibration(model, sequences, prompt_len: int, temperature: float, top_k: int | None) -> dict:
-    """Emitted tokens against the target's exact processed distribution given the actual prefix: the
-    token counts ``O_v`` and ``E_v = sum_t p_t(v)`` differ by a martingale, so the pooled chi-square is (at
-    most) chi-square distributed; the indicator "``x_t`` is what Max-Gram would copy" gives a z-score."""
-    observed, expected = torch.zeros(V), torch.zeros(V)
-    copy_o = copy_e = copy_var = 0.0
-    for seq in sequences:
-        with torch.no_grad():
-            p = processed_probs(model(seq[None]).logits[0, prompt_len - 1: -1], temperature, top_k).cpu()
-        seq = seq.cpu()
-        tokens = seq[prompt_len:]
-        observed += torch.bincount(tokens, minlength=V).float()
-        expected += p.sum(0)
-        s = seq.tolist()
-        for i, x in enumerate(tokens.tolist()):
-            t = prompt_len + i
-            guess = next((s[j + 1] for j in range(t - 2, -1, -1) if s[j] == s[t - 1]), None)
-            if guess is not None:
-                pg = float(p[i, guess])
-                copy_o, copy_e, copy_var = copy_o + (x == guess), copy_e + pg, copy_var + pg * (1 - pg)
-    chi2, limit = pooled_chi2(observed, expected)
-    return {"n": int(observed.sum()), "chi2": chi2, "limit": limit,
-            "z_copy": (copy_o - copy_e) / math.sqrt(max(copy_var, 1e-9))}
-
-
 SAMPLING_KW = {"temperature": 1.3, "top_k": 10}
 CALLS, NEW = 4, 60
 JOINT_RUNS = 100
@@ -275,13 +239,9 @@ def calibrate(model, assistant, calls: int = CALLS, new: int = NEW, seed: int = 
                                    **SAMPLING_KW)[0])
         accepted += sum(assistant.last_stats.accepted_per_call)
         drafted += sum(assistant.last_stats.tree_depths)
-    stats = calibration(model, seqs, prompt.shape[1], SAMPLING_KW["temperature"], SAMPLING_KW["top_k"])
+    stats = calibration(model, None, seqs, prompt.shape[1], SAMPLING_KW["temperature"], SAMPLING_KW["top_k"])
     stats.update(accepted=accepted, drafted=drafted)
     return stats
-
-
-def passes(stats: dict) -> bool:
-    return stats["chi2"] < stats["limit"] and abs(stats.get("z_copy", 0.0)) < 4.0
 
 
 def assert_exact_sampling(target, make_assistant) -> None:

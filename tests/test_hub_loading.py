@@ -145,7 +145,8 @@ def test_strict_by_repo_id(hub, tmp_path):
 
 
 def test_default_cache_in_fresh_interpreter(hub, tmp_path):
-    """HF_HUB_CACHE + HF_HUB_OFFLINE in the environment, no cache_dir: how a user's downloads resolve."""
+    """HF_HUB_CACHE + HF_HUB_OFFLINE in the environment, no cache_dir: how a user's downloads resolve (the
+    assistants, and the bench's ``--draft`` by repo id)."""
     cache, shas = hub
     script = f"""
 import sys, torch
@@ -153,7 +154,11 @@ from hf_cascade import GlideAssistant, ReDrafterAssistant, CascadeAssistant, Cor
 g = GlideAssistant({GLIDE!r}, revision={shas[GLIDE]!r}, dtype=torch.bfloat16)
 r = ReDrafterAssistant({REDRAFTER!r})
 c = CascadeAssistant([{DRAFTER!r}, MaxGram(corpus=CorpusNGrams.load({CORPUS!r}))])
+from hf_cascade.bench.loading import load_drafts             # hf-cascade bench --draft <repo id>
+b = load_drafts([{GLIDE!r}, {DRAFTER!r}])
 assert not [m for m in sys.modules if m.startswith("transformers_modules")]
+assert [type(m).__name__ for m in b] == ["GlideForCausalLM", "CascadeDrafterForCausalLM"]
+assert {{p.dtype for m in b for p in m.parameters()}} == {{torch.float32}}
 print(type(g.glide).__module__, next(g.glide.parameters()).dtype, type(r.head).__module__,
       type(c.drafters[0]).__module__, len(c.drafters[1].corpus) > 0)
 """

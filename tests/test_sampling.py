@@ -18,14 +18,13 @@ configurations, the detection of a lying ``q``, top-k in the joint test, and the
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
 from hf_cascade import CascadeAssistant, CorpusNGrams, LossyLenientTarget, LossyTypicalAcceptance, MaxGram
 from hf_cascade.candidate import ChainDrafter
-from tests.sampling_stats import chi2_isf, processed_probs  # noqa: F401  (re-exported to other tests)
+from tests.sampling_stats import calibration, passes, pooled_chi2, processed_probs  # noqa: F401  (re-exported to other tests)
 from tests import tiny_models as tm
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
@@ -44,67 +43,12 @@ def small():
     }
 
 
-def maxgram_guess(seq: list[int], t: int) -> int | None:
-    """The token that followed the most recent earlier occurrence of ``seq[t - 1]`` (before ``t - 1``)."""
-    last = seq[t - 1]
-    for j in range(t - 2, -1, -1):
-        if seq[j] == last:
-            return seq[j + 1]
-    return None
-
-
-def calibration(model, drafter, sequences, prompt_len, temperature=1.0, top_k=None):
-    """Statistics of the emitted tokens against the target's exact per-step distributions."""
-    observed, expected = torch.zeros(V), torch.zeros(V)
-    copy_o = copy_e = copy_var = 0.0
-    draft_o = draft_e = draft_var = 0.0
-    for seq in sequences:
-        with torch.no_grad():
-            p = processed_probs(model(seq[None]).logits[0, prompt_len - 1 : -1], temperature, top_k)
-            q = drafter(seq[None]).logits[0, prompt_len - 1 : -1].argmax(-1) if drafter is not None else None
-        tokens = seq[prompt_len:]
-        observed += torch.bincount(tokens, minlength=V).float()
-        expected += p.sum(0)
-        s = seq.tolist()
-        for i, x in enumerate(tokens.tolist()):
-            t = prompt_len + i
-            g = maxgram_guess(s, t)
-            if g is not None:
-                pg = float(p[i, g])
-                copy_o += x == g
-                copy_e += pg
-                copy_var += pg * (1 - pg)
-            if q is not None:
-                pd = float(p[i, q[i]])
-                draft_o += x == int(q[i])
-                draft_e += pd
-                draft_var += pd * (1 - pd)
-    # chi-square over tokens, pooling the cells expected fewer than 5 times
-    small_cells = expected < 5
-    o = torch.cat([observed[~small_cells], observed[small_cells].sum()[None]])
-    e = torch.cat([expected[~small_cells], expected[small_cells].sum()[None]])
-    keep = e > 0
-    chi2 = float(((o[keep] - e[keep]) ** 2 / e[keep]).sum())
-    df = int(keep.sum()) - 1
-    return {
-        "n": int(observed.sum()),
-        "chi2": chi2,
-        "chi2_limit": chi2_isf(df),
-        "z_copy": (copy_o - copy_e) / math.sqrt(max(copy_var, 1e-9)),
-        "z_draft": (draft_o - draft_e) / math.sqrt(max(draft_var, 1e-9)) if drafter is not None else 0.0,
-    }
-
-
 def run_long(model, assistant, calls, new, seed, **kw):
     out = []
     for c in range(calls):
         torch.manual_seed(seed + c)
         out.append(model.generate(PROMPT, do_sample=True, max_new_tokens=new, assistant_model=assistant, **kw)[0])
     return out
-
-
-def passes(stats):
-    return stats["chi2"] < stats["chi2_limit"] and abs(stats["z_copy"]) < 4.0 and abs(stats["z_draft"]) < 4.0
 
 
 # corpus n-grams over V = 16 (hand sequences: what the corpus proposes is often not what the target samples)
@@ -202,18 +146,9 @@ def joint_test(model, assistant, runs, seed, **kw):
         torch.manual_seed(seed + r)
         out = model.generate(PROMPT, do_sample=True, max_new_tokens=2, assistant_model=assistant, **kw)[0]
         counts[int(out[-2]), int(out[-1])] += 1
-    exact = exact_first_two(model, PROMPT, kw.get("temperature", 1.0), kw.get("top_k")).flatten() * runs
-    observed = counts.flatten()
-    order = exact.argsort(descending=True)
-    exact, observed = exact[order], observed[order]
-    big = exact >= 5
-    e = torch.cat([exact[big], exact[~big].sum()[None]])
-    o = torch.cat([observed[big], observed[~big].sum()[None]])
-    keep = e > 0
-    chi2 = float(((o[keep] - e[keep]) ** 2 / e[keep]).sum())
-    tv = 0.5 * float((counts.flatten() / runs - exact_first_two(model, PROMPT, kw.get("temperature", 1.0),
-                                                                 kw.get("top_k")).flatten()).abs().sum())
-    return chi2, chi2_isf(int(keep.sum()) - 1), tv
+    exact = exact_first_two(model, PROMPT, kw.get("temperature", 1.0), kw.get("top_k")).flatten()
+    chi2, limit = pooled_chi2(counts.flatten(), exact * runs)
+    return chi2, limit, 0.5 * float((counts.flatten() / runs - exact).abs().sum())
 
 
 def test_first_two_tokens_joint_distribution_maxgram_topk(small):

@@ -1,8 +1,10 @@
 """Load what a benchmark or the demo needs: target, draft models, prompts.
 
 A model spec is ``None``/``"default"`` (the embedded Gemma-3-270M), ``"smollm2"``, a local Hugging Face
-directory (a drafter saved by ``hf-cascade train`` included), or ``gguf:PATH`` (converted once into a cached safetensors directory). A draft spec may also be
-``self:N``: the target's first ``N`` layers.
+directory (a drafter saved by ``hf-cascade train`` included), a Hub repo id (``org/name``, resolved through
+the Hub cache like :func:`hf_cascade.load_pretrained`: heads by hf_cascade's own classes), or ``gguf:PATH``
+(converted once into a cached safetensors directory). A draft spec may also be ``self:N``: the target's
+first ``N`` layers. Models load in float32, as the benchmark's target does.
 """
 
 from __future__ import annotations
@@ -29,14 +31,29 @@ def load_model(spec: str | None) -> tuple[Any, Any]:
         return models.load_hf_dir(hf_dir)
     path = Path(spec).expanduser()
     if not path.is_dir():
-        raise FileNotFoundError(
-            f"model {spec!r} is not a local Hugging Face directory; use 'default', 'smollm2', a directory or gguf:PATH"
-        )
+        return _load_repo(spec)
     if _is_hf_cascade_head(path):
         from ..heads.hub import load_head
 
         return load_head(path).eval(), None
     return models.load_hf_dir(path)
+
+
+def _load_repo(spec: str) -> tuple[Any, Any]:
+    """A Hub repo id: the model through :func:`hf_cascade.load_pretrained`, the tokenizer (none for heads)."""
+    import torch
+
+    from ..loading import load_pretrained
+
+    try:
+        model = load_pretrained(spec, dtype=torch.float32, kind="model")
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e} Use 'default', 'smollm2', a directory, a Hub repo id or gguf:PATH.") from e
+    if str(model.config.model_type).startswith("hf_cascade_"):
+        return model.eval(), None
+    from transformers import AutoTokenizer
+
+    return model.eval(), AutoTokenizer.from_pretrained(spec)
 
 
 def _is_hf_cascade_head(path: Path) -> bool:
