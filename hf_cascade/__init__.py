@@ -7,6 +7,7 @@ with our strategies and verifies with transformers' own loop.
 
 from . import hook as _hook
 from .assistant import Assistant
+from .auto import assistant_for
 from .backends import VerifySession
 from .cascade import CascadeAssistant
 from .drafters import BigramTable, CorpusNGrams, CostModel, MaxGram
@@ -35,6 +36,7 @@ register_heads()
 
 __all__ = [
     "Assistant",
+    "assistant_for",
     "BigramTable",
     "CorpusNGrams",
     "CascadeDrafterConfig",

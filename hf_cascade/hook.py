@@ -15,7 +15,10 @@ positions) so the wrappers survive signature changes across versions:
    own loop instead, inside ``assistant.target_session(model)`` (the verification backend), with the
    candidate generator of 1.
 4. ``transformers.pipelines.base.load_assistant_model``: lets ``pipeline(..., assistant_model=...)``
-   accept our assistants (no tokenizer of their own).
+   accept our assistants (no tokenizer of their own), and builds the assistant of an hf_cascade checkpoint
+   given as a loaded model, a path or a repo id (:mod:`hf_cascade.auto`).
+5. ``GenerationMixin.generate``: ``assistant_model=<an hf_cascade checkpoint>`` (a GLIDE or ReDrafter head, a
+   vanilla drafter) becomes the assistant made for it (:func:`hf_cascade.auto.assistant_for`).
 
 Every other ``generate()`` call (plain, prompt lookup, an HF assistant model) is untouched.
 """
@@ -29,6 +32,7 @@ from typing import Any, Callable
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
+from .auto import assistant_for, checkpoint_kind
 from .core.checks import refuse_unsupported_config
 
 _MARK = "__hf_cascade_original__"
@@ -102,9 +106,34 @@ def _session_wrapper(assistant, a, original, args, kwargs):
     )
 
 
-@_when_ours
-def _pipeline_loader_wrapper(assistant, a, original, args, kwargs):
-    return assistant, None
+def _pipeline_loader_wrapper(original: Callable) -> Callable:
+    """Our assistants pass through; an hf_cascade checkpoint (model, path or repo id) becomes its assistant."""
+    signature = inspect.signature(original)
+
+    def wrapper(*args, **kwargs):
+        assistant = signature.bind(*args, **kwargs).arguments.get("assistant_model")
+        if _is_ours(assistant):
+            return assistant, None
+        if assistant is not None and checkpoint_kind(assistant) is not None:
+            return assistant_for(assistant), None
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+def _generate_wrapper(original: Callable) -> Callable:
+    """``generate(assistant_model=<an hf_cascade checkpoint>)`` runs the checkpoint's assistant."""
+    signature = inspect.signature(original)
+
+    def wrapper(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        assistant = bound.arguments.get("assistant_model")
+        if assistant is not None and not _is_ours(assistant) and checkpoint_kind(assistant) is not None:
+            bound.arguments["assistant_model"] = assistant_for(assistant)
+            return original(*bound.args, **bound.kwargs)
+        return original(*args, **kwargs)
+
+    return wrapper
 
 
 def _hide_assistant_wrapper(original: Callable) -> Callable:
@@ -139,6 +168,7 @@ def install() -> None:
     _wrap(GenerationMixin, "_assisted_decoding", _session_wrapper)
     _wrap(GenerationMixin, "_validate_generation_mode", _hide_assistant_wrapper)
     _wrap(GenerationMixin, "_validate_assistant", _hide_assistant_wrapper)
+    _wrap(GenerationMixin, "generate", _generate_wrapper)
     try:
         from transformers.pipelines import base as pipeline_base
     except ImportError:  # pragma: no cover - pipelines need optional deps in some installs
@@ -155,6 +185,7 @@ def uninstall() -> None:
         (GenerationMixin, "_assisted_decoding"),
         (GenerationMixin, "_validate_generation_mode"),
         (GenerationMixin, "_validate_assistant"),
+        (GenerationMixin, "generate"),
         (pipeline_base, "load_assistant_model"),
     ]:
         current = getattr(owner, name, None)

@@ -1,0 +1,99 @@
+"""hf_cascade checkpoints where transformers takes an assistant (issue 30): ``generate(assistant_model=<head>)``
+and ``pipeline(..., assistant_model=<repo id>)`` run the strategy the checkpoint was made for, with output
+identical to plain greedy; an ordinary HF draft model keeps transformers' assisted generation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import hf_cascade  # noqa: F401  (installs the generate() hook)
+from hf_cascade import CascadeAssistant, GlideAssistant, ReDrafterAssistant, assistant_for
+from hf_cascade.assistant import Assistant
+from hf_cascade.auto import checkpoint_kind
+from tests import tiny_models as tm
+from tests.hub_cache import CARDS, add_repo, hub_env
+from tests.redrafter_helpers import fit_head
+from tests.test_drafter_head import restricted_copy
+from tests.test_glide_decode import echo_glide
+from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
+
+PROMPT = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
+NEW = 20
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tm.llama_target()
+
+
+def _heads(target):
+    return {"glide": (echo_glide(target), GlideAssistant), "redrafter": (fit_head(target, "auto"), ReDrafterAssistant),
+            "cascade": (restricted_copy(target), CascadeAssistant)}
+
+
+@pytest.mark.parametrize("kind", ["glide", "redrafter", "cascade"])
+def test_generate_with_a_loaded_head_runs_its_strategy(target, kind):
+    head, cls = _heads(target)[kind]
+    assert checkpoint_kind(head) == kind
+    plain = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW)
+    out = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, assistant_model=head)
+    assert out.tolist() == plain.tolist()
+    assistant = assistant_for(head)
+    assert type(assistant) is cls and assistant_for(head) is assistant          # one assistant per head object
+    stats = assistant.last_stats
+    assert stats is not None and stats.new_tokens == NEW and stats.target_calls <= NEW
+    assert "_hf_cascade_assistant" not in str(list(head.state_dict()))
+
+
+def test_an_ordinary_draft_model_keeps_transformers_assisted_generation(target, monkeypatch):
+    drafter = tm.truncated_copy(target, layers=1)
+    assert checkpoint_kind(drafter) is None
+    monkeypatch.setattr(Assistant, "decode", lambda *a, **k: pytest.fail("an hf_cascade assistant ran"))
+    plain = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW)
+    out = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, assistant_model=drafter)
+    assert out.tolist() == plain.tolist()
+    assert not hasattr(drafter, "_hf_cascade_assistant")
+
+
+def test_a_head_for_another_target_fails_clearly(target):
+    other = tm.llama(hidden=48, layers=3, seed=1)
+    head, _ = _heads(target)["glide"]
+    with pytest.raises(ValueError, match=r"(?i)hidden|vocab|layer"):
+        other.generate(PROMPT, do_sample=False, max_new_tokens=NEW, assistant_model=head)
+
+
+@pytest.mark.real_model
+def test_pipeline_by_repo_id_on_the_real_target(gemma, tmp_path):
+    """``pipeline(..., assistant_model="hf-cascade/...")`` for the three shipped kinds, offline from a local Hub
+    cache in a fresh interpreter (the default cache, as a user's download): text identical to plain."""
+    del gemma                                     # the fixture assembles the default target's cache once
+    cache = tmp_path / "hub"
+    repos = {f"hf-cascade/{n}": CARDS / n for n in ("gemma-3-270m-glide-xs", "gemma-3-270m-redrafter-xs",
+                                                      "gemma-3-270m-drafter-xs")}
+    for repo, src in repos.items():
+        add_repo(cache, repo, src, skip=("training_curve.png",))
+    script = f"""
+import hf_cascade, torch
+from transformers import pipeline
+from hf_cascade.models import load_default_target
+model, tok = load_default_target()
+prompt = "The three primary colors are"
+kw = dict(max_new_tokens=24, do_sample=False, return_full_text=False)
+plain = pipeline("text-generation", model=model, tokenizer=tok)(prompt, **kw)[0]["generated_text"]
+for repo in {list(repos)!r}:
+    pipe = pipeline("text-generation", model=model, tokenizer=tok, assistant_model=repo)
+    text = pipe(prompt, **kw)[0]["generated_text"]
+    assistant = pipe.assistant_model
+    assert isinstance(assistant, hf_cascade.Assistant), type(assistant)
+    assert text == plain, (repo, text, plain)
+    print(repo, type(assistant).__name__, assistant.last_stats.target_calls)
+"""
+    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=hub_env(cache, tmp_path),
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [line.split() for line in res.stdout.splitlines() if line.startswith("hf-cascade/")]
+    assert [r[1] for r in rows] == ["GlideAssistant", "ReDrafterAssistant", "CascadeAssistant"], res.stdout
+    assert all(int(r[2]) < 24 for r in rows), res.stdout
