@@ -62,10 +62,16 @@ def test_front_matter(name):
 def test_usage_section_is_the_generated_one(name):
     kind = CARD_KINDS[name][0]
     _, body = read_card(name)
-    (snippet,) = python_blocks(body)                           # the one example the real-model test runs
+    blocks = python_blocks(body)                               # the examples the real-model test runs
     assert usage_section(kind, f"hf-cascade/{name}", "gemma-3-270m") in body
-    assert f'"hf-cascade/{name}"' in snippet and f'from_pretrained("{TARGET}", device_map="auto")' in snippet
-    assert "model_cards" not in snippet and "trust_remote_code" not in snippet
+    explicit = blocks[-1]
+    assert f'"hf-cascade/{name}"' in explicit and f'from_pretrained("{TARGET}", device_map="auto")' in explicit
+    if kind != "corpus":                                       # the one-line use comes first (issue 30)
+        assert len(blocks) == 2 and body.index(blocks[0]) < body.index(explicit)
+        assert f'assistant_model="hf-cascade/{name}"' in blocks[0] and "import hf_cascade" in blocks[0]
+    else:
+        assert len(blocks) == 1
+    assert not [b for b in blocks if "model_cards" in b or "trust_remote_code" in b]
 
 
 @pytest.fixture(scope="session")
@@ -89,18 +95,38 @@ def card_hub(tmp_path_factory):
     return cache
 
 
-@pytest.mark.real_model
-@pytest.mark.parametrize("name", list(CARD_KINDS))
-def test_card_snippet_runs_verbatim(name, card_hub, tmp_path):
-    _, body = read_card(name)
-    (snippet,) = python_blocks(body)
-    check = """
+#: appended to a card's snippet: the output is plain greedy's, no remote code ran, the assistant ran
+CHECKS = {
+    "explicit": """
 import sys
 assert not [m for m in sys.modules if m.startswith("transformers_modules")], "remote code ran"
 plain = target.generate(ids, do_sample=False, max_new_tokens=64)
 assert out.tolist() == plain.tolist(), "output differs from plain greedy decoding"
 print("CARD-OK", target.device, target.dtype, assistant.last_stats.target_calls)
-"""
+""",
+    "pipeline": """
+import sys
+assert not [m for m in sys.modules if m.startswith("transformers_modules")], "remote code ran"
+assert isinstance(pipe.assistant_model, hf_cascade.Assistant), type(pipe.assistant_model)
+kw = dict(do_sample=False, max_new_tokens=64, return_full_text=False)
+text = pipe(PROMPT, **kw)[0]["generated_text"]
+plain = pipeline("text-generation", model=pipe.model, tokenizer=pipe.tokenizer)(PROMPT, **kw)[0]["generated_text"]
+assert text == plain, ("output differs from plain greedy decoding", text, plain)
+print("CARD-OK", pipe.model.device, pipe.model.dtype, pipe.assistant_model.last_stats.target_calls)
+""".replace("PROMPT", repr("Question: What is the capital of France?\n\nAnswer:")),
+}
+
+
+def _snippets() -> list[tuple[str, int]]:
+    return [(name, i) for name in CARD_KINDS for i in range(1 if CARD_KINDS[name][0] == "corpus" else 2)]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name, block", _snippets())
+def test_card_snippet_runs_verbatim(name, block, card_hub, tmp_path):
+    _, body = read_card(name)
+    snippet = python_blocks(body)[block]
+    check = CHECKS["pipeline" if "pipeline(" in snippet else "explicit"]
     res = subprocess.run([sys.executable, "-c", snippet + check], cwd=tmp_path, env=hub_env(card_hub, tmp_path),
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -63,6 +63,11 @@ _USES = {
 }
 
 
+#: kind -> the assistant class a checkpoint of that kind becomes (:mod:`hf_cascade.auto`).
+_CLASS = {"drafter": "`CascadeAssistant([drafter, MaxGram()])`", "glide": "`GlideAssistant`",
+          "redrafter": "`ReDrafterAssistant`"}
+
+
 def base_model(target: str | None) -> str | None:
     """The Hub id of a head's target (``config.target_name_or_path``), or ``None`` if unknown."""
     if not target:
@@ -111,9 +116,12 @@ def hub_repo_id(out_dir: str | os.PathLike) -> str:
 
 
 def usage_section(kind: str, repo_id: str, target: str | None, beam_length: int = 5) -> str:
-    """``## Use``: load the target and its tokenizer (``device_map="auto"``: a GPU if there is one, else the
-    CPU), build the assistant (``kind``: drafter, glide, redrafter or corpus) from ``repo_id``, generate,
-    decode. Runs as written once the repos exist."""
+    """``## Use``: for a head or drafter, first the one-line use transformers taught (``pipeline(...,
+    assistant_model="<repo id>")`` after ``import hf_cascade``, which builds the assistant the checkpoint was made
+    for with its defaults, :mod:`hf_cascade.auto`), then the explicit assistant class for users who set options:
+    load the target and its tokenizer (``device_map="auto"``: a GPU if there is one, else the CPU), build the
+    assistant (``kind``: drafter, glide, redrafter or corpus) from ``repo_id``, generate, decode. Runs as written
+    once the repos exist."""
     imports, assistant = _USES[kind]
     base = base_model(target) or target or "TARGET"
     what = ("`CorpusNGrams.load` reads `corpus.safetensors` of the repo (or of a local file or directory)"
@@ -121,9 +129,7 @@ def usage_section(kind: str, repo_id: str, target: str | None, beam_length: int 
             "assistant puts it on the target's device and in its dtype")
     intro = textwrap.fill(f"`pip install hf-cascade`. {what}; the target verifies every drafted token (lossless: "
                           "the output is the target's own).", width=110, break_on_hyphens=False, break_long_words=False)
-    return f"""## Use
-{intro}
-```python
+    explicit = f"""```python
 {imports}
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -135,6 +141,20 @@ out = target.generate(ids, assistant_model=assistant, do_sample=False, max_new_t
 print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 ```
 """
+    if kind == "corpus":
+        return f"## Use\n{intro}\n{explicit}"
+    one_line = f"""```python
+import hf_cascade  # lets transformers take an hf_cascade checkpoint as its assistant
+from transformers import pipeline
+
+pipe = pipeline("text-generation", model="{base}", assistant_model="{repo_id}", device_map="auto")
+print(pipe("{_PROMPT}", do_sample=False, max_new_tokens=64, return_full_text=False)[0]["generated_text"])
+```
+"""
+    also = textwrap.fill(f"`model.generate(ids, assistant_model=<this checkpoint, loaded>)` does the same after `import "
+                         f"hf_cascade`. To set options, build the assistant yourself ({_CLASS[kind]}):", width=110,
+                         break_on_hyphens=False, break_long_words=False)
+    return f"## Use\n{intro} In one line, with the strategy's defaults:\n{one_line}\n{also}\n{explicit}"
 
 
 __all__ = ["HUB_DATASETS", "HUB_ORG", "KNOWN_TARGETS", "LICENSE_NOTES", "SOURCE_NOTES", "base_model", "front_matter",
