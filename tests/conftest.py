@@ -54,3 +54,13 @@ def copy_kernel(request, monkeypatch) -> str:
     else:
         monkeypatch.setattr(PANEL, "enabled", False)
     return request.param
+
+
+@pytest.fixture
+def free_drafts(monkeypatch):
+    """Draft forwards cost nothing to :class:`hf_cascade.core.adapt.AdaptiveBudget` (on tiny test models a draft
+    forward costs about what the target's does, so the measured rule would rightly keep most drafters off; tests
+    of what drafted trees do need them on, deterministically)."""
+    from hf_cascade.core.adapt import AdaptiveBudget
+
+    monkeypatch.setattr(AdaptiveBudget, "draft_cost", lambda self: 0.0)

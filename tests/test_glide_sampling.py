@@ -19,8 +19,8 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 
 @pytest.mark.parametrize("cape,kw,extra", [(True, {}, {"min_confidence": 0.4, "min_expansion_prob": 0.05}),
-                                           (True, {"temperature": 1.3}, {"verify_cost": VerifyCost((1.0, 1.5, 1.6))})])
-def test_sampling_calibration(small, cape, kw, extra):
+                                           (True, {"temperature": 1.3}, {"verify_cost": VerifyCost((1.0, 1.0, 1.0, 1.0, 1.2))})])
+def test_sampling_calibration(small, cape, kw, extra, free_drafts):
     target = small["target"]
     a = GlideAssistant(echo_glide(target, 0.3), cape=cape, draft_length=3, max_tree_nodes=10, cpu_kernels=False, **extra)
     seqs = run_long(target, a, 6, 80, 0, **kw)
@@ -42,7 +42,8 @@ def test_calibration_detects_a_lying_glide(small, monkeypatch):
 
     monkeypatch.setattr(GlideDrafter, "draft_tree", lying)
     target = small["target"]
-    a = GlideAssistant(echo_glide(target, 0.3), cape=True, draft_length=3, max_tree_nodes=10, cpu_kernels=False)
+    a = GlideAssistant(echo_glide(target, 0.3), cape=True, draft_length=3, max_tree_nodes=10, cpu_kernels=False,
+                       verify_cost=None)        # drafts at every step, so the lie shows
     seqs = run_long(target, a, 4, 60, 0)
     stats = calibration(target, None, seqs, SPROMPT.shape[1])
     assert not passes(stats), stats

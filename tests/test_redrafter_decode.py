@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_cascade import ReDrafterAssistant, ReDrafterConfig, ReDrafterModel, ReDrafterStats
+from hf_cascade.core.budget import VerifyCost
 from hf_cascade.redrafter import beam_search, beams_tree, flat_tree
 from hf_cascade.core import TokenTree, tree_attention_mask, unpack, verify_tree
 from tests import tiny_models as tm
@@ -159,7 +160,7 @@ def assert_parity(target, prompt, assistant, **kw) -> ReDrafterStats:
                                                    (3, 2, True), (8, 6, True)])
 @pytest.mark.parametrize("prompt", [REPETITIVE, ONE_TOKEN], ids=["repetitive", "one_token"])
 def test_greedy_parity(m, width, length, dedupe, prompt):
-    stats = assert_parity(m["target"], prompt, ReDrafterAssistant(m["head"], width, length, dedupe))
+    stats = assert_parity(m["target"], prompt, ReDrafterAssistant(m["head"], width, length, dedupe, verify_cost=None))
     assert max(stats.tree_depths) <= length and max(stats.tree_leaves) <= width
     assert sum(stats.accepted_per_call) > 0                                    # the trained head's drafts are used
     if prompt is ONE_TOKEN:                                                    # no hidden state before the first step
@@ -171,8 +172,8 @@ def test_packed_and_flat_trees_accept_the_same_tokens(m):
     prompts = [REPETITIVE, ids(1, 40, 41, 42), ids(1, 70, 9, 70, 9)]
     ratios = []
     for prompt in prompts:
-        packed = assert_parity(m["target"], prompt, ReDrafterAssistant(m["head"], 6, 4, dedupe=True))
-        flat = assert_parity(m["target"], prompt, ReDrafterAssistant(m["head"], 6, 4, dedupe=False))
+        packed = assert_parity(m["target"], prompt, ReDrafterAssistant(m["head"], 6, 4, dedupe=True, verify_cost=None))
+        flat = assert_parity(m["target"], prompt, ReDrafterAssistant(m["head"], 6, 4, dedupe=False, verify_cost=None))
         assert packed.accepted_per_call == flat.accepted_per_call
         assert flat.drafted_nodes == flat.beam_tokens and flat.compression_ratio == 1.0
         assert packed.beam_tokens == flat.beam_tokens
@@ -189,6 +190,7 @@ def test_no_extra_target_forward(m):
     step (counted on the target's decoder, which verification calls without the output head)."""
     target = m["target"]
     a = ReDrafterAssistant(m["head"], 4, 4)
+    VerifyCost().resolve(target)              # the default profile is measured once per process, not counted here
     calls = []
     handle = target.get_decoder().register_forward_hook(lambda mod, args, out: calls.append(1))
     try:
@@ -236,7 +238,7 @@ def test_wider_beams_accept_more(m):
     for w in (1, 4):
         calls = tokens = 0
         for prompt in (REPETITIVE, ids(1, 40, 41, 42), ids(1, 70, 9, 70, 9), ids(1, 33, 12)):
-            st = assert_parity(target, prompt, ReDrafterAssistant(head, w, 4))
+            st = assert_parity(target, prompt, ReDrafterAssistant(head, w, 4, verify_cost=None))
             calls, tokens = calls + st.target_calls, tokens + st.new_tokens
         per_call[w] = tokens / calls
     assert per_call[4] >= per_call[1], per_call

@@ -17,9 +17,9 @@ yet in the target's cache):
 3. **CAPE** (``cape=True``): at each step ``i`` the confidence ``p_i = max p_D`` picks ``K_i = S(p_i)``
    (:class:`~hf_cascade.glide.cape.CapeSettings`) and the ``K_i`` next-best tokens become leaves beside
    ``x_{t+i}``; ``cape=False`` sends the main path alone (a chain).
-   **Hardware-aware size** (``verify_cost``, not in the paper): of the drafted nodes, verify the set of
-   highest path probability whose expected accepted tokens best pay for the measured cost of verifying
-   it (:mod:`hf_cascade.core.budget`, the profile measured on the running device).
+   **Hardware-aware size** (``verify_cost``, the default; not in the paper): draft at all, draft deeper, and
+   verify each drafted node only when its calibrated chance of acceptance pays for its measured cost on the
+   running device (:mod:`hf_cascade.core.adapt`; the paper's fixed shape with ``verify_cost=None``).
 4. After verification (:meth:`GlideDrafter.on_accept`) the draft cache is **cropped** (``Cache.crop``) to
    the verified tokens it already holds: the root and the accepted main-path tokens it fed. (With one draft
    layer their K/V do not depend on the glimpse at all; with more, the upper layers' K/V keep the view of
@@ -45,7 +45,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..core.stats import LevelStats
-from ..core.budget import RateTracker, VerifyCost, budget_mask, path_probabilities
+from ..core.adapt import AdaptiveBudget
+from ..core.budget import VerifyCost
 from ..assistant import TreeAssistant
 from ..core.stats import TreeStats
 from .stats import _RECORDED, GlideStats
@@ -106,7 +107,9 @@ class GlideDrafter(TreeDrafter):
         self._main: list[int] = []                   # the last main path (target ids)
         self._checked = False
         self._device = next(glide.parameters()).device
-        self.rate = RateTracker(settings.verify_cost) if settings.verify_cost is not None else None
+        # verify_cost: draft and verify what pays on this machine (core.adapt); None: the paper's fixed shape
+        self.budget = AdaptiveBudget(settings.verify_cost) if settings.verify_cost is not None else None
+        self._probs: list[float] = []                # draft probabilities of the verified tree's nodes
 
     # -- helpers -----------------------------------------------------------------------------------
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -140,7 +143,7 @@ class GlideDrafter(TreeDrafter):
         ``seq`` (``[L]``); ``draft_probs = None``: the tree is deterministic given ``seq``."""
         k = min(self.settings.draft_length, state.budget)
         self._root_len, self._main = None, []
-        if k < 1:
+        if k < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped_drafts += 1
             return _empty(seq), None
         length = seq.shape[0]
@@ -152,11 +155,15 @@ class GlideDrafter(TreeDrafter):
         rows, bests, tops, tokens = [], [], [], []         # per draft forward, on the device
         p_best, target_ids = [], []                        # host copies of tops / tokens
         defer = defer_reads(self._device)                  # GPU: read once after the k forwards, not per token
+        if self.budget is not None:
+            self.budget.start_draft()
         for t in range(k):
             out = self.glide(input_ids=ids[None], past_key_values=self.cache, use_cache=True, target_key_values=kv,
                              full_vocab=False, logits_to_keep=1)
             self.record.draft_forwards += 1
             self.record.draft_tokens += ids.shape[0]
+            if self.budget is not None:
+                self.budget.count_forward()
             p = out.logits[0, -1].float().softmax(-1)                               # [N] draft distribution
             best = p.argmax()
             token = self._to_target(best)
@@ -169,6 +176,8 @@ class GlideDrafter(TreeDrafter):
             ids = token.reshape(1).to(self._device)
         if defer:
             p_best, target_ids = torch.stack(tops).tolist(), torch.stack(tokens).tolist()
+        if self.budget is not None:
+            self.budget.end_draft()
         m = self._main_length(p_best, target_ids, k)[0]
         self._root_len = length
         self.record.main_lengths.append(m)
@@ -185,13 +194,14 @@ class GlideDrafter(TreeDrafter):
         self.record.expansion_sizes.append([len(x) for x in expansions])
         self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
         self.record.drafted_nodes.append(tree.num_nodes)
-        if self.rate is not None:                                                   # what pays on this hardware
-            tree = tree.select(budget_mask(tree, path_probabilities(tree, node_probs), self.rate.cost, self.rate.rate))
+        if self.budget is not None:                                                 # what pays on this hardware
+            tree, self._probs = self.budget.select(tree, node_probs)
         return tree, None
 
     def _main_length(self, p_best: list[float], tokens: list[int], k: int) -> tuple[int, bool]:
         """The main path's stop rule over the drafted ``p_i`` / target ids: ``(m kept, rule ended)``."""
         cape, reach, m = self.settings.cape, 1.0, 0                                 # reach: prod of main p_i
+        calibrated = 1.0                                                            # the same, as target acceptance
         for t, (p, token) in enumerate(zip(p_best, tokens)):
             unsure = p < self.settings.min_confidence
             if unsure and (cape is None or reach * p < cape.min_prob):
@@ -200,15 +210,22 @@ class GlideDrafter(TreeDrafter):
             m += 1
             if unsure or t + 1 == k or token in self.stop_ids:
                 return m, True
+            if self.budget is not None:                 # verify_cost: the next forward must be able to pay
+                calibrated *= self.budget.calibrated(p)
+                if not self.budget.keep_drafting(calibrated):
+                    return m, True
         return m, False
 
     def on_accept(self, tree, acceptance, state: TreeStep) -> None:
         """Keep, in the draft cache, the verified tokens it holds: ``seq[:L]`` and the fed main tokens that
         the target accepted (``Cache.crop``); count main-path and expansion acceptances."""
+        if self.budget is not None:
+            path = acceptance.path.tolist() if isinstance(acceptance.path, torch.Tensor) else list(acceptance.path)
+            self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
+                                     state.verify_seconds)
+            self._probs = []
         if self._root_len is None:
             return
-        if self.rate is not None:
-            self.rate.update(tree.num_nodes, int(acceptance.path.numel()) + 1)
         length = self._root_len
         accepted = [tree.token_list[i] for i in acceptance.path.tolist()]          # host structure, host path
         on_main = _common_prefix(accepted, self._main)
@@ -263,11 +280,13 @@ class GlideAssistant(TreeAssistant):
         min_expansion_prob: CAPE leaves out expansion tokens whose path the draft gives probability below it
             (own probability x the main confidences above; 0 = the paper's ``S(p)`` sets in full; see
             :class:`~hf_cascade.glide.cape.CapeSettings`).
-        verify_cost: a :class:`~hf_cascade.core.budget.VerifyCost` (``VerifyCost()``: measured on the target's
-            device at the first call, cached per device kind; or a table, e.g. from
-            :func:`~hf_cascade.core.budget.measure_verify_cost`): each step verifies only the drafted nodes whose
-            expected accepted tokens pay for their cost on this hardware. ``None``
-            (default): verify everything drafted, as the paper does. Not in the paper; lossless either way.
+        verify_cost: a :class:`~hf_cascade.core.budget.VerifyCost` (default ``VerifyCost()``: measured on the
+            target's device at the first call, cached per device kind; or a table, e.g. from
+            :func:`~hf_cascade.core.budget.measure_verify_cost`): each step drafts, and verifies, only what pays
+            for its cost on this hardware, with the draft's probabilities calibrated by the target's verdicts
+            (:class:`~hf_cascade.core.adapt.AdaptiveBudget`: whether to draft, how deep, which nodes). ``None``:
+            draft ``draft_length`` tokens and verify everything drafted, as the paper does. Not in the paper;
+            lossless either way.
         cpu_kernels: ``None`` (automatic), ``True`` or ``False``: see :mod:`hf_cascade.backends`.
         revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options when ``glide_model`` is
             a path or repo id (``dtype`` / ``device_map`` with a loaded model: ``ValueError``).
@@ -290,7 +309,7 @@ class GlideAssistant(TreeAssistant):
     def __init__(self, glide_model, cape: bool = True, draft_length: int = 5,
                  cape_sizes: tuple[int, ...] = (7, 5, 3, 1), cape_thresholds: tuple[float, ...] = (0.3, 0.6, 0.8),
                  max_tree_nodes: int | None = None, min_confidence: float = 0.0, min_expansion_prob: float = 0.0,
-                 verify_cost: VerifyCost | None = None, cpu_kernels: bool | None = None, *, revision: str | None = None,
+                 verify_cost: VerifyCost | None = VerifyCost(), cpu_kernels: bool | None = None, *, revision: str | None = None,
                  token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, dtype=None, device_map=None,
                  place_drafters: bool = True):
         if isinstance(glide_model, (str, os.PathLike, torch.nn.Module)):

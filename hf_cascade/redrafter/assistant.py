@@ -37,7 +37,9 @@ from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..placement import place_like, target_device_dtype
 from ..loading import load_pretrained
-from .beam import beam_search, confident_prefix, pack, prune
+from ..core.adapt import AdaptiveBudget
+from ..core.budget import VerifyCost
+from .beam import beam_search, confident_prefix, kept_nodes, node_probabilities, pack
 
 
 @dataclass
@@ -103,8 +105,11 @@ class ReDrafterDrafter(TreeDrafter):
     """
 
     def __init__(self, head, embed, beam_width: int, beam_length: int, dedupe: bool = True,
-                 min_confidence: float = 0.0):
+                 min_confidence: float = 0.0, verify_cost: VerifyCost | None = None):
         self.head, self.embed = head, embed
+        # a resolved VerifyCost: draft and verify what pays on this machine (core.adapt); None: the beams whole
+        self.budget = AdaptiveBudget(verify_cost) if verify_cost is not None else None
+        self._probs: list[float] = []
         self.beam_width, self.beam_length, self.dedupe = beam_width, beam_length, dedupe
         self.min_confidence = float(min_confidence)
         self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
@@ -114,19 +119,35 @@ class ReDrafterDrafter(TreeDrafter):
         """``w`` beams of ``min(L, budget)`` tokens after ``seq[-1]``, packed into a tree;
         ``draft_probs = None`` (beam search is deterministic given ``seq``)."""
         length = min(self.beam_length, state.budget)
-        if state.last_hidden is None or length < 1:
+        if state.last_hidden is None or length < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped += 1
             return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
+        if self.budget is not None:
+            self.budget.start_draft()
         beams, _, logp = beam_search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, length,
                                      token_logp=True)                                  # [w', L'] each
         beams = beams.to(seq.device)
         tree, beam_to_node = pack(beams, self.dedupe)                                  # n nodes; one read of the beams
         self.record.beam_tokens.append(int(beams.numel()))
         self.record.drafted_nodes.append(tree.num_nodes)
+        probs = node_probabilities(tree, beam_to_node, logp) if self.budget is not None else None
         if self.min_confidence > 0:
-            tree = prune(tree, beam_to_node, confident_prefix(logp, self.min_confidence))
+            keep = kept_nodes(tree, beam_to_node, confident_prefix(logp, self.min_confidence))
+            tree = tree.select(keep)
+            probs = [p for p, k in zip(probs, keep) if k] if probs is not None else None
+        if self.budget is not None:
+            self.budget.count_forward(length)                  # one batched head step per beam position
+            self.budget.end_draft()
+            tree, self._probs = self.budget.select(tree, probs)
         self.record.confident_nodes.append(tree.num_nodes)
         return tree, None
+
+    def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
+        if self.budget is not None:
+            path = acceptance.path.tolist() if isinstance(acceptance.path, torch.Tensor) else list(acceptance.path)
+            self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
+                                     state.verify_seconds)
+            self._probs = []
 
 
 def check_head_matches(head, target: PreTrainedModel) -> None:
@@ -171,11 +192,15 @@ class ReDrafterAssistant(TreeAssistant):
         dedupe: verify the packed prefix tree (dynamic tree attention, default) or, ``False``, the
             ``w * L`` beam tokens flat, one branch per beam (same accepted tokens, more computation).
         min_confidence: drop every beam token whose conditional probability under the head is below
-            this (and the rest of its beam), so the target verifies only the confident part of the
-            beams; ``0`` (default) verifies the beams whole, as the paper does. Deviation from the
-            paper, for CPUs: there every verified token costs time (on Gemma-3-270M, 2 threads: 1
-            token ~90 ms, 5 tokens ~120 ms), so unlikely tokens are not worth verifying. The tree
-            stays a deterministic function of the context: greedy and sampling stay lossless.
+            this (and the rest of its beam); ``0`` (default): no fixed floor (``verify_cost`` decides).
+        verify_cost: a :class:`~hf_cascade.core.budget.VerifyCost` (default ``VerifyCost()``: measured on the
+            target's device at the first call, cached per device kind): each step drafts only when drafting
+            pays and verifies only the beam nodes whose chance of acceptance (the head's probabilities,
+            calibrated by the target's verdicts) pays for their measured cost
+            (:class:`~hf_cascade.core.adapt.AdaptiveBudget`). ``None``: verify the beams whole, as the paper
+            does. Deviation from the paper: where a verified token costs time (a CPU, a GPU near its compute
+            bound) unlikely tokens do not pay. The tree stays a deterministic function of the context: greedy
+            and sampling stay lossless.
         cpu_kernels: ``None`` (automatic), ``True`` or ``False``: see :mod:`hf_cascade.backends`.
         revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options when ``head`` is a path
             or repo id (``dtype`` / ``device_map`` with a loaded model: ``ValueError``).
@@ -198,7 +223,8 @@ class ReDrafterAssistant(TreeAssistant):
     """
 
     def __init__(self, head, beam_width: int = 4, beam_length: int = 5, dedupe: bool = True,
-                 min_confidence: float = 0.0, cpu_kernels: bool | None = None, *, revision: str | None = None,
+                 min_confidence: float = 0.0, cpu_kernels: bool | None = None, verify_cost: VerifyCost | None = VerifyCost(),
+                 *, revision: str | None = None,
                  token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, dtype=None, device_map=None,
                  place_drafters: bool = True):
         if isinstance(head, (str, os.PathLike, torch.nn.Module)):
@@ -211,7 +237,10 @@ class ReDrafterAssistant(TreeAssistant):
                              f"got {beam_width} and {beam_length}")
         if not 0.0 <= float(min_confidence) <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
+        if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
+            raise TypeError(f"verify_cost must be a hf_cascade.core.budget.VerifyCost or None, got {type(verify_cost).__name__}")
         self.head = head.eval()
+        self.verify_cost = verify_cost
         self.min_confidence = float(min_confidence)
         self.beam_width, self.beam_length, self.dedupe = int(beam_width), int(beam_length), bool(dedupe)
         self.cpu_kernels = cpu_kernels
@@ -234,7 +263,9 @@ class ReDrafterAssistant(TreeAssistant):
         def embed(ids: torch.Tensor) -> torch.Tensor:
             return emb(ids.to(device))                                               # [b, H]
 
-        drafter = ReDrafterDrafter(self.head, embed, self.beam_width, self.beam_length, self.dedupe, self.min_confidence)
+        cost = self.verify_cost.resolve(target) if self.verify_cost is not None else None   # measured on this device
+        drafter = ReDrafterDrafter(self.head, embed, self.beam_width, self.beam_length, self.dedupe, self.min_confidence,
+                                   cost)
         self._record = drafter.record
         return drafter
 

@@ -110,6 +110,21 @@ def pack(beams: torch.Tensor, dedupe: bool = True) -> tuple[TokenTree, list[list
 def prune(tree: TokenTree, beam_to_node: list[list[int]], keep: torch.Tensor) -> TokenTree:
     """Keep the nodes of the beam tokens where ``keep`` (``[w, L]`` bool, each row a prefix: ``True``
     then ``False``) is true; a shared node stays when any beam through it keeps it. One read of ``keep``."""
+    return tree.select(kept_nodes(tree, beam_to_node, keep))
+
+
+def node_probabilities(tree: TokenTree, beam_to_node: list[list[int]], logp: torch.Tensor) -> list[float]:
+    """``[n]`` host floats: each node's conditional probability under the head (beam tokens that share a node
+    share their prefix, hence their probability). One read of ``logp`` (``[w, L]``)."""
+    probs = [0.0] * tree.num_nodes
+    for row, nodes in zip(logp.float().exp().tolist(), beam_to_node):
+        for p, node in zip(row, nodes):
+            probs[node] = p
+    return probs
+
+
+def kept_nodes(tree: TokenTree, beam_to_node: list[list[int]], keep: torch.Tensor) -> list[bool]:
+    """:func:`prune`'s node mask (host list)."""
     rows = keep.bool().tolist()
     if len(rows) != len(beam_to_node) or any(len(r) != len(b) for r, b in zip(rows, beam_to_node)) or any(
             not a and b for r in rows for a, b in zip(r, r[1:])):
@@ -119,7 +134,7 @@ def prune(tree: TokenTree, beam_to_node: list[list[int]], keep: torch.Tensor) ->
         for k, node in zip(r, b):
             if k:
                 nodes[node] = True
-    return tree.select(nodes)
+    return nodes
 
 
 def beams_tree(beams: torch.Tensor, dedupe: bool = True, keep: torch.Tensor | None = None) -> TokenTree:
@@ -139,4 +154,4 @@ def confident_prefix(logp: torch.Tensor, min_confidence: float) -> torch.Tensor:
     return ok.long().cumprod(dim=1).bool()
 
 
-__all__ = ["beam_search", "beams_tree", "confident_prefix", "flat_tree", "pack", "prune"]
+__all__ = ["beam_search", "beams_tree", "confident_prefix", "flat_tree", "kept_nodes", "node_probabilities", "pack", "prune"]

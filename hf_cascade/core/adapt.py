@@ -1,0 +1,143 @@
+"""Draft sizes that pay on the running machine: the default policy of the model-drafted trees (GLIDE, ReDrafter).
+
+A draft costs twice: the drafter's forwards, and the extra rows the target verifies. Both costs, and how often
+the target accepts what the drafter proposes, depend on the machine, the target, the drafter and the prompt, so
+they are measured during the call rather than fixed by flags (not in GLIDE's or ReDrafter's paper, which draft and
+verify a fixed shape; the rule is Sequoia's and EAGLE-2's, see :mod:`hf_cascade.core.budget`). Costs are in
+*units*, the time of one verification step with no draft on this machine; ``R`` is the call's tokens per unit so
+far, drafting and verification both counted (Dinkelbach: an action pays when its expected tokens exceed ``R``
+times its cost). :class:`AdaptiveBudget` decides, per step:
+
+1. **whether to draft at all** (:meth:`~AdaptiveBudget.should_draft`): the target's measured acceptance of the
+   first drafted token must pay for one draft forward plus one verified row, ``a_1 >= R * (c_draft + cost(1) - 1)``;
+   otherwise the step is a plain one (every ``explore_every``-th refused step drafts anyway, so an unlucky start
+   does not silence the drafter for good);
+2. **how deep to draft** (:meth:`~AdaptiveBudget.keep_drafting`): another draft forward can add at most the
+   calibrated probability of reaching it, so drafting stops once ``reach < R * c_draft``;
+3. **which nodes to verify** (:meth:`~AdaptiveBudget.select`): :func:`~hf_cascade.core.budget.budget_mask` over
+   the drafter's node probabilities *calibrated by the target's verdicts* (:class:`AcceptanceCalibration`: a
+   distilled drafter is overconfident away from its training prompts) with the measured cost profile
+   (:class:`~hf_cascade.core.budget.VerifyCost`) and ``R``.
+
+Verdicts feed back through :meth:`~AdaptiveBudget.observe_step`. Every decision depends on the context and on the
+past steps only (no random draws), so greedy decoding stays exact and point-mass sampling stays lossless.
+One instance per ``generate()`` call: nothing learned leaks into the next call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..drafters.lookahead import AcceptanceCalibration
+from .budget import VerifyCost, budget_mask, path_probabilities
+from .structure import TokenTree
+
+
+class AdaptiveBudget:
+    """Measured draft costs, calibrated acceptance and the rate ``R`` of one ``generate()`` call (see the module
+    docstring). ``cost``: the resolved verification profile of the target on its device."""
+
+    def __init__(self, cost: VerifyCost, explore_every: int = 8, prior_first: float = 0.5, prior_strength: float = 2.0,
+                 decay: float = 0.8):
+        if not cost.resolved:
+            raise ValueError("AdaptiveBudget needs a resolved VerifyCost (call .resolve(target) first)")
+        self.cost = cost
+        self.calibration = AcceptanceCalibration()
+        self.explore_every = int(explore_every)
+        self.decay = float(decay)
+        self.tokens = 1.0                      # R starts from one imaginary plain step: one token per unit
+        self.units = 1.0
+        self.unit_seconds: float | None = None  # seconds of one unit (EMA of verify seconds / cost(nodes))
+        self.forward_seconds: float | None = None  # seconds of one draft forward (EMA)
+        self._first = [prior_first * prior_strength, prior_strength]   # accepted, tried: the first drafted token
+        self._skips = 0
+        self._draft_started: float | None = None
+        self._draft_forwards = 0
+
+    # -- estimates -------------------------------------------------------------------------------
+    @property
+    def rate(self) -> float:
+        """``R``: tokens emitted per unit of cost so far (drafting included)."""
+        return self.tokens / self.units
+
+    def draft_cost(self) -> float:
+        """One draft forward in units (0 until both times are measured)."""
+        if not self.unit_seconds or self.forward_seconds is None:
+            return 0.0
+        return self.forward_seconds / self.unit_seconds
+
+    def first_acceptance(self) -> float:
+        return self._first[0] / self._first[1]
+
+    # -- decisions -------------------------------------------------------------------------------
+    def should_draft(self) -> bool:
+        """Whether this step drafts (rule 1 of the module docstring)."""
+        if self.first_acceptance() >= self.rate * (self.draft_cost() + self.cost(1) - self.cost(0)):
+            return True
+        self._skips += 1
+        return self.explore_every > 0 and self._skips % self.explore_every == 0
+
+    def keep_drafting(self, reach: float) -> bool:
+        """Whether another draft forward can pay, after a path the target reaches with calibrated
+        probability ``reach`` (rule 2)."""
+        return reach >= self.rate * self.draft_cost()
+
+    def calibrated(self, p: float) -> float:
+        return self.calibration(p)
+
+    def select(self, tree: TokenTree, node_probs) -> tuple[TokenTree, list[float]]:
+        """The nodes of ``tree`` worth verifying (rule 3), and their draft probabilities (host floats, node
+        order of the returned tree). ``node_probs``: ``[n]`` the drafter's probability of each node's token given
+        its parent (one host read)."""
+        probs = torch.as_tensor(node_probs, dtype=torch.float64).tolist() if not isinstance(node_probs, list) else node_probs
+        if tree.num_nodes == 0:
+            return tree, []
+        calibrated = torch.tensor([self.calibration(p) for p in probs], dtype=torch.float64, device="cpu")
+        keep = budget_mask(tree, path_probabilities(tree, calibrated), self.cost, self.rate)
+        kept = keep.tolist()
+        return tree.select(keep), [p for p, k in zip(probs, kept) if k]
+
+    # -- measurements ----------------------------------------------------------------------------
+    def start_draft(self) -> None:
+        self._draft_started, self._draft_forwards = time.perf_counter(), 0
+
+    def count_forward(self, n: int = 1) -> None:
+        self._draft_forwards += n
+
+    def end_draft(self) -> None:
+        """After the drafter's last host read of this step (the device is synchronised there)."""
+        if self._draft_started is None:
+            return
+        seconds = time.perf_counter() - self._draft_started
+        self._draft_started = None
+        if self._draft_forwards:
+            per = seconds / self._draft_forwards
+            self.forward_seconds = per if self.forward_seconds is None else (
+                self.decay * self.forward_seconds + (1 - self.decay) * per)
+            self.units += self.draft_cost() * self._draft_forwards
+
+    def observe_step(self, tree: TokenTree, probs: list[float], path: list[int], emitted: int,
+                     verify_seconds: float | None) -> None:
+        """One verification of ``tree`` (draft probabilities ``probs``, node order) that accepted ``path`` and
+        emitted ``emitted`` tokens in ``verify_seconds`` (``None``: not measured)."""
+        n = tree.num_nodes
+        self.tokens += emitted
+        self.units += self.cost(n)
+        if verify_seconds is not None and verify_seconds > 0:
+            per = verify_seconds / self.cost(n)
+            self.unit_seconds = per if self.unit_seconds is None else self.decay * self.unit_seconds + (1 - self.decay) * per
+        if not n or len(probs) != n:                # nothing drafted, or a tree the loop cut (EOS, length)
+            return
+        on_path = set(path)
+        parents = tree.host_parents
+        for i, p in enumerate(probs):               # a node is reached when its parent was accepted (or is the root)
+            if parents[i] < 0 or parents[i] in on_path:
+                self.calibration.observe(p, i in on_path)
+        firsts = [i for i in range(n) if parents[i] < 0]
+        self._first[0] += float(any(i in on_path for i in firsts))
+        self._first[1] += 1.0
+
+
+__all__ = ["AdaptiveBudget"]

@@ -1,0 +1,61 @@
+"""Golden tests of :class:`hf_cascade.core.adapt.AdaptiveBudget`, the default draft policy of GLIDE and ReDrafter:
+whether to draft, how deep, which nodes, from measured costs and calibrated acceptance (issue 28)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_cascade.core.adapt import AdaptiveBudget
+from hf_cascade.core.budget import VerifyCost
+from hf_cascade.core.structure import TokenTree
+
+FLAT = VerifyCost((1.0, 1.0, 1.0, 1.0, 1.0))
+STEEP = VerifyCost((1.0, 3.0, 3.5, 4.0))
+
+
+def chain(n: int) -> TokenTree:
+    return TokenTree(torch.arange(10, 10 + n), torch.arange(-1, n - 1))
+
+
+def test_needs_a_resolved_profile():
+    with pytest.raises(ValueError, match="resolved"):
+        AdaptiveBudget(VerifyCost())
+
+
+def test_should_draft_pays_for_the_first_row_and_explores():
+    assert AdaptiveBudget(FLAT).should_draft()                # free rows, free drafts: always
+    b = AdaptiveBudget(STEEP, explore_every=4)                 # a_1 = 0.5 < R * (0 + 3 - 1) = 2
+    assert [b.should_draft() for _ in range(8)] == [False, False, False, True] * 2
+
+
+def test_draft_cost_and_rate_in_units():
+    b = AdaptiveBudget(FLAT)
+    assert b.draft_cost() == 0.0 and b.rate == 1.0
+    b.unit_seconds, b.forward_seconds = 0.1, 0.02              # a draft forward: a fifth of a plain step
+    assert b.draft_cost() == pytest.approx(0.2)
+    b.observe_step(chain(3), [0.9, 0.9, 0.9], [0, 1], emitted=3, verify_seconds=None)
+    assert (b.tokens, b.units) == (4.0, 2.0) and b.rate == 2.0
+    assert b.keep_drafting(0.41) and not b.keep_drafting(0.39)   # reach >= R * c_draft = 0.4
+
+
+def test_observe_step_calibrates_reached_nodes_only():
+    b = AdaptiveBudget(FLAT)
+    tree = TokenTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, 1, -1]))   # 0 -> 1 -> 2, and sibling 3
+    b.observe_step(tree, [0.9, 0.8, 0.7, 0.1], path=[0], emitted=2, verify_seconds=0.2)
+    # reached: 0 (accepted), 3 (root child, rejected), 1 (child of accepted 0, rejected); 2 was never reached
+    assert sum(b.calibration._expected) == pytest.approx(0.9 + 0.1 + 0.8)
+    assert sum(b.calibration._hits) == 1.0
+    assert b.unit_seconds == pytest.approx(0.2) and b.first_acceptance() == pytest.approx(2 / 3)
+
+
+def test_select_uses_calibrated_probabilities():
+    b = AdaptiveBudget(VerifyCost((1.0, 1.0, 1.3, 1.6)))
+    tree = chain(3)
+    kept, probs = b.select(tree, [0.95, 0.9, 0.8])
+    assert kept.num_nodes == 3 and probs == [0.95, 0.9, 0.8]   # 0.95 + 0.855 + 0.684 pay 0.3 each at R = 1
+    for _ in range(200):                                       # the target never agrees with this drafter
+        b.calibration.observe(0.9, False)
+        b.calibration.observe(0.85, False)
+    kept, probs = b.select(tree, torch.tensor([0.95, 0.9, 0.8]))
+    assert kept.num_nodes == 1 and probs == pytest.approx([0.95])   # only the free first row is left
