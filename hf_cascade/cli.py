@@ -12,6 +12,8 @@ import argparse
 import sys
 from typing import Sequence
 
+from .bench.command import add_bench_arguments, bench_config  # noqa: F401  (bench_config: part of the CLI's API)
+
 
 def _add_run_options(p) -> None:
     """``--threads`` and ``--no-progress``, shared by every command that runs a model."""
@@ -29,64 +31,13 @@ def _set_threads(args: argparse.Namespace) -> None:
 def _add_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
-        help="compare plain generate, baselines and an hf_cascade strategy on Spec-Bench prompts",
-        description="Methods are interleaved prompt by prompt (rotating order) after one warm-up generate each; "
-        "speedups are against plain generate in the same run.",
+        help="compare plain generate, baselines and hf_cascade's strategies on Spec-Bench prompts",
+        description="Methods (the baselines and every --strategy) are interleaved prompt by prompt (rotating order) after "
+        "one warm-up generate each; speedups are against plain generate (and plain-kernels) in the same run. "
+        "`hf-cascade bench --strategy all --baselines plain-kernels,maxgram` measures every strategy with its defaults "
+        "and, on the default target, its shipped head.",
     )
-    p.add_argument("--target", default=None,
-                   help="target model: default (embedded Gemma-3-270M), smollm2, a local HF directory, a Hub repo id, or gguf:PATH")
-    p.add_argument("--strategy", choices=["maxgram", "cascade", "hsddw", "glide", "redrafter"], default="maxgram",
-                   help="maxgram = CascadeAssistant([MaxGram()]); cascade = CascadeAssistant([*drafts, MaxGram()]); "
-                        "hsddw = DynamicWindowAssistant(first draft, --verifier); glide = GlideAssistant(--draft, cape=True); "
-                        "redrafter = ReDrafterAssistant(--draft)")
-    p.add_argument("--draft", action="extend", nargs="+", default=[], metavar="PATH",
-                   help="draft model(s), largest first (HF directory, Hub repo id, gguf:PATH, smollm2, self:N = the target's first N layers); "
-                        "needed by --strategy cascade / hsddw and the hf-assisted baselines")
-    p.add_argument("--assisted-draft", default=None, metavar="PATH",
-                   help="draft model of the hf-assisted baselines (default: the first --draft)")
-    p.add_argument("--verifier", default=None, metavar="PATH",
-                   help="--strategy hsddw: a stronger draft model that pre-verifies the --draft model (same specs as --draft)")
-    p.add_argument("--window", type=int, default=10, metavar="K",
-                   help="draft window of the hf-assisted-constant/-confidence baselines and HSDDW's max_window (default 10)")
-    p.add_argument("--draft-length", type=int, default=5, help="glide: main-path draft tokens per step (default 5)")
-    p.add_argument("--max-tree-nodes", type=int, default=None, help="glide: cap on CAPE tree nodes (default none)")
-    p.add_argument("--min-expansion-prob", type=float, default=0.0,
-                   help="glide: CAPE leaves out expansion tokens the draft gives probability < this (default 0)")
-    p.add_argument("--verify-cost", nargs="?", const="reference", default=None, choices=["reference", "measure"],
-                   help="glide: verify only the drafted nodes that pay for their cost; 'reference' (the default when "
-                        "given alone): VerifyCost.reference(), the reference CPU's profile; 'measure': measure_verify_cost() on "
-                        "this machine first (up to --max-tree-nodes nodes, about a minute)")
-    p.add_argument("--beam-width", type=int, default=4, help="redrafter: beams (default 4)")
-    p.add_argument("--beam-length", type=int, default=5, help="redrafter: draft tokens per beam (default 5)")
-    p.add_argument("--k-matrix", default=None, metavar="JSON",
-                   help="K-matrix of the cascade as JSON (e.g. '[[2,10],[0,10]]') or a JSON file")
-    p.add_argument("--lenience", type=float, default=1.0, help="lenience between drafters (>= 1; default 1)")
-    p.add_argument("--maxgram-lenience", type=float, default=1.0,
-                   help="cascade: lenience of neural drafters' reviews of Max-Gram tokens (>= 1; 'inf' = no veto; default 1)")
-    p.add_argument("--min-confidence", type=float, default=0.0,
-                   help="cascade: a neural drafter stops after a token it gave probability < this; redrafter: beam "
-                        "tokens below it are not verified; glide: the main path stops at a token below it "
-                        "(default 0 = never)")
-    p.add_argument("--drop-unsure", action="store_true",
-                   help="cascade: with --min-confidence, drop the unsure token instead of drafting it (keep_unsure=False)")
-    p.add_argument("--cost-aware", action="store_true",
-                   help="cascade: the smallest drafter's tokens go to the target only while they raise expected tokens "
-                        "per unit of measured verification time (cost_aware=True)")
-    p.add_argument("--maxgram-first", action="store_true",
-                   help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
-    p.add_argument("--corpus", default=None, metavar="FILE",
-                   help="maxgram / cascade: corpus n-grams (hf-cascade corpus) continuing Max-Gram's weak matches; "
-                        "also what the maxgram-corpus baseline uses")
-    p.add_argument("--baselines", default="plain",
-                   help="comma list from plain,plain-kernels,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
-                        "economize,maxgram,maxgram-corpus,hsddw-single,glide-chain,redrafter-w1,redrafter-flat (plain is always included)")
-    p.add_argument("--prompts", default=None, metavar="FILE", help="Spec-Bench question.jsonl (default: the bundled one)")
-    p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
-    p.add_argument("--sampling", action="store_true", help="do_sample=True with --temperature (default: greedy)")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (reset per prompt and method)")
-    p.add_argument("--out", default="bench_results", metavar="DIR", help="output directory (default bench_results)")
+    add_bench_arguments(p)
     _add_run_options(p)
 
 
@@ -283,72 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def bench_config(args: argparse.Namespace):
-    """The :class:`~hf_cascade.bench.BenchConfig` of parsed ``bench`` arguments."""
-    from .bench import BenchConfig, parse_baselines, parse_k_matrix
-
-    return BenchConfig(
-        strategy=args.strategy,
-        baselines=parse_baselines(args.baselines),
-        k_matrix=parse_k_matrix(args.k_matrix),
-        lenience=args.lenience,
-        maxgram_lenience=args.maxgram_lenience,
-        min_confidence=args.min_confidence,
-        maxgram_first=args.maxgram_first,
-        keep_unsure=not args.drop_unsure,
-        cost_aware=args.cost_aware,
-        window=args.window,
-        draft_length=args.draft_length,
-        max_tree_nodes=args.max_tree_nodes,
-        min_expansion_prob=args.min_expansion_prob,
-        verify_cost=args.verify_cost or False,
-        beam_width=args.beam_width,
-        beam_length=args.beam_length,
-        max_new_tokens=args.max_new_tokens,
-        sampling=args.sampling,
-        temperature=args.temperature,
-        seed=args.seed,
-        target=args.target,
-        drafts=list(args.draft),
-        verifier=args.verifier,
-        assisted_draft=args.assisted_draft,
-        prompts_path=args.prompts,
-        per_category=args.per_category,
-        corpus=args.corpus,
-    )
-
-
 def _log(msg: str) -> None:
     print(f"[hf-cascade] {msg}", file=sys.stderr, flush=True)
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import markdown_report, run_benchmark, write_results
-    from .bench.loading import load_drafts, load_model, load_prompts
+    from .bench.command import run
 
-    config = bench_config(args)
     _set_threads(args)
-    if config.strategy == "cascade" and not config.drafts:
-        raise SystemExit("hf-cascade bench: --strategy cascade needs --draft PATH (one or more, largest first)")
-    if config.strategy == "hsddw" and not config.drafts:
-        raise SystemExit("hf-cascade bench: --strategy hsddw needs --draft PATH (and optionally --verifier PATH)")
-    if config.strategy in ("glide", "redrafter") and not config.drafts:
-        raise SystemExit(f"hf-cascade bench: --strategy {config.strategy} needs --draft PATH (its trained head)")
-    _log(f"loading target {config.target or 'default (Gemma-3-270M)'}")
-    model, tokenizer = load_model(config.target)
-    drafts = load_drafts(config.drafts, target=model)
-    verifier = load_drafts([config.verifier], target=model)[0] if config.verifier else None
-    assisted = load_drafts([config.assisted_draft], target=model)[0] if config.assisted_draft else None
-    prompts = load_prompts(config.prompts_path, config.per_category)
-    _log(f"{len(prompts)} prompts x methods {', '.join(config.methods)}, {config.max_new_tokens} new tokens")
-    result = run_benchmark(config, model, tokenizer, prompts, drafts=drafts, progress=not args.no_progress,
-                           verifier=verifier, assisted_draft=assisted)
-    paths = write_results(result, args.out)
-    print(markdown_report(result))
-    print()
-    for kind, path in paths.items():
-        print(f"wrote {kind}: {path}")
-    return 0
+    return run(args, log=_log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

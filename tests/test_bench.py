@@ -122,6 +122,8 @@ def test_paired_ratio_and_interval():
     assert p["prompts"] == 4 and p["faster_on"] == 3
     assert p["ratio"] == pytest.approx(10.0 / 6.5)
     assert p["low"] <= p["ratio"] <= p["high"] and p["low"] >= 0.5 and p["high"] <= 2.0
+    assert p["geomean"] == pytest.approx((2 * 2 * 2 * 0.5) ** 0.25)          # per-prompt ratios 2, 2, 2, 0.5
+    assert 0.5 <= p["geomean_low"] <= p["geomean"] <= p["geomean_high"] <= 2.0
     assert paired(recs, "a", "missing") is None
 
 
@@ -171,8 +173,9 @@ def test_cli_parsing():
     defaults = bench_config(build_parser().parse_args(["bench"]))
     assert (defaults.strategy, defaults.methods, defaults.max_new_tokens, defaults.per_category) == (
         "maxgram", ["plain", "maxgram"], 128, 3)
+    # not given: not set (None), so the assistants get their library defaults
     assert (defaults.maxgram_first, defaults.min_confidence, defaults.keep_unsure, defaults.cost_aware) == (
-        False, 0.0, True, False)
+        None, None, None, None)
     assert build_parser().parse_args(["demo"]).max_new_tokens == 96
     with pytest.raises(ValueError):
         bench_config(build_parser().parse_args(["bench", "--baselines", "nope"]))

@@ -83,7 +83,7 @@ def test_cli_tree_options():
     args = build_parser().parse_args(["bench", "--strategy", "glide", "--draft", "g", "--max-tree-nodes", "16",
                                       "--draft-length", "4", "--baselines", "glide-chain", "--min-confidence", "0.3",
                                       "--min-expansion-prob", "0.05", "--verify-cost"])
-    assert bench_config(args).tree == {"draft_length": 4, "max_tree_nodes": 16, "beam_width": 4, "beam_length": 5,
+    assert bench_config(args).tree == {"draft_length": 4, "max_tree_nodes": 16,          # only what was given
                                        "min_confidence": 0.3, "min_expansion_prob": 0.05, "verify_cost": "reference"}
     measure = build_parser().parse_args(["bench", "--strategy", "glide", "--draft", "g", "--verify-cost", "measure"])
     assert bench_config(measure).verify_cost == "measure"

@@ -2,14 +2,16 @@
 
     from hf_cascade.bench import BenchConfig, run_benchmark, write_results, markdown_report
     result = run_benchmark(BenchConfig(strategy="maxgram", baselines=["plain", "pld"]), model, tok, prompts)
+    result = run_benchmark(BenchConfig(strategy="maxgram,glide", baselines=["plain", "plain-kernels"]), model, tok,
+                           prompts, strategy_drafts={"glide": [glide_head]})   # several strategies, one rotation
     write_results(result, "out/")   # results.json, report.md, PNGs
 
 Modules: :mod:`.config` (settings), :mod:`.methods` (what is compared), :mod:`.runner` (the timed
 loop), :mod:`.summary` (aggregation), :mod:`.report` and :mod:`.plots` (outputs), :mod:`.loading`
-(models and prompts for the CLI).
+(models, shipped heads and prompts for the CLI), :mod:`.command` (``hf-cascade bench``).
 """
 
-from .config import BASELINES, STRATEGIES, BenchConfig, parse_baselines, parse_k_matrix
+from .config import BASELINES, STRATEGIES, BenchConfig, parse_baselines, parse_drafts, parse_k_matrix, parse_strategies
 from .methods import MethodUnavailable
 from .report import markdown_report, write_results
 from .runner import BenchResult, run_benchmark
@@ -22,7 +24,9 @@ __all__ = [
     "MethodUnavailable",
     "markdown_report",
     "parse_baselines",
+    "parse_drafts",
     "parse_k_matrix",
+    "parse_strategies",
     "run_benchmark",
     "write_results",
 ]

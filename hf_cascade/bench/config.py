@@ -6,63 +6,85 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-#: Our strategies (``--strategy``).
+#: Our strategies (``--strategy``, a comma list or ``all``), in the order ``all`` measures them.
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
              "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat")
+#: The strategy whose draft models a method uses (methods not listed take none, or the shared ``drafts``).
+DRAFT_FAMILY = {"cascade": "cascade", "hsddw": "hsddw", "hsddw-single": "hsddw", "glide": "glide",
+                "glide-chain": "glide", "redrafter": "redrafter", "redrafter-w1": "redrafter", "redrafter-flat": "redrafter"}
+#: What kind of model each strategy drafts with: one shared ``--draft`` list can only serve strategies of one kind.
+DRAFT_KIND = {"cascade": "causal LM drafter", "hsddw": "causal LM drafter", "glide": "GLIDE head",
+              "redrafter": "ReDrafter head"}
+#: Options of the cascade (``CascadeAssistant``'s keywords), passed only when set (see :meth:`BenchConfig.cascade_kwargs`).
+CASCADE_OPTIONS = ("k_matrix", "lenience", "maxgram_lenience", "min_confidence", "maxgram_first", "keep_unsure", "cost_aware")
 
 
 @dataclass
 class BenchConfig:
     """What to measure.
 
+    Every option of an assistant defaults to ``None``, "not set": the assistant is then built with its
+    library default (the keyword is not passed at all), so a run without options measures each strategy as
+    a user gets it from ``CascadeAssistant([drafter, MaxGram()])``, ``GlideAssistant(head)``, ...
+
     Attributes:
-        strategy: ``"maxgram"`` (``CascadeAssistant([MaxGram()])``), ``"cascade"``
-            (``CascadeAssistant([*drafts, MaxGram()])``, needs draft models) or ``"hsddw"``
-            (``DynamicWindowAssistant(drafts[0], verifier)``, needs a draft model).
-        baselines: baselines besides ours; ``"plain"`` is added when missing.
-        k_matrix: optional ``n x n`` K-matrix of the cascade (``n`` = drafters including MaxGram).
-        lenience: lenience between drafters of the cascade (``>= 1``).
-        maxgram_lenience / min_confidence / maxgram_first / keep_unsure / cost_aware: see :class:`~hf_cascade.CascadeAssistant`
-            (``min_confidence`` is also ``ReDrafterAssistant``'s and ``GlideAssistant``'s, for every redrafter / glide method).
+        strategy: one strategy of :data:`STRATEGIES`, several as a comma list or a list
+            (``"maxgram,cascade"``), or ``"all"``; every one is measured in the same interleaved rotation.
+            Normalised to the comma-joined names (a single strategy stays its name); :attr:`strategies`
+            is the list. ``maxgram`` = ``CascadeAssistant([MaxGram()])``; ``cascade`` =
+            ``CascadeAssistant([*drafts, MaxGram()])``; ``hsddw`` = ``DynamicWindowAssistant(drafts[0], verifier)``;
+            ``glide`` = ``GlideAssistant(drafts[0])``; ``redrafter`` = ``ReDrafterAssistant(drafts[0])``.
+        baselines: baselines besides ours; ``"plain"`` is added when missing, a name that is also a strategy
+            of the run is measured once, as the strategy.
+        k_matrix / lenience / maxgram_lenience / min_confidence / maxgram_first / keep_unsure / cost_aware: the
+            cascade's options (:class:`~hf_cascade.CascadeAssistant`); they go to the ``cascade`` method, and to
+            Max-Gram alone (``maxgram``, ``maxgram-hf-loop``) only in a run without the cascade (with the cascade
+            Max-Gram alone is its reference and runs with its defaults). ``min_confidence`` is also
+            ``ReDrafterAssistant``'s and ``GlideAssistant``'s, for every redrafter / glide method.
         draft_length / max_tree_nodes / min_expansion_prob: ``GlideAssistant``'s main-path length, tree-size cap and
-            CAPE's expansion floor (strategy glide).
+            CAPE's expansion floor (glide methods).
         verify_cost: ``GlideAssistant(verify_cost=VerifyCost.reference())`` (the reference CPU's profile) when true or
             ``"reference"``, the profile :func:`~hf_cascade.core.budget.measure_verify_cost` measures on this
-            machine when ``"measure"`` (glide
-            methods).
-        beam_width / beam_length: ``ReDrafterAssistant``'s beam search (strategy redrafter).
-        window: the fixed draft window of the ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's
-            ``max_window`` (default 10, HSDDW's K).
+            machine when ``"measure"`` (glide methods); false: not passed.
+        beam_width / beam_length: ``ReDrafterAssistant``'s beam search (redrafter methods).
+        window: HSDDW's ``max_window`` and the fixed draft window of the ``hf-assisted-constant`` / ``-confidence``
+            baselines (not set: HSDDW's default, and :data:`~hf_cascade.bench.methods.ASSISTED_WINDOW` for them).
         max_new_tokens: tokens generated per prompt.
         sampling: ``do_sample=True`` with ``temperature`` (default: greedy).
         temperature: sampling temperature.
         seed: seed of the sampling RNG (reset before every generate of a prompt, per prompt).
         warmup_tokens: new tokens of the untimed warm-up generate of every method.
-        corpus: a corpus n-gram file (:meth:`~hf_cascade.CorpusNGrams.save`) for the strategy's Max-Gram
-            (``maxgram`` or ``cascade``) and the ``maxgram-corpus`` baseline.
-        target / drafts / verifier / prompts_path / per_category: where the CLI loads models and prompts from
-            (``verifier``: HSDDW's optional pre-verifier);
+        corpus: a corpus n-gram file (:meth:`~hf_cascade.CorpusNGrams.save`) for the strategies ``maxgram`` and
+            ``cascade`` and the ``maxgram-corpus`` baseline.
+        drafts: draft model specs shared by every strategy without its own in ``strategy_drafts`` (the old
+            single-strategy ``--draft PATH``; also the ``hf-assisted*`` baselines' draft); the strategies they
+            serve must take one kind of model (:data:`DRAFT_KIND`).
+        strategy_drafts: draft model specs per strategy (``{"glide": ["path"], "cascade": ["big", "small"]}``,
+            ``--draft glide=PATH``), also used by that strategy's variants (``glide-chain``, ``hsddw-single``, ...).
+            The CLI fills in the shipped heads it chose for the default target.
+        target / verifier / assisted_draft / prompts_path / per_category: where the CLI loads models and prompts
+            from (``verifier``: HSDDW's optional pre-verifier);
             :func:`~hf_cascade.bench.runner.run_benchmark` itself receives loaded objects.
     """
 
-    strategy: str = "maxgram"
+    strategy: str | list[str] = "maxgram"
     baselines: list[str] = field(default_factory=lambda: ["plain"])
     k_matrix: list[list[int]] | None = None
-    lenience: float = 1.0
-    maxgram_lenience: float = 1.0
-    min_confidence: float = 0.0
-    maxgram_first: bool = False
-    keep_unsure: bool = True
-    cost_aware: bool = False
-    window: int = 10
-    draft_length: int = 5
+    lenience: float | None = None
+    maxgram_lenience: float | None = None
+    min_confidence: float | None = None
+    maxgram_first: bool | None = None
+    keep_unsure: bool | None = None
+    cost_aware: bool | None = None
+    window: int | None = None
+    draft_length: int | None = None
     max_tree_nodes: int | None = None
-    min_expansion_prob: float = 0.0
+    min_expansion_prob: float | None = None
     verify_cost: bool | str = False
-    beam_width: int = 4
-    beam_length: int = 5
+    beam_width: int | None = None
+    beam_length: int | None = None
     max_new_tokens: int = 128
     sampling: bool = False
     temperature: float = 0.7
@@ -70,49 +92,119 @@ class BenchConfig:
     warmup_tokens: int = 8
     target: str | None = None
     drafts: list[str] = field(default_factory=list)
+    strategy_drafts: dict[str, list[str]] = field(default_factory=dict)
     verifier: str | None = None
     assisted_draft: str | None = None
     prompts_path: str | None = None
     per_category: int = 3
     corpus: str | None = None
+    strategies: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}")
+        self.strategies = parse_strategies(self.strategy)
+        self.strategy = ",".join(self.strategies)
         unknown = [b for b in self.baselines if b not in BASELINES]
         if unknown:
             raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
-        self.baselines = ["plain"] + [b for b in dict.fromkeys(self.baselines) if b not in ("plain", self.strategy)]
+        self.baselines = ["plain"] + [b for b in dict.fromkeys(self.baselines) if b not in ("plain", *self.strategies)]
         for name in ("window", "draft_length", "beam_width", "beam_length"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
-        if self.lenience < 1.0:
+        if self.lenience is not None and self.lenience < 1.0:
             raise ValueError(f"lenience must be >= 1, got {self.lenience}")
         if self.sampling and self.temperature <= 0:
             raise ValueError("sampling needs temperature > 0")
-        if self.strategy == "hsddw" and (self.k_matrix is not None or self.lenience != 1.0):
-            raise ValueError("k_matrix and lenience apply to the cascade strategies, not hsddw")
-        if self.corpus is not None and self.strategy not in ("maxgram", "cascade") and "maxgram-corpus" not in self.baselines:
+        methods = set(self.methods)
+        if (self.k_matrix is not None or self.lenience is not None) and not methods & {"maxgram", "maxgram-hf-loop", "cascade"}:
+            raise ValueError(f"k_matrix and lenience apply to the cascade strategies, not {', '.join(self.strategies)}")
+        if self.corpus is not None and not {"maxgram", "cascade"} & set(self.strategies) and "maxgram-corpus" not in methods:
             raise ValueError("corpus n-grams are used by strategies maxgram and cascade and the maxgram-corpus baseline")
-        if self.verifier is not None and self.strategy != "hsddw":
+        if self.verifier is not None and "hsddw" not in self.strategies:
             raise ValueError("a verifier (pre-verifier model) is only used by strategy hsddw")
+        self._check_drafts()
+
+    def _check_drafts(self) -> None:
+        """Per-strategy drafts name a strategy that uses them; shared drafts serve strategies of one kind."""
+        self.strategy_drafts = {k: list(v) for k, v in self.strategy_drafts.items()}
+        families = self.draft_families
+        for name in self.strategy_drafts:
+            if name not in DRAFT_KIND:
+                raise ValueError(f"no draft models for {name!r}: strategies with drafts are {', '.join(DRAFT_KIND)}")
+            if name not in families:
+                raise ValueError(f"drafts given for {name!r}, which this run does not measure")
+        shared = [f for f in families if f not in self.strategy_drafts]
+        kinds = {DRAFT_KIND[f] for f in shared}
+        if self.drafts and len(kinds) > 1:
+            raise ValueError(f"--draft PATH without a strategy name is shared by {', '.join(shared)}, which take "
+                             f"different models ({', '.join(sorted(kinds))}); name the strategy: --draft "
+                             + " ".join(f"{f}=PATH" for f in shared))
+
+    @property
+    def draft_families(self) -> list[str]:
+        """The strategies whose draft models this run uses (:data:`DRAFT_FAMILY` of every method), in method order."""
+        return list(dict.fromkeys(DRAFT_FAMILY[m] for m in self.methods if m in DRAFT_FAMILY))
+
+    def drafts_of(self, family: str) -> list[str]:
+        """Draft specs of one strategy: its own (``strategy_drafts``), else the shared ``drafts``."""
+        return list(self.strategy_drafts.get(family) or self.drafts)
+
+    def cascade_kwargs(self, maxgram_alone: bool = False) -> dict:
+        """The cascade options that are set (:data:`CASCADE_OPTIONS`), for ``CascadeAssistant``; for Max-Gram
+        alone (``maxgram_alone``) none when the cascade is measured in the same run."""
+        if maxgram_alone and "cascade" in self.methods:
+            return {}
+        return {k: getattr(self, k) for k in CASCADE_OPTIONS if getattr(self, k) is not None}
 
     @property
     def tree(self) -> dict:
-        """Settings of the tree strategies (see :func:`~hf_cascade.bench.methods.build_method`)."""
-        return {"draft_length": self.draft_length, "max_tree_nodes": self.max_tree_nodes,
-                "beam_width": self.beam_width, "beam_length": self.beam_length, "min_confidence": self.min_confidence,
-                "min_expansion_prob": self.min_expansion_prob, "verify_cost": self.verify_cost}
+        """Settings of the tree strategies that are set (see :func:`~hf_cascade.bench.methods.build_method`)."""
+        values = {"draft_length": self.draft_length, "max_tree_nodes": self.max_tree_nodes,
+                  "beam_width": self.beam_width, "beam_length": self.beam_length, "min_confidence": self.min_confidence,
+                  "min_expansion_prob": self.min_expansion_prob, "verify_cost": self.verify_cost or None}
+        return {k: v for k, v in values.items() if v is not None}
 
     @property
     def methods(self) -> list[str]:
         """Every method measured, in the base order of the rotation: the baselines, then ours."""
-        return [*self.baselines, self.strategy]
+        return [*self.baselines, *self.strategies]
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def parse_strategies(text: str | list[str] | tuple[str, ...]) -> list[str]:
+    """``"maxgram,cascade"`` (or a list of names) -> ``["maxgram", "cascade"]``; ``"all"`` -> :data:`STRATEGIES`
+    (checked; duplicates dropped, order kept)."""
+    names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
+    if "all" in names:
+        names = [*STRATEGIES, *(n for n in names if n != "all")]
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown or not names:
+        raise ValueError(f"unknown strategy {', '.join(map(repr, unknown)) or repr(text)}; choose from "
+                         f"{', '.join(STRATEGIES)} (a comma list) or all")
+    return list(dict.fromkeys(names))
+
+
+def parse_drafts(specs: list[str] | None) -> tuple[list[str], dict[str, list[str]]]:
+    """``--draft`` values -> ``(shared, per_strategy)``: ``NAME=PATH`` with ``NAME`` a strategy that drafts with a
+    model (:data:`DRAFT_KIND`) goes to that strategy (repeat it for several drafters, largest first), anything
+    else is a shared spec: ``["big", "glide=g", "cascade=a", "cascade=b"]`` ->
+    ``(["big"], {"glide": ["g"], "cascade": ["a", "b"]})``."""
+    shared: list[str] = []
+    per: dict[str, list[str]] = {}
+    for spec in specs or []:
+        name, sep, path = spec.partition("=")
+        if sep and name in STRATEGIES:
+            if name not in DRAFT_KIND:
+                raise ValueError(f"--draft {spec}: strategy {name!r} takes no draft model")
+            if not path:
+                raise ValueError(f"--draft {spec}: give the model after '='")
+            per.setdefault(name, []).append(path)
+        else:
+            shared.append(spec)
+    return shared, per
 
 
 def parse_baselines(text: str | None) -> list[str]:

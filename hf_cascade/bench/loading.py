@@ -5,6 +5,10 @@ directory (a drafter saved by ``hf-cascade train`` included), a Hub repo id (``o
 the Hub cache like :func:`hf_cascade.load_pretrained`: heads by hf_cascade's own classes), or ``gguf:PATH``
 (converted once into a cached safetensors directory). A draft spec may also be ``self:N``: the target's
 first ``N`` layers. Models load in float32, as the benchmark's target does.
+
+Shipped heads (:func:`draft_specs`): a strategy given no draft model, measured on the default target, takes
+the head shipped for it (:data:`SHIPPED_HEADS`): the folder of ``model_cards/`` in a source checkout, else
+its Hub repo id ``hf-cascade/<folder>``. Any other target gets none (the strategy is then unavailable).
 """
 
 from __future__ import annotations
@@ -14,6 +18,39 @@ from pathlib import Path
 from typing import Any
 
 from .. import models
+
+#: The heads shipped for the default target (folders of ``model_cards/``, Hub ids ``hf-cascade/<folder>``),
+#: per strategy: what ``hf-cascade bench --strategy NAME`` measures when no ``--draft`` is given.
+SHIPPED_HEADS = {"cascade": ["gemma-3-270m-drafter-xs"], "hsddw": ["gemma-3-270m-drafter-xs"],
+                 "glide": ["gemma-3-270m-glide-xs"], "redrafter": ["gemma-3-270m-redrafter-xs"]}
+#: Where a source checkout keeps them (absent from an installed wheel: the Hub ids are used instead).
+MODEL_CARDS = Path(__file__).resolve().parents[2] / "model_cards"
+
+
+def is_default_target(spec: str | None) -> bool:
+    """Whether a target spec names the embedded Gemma-3-270M (``None``, ``"default"``, ``"gemma-3-270m"``)."""
+    return spec is None or spec in ("default", models.DEFAULT_TARGET)
+
+
+def shipped_head(folder: str) -> str:
+    """A shipped head: its local ``model_cards/`` directory when present, else its Hub repo id."""
+    local = MODEL_CARDS / folder
+    return str(local) if (local / "config.json").is_file() else f"hf-cascade/{folder}"
+
+
+def draft_specs(config) -> dict[str, list[str]]:
+    """Draft specs of every strategy a :class:`~hf_cascade.bench.config.BenchConfig` measures (its own
+    ``strategy_drafts`` and those of the strategies its baselines vary), by precedence: the strategy's own
+    (``--draft NAME=PATH``), else the shared ``drafts`` (``--draft PATH``), else, on the default target,
+    :data:`SHIPPED_HEADS`; a strategy left with none is missing from the result."""
+    out: dict[str, list[str]] = {}
+    for family in config.draft_families:
+        specs = config.drafts_of(family)
+        if not specs and is_default_target(config.target) and family in SHIPPED_HEADS:
+            specs = [shipped_head(f) for f in SHIPPED_HEADS[family]]
+        if specs:
+            out[family] = specs
+    return out
 
 
 def load_model(spec: str | None) -> tuple[Any, Any]:
@@ -78,6 +115,16 @@ def load_drafts(specs: list[str], target: Any = None) -> list[Any]:
         else:
             drafts.append(load_model(spec)[0])
     return drafts
+
+
+def load_draft_sets(shared: list[str], specs: dict[str, list[str]], target: Any = None) -> tuple[list[Any], dict[str, list[Any]]]:
+    """``(shared drafts, {strategy: drafts})``, each spec loaded with :func:`load_drafts`; a spec named more
+    than once (shared and by strategies, or by several strategies) loads once and its users share the model,
+    as the methods of one run always have shared ``--draft``."""
+    loaded: dict[str, Any] = {}
+    for spec in dict.fromkeys([*shared, *(s for group in specs.values() for s in group)]):
+        loaded[spec] = load_drafts([spec], target=target)[0]
+    return [loaded[s] for s in shared], {family: [loaded[s] for s in group] for family, group in specs.items()}
 
 
 def load_prompts(path: str | None, per_category: int) -> list[dict]:

@@ -189,22 +189,30 @@ def _position_counts(pairs: list[tuple[int, int]]) -> dict:
     return {"proposed": proposed, "accepted": accepted}
 
 
-def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, sampling: bool,
-                 verifier: Any = None, assisted_draft: Any = None, window: int = ASSISTED_WINDOW,
-                 tree: dict | None = None, corpus: CorpusNGrams | None = None, strategy: str | None = None) -> Method:
+def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict | None = None, sampling: bool = False,
+                 verifier: Any = None, assisted_draft: Any = None, window: int | None = None,
+                 tree: dict | None = None, corpus: CorpusNGrams | None = None, maxgram_kwargs: dict | None = None,
+                 maxgram_corpus: CorpusNGrams | None = None) -> Method:
     """The :class:`Method` named ``name`` (a baseline of :data:`~hf_cascade.bench.config.BASELINES` or a
-    strategy of :data:`~hf_cascade.bench.config.STRATEGIES`); ``window``: the fixed window of the
-    ``hf-assisted-constant`` / ``-confidence`` baselines and HSDDW's ``max_window``; ``tree``: settings of
-    the tree strategies (``draft_length``, ``max_tree_nodes``, ``min_confidence``, ``min_expansion_prob`` for
-    GLIDE; ``beam_width``, ``beam_length``, ``min_confidence`` for ReDrafter); ``corpus``: the corpus n-grams of
-    the strategy's Max-Gram (``strategy`` ``"maxgram"`` or ``"cascade"``) and of the ``maxgram-corpus`` baseline."""
-    tree = tree or {}
+    strategy of :data:`~hf_cascade.bench.config.STRATEGIES`), with ``drafts`` the draft models of its strategy.
+
+    Rule: an assistant gets only the options given here; everything else is its library default.
+    ``strategy_kwargs``: ``CascadeAssistant`` options of the ``cascade``; ``maxgram_kwargs`` those of Max-Gram
+    alone (``maxgram``, ``maxgram-hf-loop``); ``window``: HSDDW's ``max_window`` and the fixed window of the
+    ``hf-assisted-constant`` / ``-confidence`` baselines (``None``: HSDDW's default, :data:`ASSISTED_WINDOW` for
+    them); ``tree``: settings of the tree strategies (``draft_length``, ``max_tree_nodes``, ``min_confidence``,
+    ``min_expansion_prob``, ``verify_cost`` for GLIDE; ``beam_width``, ``beam_length``, ``min_confidence`` for
+    ReDrafter; a ``None`` value counts as not given); ``corpus``: the corpus n-grams of the cascade's Max-Gram
+    and of the ``maxgram-corpus`` baseline, ``maxgram_corpus`` those of Max-Gram alone."""
+    tree = {k: v for k, v in (tree or {}).items() if v is not None}
+    cascade_kwargs, maxgram_kwargs = dict(strategy_kwargs or {}), dict(maxgram_kwargs or {})
     glide = {k: tree[k] for k in ("draft_length", "max_tree_nodes", "min_confidence", "min_expansion_prob") if k in tree}
     cost = tree.get("verify_cost")
     if cost:                                      # True / "reference": the reference CPU's profile; or a measured one
         glide["verify_cost"] = cost if isinstance(cost, VerifyCost) else VerifyCost.reference()
     beams = {k: tree[k] for k in ("beam_width", "beam_length", "min_confidence") if k in tree}
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
+    hsddw = {} if window is None else {"max_window": window}
     builders: dict[str, Callable[[], Method]] = {
         "plain": lambda: Method("plain", model),
         "plain-kernels": lambda: PlainKernels("plain-kernels", model),
@@ -214,22 +222,18 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict, 
         "hf-assisted-constant": lambda: _hf_assisted("hf-assisted-constant", model, hf_drafts, window),
         "hf-assisted-confidence": lambda: _hf_assisted("hf-assisted-confidence", model, hf_drafts, window),
         "economize": lambda: Economize("economize", model, sampling),
-        # as a baseline of another strategy, Max-Gram alone runs with its own defaults
-        "maxgram": lambda: Ours("maxgram", model, CascadeAssistant(
-            [MaxGram(corpus=corpus if strategy == "maxgram" else None)],
-            **({} if "k_matrix" in strategy_kwargs else strategy_kwargs))),
+        "maxgram": lambda: Ours("maxgram", model, CascadeAssistant([MaxGram(corpus=maxgram_corpus)], **maxgram_kwargs)),
         # the same Max-Gram in transformers' own assisted loop instead of the decoding core (loop A/B)
         "maxgram-hf-loop": lambda: _in_transformers_loop(Ours("maxgram-hf-loop", model, CascadeAssistant(
-            [MaxGram(corpus=corpus if strategy == "maxgram" else None)],
-            **({} if "k_matrix" in strategy_kwargs else strategy_kwargs)))),
+            [MaxGram(corpus=maxgram_corpus)], **maxgram_kwargs))),
         # Max-Gram alone, continuing weak matches from the corpus n-grams (--corpus)
         "maxgram-corpus": lambda: _maxgram_corpus(model, corpus),
-        "cascade": lambda: _cascade(model, drafts, strategy_kwargs, corpus),
-        "hsddw": lambda: _hsddw("hsddw", model, drafts, verifier, window),
+        "cascade": lambda: _cascade(model, drafts, cascade_kwargs, corpus),
+        "hsddw": lambda: _hsddw("hsddw", model, drafts, verifier, hsddw),
         # HSDDW's one-draft-model form (Algorithm 1) beside the hierarchical one (--verifier), same run
-        "hsddw-single": lambda: _hsddw("hsddw-single", model, drafts, None, window),
-        # GLIDE with CAPE (the strategy) and without it (a chain: the paper's GLIDE alone)
-        "glide": lambda: _tree("glide", model, drafts, GlideAssistant, cape=True, **glide),
+        "hsddw-single": lambda: _hsddw("hsddw-single", model, drafts, None, hsddw),
+        # GLIDE with the library's defaults (the strategy) and as a chain without CAPE (the paper's GLIDE alone)
+        "glide": lambda: _tree("glide", model, drafts, GlideAssistant, **glide),
         "glide-chain": lambda: _tree("glide-chain", model, drafts, GlideAssistant, cape=False,
                                      **{k: v for k, v in glide.items() if k != "min_expansion_prob"}),
         # ReDrafter: beams packed into a prefix tree (the strategy), beam width 1, and the beams verified flat
@@ -247,10 +251,10 @@ def _in_transformers_loop(method: "Ours") -> "Ours":
     return method
 
 
-def _hf_assisted(name: str, model: Any, drafts: list, window: int) -> Method:
+def _hf_assisted(name: str, model: Any, drafts: list, window: int | None) -> Method:
     if not drafts:
-        raise MethodUnavailable(f"baseline {name!r} needs a draft model: pass --draft PATH")
-    return HFAssisted(name, model, drafts[0], assisted_settings(name, window))
+        raise MethodUnavailable(f"baseline {name!r} needs a draft model: pass --draft PATH or --assisted-draft PATH")
+    return HFAssisted(name, model, drafts[0], assisted_settings(name, ASSISTED_WINDOW if window is None else window))
 
 
 def _maxgram_corpus(model: Any, corpus: CorpusNGrams | None) -> Method:
@@ -261,18 +265,19 @@ def _maxgram_corpus(model: Any, corpus: CorpusNGrams | None) -> Method:
 
 def _cascade(model: Any, drafts: list, strategy_kwargs: dict, corpus: CorpusNGrams | None = None) -> Method:
     if not drafts:
-        raise MethodUnavailable("strategy 'cascade' needs at least one draft model: pass --draft PATH (largest first)")
+        raise MethodUnavailable("strategy 'cascade' needs at least one draft model: pass --draft cascade=PATH "
+                                "(repeated for several, largest first)")
     return Ours("cascade", model, CascadeAssistant([*drafts, MaxGram(corpus=corpus)], **strategy_kwargs))
 
 
-def _hsddw(name: str, model: Any, drafts: list, verifier: Any, window: int) -> Method:
+def _hsddw(name: str, model: Any, drafts: list, verifier: Any, options: dict) -> Method:
     if not drafts:
-        raise MethodUnavailable(f"{name!r} needs a draft model: pass --draft PATH (and optionally --verifier PATH)")
-    return Ours(name, model, DynamicWindowAssistant(drafts[0], verifier, max_window=window))
+        raise MethodUnavailable(f"{name!r} needs a draft model: pass --draft hsddw=PATH (and optionally --verifier PATH)")
+    return Ours(name, model, DynamicWindowAssistant(drafts[0], verifier, **options))
 
 
 def _tree(name: str, model: Any, drafts: list, assistant: type, **kwargs) -> Method:
     if not drafts:
-        raise MethodUnavailable(f"{name!r} needs its trained head: pass --draft PATH (hf-cascade train "
-                                f"{name.split('-')[0]})")
+        family = name.split('-')[0]
+        raise MethodUnavailable(f"{name!r} needs its trained head: pass --draft {family}=PATH (hf-cascade train {family})")
     return Ours(name, model, assistant(drafts[0], **kwargs))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .plots import plot_acceptance_by_position, plot_speedup_by_category, plot_window_per_step
 from .runner import BenchResult
-from .summary import OVERALL
+from .summary import KERNELS, OVERALL
 
 
 def _fmt(value, spec: str = ".2f", none: str = "–") -> str:
@@ -18,19 +18,27 @@ def _identical(s: dict) -> str:
     return "n/a" if s["identical"] is None else f"{s['identical']}/{s['prompts']}"
 
 
+def _has_kernels(result: BenchResult) -> bool:
+    return KERNELS in result.methods
+
+
 def markdown_overall(result: BenchResult) -> str:
-    """One row per method: tokens/s, both speedups, tokens per target call, identical outputs."""
+    """One row per method: tokens/s, both speedups (and the speed relative to plain-kernels when it ran),
+    tokens per target call, identical outputs."""
+    kernels = _has_kernels(result)
     lines = [
-        "| method | prompts | tok/s | speedup (total time) | speedup (mean per prompt) | tok/target call | identical to plain |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| method | prompts | tok/s | speedup (total time) | speedup (mean per prompt) | "
+        + ("speed / plain-kernels | " if kernels else "") + "tok/target call | identical to plain |",
+        "|---|---:|---:|---:|---:|" + ("---:|" if kernels else "") + "---:|---:|",
     ]
     for m in result.methods:
         s = result.summary[OVERALL].get(m)
         if s is None:
             continue
+        rel = f"{_fmt(s.get('speedup_vs_plain_kernels'))}x | " if kernels else ""
         lines.append(
             f"| {m} | {s['prompts']} | {_fmt(s['tokens_per_second'], '.1f')} | {_fmt(s['speedup'])}x | "
-            f"{_fmt(s['speedup_mean_per_prompt'])}x | {_fmt(s['tokens_per_target_call'])} | {_identical(s)} |"
+            f"{_fmt(s['speedup_mean_per_prompt'])}x | {rel}{_fmt(s['tokens_per_target_call'])} | {_identical(s)} |"
         )
     return "\n".join(lines)
 
@@ -59,6 +67,50 @@ def markdown_categories(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def below_kernels(result: BenchResult, methods: list[str] | None = None) -> list[tuple[str, str, float]]:
+    """``(method, category, speed)`` of every category (and ``overall``) where a method (default: every one
+    but the references) is slower than plain-kernels in total time."""
+    methods = [m for m in (methods or result.methods) if m not in ("plain", KERNELS)]
+    groups = {**result.summary["categories"], OVERALL: result.summary[OVERALL]}
+    return [(m, cat, s["speedup_vs_plain_kernels"]) for cat, per in groups.items() for m in methods
+            if (s := per.get(m)) and s.get("speedup_vs_plain_kernels") is not None and s["speedup_vs_plain_kernels"] < 1.0]
+
+
+def markdown_kernels(result: BenchResult) -> str | None:
+    """Categories (and ``overall``) x methods: speed relative to plain-kernels (its total time over the
+    method's); a cell below 1.00x is bold with a ✗. ``None`` when plain-kernels did not run."""
+    if not _has_kernels(result):
+        return None
+    methods = [m for m in result.methods if m not in ("plain", KERNELS)]
+    lines = ["| category | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
+    groups = {**result.summary["categories"], OVERALL: result.summary[OVERALL]}
+    for cat, per in groups.items():
+        cells = []
+        for m in methods:
+            value = (per.get(m) or {}).get("speedup_vs_plain_kernels")
+            cells.append("–" if value is None else f"**{value:.2f}x** ✗" if value < 1.0 else f"{value:.2f}x")
+        lines.append(f"| {'**overall**' if cat == OVERALL else cat} | " + " | ".join(cells) + " |")
+    strategies = result.config.get("strategies") or [result.methods[-1]]
+    slow = below_kernels(result, [m for m in methods if m in strategies])
+    lines += ["", "Strategies below 1.00x plain-kernels: " + "; ".join(f"{m} on {c} ({v:.2f}x)" for m, c, v in slow)
+              if slow else "Every strategy is at least 1.00x plain-kernels on every category."]
+    return "\n".join(lines)
+
+
+def markdown_paired(result: BenchResult) -> str | None:
+    """One row per compared pair ``a/b``: ``a``'s time over ``b``'s (above 1: ``b`` is faster), total and
+    geometric mean of per-prompt ratios, each with its 95% bootstrap interval over prompts."""
+    pairs = result.summary.get("paired") or {}
+    if not pairs:
+        return None
+    lines = ["| a / b | time ratio (total) | 95% interval | geo-mean per prompt | 95% interval | b faster on |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for k, v in pairs.items():
+        geo = (f"{v['geomean']:.3f} | {v['geomean_low']:.3f}-{v['geomean_high']:.3f}" if "geomean" in v else "– | –")
+        lines.append(f"| {k} | {v['ratio']:.3f} | {v['low']:.3f}-{v['high']:.3f} | {geo} | {v['faster_on']}/{v['prompts']} |")
+    return "\n".join(lines)
+
+
 def markdown_tree(result: BenchResult) -> str | None:
     """Tree strategies, per target call: nodes verified, output-head rows computed and calls, verification and
     drafting time (``None`` when no method verifies trees)."""
@@ -75,14 +127,15 @@ def markdown_tree(result: BenchResult) -> str | None:
 
 
 def markdown_report(result: BenchResult) -> str:
-    """The full Markdown report: settings, overall table, per-category table, errors."""
+    """The full Markdown report: settings, overall table, per-category tables (speedup vs plain; speed relative
+    to plain-kernels when it ran), paired ratios, tree verification, errors."""
     c = result.config
     mode = f"sampling (temperature {c['temperature']}, seed {c['seed']})" if c["sampling"] else "greedy"
     env = result.environment
     target = env.get("target", {})
     parts = [
         f"**Target** {target.get('class', '?')} ({target.get('parameters', 0) / 1e6:.0f}M params), "
-        f"**strategy** `{c['strategy']}`, {c['max_new_tokens']} new tokens, {mode}, "
+        f"**{'strategies' if ',' in c['strategy'] else 'strategy'}** `{c['strategy']}`, {c['max_new_tokens']} new tokens, {mode}, "
         f"torch {env.get('torch', '?')} / transformers {env.get('transformers', '?')}, {env.get('threads', '?')} threads.",
         "",
         "### Overall",
@@ -93,13 +146,14 @@ def markdown_report(result: BenchResult) -> str:
         "",
         markdown_categories(result),
     ]
-    pairs = result.summary.get("paired") or {}
-    if pairs:
-        parts += ["", f"### Paired: each method's time over `{result.methods[-1]}`'s on the same prompts "
-                  "(95% bootstrap interval over prompts)", "",
-                  "| methods | time ratio | 95% interval | strategy faster on |", "|---|---:|---:|---:|"]
-        parts += [f"| {k} | {v['ratio']:.3f} | {v['low']:.3f}-{v['high']:.3f} | {v['faster_on']}/{v['prompts']} |"
-                  for k, v in pairs.items()]
+    kernels = markdown_kernels(result)
+    if kernels is not None:
+        parts += ["", "### Per category: speed relative to plain-kernels (its time over the method's; ✗ = below 1.00x)",
+                  "", kernels]
+    pairs = markdown_paired(result)
+    if pairs is not None:
+        parts += ["", "### Paired: a's time over b's on the same prompts (above 1: b is faster; 95% bootstrap "
+                  "intervals over prompts)", "", pairs]
     tree = markdown_tree(result)
     if tree is not None:
         parts += ["", "### Tree verification (per target call; head rows: output-head rows computed)", "", tree]

@@ -10,12 +10,12 @@ from __future__ import annotations
 import platform
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from ..drafters.corpus import CorpusNGrams
-from .config import BenchConfig
+from .config import DRAFT_FAMILY, BenchConfig
 from .methods import Method, MethodUnavailable, build_method
 from .summary import summarize
 
@@ -91,22 +91,24 @@ def _timed(method: Method, ids, mask, kwargs: dict, seed: int) -> tuple[torch.Te
 
 
 def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, verifier: Any = None,
-                   assisted_draft: Any = None, tree: dict | None = None) -> dict[str, Method]:
-    strategy_kwargs: dict[str, Any] = {"lenience": config.lenience}
-    if config.strategy == "cascade":
-        strategy_kwargs.update(maxgram_lenience=config.maxgram_lenience, min_confidence=config.min_confidence,
-                               maxgram_first=config.maxgram_first, keep_unsure=config.keep_unsure,
-                               cost_aware=config.cost_aware)
-    if config.k_matrix is not None:
-        strategy_kwargs["k_matrix"] = config.k_matrix
+                   assisted_draft: Any = None, tree: dict | None = None,
+                   strategy_drafts: Mapping[str, list] | None = None) -> dict[str, Method]:
+    """Every method of ``config``, each with the draft models of its strategy (``strategy_drafts`` of its
+    :data:`~hf_cascade.bench.config.DRAFT_FAMILY`, else the shared ``drafts``) and only the options set in
+    ``config`` (see :meth:`~hf_cascade.bench.config.BenchConfig.cascade_kwargs`); a method that cannot be
+    built is recorded in ``errors``."""
     corpus = CorpusNGrams.load(config.corpus) if config.corpus else None
+    maxgram_corpus = corpus if "maxgram" in config.strategies else None
+    own = dict(strategy_drafts or {})
     methods: dict[str, Method] = {}
     for name in config.methods:
+        family = DRAFT_FAMILY.get(name)
         try:
-            methods[name] = build_method(name, model, drafts, strategy_kwargs=strategy_kwargs, sampling=config.sampling,
-                                         verifier=verifier, assisted_draft=assisted_draft, window=config.window,
-                                         tree=tree if tree is not None else config.tree, corpus=corpus,
-                                         strategy=config.strategy)
+            methods[name] = build_method(
+                name, model, list(own.get(family) or drafts) if family else drafts,
+                strategy_kwargs=config.cascade_kwargs(), maxgram_kwargs=config.cascade_kwargs(maxgram_alone=True),
+                sampling=config.sampling, verifier=verifier, assisted_draft=assisted_draft, window=config.window,
+                tree=tree if tree is not None else config.tree, corpus=corpus, maxgram_corpus=maxgram_corpus)
         except MethodUnavailable as exc:
             errors[name] = str(exc)
     if "plain" not in methods:
@@ -114,7 +116,7 @@ def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, 
     return methods
 
 
-def _environment(model: Any, drafts: list, verifier: Any = None) -> dict:
+def _environment(model: Any, drafts: list, verifier: Any = None, strategy_drafts: Mapping[str, list] | None = None) -> dict:
     import transformers
 
     def describe(m):
@@ -129,6 +131,8 @@ def _environment(model: Any, drafts: list, verifier: Any = None) -> dict:
         "machine": platform.machine(),
         "target": describe(model),
         "drafts": [describe(d) for d in drafts],
+        **({"strategy_drafts": {k: [describe(d) for d in v] for k, v in strategy_drafts.items()}}
+           if strategy_drafts else {}),
         **({"verifier": describe(verifier)} if verifier is not None else {}),
     }
 
@@ -142,6 +146,7 @@ def run_benchmark(
     progress: bool = False,
     verifier: Any = None,
     assisted_draft: Any = None,
+    strategy_drafts: Mapping[str, Sequence[Any]] | None = None,
 ) -> BenchResult:
     """Measure every method of ``config`` on ``prompts`` with the loaded ``model`` (and ``drafts``).
 
@@ -150,22 +155,26 @@ def run_benchmark(
         model: the target, a transformers causal LM in eval mode.
         tokenizer: its tokenizer (to encode ``prompt`` texts and decode outputs).
         prompts: dicts with ``category`` and ``prompt`` (text) or ``input_ids``; other keys are kept.
-        drafts: draft models, largest first (for ``cascade``, ``hsddw`` and the ``hf-assisted`` baselines).
+        drafts: draft models, largest first, shared by every strategy without its own in ``strategy_drafts``
+            (``cascade``, ``hsddw``, ``glide``, ``redrafter`` and their variants) and the ``hf-assisted`` baselines.
         progress: show a tqdm bar over prompts (on stderr).
         verifier: HSDDW's pre-verifier (a stronger draft model), if any.
         assisted_draft: the draft model of the ``hf-assisted*`` baselines (default: ``drafts[0]``).
+        strategy_drafts: draft models per strategy (``{"cascade": [xs], "glide": [glide_head]}``), also used by
+            the strategy's variants (``hsddw-single``, ``glide-chain``, ``redrafter-w1``, ``redrafter-flat``).
     """
     if not prompts:
         raise ValueError("run_benchmark needs at least one prompt")
     drafts = list(drafts)
+    own = {k: list(v) for k, v in (strategy_drafts or {}).items()}
     errors: dict[str, str] = {}
-    tree, environment = config.tree, _environment(model, drafts, verifier)
-    if tree["verify_cost"] == "measure" and config.strategy == "glide":   # the tree cost profile of this machine
+    tree, environment = config.tree, _environment(model, drafts, verifier, own)
+    if tree.get("verify_cost") == "measure" and "glide" in config.draft_families:   # this machine's tree cost profile
         from ..core.budget import measure_verify_cost
 
         tree["verify_cost"] = measure_verify_cost(model, max_nodes=config.max_tree_nodes or 24)
         environment["verify_cost_measured"] = list(tree["verify_cost"].relative)
-    methods = _build_methods(config, model, drafts, errors, verifier, assisted_draft, tree)
+    methods = _build_methods(config, model, drafts, errors, verifier, assisted_draft, tree, own)
     kwargs = generation_kwargs(config, tokenizer)
 
     # One untimed warm-up generate per method (first-call allocations, lazy imports, caches).
@@ -227,7 +236,7 @@ def run_benchmark(
         config=config.to_dict(),
         methods=names,
         records=records,
-        summary=summarize(records, names),
+        summary=summarize(records, names, strategies=[n for n in config.strategies if n in names]),
         errors=errors,
         environment=environment,
     )

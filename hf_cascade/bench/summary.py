@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 from statistics import mean
 
 OVERALL = "overall"
+#: The second reference of every speedup: plain ``generate`` inside hf_cascade's CPU kernels (when it ran).
+KERNELS = "plain-kernels"
+
+
+def _relative(by_prompt: dict[int, dict[str, dict]], method: str, reference: str) -> float | None:
+    """Total time of ``reference`` over that of ``method`` on the prompts where both ran (``None``: none)."""
+    pairs = [(p[reference]["seconds"], p[method]["seconds"]) for p in by_prompt.values() if reference in p and method in p]
+    mine = sum(m for _, m in pairs)
+    return sum(r for r, _ in pairs) / mine if pairs and mine > 0 else None
 
 
 def _group_summary(records: list[dict], method: str) -> dict | None:
@@ -38,6 +48,7 @@ def _group_summary(records: list[dict], method: str) -> dict | None:
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
         "speedup": plain_seconds / seconds if seconds > 0 else 0.0,
         "speedup_mean_per_prompt": mean(ratios) if ratios else 0.0,
+        "speedup_vs_plain_kernels": _relative(by_prompt, method, KERNELS),
         "tokens_per_target_call": per_call,
         "identical": None if any(s is None for s in same) else sum(bool(s) for s in same),
     }
@@ -100,40 +111,65 @@ def tree_verification(records: list[dict], method: str) -> dict | None:
 
 
 def paired(records: list[dict], a: str, b: str, resamples: int = 2000, seed: int = 0) -> dict | None:
-    """``a``'s total time over ``b``'s on the prompts where both ran (above 1: ``b`` is faster), with a
-    95% bootstrap interval over prompts (``resamples`` resamplings of the prompts, fixed ``seed``) and on
-    how many prompts ``b`` was faster. Methods run interleaved on each prompt, so the ratio is free of
-    the machine's drift between prompts."""
+    """``a``'s time over ``b``'s on the prompts where both ran (above 1: ``b`` is faster), with 95% bootstrap
+    intervals over prompts (``resamples`` resamplings of the prompts, fixed ``seed``): ``ratio`` / ``low`` /
+    ``high`` of the total times, ``geomean`` / ``geomean_low`` / ``geomean_high`` of the per-prompt ratios
+    (their geometric mean: every prompt weighs the same, long or short), and on how many prompts ``b`` was
+    faster (``faster_on``). Methods run interleaved on each prompt, so the ratios are free of the machine's
+    drift between prompts."""
     seconds: dict[int, dict[str, float]] = defaultdict(dict)
     for r in records:
         seconds[r["prompt_index"]][r["method"]] = r["seconds"]
-    pairs = [(t[a], t[b]) for t in seconds.values() if a in t and b in t and t[b] > 0]
+    pairs = [(t[a], t[b]) for t in seconds.values() if a in t and b in t and t[a] > 0 and t[b] > 0]
     if not pairs:
         return None
     rng = random.Random(seed)
-    ratios = []
+    totals, geomeans = [], []
     for _ in range(resamples):
         sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        ratios.append(sum(x for x, _ in sample) / sum(y for _, y in sample))
-    ratios.sort()
+        totals.append(sum(x for x, _ in sample) / sum(y for _, y in sample))
+        geomeans.append(_geomean(sample))
+    totals.sort()
+    geomeans.sort()
+    lo, hi = int(0.025 * resamples), min(int(0.975 * resamples), resamples - 1)
     return {
         "prompts": len(pairs),
         "ratio": sum(x for x, _ in pairs) / sum(y for _, y in pairs),
-        "low": ratios[int(0.025 * resamples)],
-        "high": ratios[min(int(0.975 * resamples), resamples - 1)],
+        "low": totals[lo],
+        "high": totals[hi],
+        "geomean": _geomean(pairs),
+        "geomean_low": geomeans[lo],
+        "geomean_high": geomeans[hi],
         "faster_on": sum(y < x for x, y in pairs),
     }
 
 
-def summarize(records: list[dict], methods: list[str]) -> dict:
+def _geomean(pairs: list[tuple[float, float]]) -> float:
+    return math.exp(sum(math.log(x / y) for x, y in pairs) / len(pairs))
+
+
+def paired_names(methods: list[str], strategies: list[str] | None = None) -> list[tuple[str, str]]:
+    """The ``(a, b)`` pairs :func:`summarize` compares: every baseline (a method that is not one of ``strategies``)
+    against every strategy, and ``maxgram`` against ``cascade`` when both are strategies. ``strategies``
+    ``None``: the last method is the only strategy."""
+    strategies = methods[-1:] if strategies is None else [m for m in methods if m in strategies]
+    baselines = [m for m in methods if m not in strategies]
+    pairs = [(b, s) for s in strategies for b in baselines]
+    if "maxgram" in strategies and "cascade" in strategies:
+        pairs.append(("maxgram", "cascade"))
+    return pairs
+
+
+def summarize(records: list[dict], methods: list[str], strategies: list[str] | None = None) -> dict:
     """``{"overall": {method: numbers}, "categories": {category: {method: numbers}},
     "acceptance_by_position": {method: {"target": counts, "levels": {...}}},
     "tree_verification": {method: numbers}, "paired": {"a/b": numbers}}`` (tree numbers for tree strategies
-    only; ``paired``: every other method against the last one, the strategy, see :func:`paired`).
+    only; ``paired``: the pairs of :func:`paired_names`, each as :func:`paired`; ``strategies``: which of
+    ``methods`` are ours, default the last one).
 
-    ``speedup`` is total plain time / total method time over the same prompts;
-    ``speedup_mean_per_prompt`` the mean of per-prompt ratios; ``identical`` counts outputs equal to
-    plain's (``None`` when sampling).
+    ``speedup`` is total plain time / total method time over the same prompts, ``speedup_vs_plain_kernels``
+    the same against ``plain-kernels`` (``None`` when it did not run); ``speedup_mean_per_prompt`` the mean of
+    per-prompt ratios to plain; ``identical`` counts outputs equal to plain's (``None`` when sampling).
     """
     categories = list(dict.fromkeys(r["category"] for r in records))
     out: dict = {OVERALL: {}, "categories": {}, "acceptance_by_position": {}, "tree_verification": {}, "paired": {}}
@@ -145,10 +181,10 @@ def summarize(records: list[dict], methods: list[str]) -> dict:
         acc = acceptance_by_position(records, m)
         if acc is not None:
             out["acceptance_by_position"][m] = acc
-    for m in methods[:-1]:
-        pair = paired(records, m, methods[-1])
+    for a, b in paired_names(methods, strategies):
+        pair = paired(records, a, b)
         if pair is not None:
-            out["paired"][f"{m}/{methods[-1]}"] = pair
+            out["paired"][f"{a}/{b}"] = pair
     for c in categories:
         group = [r for r in records if r["category"] == c]
         out["categories"][c] = {m: _group_summary(group, m) for m in methods}

@@ -1,0 +1,162 @@
+"""``hf-cascade bench``: its arguments (:func:`add_bench_arguments`), the :class:`~hf_cascade.bench.BenchConfig`
+they give (:func:`bench_config`) and the run (:func:`run`: load, measure, write, print).
+
+Rules of ``--strategy`` and ``--draft``: ``--strategy`` is one strategy, a comma list or ``all``, every
+one measured in the same interleaved rotation; ``--draft NAME=PATH`` gives strategy ``NAME`` its own draft
+model(s), a bare ``--draft PATH`` is shared by every strategy without its own (the single-strategy form),
+and on the default target a strategy with neither takes its shipped head
+(:func:`~hf_cascade.bench.loading.draft_specs`). Assistant options not given on the command line are not
+passed: each assistant runs with its library defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from .config import DRAFT_KIND, BenchConfig, parse_baselines, parse_drafts, parse_k_matrix, parse_strategies
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``hf-cascade bench`` (every assistant option defaults to ``None``: not set)."""
+    p.add_argument("--target", default=None,
+                   help="target model: default (embedded Gemma-3-270M), smollm2, a local HF directory, a Hub repo id, or gguf:PATH")
+    p.add_argument("--strategy", default="maxgram", metavar="NAMES", type=_strategies,
+                   help="a comma list of maxgram,cascade,hsddw,glide,redrafter or all, measured in one interleaved run, "
+                        "each with its library defaults unless options below are given: maxgram = CascadeAssistant([MaxGram()]); "
+                        "cascade = CascadeAssistant([*drafts, MaxGram()]); hsddw = DynamicWindowAssistant(first draft, --verifier); "
+                        "glide = GlideAssistant(head); redrafter = ReDrafterAssistant(head) (default maxgram)")
+    p.add_argument("--draft", action="extend", nargs="+", default=[], metavar="[NAME=]PATH",
+                   help="draft model(s), largest first (HF directory, Hub repo id, gguf:PATH, smollm2, self:N = the target's first N "
+                        "layers). NAME=PATH gives strategy NAME its own (cascade=, hsddw=, glide=, redrafter=; repeat for several); "
+                        "a PATH without NAME is shared by the strategies without their own and the hf-assisted baselines. "
+                        "On the default target a strategy without one takes its shipped head (model_cards/: cascade and hsddw "
+                        "drafter-xs, glide glide-xs, redrafter redrafter-xs)")
+    p.add_argument("--assisted-draft", default=None, metavar="PATH",
+                   help="draft model of the hf-assisted baselines (default: the first shared --draft)")
+    p.add_argument("--verifier", default=None, metavar="PATH",
+                   help="--strategy hsddw: a stronger draft model that pre-verifies the --draft model (same specs as --draft)")
+    p.add_argument("--window", type=int, default=None, metavar="K",
+                   help="HSDDW's max_window (default: its own) and the draft window of the hf-assisted-constant/-confidence "
+                        "baselines (default 10)")
+    p.add_argument("--draft-length", type=int, default=None, help="glide: main-path draft tokens per step (default: GlideAssistant's)")
+    p.add_argument("--max-tree-nodes", type=int, default=None, help="glide: cap on CAPE tree nodes (default: GlideAssistant's)")
+    p.add_argument("--min-expansion-prob", type=float, default=None,
+                   help="glide: CAPE leaves out expansion tokens the draft gives probability < this (default: GlideAssistant's)")
+    p.add_argument("--verify-cost", nargs="?", const="reference", default=None, choices=["reference", "measure"],
+                   help="glide: verify only the drafted nodes that pay for their cost; 'reference' (the default when "
+                        "given alone): VerifyCost.reference(), the reference CPU's profile; 'measure': measure_verify_cost() on "
+                        "this machine first (up to --max-tree-nodes nodes, about a minute)")
+    p.add_argument("--beam-width", type=int, default=None, help="redrafter: beams (default: ReDrafterAssistant's)")
+    p.add_argument("--beam-length", type=int, default=None, help="redrafter: draft tokens per beam (default: ReDrafterAssistant's)")
+    p.add_argument("--k-matrix", default=None, metavar="JSON",
+                   help="K-matrix of the cascade as JSON (e.g. '[[2,10],[0,10]]') or a JSON file. The cascade options "
+                        "(--k-matrix to --maxgram-first) go to the cascade, and to Max-Gram alone only in a run without the cascade")
+    p.add_argument("--lenience", type=float, default=None, help="lenience between drafters (>= 1; default: CascadeAssistant's)")
+    p.add_argument("--maxgram-lenience", type=float, default=None,
+                   help="cascade: lenience of neural drafters' reviews of Max-Gram tokens (>= 1; 'inf' = no veto; default: "
+                        "CascadeAssistant's)")
+    p.add_argument("--min-confidence", type=float, default=None,
+                   help="cascade: a neural drafter stops after a token it gave probability < this; redrafter: beam "
+                        "tokens below it are not verified; glide: the main path stops at a token below it "
+                        "(default: each assistant's own)")
+    p.add_argument("--drop-unsure", action="store_true",
+                   help="cascade: with --min-confidence, drop the unsure token instead of drafting it (keep_unsure=False)")
+    p.add_argument("--cost-aware", action="store_true",
+                   help="cascade: the smallest drafter's tokens go to the target only while they raise expected tokens "
+                        "per unit of measured verification time (cost_aware=True)")
+    p.add_argument("--maxgram-first", action="store_true",
+                   help="cascade: Max-Gram's match goes to the target unreviewed, the smallest neural drafter continues it")
+    p.add_argument("--corpus", default=None, metavar="FILE",
+                   help="maxgram / cascade: corpus n-grams (hf-cascade corpus) continuing Max-Gram's weak matches; "
+                        "also what the maxgram-corpus baseline uses")
+    p.add_argument("--baselines", default="plain",
+                   help="comma list from plain,plain-kernels,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
+                        "economize,maxgram,maxgram-corpus,hsddw-single,glide-chain,redrafter-w1,redrafter-flat (plain is always included)")
+    p.add_argument("--prompts", default=None, metavar="FILE", help="Spec-Bench question.jsonl (default: the bundled one)")
+    p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    p.add_argument("--sampling", action="store_true", help="do_sample=True with --temperature (default: greedy)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (reset per prompt and method)")
+    p.add_argument("--out", default="bench_results", metavar="DIR", help="output directory (default bench_results)")
+
+
+def _strategies(text: str) -> str:
+    """``--strategy``'s value checked (argparse reports an unknown name with the usage), comma-joined."""
+    try:
+        return ",".join(parse_strategies(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    """The :class:`~hf_cascade.bench.BenchConfig` of parsed ``bench`` arguments."""
+    shared, per_strategy = parse_drafts(args.draft)
+    return BenchConfig(
+        strategy=args.strategy,
+        baselines=parse_baselines(args.baselines),
+        k_matrix=parse_k_matrix(args.k_matrix),
+        lenience=args.lenience,
+        maxgram_lenience=args.maxgram_lenience,
+        min_confidence=args.min_confidence,
+        maxgram_first=args.maxgram_first or None,
+        keep_unsure=False if args.drop_unsure else None,
+        cost_aware=args.cost_aware or None,
+        window=args.window,
+        draft_length=args.draft_length,
+        max_tree_nodes=args.max_tree_nodes,
+        min_expansion_prob=args.min_expansion_prob,
+        verify_cost=args.verify_cost or False,
+        beam_width=args.beam_width,
+        beam_length=args.beam_length,
+        max_new_tokens=args.max_new_tokens,
+        sampling=args.sampling,
+        temperature=args.temperature,
+        seed=args.seed,
+        target=args.target,
+        drafts=shared,
+        strategy_drafts=per_strategy,
+        verifier=args.verifier,
+        assisted_draft=args.assisted_draft,
+        prompts_path=args.prompts,
+        per_category=args.per_category,
+        corpus=args.corpus,
+    )
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
+    """Run ``hf-cascade bench``: resolve each strategy's drafts, load target, drafts and prompts, measure,
+    write ``--out`` and print the report; ``SystemExit`` when a strategy has no draft model."""
+    import dataclasses
+
+    from .loading import draft_specs, load_draft_sets, load_model, load_prompts
+    from .report import markdown_report, write_results
+    from .runner import run_benchmark
+
+    config = bench_config(args)
+    specs = draft_specs(config)       # each strategy's own, else the shared --draft, else the shipped head
+    missing = [s for s in config.strategies if s in DRAFT_KIND and s not in specs]
+    if missing:
+        raise SystemExit(f"hf-cascade bench: --strategy {', '.join(missing)} needs its draft model(s): "
+                         + " ".join(f"--draft {s}=PATH" for s in missing)
+                         + " (shipped heads are used only on the default target, Gemma-3-270M)")
+    for family, paths in specs.items():
+        if family not in config.strategy_drafts and not config.drafts:
+            log(f"{family}: shipped {', '.join(paths)}")
+    config = dataclasses.replace(config, strategy_drafts=specs)   # results.json records what each strategy used
+    log(f"loading target {config.target or 'default (Gemma-3-270M)'}")
+    model, tokenizer = load_model(config.target)
+    drafts, own = load_draft_sets(config.drafts, specs, target=model)
+    verifier = load_draft_sets([config.verifier], {}, target=model)[0][0] if config.verifier else None
+    assisted = load_draft_sets([config.assisted_draft], {}, target=model)[0][0] if config.assisted_draft else None
+    prompts = load_prompts(config.prompts_path, config.per_category)
+    log(f"{len(prompts)} prompts x methods {', '.join(config.methods)}, {config.max_new_tokens} new tokens")
+    result = run_benchmark(config, model, tokenizer, prompts, drafts=drafts, progress=not args.no_progress,
+                           verifier=verifier, assisted_draft=assisted, strategy_drafts=own)
+    paths = write_results(result, args.out)
+    print(markdown_report(result))
+    print()
+    for kind, path in paths.items():
+        print(f"wrote {kind}: {path}")
+    return 0
