@@ -6,10 +6,11 @@
 
 Modules: :mod:`.config` (settings), :mod:`.methods` (what is compared), :mod:`.runner` (the timed
 loop), :mod:`.summary` (aggregation), :mod:`.report` and :mod:`.plots` (outputs), :mod:`.loading`
-(models and prompts for the CLI).
+(models and prompts for the CLI), :mod:`.swi` (standardized walltime improvement), with :mod:`.costs`
+(its cost tables) and :mod:`.counting` (the forwards of baselines without statistics).
 """
 
-from .config import BASELINES, STRATEGIES, BenchConfig, parse_baselines, parse_k_matrix
+from .config import BASELINES, STRATEGIES, BenchConfig, parse_baselines, parse_cost_models, parse_k_matrix
 from .methods import MethodUnavailable
 from .report import markdown_report, write_results
 from .runner import BenchResult, run_benchmark
@@ -22,6 +23,7 @@ __all__ = [
     "MethodUnavailable",
     "markdown_report",
     "parse_baselines",
+    "parse_cost_models",
     "parse_k_matrix",
     "run_benchmark",
     "write_results",

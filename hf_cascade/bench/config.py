@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .swi import COST_MODELS
+
 #: Our strategies (``--strategy``).
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
@@ -42,6 +44,9 @@ class BenchConfig:
         warmup_tokens: new tokens of the untimed warm-up generate of every method.
         corpus: a corpus n-gram file (:meth:`~hf_cascade.CorpusNGrams.save`) for the strategy's Max-Gram
             (``maxgram`` or ``cascade``) and the ``maxgram-corpus`` baseline.
+        cost_models: the standardized walltime improvement's cost models (:mod:`hf_cascade.bench.swi`):
+            ``"params"`` (a forward costs its parameter count), ``"measured"`` (this machine's per-row costs,
+            measured before the timed runs); both by default, ``[]`` for none.
         target / drafts / verifier / prompts_path / per_category: where the CLI loads models and prompts from
             (``verifier``: HSDDW's optional pre-verifier);
             :func:`~hf_cascade.bench.runner.run_benchmark` itself receives loaded objects.
@@ -75,6 +80,7 @@ class BenchConfig:
     prompts_path: str | None = None
     per_category: int = 3
     corpus: str | None = None
+    cost_models: list[str] = field(default_factory=lambda: list(COST_MODELS))
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -98,6 +104,10 @@ class BenchConfig:
             raise ValueError("corpus n-grams are used by strategies maxgram and cascade and the maxgram-corpus baseline")
         if self.verifier is not None and self.strategy != "hsddw":
             raise ValueError("a verifier (pre-verifier model) is only used by strategy hsddw")
+        unknown = [m for m in self.cost_models if m not in COST_MODELS]
+        if unknown:
+            raise ValueError(f"unknown cost model(s) {unknown}; choose from {', '.join(COST_MODELS)}")
+        self.cost_models = [m for m in COST_MODELS if m in self.cost_models]
 
     @property
     def tree(self) -> dict:
@@ -122,6 +132,19 @@ def parse_baselines(text: str | None) -> list[str]:
     if unknown:
         raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
     return ["plain"] + [n for n in dict.fromkeys(names) if n != "plain"]
+
+
+def parse_cost_models(text: str | None) -> list[str]:
+    """``--cost-model``: ``"params"``, ``"measured"``, ``"both"`` (or a comma list) -> the cost models;
+    ``"none"`` -> ``[]``."""
+    names = [t.strip() for t in (text or "both").split(",") if t.strip()]
+    if names == ["none"]:
+        return []
+    out = [m for n in names for m in (COST_MODELS if n == "both" else (n,))]
+    unknown = [n for n in out if n not in COST_MODELS]
+    if unknown:
+        raise ValueError(f"unknown cost model(s) {unknown}; choose from {', '.join(COST_MODELS)}, both or none")
+    return [m for m in COST_MODELS if m in out]
 
 
 def parse_k_matrix(text: str | None) -> list[list[int]] | None:

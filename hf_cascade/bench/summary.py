@@ -6,7 +6,15 @@ import random
 from collections import defaultdict
 from statistics import mean
 
+from .swi import COST_MODELS, group_swi
+
 OVERALL = "overall"
+
+
+def cost_models(records: list[dict]) -> list[str]:
+    """The SWI cost models the records carry standardized times for (:func:`~hf_cascade.bench.swi.record_times`)."""
+    seen = {m for r in records for m in r.get("standardized_time", {})}
+    return [m for m in COST_MODELS if m in seen]
 
 
 def _group_summary(records: list[dict], method: str) -> dict | None:
@@ -40,6 +48,7 @@ def _group_summary(records: list[dict], method: str) -> dict | None:
         "speedup_mean_per_prompt": mean(ratios) if ratios else 0.0,
         "tokens_per_target_call": per_call,
         "identical": None if any(s is None for s in same) else sum(bool(s) for s in same),
+        "swi": group_swi(pairs, cost_models(records)),
     }
 
 
@@ -133,7 +142,9 @@ def summarize(records: list[dict], methods: list[str]) -> dict:
 
     ``speedup`` is total plain time / total method time over the same prompts;
     ``speedup_mean_per_prompt`` the mean of per-prompt ratios; ``identical`` counts outputs equal to
-    plain's (``None`` when sampling).
+    plain's (``None`` when sampling); ``swi`` the standardized walltime improvement per cost model
+    (total plain standardized time / total method standardized time over the same prompts, ``None`` when
+    unavailable; :mod:`hf_cascade.bench.swi`).
     """
     categories = list(dict.fromkeys(r["category"] for r in records))
     out: dict = {OVERALL: {}, "categories": {}, "acceptance_by_position": {}, "tree_verification": {}, "paired": {}}
