@@ -8,10 +8,13 @@
 
 Modules: :mod:`.config` (settings), :mod:`.methods` (what is compared), :mod:`.runner` (the timed
 loop), :mod:`.summary` (aggregation), :mod:`.report` and :mod:`.plots` (outputs), :mod:`.loading`
-(models, shipped heads and prompts for the CLI), :mod:`.command` (``hf-cascade bench``).
+(models, shipped heads and prompts for the CLI), :mod:`.command` (``hf-cascade bench``), :mod:`.swi` (standardized
+walltime improvement), with :mod:`.costs` (its cost tables) and :mod:`.counting` (the forwards of baselines without
+statistics).
 """
 
-from .config import BASELINES, STRATEGIES, BenchConfig, parse_baselines, parse_drafts, parse_k_matrix, parse_strategies
+from .config import (BASELINES, STRATEGIES, BenchConfig, parse_baselines, parse_cost_models, parse_drafts, parse_k_matrix,
+                     parse_strategies)
 from .methods import MethodUnavailable
 from .report import markdown_report, write_results
 from .runner import BenchResult, run_benchmark
@@ -24,6 +27,7 @@ __all__ = [
     "MethodUnavailable",
     "markdown_report",
     "parse_baselines",
+    "parse_cost_models",
     "parse_drafts",
     "parse_k_matrix",
     "parse_strategies",

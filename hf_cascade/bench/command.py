@@ -79,6 +79,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling", action="store_true", help="do_sample=True with --temperature (default: greedy)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     p.add_argument("--seed", type=int, default=0, help="random seed (reset per prompt and method)")
+    p.add_argument("--cost-model", default="both", choices=["params", "measured", "both", "none"],
+                   help="standardized walltime improvement (SWI) reported beside wall time, per method: 'params' (each "
+                        "forward costs its model's parameter count, a verification of any number of rows one target "
+                        "forward), 'measured' (this machine's per-row costs, measured before the timed runs), 'both' "
+                        "(default) or 'none'")
     p.add_argument("--out", default="bench_results", metavar="DIR", help="output directory (default bench_results)")
 
 
@@ -122,6 +127,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         prompts_path=args.prompts,
         per_category=args.per_category,
         corpus=args.corpus,
+        cost_models=parse_cost_models(args.cost_model),
     )
 
 

@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .swi import COST_MODELS
+
 #: Our strategies (``--strategy``, a comma list or ``all``), in the order ``all`` measures them.
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
@@ -66,6 +68,9 @@ class BenchConfig:
             The CLI fills in the shipped heads it chose for the default target.
         target / verifier / assisted_draft / prompts_path / per_category: where the CLI loads models and prompts
             from (``verifier``: HSDDW's optional pre-verifier);
+        cost_models: the standardized walltime improvement's cost models (:mod:`hf_cascade.bench.swi`):
+            ``"params"`` (a forward costs its parameter count), ``"measured"`` (this machine's per-row costs,
+            measured before the timed runs); both by default, ``[]`` for none.
             :func:`~hf_cascade.bench.runner.run_benchmark` itself receives loaded objects.
     """
 
@@ -98,6 +103,7 @@ class BenchConfig:
     prompts_path: str | None = None
     per_category: int = 3
     corpus: str | None = None
+    cost_models: list[str] = field(default_factory=lambda: list(COST_MODELS))
     strategies: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -123,6 +129,10 @@ class BenchConfig:
             raise ValueError("corpus n-grams are used by strategies maxgram and cascade and the maxgram-corpus baseline")
         if self.verifier is not None and "hsddw" not in self.strategies:
             raise ValueError("a verifier (pre-verifier model) is only used by strategy hsddw")
+        unknown = [m for m in self.cost_models if m not in COST_MODELS]
+        if unknown:
+            raise ValueError(f"unknown cost model(s) {unknown}; choose from {', '.join(COST_MODELS)}")
+        self.cost_models = [m for m in COST_MODELS if m in self.cost_models]
         self._check_drafts()
 
     def _check_drafts(self) -> None:
@@ -214,6 +224,19 @@ def parse_baselines(text: str | None) -> list[str]:
     if unknown:
         raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
     return ["plain"] + [n for n in dict.fromkeys(names) if n != "plain"]
+
+
+def parse_cost_models(text: str | None) -> list[str]:
+    """``--cost-model``: ``"params"``, ``"measured"``, ``"both"`` (or a comma list) -> the cost models;
+    ``"none"`` -> ``[]``."""
+    names = [t.strip() for t in (text or "both").split(",") if t.strip()]
+    if names == ["none"]:
+        return []
+    out = [m for n in names for m in (COST_MODELS if n == "both" else (n,))]
+    unknown = [n for n in out if n not in COST_MODELS]
+    if unknown:
+        raise ValueError(f"unknown cost model(s) {unknown}; choose from {', '.join(COST_MODELS)}, both or none")
+    return [m for m in COST_MODELS if m in out]
 
 
 def parse_k_matrix(text: str | None) -> list[list[int]] | None:

@@ -2,7 +2,10 @@
 
 Every method is a :class:`Method`: ``run(input_ids, attention_mask, gen_kwargs)`` returns the output
 ids and, where the method reports it, per-call statistics (a dict in the format of
-:meth:`hf_cascade.GenerationStats.to_dict`, at least ``target_calls`` and ``new_tokens``). A method that
+:meth:`hf_cascade.GenerationStats.to_dict`, at least ``target_calls`` and ``new_tokens``; for transformers'
+loops and economize the forwards are counted by :mod:`hf_cascade.bench.counting`). :meth:`Method.level_models`
+names the model behind each level of those statistics, for the standardized walltime improvement
+(:mod:`hf_cascade.bench.swi`). A method that
 cannot be built (a missing package, a missing draft model) raises :class:`MethodUnavailable` with a
 message that says what to do; the runner records it and goes on with the others.
 """
@@ -22,6 +25,7 @@ from ..glide import GlideAssistant
 from ..core.budget import VerifyCost
 from ..hsddw import DynamicWindowAssistant
 from ..redrafter import ReDrafterAssistant
+from .counting import UNKNOWN, ForwardCounter, assistant_levels, economize_stats, transformers_loop_stats
 
 ECONOMIZE_VERSION = "0.3.2"
 #: Default draft window of the fixed-window assisted baselines: HSDDW's K (App. A.1), ``DynamicWindowAssistant``'s
@@ -45,13 +49,21 @@ class MethodUnavailable(RuntimeError):
 
 
 class Method:
-    """One way of calling ``generate``; subclasses override :meth:`run`."""
+    """One way of calling ``generate``; subclasses override :meth:`run`. ``one_forward_per_token``: the method
+    is plain decoding (one target forward per new token), the reference of every SWI."""
 
     #: whether ``run`` returns per-call statistics
     has_stats = False
 
-    def __init__(self, name: str, model: Any):
+    def __init__(self, name: str, model: Any, one_forward_per_token: bool = False):
         self.name, self.model = name, model
+        self.one_forward_per_token = bool(one_forward_per_token)
+
+    def level_models(self) -> list | None:
+        """The model behind each level of :meth:`run`'s statistics (``stats["levels"]``), top first: a module,
+        ``None`` for a statistical drafter, a string (:data:`~hf_cascade.bench.counting.UNKNOWN`) for a drafter the
+        bench cannot cost; ``None`` as a whole when unknown."""
+        return []
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen_kwargs: dict) -> tuple[torch.Tensor, dict | None]:
         out = self.model.generate(input_ids, attention_mask=attention_mask, **gen_kwargs, **self.extra_kwargs())
@@ -70,7 +82,7 @@ class PlainKernels(Method):
     def __init__(self, name: str, model: Any):
         if not cpu_kernels_apply(model):
             raise MethodUnavailable(f"baseline {name!r} needs a float32 target on CPU (hf_cascade's CPU kernels)")
-        super().__init__(name, model)
+        super().__init__(name, model, one_forward_per_token=True)
 
     def run(self, input_ids, attention_mask, gen_kwargs):
         from ..backends.cpu import cpu_kernels              # the backend, imported only for this baseline
@@ -79,7 +91,28 @@ class PlainKernels(Method):
             return super().run(input_ids, attention_mask, gen_kwargs)
 
 
-class PromptLookup(Method):
+class _Counted(Method):
+    """A baseline in transformers' assisted loop: its target (and draft) forwards are counted while it runs
+    (:class:`~hf_cascade.bench.counting.ForwardCounter`) and returned as statistics."""
+
+    has_stats = True
+    drafts: tuple = ()
+
+    def run(self, input_ids, attention_mask, gen_kwargs):
+        with ForwardCounter(self.model, *self.drafts) as counter:
+            out = self.generate(input_ids, attention_mask, gen_kwargs)
+        prompt = int(input_ids.shape[-1])
+        levels = [(_model_name(d), tokens) for d, tokens in zip(self.drafts, counter.tokens[1:])]
+        return out, transformers_loop_stats(counter.tokens[0], prompt, int(out.shape[-1]) - prompt, levels)
+
+    def generate(self, input_ids, attention_mask, gen_kwargs):
+        return super().run(input_ids, attention_mask, gen_kwargs)[0]
+
+    def level_models(self) -> list:
+        return list(self.drafts)
+
+
+class PromptLookup(_Counted):
     """transformers' prompt lookup decoding (``prompt_lookup_num_tokens=...``)."""
 
     def __init__(self, name: str, model: Any, num_tokens: int, max_ngram: int | None = None):
@@ -92,27 +125,28 @@ class PromptLookup(Method):
         return dict(self.kwargs)
 
 
-class HFAssisted(Method):
+class HFAssisted(_Counted):
     """transformers' own assisted generation with a draft model; ``settings`` (e.g.
     ``num_assistant_tokens_schedule``) are set on a copy of the draft's generation config for each call."""
 
     def __init__(self, name: str, model: Any, draft: Any, settings: dict | None = None):
         super().__init__(name, model)
         self.draft = draft
+        self.drafts = (draft,)
         self.settings = dict(settings or {})
 
     def extra_kwargs(self) -> dict:
         return {"assistant_model": self.draft}
 
-    def run(self, input_ids, attention_mask, gen_kwargs):
+    def generate(self, input_ids, attention_mask, gen_kwargs):
         if not self.settings:
-            return super().run(input_ids, attention_mask, gen_kwargs)
+            return super().generate(input_ids, attention_mask, gen_kwargs)
         saved = self.draft.generation_config
         self.draft.generation_config = copy.deepcopy(saved)   # transformers 4.x also writes to it
         for key, value in self.settings.items():
             setattr(self.draft.generation_config, key, value)
         try:
-            return super().run(input_ids, attention_mask, gen_kwargs)
+            return super().generate(input_ids, attention_mask, gen_kwargs)
         finally:
             self.draft.generation_config = saved
 
@@ -130,6 +164,9 @@ class Ours(Method):
         out = self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.assistant, **gen_kwargs)
         stats = self.assistant.last_stats
         return out, (stats.to_dict() if stats is not None else None)
+
+    def level_models(self) -> list | None:
+        return assistant_levels(self.assistant)
 
 
 class Economize(Method):
@@ -162,31 +199,14 @@ class Economize(Method):
     def run(self, input_ids, attention_mask, gen_kwargs):
         results: list = []
         out = self.wrapped.generate(input_ids, attention_mask=attention_mask, on_results=results.extend, **gen_kwargs)
-        stats = None
-        if results:
-            acc = results[0].acceptance  # one (drafted, accepted) pair per verified cycle
-            calls = len(acc)
-            new_tokens = int(results[0].tokens.numel())
-            stats = {
-                "target_calls": calls,
-                "new_tokens": new_tokens,
-                "tokens_per_target_call": new_tokens / calls if calls else 0.0,
-                "accepted_per_call": [int(a) for _, a in acc],
-                "draft_len_per_call": [int(d) for d, _ in acc],
-                "acceptance_by_position": _position_counts(acc),
-            }
-        return out, stats
+        return out, (economize_stats(results[0]) if results else None)
+
+    def level_models(self) -> list:
+        return [UNKNOWN]          # its drafter's calls (none for prompt lookup) have no known cost
 
 
-def _position_counts(pairs: list[tuple[int, int]]) -> dict:
-    """``(drafted, accepted)`` pairs -> acceptance counts by draft position (as in ``GenerationStats``)."""
-    width = max((int(d) for d, _ in pairs), default=0)
-    proposed, accepted = [0] * width, [0] * width
-    for d, a in pairs:
-        for i in range(int(d)):
-            proposed[i] += 1
-            accepted[i] += int(i < int(a))
-    return {"proposed": proposed, "accepted": accepted}
+def _model_name(model: Any) -> str:
+    return getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
 
 
 def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict | None = None, sampling: bool = False,
@@ -214,7 +234,7 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict |
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
     hsddw = {} if window is None else {"max_window": window}
     builders: dict[str, Callable[[], Method]] = {
-        "plain": lambda: Method("plain", model),
+        "plain": lambda: Method("plain", model, one_forward_per_token=True),
         "plain-kernels": lambda: PlainKernels("plain-kernels", model),
         "pld": lambda: PromptLookup("pld", model, num_tokens=10),
         "pld-tuned": lambda: PromptLookup("pld-tuned", model, num_tokens=5, max_ngram=3),

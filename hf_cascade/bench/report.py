@@ -8,6 +8,7 @@ from pathlib import Path
 from .plots import plot_acceptance_by_position, plot_speedup_by_category, plot_window_per_step
 from .runner import BenchResult
 from .summary import KERNELS, OVERALL
+from .swi import COST_MODELS
 
 
 def _fmt(value, spec: str = ".2f", none: str = "–") -> str:
@@ -22,39 +23,57 @@ def _has_kernels(result: BenchResult) -> bool:
     return KERNELS in result.methods
 
 
+def _cost_models(result: BenchResult) -> list[str]:
+    """The SWI cost models of the run (in the summary's groups)."""
+    found = {c for s in result.summary[OVERALL].values() if s for c in s.get("swi", {})}
+    return [c for c in COST_MODELS if c in found]
+
+
+def _swi(s: dict, models: list[str]) -> str:
+    """``"1.91 / 1.40"``: the group's SWI per cost model, ``–`` where unavailable."""
+    return " / ".join(_fmt(s.get("swi", {}).get(c)) for c in models)
+
+
 def markdown_overall(result: BenchResult) -> str:
-    """One row per method: tokens/s, both speedups (and the speed relative to plain-kernels when it ran),
-    tokens per target call, identical outputs."""
+    """One row per method: tokens/s, both speedups (and the speed relative to plain-kernels when it ran), the SWI
+    per cost model, tokens per target call, identical outputs."""
     kernels = _has_kernels(result)
+    models = _cost_models(result)
+    swi_head = "".join(f" SWI ({c}) |" for c in models)
     lines = [
         "| method | prompts | tok/s | speedup (total time) | speedup (mean per prompt) | "
-        + ("speed / plain-kernels | " if kernels else "") + "tok/target call | identical to plain |",
-        "|---|---:|---:|---:|---:|" + ("---:|" if kernels else "") + "---:|---:|",
+        + ("speed / plain-kernels |" if kernels else "") + swi_head + " tok/target call | identical to plain |",
+        "|---|---:|---:|---:|---:|" + ("---:|" if kernels else "") + "---:|" * len(models) + "---:|---:|",
     ]
     for m in result.methods:
         s = result.summary[OVERALL].get(m)
         if s is None:
             continue
-        rel = f"{_fmt(s.get('speedup_vs_plain_kernels'))}x | " if kernels else ""
+        rel = f" {_fmt(s.get('speedup_vs_plain_kernels'))}x |" if kernels else ""
+        swi = "".join(f" {_fmt(s.get('swi', {}).get(c))} |" for c in models)
         lines.append(
             f"| {m} | {s['prompts']} | {_fmt(s['tokens_per_second'], '.1f')} | {_fmt(s['speedup'])}x | "
-            f"{_fmt(s['speedup_mean_per_prompt'])}x | {rel}{_fmt(s['tokens_per_target_call'])} | {_identical(s)} |"
+            f"{_fmt(s['speedup_mean_per_prompt'])}x |{rel}{swi} {_fmt(s['tokens_per_target_call'])} | {_identical(s)} |"
         )
     return "\n".join(lines)
 
 
 def markdown_categories(result: BenchResult) -> str:
-    """Categories x methods: speedup (total time) and tokens/s; tokens per call for methods that report it."""
+    """Categories x methods: speedup (total time) and tokens/s; tokens per call for methods that report it;
+    beside each speedup the SWI per cost model."""
     methods = [m for m in result.methods if m != "plain"]
-    head = "| category | plain tok/s | " + " | ".join(f"{m} speedup" for m in methods) + " |"
-    lines = [head, "|---|---:|" + "---:|" * len(methods)]
+    models = _cost_models(result)
+    swi_head = f" SWI ({' / '.join(models)})" if models else ""
+    head = "| category | plain tok/s | " + " | ".join(
+        f"{m} speedup" + (f" | {m}{swi_head}" if models else "") for m in methods) + " |"
+    lines = [head, "|---|---:|" + "---:|" * (len(methods) * (2 if models else 1))]
     for cat, per_method in result.summary["categories"].items():
         plain = per_method.get("plain")
         cells = []
         for m in methods:
             s = per_method.get(m)
             if s is None:
-                cells.append("–")
+                cells += ["–"] * (2 if models else 1)
                 continue
             cell = f"{s['speedup']:.2f}x"
             if s["tokens_per_target_call"] is not None:
@@ -62,6 +81,8 @@ def markdown_categories(result: BenchResult) -> str:
             if s["identical"] is not None and s["identical"] != s["prompts"]:
                 cell += f" [{s['identical']}/{s['prompts']} same]"
             cells.append(cell)
+            if models:
+                cells.append(_swi(s, models))
         plain_tps = _fmt(plain["tokens_per_second"], ".1f") if plain else "–"
         lines.append(f"| {cat} | {plain_tps} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -126,6 +147,12 @@ def markdown_tree(result: BenchResult) -> str | None:
     return "\n".join(lines)
 
 
+_SWI_NOTE = ("SWI: standardized walltime improvement (CS Drafting, Section 5.1): plain's standardized time over the "
+             "method's, each forward charged a fixed cost: *params* its model's parameter count (a verification of any "
+             "number of rows: one target forward), *measured* this machine's per-row costs (see `costs` in results.json); "
+             "– = unavailable.")
+
+
 def markdown_report(result: BenchResult) -> str:
     """The full Markdown report: settings, overall table, per-category tables (speedup vs plain; speed relative
     to plain-kernels when it ran), paired ratios, tree verification, errors."""
@@ -142,6 +169,7 @@ def markdown_report(result: BenchResult) -> str:
         "",
         markdown_overall(result),
         "",
+        *([_SWI_NOTE, ""] if _cost_models(result) else []),
         "### Per category (speedup vs plain on the same prompts; t/c = tokens per target call)",
         "",
         markdown_categories(result),

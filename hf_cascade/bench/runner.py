@@ -2,7 +2,10 @@
 
 Methods are interleaved prompt by prompt: for prompt ``i`` every method runs once, in the base order
 rotated by ``i``, so slow drifts of the machine (thermal, other load) hit all methods alike. Each method
-first runs one untimed warm-up ``generate`` on the first prompt.
+first runs one untimed warm-up ``generate`` on the first prompt. Then, before the timed runs, the cost
+tables of the standardized walltime improvement are built (:func:`~hf_cascade.bench.costs.build_costs`;
+``measured`` times the models), and every record gets its ``standardized_time`` per cost model
+(:mod:`hf_cascade.bench.swi`).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import torch
 
 from ..drafters.corpus import CorpusNGrams
 from .config import DRAFT_FAMILY, BenchConfig
+from .costs import build_costs
 from .methods import Method, MethodUnavailable, build_method
 from .summary import summarize
+from .swi import record_times
 
 
 @dataclass
@@ -31,6 +36,8 @@ class BenchResult:
         summary: per category and ``"overall"``, per method (see :func:`~hf_cascade.bench.summary.summarize`).
         errors: method -> why it could not run (build failure or an exception while generating).
         environment: versions, threads, model names.
+        costs: per cost model of the standardized walltime improvement, the costs charged (target, drafters,
+            per method; :func:`~hf_cascade.bench.costs.build_costs`).
     """
 
     config: dict
@@ -39,6 +46,7 @@ class BenchResult:
     summary: dict
     errors: dict[str, str] = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
+    costs: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -46,6 +54,7 @@ class BenchResult:
             "methods": self.methods,
             "errors": self.errors,
             "environment": self.environment,
+            "costs": self.costs,
             "summary": self.summary,
             "records": self.records,
         }
@@ -189,6 +198,9 @@ def run_benchmark(
             errors[name] = f"{type(exc).__name__}: {exc}"
             del methods[name]
 
+    # The standardized walltime improvement's costs (measured ones time the models: before the timed runs).
+    tables, costs = build_costs(config.cost_models, model, {name: m.level_models() for name, m in methods.items()})
+
     records: list[dict] = []
     iterator = enumerate(prompts)
     if progress:
@@ -223,6 +235,8 @@ def run_benchmark(
                 "output_text": tokenizer.decode(new, skip_special_tokens=True),
                 "stats": stats,
             })
+            prompt_records[-1]["standardized_time"] = record_times(
+                prompt_records[-1], {c: tables[c][name] for c in tables}, methods[name].one_forward_per_token)
         plain = outputs.get("plain")
         for rec in prompt_records:
             # Sampled outputs differ between methods by design (same distribution, other random draws).
@@ -239,6 +253,7 @@ def run_benchmark(
         summary=summarize(records, names, strategies=[n for n in config.strategies if n in names]),
         errors=errors,
         environment=environment,
+        costs=costs,
     )
 
 

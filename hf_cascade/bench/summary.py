@@ -7,6 +7,8 @@ import random
 from collections import defaultdict
 from statistics import mean
 
+from .swi import COST_MODELS, group_swi
+
 OVERALL = "overall"
 #: The second reference of every speedup: plain ``generate`` inside hf_cascade's CPU kernels (when it ran).
 KERNELS = "plain-kernels"
@@ -17,6 +19,12 @@ def _relative(by_prompt: dict[int, dict[str, dict]], method: str, reference: str
     pairs = [(p[reference]["seconds"], p[method]["seconds"]) for p in by_prompt.values() if reference in p and method in p]
     mine = sum(m for _, m in pairs)
     return sum(r for r, _ in pairs) / mine if pairs and mine > 0 else None
+
+
+def cost_models(records: list[dict]) -> list[str]:
+    """The SWI cost models the records carry standardized times for (:func:`~hf_cascade.bench.swi.record_times`)."""
+    seen = {m for r in records for m in r.get("standardized_time", {})}
+    return [m for m in COST_MODELS if m in seen]
 
 
 def _group_summary(records: list[dict], method: str) -> dict | None:
@@ -51,6 +59,7 @@ def _group_summary(records: list[dict], method: str) -> dict | None:
         "speedup_vs_plain_kernels": _relative(by_prompt, method, KERNELS),
         "tokens_per_target_call": per_call,
         "identical": None if any(s is None for s in same) else sum(bool(s) for s in same),
+        "swi": group_swi(pairs, cost_models(records)),
     }
 
 
@@ -169,7 +178,9 @@ def summarize(records: list[dict], methods: list[str], strategies: list[str] | N
 
     ``speedup`` is total plain time / total method time over the same prompts, ``speedup_vs_plain_kernels``
     the same against ``plain-kernels`` (``None`` when it did not run); ``speedup_mean_per_prompt`` the mean of
-    per-prompt ratios to plain; ``identical`` counts outputs equal to plain's (``None`` when sampling).
+    per-prompt ratios to plain; ``identical`` counts outputs equal to plain's (``None`` when sampling); ``swi``
+    the standardized walltime improvement per cost model (total plain standardized time / total method
+    standardized time over the same prompts, ``None`` when unavailable; :mod:`hf_cascade.bench.swi`).
     """
     categories = list(dict.fromkeys(r["category"] for r in records))
     out: dict = {OVERALL: {}, "categories": {}, "acceptance_by_position": {}, "tree_verification": {}, "paired": {}}

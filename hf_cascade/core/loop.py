@@ -90,6 +90,7 @@ def prefill(run: "_Run") -> None:
         return
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
     logits = run.target(input_ids=tokens[None], past_key_values=row.cache, use_cache=True, **kwargs).logits[0, -1]
+    run.stats.prefill_calls += 1
     hidden = run.head_input.rows()
     if hidden is None:
         return

@@ -41,6 +41,7 @@ class LevelStats:
 
     name: str
     forward_calls: int = 0          # neural forward passes (0 for statistical drafters)
+    forward_tokens: int = 0         # tokens (rows) those forwards ran, catch-up tokens and beams included
     proposals: int = 0              # times this level proposed tokens to its reviewer
     tokens_proposed: int = 0
     tokens_accepted: int = 0        # accepted by the level directly above it
@@ -54,10 +55,14 @@ class GenerationStats:
 
     A linear draft is a tree with one path, so the same fields describe every strategy.
     ``target_calls`` counts verifications (each emits ``accepted + 1`` tokens; the prompt's prefill
-    emits none and is timed in ``phase_seconds["prefill"]``).
+    emits none and is timed in ``phase_seconds["prefill"]``); ``prefill_calls`` counts the target forwards
+    over the prompt alone that emit nothing (1 in the decoding core for a prompt of two tokens or more; 0 in
+    transformers' assisted loop, whose first verification runs the prompt too), so the target ran
+    ``prefill_calls + target_calls`` forwards.
 
     Attributes:
         target_calls: verification forward passes of the target.
+        prefill_calls: target forwards over the prompt that verified nothing (see above).
         accepted_per_call: draft tokens accepted by the target at each call (the bonus token excluded).
         draft_len_per_call: draft tokens (tree nodes) proposed to the target at each call.
         acceptance_by_position: acceptance at the target by draft position (*depth* for trees: position
@@ -73,6 +78,7 @@ class GenerationStats:
     """
 
     target_calls: int = 0
+    prefill_calls: int = 0
     accepted_per_call: list[int] = field(default_factory=list)
     draft_len_per_call: list[int] = field(default_factory=list)
     acceptance_by_position: PositionCounts = field(default_factory=PositionCounts)
@@ -134,6 +140,7 @@ class GenerationStats:
     def to_dict(self) -> dict:
         return {
             "target_calls": self.target_calls,
+            "prefill_calls": self.prefill_calls,
             "new_tokens": self.new_tokens,
             "tokens_per_target_call": self.tokens_per_target_call,
             "accepted_per_call": list(self.accepted_per_call),
@@ -146,6 +153,7 @@ class GenerationStats:
                 {
                     "name": lv.name,
                     "forward_calls": lv.forward_calls,
+                    "forward_tokens": lv.forward_tokens,
                     "proposals": lv.proposals,
                     "tokens_proposed": lv.tokens_proposed,
                     "tokens_accepted": lv.tokens_accepted,

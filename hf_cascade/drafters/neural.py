@@ -198,6 +198,7 @@ class NeuralLevel:
         self.last_forward_seconds = time.perf_counter() - t0
         self.last_forward_tokens = tokens
         self.stats.forward_calls += 1
+        self.stats.forward_tokens += tokens
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         vd = logits.shape[-1]

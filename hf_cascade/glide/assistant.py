@@ -357,7 +357,8 @@ class GlideAssistant(TreeAssistant):
                 setattr(stats, name, getattr(drafter.record, name))
             name = "glide+cape" if self.settings.cape is not None else "glide"
             stats.levels = list(stats.levels) + [LevelStats(
-                name=name, forward_calls=stats.draft_forwards, proposals=len(stats.main_lengths),
+                name=name, forward_calls=stats.draft_forwards, forward_tokens=stats.draft_tokens,
+                proposals=len(stats.main_lengths),
                 tokens_proposed=sum(stats.draft_len_per_call), tokens_accepted=sum(stats.accepted_per_call))]
             self.last_stats = stats
         return out

@@ -32,14 +32,14 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..assistant import TreeAssistant
-from ..core.stats import TreeStats
+from ..core.stats import LevelStats, TreeStats
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..placement import place_like, target_device_dtype
 from ..loading import load_pretrained
 from ..core.adapt import AdaptiveBudget
 from ..core.budget import VerifyCost
-from .beam import beam_search, confident_prefix, kept_nodes, node_probabilities, pack
+from .beam import beam_rows, beam_search, confident_prefix, kept_nodes, node_probabilities, pack
 
 
 @dataclass
@@ -53,12 +53,19 @@ class ReDrafterStats(TreeStats):
             before the loop pruned nodes below an EOS): ``beam_tokens`` with ``dedupe=False``.
         confident_nodes: nodes left after ``min_confidence`` pruning (= ``drafted_nodes`` when it is 0).
         skipped_drafts: steps that drafted nothing (no hidden state yet, or no length budget left).
+        draft_forwards: forwards of the head: one per beam-search step (a recurrent step and the logits
+            of every live beam), ``L'`` per drafted step.
+        draft_tokens: rows those forwards ran (the live beams of each step, :func:`~hf_cascade.redrafter.beam.beam_rows`).
+
+    ``levels`` holds one :class:`~hf_cascade.core.stats.LevelStats` named ``"redrafter"`` with these forwards.
     """
 
     beam_tokens: list[int] = field(default_factory=list)
     drafted_nodes: list[int] = field(default_factory=list)
     confident_nodes: list[int] = field(default_factory=list)
     skipped_drafts: int = 0
+    draft_forwards: int = 0
+    draft_tokens: int = 0
 
     @property
     def compression_ratio(self) -> float:
@@ -80,6 +87,8 @@ class ReDrafterStats(TreeStats):
             "drafted_nodes": list(self.drafted_nodes),
             "confident_nodes": list(self.confident_nodes),
             "skipped_drafts": self.skipped_drafts,
+            "draft_forwards": self.draft_forwards,
+            "draft_tokens": self.draft_tokens,
             "compression_ratio": self.compression_ratio,
             "draft_cost_ratio": self.draft_cost_ratio,
         })
@@ -92,6 +101,8 @@ class _BeamRecord:
     drafted_nodes: list[int] = field(default_factory=list)
     confident_nodes: list[int] = field(default_factory=list)
     skipped: int = 0
+    forwards: int = 0
+    rows: int = 0
 
 
 class ReDrafterDrafter(TreeDrafter):
@@ -126,6 +137,9 @@ class ReDrafterDrafter(TreeDrafter):
             self.budget.start_draft()
         beams, _, logp = beam_search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, length,
                                      token_logp=True)                                  # [w', L'] each
+        rows = beam_rows(self.beam_width, length, int(self.head.draft_vocab_size))
+        self.record.forwards += len(rows)                                             # one head forward per step
+        self.record.rows += sum(rows)
         beams = beams.to(seq.device)
         tree, beam_to_node = pack(beams, self.dedupe)                                  # n nodes; one read of the beams
         self.record.beam_tokens.append(int(beams.numel()))
@@ -280,6 +294,11 @@ class ReDrafterAssistant(TreeAssistant):
             stats.drafted_nodes = record.drafted_nodes
             stats.confident_nodes = record.confident_nodes
             stats.skipped_drafts = record.skipped
+            stats.draft_forwards, stats.draft_tokens = record.forwards, record.rows
+            stats.levels = list(stats.levels) + [LevelStats(
+                name="redrafter", forward_calls=record.forwards, forward_tokens=record.rows,
+                proposals=len(record.beam_tokens), tokens_proposed=sum(stats.draft_len_per_call),
+                tokens_accepted=sum(stats.accepted_per_call))]
             self.last_stats = stats
         self._record = None
         return out

@@ -83,6 +83,17 @@ def beam_search(
     return (beams, score, steps) if token_logp else (beams, score)
 
 
+def beam_rows(width: int, length: int, columns: int) -> list[int]:
+    """Rows (live beams) the head runs at each of the ``length`` steps of :func:`beam_search`: one at the
+    first step (the root beam), then ``min(width, rows * columns)`` (``columns``: the head's output
+    columns ``N``), as its ``topk`` keeps them."""
+    rows, live = [], 1
+    for _ in range(length):
+        rows.append(live)
+        live = min(width, live * columns)
+    return rows
+
+
 def flat_tree(beams: torch.Tensor) -> TokenTree:
     """The ``w`` beams (``[w, L]``) as ``w`` separate branches of ``L`` nodes below the root, no
     prefix shared: node ``i * L + j`` holds ``beams[i, j]`` (what verifying the beams without dynamic
@@ -154,4 +165,5 @@ def confident_prefix(logp: torch.Tensor, min_confidence: float) -> torch.Tensor:
     return ok.long().cumprod(dim=1).bool()
 
 
-__all__ = ["beam_search", "beams_tree", "confident_prefix", "flat_tree", "kept_nodes", "node_probabilities", "pack", "prune"]
+__all__ = ["beam_rows", "beam_search", "beams_tree", "confident_prefix", "flat_tree", "kept_nodes", "node_probabilities",
+           "pack", "prune"]
