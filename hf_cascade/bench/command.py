@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from .config import DRAFT_KIND, BenchConfig, parse_baselines, parse_drafts, parse_k_matrix, parse_strategies
+from .config import DRAFT_KIND, BenchConfig, parse_baselines, parse_cost_models, parse_drafts, parse_k_matrix, parse_strategies
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
