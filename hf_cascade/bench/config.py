@@ -10,7 +10,8 @@ from pathlib import Path
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
-             "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat")
+             "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat",
+             "suffix", "suffix-tree")
 
 
 @dataclass

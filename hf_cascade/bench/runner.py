@@ -179,6 +179,8 @@ def run_benchmark(
                 raise
             errors[name] = f"{type(exc).__name__}: {exc}"
             del methods[name]
+            continue
+        methods[name].after_warmup()
 
     records: list[dict] = []
     iterator = enumerate(prompts)
