@@ -72,7 +72,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "also what the maxgram-corpus baseline uses")
     p.add_argument("--baselines", default="plain",
                    help="comma list from plain,plain-kernels,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
-                        "economize,maxgram,maxgram-corpus,hsddw-single,glide-chain,redrafter-w1,redrafter-flat (plain is always included)")
+                        "economize,maxgram,maxgram-corpus,hsddw-single,glide-chain,redrafter-w1,redrafter-flat,suffix,suffix-tree "
+                        "(plain is always included). suffix: SuffixDecoding with vLLM's defaults (up to 32 tokens, tree depth 24, "
+                        "max_spec_factor 1.0, min_token_prob 0.1, global cache of earlier responses) on ArcticInference's suffix "
+                        "trees (pip install arctic-inference), verified in our core; suffix-tree: the same with its speculation "
+                        "trees (use_tree_spec)")
     p.add_argument("--prompts", default=None, metavar="FILE", help="Spec-Bench question.jsonl (default: the bundled one)")
     p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")

@@ -12,7 +12,8 @@ from .swi import COST_MODELS
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
-             "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat")
+             "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat",
+             "suffix", "suffix-tree")
 #: The strategy whose draft models a method uses (methods not listed take none, or the shared ``drafts``).
 DRAFT_FAMILY = {"cascade": "cascade", "hsddw": "hsddw", "hsddw-single": "hsddw", "glide": "glide",
                 "glide-chain": "glide", "redrafter": "redrafter", "redrafter-w1": "redrafter", "redrafter-flat": "redrafter"}

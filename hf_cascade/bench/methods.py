@@ -1,4 +1,4 @@
-"""The methods a benchmark compares: plain ``generate``, transformers' baselines, economize, and ours.
+"""The methods a benchmark compares: plain ``generate``, transformers' baselines, economize, SuffixDecoding, and ours.
 
 Every method is a :class:`Method`: ``run(input_ids, attention_mask, gen_kwargs)`` returns the output
 ids and, where the method reports it, per-call statistics (a dict in the format of
@@ -71,6 +71,10 @@ class Method:
 
     def extra_kwargs(self) -> dict:
         return {}
+
+    def after_warmup(self) -> None:
+        """Called once after the method's untimed warm-up ``generate``: a method that keeps state across calls
+        on purpose (SuffixDecoding's cache of earlier responses) forgets the warm-up's here."""
 
 
 class PlainKernels(Method):
@@ -169,6 +173,25 @@ class Ours(Method):
         return assistant_levels(self.assistant)
 
 
+class Suffix(Ours):
+    """SuffixDecoding (:class:`~hf_cascade.drafters.suffix.SuffixAssistant`, vLLM's defaults) in our decoding core,
+    with the same verification backend as Max-Gram. Its global cache of earlier responses grows over the prompts
+    of a run, as vLLM's over requests; the warm-up's response is forgotten (:meth:`after_warmup`)."""
+
+    def __init__(self, name: str, model: Any, **settings):
+        try:
+            from ..drafters.suffix import SuffixAssistant
+
+            assistant = SuffixAssistant(**settings)
+        except ImportError as exc:
+            raise MethodUnavailable(f"baseline {name!r} needs ArcticInference's suffix trees: pip install arctic-inference "
+                                    f"({exc})") from exc
+        super().__init__(name, model, assistant)
+
+    def after_warmup(self) -> None:
+        self.assistant.clear()
+
+
 class Economize(Method):
     """economize's prompt-lookup drafter: ``LookupConfig(max_ngram=3)``, ``DecodeConfig(cycle_length=6)``."""
 
@@ -260,6 +283,9 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict |
         "redrafter": lambda: _tree("redrafter", model, drafts, ReDrafterAssistant, **beams),
         "redrafter-w1": lambda: _tree("redrafter-w1", model, drafts, ReDrafterAssistant, **{**beams, "beam_width": 1}),
         "redrafter-flat": lambda: _tree("redrafter-flat", model, drafts, ReDrafterAssistant, dedupe=False, **beams),
+        # SuffixDecoding (ArcticInference's suffix trees, vLLM's defaults): linear drafts as vLLM runs it, and trees
+        "suffix": lambda: Suffix("suffix", model),
+        "suffix-tree": lambda: Suffix("suffix-tree", model, use_tree_spec=True),
     }
     if name not in builders:
         raise ValueError(f"unknown method {name!r}")

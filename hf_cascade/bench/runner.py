@@ -197,6 +197,8 @@ def run_benchmark(
                 raise
             errors[name] = f"{type(exc).__name__}: {exc}"
             del methods[name]
+            continue
+        methods[name].after_warmup()
 
     # The standardized walltime improvement's costs (measured ones time the models: before the timed runs).
     tables, costs = build_costs(config.cost_models, model, {name: m.level_models() for name, m in methods.items()})
