@@ -120,7 +120,7 @@ def test_bf16_target_cascade_and_hsddw_drafters_cast(pair):
 
 
 @pytest.mark.parametrize("cape", [True, False])
-def test_bf16_target_glide_cast(pair, cape):
+def test_bf16_target_glide_cast(pair, cape, free_drafts):
     target = pair["bf16"]
     glide = echo_glide(pair["fp32"])                                            # shares the target's embeddings
     a = GlideAssistant(glide, cape=cape)
@@ -129,7 +129,7 @@ def test_bf16_target_glide_cast(pair, cape):
     assert sum(a.last_stats.accepted_per_call) > 0 or not cape          # (the echo GLIDE's chains miss on llama)
 
 
-def test_bf16_target_redrafter_cast(pair):
+def test_bf16_target_redrafter_cast(pair, free_drafts):
     target = pair["bf16"]
     head = copy.deepcopy(fit_head(pair["fp32"], pair["name"], steps=80))
     a = ReDrafterAssistant(head, 4, 5)
@@ -235,7 +235,7 @@ def test_timed_forwards_synchronise(monkeypatch):
     calls = []
     monkeypatch.setattr(neural, "synchronize", lambda device=None: calls.append(device))
     target = tm.llama_target()
-    a = CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()], k_matrix=[[2, 4], [0, 4]])
+    a = CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()], k_matrix=[[2, 4], [0, 4]], maxgram_first=False)   # reviews
     out = greedy(target, a, max_new_tokens=12)
     assert out == greedy(target, max_new_tokens=12)
     assert calls and len(calls) % 2 == 0 and set(calls) == {torch.device("cpu")}  # around each review forward

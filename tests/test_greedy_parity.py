@@ -17,6 +17,10 @@ from hf_cascade.drafters.lookahead import CostModel
 from tests import tiny_models as tm
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
+#: The paper's cascade (fixed K-matrix lengths, largest drafter first): what these tests of Algorithm 1 count on;
+#: the defaults (``maxgram_first``, ``cost_aware``) admit a drafter's tokens only where they pay on this machine.
+PAPER = dict(maxgram_first=False, cost_aware=False)
+
 REPETITIVE = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
 ONE_TOKEN = ids(9)
 NEW = 30
@@ -120,7 +124,7 @@ def test_maxgram_drafts_are_accepted_and_rejected(m):
 
 
 def test_neural_drafts_rejected_sometimes(m):
-    a = CascadeAssistant([m["noisy"]], k_matrix=[[3]])
+    a = CascadeAssistant([m["noisy"]], k_matrix=[[3]], **PAPER)
     stats = assert_parity(m["target"], REPETITIVE, a)
     assert 0 < sum(stats.accepted_per_call) < sum(stats.draft_len_per_call)
 
@@ -134,9 +138,9 @@ def test_long_generation_through_sliding_window(m):
 # -- counts --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make, neural_tokens", [
-    (lambda m: CascadeAssistant([m["copy"]]), 2),
-    (lambda m: CascadeAssistant([m["copy"]], k_matrix=[[4]]), 4),
-    (lambda m: CascadeAssistant([m["copy"], MaxGram(adaptive=False)]), 2),
+    (lambda m: CascadeAssistant([m["copy"]], **PAPER), 2),
+    (lambda m: CascadeAssistant([m["copy"]], k_matrix=[[4]], **PAPER), 4),
+    (lambda m: CascadeAssistant([m["copy"], MaxGram(adaptive=False)], **PAPER), 2),
 ], ids=["copy", "copy_k4", "copy+maxgram"])
 def test_drafter_equal_to_target_accepts_everything(m, make, neural_tokens):
     a = make(m)
@@ -150,7 +154,7 @@ def test_drafter_equal_to_target_accepts_everything(m, make, neural_tokens):
 
 
 def test_drafter_equal_to_target_count_is_exact(m):
-    a = CascadeAssistant([m["copy"]], k_matrix=[[2]])
+    a = CascadeAssistant([m["copy"]], k_matrix=[[2]], **PAPER)
     stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=30)
     # 30 tokens, 3 per target call (2 drafts + 1 bonus)
     assert stats.target_calls == 10

@@ -153,7 +153,7 @@ SETTINGS = {
     # Max-Gram alone (a chain through the core), at most 2 / 10 tokens per draft (K = [[k]])
     "maxgram": (lambda t, n: CascadeAssistant([MaxGram(adaptive=False, max_tokens=10)], k_matrix=[[n]]), CYCLE),
     # a neural drafter (its k forwards per draft on the device, read once) and SD + self-verify windows of n
-    "drafter": (lambda t, n: CascadeAssistant([copy_of(t)], k_matrix=[[n]]), CYCLE),
+    "drafter": (lambda t, n: CascadeAssistant([copy_of(t)], k_matrix=[[n]], cost_aware=False), CYCLE),
     "dynamic_window": (lambda t, n: DynamicWindowAssistant(copy_of(t), max_window=n, tau_init=float("inf")), CYCLE),
     "glide": (lambda t, n: _glide(t, False, n), REPETITIVE),
     "glide_cape": (lambda t, n: _glide(t, True, n), REPETITIVE),
@@ -163,7 +163,7 @@ SETTINGS = {
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
-def test_reads_per_target_call_do_not_grow_with_draft_length(target, monkeypatch, name):
+def test_reads_per_target_call_do_not_grow_with_draft_length(target, monkeypatch, name, free_drafts):
     make, prompt = SETTINGS[name]
     per_call, counters, stats = {}, {}, {}
     for length in (2, 10):
@@ -339,7 +339,7 @@ def test_accelerator_schedule_sampling_is_lossless(small, monkeypatch, name):
     """The deferred-read drafting loops (forced on this CPU) keep speculative sampling exact."""
     monkeypatch.setattr(placement, "DEFER_READS", True)
     assistant, drafter, kw = {
-        "drafter_alone": (CascadeAssistant([small["noisy"]], k_matrix=[[3]]), "noisy", {"temperature": 0.8}),
+        "drafter_alone": (CascadeAssistant([small["noisy"]], k_matrix=[[3]], cost_aware=False), "noisy", {"temperature": 0.8}),
         "maxgram_first_drop_unsure": (CascadeAssistant([small["noisy"], MaxGram(adaptive=False, max_tokens=3)],
                                                        k_matrix=[[2, 3], [0, 3]], maxgram_first=True,
                                                        min_confidence=0.3, keep_unsure=False), "noisy", {}),

@@ -55,18 +55,22 @@ def run_long(model, assistant, calls, new, seed, **kw):
 CORPUS = CorpusNGrams.fit([([1, 5, 6, 5, 6, 5, 7, 8, 9, 5, 6, 7], 1), ([3, 4, 5, 6, 7, 8], 1)], vocab_size=V, max_n=2,
                           min_count=1)
 
+#: The paper's cascade (fixed K-matrix lengths, largest drafter first): the configurations below exercise each
+#: review and verification path at every step; the defaults (``maxgram_first``, ``cost_aware``) are their own entry.
+PAPER = dict(maxgram_first=False, cost_aware=False)
+
 CONFIGS = {
     "maxgram": (lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3)]), None, {}),
     "maxgram_corpus": (
-        lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3, corpus=CORPUS, corpus_below=99)]), None, {}),
+        lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3, corpus=CORPUS, corpus_below=99)], **PAPER), None, {}),
     "drafter+maxgram_l2": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0), "noisy", {}),
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0, **PAPER), "noisy", {}),
     "drafter+maxgram_l2_temp_topk": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0), "noisy",
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0, **PAPER), "noisy",
         {"temperature": 1.5, "top_k": 6}),
     "maxgram_lenient_conf": (
         lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[3, 3], [0, 3]],
-                                   maxgram_lenience=3.0, min_confidence=0.5), "noisy", {}),
+                                   maxgram_lenience=3.0, min_confidence=0.5, **PAPER), "noisy", {}),
     "maxgram_first": (
         lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[2, 3], [0, 3]],
                                    maxgram_first=True, min_confidence=0.3), "noisy", {}),
@@ -77,11 +81,11 @@ CONFIGS = {
         lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[3, 3], [0, 3]],
                                    maxgram_first=True, cost_aware=True), "noisy", {}),
     "maxgram_unreviewed": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], maxgram_lenience=float("inf")),
-        "noisy", {}),
-    "drafter_alone": (lambda s: CascadeAssistant([s["noisy"]], k_matrix=[[3]]), "noisy", {"temperature": 0.8}),
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], maxgram_lenience=float("inf"),
+                                   **PAPER), "noisy", {}),
+    "drafter_alone": (lambda s: CascadeAssistant([s["noisy"]], k_matrix=[[3]], **PAPER), "noisy", {"temperature": 0.8}),
     "two_drafters_l3": (
-        lambda s: CascadeAssistant([s["noisy2"], s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=3.0),
+        lambda s: CascadeAssistant([s["noisy2"], s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=3.0, **PAPER),
         "noisy", {}),
 }
 
@@ -173,9 +177,9 @@ def test_lossy_rules_accept_every_draft(rule):
     drafter = tm.noisy_copy(target, noise=0.3)
     prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
     plain = _greedy(target, prompt)
-    strict = CascadeAssistant([drafter], k_matrix=[[3]])
+    strict = CascadeAssistant([drafter], k_matrix=[[3]], **PAPER)
     assert _greedy(target, prompt, strict).tolist() == plain.tolist()
-    lossy = CascadeAssistant([drafter], k_matrix=[[3]])
+    lossy = CascadeAssistant([drafter], k_matrix=[[3]], **PAPER)
     out = _greedy(target, prompt, lossy, [rule()])
     st = lossy.last_stats
     assert st.accepted_per_call == st.draft_len_per_call       # the target accepts every draft
@@ -190,14 +194,14 @@ def test_lossy_rules_change_nothing_with_drafter_equal_to_target(rule):
     target = tm.gemma3_target()
     prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
     plain = _greedy(target, prompt)
-    a = CascadeAssistant([tm.copy_model(target)], k_matrix=[[3]])
+    a = CascadeAssistant([tm.copy_model(target)], k_matrix=[[3]], **PAPER)
     assert _greedy(target, prompt, a, [rule()]).tolist() == plain.tolist()
     # without an assistant the rules see no draft and do nothing either
     assert _greedy(target, prompt, None, [rule()]).tolist() == plain.tolist()
 
 
 def test_lossy_rule_under_sampling_accepts_every_draft(small):
-    a = CascadeAssistant([small["noisy"]], k_matrix=[[3]])
+    a = CascadeAssistant([small["noisy"]], k_matrix=[[3]], **PAPER)
     torch.manual_seed(0)
     out = small["target"].generate(PROMPT, do_sample=True, max_new_tokens=30, assistant_model=a,
                                    logits_processor=[LossyLenientTarget(1e9)])

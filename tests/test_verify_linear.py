@@ -127,8 +127,8 @@ def test_greedy_parity_on_two_threads(name, kernel, monkeypatch):
 
     monkeypatch.setattr(RowsLinear, "__call__", counting)
     monkeypatch.setattr(TUNER, "force", kernel)
-    assistants = [hf_cascade.CascadeAssistant([tm.noisy_copy(target), MaxGram()], k_matrix=[[2, 6], [0, 6]]),
-                  GlideAssistant(echo_glide(target, 0.3), cape=True)]
+    assistants = [hf_cascade.CascadeAssistant([tm.noisy_copy(target), MaxGram()], k_matrix=[[2, 6], [0, 6]], cost_aware=False),
+                  GlideAssistant(echo_glide(target, 0.3), cape=True, verify_cost=None)]     # multi-row verifications
     with threads(2):
         for prompt in (ids(1, 5, 9), ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39)):
             expected = target.generate(prompt, do_sample=False, max_new_tokens=32)

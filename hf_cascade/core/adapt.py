@@ -14,7 +14,7 @@ times its cost). :class:`AdaptiveBudget` decides, per step:
    does not silence the drafter for good);
 2. **how deep to draft** (:meth:`~AdaptiveBudget.keep_drafting`): another draft forward can add at most the
    calibrated probability of reaching it, so drafting stops once ``reach < R * c_draft``;
-3. **which nodes to verify** (:meth:`~AdaptiveBudget.select`): :func:`~hf_cascade.core.budget.budget_mask` over
+3. **which nodes to verify** (:meth:`~AdaptiveBudget.select`): :func:`~hf_cascade.core.budget.budget_mask`'s rule over
    the drafter's node probabilities *calibrated by the target's verdicts* (:class:`AcceptanceCalibration`: a
    distilled drafter is overconfident away from its training prompts) with the measured cost profile
    (:class:`~hf_cascade.core.budget.VerifyCost`) and ``R``.
@@ -31,7 +31,7 @@ import time
 import torch
 
 from ..drafters.lookahead import AcceptanceCalibration
-from .budget import VerifyCost, budget_mask, path_probabilities
+from .budget import VerifyCost, best_size
 from .structure import TokenTree
 
 
@@ -94,10 +94,16 @@ class AdaptiveBudget:
         probs = torch.as_tensor(node_probs, dtype=torch.float64).tolist() if not isinstance(node_probs, list) else node_probs
         if tree.num_nodes == 0:
             return tree, []
-        calibrated = torch.tensor([self.calibration(p) for p in probs], dtype=torch.float64, device="cpu")
-        keep = budget_mask(tree, path_probabilities(tree, calibrated), self.cost, self.rate)
-        kept = keep.tolist()
-        return tree.select(keep), [p for p, k in zip(probs, kept) if k]
+        calibrated = [self.calibration(p) for p in probs]
+        path = [0.0] * len(probs)                   # path probabilities on the host (parents precede children)
+        for i, parent in enumerate(tree.host_parents):
+            path[i] = calibrated[i] * (path[parent] if parent >= 0 else 1.0)
+        order = sorted(range(len(path)), key=lambda i: (-path[i], i))
+        m = best_size(torch.tensor([path[i] for i in order], dtype=torch.float64, device="cpu"), self.cost, self.rate)
+        kept = [False] * len(path)
+        for i in order[:m]:
+            kept[i] = True
+        return tree.select(torch.tensor(kept, dtype=torch.bool, device="cpu")), [p for p, k in zip(probs, kept) if k]
 
     # -- measurements ----------------------------------------------------------------------------
     def start_draft(self) -> None:

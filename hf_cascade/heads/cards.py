@@ -52,12 +52,11 @@ _PROMPT = "Question: What is the capital of France?\\n\\nAnswer:"
 #: kind -> (import line, assistant line) of the usage snippet; ``{repo}`` is the head's repo id.
 _USES = {
     "drafter": ("from hf_cascade import CascadeAssistant, MaxGram",
-                'assistant = CascadeAssistant(["{repo}", MaxGram()], maxgram_first=True, min_confidence=0.4)'),
+                'assistant = CascadeAssistant(["{repo}", MaxGram()], k_matrix=[[3, 10], [0, 10]])  # up to 3 drafter tokens'),
     "glide": ("from hf_cascade import GlideAssistant",
-              'assistant = GlideAssistant("{repo}", cape=False, min_confidence=0.3)'),
+              'assistant = GlideAssistant("{repo}", cape=False)  # chains, no CAPE expansion'),
     "redrafter": ("from hf_cascade import ReDrafterAssistant",
-                  'assistant = ReDrafterAssistant("{repo}", beam_width=1, beam_length={beam_length}, '
-                  'min_confidence=0.3)'),
+                  'assistant = ReDrafterAssistant("{repo}", beam_width=2, beam_length={beam_length})'),
     "corpus": ("from hf_cascade import CascadeAssistant, CorpusNGrams, MaxGram",
                'assistant = CascadeAssistant([MaxGram(corpus=CorpusNGrams.load("{repo}"))])'),
 }
