@@ -1,20 +1,11 @@
 """Hardware-aware tree size: verify only the draft nodes whose expected return pays for their cost.
 
 Not in GLIDE's or ReDrafter's paper: both verify what they draft (CAPE up to 32 tokens, ReDrafter every
-beam), as if a forward over 32 tokens cost what a forward over one does, roughly true on a GPU. On a CPU
-the profile has a shape. Gemma-3-270M, fp32, 2 threads, one step of
-:func:`~hf_cascade.core.loop.speculative_decode` verifying ``n`` nodes over one verifying none
-(:func:`measure_verify_cost`, the loop itself; a separate timing of the decoder forward plus the output
-head on the rows acceptance reads agrees within 0.04):
-
-    n     0     1     2-4         5-7         8-11        12-13       14-24
-    cost  1.0   1.0   1.04-1.05   1.15-1.23   1.27-1.45   1.67-1.71   1.93-1.98
-
-(with the target's CPU kernels of :mod:`hf_cascade.backends.cpu.verify_linear` and :mod:`hf_cascade.backends.cpu.verify_head`:
-the decoder costs about the same for 1-5 tokens, the 262k-row output head about the same for 1-4 rows,
-~34 ms, a third of a step. Before the decoder linears were switched, a second token cost the decoder
-~+50% and the profile was 1.25 / 1.38 / 1.40-1.46 / 1.47-1.57; before the head computed a single row as
-a 2-row product, 1.06 / 1.15 / 1.19 / 1.25.) So whether a node pays
+beam), as if a forward over 32 tokens cost what a forward over one does, roughly true on a GPU far from its
+compute bound. Elsewhere (a CPU, a GPU near its bound, a large batch) the cost of verifying ``n`` nodes
+rises in steps with ``n``, and the steps are the machine's own (``VerifyCost()`` measures them on the
+running device, :func:`measure_verify_cost`; one CPU's profile and how it changed with the CPU kernels:
+``docs/design.md``). So whether a node pays
 depends on the node *and* on the step: Sequoia (Chen et al., 2024, "Sequoia: Scalable, Robust, and
 Hardware-aware Speculative Decoding", Section 3.3) sizes its tree from a measured forward-time profile;
 EAGLE-2 (Li et al., 2024) keeps the nodes of highest draft path probability. This module does both,
@@ -214,7 +205,7 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
     ``n = 0 .. max_nodes``; seconds per step over those of ``n = 0`` (a tree step without a tree: what a
     step of plain decoding costs in this loop). Median of ``repeats`` generations of ``steps`` steps per ``n``
     (after one warm-up), the sizes in alternating order, made non-decreasing. About ``repeats * steps *
-    (max_nodes + 1)`` target forwards (Gemma-3-270M, 2 CPU threads, defaults: about 4 minutes). Pass the result
+    (max_nodes + 1)`` target forwards. Pass the result
     as ``verify_cost=`` (``VerifyCost()`` measures a shorter version itself, :func:`default_verify_cost`).
     ``grid``: measure only these node counts (``0`` included; ``max_nodes`` = the largest) and interpolate
     linearly in between. The device is synchronised before each clock read (:func:`~hf_cascade.placement.synchronize`)."""
