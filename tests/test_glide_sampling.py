@@ -18,7 +18,7 @@ from tests.test_sampling import calibration, passes, run_long, small  # noqa: F4
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 
-@pytest.mark.parametrize("cape,kw,extra", [(True, {}, {"min_confidence": 0.4, "min_expansion_prob": 0.05}),
+@pytest.mark.parametrize("cape,kw,extra", [(True, {}, {"min_confidence": 0.4, "min_expansion_prob": 0.05, "verify_cost": None}),
                                            (True, {"temperature": 1.3}, {"verify_cost": VerifyCost((1.0, 1.0, 1.0, 1.0, 1.2))})])
 def test_sampling_calibration(small, cape, kw, extra, free_drafts):
     target = small["target"]
