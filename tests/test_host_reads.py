@@ -29,6 +29,7 @@ import hf_cascade.placement
 from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
 from hf_cascade import placement
 from hf_cascade.core import TokenTree
+from hf_cascade.core.budget import VerifyCost
 from hf_cascade.core.accept import greedy_tree_accept, sampling_tree_accept
 from hf_cascade.core.stats import LevelStats
 from hf_cascade.drafters.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
@@ -145,7 +146,9 @@ def copy_of(target):
 
 
 def _glide(target, cape, n):
-    return GlideAssistant(echo_glide(target, 0.0), cape=cape, draft_length=n)     # cross 0: accepted on Llama
+    # cross 0: accepted on Llama; the budget's path with a flat profile (a profile measured on a tiny model may
+    # prune the long chains this test needs)
+    return GlideAssistant(echo_glide(target, 0.0), cape=cape, draft_length=n, verify_cost=VerifyCost.flat())
 
 
 # name -> (factory(target, draft length), prompt on which long drafts get accepted)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_cascade.core.budget import VerifyCost
 from hf_cascade import ReDrafterAssistant
 from hf_cascade.redrafter import flat_tree
 from tests.redrafter_helpers import fit_head
@@ -31,14 +32,14 @@ def head(small):
 
 
 SAMPLING = {
-    "flat": (dict(beam_width=3, beam_length=3, dedupe=False), {}),
-    "wide_temp": (dict(beam_width=6, beam_length=4), {"temperature": 0.7}),
-    "confident": (dict(beam_width=4, beam_length=4, min_confidence=0.2), {}),
+    "flat": (dict(beam_width=3, beam_length=3, dedupe=False, verify_cost=None), {}),
+    "wide_temp": (dict(beam_width=6, beam_length=4, verify_cost=VerifyCost.flat()), {"temperature": 0.7}),   # the budget's path
+    "confident": (dict(beam_width=4, beam_length=4, min_confidence=0.2, verify_cost=None), {}),
 }
 
 
 @pytest.mark.parametrize("name", list(SAMPLING))
-def test_per_step_calibration(small, head, name):
+def test_per_step_calibration(small, head, name, free_drafts):
     settings, kw = SAMPLING[name]
     assistant = ReDrafterAssistant(head, cpu_kernels=False, **settings)
     seqs = run_long(small["target"], assistant, 8, 100, 0, **kw)
