@@ -161,7 +161,9 @@ SETTINGS = {
     "glide": (lambda t, n: _glide(t, False, n), REPETITIVE),
     "glide_cape": (lambda t, n: _glide(t, True, n), REPETITIVE),
     "maxgram_tree": (lambda t, n: MaxGramTreeAssistant(branches=2, depth=n), CYCLE),
-    "redrafter": (lambda t, n: ReDrafterAssistant(fit_head(t, "llama", steps=80), beam_width=2, beam_length=n), CYCLE),
+    # the budget's path with a flat profile, as GLIDE's above
+    "redrafter": (lambda t, n: ReDrafterAssistant(fit_head(t, "llama", steps=80), beam_width=2, beam_length=n,
+                                                  verify_cost=VerifyCost.flat()), CYCLE),
 }
 
 
