@@ -21,9 +21,10 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from .backends import verification_session
 from .candidate import ChainDrafter, SpeculativeCandidateGenerator
-from .core.checks import check_supported
+from .core.batch import speculative_decode_batch
+from .core.checks import check_supported, is_batched
 from .core.loop import speculative_decode
-from .core.stats import GenerationStats
+from .core.stats import BatchStats, GenerationStats
 from .core.strategy import TreeDrafter
 
 
@@ -77,8 +78,11 @@ class Assistant:
         """Called by the hook in place of transformers' ``_assisted_decoding`` (same inputs, same outputs)."""
         model_kwargs = model_kwargs or {}
         processors = logits_processor or LogitsProcessorList()
-        check_supported(target, input_ids, generation_config, model_kwargs, processors, synced_gpus, self.trees)
+        check_supported(target, input_ids, generation_config, model_kwargs, processors, synced_gpus, self.trees, streamer)
         self.bind(target)
+        if is_batched(input_ids, model_kwargs):
+            return self._decode_batch(target, input_ids, model_kwargs.get("attention_mask"), processors,
+                                      stopping_criteria, generation_config, target_tokenizer)
         stats = self.new_stats()
         self.last_stats = stats
         drafter = self.new_drafter(target, generation_config, processors, stats, target_tokenizer)
@@ -88,6 +92,20 @@ class Assistant:
                                           stats, streamer, session.block_rows)
         finally:
             self.last_stats = self.finish(drafter, stats)
+
+    def _decode_batch(self, target, input_ids, attention_mask, processors, stopping_criteria, generation_config,
+                      target_tokenizer):
+        """A batch (or a padded row): one drafter and one statistics object per row, one batched loop
+        (:mod:`hf_cascade.core.batch`); :attr:`last_stats` is a :class:`~hf_cascade.core.stats.BatchStats`."""
+        stats = BatchStats(rows=[self.new_stats() for _ in range(input_ids.shape[0])])
+        self.last_stats = stats
+        drafters = [self.new_drafter(target, generation_config, processors, s, target_tokenizer) for s in stats.rows]
+        try:
+            with verification_session(target, self.cpu_kernels) as session:
+                return speculative_decode_batch(target, drafters, input_ids, attention_mask, processors,
+                                                stopping_criteria, generation_config, stats, session.block_rows)
+        finally:
+            stats.rows = [self.finish(d, s) for d, s in zip(drafters, stats.rows)]
 
     def target_session(self, target: PreTrainedModel):
         """The verification backend for one call (see :mod:`hf_cascade.backends`)."""
@@ -129,7 +147,7 @@ class LinearAssistant(Assistant):
         target_tokenizer=None,
     ) -> SpeculativeCandidateGenerator:
         """transformers' loop (``loop = "transformers"``): called by the hook once per ``generate()`` call."""
-        check_supported(target, input_ids, generation_config, model_kwargs, logits_processor, trees=False)
+        check_supported(target, input_ids, generation_config, model_kwargs, logits_processor, trees=False, batch=False)
         self.bind(target)
         stats = self.new_stats()
         generator = self.build(target, generation_config, logits_processor, stats, target_tokenizer)

@@ -340,5 +340,6 @@ def test_generate_time_errors():
         target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(d, tm.llama(eos_token_id=3, seed=3)), **gen)
     with pytest.raises(ValueError, match="own draft model"):
         target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(target), **gen)
-    with pytest.raises(ValueError, match="batch size 1"):
-        target.generate(REPETITIVE.repeat(2, 1), assistant_model=DynamicWindowAssistant(d), **gen)
+    with pytest.raises(ValueError, match="left padding"):                       # right padding is refused
+        target.generate(REPETITIVE.repeat(2, 1), attention_mask=torch.tensor([[1] * 9, [1] * 8 + [0]]),
+                        assistant_model=DynamicWindowAssistant(d), **gen)

@@ -252,8 +252,9 @@ def test_errors():
     target = models("llama")["target"]
     head = fit_head(target, "llama", steps=80)
     a = ReDrafterAssistant(head, 4, 4)
-    with pytest.raises(ValueError, match="batch size 1"):
-        ours(target, torch.cat([REPETITIVE, REPETITIVE]), a)
+    with pytest.raises(ValueError, match="left padding"):                       # right padding is refused
+        ours(target, torch.cat([REPETITIVE, REPETITIVE]), a,
+             attention_mask=torch.tensor([[1] * 9, [1] * 8 + [0]]))
     with pytest.raises(ValueError, match="beam"):
         ours(target, REPETITIVE, a, num_beams=2)
     other_vocab = ReDrafterModel(ReDrafterConfig(vocab_size=tm.VOCAB + 32, hidden_size=32))

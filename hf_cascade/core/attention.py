@@ -51,3 +51,34 @@ def tree_attention_mask(
 def tree_position_ids(prefix_len: int, tree: TokenTree) -> torch.Tensor:
     """``[1, n]`` LongTensor: ``prefix_len + depth[i]``."""
     return (prefix_len + tree.position_offsets())[None]
+
+
+def batch_tree_allowed(past_pos: torch.Tensor, query_pos: torch.Tensor, ancestors: torch.Tensor,
+                       sliding_window: int | None = None) -> torch.Tensor:
+    """``[B, N, T + N]`` bool: where each query of a batch of trees may attend, with holes in the cache.
+
+    Args:
+        past_pos: ``[B, T]`` the position of each cached column of each row, ``-1`` for a column the row
+            does not own (left padding, or a rejected draft's hole).
+        query_pos: ``[B, N]`` the position of each query (row ``b``'s root and tree nodes, then ``-1`` for
+            the padding that evens the rows' tree sizes).
+        ancestors: ``[B, N, N]`` bool, ``ancestors[b, i, j]`` iff query ``j`` is query ``i`` or one of its
+            ancestors (a padding query: itself only, so its row of scores is never empty).
+
+    A query attends to every column its row owns and to its ancestors; with ``sliding_window`` ``W`` only to
+    keys fewer than ``W`` positions behind it (positions, not columns: holes do not count)."""
+    real = query_pos >= 0                                                           # [B, N]
+    past = (past_pos >= 0)[:, None, :] & real[:, :, None]                           # [B, N, T]
+    allowed = torch.cat([past, ancestors.to(torch.bool)], dim=-1)
+    if sliding_window is not None:
+        keys = torch.cat([past_pos, query_pos], dim=-1)                             # [B, T + N]
+        allowed &= (query_pos[:, :, None] - keys[:, None, :]) < sliding_window
+    return allowed
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``allowed`` (bool) as an additive mask with a head axis: ``0`` where attending, ``finfo(dtype).min``
+    elsewhere (the format of transformers' eager/sdpa 4D masks)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(-3)

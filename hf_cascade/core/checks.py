@@ -12,12 +12,17 @@ _IGNORED_KWARGS = {"attention_mask", "position_ids", "cache_position", "logits_t
 
 
 def check_supported(target, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict,
-                    logits_processor=None, synced_gpus: bool = False, trees: bool = True) -> None:
+                    logits_processor=None, synced_gpus: bool = False, trees: bool = True, streamer=None,
+                    batch: bool = True) -> None:
     """Raise ``ValueError`` for inputs the core cannot honour. ``trees``: the strategy drafts token
     trees (lossy target rules review linear drafts only)."""
     cfg = generation_config
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"hf_cascade assistants support batch size 1 only (got {input_ids.shape[0]}).")
+    batched = is_batched(input_ids, model_kwargs)
+    if batched and not batch:
+        raise ValueError(f"this loop supports one unpadded row only (got {input_ids.shape[0]} rows); the decoding core "
+                         "(the default loop) runs batches.")
+    if batched:
+        _check_batch(input_ids, cfg, model_kwargs, logits_processor, streamer)
     if (cfg.num_beams or 1) > 1:
         raise ValueError("hf_cascade assistants do not support beam search (num_beams > 1).")
     if target.config.is_encoder_decoder:
@@ -41,15 +46,34 @@ def check_supported(target, input_ids: torch.Tensor, generation_config: Generati
         )
     if cache is not None and cache.get_seq_length() > 0:
         raise ValueError("hf_cascade assistants start from the prompt: a prefilled past_key_values is not supported.")
-    mask = model_kwargs.get("attention_mask")
-    if mask is not None and not bool((mask != 0).all()):
-        raise ValueError("hf_cascade assistants do not support padding (an attention_mask with zeros).")
     positions = model_kwargs.get("position_ids")
-    if positions is not None and not torch.equal(positions.reshape(-1).cpu(), torch.arange(input_ids.shape[1])):
+    if positions is not None and not batched and not torch.equal(positions.reshape(-1).cpu(), torch.arange(input_ids.shape[1])):
         raise ValueError("hf_cascade assistants do not support custom position_ids.")
     extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _IGNORED_KWARGS)
     if extra:
         raise ValueError(f"hf_cascade assistants support token inputs only; unsupported model inputs: {extra}.")
+
+
+def is_batched(input_ids: torch.Tensor, model_kwargs: dict) -> bool:
+    """Whether the call runs the batched loop (:mod:`hf_cascade.core.batch`): several rows, or a padded one."""
+    mask = model_kwargs.get("attention_mask")
+    return input_ids.shape[0] > 1 or (mask is not None and not bool((mask != 0).all()))
+
+
+def _check_batch(input_ids, cfg, model_kwargs, logits_processor, streamer) -> None:
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None:
+        m = (mask != 0).long().cpu()
+        if m.shape != input_ids.shape or bool((m[:, 1:] < m[:, :-1]).any()) or not bool(m[:, -1].all()):
+            raise ValueError("hf_cascade assistants need left padding for batches (each row's attention_mask: zeros, "
+                             "then ones to the end); set tokenizer.padding_side = 'left'.")
+    if streamer is not None:
+        raise ValueError("streamers support batch size 1 (as in transformers); stream one prompt at a time.")
+    if cfg.return_dict_in_generate and (cfg.output_scores or cfg.output_logits):
+        raise ValueError("hf_cascade assistants return scores and logits for batch size 1 only; with a batch, "
+                         "return_dict_in_generate gives the sequences.")
+    if any(isinstance(p, DraftAwareProcessor) for p in (logits_processor or [])):
+        raise ValueError("lossy target rules (LossyLenientTarget, LossyTypicalAcceptance) support batch size 1 only.")
 
 
 def refuse_unsupported_config(config: GenerationConfig) -> None:
@@ -64,4 +88,4 @@ def refuse_unsupported_config(config: GenerationConfig) -> None:
         )
 
 
-__all__ = ["check_supported", "refuse_unsupported_config"]
+__all__ = ["check_supported", "is_batched", "refuse_unsupported_config"]

@@ -62,8 +62,14 @@ def model_tree_mask(
 ) -> torch.Tensor | dict[str, torch.Tensor]:
     """The ``attention_mask`` argument for ``model``: one additive ``[1, 1, n, prefix_len + n]``
     tensor, or a dict per layer type when the model mixes full and sliding-window layers."""
-    config = model.config.get_text_config()
     device, dtype = mask_device_dtype(model)
+    return per_layer_type(model, lambda window: tree_attention_mask(prefix_len, tree, dtype, device, window))
+
+
+def per_layer_type(model: PreTrainedModel, build):
+    """``build(sliding_window)`` (``None``: full attention) for each kind of attention layer ``model`` has:
+    one mask, or a dict ``{layer_type: mask}`` when it mixes full and sliding-window layers."""
+    config = model.config.get_text_config()
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types:
@@ -71,14 +77,11 @@ def model_tree_mask(
         unknown = kinds - {_FULL, _SLIDING}
         if unknown:
             raise NotImplementedError(f"tree verification supports full and sliding-window attention layers, not {sorted(unknown)}")
-        masks = {
-            kind: tree_attention_mask(prefix_len, tree, dtype, device, window if kind == _SLIDING else None)
-            for kind in kinds
-        }
+        masks = {kind: build(window if kind == _SLIDING else None) for kind in kinds}
         return masks if len(masks) > 1 else next(iter(masks.values()))
     if window is not None and getattr(config, "use_sliding_window", True):
-        return tree_attention_mask(prefix_len, tree, dtype, device, window)  # every layer windowed (Mistral-style)
-    return tree_attention_mask(prefix_len, tree, dtype, device)
+        return build(window)                                   # every layer windowed (Mistral-style)
+    return build(None)
 
 
 def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: TokenTree, last_token,

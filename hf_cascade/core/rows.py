@@ -84,6 +84,7 @@ class TreeRows:
             first_child[self._parent_row[row]] = row
         self._first_child = first_child
         self._block: dict[int, list[int]] = {}       # row -> the rows computed in the same head call
+        self.known_argmax: dict[int, int] = {}       # processed argmax read already (a batched loop's one read)
         if raw is not None:
             self._block = dict.fromkeys(range(n + 1), list(range(n + 1)))
 
@@ -111,6 +112,8 @@ class TreeRows:
     def argmax_block(self, r: int) -> dict[int, int]:
         """The processed argmax of row ``r`` and of the rows computed in the same head call, ``{row: token}``,
         in one device read (what greedy acceptance walks through next)."""
+        if int(r) in self.known_argmax:
+            return {row: t for row, t in self.known_argmax.items() if row in self._block.get(int(r), [int(r)])}
         self.raw(r)
         block = self._block.get(int(r), [int(r)])
         best = torch.stack([self[row] for row in block]).argmax(dim=-1).tolist()
@@ -121,6 +124,13 @@ class TreeRows:
         return _Softmax(self)
 
     def _compute_chain(self, r: int) -> None:
+        chain = self.plan(r)
+        index = torch.tensor(chain, device=self.hidden.device)
+        self.store(chain, self.head(self.hidden.index_select(0, index)).float())           # [k, V]
+
+    def plan(self, r: int = 0) -> list[int]:
+        """The rows the next head call computes when row ``r`` is read (see the module docstring); a
+        batched loop computes several trees' first blocks in one head call and hands them to :meth:`store`."""
         chain = []
         while r != -1 and len(chain) < self.block_rows:                # r, its first child, ...
             if r not in self._raw:
@@ -135,8 +145,10 @@ class TreeRows:
             if row not in known and self._parent_row[row] in known:
                 chain.append(row)
                 known.add(row)
-        index = torch.tensor(chain, device=self.hidden.device)
-        logits = self.head(self.hidden.index_select(0, index)).float()           # [k, V]
+        return chain
+
+    def store(self, chain: list[int], logits: torch.Tensor) -> None:
+        """Raw logits ``[k, V]`` (float32) of the rows ``chain``, computed in one head call."""
         self.head_calls += 1
         for row, values in zip(chain, logits):
             self._raw[row] = values

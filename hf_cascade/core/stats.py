@@ -178,6 +178,49 @@ class GenerationStats:
 TreeStats = GenerationStats
 
 
+@dataclass
+class BatchStats:
+    """Statistics of one batched ``generate()`` call (:mod:`hf_cascade.core.batch`): one
+    :class:`GenerationStats` per row (``rows[b]``, filled by row ``b``'s drafter and steps; its
+    ``target_calls`` counts the verifications row ``b`` took part in), and the batch's own forwards.
+
+    Attributes:
+        target_calls: batched verification forwards; ``rows_per_call`` / ``width_per_call``: the rows in
+            each and the columns per row (the widest draft plus its root).
+        compactions: times the cache's rows were gathered to drop padding and holes.
+    """
+
+    rows: list[GenerationStats] = field(default_factory=list)
+    target_calls: int = 0
+    prefill_calls: int = 0
+    rows_per_call: list[int] = field(default_factory=list)
+    width_per_call: list[int] = field(default_factory=list)
+    compactions: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def record_forward(self, rows: int, width: int) -> None:
+        self.target_calls += 1
+        self.rows_per_call.append(int(rows))
+        self.width_per_call.append(int(width))
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(r.new_tokens for r in self.rows)
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """Tokens emitted over the batch per batched target forward (``B`` means no speculation gain
+        while every row runs)."""
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    def to_dict(self) -> dict:
+        return {"target_calls": self.target_calls, "prefill_calls": self.prefill_calls,
+                "new_tokens": self.new_tokens, "tokens_per_target_call": self.tokens_per_target_call,
+                "rows_per_call": list(self.rows_per_call), "width_per_call": list(self.width_per_call),
+                "compactions": self.compactions, "phase_seconds": dict(self.phase_seconds),
+                "rows": [r.to_dict() for r in self.rows]}
+
+
 class PhaseTimer:
     """``with timer("draft"): ...`` adds the elapsed wall time to ``stats.phase_seconds["draft"]``."""
 

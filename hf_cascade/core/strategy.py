@@ -59,6 +59,9 @@ class TreeDrafter(ABC):
     #: ``True`` when every draft is one path: the core then verifies without a tree mask (any
     #: attention backend) and with the linear drafts' options (lossy target rules)
     linear: bool = False
+    #: ``True`` when :meth:`draft_tree` reads ``state.cache`` (the target's K/V); the batched loop
+    #: (:mod:`hf_cascade.core.batch`) then builds the row's cache for it, otherwise it passes ``None``
+    reads_target_cache: bool = False
 
     @abstractmethod
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:

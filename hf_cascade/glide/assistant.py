@@ -97,6 +97,8 @@ class GlideDrafter(TreeDrafter):
     """Drafts GLIDE (+ CAPE) trees below the last verified token; one per ``generate()`` call (its draft
     cache and records live and die with the call). See the module docstring for the step."""
 
+    reads_target_cache = True                        # cross-attends to the target's K/V (TreeStep.cache)
+
     def __init__(self, glide, settings: GlideSettings, stop_ids: list[int]):
         self.glide, self.settings = glide, settings
         self.linear = settings.cape is None          # without CAPE every draft is a chain (no tree mask)
@@ -326,7 +328,6 @@ class GlideAssistant(TreeAssistant):
         self.glide = glide_model.eval()
         self.cpu_kernels = cpu_kernels
         self.place_drafters = bool(place_drafters)
-        self._drafter: GlideDrafter | None = None
 
     def bind(self, target: PreTrainedModel) -> None:
         """``place_drafters``: a float32 GLIDE on a bf16 target is cast once here, not the K/V at every forward."""
@@ -340,27 +341,18 @@ class GlideAssistant(TreeAssistant):
         stop = [] if eos is None else [eos] if isinstance(eos, int) else list(torch.as_tensor(eos).flatten().tolist())
         settings, cost = self.settings, self.settings.verify_cost          # VerifyCost(): measured on this device
         settings = replace(settings, verify_cost=cost.resolve(target)) if cost is not None else settings
-        self._drafter = GlideDrafter(self.glide, settings, stop)
-        return self._drafter
+        return GlideDrafter(self.glide, settings, stop)
 
-    def decode(self, *args, **kwargs):
-        """:meth:`TreeAssistant.decode`, then ``last_stats`` becomes a :class:`GlideStats`."""
-        self._drafter = None
-        try:
-            out = super().decode(*args, **kwargs)
-        finally:
-            drafter, self._drafter = self._drafter, None
-        base = self.last_stats
-        if base is not None and drafter is not None:
-            stats = GlideStats(**{f.name: getattr(base, f.name) for f in fields(TreeStats) if f.init})
-            for name in _RECORDED:
-                setattr(stats, name, getattr(drafter.record, name))
-            name = "glide+cape" if self.settings.cape is not None else "glide"
-            stats.levels = list(stats.levels) + [LevelStats(
-                name=name, forward_calls=stats.draft_forwards, forward_tokens=stats.draft_tokens,
-                proposals=len(stats.main_lengths),
-                tokens_proposed=sum(stats.draft_len_per_call), tokens_accepted=sum(stats.accepted_per_call))]
-            self.last_stats = stats
+    def finish(self, drafter: GlideDrafter, stats: TreeStats) -> GlideStats:
+        """The call's (or a batch row's) statistics as a :class:`GlideStats`, with the drafter's records."""
+        out = GlideStats(**{f.name: getattr(stats, f.name) for f in fields(TreeStats) if f.init})
+        for name in _RECORDED:
+            setattr(out, name, getattr(drafter.record, name))
+        name = "glide+cape" if self.settings.cape is not None else "glide"
+        out.levels = list(out.levels) + [LevelStats(
+            name=name, forward_calls=out.draft_forwards, forward_tokens=out.draft_tokens,
+            proposals=len(out.main_lengths),
+            tokens_proposed=sum(out.draft_len_per_call), tokens_accepted=sum(out.accepted_per_call))]
         return out
 
 

@@ -259,7 +259,6 @@ class ReDrafterAssistant(TreeAssistant):
         self.beam_width, self.beam_length, self.dedupe = int(beam_width), int(beam_length), bool(dedupe)
         self.cpu_kernels = cpu_kernels
         self.place_drafters = bool(place_drafters)
-        self._record: _BeamRecord | None = None
 
     def bind(self, target: PreTrainedModel) -> None:
         """Place the head on the target's input-embedding device and dtype (``place_drafters``)."""
@@ -280,27 +279,21 @@ class ReDrafterAssistant(TreeAssistant):
         cost = self.verify_cost.resolve(target) if self.verify_cost is not None else None   # measured on this device
         drafter = ReDrafterDrafter(self.head, embed, self.beam_width, self.beam_length, self.dedupe, self.min_confidence,
                                    cost)
-        self._record = drafter.record
         return drafter
 
-    def decode(self, *args, **kwargs):
-        """:meth:`TreeAssistant.decode`, then ``last_stats`` becomes a :class:`ReDrafterStats`."""
-        self._record = None
-        out = super().decode(*args, **kwargs)
-        base, record = self.last_stats, self._record
-        if base is not None and record is not None:
-            stats = ReDrafterStats(**{f.name: getattr(base, f.name) for f in fields(TreeStats) if f.init})
-            stats.beam_tokens = record.beam_tokens
-            stats.drafted_nodes = record.drafted_nodes
-            stats.confident_nodes = record.confident_nodes
-            stats.skipped_drafts = record.skipped
-            stats.draft_forwards, stats.draft_tokens = record.forwards, record.rows
-            stats.levels = list(stats.levels) + [LevelStats(
-                name="redrafter", forward_calls=record.forwards, forward_tokens=record.rows,
-                proposals=len(record.beam_tokens), tokens_proposed=sum(stats.draft_len_per_call),
-                tokens_accepted=sum(stats.accepted_per_call))]
-            self.last_stats = stats
-        self._record = None
+    def finish(self, drafter: "ReDrafterDrafter", stats: TreeStats) -> ReDrafterStats:
+        """The call's (or a batch row's) statistics as a :class:`ReDrafterStats`, with the drafter's records."""
+        record = drafter.record
+        out = ReDrafterStats(**{f.name: getattr(stats, f.name) for f in fields(TreeStats) if f.init})
+        out.beam_tokens = record.beam_tokens
+        out.drafted_nodes = record.drafted_nodes
+        out.confident_nodes = record.confident_nodes
+        out.skipped_drafts = record.skipped
+        out.draft_forwards, out.draft_tokens = record.forwards, record.rows
+        out.levels = list(out.levels) + [LevelStats(
+            name="redrafter", forward_calls=record.forwards, forward_tokens=record.rows,
+            proposals=len(record.beam_tokens), tokens_proposed=sum(out.draft_len_per_call),
+            tokens_accepted=sum(out.accepted_per_call))]
         return out
 
 

@@ -1,0 +1,370 @@
+"""Batched speculative decoding: a left-padded batch of ``B`` rows, each drafting on its own, one target
+forward verifying every row's draft per step.
+
+The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify -> accept -> update), over rows:
+
+1. **draft** -- each row's own drafter (one per row: its own statistics and caches) proposes a tree for its
+   own sequence, pruned to what that row can still emit; a row may draft nothing.
+2. **verify** -- one target forward over ``[B, N]``: row ``b``'s root and its ``n_b`` nodes, padded to
+   ``N = max n_b + 1`` with queries that attend to themselves only; per-row position ids (each node at its
+   branch position, counted in the row's own tokens, padding not counted, as plain batched ``generate``
+   counts them) and one additive mask ``[B, 1, N, T + N]``
+   (:func:`~hf_cascade.core.attention.batch_tree_allowed`). The output head then computes every row's
+   first block of logits in one call (:meth:`TreeRows.plan <hf_cascade.core.rows.TreeRows.plan>`).
+3. **accept** -- per row, greedy or exact speculative sampling, exactly as at batch 1, with the logits
+   processors given the row's padded sequence (what plain batched ``generate`` gives them); greedy reads
+   the argmax of every row's first block in one transfer.
+4. **update** -- per row, the emitted tokens' K/V move to the front of the step's block of columns; the
+   block is cut to the longest row's count, and a row that emitted fewer leaves *holes*: columns it does
+   not own, masked like its left padding. When padding and holes exceed a third of the cache, the rows are
+   compacted (each row's columns gathered, right-aligned: one copy). Rows that finish (EOS, length,
+   stopping criteria) leave the batch: their cache rows are dropped and cost nothing afterwards.
+
+Why holes: transformers' ``DynamicCache`` keeps one length for the whole batch, so ragged rows need masked
+columns anyway; realigning every row at every step copies the whole cache (``O(B x T)`` per step), holes
+cost the step's block (``O(B x N)``) plus attention over at most a third more columns.
+
+Host and device: token ids, trees, positions and owned columns are host values; per step the device is read
+once per row for its draft and, greedy, once for every row's first block of argmaxes (more only where a
+walk leaves the block), so reads grow with ``B``, not with the draft length.
+
+Output: row ``b`` is its padded prompt, its tokens, then ``pad_token_id`` up to the longest row, as plain
+batched ``generate`` returns it. ``past_key_values`` is not returned (the cache has holes).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
+from .attention import additive, batch_tree_allowed
+from .forward import check_attention_backend, mask_device_dtype, output_head, per_layer_type
+from .loop import _HeadInput, _depth, _input_device, _leaves
+from .rows import TreeRows
+from .stats import BatchStats, PhaseTimer
+from .stopping import Stopper, prune_tree
+from .strategy import TreeDrafter, TreeStep
+from .structure import TokenTree
+
+#: compact the cache when columns a row does not own (padding, holes) exceed this share of it
+COMPACT_SHARE = 1 / 3
+
+
+@torch.no_grad()
+def speculative_decode_batch(
+    target: PreTrainedModel,
+    drafters: list[TreeDrafter],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    logits_processor: LogitsProcessorList | None,
+    stopping_criteria,
+    generation_config: GenerationConfig,
+    stats: BatchStats,
+    block_rows: int | None = 4,
+):
+    """Generate for every row of a left-padded batch, row ``b`` drafted by ``drafters[b]`` (module docstring)."""
+    check_attention_backend(target, tree_shaped=True)          # holes and padding need our mask
+    run = _Batch(target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria,
+                 generation_config, stats, block_rows)
+    with run.head_input:
+        with run.timer("prefill"):
+            prefill(run)
+        while run.rows:
+            with run.timer("draft"):
+                drafts = [draft(run, b) for b in range(len(run.rows))]
+            started = time.perf_counter()
+            with run.timer("verify"):
+                rows = verify(run, drafts)
+            with run.timer("accept"):
+                acceptances = accept(run, drafts, rows)
+            run.verify_seconds = time.perf_counter() - started      # acceptance read the device: synchronised
+            with run.timer("update"):
+                update(run, drafts, rows, acceptances)
+    return run.result()
+
+
+# -- the steps -----------------------------------------------------------------------------------------
+
+def prefill(run: "_Batch") -> None:
+    """Every row's prompt minus its last token (the first root) into the cache, left padding masked."""
+    width = run.width - 1
+    if width < 1:
+        return
+    pos = [[-1] * row.pad + list(range(row.length - 1)) for row in run.rows]          # [B, P - 1]
+    query = torch.tensor(pos, dtype=torch.long, device=run.device)
+    real = query >= 0
+    causal = torch.ones(width, width, dtype=torch.bool, device=run.device).tril()
+    ancestors = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=run.device)[None]
+    empty = torch.empty(len(run.rows), 0, dtype=torch.long, device=run.device)
+    ids = torch.stack([row.full[:-1] for row in run.rows])
+    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
+    logits = run.target(input_ids=ids, position_ids=query.clamp(min=0), attention_mask=run.mask(empty, query, ancestors),
+                        past_key_values=run.cache, use_cache=True, **kwargs).logits[:, -1]
+    run.stats.prefill_calls += 1
+    run.past_pos = query
+    for row, p in zip(run.rows, pos):
+        row.cols = [c for c, q in enumerate(p) if q >= 0]
+    hidden = run.head_input.rows()
+    if hidden is None or hidden.shape[0] != len(run.rows):
+        return
+    head = output_head(run.target)
+    real_last = [b for b, row in enumerate(run.rows) if row.length > 1]
+    if head is not None and real_last:
+        index = torch.tensor(real_last, device=hidden.device)
+        if torch.allclose(head(hidden[index]).float(), logits[index.to(logits.device)].float(), rtol=1e-4, atol=1e-4):
+            run.head = head
+    for b in real_last:
+        run.rows[b].last_hidden = hidden[b]
+
+
+def draft(run: "_Batch", b: int) -> tuple[TokenTree, torch.Tensor | None]:
+    """Row ``b``'s draft, pruned to what it can emit."""
+    row = run.rows[b]
+    state = run.state(b)
+    tree, q = row.drafter.draft_tree(state.seq, state)
+    return prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
+
+
+def verify(run: "_Batch", drafts) -> list[TreeRows]:
+    """One target forward over every row's ``[root, nodes]``; each row's first block of logits in one head call."""
+    B, N = len(run.rows), max(tree.num_nodes for tree, _ in drafts) + 1
+    ids, query = [[run.pad_id] * N for _ in range(B)], [[-1] * N for _ in range(B)]
+    ancestors = torch.zeros(B, N, N, dtype=torch.bool)
+    for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts)):
+        root = row.length - 1
+        parents = (-1,) + tuple(p + 1 for p in tree.parent_list)
+        depth = (0,) + tuple(d + 1 for d in tree.depth_list)
+        ids[b][: len(parents)] = [row.tokens[-1], *tree.token_list]
+        for i, (p, d) in enumerate(zip(parents, depth)):
+            query[b][i] = root + d
+            if p >= 0:
+                ancestors[b, i] = ancestors[b, p]                       # parents precede children
+            ancestors[b, i, i] = True
+        for i in range(len(parents), N):
+            ancestors[b, i, i] = True                                   # padding queries: themselves only
+    query_t = torch.tensor(query, dtype=torch.long, device=run.device)
+    inputs = dict(input_ids=torch.tensor(ids, dtype=torch.long, device=run.device), position_ids=query_t.clamp(min=0),
+                  attention_mask=run.mask(run.past_pos, query_t, ancestors.to(run.device)),
+                  past_key_values=run.cache, use_cache=True)
+    run.stats.record_forward(B, N)
+    if run.head is None:
+        logits = run.target(**inputs).logits
+        hidden = run.head_input.rows()
+        run.hidden = hidden.reshape(B, N, -1) if hidden is not None else None
+        return [TreeRows(tree, row.full, run.processors, raw=logits[b, : tree.num_nodes + 1])
+                for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
+    hidden = run.target.get_decoder()(**inputs).last_hidden_state                 # [B, N, H]
+    run.hidden = hidden
+    rows = [TreeRows(tree, row.full, run.processors, hidden=hidden[b, : tree.num_nodes + 1], head=run.head,
+                     block_rows=run.block_rows) for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
+    plans = [r.plan(0) for r in rows]
+    flat = torch.tensor([b * N + i for b, plan in enumerate(plans) for i in plan], device=hidden.device)
+    logits = run.head(hidden.reshape(B * N, -1).index_select(0, flat)).float()
+    start = 0
+    for r, plan in zip(rows, plans):
+        r.store(plan, logits[start: start + len(plan)])
+        start += len(plan)
+    if not run.cfg.do_sample:                            # every row's first block of argmaxes: one read
+        best = torch.stack([r[i] for r, plan in zip(rows, plans) for i in plan]).argmax(dim=-1).tolist()
+        start = 0
+        for r, plan in zip(rows, plans):
+            r.known_argmax = dict(zip(plan, best[start: start + len(plan)]))
+            start += len(plan)
+    return rows
+
+
+def accept(run: "_Batch", drafts, rows: list[TreeRows]) -> list[TreeAcceptance]:
+    """Each row's acceptance, exactly as at batch 1 (:func:`hf_cascade.core.loop.accept`)."""
+    if run.cfg.do_sample:
+        return [sampling_tree_accept(tree, r.softmax(), q) for (tree, q), r in zip(drafts, rows)]
+    return [greedy_tree_accept(tree, r) for (tree, _), r in zip(drafts, rows)]
+
+
+def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAcceptance]) -> None:
+    """Emit each row's tokens where plain decoding stops, keep their K/V (holes where a row emitted fewer than
+    the longest), give every drafter its feedback, drop finished rows, compact when holes pile up."""
+    kept, done = [], []
+    for b, (row, (tree, _), r, acc) in enumerate(zip(run.rows, drafts, rows, acceptances)):
+        path = acc.path.tolist() if isinstance(acc.path, torch.Tensor) else list(acc.path)
+        new = [tree.token_list[i] for i in path] + [int(acc.bonus)]
+        src = [0] + [i + 1 for i in path]                                   # the column that produced each token
+        appended = torch.cat([row.full, torch.tensor(new, dtype=row.full.dtype, device=row.full.device)])
+        emitted, finished = row.stopper.emitted(appended, row.width, new)
+        row.full, row.tokens = appended[: row.width + emitted], row.tokens + new[:emitted]
+        row.last_hidden = run.hidden[b, src[emitted - 1]] if run.hidden is not None else None
+        row.stats.record_step(tree.num_nodes, _depth(tree, row.drafter.linear), _leaves(tree), path, emitted,
+                              r.rows_computed, max(r.head_calls, 1))
+        row.step += 1
+        kept.append(src[:emitted])
+        if finished:
+            done.append(b)
+    run.keep(kept)
+    for b, ((tree, _), acc) in enumerate(zip(drafts, acceptances)):
+        run.rows[b].drafter.on_accept(tree, acc, run.state(b))
+    run.drop(done)
+    run.compact_if_sparse()
+
+
+# -- the loop's state ----------------------------------------------------------------------------------
+
+@dataclass
+class _Row:
+    """One row: its padded sequence on the device, its own tokens on the host, its drafter and stopper, and
+    the cache columns it owns (ascending; their positions are ``0 .. length - 2``)."""
+
+    index: int
+    pad: int
+    full: torch.Tensor
+    tokens: list[int]
+    drafter: TreeDrafter
+    stopper: Stopper
+    stats: object
+    cols: list[int] = field(default_factory=list)
+    last_hidden: torch.Tensor | None = None
+    step: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def width(self) -> int:
+        return self.pad + len(self.tokens)
+
+    @property
+    def seq(self) -> torch.Tensor:
+        return self.full[self.pad:]
+
+
+class _Batch:
+    """One batched ``generate()`` call: the target, its settings, the shared cache and the active rows."""
+
+    def __init__(self, target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria, cfg, stats,
+                 block_rows):
+        self.target, self.cfg, self.stats, self.block_rows = target, cfg, stats, block_rows
+        self.processors = logits_processor or LogitsProcessorList()
+        self.timer = PhaseTimer(stats)
+        self.head_input = _HeadInput(target)
+        self.head = None
+        self.hidden: torch.Tensor | None = None
+        self.verify_seconds: float | None = None
+        self.device = _input_device(target, input_ids)
+        ids = input_ids.to(self.device)
+        host = input_ids.tolist()
+        mask = attention_mask.tolist() if attention_mask is not None else [[1] * len(r) for r in host]
+        pad = cfg.pad_token_id if cfg.pad_token_id is not None else getattr(cfg, "_pad_token_tensor", None)
+        self.pad_id = int(torch.as_tensor(pad).flatten()[0]) if pad is not None else None
+        self.width = ids.shape[1]
+        self.rows = []
+        for b, (tokens, m) in enumerate(zip(host, mask)):
+            p = m.index(1)
+            self.rows.append(_Row(b, p, ids[b], tokens[p:], drafters[b], Stopper(cfg, stopping_criteria), stats.rows[b]))
+        if self.pad_id is None:
+            self.pad_id = 0                              # fills padded queries only; checked again in result()
+            self._need_pad = True
+        else:
+            self._need_pad = False
+        self.finished: list[_Row] = []
+        self.cache = DynamicCache()
+        self.past_pos = torch.empty(len(self.rows), 0, dtype=torch.long, device=self.device)
+        self._dtype = mask_device_dtype(target)[1]
+
+    def mask(self, past_pos, query, ancestors):
+        """The ``attention_mask`` argument (per layer type when the model mixes full and sliding layers)."""
+        return per_layer_type(self.target, lambda window: additive(
+            batch_tree_allowed(past_pos, query, ancestors, window), self._dtype))
+
+    def state(self, b: int) -> TreeStep:
+        row = self.rows[b]
+        cache = self.row_cache(b) if getattr(row.drafter, "reads_target_cache", False) else None
+        return TreeStep(row.seq, cache, row.last_hidden, budget=max(row.stopper.max_length - row.width - 1, 0),
+                        step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None)
+
+    def row_cache(self, b: int) -> DynamicCache:
+        """Row ``b``'s K/V alone, as a batch-1 ``DynamicCache`` (a copy of the columns it owns)."""
+        cache, cols = DynamicCache(), self.rows[b].cols
+        for i, layer in enumerate(self.cache.layers):
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            idx = torch.tensor(cols, dtype=torch.long, device=layer.keys.device)
+            cache.update(layer.keys[b: b + 1].index_select(2, idx), layer.values[b: b + 1].index_select(2, idx), i)
+        return cache
+
+    # -- the cache's columns ------------------------------------------------------------------------
+    def _gather(self, index: list[list[int]], start: int) -> None:
+        """Every layer keeps ``[:start]`` and then, per row, the columns ``start + index[b]``."""
+        width = len(index[0])
+        host = torch.tensor(index, dtype=torch.long) + start
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            B, H, _, D = layer.keys.shape
+            idx = host.to(layer.keys.device)[:, None, :, None].expand(B, H, width, D)
+            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys.gather(2, idx)], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :start], layer.values.gather(2, idx)], dim=2)
+
+    def keep(self, kept: list[list[int]]) -> None:
+        """After a verification: row ``b`` keeps the step's block columns ``kept[b]`` (root first), in order."""
+        T, M = self.past_pos.shape[1], max(len(k) for k in kept)
+        if any(k != list(range(len(k))) for k in kept) or self.cache.get_seq_length() != T + M:
+            self._gather([k + [k[-1]] * (M - len(k)) for k in kept], T)
+        positions = []
+        for row, k in zip(self.rows, kept):
+            first = row.length - len(k) - 1                 # the root's position (tokens were appended already)
+            positions.append([first + j for j in range(len(k))] + [-1] * (M - len(k)))
+            row.cols += [T + j for j in range(len(k))]
+        self.past_pos = torch.cat([self.past_pos, torch.tensor(positions, dtype=torch.long, device=self.device)], dim=1)
+
+    def drop(self, done: list[int]) -> None:
+        """Rows that finished leave the batch (and its cache)."""
+        if not done:
+            return
+        stay = [b for b in range(len(self.rows)) if b not in set(done)]
+        self.finished += [self.rows[b] for b in done]
+        self.rows = [self.rows[b] for b in stay]
+        if not stay:
+            return
+        index = torch.tensor(stay, dtype=torch.long)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                i = index.to(layer.keys.device)
+                layer.keys, layer.values = layer.keys.index_select(0, i), layer.values.index_select(0, i)
+        self.past_pos = self.past_pos.index_select(0, index.to(self.device))
+
+    def compact_if_sparse(self) -> None:
+        """Gather every row's columns right-aligned when padding and holes exceed :data:`COMPACT_SHARE`."""
+        if not self.rows:
+            return
+        T = self.past_pos.shape[1]
+        owned = [len(row.cols) for row in self.rows]
+        if T == 0 or T * len(self.rows) - sum(owned) <= COMPACT_SHARE * T * len(self.rows) or T - max(owned) < 8:
+            return
+        width = max(owned)
+        index = [[row.cols[0] if row.cols else 0] * (width - len(row.cols)) + row.cols for row in self.rows]
+        self._gather(index, 0)
+        self.past_pos = torch.tensor([[-1] * (width - n) + list(range(n)) for n in owned], dtype=torch.long,
+                                     device=self.device)
+        for row, n in zip(self.rows, owned):
+            row.cols = list(range(width - n, width))
+        self.stats.compactions += 1
+
+    def result(self):
+        rows = sorted(self.finished + self.rows, key=lambda r: r.index)
+        longest = max(row.width for row in rows)
+        if self._need_pad and any(row.width < longest for row in rows):
+            raise ValueError("rows of a batch stopped at different lengths and the generation config has no "
+                             "pad_token_id to fill them with (set generation_config.pad_token_id).")
+        filled = [torch.cat([row.full, row.full.new_full((longest - row.width,), self.pad_id)]) for row in rows]
+        sequences = torch.stack(filled)
+        if self.cfg.return_dict_in_generate:
+            return GenerateDecoderOnlyOutput(sequences=sequences)
+        return sequences
+
+
+__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "speculative_decode_batch", "update", "verify"]
