@@ -103,7 +103,9 @@ def test_greedy_cases_are_meaningful():
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_greedy_parity(name, setting):
+def test_greedy_parity(name, setting, free_drafts):
+    # free_drafts: on tiny models a draft forward costs about what the target's does, so the measured-cost
+    # defaults (GLIDE, ReDrafter) may rightly stop drafting; parity must be shown on drafted steps
     target = setting_target(setting)
     kit = fresh_kit(SETTINGS[setting][0], target)                  # fp32 drafters and heads
     assistant = REGISTRY[name](kit)
