@@ -7,6 +7,10 @@ model(s), a bare ``--draft PATH`` is shared by every strategy without its own (t
 and on the default target a strategy with neither takes its shipped head
 (:func:`~hf_cascade.bench.loading.draft_specs`). Assistant options not given on the command line are not
 passed: each assistant runs with its library defaults.
+
+``--batch-size 1,2,4,8`` adds the batched sweep after the single-prompt runs (:mod:`~hf_cascade.bench.batched`):
+the same prompts in left-padded batches, the same methods but those that cannot batch (skipped for sizes
+above 1, said before the run); a row that differs from plain's is said after it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from .config import DRAFT_KIND, BenchConfig, parse_baselines, parse_cost_models, parse_drafts, parse_k_matrix, parse_strategies
+from .config import (DRAFT_KIND, BenchConfig, parse_baselines, parse_batch_sizes, parse_cost_models, parse_drafts,
+                     parse_k_matrix, parse_strategies)
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,6 +93,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "forward costs its model's parameter count, a verification of any number of rows one target "
                         "forward), 'measured' (this machine's per-row costs, measured before the timed runs), 'both' "
                         "(default) or 'none'")
+    p.add_argument("--batch-size", default=None, metavar="SIZES", type=_batch_sizes,
+                   help="also measure batched generation: a comma list of batch sizes (e.g. 1,2,4,8); the prompts in "
+                        "consecutive left-padded batches, every method interleaved per batch, throughput and speedup vs "
+                        "plain and plain-kernels per size (baselines that cannot batch are skipped above 1; default: none)")
     p.add_argument("--out", default="bench_results", metavar="DIR", help="output directory (default bench_results)")
 
 
@@ -95,6 +104,14 @@ def _strategies(text: str) -> str:
     """``--strategy``'s value checked (argparse reports an unknown name with the usage), comma-joined."""
     try:
         return ",".join(parse_strategies(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _batch_sizes(text: str) -> list[int]:
+    """``--batch-size``'s value checked (argparse reports a bad one with the usage)."""
+    try:
+        return parse_batch_sizes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
@@ -132,6 +149,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         per_category=args.per_category,
         corpus=args.corpus,
         cost_models=parse_cost_models(args.cost_model),
+        batch_sizes=getattr(args, "batch_size", None) or [],
     )
 
 
@@ -162,9 +180,18 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
     assisted = load_draft_sets([config.assisted_draft], {}, target=model)[0][0] if config.assisted_draft else None
     prompts = load_prompts(config.prompts_path, config.per_category)
     log(f"{len(prompts)} prompts x methods {', '.join(config.methods)}, {config.max_new_tokens} new tokens")
+    if config.batch_sizes:
+        from .batched import skipped
+
+        log(f"then batch sizes {', '.join(map(str, config.batch_sizes))}")
+        for name, why in skipped(config.methods, max(config.batch_sizes)).items():
+            log(f"note: {name} is skipped for batch sizes above 1 ({why})")
     result = run_benchmark(config, model, tokenizer, prompts, drafts=drafts, progress=not args.no_progress,
                            verifier=verifier, assisted_draft=assisted, strategy_drafts=own)
     paths = write_results(result, args.out)
+    for x in (result.batched or {}).get("mismatches", []):
+        log(f"MISMATCH: {x['method']} at batch size {x['batch_size']}: prompt(s) "
+            f"{', '.join(map(str, x['prompt_indices']))} differ from plain generate")
     print(markdown_report(result))
     print()
     for kind, path in paths.items():

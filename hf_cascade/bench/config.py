@@ -73,6 +73,9 @@ class BenchConfig:
             ``"params"`` (a forward costs its parameter count), ``"measured"`` (this machine's per-row costs,
             measured before the timed runs); both by default, ``[]`` for none.
             :func:`~hf_cascade.bench.runner.run_benchmark` itself receives loaded objects.
+        batch_sizes: batch sizes of the batched sweep run after the single-prompt runs (``--batch-size 1,2,4,8``;
+            :mod:`hf_cascade.bench.batched`), ascending, once each; ``[]`` (default): no sweep, and the key is
+            left out of :meth:`to_dict` (results as before).
     """
 
     strategy: str | list[str] = "maxgram"
@@ -105,6 +108,7 @@ class BenchConfig:
     per_category: int = 3
     corpus: str | None = None
     cost_models: list[str] = field(default_factory=lambda: list(COST_MODELS))
+    batch_sizes: list[int] = field(default_factory=list)
     strategies: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -134,6 +138,7 @@ class BenchConfig:
         if unknown:
             raise ValueError(f"unknown cost model(s) {unknown}; choose from {', '.join(COST_MODELS)}")
         self.cost_models = [m for m in COST_MODELS if m in self.cost_models]
+        self.batch_sizes = parse_batch_sizes(self.batch_sizes)
         self._check_drafts()
 
     def _check_drafts(self) -> None:
@@ -182,7 +187,10 @@ class BenchConfig:
         return [*self.baselines, *self.strategies]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.batch_sizes:
+            del out["batch_sizes"]
+        return out
 
 
 def parse_strategies(text: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -225,6 +233,21 @@ def parse_baselines(text: str | None) -> list[str]:
     if unknown:
         raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
     return ["plain"] + [n for n in dict.fromkeys(names) if n != "plain"]
+
+
+def parse_batch_sizes(text: str | list[int] | tuple[int, ...] | None) -> list[int]:
+    """``--batch-size``: ``"1,2,4,8"`` (or a list) -> ``[1, 2, 4, 8]``, ascending, once each, every one ``>= 1``;
+    ``None`` / ``""`` -> ``[]`` (no batched sweep)."""
+    if text is None:
+        return []
+    items = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        sizes = [int(str(t).strip()) for t in items if str(t).strip()]
+    except ValueError as exc:
+        raise ValueError(f"batch sizes are a comma list of integers (e.g. 1,2,4,8), got {text!r}") from exc
+    if any(b < 1 for b in sizes):
+        raise ValueError(f"batch sizes must be >= 1, got {text!r}")
+    return sorted(set(sizes))
 
 
 def parse_cost_models(text: str | None) -> list[str]:

@@ -117,6 +117,38 @@ def plot_window_per_step(records: list[dict], path: str | Path, prompt_index: in
     return _save(fig, ax, path)
 
 
+def plot_speedup_by_batch_size(batched: dict, path: str | Path) -> Path:
+    """The batched sweep (:func:`~hf_cascade.bench.batched.run_batched`): speedup vs batch size, one line per
+    method, each point the geometric mean over batches of its throughput relative to plain-kernels (to plain
+    when plain-kernels did not run) with its 95% bootstrap interval as error bars; the dashed 1.0 line is
+    the reference."""
+    plt = _pyplot()
+    sizes = batched["sizes"]
+    key, reference = ("vs_plain_kernels", KERNELS) if any(KERNELS in e["methods"] for e in sizes) else ("vs_plain", "plain")
+    names = list(dict.fromkeys(m for e in sizes for m in e["methods"] if m != reference))
+    colors = _colors(plt, names)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for j, m in enumerate(names):
+        points = [(e["batch_size"], e["methods"][m][key]) for e in sizes if (e["methods"].get(m) or {}).get(key)]
+        if not points:
+            continue
+        ys = [v["geomean"] for _, v in points]
+        err = [[max(y - v["geomean_low"], 0.0) for y, (_, v) in zip(ys, points)],
+               [max(v["geomean_high"] - y, 0.0) for y, (_, v) in zip(ys, points)]]
+        shift = 2 ** (0.04 * (j - (len(names) - 1) / 2))          # side by side, so the bars do not overlap
+        ax.errorbar([b * shift for b, _ in points], ys, yerr=err, marker="o", capsize=3, label=m, color=colors[m])
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ticks = [e["batch_size"] for e in sizes]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(b) for b in ticks])
+    ax.set_xticks([], minor=True)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel(f"throughput / {reference} (geo-mean over batches)")
+    ax.set_title("Speedup vs batch size (95% bootstrap intervals over batches)")
+    ax.grid(alpha=0.3)
+    return _save(fig, ax, path)
+
+
 def _save(fig, ax, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .plots import plot_acceptance_by_position, plot_speedup_by_category, plot_window_per_step
+from .plots import plot_acceptance_by_position, plot_speedup_by_batch_size, plot_speedup_by_category, plot_window_per_step
 from .runner import BenchResult
 from .summary import KERNELS, OVERALL
 from .swi import COST_MODELS
@@ -147,6 +147,37 @@ def markdown_tree(result: BenchResult) -> str | None:
     return "\n".join(lines)
 
 
+def _versus(v: dict | None) -> str:
+    return "–" if v is None else f"{v['geomean']:.2f}x ({v['geomean_low']:.2f}-{v['geomean_high']:.2f})"
+
+
+def markdown_batched(batched: dict) -> str:
+    """The batched sweep: one row per batch size and method (tokens/s; speedup vs plain and vs plain-kernels,
+    geo-mean over batches with its 95% interval; tokens per batched target call; rows identical to plain's),
+    then the skipped methods, every row that differs from plain's (in bold) and the errors."""
+    lines = ["| batch size | method | batches | tok/s | speedup vs plain (95% interval) | "
+             "speedup vs plain-kernels (95% interval) | tok/target call | identical rows |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    skips: dict[str, tuple[str, list[int]]] = {}
+    for entry in batched["sizes"]:
+        for m, why in entry["skipped"].items():
+            skips.setdefault(m, (why, []))[1].append(entry["batch_size"])
+        for m, s in entry["methods"].items():
+            same = s["identical_rows"]
+            ident = "n/a" if same is None else f"{same}/{s['rows']}" if same == s["rows"] else f"**{same}/{s['rows']} ✗**"
+            lines.append(f"| {entry['batch_size']} | {m} | {s['batches']} | {_fmt(s['tokens_per_second'], '.1f')} | "
+                         f"{_versus(s['vs_plain'])} | {_versus(s['vs_plain_kernels'])} | "
+                         f"{_fmt(s['tokens_per_target_call'])} | {ident} |")
+    lines += ["", "Tokens: each row's through its first EOS (pads after it not counted); speedup: the geometric mean "
+              "over batches of the method's throughput over the reference's (a row of the table: all its batches; "
+              "the last batch of a size may be shorter); tok/target call: the batch's tokens per batched forward."]
+    notes = [f"- skipped at batch size {', '.join(map(str, sizes))}: **{m}** ({why})" for m, (why, sizes) in skips.items()]
+    notes += [f"- **✗ MISMATCH: {x['method']} at batch size {x['batch_size']}, batch {x['batch_index']}: prompt(s) "
+               f"{', '.join(map(str, x['prompt_indices']))} differ from plain**" for x in batched["mismatches"]]
+    notes += [f"- could not run: **{m}**: {msg}" for m, msg in batched["errors"].items()]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
 _SWI_NOTE = ("SWI: standardized walltime improvement (CS Drafting, Section 5.1): plain's standardized time over the "
              "method's, each forward charged a fixed cost: *params* its model's parameter count (a verification of any "
              "number of rows: one target forward), *measured* this machine's per-row costs (see `costs` in results.json); "
@@ -155,7 +186,7 @@ _SWI_NOTE = ("SWI: standardized walltime improvement (CS Drafting, Section 5.1):
 
 def markdown_report(result: BenchResult) -> str:
     """The full Markdown report: settings, overall table, per-category tables (speedup vs plain; speed relative
-    to plain-kernels when it ran), paired ratios, tree verification, errors."""
+    to plain-kernels when it ran), paired ratios, tree verification, the batched sweep when it ran, errors."""
     c = result.config
     mode = f"sampling (temperature {c['temperature']}, seed {c['seed']})" if c["sampling"] else "greedy"
     env = result.environment
@@ -164,6 +195,11 @@ def markdown_report(result: BenchResult) -> str:
         f"**Target** {target.get('class', '?')} ({target.get('parameters', 0) / 1e6:.0f}M params), "
         f"**{'strategies' if ',' in c['strategy'] else 'strategy'}** `{c['strategy']}`, {c['max_new_tokens']} new tokens, {mode}, "
         f"torch {env.get('torch', '?')} / transformers {env.get('transformers', '?')}, {env.get('threads', '?')} threads.",
+    ]
+    if not result.records and result.batched is not None:      # a batched sweep: no single-prompt runs
+        return "\n".join(parts + ["", "### Batched (left-padded batches of consecutive prompts, methods interleaved "
+                                   "per batch)", "", markdown_batched(result.batched)] + _errors(result))
+    parts += [
         "",
         "### Overall",
         "",
@@ -185,24 +221,33 @@ def markdown_report(result: BenchResult) -> str:
     tree = markdown_tree(result)
     if tree is not None:
         parts += ["", "### Tree verification (per target call; head rows: output-head rows computed)", "", tree]
-    if result.errors:
-        parts += ["", "### Methods that could not run", ""]
-        parts += [f"- **{m}**: {msg}" for m, msg in result.errors.items()]
-    return "\n".join(parts)
+    if result.batched is not None:
+        parts += ["", "### Batched (left-padded batches of consecutive prompts, methods interleaved per batch)", "",
+                  markdown_batched(result.batched)]
+    return "\n".join(parts + _errors(result))
+
+
+def _errors(result: BenchResult) -> list[str]:
+    if not result.errors:
+        return []
+    return ["", "### Methods that could not run", ""] + [f"- **{m}**: {msg}" for m, msg in result.errors.items()]
 
 
 def write_results(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
     """Write ``results.json``, ``report.md`` and the PNGs (acceptance by position, speedup per category,
-    window per step) into ``out_dir``; return their paths by kind."""
+    speedup by batch size after a batched sweep, window per step) into ``out_dir``; return their paths by kind."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "report.md"}
     paths["json"].write_text(json.dumps(result.to_dict(), indent=1))
     paths["markdown"].write_text(markdown_report(result) + "\n")
-    acc = plot_acceptance_by_position(result.summary, out / "acceptance_by_position.png")
-    if acc is not None:
-        paths["acceptance_png"] = acc
-    paths["speedup_png"] = plot_speedup_by_category(result.summary, result.methods, out / "speedup_by_category.png")
+    if result.records:                                      # single-prompt runs (not in a batched sweep)
+        acc = plot_acceptance_by_position(result.summary, out / "acceptance_by_position.png")
+        if acc is not None:
+            paths["acceptance_png"] = acc
+        paths["speedup_png"] = plot_speedup_by_category(result.summary, result.methods, out / "speedup_by_category.png")
+    if result.batched is not None:
+        paths["batch_png"] = plot_speedup_by_batch_size(result.batched, out / "speedup_by_batch_size.png")
     windows = plot_window_per_step(result.records, out / "window_per_step.png")
     if windows is not None:
         paths["window_png"] = windows

@@ -5,7 +5,8 @@ rotated by ``i``, so slow drifts of the machine (thermal, other load) hit all me
 first runs one untimed warm-up ``generate`` on the first prompt. Then, before the timed runs, the cost
 tables of the standardized walltime improvement are built (:func:`~hf_cascade.bench.costs.build_costs`;
 ``measured`` times the models), and every record gets its ``standardized_time`` per cost model
-(:mod:`hf_cascade.bench.swi`).
+(:mod:`hf_cascade.bench.swi`). With ``config.batch_sizes`` the batched sweep follows, with the same
+methods (:mod:`hf_cascade.bench.batched`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class BenchResult:
         environment: versions, threads, model names.
         costs: per cost model of the standardized walltime improvement, the costs charged (target, drafters,
             per method; :func:`~hf_cascade.bench.costs.build_costs`).
+        batched: the batched sweep (:func:`~hf_cascade.bench.batched.run_batched`); ``None`` without
+            ``config.batch_sizes`` (and then not in :meth:`to_dict`).
     """
 
     config: dict
@@ -47,9 +50,10 @@ class BenchResult:
     errors: dict[str, str] = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
     costs: dict = field(default_factory=dict)
+    batched: dict | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "config": self.config,
             "methods": self.methods,
             "errors": self.errors,
@@ -58,6 +62,9 @@ class BenchResult:
             "summary": self.summary,
             "records": self.records,
         }
+        if self.batched is not None:
+            out["batched"] = self.batched
+        return out
 
 
 def rotated(names: Sequence[str], i: int) -> list[str]:
@@ -201,10 +208,12 @@ def run_benchmark(
         methods[name].after_warmup()
 
     # The standardized walltime improvement's costs (measured ones time the models: before the timed runs).
-    tables, costs = build_costs(config.cost_models, model, {name: m.level_models() for name, m in methods.items()})
+    tables, costs = ({}, {}) if config.batch_sizes else build_costs(
+        config.cost_models, model, {name: m.level_models() for name, m in methods.items()})
 
     records: list[dict] = []
-    iterator = enumerate(prompts)
+    # with batch sizes the run is the batched sweep (batch size 1 included when asked for), not the single-prompt runs
+    iterator = enumerate([] if config.batch_sizes else prompts)
     if progress:
         from tqdm.auto import tqdm
 
@@ -247,7 +256,13 @@ def run_benchmark(
             rec["prompt"] = prompt.get("prompt")
         records.extend(prompt_records)
 
-    names = [n for n in config.methods if any(r["method"] == n for r in records)]
+    batched = None
+    if config.batch_sizes:                               # the sweep: same methods, same prompts, in batches
+        from .batched import run_batched
+
+        batched = run_batched(config, model, tokenizer, prompts, methods, progress=progress)
+    ran = {r["method"] for r in records} | {r["method"] for r in (batched or {}).get("records", [])}
+    names = [n for n in config.methods if n in ran]
     return BenchResult(
         config=config.to_dict(),
         methods=names,
@@ -256,6 +271,7 @@ def run_benchmark(
         errors=errors,
         environment=environment,
         costs=costs,
+        batched=batched,
     )
 
 

@@ -207,8 +207,7 @@ class SuffixAssistant(LinearAssistant):
 
     # -- requests --------------------------------------------------------------------------------------
     def _start(self, prompt: list[int]) -> int:
-        self._stop_requests()                                   # one generate() at a time per assistant
-        request = next(self._ids)
+        request = next(self._ids)                               # one request per row of the call
         self.cache.start_request(request, prompt)
         return request
 
@@ -217,6 +216,11 @@ class SuffixAssistant(LinearAssistant):
             self.cache.stop_request(request)
 
     # -- the assistant contract ------------------------------------------------------------------------
+    def bind(self, target) -> None:
+        """A new call: requests a failed call left active are stopped (one ``generate()`` at a time)."""
+        super().bind(target)
+        self._stop_requests()
+
     def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> SuffixCandidateGenerator:
         return SuffixCandidateGenerator(target, generation_config, logits_processor, stats, self)
 
