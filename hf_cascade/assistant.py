@@ -21,7 +21,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from .backends import verification_session
 from .candidate import ChainDrafter, SpeculativeCandidateGenerator
-from .core.batch import speculative_decode_batch
+from .core.batch import row_processors, speculative_decode_batch
 from .core.checks import check_supported, is_batched
 from .core.loop import speculative_decode
 from .core.stats import BatchStats, GenerationStats
@@ -99,7 +99,8 @@ class Assistant:
         (:mod:`hf_cascade.core.batch`); :attr:`last_stats` is a :class:`~hf_cascade.core.stats.BatchStats`."""
         stats = BatchStats(rows=[self.new_stats() for _ in range(input_ids.shape[0])])
         self.last_stats = stats
-        drafters = [self.new_drafter(target, generation_config, processors, s, target_tokenizer) for s in stats.rows]
+        drafters = [self.new_drafter(target, generation_config, row_processors(processors, b, padded=False), s,
+                                     target_tokenizer) for b, s in enumerate(stats.rows)]
         try:
             with verification_session(target, self.cpu_kernels) as session:
                 return speculative_decode_batch(target, drafters, input_ids, attention_mask, processors,

@@ -4,7 +4,8 @@ forward verifying every row's draft per step.
 The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify -> accept -> update), over rows:
 
 1. **draft** -- each row's own drafter (one per row: its own statistics and caches) proposes a tree for its
-   own sequence, pruned to what that row can still emit; a row may draft nothing.
+   own sequence, pruned to what that row can still emit; a row may draft nothing, and no row drafts while the
+   batch's :class:`~hf_cascade.core.gate.DraftGate` measures plain steps to be faster.
 2. **verify** -- one target forward over ``[B, N]``: row ``b``'s root and its ``n_b`` nodes, padded to
    ``N = max n_b + 1`` with queries that attend to themselves only; per-row position ids (each node at its
    branch position, counted in the row's own tokens, padding not counted, as plain batched ``generate``
@@ -34,17 +35,20 @@ batched ``generate`` returns it. ``past_key_values`` is not returned (the cache 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
 from .attention import additive, batch_tree_allowed
 from .forward import check_attention_backend, mask_device_dtype, output_head, per_layer_type
+from .gate import DraftGate
 from .loop import _HeadInput, _depth, _input_device, _leaves
 from .rows import TreeRows
 from .stats import BatchStats, PhaseTimer
@@ -76,8 +80,9 @@ def speculative_decode_batch(
         with run.timer("prefill"):
             prefill(run)
         while run.rows:
+            step_started, allowed, active = time.perf_counter(), run.gate.allows(), len(run.rows)
             with run.timer("draft"):
-                drafts = [draft(run, b) for b in range(len(run.rows))]
+                drafts = [draft(run, b, allowed) for b in range(active)]
             started = time.perf_counter()
             with run.timer("verify"):
                 rows = verify(run, drafts)
@@ -85,7 +90,9 @@ def speculative_decode_batch(
                 acceptances = accept(run, drafts, rows)
             run.verify_seconds = time.perf_counter() - started      # acceptance read the device: synchronised
             with run.timer("update"):
-                update(run, drafts, rows, acceptances)
+                emitted = update(run, drafts, rows, acceptances)
+            run.gate.observe(any(tree.num_nodes for tree, _ in drafts), emitted, time.perf_counter() - step_started,
+                             active)
     return run.result()
 
 
@@ -123,10 +130,13 @@ def prefill(run: "_Batch") -> None:
         run.rows[b].last_hidden = hidden[b]
 
 
-def draft(run: "_Batch", b: int) -> tuple[TokenTree, torch.Tensor | None]:
-    """Row ``b``'s draft, pruned to what it can emit."""
+def draft(run: "_Batch", b: int, allowed: bool = True) -> tuple[TokenTree, torch.Tensor | None]:
+    """Row ``b``'s draft, pruned to what it can emit; none when the batch's :class:`DraftGate` refuses this step
+    (the drafter then sees a budget of 0, as at the end of a generation)."""
     row = run.rows[b]
     state = run.state(b)
+    if not allowed:
+        state.budget = 0
     tree, q = row.drafter.draft_tree(state.seq, state)
     return prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
 
@@ -157,11 +167,11 @@ def verify(run: "_Batch", drafts) -> list[TreeRows]:
         logits = run.target(**inputs).logits
         hidden = run.head_input.rows()
         run.hidden = hidden.reshape(B, N, -1) if hidden is not None else None
-        return [TreeRows(tree, row.full, run.processors, raw=logits[b, : tree.num_nodes + 1])
+        return [TreeRows(tree, row.full, row.processors, raw=logits[b, : tree.num_nodes + 1])
                 for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
     hidden = run.target.get_decoder()(**inputs).last_hidden_state                 # [B, N, H]
     run.hidden = hidden
-    rows = [TreeRows(tree, row.full, run.processors, hidden=hidden[b, : tree.num_nodes + 1], head=run.head,
+    rows = [TreeRows(tree, row.full, row.processors, hidden=hidden[b, : tree.num_nodes + 1], head=run.head,
                      block_rows=run.block_rows) for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
     plans = [r.plan(0) for r in rows]
     flat = torch.tensor([b * N + i for b, plan in enumerate(plans) for i in plan], device=hidden.device)
@@ -186,9 +196,10 @@ def accept(run: "_Batch", drafts, rows: list[TreeRows]) -> list[TreeAcceptance]:
     return [greedy_tree_accept(tree, r) for (tree, _), r in zip(drafts, rows)]
 
 
-def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAcceptance]) -> None:
+def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAcceptance]) -> int:
     """Emit each row's tokens where plain decoding stops, keep their K/V (holes where a row emitted fewer than
-    the longest), give every drafter its feedback, drop finished rows, compact when holes pile up."""
+    the longest), give every drafter its feedback, drop finished rows, compact when holes pile up. Returns the
+    tokens emitted over the batch."""
     kept, done = [], []
     for b, (row, (tree, _), r, acc) in enumerate(zip(run.rows, drafts, rows, acceptances)):
         path = acc.path.tolist() if isinstance(acc.path, torch.Tensor) else list(acc.path)
@@ -209,6 +220,24 @@ def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAc
         run.rows[b].drafter.on_accept(tree, acc, run.state(b))
     run.drop(done)
     run.compact_if_sparse()
+    return sum(len(k) for k in kept)
+
+
+def row_processors(processors: LogitsProcessorList | None, b: int, padded: bool = True) -> LogitsProcessorList:
+    """Row ``b``'s view of a batch's logits processors, called with that row alone (``input_ids`` ``[1, L]``):
+    those that index the batch see row ``b`` -- transformers' repetition penalty (``prompt_ignore_length``:
+    each row's left padding) and ``prefix_allowed_tokens_fn`` (given the row's batch id, not 0).
+    ``padded=False``: the view of row ``b``'s drafters, whose sequences carry no padding (nothing to ignore)."""
+    out = LogitsProcessorList()
+    for p in processors or []:
+        if isinstance(p, RepetitionPenaltyLogitsProcessor) and isinstance(getattr(p, "prompt_ignore_length", None), torch.Tensor):
+            p = copy.copy(p)
+            p.prompt_ignore_length = p.prompt_ignore_length[b: b + 1] if padded else None
+        elif isinstance(p, PrefixConstrainedLogitsProcessor):
+            p, fn = copy.copy(p), p._prefix_allowed_tokens_fn
+            p._prefix_allowed_tokens_fn = lambda _, sent, fn=fn, b=b: fn(b, sent)
+        out.append(p)
+    return out
 
 
 # -- the loop's state ----------------------------------------------------------------------------------
@@ -225,6 +254,7 @@ class _Row:
     drafter: TreeDrafter
     stopper: Stopper
     stats: object
+    processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)
     cols: list[int] = field(default_factory=list)
     last_hidden: torch.Tensor | None = None
     step: int = 0
@@ -264,13 +294,15 @@ class _Batch:
         self.rows = []
         for b, (tokens, m) in enumerate(zip(host, mask)):
             p = m.index(1)
-            self.rows.append(_Row(b, p, ids[b], tokens[p:], drafters[b], Stopper(cfg, stopping_criteria), stats.rows[b]))
+            self.rows.append(_Row(b, p, ids[b], tokens[p:], drafters[b], Stopper(cfg, stopping_criteria), stats.rows[b],
+                                  row_processors(self.processors, b)))
         if self.pad_id is None:
             self.pad_id = 0                              # fills padded queries only; checked again in result()
             self._need_pad = True
         else:
             self._need_pad = False
         self.finished: list[_Row] = []
+        self.gate = DraftGate()
         self.cache = DynamicCache()
         self.past_pos = torch.empty(len(self.rows), 0, dtype=torch.long, device=self.device)
         self._dtype = mask_device_dtype(target)[1]
@@ -367,4 +399,4 @@ class _Batch:
         return sequences
 
 
-__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "speculative_decode_batch", "update", "verify"]
+__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "row_processors", "speculative_decode_batch", "update", "verify"]
