@@ -64,3 +64,13 @@ def free_drafts(monkeypatch):
     from hf_cascade.core.adapt import AdaptiveBudget
 
     monkeypatch.setattr(AdaptiveBudget, "draft_cost", lambda self: 0.0)
+
+
+@pytest.fixture
+def open_gate(monkeypatch):
+    """A batch's :class:`hf_cascade.core.gate.DraftGate` lets its rows draft at every step. The gate refuses
+    drafts while plain steps measure faster (wall time: on tiny CPU models, and under load, it may rightly stop
+    drafting); tests of what drafted batched steps do need them on, deterministically (as :func:`free_drafts`)."""
+    from hf_cascade.core.gate import DraftGate
+
+    monkeypatch.setattr(DraftGate, "allows", lambda self: True)

@@ -20,6 +20,10 @@ batched ``generate`` of the same target gives on the same padded batch, in the s
 (6) ``return_dict_in_generate=True`` gives plain's sequences; (7) ``pipeline(..., batch_size=4)`` with an
     assistant returns exactly what it returns without; (8) the real Gemma-3-270M (``real_model``).
 
+Drafted steps, where a test asserts on them, do not depend on wall time: :func:`free_drafts`, a flat
+verification profile for GLIDE and ReDrafter (:func:`flat_profile`) and the batch's draft gate held open
+(``open_gate``, tests/conftest.py); the gate refusing drafts (every step, or some) keeps parity too.
+
 The checks are functions of a target: tests/cuda/test_cuda_batch.py runs them on a GPU.
 """
 
@@ -44,16 +48,6 @@ from tests.sampling_stats import calibration, passes
 from tests.test_contract import (ASCENDING, JPROMPT, REPETITIVE, SAMPLING_KW, SPROMPT, V, FakeClock,
                                  _eos_inside_drafts, binned_chi2, comparable, exact_first_three)
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
-
-
-@pytest.fixture
-def open_gate(monkeypatch):
-    """The batch's :class:`~hf_cascade.core.gate.DraftGate` lets the rows draft at every step. It refuses drafts
-    while plain steps measure faster (wall time: on tiny CPU models, and under load, it may rightly stop
-    drafting); tests of what drafted steps do need them on, deterministically (as :func:`free_drafts`)."""
-    from hf_cascade.core.gate import DraftGate
-
-    monkeypatch.setattr(DraftGate, "allows", lambda self: True)
 
 
 def left_pad(rows: list[list[int]], extra: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +160,7 @@ def setting_cases(setting: str):
 
 
 @pytest.mark.parametrize("setting", MORE_CASES)
-def test_batch_cases_are_meaningful(setting, open_gate):
+def test_batch_cases_are_meaningful(setting, free_drafts, open_gate):
     """The cases test what they say: rows finish at different steps, at an EOS that a row accepted inside a
     draft (its accepted path was cut there); one row of two finishes at once; the penalty changes the output."""
     out = {case: (batch, kw, expected) for case, batch, kw, expected in setting_cases(setting)}
@@ -179,9 +173,11 @@ def test_batch_cases_are_meaningful(setting, open_gate):
     target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=a, **kw)
     assert any(len(r.accepted_paths[-1]) > r.accepted_per_call[-1] for r in a.last_stats.rows)   # cut at the EOS
     (input_ids, _), kw, expected = out["one_row_finishes_at_once"]
-    assert emitted(expected, input_ids.shape[1], {kw["eos_token_id"]})[1] == 1 < len(expected[0]) - input_ids.shape[1]
+    P = input_ids.shape[1]
+    assert emitted(expected, P, {kw["eos_token_id"]})[1] == 1 < len(expected[0]) - P
     (input_ids, mask), kw, penalized = out["repetition_penalty"]
-    assert target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=kw["max_new_tokens"]).tolist() != penalized
+    free = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=kw["max_new_tokens"])
+    assert free.tolist() != penalized
 
 
 def flat_profile(assistant):
@@ -197,8 +193,6 @@ def flat_profile(assistant):
 
 def registry_assistant(name: str, kit):
     return flat_profile(REGISTRY[name](kit))
-
-
 
 
 @pytest.mark.parametrize("setting", BATCH_SETTINGS)
@@ -365,7 +359,8 @@ def joint_test_batch(model, assistant, rows=JOINT_ROWS, runs: int = JOINT_RUNS, 
     return results
 
 
-def calibrate_batch(model, assistant, rows=CALIBRATION_ROWS, calls: int = CALLS, new: int = NEW, seed: int = 0) -> list[dict]:
+def calibrate_batch(model, assistant, rows=CALIBRATION_ROWS, calls: int = CALLS, new: int = NEW,
+                    seed: int = 0) -> list[dict]:
     """Per-step calibration (:func:`calibration`) of each prompt's rows (its padding stripped) over ``calls``
     sampled batches of ``new`` tokens, with temperature and top-k."""
     device = input_device(model)
@@ -374,8 +369,8 @@ def calibrate_batch(model, assistant, rows=CALIBRATION_ROWS, calls: int = CALLS,
     accepted = drafted = 0
     for c in range(calls):
         torch.manual_seed(seed + c)
-        out = model.generate(input_ids, attention_mask=mask, do_sample=True, max_new_tokens=new, assistant_model=assistant,
-                             **SAMPLING_KW)
+        out = model.generate(input_ids, attention_mask=mask, do_sample=True, max_new_tokens=new,
+                             assistant_model=assistant, **SAMPLING_KW)
         for b, row in enumerate(rows):
             seqs[b].append(out[b, input_ids.shape[1] - len(row):])
         accepted += sum(sum(s.accepted_per_call) for s in assistant.last_stats.rows)
@@ -515,12 +510,16 @@ def test_batch_specific_logits_processors():
     ``prefix_allowed_tokens_fn`` gets the row's batch id, the repetition penalty each row's padding."""
     target = base_kit("llama").target
     input_ids, mask = left_pad([[1, 5, 6], REP])
-    allowed = lambda batch_id, sent: [10 + batch_id, 20 + batch_id, 30 + batch_id]  # noqa: E731
+
+    def allowed(batch_id, sent):
+        return [10 + batch_id, 20 + batch_id, 30 + batch_id]
+
     for kw in ({"prefix_allowed_tokens_fn": allowed}, {"repetition_penalty": 1.5}):
         plain = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=8, **kw)
         for name in ("maxgram", "drafter+maxgram"):
             a = REGISTRY[name](fresh_kit("llama", target))
-            out = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=8, assistant_model=a, **kw)
+            out = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=8,
+                                  assistant_model=a, **kw)
             assert out.tolist() == plain.tolist(), (kw, name)
 
 
@@ -550,13 +549,13 @@ def test_pipeline_batch_size_4(open_gate):
 
 SPEC_BENCH_LIKE = [
     "Write a haiku about autumn.",
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
-    "clips did Natalia sell altogether in April and May?",
+    ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
+     "clips did Natalia sell altogether in April and May?"),
     "Translate to German: The weather is nice today.",
-    "Summarize the following text: The Industrial Revolution began in Great Britain in the late 18th century and "
-    "spread to other parts of the world. It marked a major turning point in history, as almost every aspect of "
-    "daily life was influenced in some way. Average income and population began to exhibit unprecedented "
-    "sustained growth.",
+    ("Summarize the following text: The Industrial Revolution began in Great Britain in the late 18th century and "
+     "spread to other parts of the world. It marked a major turning point in history, as almost every aspect of "
+     "daily life was influenced in some way. Average income and population began to exhibit unprecedented "
+     "sustained growth."),
 ]
 
 

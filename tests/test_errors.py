@@ -69,6 +69,12 @@ def test_beam_search(target, do_sample):
         gen(target, assistant, num_beams=2, do_sample=do_sample)
 
 
+def test_guidance_scale(target):
+    """Classifier-free guidance runs its own unconditional forward per plain step: refused, not silently changed."""
+    with pytest.raises(ValueError, match="guidance"):
+        gen(target, CascadeAssistant([MaxGram()]), guidance_scale=1.5)
+
+
 def test_static_cache(target):
     with pytest.raises(ValueError, match="(?i)static"):
         gen(target, CascadeAssistant([MaxGram()]), cache_implementation="static")

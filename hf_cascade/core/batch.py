@@ -230,9 +230,10 @@ def row_processors(processors: LogitsProcessorList | None, b: int, padded: bool 
     ``padded=False``: the view of row ``b``'s drafters, whose sequences carry no padding (nothing to ignore)."""
     out = LogitsProcessorList()
     for p in processors or []:
-        if isinstance(p, RepetitionPenaltyLogitsProcessor) and isinstance(getattr(p, "prompt_ignore_length", None), torch.Tensor):
+        ignore = getattr(p, "prompt_ignore_length", None)          # transformers >= 5: per row, a tensor
+        if isinstance(p, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor):
             p = copy.copy(p)
-            p.prompt_ignore_length = p.prompt_ignore_length[b: b + 1] if padded else None
+            p.prompt_ignore_length = ignore[b: b + 1] if padded else None
         elif isinstance(p, PrefixConstrainedLogitsProcessor):
             p, fn = copy.copy(p), p._prefix_allowed_tokens_fn
             p._prefix_allowed_tokens_fn = lambda _, sent, fn=fn, b=b: fn(b, sent)
@@ -399,4 +400,5 @@ class _Batch:
         return sequences
 
 
-__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "row_processors", "speculative_decode_batch", "update", "verify"]
+__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "row_processors", "speculative_decode_batch", "update",
+           "verify"]

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..placement import target_device_dtype
 from .structure import TokenTree
 
 # Gemma-3-270M fp32, 2 CPU threads (the reference machine), n = 0..24 nodes: measure_verify_cost(model) (the loop
@@ -228,7 +229,7 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
 
     vocab = int(model.config.get_text_config().vocab_size)
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(model.device)
+    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(target_device_dtype(model)[0])   # not meta
     sizes = sorted({0, *(int(n) for n in grid)}) if grid is not None else list(range(max_nodes + 1))
     max_nodes = sizes[-1]
     config = GenerationConfig(max_length=prompt_len + steps, do_sample=False, eos_token_id=None)

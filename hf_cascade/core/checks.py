@@ -33,6 +33,9 @@ def check_supported(target, input_ids: torch.Tensor, generation_config: Generati
         raise ValueError("hf_cascade assistants do not support synced_gpus.")
     if cfg.return_dict_in_generate and (cfg.output_attentions or cfg.output_hidden_states):
         raise ValueError("hf_cascade assistants return sequences, scores and logits; not attentions or hidden states.")
+    if getattr(cfg, "guidance_scale", None) not in (None, 1, 1.0):
+        raise ValueError("hf_cascade assistants do not support classifier-free guidance (guidance_scale): its "
+                         "processor runs its own unconditional forward per plain step.")
     if (getattr(cfg, "num_return_sequences", 1) or 1) > 1:
         raise ValueError("hf_cascade assistants support num_return_sequences=1 only.")
     if trees and any(isinstance(p, DraftAwareProcessor) for p in (logits_processor or [])):
