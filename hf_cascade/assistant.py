@@ -21,11 +21,12 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from .backends import verification_session
 from .candidate import ChainDrafter, SpeculativeCandidateGenerator
-from .core.batch import row_processors, speculative_decode_batch
+from .core.batch import speculative_decode_batch
 from .core.checks import check_supported, is_batched
 from .core.loop import speculative_decode
 from .core.stats import BatchStats, GenerationStats
 from .core.strategy import TreeDrafter
+from .processors import row_processors
 
 
 class Assistant:

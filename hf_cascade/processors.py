@@ -13,10 +13,12 @@ drafters never see them.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
 
 def process_positions(
@@ -115,3 +117,21 @@ def split_processors(processors: LogitsProcessorList | None) -> tuple[LogitsProc
     shared = LogitsProcessorList(p for p in processors if not isinstance(p, DraftAwareProcessor))
     aware = [p for p in processors if isinstance(p, DraftAwareProcessor)]
     return shared, aware
+
+
+def row_processors(processors: LogitsProcessorList | None, b: int, padded: bool = True) -> LogitsProcessorList:
+    """Row ``b``'s view of a batch's logits processors, called with that row alone (``input_ids`` ``[1, L]``):
+    those that index the batch see row ``b`` -- transformers' repetition penalty (``prompt_ignore_length``:
+    each row's left padding) and ``prefix_allowed_tokens_fn`` (given the row's batch id, not 0).
+    ``padded=False``: the view of row ``b``'s drafters, whose sequences carry no padding (nothing to ignore)."""
+    out = LogitsProcessorList()
+    for p in processors or []:
+        ignore = getattr(p, "prompt_ignore_length", None)          # transformers >= 5: per row, a tensor
+        if isinstance(p, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor):
+            p = copy.copy(p)
+            p.prompt_ignore_length = ignore[b: b + 1] if padded else None
+        elif isinstance(p, PrefixConstrainedLogitsProcessor):
+            p, fn = copy.copy(p), p._prefix_allowed_tokens_fn
+            p._prefix_allowed_tokens_fn = lambda _, sent, fn=fn, b=b: fn(b, sent)
+        out.append(p)
+    return out

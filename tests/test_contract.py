@@ -141,12 +141,15 @@ def comparable(stats) -> dict:
 
 def assert_no_state_leak(target, make_assistant, first, second, do_sample: bool, new: int = 20) -> None:
     """After a call on ``first``, the same assistant gives on ``second`` exactly what a fresh one gives
-    (outputs with the same seed, statistics). Needs a deterministic clock (:class:`FakeClock`)."""
+    (outputs with the same seed, statistics). Needs a deterministic clock (:class:`FakeClock`). A prompt is
+    ``[1, L]`` ids or a batch ``(input_ids, attention_mask or None)``."""
     device = input_device(target)
 
     def run(assistant, prompt):
+        input_ids, mask = prompt if isinstance(prompt, tuple) else (prompt, None)
         torch.manual_seed(7)
-        out = target.generate(prompt.to(device), do_sample=do_sample, max_new_tokens=new, assistant_model=assistant)
+        out = target.generate(input_ids.to(device), attention_mask=None if mask is None else mask.to(device),
+                              do_sample=do_sample, max_new_tokens=new, assistant_model=assistant)
         return out.tolist(), comparable(assistant.last_stats)
 
     reused = make_assistant()

@@ -35,16 +35,15 @@ batched ``generate`` returns it. ``past_key_values`` is not returned (the cache 
 
 from __future__ import annotations
 
-import copy
 import inspect
 import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
-from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from ..processors import row_processors
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
 from .attention import additive, batch_tree_allowed
 from .forward import check_attention_backend, mask_device_dtype, output_head, per_layer_type
@@ -223,24 +222,6 @@ def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAc
     return sum(len(k) for k in kept)
 
 
-def row_processors(processors: LogitsProcessorList | None, b: int, padded: bool = True) -> LogitsProcessorList:
-    """Row ``b``'s view of a batch's logits processors, called with that row alone (``input_ids`` ``[1, L]``):
-    those that index the batch see row ``b`` -- transformers' repetition penalty (``prompt_ignore_length``:
-    each row's left padding) and ``prefix_allowed_tokens_fn`` (given the row's batch id, not 0).
-    ``padded=False``: the view of row ``b``'s drafters, whose sequences carry no padding (nothing to ignore)."""
-    out = LogitsProcessorList()
-    for p in processors or []:
-        ignore = getattr(p, "prompt_ignore_length", None)          # transformers >= 5: per row, a tensor
-        if isinstance(p, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor):
-            p = copy.copy(p)
-            p.prompt_ignore_length = ignore[b: b + 1] if padded else None
-        elif isinstance(p, PrefixConstrainedLogitsProcessor):
-            p, fn = copy.copy(p), p._prefix_allowed_tokens_fn
-            p._prefix_allowed_tokens_fn = lambda _, sent, fn=fn, b=b: fn(b, sent)
-        out.append(p)
-    return out
-
-
 # -- the loop's state ----------------------------------------------------------------------------------
 
 @dataclass
@@ -400,5 +381,5 @@ class _Batch:
         return sequences
 
 
-__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "row_processors", "speculative_decode_batch", "update",
+__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "speculative_decode_batch", "update",
            "verify"]

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from tests.contract_registry import REGISTRY, assert_placed, base_kit, fresh_kit, models_used
-from tests.test_batch import (ASCENDING, ROWS, FakeClock, assert_batch_parity, assert_exact_batch_sampling,
-                              assert_no_state_leak, batch_cases, left_pad, registry_assistant)
+from tests.test_batch import (ASCENDING, ROWS, FakeClock, assert_batch_parity, assert_no_state_leak, batch_cases,
+                              left_pad, registry_assistant)
+from tests.test_batch_sampling import assert_exact_batch_sampling
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
