@@ -10,6 +10,8 @@ from hf_cascade.core.adapt import AdaptiveBudget
 from hf_cascade.core.budget import VerifyCost
 from hf_cascade.core.structure import TokenTree
 
+pytestmark = pytest.mark.measured_costs          # the rules themselves (tests/conftest.py: pinned_costs)
+
 FLAT = VerifyCost((1.0, 1.0, 1.0, 1.0, 1.0))
 STEEP = VerifyCost((1.0, 3.0, 3.5, 4.0))
 
@@ -59,3 +61,24 @@ def test_select_uses_calibrated_probabilities():
         b.calibration.observe(0.85, False)
     kept, probs = b.select(tree, torch.tensor([0.95, 0.9, 0.8]))
     assert kept.num_nodes == 1 and probs == pytest.approx([0.95])   # only the free first row is left
+
+
+def test_draft_gate_drafts_first_measures_plain_then_follows_the_faster_and_explores():
+    """:class:`~hf_cascade.core.gate.DraftGate`: drafts, takes one plain step, then follows the faster side
+    (tokens per second per row, an average that forgets), drafting every ``explore_every``-th refused step."""
+    from hf_cascade.core.gate import DraftGate
+
+    gate = DraftGate(explore_every=3, decay=0.5)
+    assert gate.allows()                                  # nothing measured: draft
+    gate.observe(True, tokens=8, seconds=1.0, rows=4)     # drafted: 2 tokens / (s x row)
+    assert not gate.allows()                              # measure a plain step once
+    gate.observe(False, tokens=4, seconds=0.5, rows=4)    # plain: 2 tokens / (s x row): a tie drafts
+    assert gate.allows() and gate.rate == {True: 2.0, False: 2.0}
+    gate.observe(True, tokens=4, seconds=1.0, rows=4)     # drafted slower: 0.5 * 2 + 0.5 * 1 = 1.5
+    assert gate.rate[True] == pytest.approx(1.5)
+    assert [gate.allows() for _ in range(6)] == [False, False, True] * 2
+    gate.observe(True, tokens=20, seconds=1.0, rows=4)    # an exploring step that paid: 0.5 * 1.5 + 0.5 * 5
+    assert gate.rate[True] == pytest.approx(3.25) and gate.allows()
+    gate.observe(True, tokens=3, seconds=0.0, rows=4)     # no time measured: ignored
+    gate.observe(True, tokens=3, seconds=1.0, rows=0)
+    assert gate.rate[True] == pytest.approx(3.25)

@@ -97,3 +97,25 @@ for repo in {list(repos)!r}:
     rows = [line.split() for line in res.stdout.splitlines() if line.startswith("hf-cascade/")]
     assert [r[1] for r in rows] == ["GlideAssistant", "ReDrafterAssistant", "CascadeAssistant"], res.stdout
     assert all(int(r[2]) < 24 for r in rows), res.stdout
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name, cls", [("gemma-3-270m-glide-xs", GlideAssistant),
+                                       ("gemma-3-270m-redrafter-xs", ReDrafterAssistant),
+                                       ("gemma-3-270m-drafter-xs", CascadeAssistant)])
+def test_generate_with_a_shipped_checkpoint_loaded_by_auto_class(gemma, name, cls, free_drafts):
+    """The shipped checkpoint loaded as a user loads it (``AutoModelForCausalLM``, remote code) and given to
+    ``generate``: the real target's greedy text, made by the checkpoint's strategy (draft forwards counted free:
+    under load the measured default may rightly stop drafting, and this test is about which strategy runs)."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = gemma
+    head = AutoModelForCausalLM.from_pretrained(CARDS / name, trust_remote_code=True).eval()
+    ids = tok("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+              "in May. How many clips did Natalia sell altogether in April and May?\n\nAnswer:", return_tensors="pt").input_ids
+    plain = model.generate(ids, do_sample=False, max_new_tokens=24)
+    out = model.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=head)
+    assert out.tolist() == plain.tolist()
+    assistant = assistant_for(head)
+    assert type(assistant) is cls
+    assert assistant.last_stats.new_tokens == 24 and assistant.last_stats.target_calls < 24

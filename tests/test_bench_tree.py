@@ -20,17 +20,8 @@ CASES = {
 }
 
 
-@pytest.fixture
-def flat_costs(monkeypatch, free_drafts):
-    """Beams and trees chosen by acceptance only: a flat verification profile and free draft forwards (the
-    measured defaults are wall time: under load packed and flat runs could choose different beams)."""
-    import hf_cascade.core.budget as budget
-
-    monkeypatch.setattr(budget, "default_verify_cost", lambda model: budget.VerifyCost.flat())
-
-
 @pytest.mark.parametrize("strategy", list(CASES))
-def test_tree_strategies_are_identical_to_plain_and_report_tree_stats(tiny, strategy, flat_costs):
+def test_tree_strategies_are_identical_to_plain_and_report_tree_stats(tiny, strategy):
     model, _, tok = tiny
     baselines, build = CASES[strategy]
     config = BenchConfig(strategy=strategy, baselines=baselines, max_new_tokens=NEW_TOKENS, warmup_tokens=2,

@@ -247,6 +247,7 @@ def test_timed_forwards_synchronise(monkeypatch):
     assert len(calls) == 2
 
 
+@pytest.mark.measured_costs
 def test_verify_cost_measurement_synchronises_and_default_is_measured_per_device(monkeypatch):
     from hf_cascade.core import budget
 
