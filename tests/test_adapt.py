@@ -64,21 +64,45 @@ def test_select_uses_calibrated_probabilities():
 
 
 def test_draft_gate_drafts_first_measures_plain_then_follows_the_faster_and_explores():
-    """:class:`~hf_cascade.core.gate.DraftGate`: drafts, takes one plain step, then follows the faster side
-    (tokens per second per row, an average that forgets), drafting every ``explore_every``-th refused step."""
+    """:class:`~hf_cascade.core.gate.DraftGate`: drafts, takes one plain step, then follows the side that
+    advances the lagging rows faster (their tokens per second, an average that forgets), drafting every
+    ``explore_every``-th refused step, half as often after each exploring step that did not pay."""
     from hf_cascade.core.gate import DraftGate
 
     gate = DraftGate(explore_every=3, decay=0.5)
     assert gate.allows()                                  # nothing measured: draft
-    gate.observe(True, tokens=8, seconds=1.0, rows=4)     # drafted: 2 tokens / (s x row)
+    gate.observe(True, tokens=2, seconds=1.0)             # drafted: the lagging rows got 2 tokens in 1 s
     assert not gate.allows()                              # measure a plain step once
-    gate.observe(False, tokens=4, seconds=0.5, rows=4)    # plain: 2 tokens / (s x row): a tie drafts
+    gate.observe(False, tokens=1, seconds=0.5)            # plain: 2 tokens / s: a tie drafts
     assert gate.allows() and gate.rate == {True: 2.0, False: 2.0}
-    gate.observe(True, tokens=4, seconds=1.0, rows=4)     # drafted slower: 0.5 * 2 + 0.5 * 1 = 1.5
+    gate.observe(True, tokens=1, seconds=1.0)             # drafted slower: 0.5 * 2 + 0.5 * 1 = 1.5
     assert gate.rate[True] == pytest.approx(1.5)
-    assert [gate.allows() for _ in range(6)] == [False, False, True] * 2
-    gate.observe(True, tokens=20, seconds=1.0, rows=4)    # an exploring step that paid: 0.5 * 1.5 + 0.5 * 5
-    assert gate.rate[True] == pytest.approx(3.25) and gate.allows()
-    gate.observe(True, tokens=3, seconds=0.0, rows=4)     # no time measured: ignored
-    gate.observe(True, tokens=3, seconds=1.0, rows=0)
-    assert gate.rate[True] == pytest.approx(3.25)
+    assert [gate.allows() for _ in range(3)] == [False, False, True]
+    gate.observe(True, tokens=1, seconds=1.0)             # explored, still slower (1.25): explore half as often
+    assert [gate.allows() for _ in range(6)] == [False] * 5 + [True]
+    gate.observe(True, tokens=5, seconds=1.0)             # an exploring step that paid: 0.5 * 1.25 + 0.5 * 5
+    assert gate.rate[True] == pytest.approx(3.125) and gate.allows() and gate.interval == 3
+    gate.observe(True, tokens=3, seconds=0.0)             # no time measured: ignored
+    assert gate.rate[True] == pytest.approx(3.125)
+
+
+def test_the_batch_gate_follows_the_lagging_rows(monkeypatch):
+    """The batch loop gives the gate the fewest tokens emitted by the rows with the most tokens left (the
+    rows the batch waits for), not the batch's total."""
+    from hf_cascade import CascadeAssistant, MaxGram
+    from hf_cascade.core.gate import DraftGate
+    from tests import tiny_models as tm
+
+    seen = []
+    original = DraftGate.observe
+    monkeypatch.setattr(DraftGate, "observe", lambda self, d, t, s: seen.append(t) or original(self, d, t, s))
+    target = tm.llama_target()
+    ids = torch.tensor([[1, 5, 6, 7, 5, 6, 7, 5, 6], [0, 0, 0, 0, 0, 1, 40, 41, 42]])
+    mask = (torch.arange(9) >= torch.tensor([[0], [5]])).long()
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12)
+    a = CascadeAssistant([MaxGram()])
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, assistant_model=a)
+    assert out.tolist() == plain.tolist()
+    rows = a.last_stats.rows
+    assert len(seen) == a.last_stats.target_calls and all(t >= 1 for t in seen)
+    assert sum(seen) <= max(r.new_tokens for r in rows) < sum(r.new_tokens for r in rows)

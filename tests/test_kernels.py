@@ -158,3 +158,42 @@ def test_a_choice_is_rechecked_and_follows_the_machine():
     for _ in range(20):
         never.run("k", _kernels(clock, log, {"linear": 1.0, "packed": 3.0}))
     assert never.choices() == {"k": "linear"}
+
+
+def test_a_kernel_far_behind_is_not_explored_at_more_rows():
+    """``behind``: a kernel more than twice as slow as the choice at some rows of a weight is left out of the
+    exploration of that weight's larger row buckets (not of fewer rows, not of other weights), and comes back
+    when measured within reach again at the rows where it fell behind."""
+    clock, log = _Clock(), []
+    tuner = KernelTuner(clock=clock, recheck_every=0)
+    w, other = torch.randn(8, 4), torch.randn(6, 4)
+    costs = {"linear": 1.0, "panel": 2.5}
+    for _ in range(6):
+        tuner.run(shape_key(w, 4), _kernels(clock, log, costs))
+    assert tuner.choices() == {shape_key(w, 4): "linear"} and log.count("panel") == 3
+    log.clear()
+    for m in (5, 16):                                             # more rows: the choice at once, timed
+        for _ in range(3):
+            tuner.run(shape_key(w, m), _kernels(clock, log, costs))
+    assert log == ["linear"] * 6 and tuner.choices()[shape_key(w, 16)] == "linear"
+    assert tuner.seconds(shape_key(w, 16)) == 1.0
+    log.clear()
+    for key in (shape_key(w, 3), shape_key(other, 16)):           # fewer rows, another weight: explored in full
+        for _ in range(6):
+            tuner.run(key, _kernels(clock, log, costs))
+    assert log.count("panel") == 6
+    tuner.run(shape_key(w, 4), _kernels(clock, log, costs))       # recheck_every=0: the choice stays
+    recheck = KernelTuner(clock=clock, recheck_every=1)
+    for _ in range(6):
+        recheck.run(shape_key(w, 4), _kernels(clock, log, costs))
+    costs["panel"] = 0.5                                          # the machine changed: within reach again
+    log.clear()
+    for _ in range(6):                                            # the recheck: 3 trials each
+        recheck.run(shape_key(w, 4), _kernels(clock, log, costs))
+    assert log.count("panel") == 3 and recheck.choices()[shape_key(w, 4)] == "panel"
+    log.clear()
+    for _ in range(6):
+        recheck.run(shape_key(w, 8), _kernels(clock, log, costs))
+    assert log.count("panel") == 3                                 # explored at more rows again
+    recheck.reset()
+    assert recheck.choices() == {}

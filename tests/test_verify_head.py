@@ -126,12 +126,12 @@ def test_calibrated_block_rows(monkeypatch):
         call, which reads 0.5 (one fast outlier must not move the median)."""
 
         def run(self, key, kernels):
-            clock["ones"] += key[4] == 1
-            clock["now"] += 0.5 if key[4] == 1 and clock["ones"] == 1 else costs[key[4]]
+            clock["ones"] += key.rows == 1
+            clock["now"] += 0.5 if key.rows == 1 and clock["ones"] == 1 else costs[key.rows]
             return next(iter(kernels.values()))()
 
         def seconds(self, key):
-            return costs[key[4]]
+            return costs[key.rows]
 
     def tuner():
         clock["ones"] = 0

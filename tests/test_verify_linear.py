@@ -55,7 +55,7 @@ def test_rows_taken_and_products(bias, n_threads, copy_kernel):
                 if force == "linear":
                     assert torch.equal(out, ref(x))
             assert set(rl.tuner.choices().values()) <= {"rows", "linear", copy_kernel}
-            decided = {key[4] for key in rl.tuner.choices()}                 # row buckets with a choice
+            decided = {key.rows for key in rl.tuner.choices()}                 # row buckets with a choice
             assert (8 in decided) == (force is None)                         # 8 rows: 10 calls, tuned
     with pytest.raises(ValueError, match="max_rows"):
         RowsLinear(lin, max_rows=1)

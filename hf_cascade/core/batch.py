@@ -5,7 +5,7 @@ The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify 
 
 1. **draft** -- each row's own drafter (one per row: its own statistics and caches) proposes a tree for its
    own sequence, pruned to what that row can still emit; a row may draft nothing, and no row drafts while the
-   batch's :class:`~hf_cascade.core.gate.DraftGate` measures plain steps to be faster.
+   batch's :class:`~hf_cascade.core.gate.DraftGate` measures plain steps to advance the batch's end faster.
 2. **verify** -- one target forward over ``[B, N]``: row ``b``'s root and its ``n_b`` nodes, padded to
    ``N = max n_b + 1`` with queries that attend to themselves only; per-row position ids (each node at its
    branch position, counted in the row's own tokens, padding not counted, as plain batched ``generate``
@@ -79,9 +79,9 @@ def speculative_decode_batch(
         with run.timer("prefill"):
             prefill(run)
         while run.rows:
-            step_started, allowed, active = time.perf_counter(), run.gate.allows(), len(run.rows)
+            step_started, allowed, lagging = time.perf_counter(), run.gate.allows(), run.lagging()
             with run.timer("draft"):
-                drafts = [draft(run, b, allowed) for b in range(active)]
+                drafts = [draft(run, b, allowed) for b in range(len(run.rows))]
             started = time.perf_counter()
             with run.timer("verify"):
                 rows = verify(run, drafts)
@@ -90,8 +90,8 @@ def speculative_decode_batch(
             run.verify_seconds = time.perf_counter() - started      # acceptance read the device: synchronised
             with run.timer("update"):
                 emitted = update(run, drafts, rows, acceptances)
-            run.gate.observe(any(tree.num_nodes for tree, _ in drafts), emitted, time.perf_counter() - step_started,
-                             active)
+            run.gate.observe(any(tree.num_nodes for tree, _ in drafts), min(emitted[b] for b in lagging),
+                             time.perf_counter() - step_started)
     return run.result()
 
 
@@ -133,7 +133,7 @@ def draft(run: "_Batch", b: int, allowed: bool = True) -> tuple[TokenTree, torch
     """Row ``b``'s draft, pruned to what it can emit; none when the batch's :class:`DraftGate` refuses this step
     (the drafter then sees a budget of 0, as at the end of a generation)."""
     row = run.rows[b]
-    state = run.state(b)
+    state = run.state(b, cache=allowed)                 # a refused step reads no cache: none is gathered
     if not allowed:
         state.budget = 0
     tree, q = row.drafter.draft_tree(state.seq, state)
@@ -195,10 +195,10 @@ def accept(run: "_Batch", drafts, rows: list[TreeRows]) -> list[TreeAcceptance]:
     return [greedy_tree_accept(tree, r) for (tree, _), r in zip(drafts, rows)]
 
 
-def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAcceptance]) -> int:
+def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAcceptance]) -> list[int]:
     """Emit each row's tokens where plain decoding stops, keep their K/V (holes where a row emitted fewer than
     the longest), give every drafter its feedback, drop finished rows, compact when holes pile up. Returns the
-    tokens emitted over the batch."""
+    tokens each row of the step emitted."""
     kept, done = [], []
     for b, (row, (tree, _), r, acc) in enumerate(zip(run.rows, drafts, rows, acceptances)):
         path = acc.path.tolist() if isinstance(acc.path, torch.Tensor) else list(acc.path)
@@ -216,10 +216,10 @@ def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAc
             done.append(b)
     run.keep(kept)
     for b, ((tree, _), acc) in enumerate(zip(drafts, acceptances)):
-        run.rows[b].drafter.on_accept(tree, acc, run.state(b))
+        run.rows[b].drafter.on_accept(tree, acc, run.state(b, cache=False))
     run.drop(done)
     run.compact_if_sparse()
-    return sum(len(k) for k in kept)
+    return [len(k) for k in kept]
 
 
 # -- the loop's state ----------------------------------------------------------------------------------
@@ -294,11 +294,18 @@ class _Batch:
         return per_layer_type(self.target, lambda window: additive(
             batch_tree_allowed(past_pos, query, ancestors, window), self._dtype))
 
-    def state(self, b: int) -> TreeStep:
+    def state(self, b: int, cache: bool = True) -> TreeStep:
+        """Row ``b``'s :class:`TreeStep`; its ``cache`` (a copy of the row's K/V) only for a drafter that reads
+        the target's cache, and only where it may draft (``cache``: ``on_accept`` reads none)."""
         row = self.rows[b]
-        cache = self.row_cache(b) if getattr(row.drafter, "reads_target_cache", False) else None
+        cache = self.row_cache(b) if cache and getattr(row.drafter, "reads_target_cache", False) else None
         return TreeStep(row.seq, cache, row.last_hidden, budget=max(row.stopper.max_length - row.width - 1, 0),
                         step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None)
+
+    def lagging(self) -> list[int]:
+        """The rows with the most tokens left to their length limit: the batch ends when they do."""
+        left = [row.stopper.max_length - row.width for row in self.rows]
+        return [b for b, n in enumerate(left) if n == max(left)]
 
     def row_cache(self, b: int) -> DynamicCache:
         """Row ``b``'s K/V alone, as a batch-1 ``DynamicCache`` (a copy of the columns it owns)."""

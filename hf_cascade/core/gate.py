@@ -1,14 +1,18 @@
 """Whether a batched step drafts at all: drafting must pay over the whole batch, on the running machine.
 
 Each row's drafter sizes its own draft from its own acceptance and cost, but in a batch every row's
-verification widens to the widest draft, and where the forward is compute-bound (a CPU, a GPU at a large
-batch) a wider batched forward can cost more than the accepted tokens bring. :class:`DraftGate` measures,
-within one ``generate()`` call, the batch's tokens per second per row on steps where some row drafted and on
-plain steps (no row drafted), and lets the rows draft only while drafting is at least as fast. It starts by
-drafting, takes one plain step to measure the other side, and while refusing drafts every
-``explore_every``-th step anyway (acceptance changes with the text). Not in any paper: it is the batch-level
-form of the rule the single-row defaults already follow (draft only what pays for its verification,
-:mod:`hf_cascade.core.adapt`, :mod:`hf_cascade.drafters.lookahead`).
+verification widens to the widest draft, and the batch ends only when its last row does: tokens a row
+accepts beyond the others' shorten nothing while the forward costs about the same for fewer rows (a
+memory-bound forward: a CPU at a few rows, a GPU far from its compute bound). So :class:`DraftGate`
+measures, within one ``generate()`` call, the progress of the *lagging* rows (those with the most tokens
+left to their length limit; the fewest tokens any of them emitted in the step) per second of step, on
+steps where some row drafted and on plain steps (no row drafted), and lets the rows draft only while
+drafting advances the lagging rows at least as fast. It starts by drafting, takes one plain step to
+measure the other side, and while refusing drafts every ``explore_every``-th step anyway (acceptance
+changes with the text). Not in any paper: it is the batch-level form of the rule the single-row defaults
+already follow (draft only what pays for its verification, :mod:`hf_cascade.core.adapt`,
+:mod:`hf_cascade.drafters.lookahead`). A row that stops early (EOS) may make the measure pessimistic,
+never wrong: outputs do not depend on it.
 
 The times are host wall times of whole steps (draft, verify, accept, update), each ending after acceptance
 read the device, so the device is synchronised. Decisions depend on past timings only, never on random
@@ -19,12 +23,18 @@ from __future__ import annotations
 
 
 class DraftGate:
-    """Per call: drafted vs plain throughput of a batch (see the module docstring)."""
+    """Per call: drafted vs plain progress of a batch's lagging rows (see the module docstring).
+
+    ``explore_every``: refused steps between two drafted ones while plain steps are faster; each exploring
+    step that still measures drafting slower doubles the interval (an exploring step can cost several
+    plain ones), one that pays sets it back."""
 
     def __init__(self, explore_every: int = 8, decay: float = 0.7):
         self.explore_every, self.decay = int(explore_every), float(decay)
-        self.rate: dict[bool, float | None] = {True: None, False: None}   # tokens / (second x row), EMA
+        self.rate: dict[bool, float | None] = {True: None, False: None}   # lagging rows' tokens / second, EMA
+        self.interval = self.explore_every
         self.refused = 0
+        self.exploring = False
 
     def allows(self) -> bool:
         """Whether the rows may draft at this step."""
@@ -36,15 +46,22 @@ class DraftGate:
         if drafted >= plain:
             return True
         self.refused += 1
-        return self.explore_every > 0 and self.refused % self.explore_every == 0
+        if self.explore_every > 0 and self.refused >= self.interval:
+            self.refused, self.exploring = 0, True
+            return True
+        return False
 
-    def observe(self, drafted: bool, tokens: int, seconds: float, rows: int) -> None:
-        """One step: whether any row drafted, the tokens it emitted over the batch, its wall time, its rows."""
-        if seconds <= 0 or rows <= 0:
+    def observe(self, drafted: bool, tokens: int, seconds: float) -> None:
+        """One step: whether any row drafted, the tokens the lagging rows emitted (the fewest of them), its
+        wall time."""
+        if seconds <= 0:
             return
-        rate = tokens / (seconds * rows)
+        rate = tokens / seconds
         old = self.rate[drafted]
         self.rate[drafted] = rate if old is None else self.decay * old + (1 - self.decay) * rate
+        if drafted and self.exploring:
+            self.exploring = False
+            self.interval = 2 * self.interval if self.rate[True] < self.rate[False] else self.explore_every
 
 
 __all__ = ["DraftGate"]

@@ -61,6 +61,7 @@ class TreeDrafter(ABC):
     linear: bool = False
     #: ``True`` when :meth:`draft_tree` reads ``state.cache`` (the target's K/V); the batched loop
     #: (:mod:`hf_cascade.core.batch`) then builds the row's cache for it, otherwise it passes ``None``
+    #: (also with a budget of 0, and to :meth:`on_accept`: neither may read it)
     reads_target_cache: bool = False
 
     @abstractmethod

@@ -26,7 +26,7 @@ import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Hashable
+from typing import Callable, ClassVar, Hashable, NamedTuple
 
 import torch
 
@@ -114,11 +114,19 @@ def rows_bucket(m: int) -> int:
     return m if m <= 8 else 1 << (m - 1).bit_length()
 
 
-def shape_key(weight: torch.Tensor, m: int) -> tuple:
+class ShapeKey(NamedTuple):
+    """A product's key: the weight (shape, layout, dtype, device), the row bucket and the thread count."""
+
+    weight: tuple
+    rows: int
+    threads: int
+
+
+def shape_key(weight: torch.Tensor, m: int) -> ShapeKey:
     """The key of a product of ``m`` rows with ``weight``: its shape, layout, dtype, device, the row
     bucket and the thread count."""
-    return (tuple(weight.shape), weight.stride(), weight.dtype, weight.device.type, rows_bucket(m),
-            torch.get_num_threads())
+    return ShapeKey((tuple(weight.shape), weight.stride(), weight.dtype, weight.device.type), rows_bucket(m),
+                    torch.get_num_threads())
 
 
 @dataclass
@@ -135,12 +143,20 @@ class KernelTuner:
             confirms the choice doubles that key's interval (a choice that changes resets it), so a
             stable machine pays less and less for it.
         clock: the timer (seconds).
+        behind: a kernel whose median is more than ``behind`` times the chosen one's at a
+            :class:`ShapeKey` is not explored for that weight at more rows (until a recheck measures it
+            within ``behind`` again at those rows): a kernel's cost grows with its rows, and one
+            far behind at a few rows does not catch up at more, while exploring it there costs
+            ``trials`` of its slowest calls per row bucket (a kernel built for another instruction set,
+            a register-starved product). Keys of other kinds are explored in full.
     """
 
     trials: int = 3
     force: str | None = None
     recheck_every: int = 512
     clock: Callable[[], float] = time.perf_counter
+    behind: float = 2.0
+    _behind: dict[Hashable, dict[str, int]] = field(default_factory=dict)   # weight -> kernel -> fewest rows
     _times: dict[Hashable, dict[str, list[float]]] = field(default_factory=dict)
     _choice: dict[Hashable, str] = field(default_factory=dict)
     _seconds: dict[Hashable, float] = field(default_factory=dict)
@@ -161,19 +177,40 @@ class KernelTuner:
         self._choice.pop(key, None)                                       # explore: none yet, a recheck, or
         self._uses.pop(key, None)                                         # the choice is no longer offered
         times = self._times.setdefault(key, {})
-        for n in kernels:
+        candidates = self._candidates(key, kernels)
+        for n in candidates:
             times.setdefault(n, [])
-        name = min(kernels, key=lambda n: len(times[n]))                 # the least tried, in order
+        name = min(candidates, key=lambda n: len(times[n]))              # the least tried, in order
         t0 = self.clock()
         out = kernels[name]()
         times[name].append(self.clock() - t0)
-        if all(len(times[n]) >= self.trials for n in kernels):
-            best = min(kernels, key=lambda n: statistics.median(times[n]))
-            self._choice[key], self._seconds[key] = best, statistics.median(times[best])
+        if all(len(times[n]) >= self.trials for n in candidates):
+            medians = {n: statistics.median(times[n]) for n in candidates}
+            best = min(candidates, key=medians.get)
+            self._choice[key], self._seconds[key] = best, medians[best]
             del self._times[key]
             last, interval = self._interval.get(key, (None, 0))
             self._interval[key] = (best, 2 * interval if best == last else self.recheck_every)
+            self._note_behind(key, medians, medians[best])
         return out
+
+    def _candidates(self, key: Hashable, kernels: Kernels) -> list[str]:
+        """The kernels to explore for ``key``: all but those far behind at fewer rows (``behind``)."""
+        if not isinstance(key, ShapeKey):
+            return list(kernels)
+        behind = self._behind.get(key.weight, {})
+        kept = [n for n in kernels if behind.get(n, key.rows) >= key.rows]
+        return kept or list(kernels)
+
+    def _note_behind(self, key: Hashable, medians: dict[str, float], best: float) -> None:
+        if not isinstance(key, ShapeKey) or self.behind <= 0:
+            return
+        behind = self._behind.setdefault(key.weight, {})
+        for n, t in medians.items():
+            if t > self.behind * best:
+                behind[n] = min(behind.get(n, key.rows), key.rows)
+            elif behind.get(n) == key.rows:                               # measured within reach again here
+                del behind[n]
 
     def seconds(self, key: Hashable) -> float | None:
         """Median time of the chosen kernel of ``key`` while it was explored (``None``: not decided)."""
@@ -190,6 +227,7 @@ class KernelTuner:
         self._seconds.clear()
         self._uses.clear()
         self._interval.clear()
+        self._behind.clear()
 
 
 #: The process-wide tuner of the target's CPU kernels (:mod:`hf_cascade.backends.cpu.verify_linear`, :mod:`hf_cascade.backends.cpu.verify_head`).
@@ -198,4 +236,4 @@ TUNER = KernelTuner()
 #: The process-wide packed weights of the ``packed`` kernel.
 PACKER = WeightPacker()
 
-__all__ = ["KernelTuner", "PACKER", "TUNER", "WeightPacker", "left_product", "rows_bucket", "shape_key"]
+__all__ = ["KernelTuner", "PACKER", "ShapeKey", "TUNER", "WeightPacker", "left_product", "rows_bucket", "shape_key"]

@@ -25,7 +25,16 @@
 namespace {
 
 constexpr int64_t kPanel = 16;   // output rows per panel
+// Accumulators (vec16) the register file holds next to the weight vectors: a vec16 is one AVX-512
+// register (32 of them) but two AVX2 registers (16 of them). Spilled accumulators made the AVX2 build
+// several times slower than torch's products from 4 rows on (Zen 3: the head's 4 rows 285 ms vs 41).
+#if defined(__AVX512F__)
+constexpr int kAccumulators = 16;
 constexpr int kMaxRows = 8;      // rows of x per pass over the weight
+#else
+constexpr int kAccumulators = 4;
+constexpr int kMaxRows = 4;
+#endif
 
 typedef float vec16 __attribute__((vector_size(64)));
 
@@ -70,13 +79,18 @@ void panels_block(const float* xt, const float* panels, float* y, int64_t ldy, i
 template <int M>
 void rows_block(const float* xt, const float* panels, float* y, int64_t ldy, int64_t K, int64_t N,
                 int64_t p0, int64_t p1) {
-  constexpr int NR = M <= 2 ? 4 : (M <= 4 ? 3 : 2);   // NR * M <= 16 accumulators
+  constexpr int NR = kAccumulators >= 16 ? (M <= 2 ? 4 : (M <= 4 ? 3 : 2))   // NR * M <= 16 accumulators
+                                         : (M == 1 ? 4 : (M == 2 ? 2 : 1));  // NR * M <= 4 (4 rows: 4)
   panels_block<M, NR>(xt, panels, y, ldy, K, N, p0, p1);
 }
 
 using Block = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+#if defined(__AVX512F__)
 constexpr Block kBlocks[kMaxRows] = {rows_block<1>, rows_block<2>, rows_block<3>, rows_block<4>,
                                      rows_block<5>, rows_block<6>, rows_block<7>, rows_block<8>};
+#else
+constexpr Block kBlocks[kMaxRows] = {rows_block<1>, rows_block<2>, rows_block<3>, rows_block<4>};
+#endif
 
 // Panels per cache block when x has more than kMaxRows rows: 4 panels of a 2048-wide weight are 512 KiB,
 // which stay in a core's L2 while every kMaxRows-row chunk of x is multiplied by them.
