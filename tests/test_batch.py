@@ -13,9 +13,8 @@ batched ``generate`` of the same target gives on the same padded batch, in the s
 (3) **no state leak** -- a batch then a single prompt, a single prompt then a batch, with one assistant: the
     second call gives what a fresh assistant gives (outputs and statistics, on a deterministic clock);
 (4) **exact sampling per row** -- tests/test_batch_sampling.py;
-(5) **errors** -- right padding, a streamer, scores/logits, transformers' assisted loop with ``B > 1``, beam
-    search, lossy target rules: ``ValueError`` before any forward;
-(6) ``return_dict_in_generate=True`` gives plain's sequences; (7) ``pipeline(..., batch_size=4)`` with an
+(5) **errors**, (6) ``return_dict_in_generate`` and batch-indexed logits processors -- tests/test_batch_api.py;
+(7) ``pipeline(..., batch_size=4)`` with an
     assistant returns exactly what it returns without; (8) the real Gemma-3-270M (``real_model``).
 
 Drafted steps, where a test asserts on them, do not depend on wall time: :func:`free_drafts`, a flat
@@ -33,10 +32,9 @@ from dataclasses import replace
 import pytest
 import torch
 from transformers import pipeline
-from transformers.generation.streamers import BaseStreamer
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
-from hf_cascade import CascadeAssistant, GlideAssistant, LossyLenientTarget, MaxGram, ReDrafterAssistant
+from hf_cascade import CascadeAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
 from hf_cascade.core.budget import VerifyCost
 from hf_cascade.core.stats import BatchStats
 from tests import tiny_models as tm
@@ -294,97 +292,6 @@ def test_no_state_leak(name, monkeypatch, open_gate):
     batch, single = left_pad([[1, 5, 6, 5, 6, 5], [1, 9, 12], [7]]), (ids(1, 9, 12), None)
     assert_no_state_leak(small, lambda: registry_assistant(name, kit), single, batch, do_sample=True)
     assert_no_state_leak(small, lambda: registry_assistant(name, kit), batch, single, do_sample=True)
-
-
-# -- (5) errors and (6) return_dict_in_generate ---------------------------------------------------------------
-
-class _Streamer(BaseStreamer):
-    def put(self, value):
-        pass
-
-    def end(self):
-        pass
-
-
-def _transformers_loop():
-    a = CascadeAssistant([MaxGram()])
-    a.loop = "transformers"
-    return a
-
-
-ERRORS = {
-    "right_padding": ("left padding", lambda: {"attention_mask": left_pad(ROWS)[1].flip(1)}),
-    "streamer": ("streamer", lambda: {"streamer": _Streamer()}),
-    "output_scores": ("scores", lambda: {"return_dict_in_generate": True, "output_scores": True}),
-    "output_logits": ("logits", lambda: {"return_dict_in_generate": True, "output_logits": True}),
-    "transformers_loop": ("one unpadded row", lambda: {"assistant_model": _transformers_loop()}),
-    "beam_search": ("beam search", lambda: {"num_beams": 2}),
-    "lossy_rules": ("batch size 1", lambda: {"logits_processor": [LossyLenientTarget(2.0)]}),
-}
-
-
-@pytest.mark.parametrize("error", list(ERRORS))
-def test_batch_errors(error):
-    """Refused with a ValueError before any forward of the target; the target works afterwards."""
-    target = base_kit("llama").target
-    match, extra = ERRORS[error]
-    input_ids, mask = left_pad(ROWS)
-    kw = {"attention_mask": mask, "assistant_model": CascadeAssistant([MaxGram()]), "do_sample": False,
-          "max_new_tokens": 5, **extra()}
-    forwards = []
-    handle = target.register_forward_pre_hook(lambda *a: forwards.append(1))
-    try:
-        with pytest.raises(ValueError, match=match):
-            target.generate(input_ids, **kw)
-    finally:
-        handle.remove()
-    assert forwards == []
-    plain = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=5)
-    out = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=5,
-                          assistant_model=CascadeAssistant([MaxGram()]))
-    assert out.tolist() == plain.tolist()
-
-
-def test_transformers_loop_refuses_one_padded_row():
-    input_ids, mask = left_pad([REP], extra=2)
-    with pytest.raises(ValueError, match="one unpadded row"):
-        base_kit("llama").target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=5,
-                                          assistant_model=_transformers_loop())
-
-
-@pytest.mark.parametrize("do_sample", [False, True])
-def test_return_dict_in_generate(do_sample):
-    """``return_dict_in_generate=True`` with ``B > 1``: plain's sequences (sampled: the same seed gives a law,
-    not tokens, so only the shape and the prompt are compared)."""
-    target = base_kit("gemma3").target
-    input_ids, mask = left_pad(ROWS)
-    kw = {"attention_mask": mask, "do_sample": do_sample, "max_new_tokens": 12, "return_dict_in_generate": True}
-    plain = target.generate(input_ids, **kw)
-    out = target.generate(input_ids, assistant_model=CascadeAssistant([MaxGram()]), **kw)
-    assert type(out) is type(plain)
-    if do_sample:
-        assert out.sequences[:, : input_ids.shape[1]].tolist() == input_ids.tolist()
-        assert out.sequences.shape == plain.sequences.shape
-    else:
-        assert out.sequences.tolist() == plain.sequences.tolist()
-
-
-def test_batch_specific_logits_processors():
-    """Processors that index the batch see each row as plain batched ``generate`` gives it:
-    ``prefix_allowed_tokens_fn`` gets the row's batch id, the repetition penalty each row's padding."""
-    target = base_kit("llama").target
-    input_ids, mask = left_pad([[1, 5, 6], REP])
-
-    def allowed(batch_id, sent):
-        return [10 + batch_id, 20 + batch_id, 30 + batch_id]
-
-    for kw in ({"prefix_allowed_tokens_fn": allowed}, {"repetition_penalty": 1.5}):
-        plain = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=8, **kw)
-        for name in ("maxgram", "drafter+maxgram"):
-            a = REGISTRY[name](fresh_kit("llama", target))
-            out = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=8,
-                                  assistant_model=a, **kw)
-            assert out.tolist() == plain.tolist(), (kw, name)
 
 
 # -- (7) pipeline ----------------------------------------------------------------------------------------------
