@@ -305,7 +305,8 @@ class _Batch:
     def lagging(self) -> list[int]:
         """The rows with the most tokens left to their length limit: the batch ends when they do."""
         left = [row.stopper.max_length - row.width for row in self.rows]
-        return [b for b, n in enumerate(left) if n == max(left)]
+        most = max(left)
+        return [b for b, n in enumerate(left) if n == most]
 
     def row_cache(self, b: int) -> DynamicCache:
         """Row ``b``'s K/V alone, as a batch-1 ``DynamicCache`` (a copy of the columns it owns)."""
@@ -388,5 +389,4 @@ class _Batch:
         return sequences
 
 
-__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "speculative_decode_batch", "update",
-           "verify"]
+__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "speculative_decode_batch", "update", "verify"]
