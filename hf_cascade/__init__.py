@@ -17,6 +17,7 @@ from .loading import load_pretrained
 from .heads import CascadeDrafterConfig, CascadeDrafterForCausalLM, GlideConfig, GlideForCausalLM, ReDrafterConfig, ReDrafterModel, register_heads
 from .processors import LossyLenientTarget, LossyTypicalAcceptance
 from .redrafter import ReDrafterAssistant, ReDrafterStats
+from .drafters.recycling import RecyclingAssistant
 from .core.stats import GenerationStats
 from .core.budget import VerifyCost, measure_verify_cost
 
@@ -57,6 +58,7 @@ __all__ = [
     "ReDrafterConfig",
     "ReDrafterModel",
     "ReDrafterStats",
+    "RecyclingAssistant",
     "VerifyCost",
     "VerifySession",
     "cpu_kernels",

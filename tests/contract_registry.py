@@ -11,6 +11,7 @@ import torch
 
 from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
 from hf_cascade.drafters.maxgram_tree import MaxGramTreeAssistant
+from hf_cascade.drafters.recycling import RecyclingAssistant
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head
 from tests.test_glide_decode import echo_glide
@@ -45,6 +46,7 @@ REGISTRY: dict[str, Callable[[Kit], object]] = {
     "glide_cape": lambda k: GlideAssistant(k.glide, cape=True),
     "redrafter": lambda k: ReDrafterAssistant(k.head, beam_width=4, beam_length=4),
     "maxgram_tree": lambda k: MaxGramTreeAssistant(),
+    "recycling": lambda k: RecyclingAssistant(),
 }
 
 #: entries drafting with a model (drafter or head): the placement rules apply to them

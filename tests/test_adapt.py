@@ -106,3 +106,23 @@ def test_the_batch_gate_follows_the_lagging_rows(monkeypatch):
     rows = a.last_stats.rows
     assert len(seen) == a.last_stats.target_calls and all(t >= 1 for t in seen)
     assert sum(seen) <= max(r.new_tokens for r in rows) < sum(r.new_tokens for r in rows)
+
+
+def test_the_profile_is_rescaled_to_the_calls_own_steps():
+    """Golden: plain steps take 0.1 s; a 4-node step the profile puts at 1.2 takes 0.16 s (excess 0.6 against the
+    profile's 0.2: ratio 3): the increments scale toward 3 by the EMA (decay 0.8); without plain steps they stand."""
+    profile = VerifyCost((1.0, 1.05, 1.1, 1.15, 1.2))
+    four = TokenTree(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, 0, 1, 2]))
+    empty = TokenTree(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    b = AdaptiveBudget(profile)
+    b.observe_step(four, [0.5] * 4, [], 1, 0.16)                 # no plain step yet: nothing to compare with
+    assert b.scale == 1.0 and b.cost is profile
+    b.observe_step(empty, [], [], 1, 0.1)
+    b.observe_step(four, [0.5] * 4, [], 1, 0.16)
+    assert b.scale == pytest.approx(0.8 * 1.0 + 0.2 * 3.0)
+    assert b.cost(4) == pytest.approx(1.0 + b.scale * 0.2) and b.cost(0) == 1.0
+    assert b.profile is profile
+    flat = AdaptiveBudget(VerifyCost.flat())                     # a flat profile (no excess) is never rescaled
+    flat.observe_step(empty, [], [], 1, 0.1)
+    flat.observe_step(four, [0.5] * 4, [], 1, 0.5)
+    assert flat.scale == 1.0

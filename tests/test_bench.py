@@ -115,7 +115,7 @@ def test_summary_structure(greedy_result):
 
 def test_paired_ratio_and_interval():
     """Golden: b takes half of a's time on every prompt but one; the interval brackets the ratio."""
-    recs = [{"prompt_index": i, "method": m, "seconds": t}
+    recs = [{"prompt_index": i, "method": m, "seconds": t, "new_tokens": 10}
             for i, (ta, tb) in enumerate([(2.0, 1.0), (4.0, 2.0), (3.0, 1.5), (1.0, 2.0)])
             for m, t in (("a", ta), ("b", tb))]
     p = paired(recs, "a", "b")
@@ -125,6 +125,20 @@ def test_paired_ratio_and_interval():
     assert p["geomean"] == pytest.approx((2 * 2 * 2 * 0.5) ** 0.25)          # per-prompt ratios 2, 2, 2, 0.5
     assert 0.5 <= p["geomean_low"] <= p["geomean"] <= p["geomean_high"] <= 2.0
     assert paired(recs, "a", "missing") is None
+
+
+def test_sampled_runs_of_different_lengths_compare_per_token():
+    """Sampled outputs stop at different lengths: b, which stopped after 5 tokens in the time a took for 10, is
+    as fast as a, not twice as fast."""
+    recs = [{"prompt_index": 0, "method": "plain", "seconds": 2.0, "new_tokens": 10},
+            {"prompt_index": 0, "method": "b", "seconds": 1.0, "new_tokens": 5}]
+    assert paired(recs, "plain", "b")["ratio"] == pytest.approx(1.0)
+    assert paired(recs, "plain", "b")["geomean"] == pytest.approx(1.0)
+    for r in recs:
+        r.update(category="c", identical_to_plain=None, stats=None)
+    from hf_cascade.bench.summary import summarize
+
+    assert summarize(recs, ["plain", "b"])["overall"]["b"]["speedup"] == pytest.approx(1.0)
 
 
 def test_outputs_written(greedy_result, tmp_path):

@@ -48,7 +48,7 @@ def test_strategy_lists():
 def test_cli_all_with_nothing_else():
     """``--strategy all --baselines plain-kernels,maxgram`` is the whole command on the default target."""
     config = _config("--strategy", "all", "--baselines", "plain-kernels,maxgram")
-    assert config.methods == ["plain", "plain-kernels", "maxgram", "cascade", "hsddw", "glide", "redrafter"]
+    assert config.methods == ["plain", "plain-kernels", "maxgram", "cascade", "hsddw", "glide", "redrafter", "recycling"]
     assert (config.drafts, config.strategy_drafts, config.tree, config.cascade_kwargs(), config.window) == ([], {}, {}, {}, None)
     specs = loading.draft_specs(config)
     assert specs == {"cascade": [str(loading.MODEL_CARDS / "gemma-3-270m-drafter-xs")],
@@ -142,7 +142,7 @@ def test_only_the_options_given_are_passed(spies):
     assert spies["DynamicWindowAssistant"] == [(("shared", None), {"max_window": 3})]     # shared drafts: old form
     assert spies["GlideAssistant"] == [(("shared",), {"draft_length": 4, "min_confidence": 0.3})]
     assert spies["ReDrafterAssistant"] == [(("shared",), {"beam_width": 2, "min_confidence": 0.3})]
-    assert list(methods) == ["plain", *STRATEGIES]
+    assert list(methods) == ["plain", *(s for s in STRATEGIES if s != "recycling")]
     spies.clear()
     _built(BenchConfig(strategy="maxgram", cost_aware=True, k_matrix=[[3]]))   # no cascade: the options are Max-Gram's
     assert spies["CascadeAssistant"][0][1] == {"cost_aware": True, "k_matrix": [[3]]}

@@ -279,7 +279,7 @@ def lie_about_q(monkeypatch):
     monkeypatch.setattr(loop, "sampling_tree_accept", lying)
 
 
-@pytest.mark.parametrize("name", ["maxgram", "maxgram_tree"])
+@pytest.mark.parametrize("name", ["maxgram", "maxgram_tree", "recycling"])
 def test_exact_sampling_detects_a_wrong_q(name, monkeypatch):
     """Negative control: the same two tests, same runs and seeds, fail for a sampler that lies about ``q``."""
     lie_about_q(monkeypatch)

@@ -33,6 +33,7 @@ from hf_cascade.core.budget import VerifyCost
 from hf_cascade.core.accept import greedy_tree_accept, sampling_tree_accept
 from hf_cascade.core.stats import LevelStats
 from hf_cascade.drafters.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
+from hf_cascade.drafters.recycling import RecyclingAssistant
 from hf_cascade.drafters.neural import NeuralLevel
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head
@@ -161,6 +162,8 @@ SETTINGS = {
     "glide": (lambda t, n: _glide(t, False, n), REPETITIVE),
     "glide_cape": (lambda t, n: _glide(t, True, n), REPETITIVE),
     "maxgram_tree": (lambda t, n: MaxGramTreeAssistant(branches=2, depth=n), CYCLE),
+    # the recycled table's one top-k read per step, whatever the tree's depth
+    "recycling": (lambda t, n: RecyclingAssistant(max_depth=n, verify_cost=VerifyCost.flat()), CYCLE),
     # the budget's path with a flat profile, as GLIDE's above
     "redrafter": (lambda t, n: ReDrafterAssistant(fit_head(t, "llama", steps=80), beam_width=2, beam_length=n,
                                                   verify_cost=VerifyCost.flat()), CYCLE),

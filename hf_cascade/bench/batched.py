@@ -255,9 +255,9 @@ def versus(records: list[dict], method: str, reference: str) -> dict | None:
     for r in records:
         by_batch[r["batch_index"]][r["method"]] = r
     both = [(t[reference], t[method]) for t in by_batch.values() if reference in t and method in t]
-    per_token = [{"prompt_index": j, "method": name, "seconds": rec["seconds"] / max(rec["new_tokens"], 1)}
-                 for j, pair in enumerate(both) for name, rec in zip((reference, method), pair)]
-    result = paired(per_token, reference, method)
+    runs = [{"prompt_index": j, "method": name, "seconds": rec["seconds"], "new_tokens": rec["new_tokens"]}
+            for j, pair in enumerate(both) for name, rec in zip((reference, method), pair)]
+    result = paired(runs, reference, method)
     if result is None:
         return None
     result["throughput_ratio"] = _rate([m for _, m in both]) / _rate([ref for ref, _ in both])

@@ -27,10 +27,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None,
                    help="target model: default (embedded Gemma-3-270M), smollm2, a local HF directory, a Hub repo id, or gguf:PATH")
     p.add_argument("--strategy", default="maxgram", metavar="NAMES", type=_strategies,
-                   help="a comma list of maxgram,cascade,hsddw,glide,redrafter or all, measured in one interleaved run, "
+                   help="a comma list of maxgram,cascade,hsddw,glide,redrafter,recycling or all, measured in one interleaved run, "
                         "each with its library defaults unless options below are given: maxgram = CascadeAssistant([MaxGram()]); "
                         "cascade = CascadeAssistant([*drafts, MaxGram()]); hsddw = DynamicWindowAssistant(first draft, --verifier); "
-                        "glide = GlideAssistant(head); redrafter = ReDrafterAssistant(head) (default maxgram)")
+                        "glide = GlideAssistant(head); redrafter = ReDrafterAssistant(head); recycling = RecyclingAssistant() "
+                        "(default maxgram)")
     p.add_argument("--draft", action="extend", nargs="+", default=[], metavar="[NAME=]PATH",
                    help="draft model(s), largest first (HF directory, Hub repo id, gguf:PATH, smollm2, self:N = the target's first N "
                         "layers). NAME=PATH gives strategy NAME its own (cascade=, hsddw=, glide=, redrafter=; repeat for several); "

@@ -9,7 +9,7 @@ from pathlib import Path
 from .swi import COST_MODELS
 
 #: Our strategies (``--strategy``, a comma list or ``all``), in the order ``all`` measures them.
-STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter")
+STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter", "recycling")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
              "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "glide-chain", "redrafter-w1", "redrafter-flat",
@@ -38,7 +38,8 @@ class BenchConfig:
             Normalised to the comma-joined names (a single strategy stays its name); :attr:`strategies`
             is the list. ``maxgram`` = ``CascadeAssistant([MaxGram()])``; ``cascade`` =
             ``CascadeAssistant([*drafts, MaxGram()])``; ``hsddw`` = ``DynamicWindowAssistant(drafts[0], verifier)``;
-            ``glide`` = ``GlideAssistant(drafts[0])``; ``redrafter`` = ``ReDrafterAssistant(drafts[0])``.
+            ``glide`` = ``GlideAssistant(drafts[0])``; ``redrafter`` = ``ReDrafterAssistant(drafts[0])``; ``recycling`` =
+            ``RecyclingAssistant()`` (no draft model).
         baselines: baselines besides ours; ``"plain"`` is added when missing, a name that is also a strategy
             of the run is measured once, as the strategy.
         k_matrix / lenience / maxgram_lenience / min_confidence / maxgram_first / keep_unsure / cost_aware: the

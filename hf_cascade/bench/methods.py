@@ -192,6 +192,20 @@ class Suffix(Ours):
         self.assistant.clear()
 
 
+class Recycling(Ours):
+    """Token Recycling (:class:`~hf_cascade.drafters.recycling.RecyclingAssistant`, defaults). Its recycled
+    candidates grow over the prompts of a run, as one assistant's do across calls; the warm-up's are
+    forgotten (:meth:`after_warmup`)."""
+
+    def __init__(self, name: str, model: Any):
+        from ..drafters.recycling import RecyclingAssistant
+
+        super().__init__(name, model, RecyclingAssistant())
+
+    def after_warmup(self) -> None:
+        self.assistant.reset()
+
+
 class Economize(Method):
     """economize's prompt-lookup drafter: ``LookupConfig(max_ngram=3)``, ``DecodeConfig(cycle_length=6)``."""
 
@@ -284,6 +298,8 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict |
         "redrafter-w1": lambda: _tree("redrafter-w1", model, drafts, ReDrafterAssistant, **{**beams, "beam_width": 1}),
         "redrafter-flat": lambda: _tree("redrafter-flat", model, drafts, ReDrafterAssistant, dedupe=False, **beams),
         # SuffixDecoding (ArcticInference's suffix trees, vLLM's defaults): linear drafts as vLLM runs it, and trees
+        # Token Recycling: the target's own earlier top-k candidates as a tree (no draft model)
+        "recycling": lambda: Recycling("recycling", model),
         "suffix": lambda: Suffix("suffix", model),
         "suffix-tree": lambda: Suffix("suffix-tree", model, use_tree_spec=True),
     }

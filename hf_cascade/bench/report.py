@@ -41,7 +41,7 @@ def markdown_overall(result: BenchResult) -> str:
     models = _cost_models(result)
     swi_head = "".join(f" SWI ({c}) |" for c in models)
     lines = [
-        "| method | prompts | tok/s | speedup (total time) | speedup (mean per prompt) | "
+        "| method | prompts | tok/s | speedup (total time per token) | speedup (mean per prompt) | "
         + ("speed / plain-kernels |" if kernels else "") + swi_head + " tok/target call | identical to plain |",
         "|---|---:|---:|---:|---:|" + ("---:|" if kernels else "") + "---:|" * len(models) + "---:|---:|",
     ]
@@ -124,7 +124,7 @@ def markdown_paired(result: BenchResult) -> str | None:
     pairs = result.summary.get("paired") or {}
     if not pairs:
         return None
-    lines = ["| a / b | time ratio (total) | 95% interval | geo-mean per prompt | 95% interval | b faster on |",
+    lines = ["| a / b | time-per-token ratio (total) | 95% interval | geo-mean per prompt | 95% interval | b faster on |",
              "|---|---:|---:|---:|---:|---:|"]
     for k, v in pairs.items():
         geo = (f"{v['geomean']:.3f} | {v['geomean_low']:.3f}-{v['geomean_high']:.3f}" if "geomean" in v else "– | –")
@@ -212,11 +212,11 @@ def markdown_report(result: BenchResult) -> str:
     ]
     kernels = markdown_kernels(result)
     if kernels is not None:
-        parts += ["", "### Per category: speed relative to plain-kernels (its time over the method's; ✗ = below 1.00x)",
+        parts += ["", "### Per category: speed relative to plain-kernels (its time per token over the method's; ✗ = below 1.00x)",
                   "", kernels]
     pairs = markdown_paired(result)
     if pairs is not None:
-        parts += ["", "### Paired: a's time over b's on the same prompts (above 1: b is faster; 95% bootstrap "
+        parts += ["", "### Paired: a's time per token over b's on the same prompts (above 1: b is faster; 95% bootstrap "
                   "intervals over prompts)", "", pairs]
     tree = markdown_tree(result)
     if tree is not None:

@@ -15,10 +15,23 @@ KERNELS = "plain-kernels"
 
 
 def _relative(by_prompt: dict[int, dict[str, dict]], method: str, reference: str) -> float | None:
-    """Total time of ``reference`` over that of ``method`` on the prompts where both ran (``None``: none)."""
-    pairs = [(p[reference]["seconds"], p[method]["seconds"]) for p in by_prompt.values() if reference in p and method in p]
-    mine = sum(m for _, m in pairs)
-    return sum(r for r, _ in pairs) / mine if pairs and mine > 0 else None
+    """``method``'s throughput over ``reference``'s on the prompts where both ran (``None``: none): the ratio of
+    total times per generated token (:func:`_speed_ratio`)."""
+    pairs = [(p[reference], p[method]) for p in by_prompt.values() if reference in p and method in p]
+    return _speed_ratio(pairs) if pairs else None
+
+
+def _speed_ratio(pairs: list[tuple[dict, dict]]) -> float:
+    """``b``'s tokens per second over ``a``'s, over record pairs ``(a, b)``: the ratio of total seconds when both
+    generated the same tokens (greedy: identical outputs), and a fair speed ratio when they did not (sampled
+    outputs end at different lengths: a run that stopped early is not faster for it)."""
+    a_s, b_s = sum(a["seconds"] for a, _ in pairs), sum(b["seconds"] for _, b in pairs)
+    a_t, b_t = sum(a["new_tokens"] for a, _ in pairs), sum(b["new_tokens"] for _, b in pairs)
+    return (a_s / max(a_t, 1)) / (b_s / max(b_t, 1)) if b_s > 0 else 0.0
+
+
+def _per_token(record: dict) -> float:
+    return record["seconds"] / max(record["new_tokens"], 1)
 
 
 def cost_models(records: list[dict]) -> list[str]:
@@ -36,10 +49,9 @@ def _group_summary(records: list[dict], method: str) -> dict | None:
     if not pairs:
         return None
     mine = [m for _, m in pairs]
-    plain_seconds = sum(p["seconds"] for p, _ in pairs)
     seconds = sum(m["seconds"] for m in mine)
     tokens = sum(m["new_tokens"] for m in mine)
-    ratios = [p["seconds"] / m["seconds"] for p, m in pairs if m["seconds"] > 0]
+    ratios = [_per_token(p) / _per_token(m) for p, m in pairs if m["seconds"] > 0]
     same = [m["identical_to_plain"] for m in mine]
     stats = [m["stats"] for m in mine if m.get("stats")]
     if method == "plain":
@@ -54,7 +66,7 @@ def _group_summary(records: list[dict], method: str) -> dict | None:
         "new_tokens": tokens,
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
-        "speedup": plain_seconds / seconds if seconds > 0 else 0.0,
+        "speedup": _speed_ratio(pairs),
         "speedup_mean_per_prompt": mean(ratios) if ratios else 0.0,
         "speedup_vs_plain_kernels": _relative(by_prompt, method, KERNELS),
         "tokens_per_target_call": per_call,
@@ -120,30 +132,32 @@ def tree_verification(records: list[dict], method: str) -> dict | None:
 
 
 def paired(records: list[dict], a: str, b: str, resamples: int = 2000, seed: int = 0) -> dict | None:
-    """``a``'s time over ``b``'s on the prompts where both ran (above 1: ``b`` is faster), with 95% bootstrap
-    intervals over prompts (``resamples`` resamplings of the prompts, fixed ``seed``): ``ratio`` / ``low`` /
-    ``high`` of the total times, ``geomean`` / ``geomean_low`` / ``geomean_high`` of the per-prompt ratios
+    """``a``'s time per generated token over ``b``'s on the prompts where both ran (above 1: ``b`` is faster;
+    greedy outputs are identical, so this is the ratio of times), with 95% bootstrap intervals over prompts
+    (``resamples`` resamplings of the prompts, fixed ``seed``): ``ratio`` / ``low`` / ``high`` of the totals
+    (:func:`_speed_ratio`), ``geomean`` / ``geomean_low`` / ``geomean_high`` of the per-prompt ratios
     (their geometric mean: every prompt weighs the same, long or short), and on how many prompts ``b`` was
     faster (``faster_on``). Methods run interleaved on each prompt, so the ratios are free of the machine's
     drift between prompts."""
-    seconds: dict[int, dict[str, float]] = defaultdict(dict)
+    runs: dict[int, dict[str, dict]] = defaultdict(dict)
     for r in records:
-        seconds[r["prompt_index"]][r["method"]] = r["seconds"]
-    pairs = [(t[a], t[b]) for t in seconds.values() if a in t and b in t and t[a] > 0 and t[b] > 0]
-    if not pairs:
+        runs[r["prompt_index"]][r["method"]] = r
+    records_ab = [(t[a], t[b]) for t in runs.values() if a in t and b in t and t[a]["seconds"] > 0 and t[b]["seconds"] > 0]
+    if not records_ab:
         return None
+    pairs = [(_per_token(x), _per_token(y)) for x, y in records_ab]
     rng = random.Random(seed)
     totals, geomeans = [], []
     for _ in range(resamples):
-        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        totals.append(sum(x for x, _ in sample) / sum(y for _, y in sample))
-        geomeans.append(_geomean(sample))
+        picks = [rng.randrange(len(pairs)) for _ in pairs]
+        totals.append(_speed_ratio([records_ab[i] for i in picks]))
+        geomeans.append(_geomean([pairs[i] for i in picks]))
     totals.sort()
     geomeans.sort()
     lo, hi = int(0.025 * resamples), min(int(0.975 * resamples), resamples - 1)
     return {
         "prompts": len(pairs),
-        "ratio": sum(x for x, _ in pairs) / sum(y for _, y in pairs),
+        "ratio": _speed_ratio(records_ab),
         "low": totals[lo],
         "high": totals[hi],
         "geomean": _geomean(pairs),
@@ -176,9 +190,10 @@ def summarize(records: list[dict], methods: list[str], strategies: list[str] | N
     only; ``paired``: the pairs of :func:`paired_names`, each as :func:`paired`; ``strategies``: which of
     ``methods`` are ours, default the last one).
 
-    ``speedup`` is total plain time / total method time over the same prompts, ``speedup_vs_plain_kernels``
+    ``speedup`` is the method's tokens per second over plain's on the same prompts (total times per generated
+    token, :func:`_speed_ratio`: under greedy the ratio of total times), ``speedup_vs_plain_kernels``
     the same against ``plain-kernels`` (``None`` when it did not run); ``speedup_mean_per_prompt`` the mean of
-    per-prompt ratios to plain; ``identical`` counts outputs equal to plain's (``None`` when sampling); ``swi``
+    per-prompt ratios to plain (times per token); ``identical`` counts outputs equal to plain's (``None`` when sampling); ``swi``
     the standardized walltime improvement per cost model (total plain standardized time / total method
     standardized time over the same prompts, ``None`` when unavailable; :mod:`hf_cascade.bench.swi`).
     """

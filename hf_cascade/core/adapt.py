@@ -19,7 +19,9 @@ times its cost). :class:`AdaptiveBudget` decides, per step:
    distilled drafter is overconfident away from its training prompts) with the measured cost profile
    (:class:`~hf_cascade.core.budget.VerifyCost`) and ``R``.
 
-Verdicts feed back through :meth:`~AdaptiveBudget.observe_step`. Every decision depends on the context and on the
+Verdicts and times feed back through :meth:`~AdaptiveBudget.observe_step`; the profile's increments are rescaled to
+what this call's drafted steps measure against its plain ones (``AdaptiveBudget._rescale``: the profile times
+verification alone, a real step also computes and samples the rows of the tokens it accepts). Every decision depends on the context and on the
 past steps only (no random draws), so greedy decoding stays exact and point-mass sampling stays lossless.
 One instance per ``generate()`` call: nothing learned leaks into the next call.
 """
@@ -31,7 +33,7 @@ import time
 import torch
 
 from ..drafters.lookahead import AcceptanceCalibration
-from .budget import VerifyCost, best_size
+from .budget import VerifyCost, keep_best
 from .structure import TokenTree
 
 
@@ -43,7 +45,10 @@ class AdaptiveBudget:
                  decay: float = 0.8):
         if not cost.resolved:
             raise ValueError("AdaptiveBudget needs a resolved VerifyCost (call .resolve(target) first)")
-        self.cost = cost
+        self.profile = cost                    # the measured profile (its verification steps alone)
+        self.cost = cost                       # in use: the profile's increments scaled to this call's steps
+        self.scale = 1.0
+        self._plain_seconds: float | None = None  # seconds of a step with nothing drafted (EMA)
         self.calibration = AcceptanceCalibration()
         self.explore_every = int(explore_every)
         self.decay = float(decay)
@@ -94,16 +99,16 @@ class AdaptiveBudget:
         probs = torch.as_tensor(node_probs, dtype=torch.float64).tolist() if not isinstance(node_probs, list) else node_probs
         if tree.num_nodes == 0:
             return tree, []
-        calibrated = [self.calibration(p) for p in probs]
-        path = [0.0] * len(probs)                   # path probabilities on the host (parents precede children)
-        for i, parent in enumerate(tree.host_parents):
-            path[i] = calibrated[i] * (path[parent] if parent >= 0 else 1.0)
-        order = sorted(range(len(path)), key=lambda i: (-path[i], i))
-        m = best_size(torch.tensor([path[i] for i in order], dtype=torch.float64, device="cpu"), self.cost, self.rate)
-        kept = [False] * len(path)
-        for i in order[:m]:
-            kept[i] = True
+        kept = self.keep(tree, [self.calibration(p) for p in probs])
         return tree.select(torch.tensor(kept, dtype=torch.bool, device="cpu")), [p for p, k in zip(probs, kept) if k]
+
+    def keep(self, tree: TokenTree, acceptance: list[float]) -> list[bool]:
+        """Rule 3 on estimates of each node's acceptance given its parent's (host floats, node order; e.g.
+        calibrated already): which nodes to verify."""
+        path = [0.0] * len(acceptance)              # path probabilities on the host (parents precede children)
+        for i, parent in enumerate(tree.host_parents):
+            path[i] = acceptance[i] * (path[parent] if parent >= 0 else 1.0)
+        return keep_best(path, self.cost, self.rate)
 
     # -- measurements ----------------------------------------------------------------------------
     def start_draft(self) -> None:
@@ -134,6 +139,7 @@ class AdaptiveBudget:
         if verify_seconds is not None and verify_seconds > 0:
             per = verify_seconds / self.cost(n)
             self.unit_seconds = per if self.unit_seconds is None else self.decay * self.unit_seconds + (1 - self.decay) * per
+            self._rescale(n, verify_seconds)
         if not n or len(probs) != n:                # nothing drafted, or a tree the loop cut (EOS, length)
             return
         on_path = set(path)
@@ -144,6 +150,25 @@ class AdaptiveBudget:
         firsts = [i for i in range(n) if parents[i] < 0]
         self._first[0] += float(any(i in on_path for i in firsts))
         self._first[1] += 1.0
+
+
+    def _rescale(self, n: int, seconds: float) -> None:
+        """The profile times a verification step alone; in a call, a step that verifies nodes also computes the
+        output-head rows of the tokens it accepts and processes and samples them, which the profile's steps
+        (never accepted) do not. So the call measures its own steps: ``scale``, an EMA of each drafted step's
+        excess over the call's plain steps (nothing drafted) relative to the profile's excess for its size,
+        multiplies the profile's increments (``cost(n) = 1 + scale * (profile(n) - 1)``). Without plain steps
+        measured the profile stands."""
+        if n == 0:
+            self._plain_seconds = seconds if self._plain_seconds is None else (
+                self.decay * self._plain_seconds + (1 - self.decay) * seconds)
+            return
+        excess = self.profile(n) - 1.0
+        if self._plain_seconds is None or excess < 0.02:
+            return
+        ratio = min(max((seconds / self._plain_seconds - 1.0) / excess, 0.25), 4.0)
+        self.scale = self.decay * self.scale + (1 - self.decay) * ratio
+        self.cost = VerifyCost(tuple(1.0 + self.scale * (c - 1.0) for c in self.profile.relative))
 
 
 __all__ = ["AdaptiveBudget"]

@@ -215,8 +215,10 @@ def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAc
         if finished:
             done.append(b)
     run.keep(kept)
-    for b, ((tree, _), acc) in enumerate(zip(drafts, acceptances)):
-        run.rows[b].drafter.on_accept(tree, acc, run.state(b, cache=False))
+    for b, ((tree, _), acc, r) in enumerate(zip(drafts, acceptances, rows)):
+        state = run.state(b, cache=False)
+        state.rows = r
+        run.rows[b].drafter.on_accept(tree, acc, state)
     run.drop(done)
     run.compact_if_sparse()
     return [len(k) for k in kept]

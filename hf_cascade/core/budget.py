@@ -143,14 +143,19 @@ def best_size(gains: torch.Tensor, cost: VerifyCost, rate: float) -> int:
 def budget_mask(tree: TokenTree, path_probs: torch.Tensor, cost: VerifyCost, rate: float) -> torch.Tensor:
     """``[n]`` bool: the :func:`best_size` nodes of highest path probability (ties: node order, so a parent,
     which precedes its children and is at least as probable, comes first); closed under ancestors."""
-    n = tree.num_nodes
     values = torch.as_tensor(path_probs, dtype=torch.float64).tolist()           # one read; the rest on the host
-    order = sorted(range(n), key=lambda i: (-values[i], i))
-    m = best_size(torch.tensor([values[i] for i in order], dtype=torch.float64, device="cpu"), cost, rate)
-    keep = [False] * n
+    return torch.tensor(keep_best(values, cost, rate), dtype=torch.bool, device=tree.tokens.device)
+
+
+def keep_best(path_probs: list[float], cost: VerifyCost, rate: float) -> list[bool]:
+    """:func:`budget_mask` on host values: which nodes (node order) are among the :func:`best_size` most
+    probable ones."""
+    order = sorted(range(len(path_probs)), key=lambda i: (-path_probs[i], i))
+    m = best_size(torch.tensor([path_probs[i] for i in order], dtype=torch.float64, device="cpu"), cost, rate)
+    keep = [False] * len(path_probs)
     for i in order[:m]:
         keep[i] = True
-    return torch.tensor(keep, dtype=torch.bool, device=tree.tokens.device)
+    return keep
 
 
 class RateTracker:
@@ -263,5 +268,5 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
     return VerifyCost(tuple(rel))
 
 
-__all__ = ["QUICK_GRID", "RateTracker", "VerifyCost", "best_size", "budget_mask", "default_verify_cost",
+__all__ = ["QUICK_GRID", "RateTracker", "VerifyCost", "best_size", "budget_mask", "default_verify_cost", "keep_best",
            "measure_verify_cost", "path_probabilities", "profile_key"]

@@ -164,7 +164,9 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
     run.stats.record_step(tree.num_nodes, _depth(tree, drafter.linear), leaves, path, emitted, rows.rows_computed,
                           max(rows.head_calls, 1))
     row.step += 1
-    drafter.on_accept(tree, acceptance, run.state())
+    state = run.state()
+    state.rows = rows
+    drafter.on_accept(tree, acceptance, state)
 
 
 # -- the loop's state ----------------------------------------------------------------------------------

@@ -96,6 +96,10 @@ class TreeRows:
         """Rows whose raw logits exist (all ``n + 1`` when built from ``raw``)."""
         return len(self._raw)
 
+    def computed(self) -> list[int]:
+        """The rows whose raw logits exist (reading them costs no head call)."""
+        return list(self._raw)
+
     def raw(self, r: int) -> torch.Tensor:
         """``[V]`` the raw logits of row ``r``."""
         if r not in self._raw:

@@ -42,6 +42,10 @@ class TreeStep:
         verify_seconds: wall time of the last verification (forward and acceptance, which ends with a
             host read, so the device is synchronised); ``None`` before the first and for the first,
             which includes the prompt's prefill.
+        rows: in :meth:`TreeDrafter.on_accept` only, the last verification's rows of target logits
+            (:class:`~hf_cascade.core.rows.TreeRows`; row 0 follows the root, row ``i + 1`` node ``i``) for
+            drafters that learn from the target's distributions. Read the rows already computed
+            (``rows.computed()``): any other row costs an output-head call. ``None`` elsewhere.
     """
 
     seq: torch.Tensor
@@ -51,6 +55,7 @@ class TreeStep:
     step: int
     tokens: list[int] | None = None
     verify_seconds: float | None = None
+    rows: object | None = None
 
 
 class TreeDrafter(ABC):
