@@ -31,8 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def pinned_costs(request, monkeypatch):
     """Drafting decisions made from wall time are pinned for every test not marked ``measured_costs``:
-    draft forwards cost nothing to :class:`~hf_cascade.core.adapt.AdaptiveBudget`, the default verification
-    profile is flat (:meth:`~hf_cascade.core.budget.VerifyCost.flat`) and a batch's
+    draft forwards cost nothing to :class:`~hf_cascade.core.adapt.AdaptiveBudget` and its verification profile is
+    not rescaled to the call's measured steps, the default verification profile is flat (:meth:`~hf_cascade.core.budget.VerifyCost.flat`) and a batch's
     :class:`~hf_cascade.core.gate.DraftGate` stays open. On tiny models, and on CI's two busy cores, those
     rules may rightly stop drafting, which would make tests of what drafted steps do depend on the machine's
     load. Outputs never depend on these decisions (lossless either way); the rules themselves have their own
@@ -44,6 +44,7 @@ def pinned_costs(request, monkeypatch):
     from hf_cascade.core.gate import DraftGate
 
     monkeypatch.setattr(AdaptiveBudget, "draft_cost", lambda self: 0.0)
+    monkeypatch.setattr(AdaptiveBudget, "_rescale", lambda self, n, seconds: None)
     monkeypatch.setattr(budget, "default_verify_cost", lambda model: budget.VerifyCost.flat())
     monkeypatch.setattr(DraftGate, "allows", lambda self: True)
 
@@ -88,6 +89,7 @@ def free_drafts(monkeypatch):
     from hf_cascade.core.adapt import AdaptiveBudget
 
     monkeypatch.setattr(AdaptiveBudget, "draft_cost", lambda self: 0.0)
+    monkeypatch.setattr(AdaptiveBudget, "_rescale", lambda self, n, seconds: None)
 
 
 @pytest.fixture
