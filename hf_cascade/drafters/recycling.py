@@ -81,7 +81,7 @@ class RecycledCandidates:
             return
         probs = torch.stack([rows.softmax()[r] for r in computed])
         values, index = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
-        host = torch.stack([values.double(), index.double()]).tolist()               # one read (ids < 2**53)
+        host = torch.stack([values.float(), index.float()]).tolist()    # one read; float32 ids exact below 2**24
         for r, vals, ids in zip(computed, host[0], host[1]):
             kept = [(int(i), v) for i, v in zip(ids, vals) if v > 0.0]
             self.table[row_tokens[r]] = ([i for i, _ in kept], [v for _, v in kept])
@@ -261,6 +261,9 @@ class RecyclingAssistant(TreeAssistant):
 
     def new_drafter(self, target, generation_config, logits_processor, stats=None, target_tokenizer=None) -> TokenRecycling:
         config = target.config.get_text_config()
+        if int(config.vocab_size) > 2 ** 24:
+            raise ValueError(f"RecyclingAssistant reads token ids as float32 (exact below 2**24); this target's "
+                             f"vocabulary has {config.vocab_size} tokens")
         owner = (id(target), getattr(target.config, "_name_or_path", None), int(config.vocab_size))
         if owner != self._owner or not self.hot_start:    # another target's candidates are not this one's
             self.reset()
