@@ -193,9 +193,9 @@ class Suffix(Ours):
 
 
 class Recycling(Ours):
-    """Token Recycling (:class:`~hf_cascade.drafters.recycling.RecyclingAssistant`, defaults). Its recycled
-    candidates grow over the prompts of a run, as one assistant's do across calls; the warm-up's are
-    forgotten (:meth:`after_warmup`)."""
+    """Token Recycling (:class:`~hf_cascade.drafters.recycling.RecyclingAssistant`, defaults: one table per call).
+    With ``hot_start`` its table would grow over the prompts of a run; the warm-up's is forgotten either way
+    (:meth:`after_warmup`)."""
 
     def __init__(self, name: str, model: Any):
         from ..drafters.recycling import RecyclingAssistant
@@ -297,9 +297,9 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict |
         "redrafter": lambda: _tree("redrafter", model, drafts, ReDrafterAssistant, **beams),
         "redrafter-w1": lambda: _tree("redrafter-w1", model, drafts, ReDrafterAssistant, **{**beams, "beam_width": 1}),
         "redrafter-flat": lambda: _tree("redrafter-flat", model, drafts, ReDrafterAssistant, dedupe=False, **beams),
-        # SuffixDecoding (ArcticInference's suffix trees, vLLM's defaults): linear drafts as vLLM runs it, and trees
         # Token Recycling: the target's own earlier top-k candidates as a tree (no draft model)
         "recycling": lambda: Recycling("recycling", model),
+        # SuffixDecoding (ArcticInference's suffix trees, vLLM's defaults): linear drafts as vLLM runs it, and trees
         "suffix": lambda: Suffix("suffix", model),
         "suffix-tree": lambda: Suffix("suffix-tree", model, use_tree_spec=True),
     }

@@ -21,8 +21,8 @@ times its cost). :class:`AdaptiveBudget` decides, per step:
 
 Verdicts and times feed back through :meth:`~AdaptiveBudget.observe_step`; the profile's increments are rescaled to
 what this call's drafted steps measure against its plain ones (``AdaptiveBudget._rescale``: the profile times
-verification alone, a real step also computes and samples the rows of the tokens it accepts). Every decision depends on the context and on the
-past steps only (no random draws), so greedy decoding stays exact and point-mass sampling stays lossless.
+verification alone, a real step also computes and samples the rows of the tokens it accepts). Every decision
+depends on the context and on the past steps only (no random draws), so greedy decoding stays exact and point-mass sampling stays lossless.
 One instance per ``generate()`` call: nothing learned leaks into the next call.
 """
 
@@ -150,7 +150,6 @@ class AdaptiveBudget:
         firsts = [i for i in range(n) if parents[i] < 0]
         self._first[0] += float(any(i in on_path for i in firsts))
         self._first[1] += 1.0
-
 
     def _rescale(self, n: int, seconds: float) -> None:
         """The profile times a verification step alone; in a call, a step that verifies nodes also computes the

@@ -84,6 +84,7 @@ class TreeRows:
             first_child[self._parent_row[row]] = row
         self._first_child = first_child
         self._block: dict[int, list[int]] = {}       # row -> the rows computed in the same head call
+        self._softmax: "_Softmax | None" = None
         self.known_argmax: dict[int, int] = {}       # processed argmax read already (a batched loop's one read)
         if raw is not None:
             self._block = dict.fromkeys(range(n + 1), list(range(n + 1)))
@@ -124,8 +125,11 @@ class TreeRows:
         return dict(zip(block, best))
 
     def softmax(self) -> "_Softmax":
-        """A view whose ``[r]`` is the softmax of the processed row ``r`` (what sampling reads)."""
-        return _Softmax(self)
+        """A view whose ``[r]`` is the softmax of the processed row ``r`` (what sampling reads); one view per
+        object, so a row's softmax is computed once (acceptance, then a drafter learning from the rows)."""
+        if self._softmax is None:
+            self._softmax = _Softmax(self)
+        return self._softmax
 
     def _compute_chain(self, r: int) -> None:
         chain = self.plan(r)

@@ -79,7 +79,8 @@ class RecycledCandidates:
         computed = sorted(r for r in rows.computed() if r < len(row_tokens))
         if not computed:
             return
-        probs = torch.stack([rows.softmax()[r] for r in computed])
+        softmax = rows.softmax()                           # the view acceptance read (sampling): rows not recomputed
+        probs = torch.stack([softmax[r] for r in computed])
         values, index = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
         host = torch.stack([values.float(), index.float()]).tolist()    # one read; float32 ids exact below 2**24
         for r, vals, ids in zip(computed, host[0], host[1]):
