@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, TopPLogitsWarper
 
 
 def chi2_isf(df: int, z: float = 3.719) -> float:
@@ -12,12 +13,26 @@ def chi2_isf(df: int, z: float = 3.719) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-def processed_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
-    """``[..., V]`` logits -> the target's processed sampling distributions (float32)."""
-    logits = logits.float() / temperature
+def processed_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                    top_p: float | None = None, repetition_penalty: float | None = None,
+                    prefixes: list[list[int]] | None = None) -> torch.Tensor:
+    """``[..., V]`` logits -> the target's processed sampling distributions (float32), in plain ``generate``'s
+    order: the repetition penalty over each row's prefix (``prefixes``: one id list per row), then temperature,
+    top-k, top-p (transformers' own processors for the penalty and top-p)."""
+    logits = logits.float()
+    if repetition_penalty is not None:
+        rows = logits.reshape(-1, logits.shape[-1])
+        assert prefixes is not None and len(prefixes) == rows.shape[0], "the penalty needs every row's prefix"
+        penalty = RepetitionPenaltyLogitsProcessor(repetition_penalty)
+        penalised = [penalty(torch.tensor([prefix], device=row.device), row[None].clone()) for prefix, row in zip(prefixes, rows)]
+        logits = torch.cat(penalised).view_as(logits)
+    logits = logits / temperature
     if top_k is not None:
         kth = logits.topk(top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p is not None:
+        flat = logits.reshape(-1, logits.shape[-1])
+        logits = TopPLogitsWarper(top_p)(None, flat).view_as(logits)
     return logits.softmax(dim=-1)
 
 
@@ -54,7 +69,8 @@ class _Indicator:
         return (self.observed - self.expected) / math.sqrt(max(self.variance, 1e-9))
 
 
-def calibration(model, drafter, sequences, prompt_len: int, temperature: float = 1.0, top_k: int | None = None) -> dict:
+def calibration(model, drafter, sequences, prompt_len: int, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, repetition_penalty: float | None = None) -> dict:
     """Emitted tokens against the target's exact processed distribution given the actual prefix.
 
     The token counts ``O_v`` and ``E_v = sum_t p_t(v)`` differ by a martingale, so the pooled chi-square is (at
@@ -65,7 +81,9 @@ def calibration(model, drafter, sequences, prompt_len: int, temperature: float =
     copy, draft = _Indicator(), _Indicator()
     for seq in sequences:
         with torch.no_grad():
-            p = processed_probs(model(seq[None]).logits[0, prompt_len - 1: -1], temperature, top_k).cpu()
+            prefixes = [seq[:t].tolist() for t in range(prompt_len, len(seq))] if repetition_penalty else None
+            p = processed_probs(model(seq[None]).logits[0, prompt_len - 1: -1], temperature, top_k, top_p,
+                                repetition_penalty, prefixes).cpu()
             q = None if drafter is None else drafter(seq[None]).logits[0, prompt_len - 1: -1].argmax(-1).tolist()
         seq = seq.cpu()
         tokens = seq[prompt_len:]

@@ -62,7 +62,7 @@ def joint_test_batch(model, assistant, rows=JOINT_ROWS, runs: int = JOINT_RUNS, 
 def calibrate_batch(model, assistant, rows=CALIBRATION_ROWS, calls: int = CALLS, new: int = NEW,
                     seed: int = 0) -> list[dict]:
     """Per-step calibration (:func:`calibration`) of each prompt's rows (its padding stripped) over ``calls``
-    sampled batches of ``new`` tokens, with temperature and top-k."""
+    sampled batches of ``new`` tokens, with temperature, top-k, top-p and a repetition penalty."""
     device = input_device(model)
     input_ids, mask = left_pad(rows, device=device)
     seqs: list[list[torch.Tensor]] = [[] for _ in rows]
@@ -77,8 +77,7 @@ def calibrate_batch(model, assistant, rows=CALIBRATION_ROWS, calls: int = CALLS,
         drafted += sum(sum(s.tree_depths) for s in assistant.last_stats.rows)
     results = []
     for prompt, group in _groups(rows).items():
-        stats = calibration(model, None, [s for b in group for s in seqs[b]], len(prompt), SAMPLING_KW["temperature"],
-                            SAMPLING_KW["top_k"])
+        stats = calibration(model, None, [s for b in group for s in seqs[b]], len(prompt), **SAMPLING_KW)
         stats.update(rows=group, accepted=accepted, drafted=drafted)
         results.append(stats)
     return results

@@ -12,8 +12,8 @@ a :class:`Kit` holds the target and the drafters / heads built for it). For each
     (weights on ``meta`` between forwards, ``AlignDevicesHook`` s);
 (b) **exact sampling** -- on a 16-token vocabulary: the joint distribution of the first three sampled tokens
     over many runs against the one enumerated from target forwards (chi-square over bins of the exact law),
-    and per-step calibration of long sampled generations, with temperature and top-k, against the target's
-    exact processed distributions; a negative control shows both fail for a sampler that lies about ``q``;
+    and per-step calibration of long sampled generations, with temperature, top-k, top-p and a repetition
+    penalty, against the target's exact processed distributions; a negative control shows both fail for a sampler that lies about ``q``;
 (c) **no state leak** -- a second ``generate()`` with the same assistant gives what a fresh assistant gives
     (sequences, greedy and sampled with a fixed seed, and statistics, on a deterministic clock).
 
@@ -230,7 +230,7 @@ def joint_test(model, assistant, runs: int, seed: int) -> dict:
     return {"chi2": chi2, "limit": limit, "tv": tv, "accepted": accepted}
 
 
-SAMPLING_KW = {"temperature": 1.3, "top_k": 10}
+SAMPLING_KW = {"temperature": 1.3, "top_k": 10, "top_p": 0.95, "repetition_penalty": 1.2}
 CALLS, NEW = 4, 60
 JOINT_RUNS = 100
 
@@ -244,7 +244,7 @@ def calibrate(model, assistant, calls: int = CALLS, new: int = NEW, seed: int = 
                                    **SAMPLING_KW)[0])
         accepted += sum(assistant.last_stats.accepted_per_call)
         drafted += sum(assistant.last_stats.tree_depths)
-    stats = calibration(model, None, seqs, prompt.shape[1], SAMPLING_KW["temperature"], SAMPLING_KW["top_k"])
+    stats = calibration(model, None, seqs, prompt.shape[1], **SAMPLING_KW)
     stats.update(accepted=accepted, drafted=drafted)
     return stats
 

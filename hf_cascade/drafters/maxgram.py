@@ -44,16 +44,25 @@ def longest_suffix_match(seq: torch.Tensor, max_ngram: int) -> tuple[int, int]:
 
 
 def _suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:
-    """:func:`longest_suffix_match` on a token list. Only earlier occurrences of the last token can
-    end a match: they are visited most recent first (``list.index`` on the reversed list finds each
-    in C) and extended backwards, until a match of ``max_ngram`` tokens or the sequence's start."""
+    """:func:`longest_suffix_match` on a token list: :func:`suffix_occurrences`' most recent one."""
+    m, ends = suffix_occurrences(tokens, max_ngram, 1)
+    return (m, ends[0]) if ends else (0, -1)
+
+
+def suffix_occurrences(tokens: list[int], max_ngram: int, max_matches: int) -> tuple[int, list[int]]:
+    """``(m, ends)``: the longest suffix of ``tokens`` (at most ``max_ngram``) that ended earlier, and the
+    ends ``e <= len(tokens) - 2`` of up to ``max_matches`` of its occurrences, most recent first.
+
+    Only earlier occurrences of the last token can end a match: they are visited most recent first
+    (``list.index`` on the reversed list finds each in C) and extended backwards, until ``max_matches``
+    matches of ``max_ngram`` tokens or the sequence's start."""
     length = len(tokens)
-    if length < 2 or max_ngram < 1:
-        return 0, -1
+    if length < 2 or max_ngram < 1 or max_matches < 1:
+        return 0, []
     n = min(max_ngram, length - 1)
     rev = tokens[::-1]                     # rev[i] = tokens[L-1-i]: the end e = L-1-i
-    best, end, i = 0, -1, 0
-    while best < n:
+    best, ends, i = 0, [], 0
+    while best < n or len(ends) < max_matches:
         try:
             i = rev.index(rev[0], i + 1)   # the next earlier occurrence of the last token
         except ValueError:
@@ -61,9 +70,11 @@ def _suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:
         m, limit = 1, min(n, length - i)   # the match cannot reach before the sequence's start
         while m < limit and rev[i + m] == rev[m]:
             m += 1
-        if m > best:                       # strictly longer: ties keep the most recent end
-            best, end = m, length - 1 - i
-    return best, end
+        if m > best:                       # strictly longer: the earlier ends were of a shorter match
+            best, ends = m, []
+        if m == best and len(ends) < max_matches:
+            ends.append(length - 1 - i)
+    return best, ends
 
 
 def follow(tokens: list[int], end: int, k: int) -> list[int]:

@@ -17,6 +17,10 @@ What this module keeps, and where it deviates (and why):
   the recycled probabilities from the root, EAGLE-2's ordering) and then cut to the nodes that pay on the
   running machine (:class:`~hf_cascade.core.adapt.AdaptiveBudget`: calibrated acceptance against the
   measured verification cost), because a tree of 80 nodes costs several target forwards on a CPU.
+* the sequence's own repeats join the candidates (the paper has none): the continuations of the longest
+  repeated suffix, ranked by how often each followed it (SuffixDecoding's scoring,
+  :mod:`~hf_cascade.drafters.continuations`), each estimated by its share of the occurrences; a repeat the
+  table has not seen yet is still drafted.
 * the processed distributions are recorded (temperature, top-k/top-p, penalties applied): under
   sampling the candidates are the tokens the sampler is likely to draw, under greedy the likely argmax.
 * the table belongs to one ``generate()`` call by default, so a call's output (and, under sampling, its
@@ -45,7 +49,7 @@ from ..core.budget import VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from .lookahead import AcceptanceCalibration
-from .maxgram import _suffix_match, follow
+from .continuations import SeedTrie, suffix_continuations
 
 
 @dataclass(frozen=True)
@@ -87,47 +91,52 @@ class RecycledCandidates:
             kept = [(int(i), v) for i, v in zip(ids, vals) if v > 0.0]
             self.table[row_tokens[r]] = ([i for i, _ in kept], [v for _, v in kept])
 
-    def expand(self, root: int, shape: RecyclingShape, depth: int, seed: list[int] | None = None,
-               seed_estimate: float = 0.5, estimate=None) -> "Expansion":
+    def expand(self, root: int, shape: RecyclingShape, depth: int, seed: SeedTrie | list[int] | None = None,
+               seed_estimate=0.5, estimate=None) -> "Expansion":
         """Best-first expansion below ``root``: at most ``shape.max_nodes`` nodes no deeper than ``depth``, in
         decreasing path estimate (parents first; each node's first child is its most probable one).
 
-        A recycled node's estimate is ``estimate(p)`` of its recycled probability ``p`` (default: ``p``); the
-        tokens of ``seed`` (a continuation found elsewhere, e.g. Max-Gram's, one path below the root) are
-        estimated at the larger of ``seed_estimate`` and that."""
+        A recycled node's estimate is ``estimate(p)`` of its recycled probability ``p`` (default: ``p``). The
+        tokens of ``seed`` (continuations found elsewhere: a :class:`~hf_cascade.drafters.continuations.SeedTrie`
+        below the root, or one path as a list) are estimated at the larger of ``seed_estimate(share)`` (a
+        number: ``seed_estimate * share``) and that; a token both recycled and seeded is one node."""
         estimate = estimate or (lambda p: p)
-        out = Expansion([], [], [], [], [])
+        seeded = seed_estimate if callable(seed_estimate) else (lambda share: seed_estimate * share)
+        trie = seed if isinstance(seed, SeedTrie) else SeedTrie.path(list(seed or []))
+        out = Expansion([], [], [], [], [], [])
         heap: list[tuple] = []
-        seed = list(seed or [])
         count = 0
 
-        def push(parent: int, token: int, path: float, level: int, at: int) -> None:
-            """The children of a node (``token`` at ``level``; ``at``: its index in ``seed``, -1 for the root,
-            -2 off the seed path)."""
+        def push(parent: int, token: int, path: float, level: int, at: int | None) -> None:
+            """The children of a node (``token`` at ``level``; ``at``: its node in ``trie``, -1 for the root,
+            ``None`` off the seeds)."""
             nonlocal count
             if level >= depth:
                 return
             kids, kid_probs = self.table.get(token, ((), ()))
-            nxt = seed[at + 1] if 0 <= at + 1 < len(seed) else None
+            seeds = trie.children.get(at, []) if at is not None else []
+            seeded_tokens = {t for t, _, _ in seeds}
             for child, p in zip(kids, kid_probs):
-                if child != nxt:
+                if child not in seeded_tokens:
                     count += 1
                     e = estimate(p)
-                    heapq.heappush(heap, (-path * e, count, parent, child, level, p, e, -2))
-            if nxt is not None:
-                p = dict(zip(kids, kid_probs)).get(nxt, 0.0)
-                e = max(seed_estimate, estimate(p))
+                    heapq.heappush(heap, (-path * e, count, parent, child, level, p, e, 0.0, None))
+            recycled = dict(zip(kids, kid_probs)) if seeds else {}
+            for child, share, node in seeds:
+                p = recycled.get(child, 0.0)
+                e = max(seeded(share), estimate(p))
                 count += 1
-                heapq.heappush(heap, (-path * e, count, parent, nxt, level, p, e, at + 1))
+                heapq.heappush(heap, (-path * e, count, parent, child, level, p, e, share, node))
 
         push(-1, root, 1.0, 0, -1)
         while heap and len(out.tokens) < shape.max_nodes:
-            neg, _, parent, token, level, p, e, at = heapq.heappop(heap)
+            neg, _, parent, token, level, p, e, share, at = heapq.heappop(heap)
             out.tokens.append(token)
             out.parents.append(parent)
             out.probs.append(p)
             out.estimates.append(e)
-            out.on_seed.append(at >= 0)
+            out.on_seed.append(at is not None)
+            out.shares.append(share)
             push(len(out.tokens) - 1, token, -neg, level + 1, at)
         return out
 
@@ -135,33 +144,38 @@ class RecycledCandidates:
 class Expansion(NamedTuple):
     """A candidate tree in node order (parents first): ``tokens``, ``parents``, ``probs`` (each node's recycled
     probability after its parent's token; 0 for a seed token the table does not hold), ``estimates`` (its
-    estimated acceptance, what the order used), ``on_seed`` (whether it is on the seed path)."""
+    estimated acceptance, what the order used), ``on_seed`` (whether it is a seed token), ``shares`` (a seed
+    token's share of its parent's occurrences; 0 off the seeds)."""
 
     tokens: list[int]
     parents: list[int]
     probs: list[float]
     estimates: list[float]
     on_seed: list[bool]
+    shares: list[float]
 
 
 class TokenRecycling(TreeDrafter):
     """The drafter of one ``generate()`` call over a :class:`RecycledCandidates` (see the module docstring).
 
     ``budget``: the call's :class:`~hf_cascade.core.adapt.AdaptiveBudget` (``None``: verify the whole
-    expanded tree, the paper's behaviour). ``max_ngram``: with ``>= 1``, the continuation of the sequence's
-    longest earlier suffix match (Max-Gram's, :func:`~hf_cascade.drafters.maxgram.follow`) joins the
-    candidates as one seed path.
+    expanded tree, the paper's behaviour). ``max_ngram``: with ``>= 1``, the continuations of the sequence's
+    longest earlier suffix match join the candidates as seeds: those of its ``max_matches`` most recent
+    occurrences, ranked by frequency (:func:`~hf_cascade.drafters.continuations.suffix_continuations`; with
+    ``max_matches=1``, Max-Gram's one continuation).
 
     Each source's acceptance is learned from the target's verdicts in this call, separately (a seed token after
     a long match is accepted far more often than a recycled token of the same recycled probability): recycled
     tokens through an :class:`~hf_cascade.drafters.lookahead.AcceptanceCalibration` of their recycled
-    probability, seed tokens per length of the match (1, 2, 3, 4+ tokens; a Beta(1, 1) prior each)."""
+    probability, seed tokens as ``rate_b * share`` per length ``b`` of the match (1, 2, 3, 4+ tokens),
+    ``rate_b = (accepted + 1) / (sum of the reached seeds' shares + 2)`` (for one path: a Beta(1, 1) prior)."""
 
     def __init__(self, candidates: RecycledCandidates, shape: RecyclingShape, budget: AdaptiveBudget | None,
-                 max_ngram: int = 8):
+                 max_ngram: int = 8, max_matches: int = 16):
         self.candidates, self.shape, self.budget, self.max_ngram = candidates, shape, budget, int(max_ngram)
+        self.max_matches = int(max_matches)
         self.calibration = AcceptanceCalibration()
-        self.seed_hits: dict[int, list[float]] = {}       # match length bucket -> [accepted, reached]
+        self.seed_hits: dict[int, list[float]] = {}       # match length bucket -> [accepted, reached shares]
         self._drafted: Expansion | None = None
         self._bucket = 0
         self._row_tokens: list[int] = []
@@ -174,10 +188,10 @@ class TokenRecycling(TreeDrafter):
         tokens_so_far = state.tokens if state.tokens is not None else seq.tolist()
         root = tokens_so_far[-1]
         depth = min(self.shape.max_depth, state.budget)
-        found = Expansion([], [], [], [], [])
+        found = Expansion([], [], [], [], [], [])
         if depth > 0:
-            seed = self._seed(tokens_so_far, depth)
-            found = self.candidates.expand(root, self.shape, depth, seed, self.seed_rate(self._bucket), self.calibration)
+            seeds = self._seeds(tokens_so_far, depth)
+            found = self.candidates.expand(root, self.shape, depth, seeds, self.seed_rate(self._bucket), self.calibration)
         device = seq.device
         tree = TokenTree(torch.tensor(found.tokens, dtype=torch.long, device=device),
                          torch.tensor(found.parents, dtype=torch.long, device=device),
@@ -190,13 +204,10 @@ class TokenRecycling(TreeDrafter):
         self._row_tokens = [root, *tree.token_list]
         return tree, None
 
-    def _seed(self, tokens: list[int], depth: int) -> list[int]:
-        self._bucket = 0
-        if self.max_ngram < 1:
-            return []
-        m, end = _suffix_match(tokens, self.max_ngram)
-        self._bucket = min(m, 4)
-        return follow(tokens, end, depth) if m >= 1 else []
+    def _seeds(self, tokens: list[int], depth: int) -> SeedTrie:
+        trie = suffix_continuations(tokens, self.max_ngram, depth, self.max_matches)
+        self._bucket = min(trie.match, 4)
+        return trie
 
     def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
         """Record the target's rows of this verification; learn each source's acceptance; feed the budget."""
@@ -212,7 +223,7 @@ class TokenRecycling(TreeDrafter):
                 if drafted.on_seed[i]:
                     hits = self.seed_hits.setdefault(self._bucket, [1.0, 2.0])
                     hits[0] += float(i in on_path)
-                    hits[1] += 1.0
+                    hits[1] += drafted.shares[i]
                 else:
                     self.calibration.observe(drafted.probs[i], i in on_path)
         if self.budget is not None:
@@ -230,7 +241,8 @@ class RecyclingAssistant(TreeAssistant):
         verify_cost: a :class:`~hf_cascade.core.budget.VerifyCost` (default ``VerifyCost()``: measured on the
             target's device at first use): each step verifies only the candidates that pay for their rows
             (:class:`~hf_cascade.core.adapt.AdaptiveBudget`); ``None``: the whole expanded tree.
-        max_ngram: longest suffix match whose continuation (Max-Gram's) joins the candidates; 0: none (the
+        max_ngram / max_matches: longest suffix match whose continuations join the candidates, and how many of
+            its most recent occurrences are counted (frequency-ranked; 1: Max-Gram's one continuation); 0: none (the
             paper's table alone).
         hot_start: keep the recycled candidates across the calls of this assistant with one target (see the
             module docstring; a different target, or :meth:`reset`, starts an empty table). Default: one
@@ -244,12 +256,12 @@ class RecyclingAssistant(TreeAssistant):
     """
 
     def __init__(self, top_k: int = 8, max_nodes: int = 32, max_depth: int = 8,
-                 max_ngram: int = 8, verify_cost: VerifyCost | None = VerifyCost(), hot_start: bool = False,
+                 max_ngram: int = 8, max_matches: int = 16, verify_cost: VerifyCost | None = VerifyCost(), hot_start: bool = False,
                  cpu_kernels: bool | None = None):
         if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
             raise TypeError(f"verify_cost must be a hf_cascade.core.budget.VerifyCost or None, got {type(verify_cost).__name__}")
         self.shape = RecyclingShape(int(top_k), int(max_nodes), int(max_depth))
-        self.max_ngram = int(max_ngram)
+        self.max_ngram, self.max_matches = int(max_ngram), int(max_matches)
         self.verify_cost = verify_cost
         self.hot_start = bool(hot_start)
         self.cpu_kernels = cpu_kernels
@@ -270,7 +282,7 @@ class RecyclingAssistant(TreeAssistant):
             self.reset()
             self._owner = owner
         budget = AdaptiveBudget(self.verify_cost.resolve(target)) if self.verify_cost is not None else None
-        return TokenRecycling(self.candidates, self.shape, budget, self.max_ngram)
+        return TokenRecycling(self.candidates, self.shape, budget, self.max_ngram, self.max_matches)
 
 
 __all__ = ["RecycledCandidates", "RecyclingAssistant", "RecyclingShape", "TokenRecycling"]

@@ -1,0 +1,75 @@
+"""Frequency-ranked continuations of the sequence's longest repeated suffix: a small tree of what followed
+*every* earlier occurrence of that suffix, each branch with its share of the occurrences (SuffixDecoding,
+Oliaro et al., 2024: a suffix tree's continuations scored by their empirical frequency).
+
+Max-Gram copies the continuation of the *most recent* occurrence only. Under greedy decoding that is the
+right single guess (the text repeats what it said last). Under sampling the target draws one of several
+continuations; a tree of the continuations seen after the same context, ranked by how often each was seen,
+offers several candidates per position, which the exact multi-candidate acceptance (recursive rejection
+over siblings) can use.
+
+Deviations from SuffixDecoding (and why): the tree is built per step from the current sequence only (the
+prompt and the generated text, no global cache of earlier responses: a call's output never depends on
+earlier calls), over the occurrences of the *longest* matching suffix (the most specific context; the
+paper scores every suffix length), with at most ``max_matches`` of them, most recent first (a bound on the
+host work per step). A continuation that runs into the end of the sequence wraps around its period, as
+Max-Gram's does. (:class:`~hf_cascade.drafters.maxgram_tree.MaxGramTree` is the unweighted cousin:
+distinct continuations by recency, over shorter suffixes too, for a tree of its own.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .maxgram import follow, suffix_occurrences
+
+
+@dataclass
+class SeedTrie:
+    """Candidate continuations below the last token: ``children[node]`` lists ``(token, share, child)`` in
+    decreasing share (ties: the most recent occurrence first); node ``-1`` is the root (the last token).
+    ``share``: the fraction of the occurrences through ``node`` that continued with ``token``. ``match``: the
+    length of the suffix the occurrences share (0: no tree)."""
+
+    match: int = 0
+    children: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
+
+    @classmethod
+    def path(cls, tokens: list[int], match: int = 1) -> "SeedTrie":
+        """One continuation, every share 1."""
+        trie = cls(match if tokens else 0)
+        for i, t in enumerate(tokens):
+            trie.children[i - 1] = [(int(t), 1.0, i)]
+        return trie
+
+    def __len__(self) -> int:
+        return sum(len(kids) for kids in self.children.values())
+
+
+def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matches: int = 16) -> SeedTrie:
+    """The :class:`SeedTrie` of the ``depth`` tokens that followed each occurrence of the longest repeated
+    suffix (:func:`suffix_occurrences`)."""
+    m, ends = suffix_occurrences(tokens, max_ngram, max_matches)
+    trie = SeedTrie(m)
+    if not ends or depth < 1:
+        return trie
+    counts: dict[int, dict[int, list]] = {}                # node -> token -> [count, child id]
+    through = {-1: len(ends)}
+    for end in ends:                                       # most recent first: ties keep that order
+        node = -1
+        for token in follow(tokens, end, depth):
+            kids = counts.setdefault(node, {})
+            if token not in kids:
+                child = len(through) - 1                   # ids 0, 1, ... in order of first sight
+                kids[token] = [0, child]
+                through[child] = 0
+            kids[token][0] += 1
+            node = kids[token][1]
+            through[node] += 1
+    for node, kids in counts.items():
+        ranked = sorted(kids.items(), key=lambda kv: -kv[1][0])    # stable: recency among equal counts
+        trie.children[node] = [(token, c / through[node], child) for token, (c, child) in ranked]
+    return trie
+
+
+__all__ = ["SeedTrie", "suffix_continuations"]
