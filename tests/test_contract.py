@@ -201,30 +201,37 @@ def binned_chi2(observed: torch.Tensor, expected: torch.Tensor, min_expected: fl
     return float(((o - e) ** 2 / e).sum()), chi2_isf(max(len(bins_e) - 1, 1))
 
 
-def exact_first_three(model, prompt) -> torch.Tensor:
-    """``[V, V, V]``: the target's exact joint distribution of the first three sampled tokens (CPU)."""
+def exact_first_three(model, prompt, **sampling) -> torch.Tensor:
+    """``[V, V, V]``: the target's exact joint distribution of the first three sampled tokens (CPU), under the
+    processors ``sampling`` names (:func:`processed_probs`' keywords)."""
     device = input_device(model)
     prompt = prompt.to(device)
+
+    def probs(ids: torch.Tensor) -> torch.Tensor:                                             # [N, L] -> [N, V]
+        return processed_probs(model(ids).logits[:, -1], prefixes=ids.tolist(), **sampling).cpu()
+
     with torch.no_grad():
-        p1 = processed_probs(model(prompt).logits[0, -1]).cpu()
+        p1 = probs(prompt)[0]
         one = torch.cat([prompt.repeat(V, 1), torch.arange(V, device=device)[:, None]], dim=1)   # [V, L + 1]
-        p2 = processed_probs(model(one).logits[:, -1]).cpu()                                      # [V, V]
+        p2 = probs(one)                                                                          # [V, V]
         two = torch.cat([one.repeat_interleave(V, dim=0), torch.arange(V, device=device).repeat(V)[:, None]], dim=1)
-        p3 = processed_probs(model(two).logits[:, -1]).cpu().view(V, V, V)
+        p3 = probs(two).view(V, V, V)
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
-def joint_test(model, assistant, runs: int, seed: int) -> dict:
-    """The first three tokens of ``runs`` sampled generations against :func:`exact_first_three`."""
+def joint_test(model, assistant, runs: int, seed: int, **sampling) -> dict:
+    """The first three tokens of ``runs`` sampled generations (``sampling``: ``generate``'s processor keywords)
+    against :func:`exact_first_three`."""
     prompt = JPROMPT.to(input_device(model))
     counts = torch.zeros(V, V, V)
     accepted = 0
     for r in range(runs):
         torch.manual_seed(seed + r)
-        out = model.generate(prompt, do_sample=True, max_new_tokens=3, assistant_model=assistant)[0, -3:].tolist()
+        out = model.generate(prompt, do_sample=True, max_new_tokens=3, assistant_model=assistant,
+                             **sampling)[0, -3:].tolist()
         counts[tuple(out)] += 1
         accepted += sum(assistant.last_stats.accepted_per_call)
-    exact = exact_first_three(model, JPROMPT)
+    exact = exact_first_three(model, JPROMPT, **sampling)
     chi2, limit = binned_chi2(counts.flatten(), exact.flatten() * runs)
     tv = 0.5 * float((counts / runs - exact).abs().sum())
     return {"chi2": chi2, "limit": limit, "tv": tv, "accepted": accepted}
@@ -250,10 +257,12 @@ def calibrate(model, assistant, calls: int = CALLS, new: int = NEW, seed: int = 
 
 
 def assert_exact_sampling(target, make_assistant) -> None:
-    """Both statistical tests pass, with drafts accepted and rejected (``target``: 16-token vocabulary)."""
-    joint = joint_test(target, make_assistant(), runs=JOINT_RUNS, seed=1000)
-    assert passes(joint), joint
-    assert joint["accepted"] > 0, joint
+    """Both statistical tests pass, with drafts accepted and rejected (``target``: 16-token vocabulary): the joint
+    law untouched and under :data:`SAMPLING_KW`'s processors, the calibration under those processors."""
+    for sampling in ({}, SAMPLING_KW):
+        joint = joint_test(target, make_assistant(), runs=JOINT_RUNS, seed=1000, **sampling)
+        assert passes(joint), (sampling, joint)
+        assert joint["accepted"] > 0, (sampling, joint)
     cal = calibrate(target, make_assistant())
     assert cal["n"] == CALLS * NEW and passes(cal), cal
     assert 0 < cal["accepted"] < cal["drafted"], cal
