@@ -181,8 +181,10 @@ class TokenRecycling(TreeDrafter):
         self._row_tokens: list[int] = []
 
     def seed_rate(self, bucket: int) -> float:
+        """Accepted seed tokens per unit of reached share (a ratio: low-share branches accepted more often than
+        their share can lift it above 1), capped so that no seed token is estimated certain."""
         hits, reached = self.seed_hits.get(bucket, (1.0, 2.0))
-        return hits / reached
+        return min(hits / reached, 0.999)
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
         tokens_so_far = state.tokens if state.tokens is not None else seq.tolist()
