@@ -53,22 +53,21 @@ def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matc
     trie = SeedTrie(m)
     if not ends or depth < 1:
         return trie
-    counts: dict[int, dict[int, list]] = {}                # node -> token -> [count, child id]
-    through = {-1: len(ends)}
+    kids_of: dict[int, dict[int, int]] = {}                # node -> token -> child id (in order of first sight)
+    through: list[int] = []                                # child id -> occurrences through it
     for end in ends:                                       # most recent first: ties keep that order
         node = -1
         for token in follow(tokens, end, depth):
-            kids = counts.setdefault(node, {})
+            kids = kids_of.setdefault(node, {})
             if token not in kids:
-                child = len(through) - 1                   # ids 0, 1, ... in order of first sight
-                kids[token] = [0, child]
-                through[child] = 0
-            kids[token][0] += 1
-            node = kids[token][1]
+                kids[token] = len(through)
+                through.append(0)
+            node = kids[token]
             through[node] += 1
-    for node, kids in counts.items():
-        ranked = sorted(kids.items(), key=lambda kv: -kv[1][0])    # stable: recency among equal counts
-        trie.children[node] = [(token, c / through[node], child) for token, (c, child) in ranked]
+    for node, kids in kids_of.items():
+        total = len(ends) if node == -1 else through[node]
+        ranked = sorted(kids.items(), key=lambda kv: -through[kv[1]])    # stable: recency among equal counts
+        trie.children[node] = [(token, through[child] / total, child) for token, child in ranked]
     return trie
 
 

@@ -244,8 +244,8 @@ class RecyclingAssistant(TreeAssistant):
             target's device at first use): each step verifies only the candidates that pay for their rows
             (:class:`~hf_cascade.core.adapt.AdaptiveBudget`); ``None``: the whole expanded tree.
         max_ngram / max_matches: longest suffix match whose continuations join the candidates, and how many of
-            its most recent occurrences are counted (frequency-ranked; 1: Max-Gram's one continuation); 0: none (the
-            paper's table alone).
+            its most recent occurrences are counted (frequency-ranked; 1: Max-Gram's one continuation);
+            ``max_ngram=0``: none (the paper's table alone).
         hot_start: keep the recycled candidates across the calls of this assistant with one target (see the
             module docstring; a different target, or :meth:`reset`, starts an empty table). Default: one
             table per call.
@@ -258,8 +258,8 @@ class RecyclingAssistant(TreeAssistant):
     """
 
     def __init__(self, top_k: int = 8, max_nodes: int = 32, max_depth: int = 8,
-                 max_ngram: int = 8, max_matches: int = 16, verify_cost: VerifyCost | None = VerifyCost(), hot_start: bool = False,
-                 cpu_kernels: bool | None = None):
+                 max_ngram: int = 8, max_matches: int = 16, verify_cost: VerifyCost | None = VerifyCost(),
+                 hot_start: bool = False, cpu_kernels: bool | None = None):
         if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
             raise TypeError(f"verify_cost must be a hf_cascade.core.budget.VerifyCost or None, got {type(verify_cost).__name__}")
         self.shape = RecyclingShape(int(top_k), int(max_nodes), int(max_depth))
