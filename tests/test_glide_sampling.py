@@ -1,9 +1,10 @@
 """GLIDE + CAPE decoding under sampling is lossless (hf_cascade.glide, Du et al. ICML 2024): the statistical
-tests of test_sampling.py (per-step calibration of the emitted tokens, joint distribution of the first two
-tokens) on GlideAssistant settings beyond the contract's (min_confidence, verify_cost), and their
-detection of a lying GLIDE. The trees are deterministic (``draft_probs=None``), so ``sampling_tree_accept``
-runs its point-mass case. GLIDE and GLIDE+CAPE with their default settings (joint distribution and
-calibration with temperature and top-k): tests/test_contract.py."""
+tests of test_sampling.py (per-step calibration of the emitted tokens) on GlideAssistant settings beyond the
+contract's (min_confidence, verify_cost); the drawn main path (hf_cascade.core.draws: drawn tokens hand their
+warped ``q`` to verification, argmax tokens and CAPE siblings are point masses) forced at every step, under the
+contract's joint law of the first three tokens and its calibration, and its detection of a GLIDE that lies about
+its draws; the per-call choice between drawing and the argmax. GLIDE and GLIDE+CAPE with their default settings:
+tests/test_contract.py."""
 
 from __future__ import annotations
 
@@ -30,20 +31,76 @@ def test_sampling_calibration(small, cape, kw, extra, free_drafts):
     assert 0 < sum(s.accepted_per_call) < sum(s.tree_depths)
 
 
-def test_calibration_detects_a_lying_glide(small, monkeypatch):
-    """The same test fails when the (deterministic) tree is passed off as drawn from a uniform ``q``."""
+@pytest.fixture
+def always_draw(monkeypatch):
+    """GLIDE draws its main path at every step (not only while draws are ahead: core.draws.ProposalChoice)."""
+    from hf_cascade.core.draws import ProposalChoice
+
+    monkeypatch.setattr(ProposalChoice, "table", lambda self, device: torch.ones(len(self.rate), dtype=torch.bool,
+                                                                                 device=device))
+
+
+@pytest.mark.parametrize("cape", [False, True])
+def test_drawn_main_path_is_exact(always_draw, cape):
+    """The drawn main path (core.draws) under the contract's two tests: the joint law of the first three tokens,
+    untouched and under temperature, top-k, top-p and a repetition penalty, and the per-step calibration."""
+    from tests.contract_registry import base_kit
+    from tests.test_contract import JOINT_RUNS, SAMPLING_KW, calibrate, joint_test
+
+    target = base_kit("small").target
+    glide = echo_glide(target, 0.0)
+
+    def make():
+        return GlideAssistant(glide, cape=cape, verify_cost=None, cpu_kernels=False)   # drafts at every step
+
+    for sampling in ({}, SAMPLING_KW):
+        joint = joint_test(target, make(), runs=JOINT_RUNS, seed=1000, **sampling)
+        assert passes(joint) and joint["accepted"] > 0, (sampling, joint)
+    cal = calibrate(target, make())
+    assert passes(cal) and 0 < cal["accepted"] < cal["drafted"], cal
+
+
+@pytest.mark.parametrize("cape", [False, True])
+def test_joint_law_detects_a_glide_lying_about_its_draws(always_draw, monkeypatch, cape):
+    """Negative control of the drawn main path (hf_cascade.core.draws, rule 1): the contract's joint test of the
+    first three tokens fails for a GLIDE that draws its tokens from a flattened ``q ** 0.25`` but hands
+    verification ``q`` (as forgetting a temperature warper would); the honest GLIDE passes the same runs."""
+    from hf_cascade.glide import assistant as glide_assistant
+    from tests.contract_registry import base_kit
+    from tests.test_contract import JOINT_RUNS, joint_test
+
+    target = base_kit("small").target
+    glide = echo_glide(target, 0.0)
+
+    def make():
+        return GlideAssistant(glide, cape=cape, verify_cost=None, cpu_kernels=False)   # drafts at every step
+
+    honest = glide_assistant.draw
+    assert passes(joint_test(target, make(), runs=JOINT_RUNS, seed=1000))
+
+    def lying_draw(warpers, logits, generator=None):
+        _, q = honest(warpers, logits, generator)
+        flat = q ** 0.25
+        return torch.multinomial(flat / flat.sum(), 1, generator=generator)[0], q
+
+    monkeypatch.setattr(glide_assistant, "draw", lying_draw)
+    lied = joint_test(target, make(), runs=JOINT_RUNS, seed=1000)
+    assert not passes(lied), lied
+
+
+def test_glide_draws_only_while_draws_pay(small, monkeypatch):
+    """Without forcing: an echo GLIDE (its ``q`` close to the tiny target's rows) measures draws ahead of its
+    argmax and draws; each call starts from the argmax (the choice lives and dies with the call)."""
     from hf_cascade.glide.assistant import GlideDrafter
 
-    honest = GlideDrafter.draft_tree
-
-    def lying(self, seq, state):
-        tree, _ = honest(self, seq, state)
-        return tree, torch.full((tree.num_nodes, 16), 1.0 / 16)
-
-    monkeypatch.setattr(GlideDrafter, "draft_tree", lying)
     target = small["target"]
-    a = GlideAssistant(echo_glide(target, 0.3), cape=True, draft_length=3, max_tree_nodes=10, cpu_kernels=False,
-                       verify_cost=None)        # drafts at every step, so the lie shows
-    seqs = run_long(target, a, 4, 60, 0)
-    stats = calibration(target, None, seqs, SPROMPT.shape[1])
-    assert not passes(stats), stats
+    a = GlideAssistant(echo_glide(target, 0.0), cape=False, draft_length=3, verify_cost=None, cpu_kernels=False)
+    honest, seen = GlideDrafter.draft_tree, []
+
+    def spy(self, seq, state):
+        seen.append((state.step, self.choice.draws()))
+        return honest(self, seq, state)
+
+    monkeypatch.setattr(GlideDrafter, "draft_tree", spy)
+    run_long(target, a, 2, 40, 0)
+    assert [d for step, d in seen if step == 0] == [False, False] and any(d for _, d in seen)

@@ -7,6 +7,8 @@
 * :mod:`.attention` -- the additive 4D tree mask and the position ids;
 * :mod:`.rows` -- row selection: the logits acceptance reads, computed when it reads them;
 * :mod:`.accept` -- acceptance: greedy and exact speculative sampling (and reviews between drafters);
+* :mod:`.draws` -- drafts drawn from the drafter's ``q`` under sampling: the rules that keep them exact, and the
+  per-call choice between drawing and the argmax; :mod:`.categorical` -- one draw from a distribution;
 * :mod:`.stopping` -- EOS, length budget and stopping criteria;
 * :mod:`.checks` -- clear errors for unsupported inputs;
 * :mod:`.stats` -- the statistics every strategy fills;

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import torch
 
+from .categorical import categorical
 from .structure import TokenTree
 
 
@@ -193,7 +194,7 @@ def sampling_tree_accept(
         path.append(accepted)
         row = accepted + 1
         r = target_probs[row].float()
-    bonus = int(torch.multinomial(r, 1, generator=generator))
+    bonus = int(categorical(r, generator))
     return TreeAcceptance(torch.tensor(path, dtype=torch.long, device="cpu"), bonus)          # host path
 
 
@@ -373,11 +374,11 @@ def sampling_review(
     if n < k:
         beta = (q[n] * accept[n]).sum()
         out_n = q[n] * accept[n] + (1.0 - beta).clamp_min(0.0) * residual[n]
-        nxt = torch.multinomial(residual[n], 1, generator=generator)
+        nxt = categorical(residual[n], generator)[None]
         out_acc = q[:n] * accept[:n] + (1.0 - (q[:n] * accept[:n]).sum(-1, keepdim=True)).clamp_min(0) * residual[:n]
     else:
         out_n = reviewer_probs[k].float()
-        nxt = torch.multinomial(out_n, 1, generator=generator)
+        nxt = categorical(out_n, generator)[None]
         out_acc = (
             q * accept + (1.0 - (q * accept).sum(-1, keepdim=True)).clamp_min(0) * residual if k else q[:0]
         )

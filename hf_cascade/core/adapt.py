@@ -34,6 +34,7 @@ import torch
 
 from ..drafters.lookahead import AcceptanceCalibration
 from .budget import VerifyCost, keep_best
+from .draws import keep_drawn
 from .structure import TokenTree
 
 
@@ -92,14 +93,15 @@ class AdaptiveBudget:
     def calibrated(self, p: float) -> float:
         return self.calibration(p)
 
-    def select(self, tree: TokenTree, node_probs) -> tuple[TokenTree, list[float]]:
+    def select(self, tree: TokenTree, node_probs, fixed: int = 0) -> tuple[TokenTree, list[float]]:
         """The nodes of ``tree`` worth verifying (rule 3), and their draft probabilities (host floats, node
         order of the returned tree). ``node_probs``: ``[n]`` the drafter's probability of each node's token given
-        its parent (one host read)."""
+        its parent (one host read). ``fixed``: the first ``fixed`` nodes are kept whatever they are worth (a
+        drawn main path, whose length was decided before each draw: :func:`hf_cascade.core.draws.keep_drawn`)."""
         probs = torch.as_tensor(node_probs, dtype=torch.float64).tolist() if not isinstance(node_probs, list) else node_probs
         if tree.num_nodes == 0:
             return tree, []
-        kept = self.keep(tree, [self.calibration(p) for p in probs])
+        kept = keep_drawn(self.keep(tree, [self.calibration(p) for p in probs]), fixed)
         return tree.select(torch.tensor(kept, dtype=torch.bool, device="cpu")), [p for p, k in zip(probs, kept) if k]
 
     def keep(self, tree: TokenTree, acceptance: list[float]) -> list[bool]:

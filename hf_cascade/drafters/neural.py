@@ -26,6 +26,7 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from ..placement import defer_reads, synchronize
 from ..processors import process_positions
+from ..core.categorical import categorical
 from ..core.stats import LevelStats
 from .lookahead import ExpectedGainRule
 
@@ -162,7 +163,7 @@ class NeuralLevel:
                 logits = self._to_target_vocab(out.logits[:, -1:, :].float())  # [1, 1, V]
                 s = process_positions(self.processors, cur[None], logits, cur.shape[0])[0, -1]
                 q = s.softmax(dim=-1)
-                tok = torch.multinomial(q, 1)[0] if do_sample else s.argmax()
+                tok = categorical(q) if do_sample else s.argmax()
                 q_tok = q[tok]
                 rows.append(q)
             toks.append(tok.reshape(()))
@@ -306,7 +307,7 @@ class NeuralLevel:
         ``(None, None, None)`` when its probability is below ``floor``."""
         s = self.scores(torch.tensor(ids, dtype=torch.long, device=device), len(ids))[-1]   # [V]
         q = s.softmax(dim=-1)                                                # [V] the drafter's distribution
-        tok = torch.multinomial(q, 1) if do_sample else s.argmax()[None]
+        tok = categorical(q)[None] if do_sample else s.argmax()[None]
         q_tok = q[tok]
         dist = q
         if floor > 0.0:

@@ -28,18 +28,22 @@ yet in the target's cache):
 CAPE's confidence ``p_i`` is the draft's own softmax (no temperature or other processing), as Section 4.2
 defines it, so the tree does not depend on the sampling settings.
 
-Lossless sampling: the tree is a deterministic function of the context (the argmax path and top-ranked
-expansions, no random draws), so the drafter returns ``draft_probs=None`` and
-:func:`~hf_cascade.core.accept.sampling_tree_accept` runs its point-mass case: at each node the children are
-tried in order, accepted with the target's residual probability of their token, which is removed on
-rejection; every emitted token is distributed exactly as the target's processed distribution (temperature,
-top-k/p, penalties) whatever the draft proposes. Greedy decoding is exact by construction.
+Sampling (not in the paper, which evaluates greedy decoding): at each main position the drafter either takes
+the argmax, as above, or draws the token from its own distribution ``q`` after the target's warpers
+(temperature, top-k, top-p, ...), whichever :class:`~hf_cascade.core.draws.ProposalChoice` measured the target
+to accept more often at that confidence in this call (a draw is accepted with the overlap of ``q`` and ``p``,
+the argmax with ``p`` of one token; both are computed at every step from the same target row). A drawn node
+hands ``q`` to verification, every other node (an argmax token, a CAPE sibling) is a point mass, and a drawn
+main path is verified in full (:mod:`hf_cascade.core.draws`, rules 1-3), so
+:func:`~hf_cascade.core.accept.sampling_tree_accept` (SpecInfer's multi-step speculative sampling) emits every
+token distributed exactly as the target's processed distribution (temperature, top-k/p, penalties), whatever
+the draft proposes. Greedy decoding is exact by construction.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
@@ -52,32 +56,12 @@ from ..core.stats import TreeStats
 from .stats import _RECORDED, GlideStats
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
+from ..core.draws import ProposalChoice, draw, tree_draft_probs, warped, warpers
 from ..loading import load_pretrained
 from ..placement import defer_reads, place_like
+from ..processors import split_processors
 from .cape import CapeSettings, expanded_proposal
-
-
-@dataclass(frozen=True)
-class GlideSettings:
-    """``draft_length``: main-path tokens per step (``gamma``; the paper evaluates GLIDE with 5);
-    ``cape``: the expansion function, ``None`` = no expansion (a chain); ``min_confidence``: the main path
-    stops at the first token the draft gives probability ``< min_confidence`` (0 = never, the paper's fixed
-    ``gamma``). A chain does not verify that unsure token; with CAPE it is verified with its expansion set,
-    the position where siblings are most likely to be needed, if its path probability (its ``p`` times the
-    main confidences above it) reaches CAPE's ``min_prob``, the floor of the siblings. ``verify_cost``: verify
-    only the drafted nodes that pay for their verification on this hardware (:mod:`hf_cascade.core.budget`);
-    ``None`` = everything drafted (the paper)."""
-
-    draft_length: int = 5
-    cape: CapeSettings | None = field(default_factory=CapeSettings)
-    min_confidence: float = 0.0
-    verify_cost: VerifyCost | None = None
-
-    def __post_init__(self) -> None:
-        if int(self.draft_length) < 1:
-            raise ValueError(f"draft_length must be >= 1, got {self.draft_length}")
-        if not 0.0 <= float(self.min_confidence) <= 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence}")
+from .settings import GlideSettings
 
 
 def _empty(seq: torch.Tensor) -> TokenTree:
@@ -99,8 +83,15 @@ class GlideDrafter(TreeDrafter):
 
     reads_target_cache = True                        # cross-attends to the target's K/V (TreeStep.cache)
 
-    def __init__(self, glide, settings: GlideSettings, stop_ids: list[int]):
+    def __init__(self, glide, settings: GlideSettings, stop_ids: list[int],
+                 processors: LogitsProcessorList | None = None):
         self.glide, self.settings = glide, settings
+        # sampling (``processors`` given): draw the main path from the warped q while that is accepted more often
+        # than the argmax (core.draws); greedy: the argmax path
+        self.warpers = warpers(processors) if processors is not None else None
+        self.choice = ProposalChoice() if processors is not None else None
+        self._root_logits: torch.Tensor | None = None
+        self._root_confidence: float | None = None
         self.linear = settings.cape is None          # without CAPE every draft is a chain (no tree mask)
         self.stop_ids = set(int(t) for t in stop_ids)
         self.cache = DynamicCache()                  # the draft's own self-attention K/V of verified tokens
@@ -109,6 +100,7 @@ class GlideDrafter(TreeDrafter):
         self._main: list[int] = []                   # the last main path (target ids)
         self._checked = False
         self._device = next(glide.parameters()).device
+        self._bounds = torch.tensor(self.choice.bounds, device=self._device) if self.choice is not None else None
         # verify_cost: draft and verify what pays on this machine (core.adapt); None: the paper's fixed shape
         self.budget = AdaptiveBudget(settings.verify_cost) if settings.verify_cost is not None else None
         self._probs: list[float] = []                # draft probabilities of the verified tree's nodes
@@ -116,6 +108,11 @@ class GlideDrafter(TreeDrafter):
     # -- helpers -----------------------------------------------------------------------------------
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.glide.config.share_target_embeddings else self.glide.vocab_subset[draft_ids]
+
+    @property
+    def _columns(self) -> torch.Tensor | None:
+        """The target id of each column of the draft's rows (``None``: the target's own vocabulary)."""
+        return None if self.glide.config.share_target_embeddings else self.glide.vocab_subset
 
     def _glimpse(self, state: TreeStep) -> list | None:
         """The ``N_D`` target ``(k, v)`` pairs ``[1, kv_heads, L - 1, d_k]`` the draft reads (the cache's own
@@ -140,9 +137,10 @@ class GlideDrafter(TreeDrafter):
 
     # -- the TreeDrafter contract ------------------------------------------------------------------
     @torch.no_grad()
-    def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
+    def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
         """A chain (``cape=None``) or CAPE tree of at most ``min(draft_length, budget)`` main tokens after
-        ``seq`` (``[L]``); ``draft_probs = None``: the tree is deterministic given ``seq``."""
+        ``seq`` (``[L]``). Greedy: ``draft_probs = None`` (the argmax path, deterministic given ``seq``);
+        sampling: the main path is drawn and ``draft_probs`` holds what each node was drawn from."""
         k = min(self.settings.draft_length, state.budget)
         self._root_len, self._main = None, []
         if k < 1 or (self.budget is not None and not self.budget.should_draft()):
@@ -154,7 +152,10 @@ class GlideDrafter(TreeDrafter):
             raise RuntimeError(f"the draft cache holds {past} tokens but only {length} are verified")
         kv = self._glimpse(state)
         ids = seq[past:].to(self._device)                                           # catch-up tokens + root
-        rows, bests, tops, tokens = [], [], [], []         # per draft forward, on the device
+        # sampling: which confidence buckets draw (core.draws.ProposalChoice); None: the argmax path
+        table = self.choice.table(self._device) if self.choice is not None else None
+        drawn = table is not None
+        rows, bests, tops, tokens, qs = [], [], [], [], []  # per draft forward, on the device
         p_best, target_ids = [], []                        # host copies of tops / tokens
         defer = defer_reads(self._device)                  # GPU: read once after the k forwards, not per token
         if self.budget is not None:
@@ -166,10 +167,18 @@ class GlideDrafter(TreeDrafter):
             self.record.draft_tokens += ids.shape[0]
             if self.budget is not None:
                 self.budget.count_forward()
-            p = out.logits[0, -1].float().softmax(-1)                               # [N] draft distribution
-            best = p.argmax()
-            token = self._to_target(best)
-            rows.append(p), bests.append(best), tops.append(p[best]), tokens.append(token)
+            logits = out.logits[0, -1]
+            p = logits.float().softmax(-1)                                          # [N] draft distribution
+            best = pick = p.argmax()
+            if t == 0 and self.choice is not None:
+                self._root_logits = logits                 # both proposals are measured at the first position
+            if drawn:                                      # rules 1, 2 of core.draws: q is what a token is drawn from,
+                x, q = draw(self.warpers, logits)          # and the mode depends on the confidence, not on x
+                use = table[torch.bucketize(p[best], self._bounds)]
+                pick = torch.where(use, x, best)
+                qs.append(torch.where(use, q, torch.nn.functional.one_hot(best, q.shape[0]).to(q.dtype)))
+            token = self._to_target(pick)
+            rows.append(p), bests.append(pick), tops.append(p[best]), tokens.append(token)
             if not defer:                                  # host reads are free: stop as soon as the rule says
                 p_best.append(float(tops[-1]))
                 target_ids.append(int(token))
@@ -182,6 +191,7 @@ class GlideDrafter(TreeDrafter):
             self.budget.end_draft()
         m = self._main_length(p_best, target_ids, k)[0]
         self._root_len = length
+        self._root_confidence = p_best[0] if p_best else None
         self.record.main_lengths.append(m)
         if not m:                                                                   # unsure from the start
             self.record.expansion_sizes.append([])
@@ -193,12 +203,17 @@ class GlideDrafter(TreeDrafter):
         self._main = target_ids[:m]                                                 # [k'] target ids
         tree, expansions, node_probs = expanded_proposal(probs, main_d, self.settings.cape, self._to_target,
                                                          main_target=self._main, device=seq.device)
+        if drawn:                           # a drawn node is estimated by its confidence, not its token (rule 2)
+            node_probs = torch.cat([torch.tensor(p_best[:m], dtype=node_probs.dtype), node_probs[m:].cpu()])
         self.record.expansion_sizes.append([len(x) for x in expansions])
         self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
         self.record.drafted_nodes.append(tree.num_nodes)
         if self.budget is not None:                                                 # what pays on this hardware
-            tree, self._probs = self.budget.select(tree, node_probs)
-        return tree, None
+            tree, self._probs = self.budget.select(tree, node_probs, fixed=m if drawn else 0)
+        if not drawn:
+            return tree, None
+        self.record.drawn_drafts += 1
+        return tree, tree_draft_probs(tree, torch.stack(qs[:m]), self.glide.config.vocab_size, self._columns)
 
     def _main_length(self, p_best: list[float], tokens: list[int], k: int) -> tuple[int, bool]:
         """The main path's stop rule over the drafted ``p_i`` / target ids: ``(m kept, rule ended)``."""
@@ -226,6 +241,11 @@ class GlideDrafter(TreeDrafter):
             self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
                                      state.verify_seconds)
             self._probs = []
+        if self.choice is not None and self._root_logits is not None and state.rows is not None:
+            first = sum(1 for parent in tree.host_parents if parent < 0)          # the first level's nodes
+            self.choice.observe(state.rows.softmax()[0], warped(self.warpers, self._root_logits), self._columns,
+                                siblings=max(first - 1, 0), confidence=self._root_confidence)
+        self._root_logits = None
         if self._root_len is None:
             return
         length = self._root_len
@@ -295,7 +315,7 @@ class GlideAssistant(TreeAssistant):
         place_drafters: place the GLIDE like the target's input embeddings (device, dtype) at every call
             (:func:`hf_cascade.placement.place_like`); ``False``: leave it (K/V then cross at every forward).
 
-    Greedy outputs equal plain ``generate``; sampling is lossless (deterministic trees, see the module
+    Greedy outputs equal plain ``generate``; sampling is lossless (drawn or argmax main paths, see the module
     docstring). After each call ``assistant.last_stats`` is a :class:`GlideStats` (tokens per target call,
     tree sizes, accepted paths, expansion sizes, ``draft_forward_cost``).
 
@@ -341,7 +361,8 @@ class GlideAssistant(TreeAssistant):
         stop = [] if eos is None else [eos] if isinstance(eos, int) else list(torch.as_tensor(eos).flatten().tolist())
         settings, cost = self.settings, self.settings.verify_cost          # VerifyCost(): measured on this device
         settings = replace(settings, verify_cost=cost.resolve(target)) if cost is not None else settings
-        return GlideDrafter(self.glide, settings, stop)
+        processors = split_processors(logits_processor)[0] if generation_config.do_sample else None
+        return GlideDrafter(self.glide, settings, stop, processors)
 
     def finish(self, drafter: GlideDrafter, stats: TreeStats) -> GlideStats:
         """The call's (or a batch row's) statistics as a :class:`GlideStats`, with the drafter's records."""

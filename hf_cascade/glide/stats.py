@@ -23,6 +23,8 @@ class GlideStats(TreeStats):
         skipped_drafts: steps that drafted nothing (no length budget left).
         drafted_nodes: tree nodes drafted at each drafted step, before ``verify_cost`` chose what to verify
             (``tree_sizes`` holds the verified ones).
+        drawn_drafts: drafted steps whose main path was drawn from ``q`` (sampling only,
+            :mod:`hf_cascade.core.draws`); the others took the argmax.
     """
 
     draft_forwards: int = 0
@@ -34,6 +36,7 @@ class GlideStats(TreeStats):
     expansion_accepted: int = 0
     skipped_drafts: int = 0
     drafted_nodes: list[int] = field(default_factory=list)
+    drawn_drafts: int = 0
 
     @property
     def draft_cost_ratio(self) -> float:
@@ -54,9 +57,10 @@ class GlideStats(TreeStats):
         out = super().to_dict()
         out.update({k: getattr(self, k) for k in (
             "draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
-            "expansion_accepted", "skipped_drafts", "drafted_nodes", "draft_cost_ratio", "draft_forward_cost")})
+            "expansion_accepted", "skipped_drafts", "drafted_nodes", "drawn_drafts", "draft_cost_ratio",
+            "draft_forward_cost")})
         return out
 
 
 _RECORDED = ("draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
-             "expansion_accepted", "skipped_drafts", "drafted_nodes")
+             "expansion_accepted", "skipped_drafts", "drafted_nodes", "drawn_drafts")

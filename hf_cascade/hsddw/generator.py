@@ -45,6 +45,7 @@ import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
 from ..cascade.generator import _model_name
+from ..core.categorical import categorical
 from ..drafters.neural import NeuralLevel
 from ..core.stats import LevelStats
 from ..core.accept import Review, greedy_review, sampling_review
@@ -77,7 +78,7 @@ def draft_and_self_verify(level: NeuralLevel, seq: torch.Tensor, window: int, ta
         scores = level.scores(cur, cur.shape[0])[-1]                      # [V], processed
         q = scores.float().softmax(dim=-1)
         h = entropy(q)
-        tok = (torch.multinomial(q, 1) if do_sample else scores.argmax()[None]).to(seq.device)
+        tok = (categorical(q)[None] if do_sample else scores.argmax()[None]).to(seq.device)
         tokens.append(tok)
         ents.append(h)
         if do_sample:
