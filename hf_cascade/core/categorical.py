@@ -7,7 +7,7 @@ drafted token. :func:`categorical` draws there by inverse transform sampling: a 
 uniform scaled to the total, and a binary search for the first cumulative value above it, which picks index
 ``i`` with probability ``probs[i] / sum(probs)`` (a zero-probability index spans an empty interval and is never
 picked). Elsewhere it calls ``torch.multinomial``. The random stream differs from ``torch.multinomial``'s, the
-law does not; nothing is read from the device.
+law does not. On a CPU the index is read once (a host value: free there); elsewhere nothing is read.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -
     cdf = probs.double().cumsum(0)
     u = torch.rand(1, dtype=torch.float64, generator=generator, device=probs.device) * cdf[-1]
     i = torch.searchsorted(cdf, u, right=True)[0]
-    # u < total in exact arithmetic; should rounding make them equal, the last index with mass is the answer
-    last = torch.where(probs > 0, torch.arange(probs.shape[0], device=probs.device), -1).max()
-    return torch.minimum(i, last)
+    if int(i) >= probs.shape[0]:        # u < total in exact arithmetic; rounding made them equal: the last mass
+        i = probs.nonzero()[-1, 0]
+    return i
 
 
 __all__ = ["categorical"]

@@ -51,7 +51,7 @@ def warpers(processors: LogitsProcessorList | None) -> LogitsProcessorList:
 def draw(warpers: LogitsProcessorList, logits: torch.Tensor,
          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One draw from ``logits`` (``[N]``, raw, over any vocabulary): ``(index [], q [N])``, ``q`` the softmax of
-    the row after ``warpers`` (rule 1). Stays on the device: nothing is read."""
+    the row after ``warpers`` (rule 1). Nothing is read from an accelerator (:func:`~hf_cascade.core.categorical.categorical`)."""
     q = warped(warpers, logits)
     return categorical(q, generator), q
 
@@ -128,16 +128,15 @@ class ProposalChoice:
 
     def draws(self, confidence: float | None = None) -> bool:
         """Whether a position of this confidence is drawn (``None``: whether any bucket draws)."""
-        buckets = range(len(self.rate)) if confidence is None else [self.bucket(confidence)]
-        return any(self.rate[b]["draw"] is not None and self.rate[b]["argmax"] is not None
-                   and self.rate[b]["draw"] > self.rate[b]["argmax"] for b in buckets)
+        buckets = self.rate if confidence is None else [self.rate[self.bucket(confidence)]]
+        return any(_ahead(r) for r in buckets)
 
     def table(self, device) -> torch.Tensor | None:
         """``[buckets]`` bool on ``device``: which buckets draw (index it with ``torch.bucketize(confidence,
         bounds)``: no device read); ``None`` when none does."""
         if not self.draws():
             return None
-        return torch.tensor([self.draws(b) for b in self.bounds] + [self.draws(1.0)], dtype=torch.bool, device=device)
+        return torch.tensor([_ahead(r) for r in self.rate], dtype=torch.bool, device=device)
 
     def observe(self, p: torch.Tensor, q: torch.Tensor, columns: torch.Tensor | None = None, siblings: int = 0,
                 confidence: float | None = None) -> None:
@@ -160,6 +159,11 @@ class ProposalChoice:
         for name, value in (("argmax", argmax), ("draw", drawn)):
             old = rate[name]
             rate[name] = value if old is None else self.decay * old + (1 - self.decay) * value
+
+
+def _ahead(rate: dict[str, float | None]) -> bool:
+    """A bucket draws once both modes were measured and the draw's expected acceptance is higher."""
+    return rate["draw"] is not None and rate["argmax"] is not None and rate["draw"] > rate["argmax"]
 
 
 __all__ = ["ProposalChoice", "WARPERS", "draw", "keep_drawn", "tree_draft_probs", "warped", "warpers"]
