@@ -7,7 +7,7 @@ drafted token. :func:`categorical` draws there by inverse transform sampling: a 
 uniform scaled to the total, and a binary search for the first cumulative value above it, which picks index
 ``i`` with probability ``probs[i] / sum(probs)`` (a zero-probability index spans an empty interval and is never
 picked). Elsewhere it calls ``torch.multinomial``. The random stream differs from ``torch.multinomial``'s, the
-law does not. On a CPU the index is read once (a host value: free there); elsewhere nothing is read.
+law does not; nothing is read from the device.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -
     if probs.device.type != "cpu":
         return torch.multinomial(probs, 1, generator=generator)[0]
     cdf = probs.double().cumsum(0)
-    u = torch.rand(1, dtype=torch.float64, generator=generator, device=probs.device) * cdf[-1]
-    i = torch.searchsorted(cdf, u, right=True)[0]
-    if int(i) >= probs.shape[0]:        # u < total in exact arithmetic; rounding made them equal: the last mass
-        i = probs.nonzero()[-1, 0]
-    return i
+    total = cdf[-1:]
+    u = torch.rand(1, dtype=torch.float64, generator=generator, device=probs.device) * total
+    # u < total in exact arithmetic; should rounding make them equal, the largest double below it still falls in
+    # the last interval with mass (the zero-mass ids after it share its cumulative value, and the search takes
+    # the first index whose cumulative value exceeds u)
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True)[0]
 
 
 __all__ = ["categorical"]
