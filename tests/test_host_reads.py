@@ -146,10 +146,11 @@ def copy_of(target):
     return _COPIES[id(target)]
 
 
-def _glide(target, cape, n):
+def _glide(target, cape, n, lookup=False):
     # cross 0: accepted on Llama; the budget's path with a flat profile (a profile measured on a tiny model may
     # prune the long chains this test needs)
-    return GlideAssistant(echo_glide(target, 0.0), cape=cape, draft_length=n, verify_cost=VerifyCost.flat())
+    return GlideAssistant(echo_glide(target, 0.0), cape=cape, draft_length=n, verify_cost=VerifyCost.flat(),
+                          lookup=lookup)
 
 
 # name -> (factory(target, draft length), prompt on which long drafts get accepted)
@@ -166,7 +167,7 @@ SETTINGS = {
     "recycling": (lambda t, n: RecyclingAssistant(max_depth=n, verify_cost=VerifyCost.flat()), CYCLE),
     # the budget's path with a flat profile, as GLIDE's above
     "redrafter": (lambda t, n: ReDrafterAssistant(fit_head(t, "llama", steps=80), beam_width=2, beam_length=n,
-                                                  verify_cost=VerifyCost.flat()), CYCLE),
+                                                  verify_cost=VerifyCost.flat(), lookup=False), CYCLE),
 }
 
 
@@ -180,6 +181,16 @@ def test_reads_per_target_call_do_not_grow_with_draft_length(target, monkeypatch
     assert max(stats[10].tree_depths) > 2 and max(stats[2].tree_depths) <= 2
     assert stats[10].tokens_per_target_call > stats[2].tokens_per_target_call
     assert per_call[10] <= per_call[2] + SLACK, _report(counters[2], counters[10])
+
+
+def test_lookup_branch_adds_no_reads_per_target_call(target, monkeypatch, free_drafts):
+    """The lookup branch (drafters.lookup_branch) works on the host: joining the sequence's repeats to GLIDE's
+    tree reads the device no more often per target call, while its seeds are verified and accepted."""
+    off = count_reads(monkeypatch, target, _glide(target, True, 5), CYCLE)
+    on = count_reads(monkeypatch, target, _glide(target, True, 5, lookup=True), CYCLE)
+    lookup = on[2].levels[-1]
+    assert lookup.name == "lookup" and lookup.tokens_accepted > 0
+    assert on[0] <= off[0] + SLACK, _report(off[1], on[1])
 
 
 def test_the_counter_sees_plain_decoding_reads(target, monkeypatch):

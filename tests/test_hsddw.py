@@ -1,5 +1,6 @@
 """HSDDW (``DynamicWindowAssistant``): the self-verify rules checked in situ against independent forwards,
-greedy parity, sampling losslessness, reuse, errors (the rules on hand-made inputs: ``test_hsddw_rules.py``).
+greedy parity, sampling losslessness, reuse, errors (the rules on hand-made inputs: ``test_hsddw_rules.py``;
+the Max-Gram lookup first, on by default: ``test_hsddw_lookup.py``; the in-situ rule checks turn it off).
 
 Greedy helpers and tiny models come from ``tests/test_greedy_parity.py``; the statistical tests
 (per-step calibration, lying ``q``) from ``tests/test_sampling.py``. The contract's HSDDW entry (two draft
@@ -8,6 +9,8 @@ models, max_window 4: parity on every target setting with processors, exact samp
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from hf_cascade.core.accept import output_distribution
 from tests import tiny_models as tm
 from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, Collect, assert_parity, m, ours, plain  # noqa: F401  (m: fixture)
 from tests.test_sampling import PROMPT, _lying_q, calibration, passes, processed_probs, run_long, small  # noqa: F401
+from tests.test_contract import FakeClock
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 INF = float("inf")
@@ -62,7 +66,7 @@ def _check_windows(stats, window_model, out, prompt_len, max_new, caps, taus, ta
 @pytest.mark.parametrize("tau_init", [0.0, 1.9])
 def test_sd_self_verify_windows_and_threshold_in_situ(m, tau_init):
     target, drafter = m["target"], m["noisy"]
-    a = DynamicWindowAssistant(drafter, max_window=6, tau_init=tau_init)
+    a = DynamicWindowAssistant(drafter, max_window=6, tau_init=tau_init, lookup=False)   # the paper's rules alone
     stats = assert_parity(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     out = ours(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     rejected = _check_windows(a.last_stats, drafter, out, REPETITIVE.shape[1], 40, 6, stats.tau_trajectory, tau_init)
@@ -73,7 +77,8 @@ def test_sd_self_verify_windows_and_threshold_in_situ(m, tau_init):
 
 def test_hsddw_windows_and_thresholds_in_situ(m):
     target, small_model, verifier = m["target"], m["noisy"], m["big"]
-    a = DynamicWindowAssistant(small_model, verifier, max_window=3, tau_init=2.0, tau2_init=1.5, max_target_window=8)
+    a = DynamicWindowAssistant(small_model, verifier, max_window=3, tau_init=2.0, tau2_init=1.5, max_target_window=8,
+                               lookup=False)
     stats = assert_parity(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     out = ours(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     rejected2 = _check_windows(a.last_stats, verifier, out, REPETITIVE.shape[1], 40, 8, stats.tau2_trajectory, 1.5)
@@ -101,6 +106,10 @@ CONFIGS = {
     "hsddw_w4": lambda m: DynamicWindowAssistant(m["trunc"], m["big"], max_window=4, tau_init=2.0, tau2_init=2.0),
     "hsddw_w16": lambda m: DynamicWindowAssistant(m["noisy"], m["trunc"], max_window=16, tau_init=2.0, tau2_init=2.2),
     "hsddw_w4_fixed": lambda m: DynamicWindowAssistant(m["noisy"], m["big"], max_window=4, tau_init=INF, tau2_init=INF),
+    # the paper's drafters alone (every config above also runs the Max-Gram lookup first)
+    "sd_w4_no_lookup": lambda m: DynamicWindowAssistant(m["noisy"], max_window=4, tau_init=2.0, lookup=False),
+    "hsddw_w4_no_lookup": lambda m: DynamicWindowAssistant(m["trunc"], m["big"], max_window=4, tau_init=2.0,
+                                                           tau2_init=2.0, lookup=False),
 }
 
 
@@ -112,6 +121,11 @@ def test_greedy_parity(m, config, prompt):
     assert isinstance(stats, DynamicWindowStats)
     assert all(w <= a.max_window for w in stats.draft_windows)
     assert all(w <= a.max_target_window for w in stats.window_per_step)
+    names = [lv.name for lv in stats.levels]
+    assert len(names) == (2 if a.verifier_model is not None else 1) + a.lookup
+    assert ("maxgram" in names) == a.lookup == (names[-1] == "maxgram") and stats.lookup == a.lookup
+    steps = stats.levels[0].proposals + (stats.levels[-1].proposals if a.lookup else 0)   # target steps by who drafted
+    assert steps == sum(k > 0 for k in stats.window_per_step)
 
 
 def test_greedy_parity_with_processors(m):
@@ -122,7 +136,7 @@ def test_greedy_parity_with_processors(m):
 
 def test_long_windows_are_used(m):
     """With an exact copy as draft and ``tau = inf`` every window is full and fully accepted."""
-    a = DynamicWindowAssistant(m["copy"], max_window=4, tau_init=INF)
+    a = DynamicWindowAssistant(m["copy"], max_window=4, tau_init=INF, lookup=False)
     stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=30)
     assert stats.window_per_step == [4] * 6 and stats.accepted_per_call == [4] * 6
     assert stats.redundancy == 0.0 and stats.target_utilization == pytest.approx(6 / 30)
@@ -157,6 +171,12 @@ def test_max_new_tokens_reached_mid_window(m, new, config):
 
 # -- reuse ------------------------------------------------------------------------------------------
 
+def _copying_prompt(m) -> torch.Tensor:
+    """REPETITIVE and the target's first 20 greedy tokens: the target's outputs cycle from there, so what it
+    says next copies the prompt and the lookup's proposals get accepted."""
+    return plain(m["target"], REPETITIVE, max_new_tokens=20, **NO_EOS)
+
+
 def _comparable(stats) -> dict:
     d = stats.to_dict()
     d.pop("phase_seconds")
@@ -182,13 +202,15 @@ def test_pipeline_and_streaming(m, config):
     assert flat == [t for chunk in ref.chunks for t in chunk] and got.ended == 1
 
 
-def test_reuse_without_state_leaks(m):
+def test_reuse_without_state_leaks(m, monkeypatch):
+    monkeypatch.setattr(time, "perf_counter", FakeClock())     # the lookup's measured verify cost: deterministic
     target = m["target"]
     g = torch.Generator().manual_seed(5)
-    prompts = [REPETITIVE, ONE_TOKEN] + [ids(*torch.randint(4, tm.VOCAB, (int(n),), generator=g).tolist())
+    prompts = [REPETITIVE, _copying_prompt(m), ONE_TOKEN] + [ids(*torch.randint(4, tm.VOCAB, (int(n),), generator=g).tolist())
                                          for n in torch.randint(1, 10, (3,), generator=g)]
     # SD + self-verify; HSDDW (two draft models): tests/test_contract.py
-    make = {"sd": lambda: DynamicWindowAssistant(m["noisy"], max_window=4)}
+    make = {"sd": lambda: DynamicWindowAssistant(m["noisy"], max_window=4),
+            "sd_no_lookup": lambda: DynamicWindowAssistant(m["noisy"], max_window=4, lookup=False)}
     for name, build in make.items():
         reused, seen = build(), []
         for prompt in prompts:
@@ -199,6 +221,8 @@ def test_reuse_without_state_leaks(m):
             assert _comparable(reused.last_stats) == _comparable(fresh.last_stats), (name, prompt)
             assert all(reused.last_stats is not s for s in seen)
             seen.append(reused.last_stats)
+            again = ours(target, prompt, reused, max_new_tokens=15)          # the same call twice: the same
+            assert again.tolist() == a.tolist() and _comparable(reused.last_stats) == _comparable(fresh.last_stats)
 
 
 # -- sampling: lossless at the target ---------------------------------------------------------------
@@ -222,7 +246,9 @@ def _calibrate(small, name, calls=8, new=100, seed=0):
 
 
 @pytest.mark.parametrize("name", list(SAMPLING))
-def test_sampling_per_step_calibration(small, name):
+def test_sampling_per_step_calibration(small, name, monkeypatch):
+    runs, new_stats = [], DynamicWindowAssistant.new_stats
+    monkeypatch.setattr(DynamicWindowAssistant, "new_stats", lambda self: runs.append(new_stats(self)) or runs[-1])
     stats, a = _calibrate(small, name)
     assert stats["n"] == 8 * 100
     assert passes(stats), stats
@@ -230,6 +256,9 @@ def test_sampling_per_step_calibration(small, name):
     assert 0 < sum(st.accepted_per_call) < sum(st.draft_len_per_call)
     if a.verifier_model is not None:
         assert 0 < st.levels[1].tokens_accepted < st.levels[1].tokens_proposed   # pre-verifier rejections
+    # the lookup (default) drafted on this repetitive prompt: point masses accepted and rejected
+    assert a.lookup and len(runs) == 8 and all(r.levels[-1].name == "maxgram" for r in runs)
+    assert 0 < sum(r.levels[-1].tokens_accepted for r in runs) < sum(r.levels[-1].tokens_proposed for r in runs)
 
 
 def test_sampling_calibration_detects_a_wrong_q(small, monkeypatch):
@@ -271,12 +300,16 @@ def test_q_of_a_resampled_token_must_be_the_marginal_p2():
 def test_entropy_is_taken_on_the_q_handed_to_the_target(small, monkeypatch):
     """Under sampling with temperature and top-k, the entropies the thresholds use are those of the
     exact ``q`` handed to the target's verification."""
-    seen = []
+    seen, lookups = [], []
     original = DynamicWindowCandidateGenerator.draft
 
     def spy(self, seq, budget):
         d = original(self, seq, budget)
-        if d.dists is not None and d.tokens.numel():
+        if self._lookup is not None:            # a lookup step: point masses, no entropies for the thresholds
+            assert self._pending.numel() == 0 and d.dists is not None
+            torch.testing.assert_close(d.dists, torch.nn.functional.one_hot(d.tokens, d.dists.shape[-1]).float())
+            lookups.append(d.tokens.numel())
+        elif d.dists is not None and d.tokens.numel():
             seen.append((torch.cat([seq, d.tokens])[None], d.dists, self._pending.clone()))
         return d
 

@@ -79,8 +79,9 @@ def test_greedy_parity_with_fewer_nodes(m, width, length, dedupe, threshold):
 
 
 def test_min_confidence_one_is_plain_decoding(m):
-    """Nothing is confident enough: every step verifies only the root, i.e. plain decoding."""
-    a = ReDrafterAssistant(m["head"], 4, 4, min_confidence=1.0)
+    """Nothing is confident enough: every step verifies only the root, i.e. plain decoding (the head's own
+    beams; without the lookup branch, whose seeds are not the head's)."""
+    a = ReDrafterAssistant(m["head"], 4, 4, min_confidence=1.0, lookup=False)
     got = m["target"].generate(REPETITIVE, do_sample=False, assistant_model=a, max_new_tokens=12)
     assert got.tolist() == plain(m["target"], REPETITIVE, max_new_tokens=12).tolist()
     assert sum(a.last_stats.tree_sizes) == 0 and a.last_stats.target_calls == 12

@@ -16,6 +16,7 @@ from hf_cascade import CascadeAssistant, DynamicWindowAssistant, MaxGram
 from hf_cascade.bench import BenchConfig, markdown_report, parse_cost_models, run_benchmark, write_results
 from hf_cascade.bench.costs import build_costs, params_cost, parameter_count
 from hf_cascade.bench.methods import build_method
+from hf_cascade.bench.counting import assistant_levels
 from hf_cascade.bench.swi import (STATISTICAL, Costs, DrafterCost, flat_target, group_swi, plain_time, record_times,
                                   standardized_time, swi)
 from hf_cascade.cli import bench_config, build_parser
@@ -160,8 +161,9 @@ def test_hsddw_counts_draft_and_pre_verifier_forwards(tiny):
     _generate(model, tok, assistant)
     for h in hooks:
         h.handle.remove()
-    levels = assistant.last_stats.levels                                     # [verifier, draft]
-    assert [(lv.forward_calls, lv.forward_tokens) for lv in levels] == [(h.calls, h.tokens) for h in hooks]
+    levels = assistant.last_stats.levels                                     # [verifier, draft, maxgram]
+    assert [(lv.forward_calls, lv.forward_tokens) for lv in levels] == [(h.calls, h.tokens) for h in hooks] + [(0, 0)]
+    assert levels[-1].name == "maxgram" and assistant_levels(assistant) == [verifier, draft, None]   # lookup: no forwards
     assert all(h.calls > 0 for h in hooks)
 
 
@@ -172,8 +174,9 @@ def test_glide_counts_its_forwards(tiny):
     assistant = GlideAssistant(glide, cape=True, draft_length=3)
     _generate(model, tok, assistant)
     hook.handle.remove()
-    lv = assistant.last_stats.levels[-1]
+    lv, lookup = assistant.last_stats.levels                               # the model, then its lookup branch
     assert (lv.forward_calls, lv.forward_tokens) == (hook.calls, hook.tokens) and hook.calls > 0
+    assert lookup.name == "lookup" and lookup.forward_calls == 0 and assistant_levels(assistant) == [glide, None]
 
 
 @pytest.mark.parametrize("width", [1, 3])
@@ -185,7 +188,8 @@ def test_redrafter_counts_head_forwards_and_beam_rows(tiny, width):
     _generate(model, tok, assistant)
     hook.handle.remove()
     s = assistant.last_stats
-    lv = s.levels[-1]
+    lv, lookup = s.levels                                                   # the head, then its lookup branch
+    assert lookup.name == "lookup" and lookup.forward_calls == 0 and assistant_levels(assistant) == [head, None]
     assert lv.name == "redrafter" and (lv.forward_calls, lv.forward_tokens) == (hook.calls, hook.tokens)
     assert s.draft_forwards == hook.calls > 0 and s.to_dict()["draft_tokens"] == hook.tokens
     assert (hook.tokens == hook.calls) == (width == 1)

@@ -134,11 +134,12 @@ def assistant_levels(assistant: Any) -> list | None:
     if isinstance(assistant, CascadeAssistant):
         return [None if isinstance(d, MaxGram) else d for d in assistant.drafters]
     if isinstance(assistant, DynamicWindowAssistant):
-        return [m for m in (assistant.verifier_model, assistant.draft_model) if m is not None]
-    if isinstance(assistant, GlideAssistant):
-        return [assistant.glide]
+        models = [m for m in (assistant.verifier_model, assistant.draft_model) if m is not None]
+        return models + ([None] if assistant.lookup else [])                    # Max-Gram's lookup: no forwards
+    if isinstance(assistant, GlideAssistant):                 # a lookup branch: a statistical level below
+        return [assistant.glide] + ([None] if assistant.settings.lookup else [])
     if isinstance(assistant, ReDrafterAssistant):
-        return [assistant.head]
+        return [assistant.head] + ([None] if assistant.lookup else [])
     if isinstance(assistant, MaxGramTreeAssistant):
         return []
     return None

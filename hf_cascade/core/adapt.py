@@ -133,8 +133,9 @@ class AdaptiveBudget:
 
     def observe_step(self, tree: TokenTree, probs: list[float], path: list[int], emitted: int,
                      verify_seconds: float | None) -> None:
-        """One verification of ``tree`` (draft probabilities ``probs``, node order) that accepted ``path`` and
-        emitted ``emitted`` tokens in ``verify_seconds`` (``None``: not measured)."""
+        """One verification of ``tree`` (draft probabilities ``probs``, node order; ``None`` for a node the
+        drafter did not propose, e.g. a lookup seed: neither calibrated nor counted for rule 1) that accepted
+        ``path`` and emitted ``emitted`` tokens in ``verify_seconds`` (``None``: not measured)."""
         n = tree.num_nodes
         self.tokens += emitted
         self.units += self.cost(n)
@@ -147,11 +148,12 @@ class AdaptiveBudget:
         on_path = set(path)
         parents = tree.host_parents
         for i, p in enumerate(probs):               # a node is reached when its parent was accepted (or is the root)
-            if parents[i] < 0 or parents[i] in on_path:
+            if p is not None and (parents[i] < 0 or parents[i] in on_path):
                 self.calibration.observe(p, i in on_path)
-        firsts = [i for i in range(n) if parents[i] < 0]
-        self._first[0] += float(any(i in on_path for i in firsts))
-        self._first[1] += 1.0
+        firsts = [i for i in range(n) if parents[i] < 0 and probs[i] is not None]
+        if firsts:
+            self._first[0] += float(any(i in on_path for i in firsts))
+            self._first[1] += 1.0
 
     def _rescale(self, n: int, seconds: float) -> None:
         """The profile times a verification step alone; in a call, a step that verifies nodes also computes the

@@ -71,4 +71,30 @@ def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matc
     return trie
 
 
-__all__ = ["SeedTrie", "suffix_continuations"]
+class SeedRates:
+    """How often the target accepts seed tokens, learned in one ``generate()`` call, per length bucket of the
+    match they continue (1, 2, 3, 4+ tokens: a token after a long match is accepted far more often): a seed
+    token of share ``s`` is estimated at ``rate_b * s``, ``rate_b = (accepted + 1) / (reached shares + 2)``
+    (for one path: a Beta(1, 1) prior), capped below 1 so that no seed token is estimated certain."""
+
+    def __init__(self) -> None:
+        self.hits: dict[int, list[float]] = {}             # bucket -> [accepted, sum of the reached seeds' shares]
+
+    @staticmethod
+    def bucket(match: int) -> int:
+        return min(match, 4)
+
+    def rate(self, bucket: int) -> float:
+        """Accepted seed tokens per unit of reached share (a ratio: low-share branches accepted more often than
+        their share can lift it above 1, hence the cap)."""
+        hits, reached = self.hits.get(bucket, (1.0, 2.0))
+        return min(hits / reached, 0.999)
+
+    def observe(self, bucket: int, share: float, accepted: bool) -> None:
+        """A seed token of ``share`` that the target reached (its parent was accepted) and accepted or not."""
+        hits = self.hits.setdefault(bucket, [1.0, 2.0])
+        hits[0] += float(accepted)
+        hits[1] += share
+
+
+__all__ = ["SeedRates", "SeedTrie", "suffix_continuations"]

@@ -49,7 +49,7 @@ from ..core.budget import VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from .lookahead import AcceptanceCalibration
-from .continuations import SeedTrie, suffix_continuations
+from .continuations import SeedRates, SeedTrie, suffix_continuations
 
 
 @dataclass(frozen=True)
@@ -167,24 +167,18 @@ class TokenRecycling(TreeDrafter):
     Each source's acceptance is learned from the target's verdicts in this call, separately (a seed token after
     a long match is accepted far more often than a recycled token of the same recycled probability): recycled
     tokens through an :class:`~hf_cascade.drafters.lookahead.AcceptanceCalibration` of their recycled
-    probability, seed tokens as ``rate_b * share`` per length ``b`` of the match (1, 2, 3, 4+ tokens),
-    ``rate_b = (accepted + 1) / (sum of the reached seeds' shares + 2)`` (for one path: a Beta(1, 1) prior)."""
+    probability, seed tokens by :class:`~hf_cascade.drafters.continuations.SeedRates` (``rate_b * share`` per
+    length ``b`` of the match)."""
 
     def __init__(self, candidates: RecycledCandidates, shape: RecyclingShape, budget: AdaptiveBudget | None,
                  max_ngram: int = 8, max_matches: int = 16):
         self.candidates, self.shape, self.budget, self.max_ngram = candidates, shape, budget, int(max_ngram)
         self.max_matches = int(max_matches)
         self.calibration = AcceptanceCalibration()
-        self.seed_hits: dict[int, list[float]] = {}       # match length bucket -> [accepted, reached shares]
+        self.seed_rates = SeedRates()
         self._drafted: Expansion | None = None
         self._bucket = 0
         self._row_tokens: list[int] = []
-
-    def seed_rate(self, bucket: int) -> float:
-        """Accepted seed tokens per unit of reached share (a ratio: low-share branches accepted more often than
-        their share can lift it above 1), capped so that no seed token is estimated certain."""
-        hits, reached = self.seed_hits.get(bucket, (1.0, 2.0))
-        return min(hits / reached, 0.999)
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
         tokens_so_far = state.tokens if state.tokens is not None else seq.tolist()
@@ -193,7 +187,7 @@ class TokenRecycling(TreeDrafter):
         found = Expansion([], [], [], [], [], [])
         if depth > 0:
             seeds = self._seeds(tokens_so_far, depth)
-            found = self.candidates.expand(root, self.shape, depth, seeds, self.seed_rate(self._bucket), self.calibration)
+            found = self.candidates.expand(root, self.shape, depth, seeds, self.seed_rates.rate(self._bucket), self.calibration)
         device = seq.device
         tree = TokenTree(torch.tensor(found.tokens, dtype=torch.long, device=device),
                          torch.tensor(found.parents, dtype=torch.long, device=device),
@@ -208,7 +202,7 @@ class TokenRecycling(TreeDrafter):
 
     def _seeds(self, tokens: list[int], depth: int) -> SeedTrie:
         trie = suffix_continuations(tokens, self.max_ngram, depth, self.max_matches)
-        self._bucket = min(trie.match, 4)
+        self._bucket = SeedRates.bucket(trie.match)
         return trie
 
     def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
@@ -223,9 +217,7 @@ class TokenRecycling(TreeDrafter):
                 if parent >= 0 and parent not in on_path:
                     continue                                   # not reached: its parent was rejected
                 if drafted.on_seed[i]:
-                    hits = self.seed_hits.setdefault(self._bucket, [1.0, 2.0])
-                    hits[0] += float(i in on_path)
-                    hits[1] += drafted.shares[i]
+                    self.seed_rates.observe(self._bucket, drafted.shares[i], i in on_path)
                 else:
                     self.calibration.observe(drafted.probs[i], i in on_path)
         if self.budget is not None:

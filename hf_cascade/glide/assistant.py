@@ -57,6 +57,7 @@ from .stats import _RECORDED, GlideStats
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..core.draws import ProposalChoice, draw, tree_draft_probs, warped, warpers
+from ..drafters.lookup_branch import LookupBranch
 from ..loading import load_pretrained
 from ..placement import defer_reads, place_like
 from ..processors import split_processors
@@ -103,7 +104,9 @@ class GlideDrafter(TreeDrafter):
         self._bounds = torch.tensor(self.choice.bounds, device=self._device) if self.choice is not None else None
         # verify_cost: draft and verify what pays on this machine (core.adapt); None: the paper's fixed shape
         self.budget = AdaptiveBudget(settings.verify_cost) if settings.verify_cost is not None else None
-        self._probs: list[float] = []                # draft probabilities of the verified tree's nodes
+        self._probs: list[float | None] = []         # draft probabilities of the verified tree's nodes (None: a seed)
+        # lookup: the sequence's repeats join the tree (drafters.lookup_branch); its cut needs the budget
+        self.lookup = LookupBranch() if settings.lookup and self.budget is not None else None
 
     # -- helpers -----------------------------------------------------------------------------------
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -145,7 +148,7 @@ class GlideDrafter(TreeDrafter):
         self._root_len, self._main = None, []
         if k < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped_drafts += 1
-            return _empty(seq), None
+            return self._joined(_empty(seq), [], state), None
         length = seq.shape[0]
         past = self.cache.get_seq_length()
         if past >= length:
@@ -197,7 +200,7 @@ class GlideDrafter(TreeDrafter):
             self.record.expansion_sizes.append([])
             self.record.confidences.append([])
             self.record.drafted_nodes.append(0)
-            return _empty(seq), None
+            return self._joined(_empty(seq), [], state), None
         probs = torch.stack(rows[:m])                                               # [k', N]
         main_d = torch.stack(bests[:m])                                             # [k'] draft ids
         self._main = target_ids[:m]                                                 # [k'] target ids
@@ -208,12 +211,23 @@ class GlideDrafter(TreeDrafter):
         self.record.expansion_sizes.append([len(x) for x in expansions])
         self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
         self.record.drafted_nodes.append(tree.num_nodes)
-        if self.budget is not None:                                                 # what pays on this hardware
+        if self.lookup is not None and not drawn:                                   # + repeats, what pays
+            tree = self._joined(tree, torch.as_tensor(node_probs, dtype=torch.float64).tolist(), state)
+        elif self.budget is not None:                                               # what pays on this hardware
             tree, self._probs = self.budget.select(tree, node_probs, fixed=m if drawn else 0)
         if not drawn:
             return tree, None
         self.record.drawn_drafts += 1
         return tree, tree_draft_probs(tree, torch.stack(qs[:m]), self.glide.config.vocab_size, self._columns)
+
+    def _joined(self, tree: TokenTree, probs: list[float], state: TreeStep) -> TokenTree:
+        """``tree`` (the draft's probabilities ``probs``) with the lookup branch joined and cut to what pays
+        (the tree as it is without a lookup branch). Its seeds are point masses: no ``q`` row is needed."""
+        if self.lookup is None:
+            return tree
+        tokens = state.tokens if state.tokens is not None else state.seq.tolist()
+        tree, self._probs = self.lookup.select(self.budget, tree, probs, tokens, state.budget, self.linear)
+        return tree
 
     def _main_length(self, p_best: list[float], tokens: list[int], k: int) -> tuple[int, bool]:
         """The main path's stop rule over the drafted ``p_i`` / target ids: ``(m kept, rule ended)``."""
@@ -241,6 +255,8 @@ class GlideDrafter(TreeDrafter):
             self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
                                      state.verify_seconds)
             self._probs = []
+            if self.lookup is not None:
+                self.lookup.observe(tree, path)
         if self.choice is not None and self._root_logits is not None and state.rows is not None:
             first = sum(1 for parent in tree.host_parents if parent < 0)          # the first level's nodes
             self.choice.observe(state.rows.softmax()[0], warped(self.warpers, self._root_logits), self._columns,
@@ -309,6 +325,11 @@ class GlideAssistant(TreeAssistant):
             (:class:`~hf_cascade.core.adapt.AdaptiveBudget`: whether to draft, how deep, which nodes). ``None``:
             draft ``draft_length`` tokens and verify everything drafted, as the paper does. Not in the paper;
             lossless either way.
+        lookup: with ``verify_cost``, join the sequence's own repeats (prompt lookup, frequency-ranked
+            continuations) to each tree as a branch estimated by its measured acceptance, also on steps where
+            the GLIDE does not draft (:mod:`hf_cascade.drafters.lookup_branch`; not in the paper: a drafter
+            trained on chat text guesses poorly where the answer copies the prompt). Greedy steps and
+            sampling steps whose main path is the argmax; ``False``: GLIDE's tree alone.
         cpu_kernels: ``None`` (automatic), ``True`` or ``False``: see :mod:`hf_cascade.backends`.
         revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options when ``glide_model`` is
             a path or repo id (``dtype`` / ``device_map`` with a loaded model: ``ValueError``).
@@ -331,7 +352,8 @@ class GlideAssistant(TreeAssistant):
     def __init__(self, glide_model, cape: bool = True, draft_length: int = 5,
                  cape_sizes: tuple[int, ...] = (7, 5, 3, 1), cape_thresholds: tuple[float, ...] = (0.3, 0.6, 0.8),
                  max_tree_nodes: int | None = None, min_confidence: float = 0.0, min_expansion_prob: float = 0.0,
-                 verify_cost: VerifyCost | None = VerifyCost(), cpu_kernels: bool | None = None, *, revision: str | None = None,
+                 verify_cost: VerifyCost | None = VerifyCost(), cpu_kernels: bool | None = None, lookup: bool = True, *,
+                 revision: str | None = None,
                  token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, dtype=None, device_map=None,
                  place_drafters: bool = True):
         if isinstance(glide_model, (str, os.PathLike, torch.nn.Module)):
@@ -344,7 +366,8 @@ class GlideAssistant(TreeAssistant):
                          if cape else None)
         if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
             raise TypeError(f"verify_cost must be a hf_cascade.core.budget.VerifyCost or None, got {type(verify_cost).__name__}")
-        self.settings = GlideSettings(int(draft_length), cape_settings, float(min_confidence), verify_cost)
+        self.settings = GlideSettings(int(draft_length), cape_settings, float(min_confidence), verify_cost,
+                                      bool(lookup) and verify_cost is not None)
         self.glide = glide_model.eval()
         self.cpu_kernels = cpu_kernels
         self.place_drafters = bool(place_drafters)
@@ -374,6 +397,8 @@ class GlideAssistant(TreeAssistant):
             name=name, forward_calls=out.draft_forwards, forward_tokens=out.draft_tokens,
             proposals=len(out.main_lengths),
             tokens_proposed=sum(out.draft_len_per_call), tokens_accepted=sum(out.accepted_per_call))]
+        if self.settings.lookup:
+            out.levels.append(drafter.lookup.level())
         return out
 
 

@@ -17,12 +17,14 @@ class GlideSettings:
     the position where siblings are most likely to be needed, if its path probability (its ``p`` times the
     main confidences above it) reaches CAPE's ``min_prob``, the floor of the siblings. ``verify_cost``: verify
     only the drafted nodes that pay for their verification on this hardware (:mod:`hf_cascade.core.budget`);
-    ``None`` = everything drafted (the paper)."""
+    ``None`` = everything drafted (the paper). ``lookup``: with ``verify_cost``, the sequence's repeats join the
+    tree as a branch (:mod:`hf_cascade.drafters.lookup_branch`; not in the paper)."""
 
     draft_length: int = 5
     cape: CapeSettings | None = field(default_factory=CapeSettings)
     min_confidence: float = 0.0
     verify_cost: VerifyCost | None = None
+    lookup: bool = False
 
     def __post_init__(self) -> None:
         if int(self.draft_length) < 1:

@@ -47,6 +47,11 @@ class DynamicWindowAssistant(LinearAssistant):
             embeddings and cast their float weights to their dtype (:func:`hf_cascade.placement.place_like`;
             a model dispatched with ``device_map`` stays put). ``False``: leave them where they are (the
             pre-verifier reviews on its own device; tokens cross devices explicitly).
+        lookup: first ask Max-Gram prompt lookup (:class:`~hf_cascade.drafters.maxgram.MaxGram`, default
+            settings) at every target step; when it proposes tokens (as many as its adaptive lookahead finds
+            worth verifying, at most ``max_window``) they are the step's draft and the draft models do not
+            run. Not in the paper; pays off where the output copies the prompt (extraction, translation).
+            Lossless. ``False``: the paper's drafter alone. Its statistics are the last level, ``"maxgram"``.
 
     After each call ``assistant.last_stats`` is a :class:`~hf_cascade.hsddw.DynamicWindowStats`:
     window per step, redundancy sigma, target utilisation eta, tau trajectories, calls per model.
@@ -78,6 +83,7 @@ class DynamicWindowAssistant(LinearAssistant):
         dtype=None,
         device_map=None,
         place_drafters: bool = True,
+        lookup: bool = True,
     ):
         hub = dict(revision=revision, token=token, cache_dir=cache_dir, dtype=dtype, device_map=device_map)
         paths = [os.fspath(m) if isinstance(m, (str, os.PathLike)) else m for m in (draft_model, verifier_model)]
@@ -104,6 +110,7 @@ class DynamicWindowAssistant(LinearAssistant):
         self.tokenizer = tokenizer
         self.cpu_kernels = cpu_kernels
         self.place_drafters = bool(place_drafters)
+        self.lookup = bool(lookup)
 
     def bind(self, target) -> None:
         """Place the draft model and the pre-verifier on the target's input-embedding device and dtype
@@ -124,13 +131,13 @@ class DynamicWindowAssistant(LinearAssistant):
                 check_same_vocabulary(target, model, target_tokenizer, self.tokenizer)
         return DynamicWindowCandidateGenerator(
             target, generation_config, logits_processor, stats, self.draft_model, self.verifier_model,
-            self.max_window, self.max_target_window, self.tau_init, self.tau2_init,
+            self.max_window, self.max_target_window, self.tau_init, self.tau2_init, lookup=self.lookup,
         )
 
     def __repr__(self) -> str:
         names = [type(m).__name__ for m in (self.draft_model, self.verifier_model) if m is not None]
         return (f"DynamicWindowAssistant(models={names}, max_window={self.max_window}, tau_init={self.tau_init}, "
-                f"tau2_init={self.tau2_init})")
+                f"tau2_init={self.tau2_init}, lookup={self.lookup})")
 
 
 def _check_model(model, name: str) -> None:

@@ -35,6 +35,14 @@ Deviations from the paper, all following the authors' code (``valexsyu/HSDDW``,
   We cap it at ``max_target_window`` (default ``5 * max_window``, i.e. 50 for the paper's K = 10).
 * Drafting also stops at an end-of-sequence token and at the length budget (``max_new_tokens``).
 * The target's own bonus token is transformers' verification step, as in Algorithm 1's code.
+* Not in the paper: with ``lookup=True`` (the default) each target step first asks Max-Gram prompt lookup
+  (:class:`~hf_cascade.drafters.maxgram.MaxGram`, its adaptive lookahead learned per ``generate()`` call)
+  for a continuation of the sequence from an earlier occurrence of its suffix. When it proposes tokens,
+  they are the step's draft and no draft model runs: on prompts whose answer copies the prompt
+  (extraction, translation) the neural windows alone are slower than plain decoding. Lossless: lookup
+  tokens are deterministic, handed to the target as point masses (``q`` one-hot), and the thresholds
+  ``tau`` / ``tau2`` learn only from tokens the draft models drafted. ``lookup=False`` gives the
+  paper's drafter alone.
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ from ..cascade.generator import _model_name
 from ..core.categorical import categorical
 from ..drafters.neural import NeuralLevel
 from ..core.stats import LevelStats
-from ..core.accept import Review, greedy_review, sampling_review
+from ..core.accept import Review, greedy_review, one_hot_dists, sampling_review
+from ..drafters.maxgram import MaxGram
 from ..placement import defer_reads
 from .rules import EntropyThreshold, entropy, self_verify_length
 
@@ -115,7 +124,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     """One ``generate()`` call of a :class:`~hf_cascade.hsddw.DynamicWindowAssistant`."""
 
     def __init__(self, target, generation_config, logits_processor, stats, draft_model, verifier_model,
-                 max_window: int, max_target_window: int, tau_init: float, tau2_init: float):
+                 max_window: int, max_target_window: int, tau_init: float, tau2_init: float, lookup: bool = True):
         super().__init__(target, generation_config, logits_processor, stats)
         self.max_window = int(max_window)
         self.max_target_window = int(max_target_window)
@@ -127,6 +136,13 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
             pre_stats = LevelStats(_model_name(verifier_model))
             self.pre = NeuralLevel(verifier_model, self.vocab_size, self.processors, pre_stats)
             stats.levels = [pre_stats, small_stats]
+        # Max-Gram lookup (not in the paper): its own level at the bottom, its policy fresh per generate() call
+        self.maxgram: MaxGram | None = MaxGram() if lookup else None
+        self.policy = self.maxgram.new_policy() if self.maxgram is not None else None
+        if self.maxgram is not None:
+            stats.levels = [*stats.levels, LevelStats(self.maxgram.name)]
+            stats.lookup = True
+        self._lookup: tuple[int, int] | None = None   # (bucket, length) when the pending draft is the lookup's
         # Fresh thresholds per generate() call: tau is per sequence (§3.1 "in the current sentence").
         self.tau = EntropyThreshold(tau_init)
         self.tau2 = EntropyThreshold(tau2_init)
@@ -136,11 +152,28 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
 
     # -- draft ---------------------------------------------------------------------------------
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
+        self._lookup, self._pending = None, torch.zeros(0, device="cpu")
+        if self.maxgram is not None:
+            d = self._lookup_draft(seq, min(self.max_window, budget))
+            if d is not None:
+                return d
         if self.pre is None:
             stage = self._stage(seq, min(self.max_window, budget))
             self._pending = stage.entropies
             return Draft(stage.tokens, stage.dists)
         return self._hierarchical(seq, min(budget, self.max_target_window))
+
+    def _lookup_draft(self, seq: torch.Tensor, limit: int) -> Draft | None:
+        """Max-Gram's proposal after ``seq`` (at most ``limit`` tokens, as many as its policy finds worth
+        verifying), cut after the first stop token; ``None`` when it proposes nothing."""
+        prop = self.maxgram.propose(seq, limit, self.policy)
+        if prop.tokens.shape[0] == 0:
+            return None
+        host = prop.tokens.tolist()                                    # Max-Gram proposes on the host
+        cut = next((i + 1 for i, t in enumerate(host) if t in self.stop_ids), len(host))
+        tokens = prop.tokens[:cut].to(seq.device)                      # no device read for the stop check
+        self._lookup = (prop.bucket, int(tokens.shape[0]))
+        return Draft(tokens, one_hot_dists(tokens, self.vocab_size) if self.do_sample else None)
 
     def _stage(self, seq: torch.Tensor, window: int) -> StageOutput:
         self.stats.tau_trajectory.append(self.tau.value)
@@ -192,12 +225,20 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
 
     # -- update --------------------------------------------------------------------------------
     def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
-        if num_accepted < num_proposed:
-            # Algorithm 1 line 26 / Algorithm 2 line 53: the target rejected token ``num_accepted``.
-            threshold = self.tau if self.pre is None else self.tau2
-            threshold.update(float(self._pending[num_accepted]))
-        _record(self.stats.levels[0], num_proposed, num_accepted)
-        self._pending = torch.zeros(0, device="cpu")
+        if self.policy is not None and verify_seconds is not None:
+            self.policy.cost.observe(num_proposed, verify_seconds)     # the target's verify cost, every step
+        if self._lookup is not None:
+            # a lookup step: its policy learns; tau / tau2 only learn from tokens the draft models drafted
+            bucket, length = self._lookup
+            self.policy.observe(bucket, length, min(num_accepted, length))
+            _record(self.stats.levels[-1], num_proposed, num_accepted)
+        else:
+            if num_accepted < num_proposed:
+                # Algorithm 1 line 26 / Algorithm 2 line 53: the target rejected token ``num_accepted``.
+                threshold = self.tau if self.pre is None else self.tau2
+                threshold.update(float(self._pending[num_accepted]))
+            _record(self.stats.levels[0], num_proposed, num_accepted)
+        self._lookup, self._pending = None, torch.zeros(0, device="cpu")
 
 
 def _record(level: LevelStats, proposed: int, accepted: int) -> None:

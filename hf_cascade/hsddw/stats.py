@@ -11,15 +11,19 @@ from ..core.stats import GenerationStats
 class DynamicWindowStats(GenerationStats):
     """``GenerationStats`` plus what HSDDW's analysis (§4.4, Table 4, Figure 8) looks at.
 
-    ``levels`` are top first: ``[verifier, draft]`` with a pre-verifier, else ``[draft]``; each
-    level's ``tokens_accepted`` counts acceptance by the model directly above it.
+    ``levels`` are top first: ``[verifier, draft]`` with a pre-verifier, else ``[draft]``, then
+    ``maxgram`` when the Max-Gram lookup is on (``lookup``); each level's ``tokens_accepted`` counts
+    acceptance by the model directly above it (the lookup's: by the target, to which it drafts directly).
+    A target step is drafted either by the lookup (its level records the step) or by the draft models.
 
     Attributes:
         draft_windows: tokens the small draft model drafted in each Draft + Self-verify stage.
         tau_trajectory: the small draft model's ``tau`` in effect at each of those stages.
-        tau2_trajectory: the pre-verifier's ``tau2`` in effect at each target step (empty without one).
+        tau2_trajectory: the pre-verifier's ``tau2`` in effect at each target step the draft models drafted
+            (empty without a pre-verifier; lookup steps add nothing).
         rejected_entropies: ``H(q)`` of the small model's rejected tokens (its ``tau`` is their mean).
         rejected_entropies2: ``H(q)`` of the pre-verifier's tokens the target rejected (``tau2``'s mean).
+        lookup: whether the last level is the Max-Gram lookup's (a statistical level: no forwards).
     """
 
     draft_windows: list[int] = field(default_factory=list)
@@ -27,16 +31,18 @@ class DynamicWindowStats(GenerationStats):
     tau2_trajectory: list[float] = field(default_factory=list)
     rejected_entropies: list[float] = field(default_factory=list)
     rejected_entropies2: list[float] = field(default_factory=list)
+    lookup: bool = False
 
     @property
     def window_per_step(self) -> list[int]:
-        """Tokens handed to the target at each verification step (the window of Figure 8)."""
+        """Tokens handed to the target at each verification step (the window of Figure 8): one entry per
+        target call, lookup steps included (``draft_windows`` has the draft model's stages only)."""
         return list(self.draft_len_per_call)
 
     @property
     def redundancy(self) -> float:
         """sigma (§4.4) = 1 - accepted / drafted tokens, over the tokens handed to the target (as the
-        authors' ``redundency.py``: ``sum(accepted_num) / sum(gamma_sequence)``)."""
+        authors' ``redundency.py``: ``sum(accepted_num) / sum(gamma_sequence)``), lookup tokens included."""
         drafted = sum(self.draft_len_per_call)
         return 1.0 - sum(self.accepted_per_call) / drafted if drafted else 0.0
 
@@ -47,9 +53,11 @@ class DynamicWindowStats(GenerationStats):
 
     @property
     def calls_per_model(self) -> dict[str, int]:
-        """Forward passes per model: ``{"target": ..., "verifier": ..., "draft": ...}``."""
-        roles = ["draft"] if len(self.levels) == 1 else ["verifier", "draft"]
-        return {"target": self.target_calls, **{r: lv.forward_calls for r, lv in zip(roles, self.levels)}}
+        """Forward passes per model: ``{"target": ..., "verifier": ..., "draft": ...}``; the lookup's level
+        (the last one when ``lookup``) runs no model and is left out, so the roles follow the model levels."""
+        models = self.levels[:-1] if self.lookup else self.levels
+        roles = ["draft"] if len(models) == 1 else ["verifier", "draft"]
+        return {"target": self.target_calls, **{r: lv.forward_calls for r, lv in zip(roles, models)}}
 
     def to_dict(self) -> dict:
         out = super().to_dict()

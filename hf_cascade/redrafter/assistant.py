@@ -39,6 +39,7 @@ from ..placement import place_like, target_device_dtype
 from ..loading import load_pretrained
 from ..core.adapt import AdaptiveBudget
 from ..core.budget import VerifyCost
+from ..drafters.lookup_branch import LookupBranch
 from .beam import beam_rows, beam_search, confident_prefix, kept_nodes, node_probabilities, pack
 
 
@@ -116,11 +117,13 @@ class ReDrafterDrafter(TreeDrafter):
     """
 
     def __init__(self, head, embed, beam_width: int, beam_length: int, dedupe: bool = True,
-                 min_confidence: float = 0.0, verify_cost: VerifyCost | None = None):
+                 min_confidence: float = 0.0, verify_cost: VerifyCost | None = None, lookup: bool = False):
         self.head, self.embed = head, embed
         # a resolved VerifyCost: draft and verify what pays on this machine (core.adapt); None: the beams whole
         self.budget = AdaptiveBudget(verify_cost) if verify_cost is not None else None
-        self._probs: list[float] = []
+        self._probs: list[float | None] = []        # (None: a lookup seed)
+        # lookup: the sequence's repeats join the beams' tree (drafters.lookup_branch); its cut needs the budget
+        self.lookup = LookupBranch() if lookup and self.budget is not None else None
         self.beam_width, self.beam_length, self.dedupe = beam_width, beam_length, dedupe
         self.min_confidence = float(min_confidence)
         self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
@@ -130,9 +133,10 @@ class ReDrafterDrafter(TreeDrafter):
         """``w`` beams of ``min(L, budget)`` tokens after ``seq[-1]``, packed into a tree;
         ``draft_probs = None`` (beam search is deterministic given ``seq``)."""
         length = min(self.beam_length, state.budget)
+        empty = TokenTree(seq.new_zeros(0), seq.new_zeros(0))
         if state.last_hidden is None or length < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped += 1
-            return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
+            return self._joined(empty, [], state), None
         if self.budget is not None:
             self.budget.start_draft()
         beams, _, logp = beam_search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, length,
@@ -152,9 +156,21 @@ class ReDrafterDrafter(TreeDrafter):
         if self.budget is not None:
             self.budget.count_forward(length)                  # one batched head step per beam position
             self.budget.end_draft()
-            tree, self._probs = self.budget.select(tree, probs)
+            if self.lookup is not None:
+                tree = self._joined(tree, probs, state)
+            else:
+                tree, self._probs = self.budget.select(tree, probs)
         self.record.confident_nodes.append(tree.num_nodes)
         return tree, None
+
+    def _joined(self, tree: TokenTree, probs: list[float], state: TreeStep) -> TokenTree:
+        """``tree`` (the head's probabilities ``probs``) with the lookup branch joined and cut to what pays (the
+        tree as it is without a lookup branch)."""
+        if self.lookup is None:
+            return tree
+        tokens = state.tokens if state.tokens is not None else state.seq.tolist()
+        tree, self._probs = self.lookup.select(self.budget, tree, list(probs), tokens, state.budget, self.linear)
+        return tree
 
     def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
         if self.budget is not None:
@@ -162,6 +178,8 @@ class ReDrafterDrafter(TreeDrafter):
             self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
                                      state.verify_seconds)
             self._probs = []
+            if self.lookup is not None:
+                self.lookup.observe(tree, path)
 
 
 def check_head_matches(head, target: PreTrainedModel) -> None:
@@ -216,6 +234,10 @@ class ReDrafterAssistant(TreeAssistant):
             bound) unlikely tokens do not pay. The tree stays a deterministic function of the context: greedy
             and sampling stay lossless.
         cpu_kernels: ``None`` (automatic), ``True`` or ``False``: see :mod:`hf_cascade.backends`.
+        lookup: with ``verify_cost``, join the sequence's own repeats (prompt lookup, frequency-ranked
+            continuations) to each tree as a branch estimated by its measured acceptance, also on steps where
+            the head does not draft (:mod:`hf_cascade.drafters.lookup_branch`; not in the paper: a head
+            trained on chat text guesses poorly where the answer copies the prompt). ``False``: the beams alone.
         revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options when ``head`` is a path
             or repo id (``dtype`` / ``device_map`` with a loaded model: ``ValueError``).
         place_drafters: at every ``generate()``, move the head to the device of the target's input embeddings
@@ -238,7 +260,7 @@ class ReDrafterAssistant(TreeAssistant):
 
     def __init__(self, head, beam_width: int = 4, beam_length: int = 5, dedupe: bool = True,
                  min_confidence: float = 0.0, cpu_kernels: bool | None = None, verify_cost: VerifyCost | None = VerifyCost(),
-                 *, revision: str | None = None,
+                 lookup: bool = True, *, revision: str | None = None,
                  token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, dtype=None, device_map=None,
                  place_drafters: bool = True):
         if isinstance(head, (str, os.PathLike, torch.nn.Module)):
@@ -255,6 +277,7 @@ class ReDrafterAssistant(TreeAssistant):
             raise TypeError(f"verify_cost must be a hf_cascade.core.budget.VerifyCost or None, got {type(verify_cost).__name__}")
         self.head = head.eval()
         self.verify_cost = verify_cost
+        self.lookup = bool(lookup) and verify_cost is not None
         self.min_confidence = float(min_confidence)
         self.beam_width, self.beam_length, self.dedupe = int(beam_width), int(beam_length), bool(dedupe)
         self.cpu_kernels = cpu_kernels
@@ -278,7 +301,7 @@ class ReDrafterAssistant(TreeAssistant):
 
         cost = self.verify_cost.resolve(target) if self.verify_cost is not None else None   # measured on this device
         drafter = ReDrafterDrafter(self.head, embed, self.beam_width, self.beam_length, self.dedupe, self.min_confidence,
-                                   cost)
+                                   cost, self.lookup)
         return drafter
 
     def finish(self, drafter: "ReDrafterDrafter", stats: TreeStats) -> ReDrafterStats:
@@ -294,6 +317,8 @@ class ReDrafterAssistant(TreeAssistant):
             name="redrafter", forward_calls=record.forwards, forward_tokens=record.rows,
             proposals=len(record.beam_tokens), tokens_proposed=sum(out.draft_len_per_call),
             tokens_accepted=sum(out.accepted_per_call))]
+        if self.lookup:
+            out.levels.append(drafter.lookup.level())
         return out
 
 

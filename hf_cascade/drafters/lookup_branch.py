@@ -1,0 +1,156 @@
+"""The sequence's own repeats as branches of a model-drafted tree (GLIDE, ReDrafter): a lookup branch.
+
+A small drafter trained on chat text guesses poorly where the answer copies its prompt (extraction,
+translation of names and numbers, code edits), exactly where prompt lookup guesses best. SpecInfer (Miao et
+al., 2024) verifies the merged token trees of several speculators in one target forward; this module merges
+one more speculator, the frequency-ranked continuations of the sequence's longest repeated suffix
+(:func:`~hf_cascade.drafters.continuations.suffix_continuations`, SuffixDecoding's scoring), into the model's
+tree before the cost cut:
+
+* **join** (:meth:`LookupBranch.join`): a seed token equal to a model node below the same parent is that node
+  (estimated at the larger of the two estimates), any other seed token a new node;
+* **estimate**: a seed token of share ``s`` after a match of length bucket ``b`` is estimated at
+  ``rate_b * s``, learned from the target's verdicts in this call
+  (:class:`~hf_cascade.drafters.continuations.SeedRates`, as Token Recycling's seeds); the model's nodes keep
+  their calibrated probabilities;
+* **cut** (:meth:`LookupBranch.select`): the merged tree goes through the budget's rule 3 (the nodes that pay
+  for their measured verification cost, :class:`~hf_cascade.core.adapt.AdaptiveBudget`); a drafter that sends
+  chains (``linear``) keeps the one path with the most expected accepted tokens.
+
+The seeds cost no draft forward, so a step the model's rule 1 refuses (its drafts do not pay) still verifies
+a repeat worth verifying. Not in GLIDE's or ReDrafter's paper (their drafts come from the head alone);
+``lookup=False`` on their assistants drafts as the papers do. The seeds are a deterministic function of the
+context (point masses), so greedy output still equals plain ``generate`` and sampling stays exact; a drafter
+whose nodes are *drawn* (GLIDE under sampling) does not join them (its ``q`` rows are per drawn node).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from ..core.stats import LevelStats
+from ..core.structure import TokenTree
+from .continuations import SeedRates, suffix_continuations
+
+
+class LookupBranch:
+    """The lookup branch of one drafter in one ``generate()`` call (see the module docstring).
+
+    Args:
+        max_ngram: longest suffix match searched for.
+        max_matches: most recent occurrences of that suffix whose continuations are counted.
+        depth: deepest seed token (further cut to the length budget and by the cost rule).
+    """
+
+    def __init__(self, max_ngram: int = 8, max_matches: int = 16, depth: int = 8):
+        if max_ngram < 1 or max_matches < 1 or depth < 1:
+            raise ValueError(f"LookupBranch needs max_ngram, max_matches and depth >= 1, "
+                             f"got {max_ngram}, {max_matches}, {depth}")
+        self.max_ngram, self.max_matches, self.depth = int(max_ngram), int(max_matches), int(depth)
+        self.rates = SeedRates()
+        self._bucket = 0
+        self._shares: list[float] = []           # the last selected tree's seed shares per node (0: not a seed)
+        self.steps = self.proposed = self.accepted = 0    # steps with seeds, seed nodes verified, seed nodes accepted
+
+    def join(self, tree: TokenTree, estimates: list[float], tokens: list[int], depth: int
+             ) -> tuple[TokenTree, list[float], list[bool], list[float]]:
+        """``tree`` (the model's, node estimates ``estimates``) with the seeds after ``tokens`` (the verified
+        sequence, host list) merged in: ``(tree, estimates, from_model, shares)`` in the merged node order
+        (the model's nodes first, unchanged)."""
+        depth = min(self.depth, depth)
+        trie = suffix_continuations(tokens, self.max_ngram, depth, self.max_matches) if depth > 0 else None
+        n = tree.num_nodes
+        estimates, from_model, shares = list(estimates), [True] * n, [0.0] * n
+        if trie is None or not trie.children:
+            return tree, estimates, from_model, shares
+        self._bucket = SeedRates.bucket(trie.match)
+        rate = self.rates.rate(self._bucket)
+        host_tokens, host_parents = list(tree.token_list), list(tree.host_parents)
+        below = {(p, t): i for i, (p, t) in enumerate(zip(host_parents, host_tokens))}
+        todo = deque([(-1, -1)])                                   # (trie node, its tree node), level order
+        while todo:
+            at, node = todo.popleft()
+            for token, share, child in trie.children.get(at, []):
+                i = below.get((node, token))
+                if i is None:                                      # a new node (parents precede children)
+                    i = len(host_tokens)
+                    host_tokens.append(token), host_parents.append(node)
+                    estimates.append(0.0), from_model.append(False), shares.append(0.0)
+                    below[(node, token)] = i
+                estimates[i] = max(estimates[i], rate * share)
+                shares[i] = share
+                todo.append((child, i))
+        if len(host_tokens) > n:
+            device = tree.tokens.device
+            tree = TokenTree(torch.tensor(host_tokens, dtype=torch.long, device=device),
+                             torch.tensor(host_parents, dtype=torch.long, device=device),
+                             host_parents=host_parents, host_tokens=host_tokens)
+        return tree, estimates, from_model, shares
+
+    def select(self, budget, tree: TokenTree, probs: list[float], tokens: list[int], depth: int,
+               linear: bool = False) -> tuple[TokenTree, list[float | None]]:
+        """Join the seeds to the model's ``tree`` (draft probabilities ``probs``, node order), calibrate the
+        model's nodes with ``budget`` (an :class:`~hf_cascade.core.adapt.AdaptiveBudget`) and keep what pays.
+        Returns the kept tree and, per kept node, its draft probability (``None`` for a seed-only node: the
+        budget calibrates the model's probabilities only, :meth:`AdaptiveBudget.observe_step`)."""
+        estimates = [budget.calibrated(p) for p in probs]
+        tree, estimates, from_model, shares = self.join(tree, estimates, tokens, depth)
+        node_probs = [probs[i] if model else None for i, model in enumerate(from_model)]
+        if linear and tree.num_nodes:                               # one path: the best one
+            tree, (estimates, node_probs, shares) = _restrict(tree, _path_nodes(tree, estimates),
+                                                              estimates, node_probs, shares)
+        if not tree.num_nodes:
+            self._shares = []
+            return tree, []
+        keep = budget.keep(tree, estimates)
+        tree, (node_probs, self._shares) = _restrict(tree, [i for i, k in enumerate(keep) if k], node_probs, shares)
+        seeds = sum(1 for s in self._shares if s > 0)
+        self.steps += int(seeds > 0)
+        self.proposed += seeds
+        return tree, node_probs
+
+    def observe(self, tree: TokenTree, path: list[int]) -> None:
+        """The target's verdict on the last selected tree (accepted node indices ``path``): learn the seeds'
+        rate from the seed nodes it reached. A tree the loop cut (EOS, length) is not learned from."""
+        shares, self._shares = self._shares, []
+        if len(shares) != tree.num_nodes or not any(shares):
+            return
+        on_path = set(path)
+        for i, parent in enumerate(tree.host_parents):
+            if shares[i] > 0 and (parent < 0 or parent in on_path):
+                self.rates.observe(self._bucket, shares[i], i in on_path)
+                self.accepted += int(i in on_path)
+
+    def level(self) -> LevelStats:
+        """This call's seeds as a statistical level (no forwards): steps with seeds verified, seed nodes
+        verified (shared with the model's nodes included) and accepted."""
+        return LevelStats("lookup", proposals=self.steps, tokens_proposed=self.proposed, tokens_accepted=self.accepted)
+
+
+def _path_nodes(tree: TokenTree, estimates: list[float]) -> list[int]:
+    """The nodes (root first) of the path with the most expected accepted tokens (sum of path estimates)."""
+    parents = tree.host_parents
+    reach, gain = [0.0] * len(parents), [0.0] * len(parents)
+    for i, p in enumerate(parents):
+        reach[i] = estimates[i] * (reach[p] if p >= 0 else 1.0)
+        gain[i] = reach[i] + (gain[p] if p >= 0 else 0.0)
+    node = max(range(len(parents)), key=lambda i: (gain[i], -i))
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def _restrict(tree: TokenTree, nodes: list[int], *values: list) -> tuple[TokenTree, tuple[list, ...]]:
+    """The subtree of ``nodes`` (ascending, closed under ancestors) and each of ``values`` at those nodes."""
+    keep = [False] * tree.num_nodes
+    for i in nodes:
+        keep[i] = True
+    return (tree.select(torch.tensor(keep, dtype=torch.bool, device="cpu")),
+            tuple([v[i] for i in nodes] for v in values))
+
+
+__all__ = ["LookupBranch"]
