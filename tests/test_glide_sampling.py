@@ -60,6 +60,38 @@ def test_drawn_main_path_is_exact(always_draw, cape):
     assert passes(cal) and 0 < cal["accepted"] < cal["drafted"], cal
 
 
+def test_drawn_main_path_with_lookup_seeds_is_exact(always_draw, monkeypatch):
+    """Lookup seeds (drafters.lookup_branch) beside a drawn main path and CAPE's siblings: separate point-mass
+    siblings, never merged with a drawn node, chosen independently of the draws; the contract's joint law of the
+    first three tokens (untouched and processed) and its per-step calibration still hold."""
+    from hf_cascade.drafters.lookup_branch import LookupBranch
+    from tests.contract_registry import base_kit
+    from tests.test_contract import JOINT_RUNS, SAMPLING_KW, calibrate, joint_test
+
+    target = base_kit("small").target
+    glide = echo_glide(target, 0.0)
+    beside_draws = []
+    select = LookupBranch.select
+
+    def spy(self, budget, tree, probs, tokens, depth, linear=False, drawn=0):
+        out = select(self, budget, tree, probs, tokens, depth, linear, drawn)
+        if drawn:
+            beside_draws.append(sum(p is None for p in out[1]))       # seed-only nodes verified beside draws
+        return out
+
+    monkeypatch.setattr(LookupBranch, "select", spy)
+
+    def make():
+        return GlideAssistant(glide, cape=True, verify_cost=VerifyCost.flat(), cpu_kernels=False)
+
+    for sampling in ({}, SAMPLING_KW):
+        joint = joint_test(target, make(), runs=JOINT_RUNS, seed=2000, **sampling)
+        assert passes(joint) and joint["accepted"] > 0, (sampling, joint)
+    cal = calibrate(target, make())
+    assert passes(cal) and 0 < cal["accepted"] < cal["drafted"], cal
+    assert sum(beside_draws) > 0 and len(beside_draws) > 20
+
+
 @pytest.mark.parametrize("cape", [False, True])
 def test_joint_law_detects_a_glide_lying_about_its_draws(always_draw, monkeypatch, cape):
     """Negative control of the drawn main path (hf_cascade.core.draws, rule 1): the contract's joint test of the

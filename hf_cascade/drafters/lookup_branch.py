@@ -20,8 +20,9 @@ tree before the cost cut:
 The seeds cost no draft forward, so a step the model's rule 1 refuses (its drafts do not pay) still verifies
 a repeat worth verifying. Not in GLIDE's or ReDrafter's paper (their drafts come from the head alone);
 ``lookup=False`` on their assistants drafts as the papers do. The seeds are a deterministic function of the
-context (point masses), so greedy output still equals plain ``generate`` and sampling stays exact; a drafter
-whose nodes are *drawn* (GLIDE under sampling) does not join them (its ``q`` rows are per drawn node).
+context (point masses), so greedy output still equals plain ``generate`` and sampling stays exact; beside
+nodes *drawn* from a drafter's ``q`` (GLIDE under sampling) seeds join as separate siblings, never merged
+(:meth:`LookupBranch.select`'s ``drawn``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections import deque
 
 import torch
 
+from ..core.draws import keep_drawn
 from ..core.stats import LevelStats
 from ..core.structure import TokenTree
 from .continuations import SeedRates, suffix_continuations
@@ -54,11 +56,12 @@ class LookupBranch:
         self._shares: list[float] = []           # the last selected tree's seed shares per node (0: not a seed)
         self.steps = self.proposed = self.accepted = 0    # steps with seeds, seed nodes verified, seed nodes accepted
 
-    def join(self, tree: TokenTree, estimates: list[float], tokens: list[int], depth: int
+    def join(self, tree: TokenTree, estimates: list[float], tokens: list[int], depth: int, merge: bool = True
              ) -> tuple[TokenTree, list[float], list[bool], list[float]]:
         """``tree`` (the model's, node estimates ``estimates``) with the seeds after ``tokens`` (the verified
         sequence, host list) merged in: ``(tree, estimates, from_model, shares)`` in the merged node order
-        (the model's nodes first, unchanged)."""
+        (the model's nodes first, unchanged). ``merge=False``: every seed is a new node, none shares a model
+        node (a tree with drawn nodes: whether a seed and a drawn node coincide depends on the draw)."""
         depth = min(self.depth, depth)
         trie = suffix_continuations(tokens, self.max_ngram, depth, self.max_matches) if depth > 0 else None
         n = tree.num_nodes
@@ -68,7 +71,7 @@ class LookupBranch:
         self._bucket = SeedRates.bucket(trie.match)
         rate = self.rates.rate(self._bucket)
         host_tokens, host_parents = list(tree.token_list), list(tree.host_parents)
-        below = {(p, t): i for i, (p, t) in enumerate(zip(host_parents, host_tokens))}
+        below = {(p, t): i for i, (p, t) in enumerate(zip(host_parents, host_tokens))} if merge else {}
         todo = deque([(-1, -1)])                                   # (trie node, its tree node), level order
         while todo:
             at, node = todo.popleft()
@@ -90,13 +93,22 @@ class LookupBranch:
         return tree, estimates, from_model, shares
 
     def select(self, budget, tree: TokenTree, probs: list[float], tokens: list[int], depth: int,
-               linear: bool = False) -> tuple[TokenTree, list[float | None]]:
+               linear: bool = False, drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
         """Join the seeds to the model's ``tree`` (draft probabilities ``probs``, node order), calibrate the
         model's nodes with ``budget`` (an :class:`~hf_cascade.core.adapt.AdaptiveBudget`) and keep what pays.
         Returns the kept tree and, per kept node, its draft probability (``None`` for a seed-only node: the
-        budget calibrates the model's probabilities only, :meth:`AdaptiveBudget.observe_step`)."""
+        budget calibrates the model's probabilities only, :meth:`AdaptiveBudget.observe_step`).
+
+        ``drawn``: the model's first ``drawn`` nodes were drawn from its ``q`` (sampling, a tree drafter): they
+        are all kept (:func:`~hf_cascade.core.draws.keep_drawn`), seeds share no node with the model's tree,
+        and every estimate must not depend on the drawn tokens (``probs`` of a drawn node: its confidence),
+        so which seeds are verified does not either; the seeds' ``q`` rows are one-hot (appended after the
+        model's nodes, as :func:`~hf_cascade.core.draws.tree_draft_probs` builds them). SpecInfer's
+        multi-draft rule is exact for such independent siblings, duplicates included."""
+        if drawn and linear:
+            raise ValueError("a drawn chain is verified in full: no lookup branch beside it")
         estimates = [budget.calibrated(p) for p in probs]
-        tree, estimates, from_model, shares = self.join(tree, estimates, tokens, depth)
+        tree, estimates, from_model, shares = self.join(tree, estimates, tokens, depth, merge=not drawn)
         node_probs = [probs[i] if model else None for i, model in enumerate(from_model)]
         if linear and tree.num_nodes:                               # one path: the best one
             tree, (estimates, node_probs, shares) = _restrict(tree, _path_nodes(tree, estimates),
@@ -104,7 +116,7 @@ class LookupBranch:
         if not tree.num_nodes:
             self._shares = []
             return tree, []
-        keep = budget.keep(tree, estimates)
+        keep = keep_drawn(budget.keep(tree, estimates), drawn)
         tree, (node_probs, self._shares) = _restrict(tree, [i for i, k in enumerate(keep) if k], node_probs, shares)
         seeds = sum(1 for s in self._shares if s > 0)
         self.steps += int(seeds > 0)

@@ -38,6 +38,10 @@ main path is verified in full (:mod:`hf_cascade.core.draws`, rules 1-3), so
 :func:`~hf_cascade.core.accept.sampling_tree_accept` (SpecInfer's multi-step speculative sampling) emits every
 token distributed exactly as the target's processed distribution (temperature, top-k/p, penalties), whatever
 the draft proposes. Greedy decoding is exact by construction.
+
+The lookup branch (``lookup=True``, with ``verify_cost``; not in the paper): the sequence's own repeats join the
+tree before the cost cut (:mod:`hf_cascade.drafters.lookup_branch`), also on steps where the draft does not run;
+beside a drawn main path they are separate point-mass siblings (never merged with a drawn node).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from ..loading import load_pretrained
 from ..placement import defer_reads, place_like
 from ..processors import split_processors
 from .cape import CapeSettings, expanded_proposal
+from .checks import check_glide_matches
 from .settings import GlideSettings
 
 
@@ -211,8 +216,9 @@ class GlideDrafter(TreeDrafter):
         self.record.expansion_sizes.append([len(x) for x in expansions])
         self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
         self.record.drafted_nodes.append(tree.num_nodes)
-        if self.lookup is not None and not drawn:                                   # + repeats, what pays
-            tree = self._joined(tree, torch.as_tensor(node_probs, dtype=torch.float64).tolist(), state)
+        if self.lookup is not None and not (drawn and self.linear):                 # + repeats, what pays
+            tree = self._joined(tree, torch.as_tensor(node_probs, dtype=torch.float64).tolist(), state,
+                                drawn=m if drawn else 0)
         elif self.budget is not None:                                               # what pays on this hardware
             tree, self._probs = self.budget.select(tree, node_probs, fixed=m if drawn else 0)
         if not drawn:
@@ -220,13 +226,14 @@ class GlideDrafter(TreeDrafter):
         self.record.drawn_drafts += 1
         return tree, tree_draft_probs(tree, torch.stack(qs[:m]), self.glide.config.vocab_size, self._columns)
 
-    def _joined(self, tree: TokenTree, probs: list[float], state: TreeStep) -> TokenTree:
-        """``tree`` (the draft's probabilities ``probs``) with the lookup branch joined and cut to what pays
-        (the tree as it is without a lookup branch). Its seeds are point masses: no ``q`` row is needed."""
+    def _joined(self, tree: TokenTree, probs: list[float], state: TreeStep, drawn: int = 0) -> TokenTree:
+        """``tree`` (the draft's probabilities ``probs``; its first ``drawn`` nodes drawn from ``q``) with the
+        lookup branch joined and cut to what pays (the tree as it is without a lookup branch). Seeds are point
+        masses, after the drafted nodes: :func:`tree_draft_probs` gives them one-hot rows."""
         if self.lookup is None:
             return tree
         tokens = state.tokens if state.tokens is not None else state.seq.tolist()
-        tree, self._probs = self.lookup.select(self.budget, tree, probs, tokens, state.budget, self.linear)
+        tree, self._probs = self.lookup.select(self.budget, tree, probs, tokens, state.budget, self.linear, drawn)
         return tree
 
     def _main_length(self, p_best: list[float], tokens: list[int], k: int) -> tuple[int, bool]:
@@ -277,26 +284,6 @@ class GlideDrafter(TreeDrafter):
             self.cache.crop(-extra)                  # negative: remove ``extra`` positions (4.57 and 5.x)
 
 
-def check_glide_matches(glide, target: PreTrainedModel) -> None:
-    """``ValueError`` unless ``glide`` (a :class:`~hf_cascade.heads.GlideForCausalLM`) was built for
-    ``target``'s vocabulary and attention geometry (query heads, head size, K/V heads, layers). Ties the shared
-    embeddings when the GLIDE uses the target's. Devices may differ: K/V and embeddings move where used."""
-    if not all(hasattr(glide, a) for a in ("target_kv", "tie_to_target", "to_draft_ids")):
-        raise TypeError(f"glide_model must be a GlideForCausalLM (or the path of one), got {type(glide).__name__}")
-    tc = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
-    c = glide.config
-    if int(tc.vocab_size) != int(c.vocab_size):
-        raise ValueError(f"this GLIDE predicts over a vocabulary of {c.vocab_size} ids, the target has "
-                         f"{tc.vocab_size}: it was built for another tokenizer.")
-    kv_heads = int(getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads)
-    if c.target_num_key_value_heads is not None and int(c.target_num_key_value_heads) != kv_heads:
-        raise ValueError(f"the target has {kv_heads} K/V heads, this GLIDE expects {c.target_num_key_value_heads}.")
-    if c.target_num_hidden_layers is not None and int(c.target_num_hidden_layers) != int(tc.num_hidden_layers):
-        raise ValueError(f"the target has {tc.num_hidden_layers} layers, this GLIDE was built for "
-                         f"{c.target_num_hidden_layers} (it would read the wrong layers' K/V).")
-    glide.tie_to_target(target)                     # query heads, head size, layer ids; shared embeddings
-
-
 class GlideAssistant(TreeAssistant):
     """``generate(..., assistant_model=GlideAssistant(glide))``: GLIDE drafting (optionally with CAPE),
     verified as a token tree in one target forward per step.
@@ -328,8 +315,9 @@ class GlideAssistant(TreeAssistant):
         lookup: with ``verify_cost``, join the sequence's own repeats (prompt lookup, frequency-ranked
             continuations) to each tree as a branch estimated by its measured acceptance, also on steps where
             the GLIDE does not draft (:mod:`hf_cascade.drafters.lookup_branch`; not in the paper: a drafter
-            trained on chat text guesses poorly where the answer copies the prompt). Greedy steps and
-            sampling steps whose main path is the argmax; ``False``: GLIDE's tree alone.
+            trained on chat text guesses poorly where the answer copies the prompt). Under sampling, seeds
+            join a drawn main path as separate point-mass siblings (a drawn chain, ``cape=False``, goes alone);
+            ``False``: GLIDE's tree alone.
         cpu_kernels: ``None`` (automatic), ``True`` or ``False``: see :mod:`hf_cascade.backends`.
         revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options when ``glide_model`` is
             a path or repo id (``dtype`` / ``device_map`` with a loaded model: ``ValueError``).
