@@ -90,7 +90,7 @@ class Assistant:
         try:
             with verification_session(target, self.cpu_kernels) as session:
                 return speculative_decode(target, drafter, input_ids, processors, stopping_criteria, generation_config,
-                                          stats, streamer, session.block_rows)
+                                          stats, streamer, session.block_rows, session.argmax_screen)
         finally:
             self.last_stats = self.finish(drafter, stats)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -33,10 +33,15 @@ class VerifySession:
         block_rows: most rows of logits per output-head call when acceptance reads rows lazily
             (:class:`~hf_cascade.core.rows.TreeRows`); ``None``: every row in one call (accelerators,
             where extra rows are nearly free next to a second pass over the head's weight).
+        argmax_screen: ``None``, or a function returning (on first use) a function ``[k, H] hidden -> k
+            argmax ids`` of the output head's raw logits, exact, cheaper than the logits
+            (:mod:`hf_cascade.backends.cpu.argmax_screen`), or ``None`` where it cannot be made. The core uses
+            it where only the argmax of a row is read (greedy, no processor, no scores).
     """
 
     backend: str = "model"
     block_rows: int | None = None
+    argmax_screen: Callable[[], Callable[[torch.Tensor], list[int]] | None] | None = None
 
 
 def _weight(model) -> torch.Tensor | None:

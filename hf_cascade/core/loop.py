@@ -57,14 +57,18 @@ def speculative_decode(
     stats: GenerationStats,
     streamer=None,
     block_rows: int | None = 4,
+    argmax_screen=None,
 ):
     """Generate with ``drafter``'s drafts, verified by ``target`` (see the module docstring).
-    ``block_rows``: most logit rows per output-head call (``None``: all at once)."""
+    ``block_rows``: most logit rows per output-head call (``None``: all at once). ``argmax_screen``: the
+    backend's exact argmax of the head (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`), used where
+    acceptance reads nothing but the argmax of a row (:func:`_screen`)."""
     check_attention_backend(target, tree_shaped=not drafter.linear)      # before any forward
     run = _Run(target, input_ids, logits_processor, stopping_criteria, generation_config, stats, streamer, block_rows)
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
+        run.screen = _screen(run, drafter, argmax_screen)
         while not run.row.done:
             state = run.state()
             with run.timer("draft"):
@@ -116,7 +120,8 @@ def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     row, L = run.row, run.row.length
     if run.head is not None:
         hidden = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], hidden_only=True, chain=linear)
-        rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.head, block_rows=run.block_rows)
+        rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.head, block_rows=run.block_rows,
+                        argmax_head=run.screen)
     else:
         raw = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], chain=linear)
         hidden = run.head_input.rows()
@@ -203,6 +208,7 @@ class _Run:
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = _HeadInput(target)
         self.head = None                                   # the core's output head, once prefill validated it
+        self.screen = None                                 # the backend's argmax screen, where it applies
         self.verify_seconds: float | None = None
         device = _input_device(target, input_ids)
         seq = input_ids[0].to(device)
@@ -221,6 +227,22 @@ class _Run:
             return GenerateDecoderOnlyOutput(sequences=seq, scores=self.scores, logits=self.raw_logits,
                                              past_key_values=self.row.cache)
         return seq
+
+
+def _screen(run: "_Run", drafter: TreeDrafter, factory):
+    """The backend's argmax screen where nothing but the argmax of a row is read: greedy decoding, no logits
+    processor, no scores or logits returned, a drafter that does not read the rows, the core's own head (checked
+    at prefill) with no transform after it. Else ``None``."""
+    if (factory is None or run.head is None or run.cfg.do_sample or len(run.processors) or run.scores is not None
+            or run.raw_logits is not None or getattr(drafter, "reads_rows", False) or not _plain_head(run.target)):
+        return None
+    return factory()
+
+
+def _plain_head(target) -> bool:
+    """The model's logits are its output head's (no soft-capping after it: ties there could move the argmax)."""
+    config = getattr(target, "config", None)
+    return config is None or not getattr(config.get_text_config(), "final_logit_softcapping", None)
 
 
 def _input_device(target, input_ids: torch.Tensor) -> torch.device:

@@ -52,6 +52,9 @@ class TreeRows:
             hidden states to raw logits; or
         raw: ``[n + 1, V]`` logits computed already (then ``hidden`` and ``head`` are not used).
         block_rows: most rows per head call (``None``: the whole first-child chain at once).
+        argmax_head: ``[k, H]`` hidden -> ``k`` argmax ids of the head's raw logits (exact; the backend's
+            screen): with no processor, :meth:`argmax_block` uses it for rows not computed yet (a row read
+            in full later is computed then).
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class TreeRows:
         head: HeadFn | None = None,
         raw: torch.Tensor | None = None,
         block_rows: int | None = 4,
+        argmax_head: Callable[[torch.Tensor], list[int]] | None = None,
     ):
         if raw is None and (hidden is None or head is None):
             raise ValueError("TreeRows needs either raw logits or hidden states and a head")
@@ -72,6 +76,7 @@ class TreeRows:
             raise ValueError(f"expected {n + 1} rows (root first) for a {n}-node tree, got {tuple(given.shape)}")
         self.tree, self.seq, self.processors = tree, seq, processors
         self.hidden, self.head = hidden, head
+        self.argmax_head = argmax_head if raw is None and len(processors) == 0 else None
         self._raw: dict[int, torch.Tensor] = {} if raw is None else dict(enumerate(raw.float()))
         self._processed: dict[int, torch.Tensor] = {}
         self.head_calls = 0                          # output-head calls made by this object
@@ -94,8 +99,8 @@ class TreeRows:
 
     @property
     def rows_computed(self) -> int:
-        """Rows whose raw logits exist (all ``n + 1`` when built from ``raw``)."""
-        return len(self._raw)
+        """Rows whose raw logits or argmax were computed (all ``n + 1`` when built from ``raw``)."""
+        return len(self._raw.keys() | self.known_argmax.keys())
 
     def computed(self) -> list[int]:
         """The rows whose raw logits exist (reading them costs no head call)."""
@@ -119,6 +124,13 @@ class TreeRows:
         in one device read (what greedy acceptance walks through next)."""
         if int(r) in self.known_argmax:
             return {row: t for row, t in self.known_argmax.items() if row in self._block.get(int(r), [int(r)])}
+        if self.argmax_head is not None and int(r) not in self._raw:          # the argmax alone: the screen
+            chain = self.plan(int(r))
+            best = self.argmax_head(self.hidden.index_select(0, torch.tensor(chain, device=self.hidden.device)))
+            self.head_calls += 1
+            for row, token in zip(chain, best):
+                self.known_argmax[row], self._block[row] = int(token), chain
+            return dict(zip(chain, (int(t) for t in best)))
         self.raw(r)
         block = self._block.get(int(r), [int(r)])
         best = torch.stack([self[row] for row in block]).argmax(dim=-1).tolist()
@@ -139,14 +151,15 @@ class TreeRows:
     def plan(self, r: int = 0) -> list[int]:
         """The rows the next head call computes when row ``r`` is read (see the module docstring); a
         batched loop computes several trees' first blocks in one head call and hands them to :meth:`store`."""
-        chain = []
-        while r != -1 and len(chain) < self.block_rows:                # r, its first child, ...
-            if r not in self._raw:
+        chain = [r] if r not in self._raw else []                       # r (read in full, or screened), then
+        r = self._first_child[r]                                       # its first child, ...
+        while r != -1 and len(chain) < self.block_rows:
+            if r not in self._raw and r not in self.known_argmax:
                 chain.append(r)
             r = self._first_child[r]
         # room left in the block (a call over up to block_rows rows costs what one over 1 row does):
         # the rows a walk leaving the chain would read next, children of rows known or in this call
-        known = set(chain) | set(self._raw)
+        known = set(chain) | set(self._raw) | set(self.known_argmax)
         for row in range(1, len(self)):
             if len(chain) == self.block_rows:
                 break

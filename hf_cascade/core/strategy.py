@@ -68,6 +68,9 @@ class TreeDrafter(ABC):
     #: (:mod:`hf_cascade.core.batch`) then builds the row's cache for it, otherwise it passes ``None``
     #: (also with a budget of 0, and to :meth:`on_accept`: neither may read it)
     reads_target_cache: bool = False
+    #: ``True`` when :meth:`on_accept` reads ``state.rows`` (the target's logits): the core then computes the
+    #: rows acceptance reads in full, never their argmax alone (:mod:`hf_cascade.backends.cpu.argmax_screen`)
+    reads_rows: bool = False
 
     @abstractmethod
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:

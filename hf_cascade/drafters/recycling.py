@@ -170,6 +170,8 @@ class TokenRecycling(TreeDrafter):
     probability, seed tokens by :class:`~hf_cascade.drafters.continuations.SeedRates` (``rate_b * share`` per
     length ``b`` of the match)."""
 
+    reads_rows = True                                     # the table records the target's rows
+
     def __init__(self, candidates: RecycledCandidates, shape: RecyclingShape, budget: AdaptiveBudget | None,
                  max_ngram: int = 8, max_matches: int = 16):
         self.candidates, self.shape, self.budget, self.max_ngram = candidates, shape, budget, int(max_ngram)

@@ -6,7 +6,9 @@
   (``csrc/panel_linear.cpp``, built on first use per CPU kind);
 * :mod:`.verify_linear` -- the decoder's linears through the tuner;
 * :mod:`.verify_head` -- the output head through the tuner, and the calibrated number of rows per head
-  call that the core's row selection uses (:attr:`~hf_cascade.backends.VerifySession.block_rows`).
+  call that the core's row selection uses (:attr:`~hf_cascade.backends.VerifySession.block_rows`);
+* :mod:`.argmax_screen` -- the head's exact argmax through a bfloat16 copy of its weight, for the rows
+  greedy acceptance only compares (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`).
 
 They also speed up plain decoding on CPU::
 
@@ -34,7 +36,13 @@ def cpu_kernels(model) -> Iterator[VerifySession]:
 
     with fast_verification(model):
         head = active_head(model)
-        yield VerifySession("cpu", head.block_rows if head is not None else 4)
+        screen = None
+        if head is not None and head.bias is None:
+            from .argmax_screen import argmax_screen
+
+            weight, rows = head.weight, head.block_rows
+            screen = lambda: argmax_screen(weight, head, rows)          # noqa: E731  (made and timed on first use)
+        yield VerifySession("cpu", head.block_rows if head is not None else 4, screen)
 
 
 __all__ = ["cpu_kernels"]

@@ -19,6 +19,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -39,19 +40,27 @@ constexpr int kMaxRows = 4;
 typedef float vec16 __attribute__((vector_size(64)));
 
 inline vec16 load(const float* p) { vec16 v; std::memcpy(&v, p, sizeof(v)); return v; }
+// 16 bfloat16 values (their bits) widened to float32: the high half of a float's bits (exact).
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+inline vec16 load(const uint16_t* p) {
+  u16x16 h; std::memcpy(&h, p, sizeof(h));
+  u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+  vec16 v; std::memcpy(&v, &w, sizeof(v)); return v;
+}
 inline void store(float* p, vec16 v) { std::memcpy(p, &v, sizeof(v)); }
 
 // Panels [p0, p1) for M rows: xt [K, M] (x transposed), panels [P, K, 16], y [M, ldy] (columns n0..).
 // NR panels at once: NR * M accumulators, each weight vector used for M products.
-template <int M, int NR>
-void panels_block(const float* xt, const float* panels, float* y, int64_t ldy, int64_t K, int64_t N,
+template <int M, int NR, typename W>
+void panels_block(const float* xt, const W* panels, float* y, int64_t ldy, int64_t K, int64_t N,
                   int64_t p0, int64_t p1) {
   int64_t p = p0;
   for (; p + NR <= p1; p += NR) {
     vec16 acc[NR][M];
     for (int r = 0; r < NR; ++r)
       for (int m = 0; m < M; ++m) acc[r][m] = vec16{};
-    const float* w = panels + p * K * kPanel;
+    const W* w = panels + p * K * kPanel;
     for (int64_t k = 0; k < K; ++k) {
       vec16 wk[NR];
       for (int r = 0; r < NR; ++r) wk[r] = load(w + (r * K + k) * kPanel);
@@ -72,24 +81,27 @@ void panels_block(const float* xt, const float* panels, float* y, int64_t ldy, i
     }
   }
   if constexpr (NR > 1) {
-    if (p < p1) panels_block<M, 1>(xt, panels, y, ldy, K, N, p, p1);
+    if (p < p1) panels_block<M, 1, W>(xt, panels, y, ldy, K, N, p, p1);
   }
 }
 
-template <int M>
-void rows_block(const float* xt, const float* panels, float* y, int64_t ldy, int64_t K, int64_t N,
+template <int M, typename W>
+void rows_block(const float* xt, const W* panels, float* y, int64_t ldy, int64_t K, int64_t N,
                 int64_t p0, int64_t p1) {
   constexpr int NR = kAccumulators >= 16 ? (M <= 2 ? 4 : (M <= 4 ? 3 : 2))   // NR * M <= 16 accumulators
                                          : (M == 1 ? 4 : (M == 2 ? 2 : 1));  // NR * M <= 4 (4 rows: 4)
-  panels_block<M, NR>(xt, panels, y, ldy, K, N, p0, p1);
+  panels_block<M, NR, W>(xt, panels, y, ldy, K, N, p0, p1);
 }
 
-using Block = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+template <typename W>
+using Block = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 #if defined(__AVX512F__)
-constexpr Block kBlocks[kMaxRows] = {rows_block<1>, rows_block<2>, rows_block<3>, rows_block<4>,
-                                     rows_block<5>, rows_block<6>, rows_block<7>, rows_block<8>};
+template <typename W>
+constexpr Block<W> kBlocks[kMaxRows] = {rows_block<1, W>, rows_block<2, W>, rows_block<3, W>, rows_block<4, W>,
+                                        rows_block<5, W>, rows_block<6, W>, rows_block<7, W>, rows_block<8, W>};
 #else
-constexpr Block kBlocks[kMaxRows] = {rows_block<1>, rows_block<2>, rows_block<3>, rows_block<4>};
+template <typename W>
+constexpr Block<W> kBlocks[kMaxRows] = {rows_block<1, W>, rows_block<2, W>, rows_block<3, W>, rows_block<4, W>};
 #endif
 
 // Panels per cache block when x has more than kMaxRows rows: 4 panels of a 2048-wide weight are 512 KiB,
@@ -108,19 +120,16 @@ torch::Tensor pack_panels(const torch::Tensor& weight) {
   return padded.view({P, kPanel, K}).transpose(1, 2).contiguous();
 }
 
-// x [m, K] (any m >= 1), panels from pack_panels of a [N, K] weight -> y [m, N].
-torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
-              "panel_linear: expected 2-D float32 CPU rows, got ", x.sizes(), " ", x.scalar_type());
-  TORCH_CHECK(panels.dim() == 3 && panels.size(2) == kPanel && panels.is_contiguous() &&
-              panels.size(1) == x.size(1) && panels.size(0) == (N + kPanel - 1) / kPanel,
-              "panel_linear: panels ", panels.sizes(), " do not fit rows ", x.sizes(), " and ", N, " outputs");
+namespace {
+
+// y [m, N] = x [m, K] @ W.T for W in panels of element type W (float, or bfloat16 bits widened as loaded).
+template <typename W>
+torch::Tensor panels_product(const torch::Tensor& x, const W* w, int64_t N) {
   const int64_t M = x.size(0), K = x.size(1);
   auto y = torch::empty({M, N}, x.options());
   std::vector<torch::Tensor> xts;                      // x transposed, [K, mc], per chunk of <= kMaxRows rows
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
     xts.push_back(x.narrow(0, m0, std::min<int64_t>(kMaxRows, M - m0)).t().contiguous());
-  const float* w = panels.data_ptr<float>();
   float* out = y.data_ptr<float>();
   const int64_t P = (N + kPanel - 1) / kPanel;
   at::parallel_for(0, P, kBlockPanels, [&](int64_t b0, int64_t b1) {
@@ -129,13 +138,45 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, 
     for (int64_t q0 = b0; q0 < b1; q0 += step) {
       const int64_t q1 = std::min(b1, q0 + step);
       for (size_t c = 0; c < xts.size(); ++c)
-        kBlocks[xts[c].size(1) - 1](xts[c].data_ptr<float>(), w, out + c * kMaxRows * N, N, K, N, q0, q1);
+        kBlocks<W>[xts[c].size(1) - 1](xts[c].data_ptr<float>(), w, out + c * kMaxRows * N, N, K, N, q0, q1);
     }
   });
   return y;
 }
 
+void check_rows(const torch::Tensor& x, const torch::Tensor& panels, int64_t N, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              name, ": expected 2-D float32 CPU rows, got ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(panels.dim() == 3 && panels.size(2) == kPanel && panels.is_contiguous() &&
+              panels.size(1) == x.size(1) && panels.size(0) == (N + kPanel - 1) / kPanel,
+              name, ": panels ", panels.sizes(), " do not fit rows ", x.sizes(), " and ", N, " outputs");
+}
+
+}  // namespace
+
+// x [m, K] (any m >= 1), panels from pack_panels of a [N, K] weight -> y [m, N].
+torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t N) {
+  check_rows(x, panels, N, "panel_linear");
+  TORCH_CHECK(panels.scalar_type() == at::kFloat, "panel_linear: float32 panels expected");
+  return panels_product<float>(x, panels.data_ptr<float>(), N);
+}
+
+// W [N, K] float32 -> its bfloat16 copy (round to nearest even) in panels [ceil(N / 16), K, 16] of int16 bits.
+torch::Tensor pack_panels_bf16(const torch::Tensor& weight) {
+  return pack_panels(weight).to(at::kBFloat16).view(at::kShort).contiguous();
+}
+
+// x [m, K] float32 @ (the bfloat16 copy).T -> y [m, N] float32: half the bytes of panel_linear per pass; each
+// weight widened to float32 exactly as loaded, products and sums in float32.
+torch::Tensor panel_linear_bf16(const torch::Tensor& x, const torch::Tensor& panels, int64_t N) {
+  check_rows(x, panels, N, "panel_linear_bf16");
+  TORCH_CHECK(panels.scalar_type() == at::kShort, "panel_linear_bf16: int16 (bfloat16 bits) panels expected");
+  return panels_product<uint16_t>(x, reinterpret_cast<const uint16_t*>(panels.data_ptr<int16_t>()), N);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_panels", &pack_panels, "W [N, K] -> panels [ceil(N/16), K, 16]");
   m.def("panel_linear", &panel_linear, "x [m, K] @ W.T with W's panels -> [m, N]");
+  m.def("pack_panels_bf16", &pack_panels_bf16, "W [N, K] -> bfloat16 panels [ceil(N/16), K, 16] (int16 bits)");
+  m.def("panel_linear_bf16", &panel_linear_bf16, "x [m, K] @ bf16(W).T with the bfloat16 panels -> [m, N]");
 }

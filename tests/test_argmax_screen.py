@@ -1,0 +1,118 @@
+"""The output head's exact argmax through a bfloat16 screen (hf_cascade/backends/cpu/argmax_screen.py,
+``panel_linear_bf16`` of csrc/panel_linear.cpp): the widened bfloat16 product against torch's, the error bound
+the screen relies on, the argmax on near-ties the bfloat16 copy cannot tell apart, its use by the core's rows
+(greedy acceptance unchanged; a row read in full afterwards is computed in full), and where the core uses it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_cascade.backends.cpu.argmax_screen import ArgmaxScreen, argmax_screen
+from hf_cascade.backends.cpu.panel import PANEL, extension
+from hf_cascade.core.accept import greedy_tree_accept
+from hf_cascade.core.rows import TreeRows
+from hf_cascade.core.structure import TokenTree
+from transformers import LogitsProcessorList
+
+pytestmark = pytest.mark.skipif(not PANEL.available(), reason="the panel kernel did not build on this machine")
+
+
+def test_bf16_panel_product_is_the_widened_bf16_product():
+    """Golden: the bfloat16 weight widened to float32 exactly, products and sums in float32 (up to order)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(37, 24, generator=g)
+    for m in (1, 3, 8, 11):                                    # one pass, and chunks of 8 rows
+        x = torch.randn(m, 24, generator=g)
+        got = extension().panel_linear_bf16(x, extension().pack_panels_bf16(w), 37)
+        want = F.linear(x.double(), w.to(torch.bfloat16).double())
+        assert got.shape == (m, 37) and torch.allclose(got.double(), want, atol=1e-4, rtol=1e-5)
+    exact = torch.tensor([[1.0, 0.0, 2.0]])                    # bfloat16 holds 1, 2, 3.5 exactly
+    w = torch.tensor([[1.0, 2.0, 3.5], [0.0, 0.0, 1.0]])
+    assert extension().panel_linear_bf16(exact, extension().pack_panels_bf16(w), 2).tolist() == [[8.0, 2.0]]
+
+
+def test_the_bound_holds_and_the_argmax_is_exact_on_near_ties():
+    """Rows of the weight that differ below bfloat16's resolution: the screen cannot tell them apart, the bound
+    keeps them all as candidates, and their float32 logits decide."""
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(4096, 64, generator=g) / 8
+    twins = base[:16] + torch.randn(16, 64, generator=g) * 1e-5            # near-copies of rows 0..15
+    w = torch.cat([base, twins])
+    screen = ArgmaxScreen(w)
+    x = torch.cat([w[:16] * 40, torch.randn(32, 64, generator=g) * 30])   # rows aimed at a twin pair, and random
+    reach = x.norm(dim=1, keepdim=True) * screen.margin
+    approx = extension().panel_linear_bf16(x, screen.panels, w.shape[0])
+    exact = F.linear(x, w)
+    assert ((exact - approx).abs() <= reach).all()                          # the bound the screen relies on
+    assert screen(x) == exact.argmax(dim=1).tolist()
+    assert screen.candidates > x.shape[0]                                   # near-ties were settled in float32
+
+
+def test_the_screen_is_made_once_per_weight_and_again_after_an_update():
+    w = torch.randn(64, 16)
+    first = argmax_screen(w)
+    assert argmax_screen(w) is first
+    with torch.no_grad():
+        w.mul_(2.0)
+    assert argmax_screen(w) is not first
+
+
+def _rows(tree, hidden, weight, screen=None):
+    return TreeRows(tree, torch.tensor([5, 6]), LogitsProcessorList(), hidden=hidden,
+                    head=lambda h: F.linear(h, weight), block_rows=2, argmax_head=screen)
+
+
+def test_greedy_acceptance_with_the_screen_is_unchanged_and_full_rows_still_come():
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(300, 32, generator=g)
+    hidden = torch.randn(6, 32, generator=g) * 5
+    best = F.linear(hidden, weight).argmax(dim=1).tolist()
+    # a tree that follows the target's argmax for two levels, with a wrong sibling
+    tree = TokenTree(torch.tensor([best[0], (best[0] + 1) % 300, best[1], 7, 8]), torch.tensor([-1, -1, 0, 2, 1]))
+    plain = greedy_tree_accept(tree, _rows(tree, hidden, weight))
+    rows = _rows(tree, hidden, weight, ArgmaxScreen(weight))
+    screened = greedy_tree_accept(tree, rows)
+    assert screened.path.tolist() == plain.path.tolist() == [0, 2] and screened.bonus == plain.bonus
+    assert rows.computed() == [] and rows.rows_computed >= 3               # argmax only, no float32 rows
+    assert torch.allclose(rows.raw(0), F.linear(hidden[0], weight), atol=1e-4)   # a full row when asked for
+
+
+def test_processors_turn_the_screen_off():
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    weight, hidden = torch.randn(50, 8), torch.randn(3, 8)
+    tree = TokenTree.chain(torch.tensor([1, 2]))
+    rows = TreeRows(tree, torch.tensor([5]), LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)]),
+                    hidden=hidden, head=lambda h: F.linear(h, weight), argmax_head=ArgmaxScreen(weight))
+    assert rows.argmax_head is None
+
+
+@pytest.mark.real_model
+def test_gemma_greedy_uses_the_screen_and_matches_plain():
+    """On the embedded Gemma-3-270M (262k-row head): Max-Gram's greedy output equals plain ``generate``'s with
+    the screen deciding the rows' argmax; with a logits processor the screen is not used."""
+    from hf_cascade import CascadeAssistant, MaxGram
+    from hf_cascade.backends.cpu import argmax_screen as module
+    from hf_cascade.bench.loading import load_model
+
+    model, tok = load_model(None)
+    ids = tok("Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+              return_tensors="pt").input_ids
+    plain = model.generate(ids, do_sample=False, max_new_tokens=24)
+    weight = model.get_output_embeddings().weight
+    screen = ArgmaxScreen(weight)                    # in use whatever this machine's timing would decide
+    saved = module._SCREENS.get(id(weight))
+    module._SCREENS[id(weight)] = (weight._version, screen)
+    try:
+        got = model.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=CascadeAssistant([MaxGram()]))
+        assert got.tolist() == plain.tolist() and screen.candidates > 0
+        used = screen.candidates
+        penalized = dict(do_sample=False, max_new_tokens=12, repetition_penalty=1.3)
+        got = model.generate(ids, assistant_model=CascadeAssistant([MaxGram()]), **penalized)
+        assert got.tolist() == model.generate(ids, **penalized).tolist() and screen.candidates == used
+    finally:
+        module._SCREENS.pop(id(weight), None)
+        if saved is not None:
+            module._SCREENS[id(weight)] = saved
