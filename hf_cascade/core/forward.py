@@ -189,11 +189,18 @@ def check_attention_backend(model: PreTrainedModel, tree_shaped: bool) -> None:
         "(e.g. GlideAssistant(cape=False), ReDrafterAssistant(beam_width=1)).")
 
 
+def logit_cap(model: torch.nn.Module) -> float | None:
+    """Gemma-2/3's ``final_logit_softcapping`` when ``model``'s config sets it, else ``None``."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    return getattr(config.get_text_config(), "final_logit_softcapping", None) or None
+
+
 def logit_transform(model: torch.nn.Module):
     """What ``model``'s forward applies to its head's output: Gemma-2/3's ``final_logit_softcapping``
     when set, else nothing (other transforms are caught by the check against the model's own logits at prefill)."""
-    config = getattr(model, "config", None)
-    cap = getattr(config.get_text_config(), "final_logit_softcapping", None) if config is not None else None
+    cap = logit_cap(model)
     if not cap:
         return lambda logits: logits
     return lambda logits: torch.tanh(logits / cap) * cap

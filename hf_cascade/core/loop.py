@@ -38,7 +38,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..processors import split_processors
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
-from .forward import check_attention_backend, keep_path, output_head, verify_tree
+from .forward import check_attention_backend, keep_path, logit_cap, output_head, verify_tree
 from .rows import TreeRows
 from .stats import GenerationStats, PhaseTimer
 from .stopping import Stopper, prune_tree
@@ -234,15 +234,9 @@ def _screen(run: "_Run", drafter: TreeDrafter, factory):
     processor, no scores or logits returned, a drafter that does not read the rows, the core's own head (checked
     at prefill) with no transform after it. Else ``None``."""
     if (factory is None or run.head is None or run.cfg.do_sample or len(run.processors) or run.scores is not None
-            or run.raw_logits is not None or getattr(drafter, "reads_rows", False) or not _plain_head(run.target)):
-        return None
+            or run.raw_logits is not None or getattr(drafter, "reads_rows", False) or logit_cap(run.target)):
+        return None                                        # (soft-capped logits can tie where raw ones do not)
     return factory()
-
-
-def _plain_head(target) -> bool:
-    """The model's logits are its output head's (no soft-capping after it: ties there could move the argmax)."""
-    config = getattr(target, "config", None)
-    return config is None or not getattr(config.get_text_config(), "final_logit_softcapping", None)
 
 
 def _input_device(target, input_ids: torch.Tensor) -> torch.device:

@@ -92,6 +92,13 @@ class LookupBranch:
                              host_parents=host_parents, host_tokens=host_tokens)
         return tree, estimates, from_model, shares
 
+    def cut(self, budget, tree: TokenTree, probs: list[float], state, linear: bool = False,
+            drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
+        """:meth:`select` after the verified sequence of ``state`` (a
+        :class:`~hf_cascade.core.strategy.TreeStep`: its host tokens, its length budget)."""
+        tokens = state.tokens if state.tokens is not None else state.seq.tolist()
+        return self.select(budget, tree, probs, tokens, state.budget, linear, drawn)
+
     def select(self, budget, tree: TokenTree, probs: list[float], tokens: list[int], depth: int,
                linear: bool = False, drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
         """Join the seeds to the model's ``tree`` (draft probabilities ``probs``, node order), calibrate the

@@ -232,8 +232,7 @@ class GlideDrafter(TreeDrafter):
         masses, after the drafted nodes: :func:`tree_draft_probs` gives them one-hot rows."""
         if self.lookup is None:
             return tree
-        tokens = state.tokens if state.tokens is not None else state.seq.tolist()
-        tree, self._probs = self.lookup.select(self.budget, tree, probs, tokens, state.budget, self.linear, drawn)
+        tree, self._probs = self.lookup.cut(self.budget, tree, probs, state, self.linear, drawn)
         return tree
 
     def _main_length(self, p_best: list[float], tokens: list[int], k: int) -> tuple[int, bool]:

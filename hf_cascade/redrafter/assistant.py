@@ -168,8 +168,7 @@ class ReDrafterDrafter(TreeDrafter):
         tree as it is without a lookup branch)."""
         if self.lookup is None:
             return tree
-        tokens = state.tokens if state.tokens is not None else state.seq.tolist()
-        tree, self._probs = self.lookup.select(self.budget, tree, list(probs), tokens, state.budget, self.linear)
+        tree, self._probs = self.lookup.cut(self.budget, tree, list(probs), state, self.linear)
         return tree
 
     def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:

@@ -53,11 +53,12 @@ class ArgmaxScreen:
         self.weight = weight
         self.panels = ext.pack_panels_bf16(weight.contiguous())
         n, k = weight.shape
-        w = weight.double()
-        rounded = weight.to(torch.bfloat16).double()
         g = k * _U / (1 - k * _U)
-        c = (w - rounded).norm(dim=1) + g * (w.norm(dim=1) + rounded.norm(dim=1))
-        self.margin = (c * 1.01).float()                                     # [N] c_j, rounded up
+        margin = []
+        for rows in weight.split(16384):                                     # float64 per chunk, not per weight
+            w, rounded = rows.double(), rows.to(torch.bfloat16).double()
+            margin.append((w - rounded).norm(dim=1) + g * (w.norm(dim=1) + rounded.norm(dim=1)))
+        self.margin = (torch.cat(margin) * 1.01).float()                     # [N] c_j, rounded up
         self.candidates = 0                                                  # float32 rows computed (statistics)
 
     def __call__(self, x: torch.Tensor) -> list[int]:
