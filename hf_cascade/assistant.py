@@ -105,7 +105,8 @@ class Assistant:
         try:
             with verification_session(target, self.cpu_kernels) as session:
                 return speculative_decode_batch(target, drafters, input_ids, attention_mask, processors,
-                                                stopping_criteria, generation_config, stats, session.block_rows)
+                                                stopping_criteria, generation_config, stats, session.block_rows,
+                                                session.argmax_screen)
         finally:
             stats.rows = [self.finish(d, s) for d, s in zip(drafters, stats.rows)]
 

@@ -18,7 +18,12 @@ import math
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
-from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import (
+    PrefixConstrainedLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 
 
 def process_positions(
@@ -117,6 +122,19 @@ def split_processors(processors: LogitsProcessorList | None) -> tuple[LogitsProc
     shared = LogitsProcessorList(p for p in processors if not isinstance(p, DraftAwareProcessor))
     aware = [p for p in processors if isinstance(p, DraftAwareProcessor)]
     return shared, aware
+
+
+def screen_top_k(processors: LogitsProcessorList | None) -> int | None:
+    """``k`` where the processed rows are functions of each row's ``k`` largest raw logits alone: the first
+    processor that is not a temperature is a ``TopKLogitsWarper`` (a positive temperature keeps the order; every
+    processor after the filter sees a row equal to the full row's). ``None`` for anything else. Rows whose other
+    outputs are ``-inf`` then process to the same rows (:meth:`~hf_cascade.backends.cpu.argmax_screen.ArgmaxScreen.top`)."""
+    for p in processors or []:
+        if type(p) is TopKLogitsWarper:
+            return int(p.top_k) if p.filter_value == float("-inf") else None
+        if type(p) is not TemperatureLogitsWarper or not float(p.temperature) > 0:
+            return None
+    return None
 
 
 def row_processors(processors: LogitsProcessorList | None, b: int, padded: bool = True) -> LogitsProcessorList:

@@ -89,6 +89,34 @@ def test_processors_turn_the_screen_off():
     assert rows.argmax_head is None
 
 
+def test_batched_greedy_with_the_screen_matches_plain_batched_generate(monkeypatch, free_drafts, open_gate):
+    """The batched loop screens every row's first block in one call (rows of several trees) and the blocks after
+    it: each row equals plain batched greedy ``generate``'s, rows finishing at different steps; the screen is
+    asked for the row count of each call (its speed is decided per count)."""
+    from contextlib import contextmanager
+
+    from hf_cascade import CascadeAssistant, MaxGram, assistant
+    from hf_cascade.backends import VerifySession
+    from tests.contract_registry import base_kit
+    from tests.test_batch import ROWS, left_pad
+
+    target = base_kit("gemma3").target                  # (a vocabulary too small for the CPU backend's head)
+    screen, asked = ArgmaxScreen(target.get_output_embeddings().weight), []
+
+    @contextmanager
+    def session(model, cpu_kernels=None):
+        yield VerifySession("cpu", 2, lambda rows: asked.append(rows) or screen)
+
+    monkeypatch.setattr(assistant, "verification_session", session)
+    input_ids, mask = left_pad(ROWS)
+    kw = dict(do_sample=False, max_new_tokens=20, eos_token_id=None, pad_token_id=0)
+    plain = target.generate(input_ids, attention_mask=mask, **kw)
+    a = CascadeAssistant([MaxGram()])
+    assert target.generate(input_ids, attention_mask=mask, assistant_model=a, **kw).tolist() == plain.tolist()
+    assert screen.candidates > 0 and max(asked) > 2                       # first blocks of several rows at once
+    assert sum(sum(r.accepted_per_call) for r in a.last_stats.rows) > 0   # drafts were accepted
+
+
 @pytest.mark.real_model
 def test_gemma_greedy_uses_the_screen_and_matches_plain():
     """On the embedded Gemma-3-270M (262k-row head): Max-Gram's greedy output equals plain ``generate``'s with
@@ -103,6 +131,7 @@ def test_gemma_greedy_uses_the_screen_and_matches_plain():
     plain = model.generate(ids, do_sample=False, max_new_tokens=24)
     weight = model.get_output_embeddings().weight
     screen = ArgmaxScreen(weight)                    # in use whatever this machine's timing would decide
+    screen.faster = {(1 << i, top): True for i in range(12) for top in (False, True)}
     saved = module._SCREENS.get(id(weight))
     module._SCREENS[id(weight)] = (weight._version, screen)
     try:

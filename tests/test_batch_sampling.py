@@ -36,9 +36,11 @@ def _groups(rows: list[list[int]]) -> dict[tuple, list[int]]:
     return out
 
 
-def joint_test_batch(model, assistant, rows=JOINT_ROWS, runs: int = JOINT_RUNS, seed: int = 1000) -> list[dict]:
+def joint_test_batch(model, assistant, rows=JOINT_ROWS, runs: int = JOINT_RUNS, seed: int = 1000,
+                     **sampling) -> list[dict]:
     """The first three tokens of each row of ``runs`` sampled batches against the row's
-    :func:`exact_first_three`: one chi-square per row, and one per prompt over its rows pooled."""
+    :func:`exact_first_three`: one chi-square per row, and one per prompt over its rows pooled (``sampling``:
+    ``generate``'s processor keywords, none of them a repetition penalty)."""
     device = input_device(model)
     input_ids, mask = left_pad(rows, device=device)
     counts = torch.zeros(len(rows), V, V, V)
@@ -46,13 +48,13 @@ def joint_test_batch(model, assistant, rows=JOINT_ROWS, runs: int = JOINT_RUNS, 
     for r in range(runs):
         torch.manual_seed(seed + r)
         out = model.generate(input_ids, attention_mask=mask, do_sample=True, max_new_tokens=3,
-                             assistant_model=assistant)[:, -3:].tolist()
+                             assistant_model=assistant, **sampling)[:, -3:].tolist()
         for b, tokens in enumerate(out):
             counts[(b, *tokens)] += 1
         accepted += sum(sum(s.accepted_per_call) for s in assistant.last_stats.rows)
     results = []
     for prompt, group in _groups(rows).items():
-        exact = exact_first_three(model, ids(*prompt)).flatten()
+        exact = exact_first_three(model, ids(*prompt), **sampling).flatten()
         for members in ([[b] for b in group] + ([group] if len(group) > 1 else [])):
             chi2, limit = binned_chi2(counts[members].sum(0).flatten(), exact * runs * len(members))
             results.append({"rows": members, "chi2": chi2, "limit": limit, "accepted": accepted})

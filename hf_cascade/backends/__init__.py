@@ -33,15 +33,17 @@ class VerifySession:
         block_rows: most rows of logits per output-head call when acceptance reads rows lazily
             (:class:`~hf_cascade.core.rows.TreeRows`); ``None``: every row in one call (accelerators,
             where extra rows are nearly free next to a second pass over the head's weight).
-        argmax_screen: ``None``, or a function returning (on first use) a function ``[k, H] hidden -> k
-            argmax ids`` of the output head's raw logits, exact, cheaper than the logits
-            (:mod:`hf_cascade.backends.cpu.argmax_screen`), or ``None`` where it cannot be made. The core uses
-            it where only the argmax of a row is read (greedy, no processor, no scores).
+        argmax_screen: ``None``, or a function of a number of rows ``m`` (and ``top_k``, default ``None``)
+            returning (made on first use) an :class:`~hf_cascade.backends.cpu.argmax_screen.ArgmaxScreen`: called,
+            ``[m, H] hidden -> m`` argmax ids of the head's raw logits; ``.top(hidden, k)``, the rows exact on every
+            output that can be in their top ``k``, ``-inf`` elsewhere. It is returned where measured cheaper than
+            the head for calls of about ``m`` rows in that use, else ``None``. The core uses it where only the
+            argmax of a row is read (greedy, no processor, no scores) or the rows are top-k filtered (sampling).
     """
 
     backend: str = "model"
     block_rows: int | None = None
-    argmax_screen: Callable[[], Callable[[torch.Tensor], list[int]] | None] | None = None
+    argmax_screen: Callable[..., Callable[[torch.Tensor], list[int]] | None] | None = None
 
 
 def _weight(model) -> torch.Tensor | None:

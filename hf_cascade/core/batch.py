@@ -14,20 +14,20 @@ The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify 
    first block of logits in one call (:meth:`TreeRows.plan <hf_cascade.core.rows.TreeRows.plan>`).
 3. **accept** -- per row, greedy or exact speculative sampling, exactly as at batch 1, with the logits
    processors given the row's padded sequence (what plain batched ``generate`` gives them); greedy reads
-   the argmax of every row's first block in one transfer.
+   the argmax of every row's first block in one transfer (or one call of the backend's argmax screen).
 4. **update** -- per row, the emitted tokens' K/V move to the front of the step's block of columns; the
    block is cut to the longest row's count, and a row that emitted fewer leaves *holes*: columns it does
    not own, masked like its left padding. When padding and holes exceed a third of the cache, the rows are
    compacted (each row's columns gathered, right-aligned: one copy). Rows that finish (EOS, length,
    stopping criteria) leave the batch: their cache rows are dropped and cost nothing afterwards.
 
-Why holes: transformers' ``DynamicCache`` keeps one length for the whole batch, so ragged rows need masked
-columns anyway; realigning every row at every step copies the whole cache (``O(B x T)`` per step), holes
-cost the step's block (``O(B x N)``) plus attention over at most a third more columns.
+Why holes: ``DynamicCache`` keeps one length for the whole batch, so ragged rows need masked columns anyway;
+realigning every row at every step copies the whole cache (``O(B x T)`` per step), holes cost the step's
+block (``O(B x N)``) plus attention over at most a third more columns.
 
 Host and device: token ids, trees, positions and owned columns are host values; per step the device is read
 once per row for its draft and, greedy, once for every row's first block of argmaxes (more only where a
-walk leaves the block), so reads grow with ``B``, not with the draft length.
+walk leaves the block): reads grow with ``B``, not with the draft length.
 
 Output: row ``b`` is its padded prompt, its tokens, then ``pad_token_id`` up to the longest row, as plain
 batched ``generate`` returns it. ``past_key_values`` is not returned (the cache has holes).
@@ -48,8 +48,8 @@ from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
 from .attention import additive, batch_tree_allowed
 from .forward import check_attention_backend, mask_device_dtype, output_head, per_layer_type
 from .gate import DraftGate
-from .loop import _HeadInput, _depth, _input_device, _leaves
-from .rows import TreeRows
+from .loop import _HeadInput, _depth, _input_device, _leaves, _screen
+from .rows import TreeRows, first_blocks
 from .stats import BatchStats, PhaseTimer
 from .stopping import Stopper, prune_tree
 from .strategy import TreeDrafter, TreeStep
@@ -70,14 +70,18 @@ def speculative_decode_batch(
     generation_config: GenerationConfig,
     stats: BatchStats,
     block_rows: int | None = 4,
+    argmax_screen=None,
 ):
-    """Generate for every row of a left-padded batch, row ``b`` drafted by ``drafters[b]`` (module docstring)."""
+    """Generate for every row of a left-padded batch, row ``b`` drafted by ``drafters[b]`` (module docstring).
+    ``argmax_screen``: the backend's exact argmax of the head for a number of rows, used as at batch 1
+    (:func:`hf_cascade.core.loop.speculative_decode`) for the first blocks of every row and the blocks after."""
     check_attention_backend(target, tree_shaped=True)          # holes and padding need our mask
     run = _Batch(target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria,
                  generation_config, stats, block_rows)
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
+        run.screen = _screen(run, drafters, argmax_screen)
         while run.rows:
             step_started, allowed, lagging = time.perf_counter(), run.gate.allows(), run.lagging()
             with run.timer("draft"):
@@ -170,21 +174,12 @@ def verify(run: "_Batch", drafts) -> list[TreeRows]:
                 for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
     hidden = run.target.get_decoder()(**inputs).last_hidden_state                 # [B, N, H]
     run.hidden = hidden
-    rows = [TreeRows(tree, row.full, row.processors, hidden=hidden[b, : tree.num_nodes + 1], head=run.head,
-                     block_rows=run.block_rows) for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
-    plans = [r.plan(0) for r in rows]
-    flat = torch.tensor([b * N + i for b, plan in enumerate(plans) for i in plan], device=hidden.device)
-    logits = run.head(hidden.reshape(B * N, -1).index_select(0, flat)).float()
-    start = 0
-    for r, plan in zip(rows, plans):
-        r.store(plan, logits[start: start + len(plan)])
-        start += len(plan)
-    if not run.cfg.do_sample:                            # every row's first block of argmaxes: one read
-        best = torch.stack([r[i] for r, plan in zip(rows, plans) for i in plan]).argmax(dim=-1).tolist()
-        start = 0
-        for r, plan in zip(rows, plans):
-            r.known_argmax = dict(zip(plan, best[start: start + len(plan)]))
-            start += len(plan)
+    heads = run.screen or (lambda rows: (run.head, None))
+    head, argmax_head = heads(run.block_rows or 1)                                   # blocks after the first
+    rows = [TreeRows(tree, row.full, row.processors, hidden=hidden[b, : tree.num_nodes + 1], head=head,
+                     block_rows=run.block_rows, argmax_head=argmax_head)
+            for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
+    first_blocks(rows, hidden, heads, greedy=not run.cfg.do_sample)
     return rows
 
 
@@ -266,6 +261,7 @@ class _Batch:
         self.timer = PhaseTimer(stats)
         self.head_input = _HeadInput(target)
         self.head = None
+        self.screen = None                               # rows per head call -> (head, argmax head) (loop._screen)
         self.hidden: torch.Tensor | None = None
         self.verify_seconds: float | None = None
         self.device = _input_device(target, input_ids)

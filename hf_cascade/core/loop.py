@@ -31,15 +31,17 @@ from __future__ import annotations
 import inspect
 import time
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..processors import split_processors
+from ..processors import screen_top_k, split_processors
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
 from .forward import check_attention_backend, keep_path, logit_cap, output_head, verify_tree
-from .rows import TreeRows
+from .rows import HeadFn, TreeRows
 from .stats import GenerationStats, PhaseTimer
 from .stopping import Stopper, prune_tree
 from .strategy import TreeDrafter, TreeStep
@@ -61,14 +63,16 @@ def speculative_decode(
 ):
     """Generate with ``drafter``'s drafts, verified by ``target`` (see the module docstring).
     ``block_rows``: most logit rows per output-head call (``None``: all at once). ``argmax_screen``: the
-    backend's exact argmax of the head (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`), used where
-    acceptance reads nothing but the argmax of a row (:func:`_screen`)."""
+    backend's screen of the head (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`), used where
+    acceptance reads nothing but the argmax of a row or rows filtered to their top k (:func:`_screen`)."""
     check_attention_backend(target, tree_shaped=not drafter.linear)      # before any forward
     run = _Run(target, input_ids, logits_processor, stopping_criteria, generation_config, stats, streamer, block_rows)
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
-        run.screen = _screen(run, drafter, argmax_screen)
+        heads = _screen(run, [drafter], argmax_screen)
+        if heads is not None:
+            run.row_head, run.screen = heads(run.block_rows or 1)
         while not run.row.done:
             state = run.state()
             with run.timer("draft"):
@@ -100,7 +104,7 @@ def prefill(run: "_Run") -> None:
         return
     head = output_head(run.target)
     if head is not None and torch.allclose(head(hidden[-1:])[0].float(), logits.float(), rtol=1e-4, atol=1e-4):
-        run.head = head
+        run.head = run.row_head = head
     row.last_hidden = hidden[-1]
 
 
@@ -120,7 +124,7 @@ def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     row, L = run.row, run.row.length
     if run.head is not None:
         hidden = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], hidden_only=True, chain=linear)
-        rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.head, block_rows=run.block_rows,
+        rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.row_head, block_rows=run.block_rows,
                         argmax_head=run.screen)
     else:
         raw = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], chain=linear)
@@ -208,7 +212,8 @@ class _Run:
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = _HeadInput(target)
         self.head = None                                   # the core's output head, once prefill validated it
-        self.screen = None                                 # the backend's argmax screen, where it applies
+        self.row_head = None                               # what computes rows: the head, or the backend's screen
+        self.screen = None                                 # the backend's argmax screen, where it applies (greedy)
         self.verify_seconds: float | None = None
         device = _input_device(target, input_ids)
         seq = input_ids[0].to(device)
@@ -229,14 +234,31 @@ class _Run:
         return seq
 
 
-def _screen(run: "_Run", drafter: TreeDrafter, factory):
-    """The backend's argmax screen where nothing but the argmax of a row is read: greedy decoding, no logits
-    processor, no scores or logits returned, a drafter that does not read the rows, the core's own head (checked
-    at prefill) with no transform after it. Else ``None``."""
-    if (factory is None or run.head is None or run.cfg.do_sample or len(run.processors) or run.scores is not None
-            or run.raw_logits is not None or getattr(drafter, "reads_rows", False) or logit_cap(run.target)):
-        return None                                        # (soft-capped logits can tie where raw ones do not)
-    return factory()
+def _screen(run, drafters: list[TreeDrafter], factory) -> Callable[[int], tuple[HeadFn, Callable | None]] | None:
+    """Where the backend's screen (``factory``: rows per call, top-k or ``None`` -> a screen or ``None``) applies,
+    a function of the rows per head call giving ``(head, argmax_head)`` for :class:`TreeRows`; else ``None``.
+
+    Greedy, where nothing but the argmax of a row is read (no logits processor, drafters that do not read the
+    rows): the core's head and the screen's argmax. Sampling, where the processed rows are functions of each row's
+    top ``k`` raw logits alone (:func:`~hf_cascade.processors.screen_top_k`): the screen's top-``k`` rows as the
+    head (the processed rows are the full rows'). Never with scores or logits returned, or a soft-capped head
+    (capped logits can tie where raw ones do not)."""
+    if (factory is None or run.head is None or getattr(run, "scores", None) is not None
+            or getattr(run, "raw_logits", None) is not None or logit_cap(run.target)):
+        return None
+    head = run.head
+    if not run.cfg.do_sample:
+        if len(run.processors) or any(getattr(d, "reads_rows", False) for d in drafters):
+            return None
+        return lambda rows: (head, factory(rows))
+    k = screen_top_k(run.processors)
+    if k is None:
+        return None
+
+    def heads(rows: int):
+        screen = factory(rows, k)
+        return (head, None) if screen is None else (partial(screen.top, k=k), None)
+    return heads
 
 
 def _input_device(target, input_ids: torch.Tensor) -> torch.device:

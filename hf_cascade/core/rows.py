@@ -126,11 +126,8 @@ class TreeRows:
             return {row: t for row, t in self.known_argmax.items() if row in self._block.get(int(r), [int(r)])}
         if self.argmax_head is not None and int(r) not in self._raw:          # the argmax alone: the screen
             chain = self.plan(int(r))
-            best = self.argmax_head(self.hidden.index_select(0, torch.tensor(chain, device=self.hidden.device)))
-            self.head_calls += 1
-            for row, token in zip(chain, best):
-                self.known_argmax[row], self._block[row] = int(token), chain
-            return dict(zip(chain, (int(t) for t in best)))
+            self.store_argmax(chain, self.argmax_head(self.hidden.index_select(0, torch.tensor(chain, device=self.hidden.device))))
+            return {row: self.known_argmax[row] for row in chain}
         self.raw(r)
         block = self._block.get(int(r), [int(r)])
         best = torch.stack([self[row] for row in block]).argmax(dim=-1).tolist()
@@ -175,6 +172,13 @@ class TreeRows:
             self._raw[row] = values
             self._block[row] = chain
 
+    def store_argmax(self, chain: list[int], best: list[int], head_call: bool = True) -> None:
+        """The processed argmax of the rows ``chain`` (host ints), from one screen call (``head_call``) or read from
+        logits :meth:`store` holds already; rows not stored are computed only if read in full later."""
+        self.head_calls += head_call
+        for row, token in zip(chain, best):
+            self.known_argmax[row], self._block[row] = int(token), chain
+
     def _process(self, r: int, raw: torch.Tensor) -> torch.Tensor:
         if len(self.processors) == 0:
             return raw
@@ -186,6 +190,32 @@ class TreeRows:
         if path:
             ids = torch.cat([self.seq, torch.tensor(path[::-1], dtype=self.seq.dtype, device=self.seq.device)])
         return self.processors(ids[None], raw[None].clone())[0]
+
+
+def first_blocks(rows: list[TreeRows], hidden: torch.Tensor, heads, greedy: bool = True) -> None:
+    """The first block of every tree of a batch (row ``b``'s hidden states: ``hidden[b]``, ``[B, N, H]``) in one
+    call: ``heads(m)`` gives ``(head, argmax_head)`` for a call of ``m`` rows (``argmax_head`` may be ``None``).
+    With an ``argmax_head``, their argmaxes alone; else their logits, then (``greedy``) their argmaxes in one read."""
+    B, N = hidden.shape[:2]
+    plans = [r.plan(0) for r in rows]
+    flat = torch.tensor([b * N + i for b, plan in enumerate(plans) for i in plan], device=hidden.device)
+    first = hidden.reshape(B * N, -1).index_select(0, flat)
+    head, argmax_head = heads(len(flat))
+    if argmax_head is not None:
+        best = argmax_head(first)
+    else:
+        logits = head(first).float()
+        start = 0
+        for r, plan in zip(rows, plans):
+            r.store(plan, logits[start: start + len(plan)])
+            start += len(plan)
+        if not greedy:
+            return
+        best = torch.stack([r[i] for r, plan in zip(rows, plans) for i in plan]).argmax(dim=-1).tolist()
+    start = 0
+    for r, plan in zip(rows, plans):
+        r.store_argmax(plan, best[start: start + len(plan)], head_call=argmax_head is not None)
+        start += len(plan)
 
 
 class _Softmax:

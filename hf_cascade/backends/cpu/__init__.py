@@ -40,8 +40,8 @@ def cpu_kernels(model) -> Iterator[VerifySession]:
         if head is not None and head.bias is None:
             from .argmax_screen import argmax_screen
 
-            weight, rows = head.weight, head.block_rows
-            screen = lambda: argmax_screen(weight, head, rows)          # noqa: E731  (made and timed on first use)
+            weight = head.weight
+            screen = lambda rows, top_k=None: argmax_screen(weight, head, rows, top_k)   # noqa: E731  (timed at first use)
         yield VerifySession("cpu", head.block_rows if head is not None else 4, screen)
 
 

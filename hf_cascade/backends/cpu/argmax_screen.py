@@ -1,4 +1,4 @@
-"""The output head's argmax without its float32 logits: a bfloat16 screen with a proven error bound.
+"""The output head's argmax (or top-k rows) without its float32 logits: a bfloat16 screen with a proven error bound.
 
 Greedy acceptance with no logits processor reads only the argmax of each row it walks
 (:meth:`~hf_cascade.core.rows.TreeRows.argmax_block`). With a large vocabulary the head's float32 weight is the
@@ -18,11 +18,21 @@ has ``l_j`` below some ``l_k``: it is not the argmax. The remaining candidates (
 Like every other row computation of the core (:mod:`hf_cascade.core.rows`), the float32 logits of the
 candidates may differ from the model's own product in the order of accumulation only.
 
+**Top-k rows for sampling.** The same bound gives every output that can be among a row's ``k`` largest logits:
+those whose upper bound ``s_j + ||x|| c_j`` reaches the ``k``-th largest lower bound (each output left out is
+strictly below the row's ``k``-th largest logit). :meth:`ArgmaxScreen.top` returns their float32 logits and
+``-inf`` elsewhere. A top-``k`` filter (``TopKLogitsWarper``, alone or after a positive temperature) sets every
+output below the ``k``-th largest to ``-inf``, so the filtered row is the full row's, and so is everything
+computed after it (top-p, min-p, the softmax acceptance samples from): sampling is exact, not approximated.
+transformers applies ``top_k=50`` unless told otherwise, so this is the common sampling case
+(:func:`hf_cascade.processors.screen_top_k` decides; a repetition penalty before the filter rules it out).
+
 It applies to a bias-free ``nn.Linear`` head in float32 on CPU (the backend's :class:`~.verify_head.VerificationHead`),
-under greedy decoding with no logits processor, no ``output_scores`` / ``output_logits`` and a drafter that does
-not read the rows (:attr:`~hf_cascade.core.strategy.TreeDrafter.reads_rows`): the core decides
-(:func:`hf_cascade.core.loop.speculative_decode`). It costs a bfloat16 copy of the weight (half its memory), and
-is used only where it is measured faster than the head's own product on the running machine (:func:`argmax_screen`).
+with no ``output_scores`` / ``output_logits``: greedy with no logits processor and a drafter that does not read
+the rows (:attr:`~hf_cascade.core.strategy.TreeDrafter.reads_rows`), or sampling with a top-k filter first (the
+rows are then read in full, as the processed rows they are). The core decides (:func:`hf_cascade.core.loop._screen`).
+It costs a bfloat16 copy of the weight (half its memory), and is used only where it is measured faster than the
+head's own product on the running machine, per use and size of call (:func:`argmax_screen`).
 """
 
 from __future__ import annotations
@@ -60,53 +70,81 @@ class ArgmaxScreen:
             margin.append((w - rounded).norm(dim=1) + g * (w.norm(dim=1) + rounded.norm(dim=1)))
         self.margin = (torch.cat(margin) * 1.01).float()                     # [N] c_j, rounded up
         self.candidates = 0                                                  # float32 rows computed (statistics)
+        self.faster: dict[tuple[int, bool], bool] = {}     # (rows per call: a power of two, top-k use) -> faster
 
     def __call__(self, x: torch.Tensor) -> list[int]:
+        """The argmax of each row (host ints): the top ``k = 1`` below."""
+        x, rows = self._candidates(x, 1)
+        return [int(ids[exact.argmax()]) for ids, exact in rows]
+
+    def top(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """``[m, N]`` float32: each row's logits at every output that can be among its ``k`` largest (a superset of
+        them), ``-inf`` at every other. An output left out is strictly below the row's ``k``-th largest logit, so
+        after a top-``k`` filter (``TopKLogitsWarper``, alone or after a temperature) this row is the full row's."""
+        x, rows = self._candidates(x, k)
+        out = torch.full((x.shape[0], self.weight.shape[0]), float("-inf"), dtype=torch.float32, device=x.device)
+        for i, (ids, exact) in enumerate(rows):
+            out[i, ids] = exact
+        return out
+
+    def _candidates(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Per row, the outputs whose upper bound reaches the ``k``-th largest lower bound, and their float32 logits."""
         x = x.float().contiguous()
-        screen = extension().panel_linear_bf16(x, self.panels, self.weight.shape[0])           # [k, N]
-        reach = (x.norm(dim=1, keepdim=True) * 1.0001) * self.margin                       # [k, N] ||x|| c_j
-        floor = (screen - reach).max(dim=1, keepdim=True).values                          # [k, 1]
-        maybe = screen + reach >= floor                                                   # [k, N] candidates
-        out = []
+        screen = extension().panel_linear_bf16(x, self.panels, self.weight.shape[0])           # [m, N]
+        reach = (x.norm(dim=1, keepdim=True) * 1.0001) * self.margin                       # [m, N] ||x|| c_j
+        low = screen - reach
+        k = min(int(k), low.shape[1])
+        floor = low.max(dim=1, keepdim=True).values if k == 1 else low.topk(k, dim=1).values[:, -1:]
+        maybe = screen + reach >= floor                                                   # [m, N] candidates
+        rows = []
         for row, mask in zip(x, maybe):
             ids = mask.nonzero().flatten()
             self.candidates += ids.numel()
-            exact = torch.nn.functional.linear(row[None], self.weight.index_select(0, ids))[0]
-            out.append(int(ids[exact.argmax()]))
-        return out
+            rows.append((ids, torch.nn.functional.linear(row[None], self.weight.index_select(0, ids))[0]))
+        return x, rows
 
 
-#: id(weight) -> (its version when decided, its screen or None); an entry goes with its weight
+#: id(weight) -> (its version when made, its screen or None); an entry goes with its weight
 _SCREENS: dict[int, tuple[int, ArgmaxScreen | None]] = {}
 
 
 def argmax_screen(weight: torch.Tensor, against: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                  rows: int = 4, repeats: int = 5) -> ArgmaxScreen | None:
+                  rows: int = 4, top_k: int | None = None, repeats: int = 5) -> ArgmaxScreen | None:
     """The process-wide screen of ``weight`` (made on first use, made again after an in-place update of the
     weight), or ``None`` where the kernel is not built or, with ``against`` (the head's own product,
-    ``[k, K] -> [k, N]``), where the screen of ``rows`` rows is not measured faster than ``against`` plus an
-    argmax on this machine (medians of ``repeats`` interleaved calls; decided once per weight)."""
+    ``[m, K] -> [m, N]``), where a call over ``rows`` rows is not measured faster than ``against`` (plus an
+    argmax; with ``top_k``: :meth:`ArgmaxScreen.top` against the logits alone) on this machine (medians of
+    ``repeats`` interleaved calls). The screen's float32 work grows with the rows while the head's stays bound by
+    reading its weight, so the answer depends on ``rows``: it is decided once per weight, use and power of two of
+    rows (:attr:`ArgmaxScreen.faster`), where a call first asks for it."""
     entry = _SCREENS.get(id(weight))
-    if entry is not None and entry[0] == weight._version:
-        return entry[1]
-    if entry is None:
-        weakref.finalize(weight, _SCREENS.pop, id(weight), None)
-    try:
-        screen = ArgmaxScreen(weight)
-    except RuntimeError:
-        screen = None
-    if screen is not None and against is not None and not _faster(screen, against, weight, rows, repeats):
-        screen = None
-    _SCREENS[id(weight)] = (weight._version, screen)
-    return screen
+    if entry is None or entry[0] != weight._version:
+        if entry is None:
+            weakref.finalize(weight, _SCREENS.pop, id(weight), None)
+        try:
+            screen = ArgmaxScreen(weight)
+        except RuntimeError:
+            screen = None
+        entry = _SCREENS[id(weight)] = (weight._version, screen)
+    screen = entry[1]
+    if screen is None or against is None:
+        return screen
+    key = (1 << max(int(rows) - 1, 0).bit_length(), top_k is not None)      # rows rounded up to a power of two
+    if key not in screen.faster:
+        screen.faster[key] = _faster(screen, against, weight, key[0], top_k, repeats)
+    return screen if screen.faster[key] else None
 
 
-def _faster(screen: ArgmaxScreen, against, weight: torch.Tensor, rows: int, repeats: int) -> bool:
+def _faster(screen: ArgmaxScreen, against, weight: torch.Tensor, rows: int, top_k: int | None, repeats: int) -> bool:
     x = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(0)) * 50
     times: dict[str, list[float]] = {"screen": [], "head": []}
+    if top_k is None:
+        uses = (("screen", lambda: screen(x)), ("head", lambda: against(x).argmax(dim=-1).tolist()))
+    else:
+        uses = (("screen", lambda: screen.top(x, top_k)), ("head", lambda: against(x)))
     with torch.inference_mode():
         for _ in range(repeats + 1):                                   # the first round warms both up
-            for name, run in (("screen", lambda: screen(x)), ("head", lambda: against(x).argmax(dim=-1).tolist())):
+            for name, run in uses:
                 start = time.perf_counter()
                 run()
                 times[name].append(time.perf_counter() - start)
