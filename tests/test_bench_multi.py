@@ -205,3 +205,6 @@ def test_cells_below_plain_kernels_are_marked():
     assert "maxgram on slow (0.50x)" in table
     assert paired_names(methods) == [("plain", "maxgram"), ("plain-kernels", "maxgram")]       # default: the last one
     assert markdown_kernels(BenchResult(config={}, methods=["plain", "maxgram"], records=[], summary={})) is None
+    sampled = BenchResult(config={**result.config, "sampling": True}, methods=methods, records=records,
+                          summary=result.summary)
+    assert "| slow | **0.50x** ✗ (8 tokens) |" in markdown_kernels(sampled)       # under sampling: the tokens there

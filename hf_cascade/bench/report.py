@@ -99,7 +99,9 @@ def below_kernels(result: BenchResult, methods: list[str] | None = None) -> list
 
 def markdown_kernels(result: BenchResult) -> str | None:
     """Categories (and ``overall``) x methods: speed relative to plain-kernels (its total time over the
-    method's); a cell below 1.00x is bold with a ✗. ``None`` when plain-kernels did not run."""
+    method's); a cell below 1.00x is bold with a ✗, and under sampling also gives the method's tokens there (sampled
+    outputs that end within a few tokens measure the prompt's prefill, not decoding). ``None`` when plain-kernels
+    did not run."""
     if not _has_kernels(result):
         return None
     methods = [m for m in result.methods if m not in ("plain", KERNELS)]
@@ -109,7 +111,8 @@ def markdown_kernels(result: BenchResult) -> str | None:
         cells = []
         for m in methods:
             value = (per.get(m) or {}).get("speedup_vs_plain_kernels")
-            cells.append("–" if value is None else f"**{value:.2f}x** ✗" if value < 1.0 else f"{value:.2f}x")
+            tokens = f" ({per[m]['new_tokens']} tokens)" if result.config.get("sampling") and value is not None else ""
+            cells.append("–" if value is None else f"**{value:.2f}x** ✗{tokens}" if value < 1.0 else f"{value:.2f}x")
         lines.append(f"| {'**overall**' if cat == OVERALL else cat} | " + " | ".join(cells) + " |")
     strategies = result.config.get("strategies") or [result.methods[-1]]
     slow = below_kernels(result, [m for m in methods if m in strategies])
