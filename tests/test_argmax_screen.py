@@ -89,13 +89,16 @@ def test_processors_turn_the_screen_off():
     assert rows.argmax_head is None
 
 
-def test_batched_greedy_with_the_screen_matches_plain_batched_generate(monkeypatch, free_drafts, open_gate):
-    """The batched loop screens every row's first block in one call (rows of several trees) and the blocks after
-    it: each row equals plain batched greedy ``generate``'s, rows finishing at different steps; the screen is
-    asked for the row count of each call (its speed is decided per count)."""
+@pytest.mark.parametrize("name", ["maxgram", "recycling"])
+def test_greedy_with_the_screen_matches_plain_generate(name, monkeypatch, free_drafts, open_gate):
+    """Batch 1 and a batch: each row equals plain greedy ``generate``'s with the screen forced on, rows finishing at
+    different steps. Max-Gram reads argmaxes alone: the batched loop screens every row's first block in one call
+    (rows of several trees) and the blocks after it, asking for the row count of each call (its speed is decided
+    per count). Token Recycling records each row's top candidates: it gets the screen's top-``k`` rows instead
+    (``rows_top_k``), whose argmax is the full rows'."""
     from contextlib import contextmanager
 
-    from hf_cascade import CascadeAssistant, MaxGram, assistant
+    from hf_cascade import CascadeAssistant, MaxGram, RecyclingAssistant, assistant
     from hf_cascade.backends import VerifySession
     from tests.contract_registry import base_kit
     from tests.test_batch import ROWS, left_pad
@@ -105,16 +108,19 @@ def test_batched_greedy_with_the_screen_matches_plain_batched_generate(monkeypat
 
     @contextmanager
     def session(model, cpu_kernels=None):
-        yield VerifySession("cpu", 2, lambda rows: asked.append(rows) or screen)
+        yield VerifySession("cpu", 2, lambda rows, top_k=None: asked.append((rows, top_k)) or screen)
 
     monkeypatch.setattr(assistant, "verification_session", session)
-    input_ids, mask = left_pad(ROWS)
+    make = (lambda: CascadeAssistant([MaxGram()])) if name == "maxgram" else RecyclingAssistant
     kw = dict(do_sample=False, max_new_tokens=20, eos_token_id=None, pad_token_id=0)
-    plain = target.generate(input_ids, attention_mask=mask, **kw)
-    a = CascadeAssistant([MaxGram()])
-    assert target.generate(input_ids, attention_mask=mask, assistant_model=a, **kw).tolist() == plain.tolist()
-    assert screen.candidates > 0 and max(asked) > 2                       # first blocks of several rows at once
-    assert sum(sum(r.accepted_per_call) for r in a.last_stats.rows) > 0   # drafts were accepted
+    for batch in (left_pad(ROWS[2:3]), left_pad(ROWS)):
+        plain = target.generate(batch[0], attention_mask=batch[1], **kw)
+        a = make()
+        assert target.generate(batch[0], attention_mask=batch[1], assistant_model=a, **kw).tolist() == plain.tolist()
+        stats = a.last_stats.rows if hasattr(a.last_stats, "rows") else [a.last_stats]
+        assert sum(sum(r.accepted_per_call) for r in stats) > 0                 # drafts were accepted
+    assert screen.candidates > 0 and max(rows for rows, _ in asked) > 2         # first blocks of several rows at once
+    assert {k for _, k in asked} == ({None} if name == "maxgram" else {64})
 
 
 @pytest.mark.real_model

@@ -239,19 +239,23 @@ def _screen(run, drafters: list[TreeDrafter], factory) -> Callable[[int], tuple[
     a function of the rows per head call giving ``(head, argmax_head)`` for :class:`TreeRows`; else ``None``.
 
     Greedy, where nothing but the argmax of a row is read (no logits processor, drafters that do not read the
-    rows): the core's head and the screen's argmax. Sampling, where the processed rows are functions of each row's
-    top ``k`` raw logits alone (:func:`~hf_cascade.processors.screen_top_k`): the screen's top-``k`` rows as the
-    head (the processed rows are the full rows'). Never with scores or logits returned, or a soft-capped head
-    (capped logits can tie where raw ones do not)."""
+    rows): the core's head and the screen's argmax; where drafters read the rows only through their top ``k``
+    (:attr:`TreeDrafter.rows_top_k`): the screen's top-``k`` rows as the head (their argmax is the full rows').
+    Sampling, where the processed rows are functions of each row's top ``k`` raw logits alone
+    (:func:`~hf_cascade.processors.screen_top_k`): the screen's top-``k`` rows as the head (the processed rows are
+    the full rows'; a drafter reading them reads the full rows). Never with scores or logits returned, or a
+    soft-capped head (capped logits can tie where raw ones do not)."""
     if (factory is None or run.head is None or getattr(run, "scores", None) is not None
             or getattr(run, "raw_logits", None) is not None or logit_cap(run.target)):
         return None
     head = run.head
+    readers = [getattr(d, "rows_top_k", None) for d in drafters if getattr(d, "reads_rows", False)]
     if not run.cfg.do_sample:
-        if len(run.processors) or any(getattr(d, "reads_rows", False) for d in drafters):
+        if len(run.processors) or None in readers:
             return None
-        return lambda rows: (head, factory(rows))
-    k = screen_top_k(run.processors)
+        if not readers:
+            return lambda rows: (head, factory(rows))
+    k = screen_top_k(run.processors) if run.cfg.do_sample else max(readers)
     if k is None:
         return None
 

@@ -71,6 +71,10 @@ class TreeDrafter(ABC):
     #: ``True`` when :meth:`on_accept` reads ``state.rows`` (the target's logits): the core then computes the
     #: rows acceptance reads in full, never their argmax alone (:mod:`hf_cascade.backends.cpu.argmax_screen`)
     reads_rows: bool = False
+    #: with ``reads_rows``: ``k`` when the drafter reads only each row's ``k`` largest outputs, as probabilities
+    #: relative to one another; rows exact at the outputs that can be among them (``-inf`` elsewhere) then serve
+    #: it (:meth:`~hf_cascade.backends.cpu.argmax_screen.ArgmaxScreen.top`). ``None``: full rows.
+    rows_top_k: int | None = None
 
     @abstractmethod
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:

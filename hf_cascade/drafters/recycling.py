@@ -172,6 +172,15 @@ class TokenRecycling(TreeDrafter):
 
     reads_rows = True                                     # the table records the target's rows
 
+    @property
+    def rows_top_k(self) -> int:
+        """It records each row's top ``candidates.top_k`` only, so under greedy the rows may be exact at the
+        outputs that can be among the top 64 (or ``top_k``) alone (the CPU backend's screen): the recorded tokens
+        and their order are exact, their probabilities relative to those outputs (a little above the full
+        softmax's where the tail is heavy), which the calibration of recycled probabilities against measured
+        acceptance absorbs."""
+        return max(64, self.candidates.top_k)
+
     def __init__(self, candidates: RecycledCandidates, shape: RecyclingShape, budget: AdaptiveBudget | None,
                  max_ngram: int = 8, max_matches: int = 16):
         self.candidates, self.shape, self.budget, self.max_ngram = candidates, shape, budget, int(max_ngram)

@@ -28,9 +28,9 @@ transformers applies ``top_k=50`` unless told otherwise, so this is the common s
 (:func:`hf_cascade.processors.screen_top_k` decides; a repetition penalty before the filter rules it out).
 
 It applies to a bias-free ``nn.Linear`` head in float32 on CPU (the backend's :class:`~.verify_head.VerificationHead`),
-with no ``output_scores`` / ``output_logits``: greedy with no logits processor and a drafter that does not read
-the rows (:attr:`~hf_cascade.core.strategy.TreeDrafter.reads_rows`), or sampling with a top-k filter first (the
-rows are then read in full, as the processed rows they are). The core decides (:func:`hf_cascade.core.loop._screen`).
+with no ``output_scores`` / ``output_logits``: greedy with no logits processor (the argmax alone, or top-k rows for
+a drafter that reads the rows only through their top candidates: :attr:`~hf_cascade.core.strategy.TreeDrafter.rows_top_k`),
+or sampling with a top-k filter first (the rows are then read in full, as the processed rows they are). The core decides (:func:`hf_cascade.core.loop._screen`).
 It costs a bfloat16 copy of the weight (half its memory), and is used only where it is measured faster than the
 head's own product on the running machine, per use and size of call (:func:`argmax_screen`).
 """
