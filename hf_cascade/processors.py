@@ -128,7 +128,8 @@ def screen_top_k(processors: LogitsProcessorList | None) -> int | None:
     """``k`` where the processed rows are functions of each row's ``k`` largest raw logits alone: the first
     processor that is not a temperature is a ``TopKLogitsWarper`` (a positive temperature keeps the order; every
     processor after the filter sees a row equal to the full row's). ``None`` for anything else. Rows whose other
-    outputs are ``-inf`` then process to the same rows (:meth:`~hf_cascade.backends.cpu.argmax_screen.ArgmaxScreen.top`)."""
+    outputs are ``-inf`` then process to the same rows
+    (:meth:`~hf_cascade.backends.cpu.argmax_screen.ArgmaxScreen.top`)."""
     for p in processors or []:
         if type(p) is TopKLogitsWarper:
             return int(p.top_k) if p.filter_value == float("-inf") else None

@@ -112,7 +112,8 @@ def markdown_kernels(result: BenchResult) -> str | None:
         for m in methods:
             value = (per.get(m) or {}).get("speedup_vs_plain_kernels")
             tokens = f" ({per[m]['new_tokens']} tokens)" if result.config.get("sampling") and value is not None else ""
-            cells.append("–" if value is None else f"**{value:.2f}x** ✗{tokens}" if value < 1.0 else f"{value:.2f}x")
+            cell = "–" if value is None else f"{value:.2f}x"
+            cells.append(f"**{cell}** ✗{tokens}" if value is not None and value < 1.0 else cell)
         lines.append(f"| {'**overall**' if cat == OVERALL else cat} | " + " | ".join(cells) + " |")
     strategies = result.config.get("strategies") or [result.methods[-1]]
     slow = below_kernels(result, [m for m in methods if m in strategies])

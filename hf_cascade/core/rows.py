@@ -126,7 +126,8 @@ class TreeRows:
             return {row: t for row, t in self.known_argmax.items() if row in self._block.get(int(r), [int(r)])}
         if self.argmax_head is not None and int(r) not in self._raw:          # the argmax alone: the screen
             chain = self.plan(int(r))
-            self.store_argmax(chain, self.argmax_head(self.hidden.index_select(0, torch.tensor(chain, device=self.hidden.device))))
+            index = torch.tensor(chain, device=self.hidden.device)
+            self.store_argmax(chain, self.argmax_head(self.hidden.index_select(0, index)))
             return {row: self.known_argmax[row] for row in chain}
         self.raw(r)
         block = self._block.get(int(r), [int(r)])

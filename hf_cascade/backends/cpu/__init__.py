@@ -41,7 +41,9 @@ def cpu_kernels(model) -> Iterator[VerifySession]:
             from .argmax_screen import argmax_screen
 
             weight = head.weight
-            screen = lambda rows, top_k=None: argmax_screen(weight, head, rows, top_k)   # noqa: E731  (timed at first use)
+
+            def screen(rows: int, top_k: int | None = None):              # made and timed at first use
+                return argmax_screen(weight, head, rows, top_k)
         yield VerifySession("cpu", head.block_rows if head is not None else 4, screen)
 
 

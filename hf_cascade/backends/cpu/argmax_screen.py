@@ -28,10 +28,10 @@ transformers applies ``top_k=50`` unless told otherwise, so this is the common s
 (:func:`hf_cascade.processors.screen_top_k` decides; a repetition penalty before the filter rules it out).
 
 It applies to a bias-free ``nn.Linear`` head in float32 on CPU (the backend's :class:`~.verify_head.VerificationHead`),
-with no ``output_scores`` / ``output_logits``: greedy with no logits processor (the argmax alone, or top-k rows for
-a drafter that reads the rows only through their top candidates: :attr:`~hf_cascade.core.strategy.TreeDrafter.rows_top_k`),
-or sampling with a top-k filter first (the rows are then read in full, as the processed rows they are). The core decides (:func:`hf_cascade.core.loop._screen`).
-It costs a bfloat16 copy of the weight (half its memory), and is used only where it is measured faster than the
+with no ``output_scores`` / ``output_logits``: greedy with no logits processor (the argmax alone, or top-k rows
+for a drafter that reads the rows only through their top candidates:
+:attr:`~hf_cascade.core.strategy.TreeDrafter.rows_top_k`), or sampling with a top-k filter first (the rows are then
+read in full, as the processed rows they are). The core decides (:func:`hf_cascade.core.loop._screen`). It costs a bfloat16 copy of the weight (half its memory), and is used only where it is measured faster than the
 head's own product on the running machine, per use and size of call (:func:`argmax_screen`).
 """
 
@@ -138,6 +138,7 @@ def argmax_screen(weight: torch.Tensor, against: Callable[[torch.Tensor], torch.
 def _faster(screen: ArgmaxScreen, against, weight: torch.Tensor, rows: int, top_k: int | None, repeats: int) -> bool:
     x = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(0)) * 50
     times: dict[str, list[float]] = {"screen": [], "head": []}
+    counted = screen.candidates
     if top_k is None:
         uses = (("screen", lambda: screen(x)), ("head", lambda: against(x).argmax(dim=-1).tolist()))
     else:
@@ -148,7 +149,7 @@ def _faster(screen: ArgmaxScreen, against, weight: torch.Tensor, rows: int, top_
                 start = time.perf_counter()
                 run()
                 times[name].append(time.perf_counter() - start)
-    screen.candidates = 0
+    screen.candidates = counted                                        # the timing's rows are not the generation's
     return statistics.median(times["screen"][1:]) < statistics.median(times["head"][1:])
 
 
