@@ -1,12 +1,14 @@
 """Batched ``generate()`` as transformers' API has it (issue 27; the checks of tests/test_batch.py (5), (6)):
-what stays unsupported with ``B > 1`` (right padding, a streamer, scores/logits, transformers' assisted loop,
-beam search, lossy target rules) is refused with a ``ValueError`` before any forward;
-``return_dict_in_generate=True`` gives plain's sequences; logits processors that index the batch see each row
-as plain batched ``generate`` gives it."""
+what stays unsupported with ``B > 1`` (right padding, a streamer (as in transformers), transformers' assisted
+loop, beam search, lossy target rules) is refused with a ``ValueError`` before any forward;
+``return_dict_in_generate=True`` gives plain's sequences, and with ``output_scores`` / ``output_logits`` plain's
+scores and logits (every generated column, rows that stopped early included); logits processors that index the
+batch see each row as plain batched ``generate`` gives it."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers.generation.streamers import BaseStreamer
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
@@ -35,8 +37,6 @@ def _transformers_loop():
 ERRORS = {
     "right_padding": ("left padding", lambda: {"attention_mask": left_pad(ROWS)[1].flip(1)}),
     "streamer": ("streamer", lambda: {"streamer": _Streamer()}),
-    "output_scores": ("scores", lambda: {"return_dict_in_generate": True, "output_scores": True}),
-    "output_logits": ("logits", lambda: {"return_dict_in_generate": True, "output_logits": True}),
     "transformers_loop": ("one unpadded row", lambda: {"assistant_model": _transformers_loop()}),
     "beam_search": ("beam search", lambda: {"num_beams": 2}),
     "lossy_rules": ("batch size 1", lambda: {"logits_processor": [LossyLenientTarget(2.0)]}),
@@ -87,6 +87,31 @@ def test_return_dict_in_generate(do_sample):
         assert out.sequences.shape == plain.sequences.shape
     else:
         assert out.sequences.tolist() == plain.sequences.tolist()
+
+
+@pytest.mark.parametrize("name", ["maxgram", "drafter+maxgram", "glide", "redrafter"])
+@pytest.mark.parametrize("extra", [{}, {"repetition_penalty": 1.5}], ids=["plain", "repetition_penalty"])
+def test_scores_and_logits_match_plain_batched(name, extra, free_drafts, open_gate):
+    """``output_scores`` / ``output_logits`` with ``B > 1``: plain batched ``generate``'s tuples, one ``[B, V]``
+    float32 per generated column, up to float noise -- the columns after a row's EOS included (the target's
+    rows after its tokens and pads, processed with the padded row, as plain batched ``generate`` computes them)."""
+    from tests.test_batch import _eos_inside_drafts
+    from tests.test_greedy_parity import assert_same_outputs
+
+    target = base_kit("llama").target
+    input_ids, mask = left_pad(ROWS)
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=20, eos_token_id=_eos_inside_drafts(target),
+              return_dict_in_generate=True, output_scores=True, output_logits=True, **extra)
+    expected = target.generate(input_ids, **kw)
+    ends = [row.index(kw["eos_token_id"]) if kw["eos_token_id"] in row else None
+            for row in expected.sequences[:, input_ids.shape[1]:].tolist()]
+    assert any(e is not None and e < 19 for e in ends)                 # a row stops before the others
+    a = REGISTRY[name](fresh_kit("llama", target))
+    got = target.generate(input_ids, assistant_model=a, **kw)
+    assert_same_outputs(got, expected, expected.sequences.shape[1] - input_ids.shape[1])
+    assert all(s.dtype == torch.float32 for s in got.scores + got.logits)
+    if not extra:                                                       # (the penalty leaves little to accept)
+        assert sum(sum(r.accepted_per_call) for r in a.last_stats.rows) > 0   # drafts were accepted
 
 
 def test_batch_specific_logits_processors():

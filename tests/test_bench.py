@@ -165,6 +165,25 @@ def test_maxgram_sampling_and_missing_draft(tiny):
     assert r.summary["overall"]["maxgram"]["identical"] is None  # no equality claim when sampling
 
 
+def test_draws_run_each_prompt_with_its_own_seeds(tiny):
+    """``draws``: every prompt runs N times through every method, draw d seeded seed + prompt + d * prompts
+    (draw 0 reproduces a one-draw run); records pair per run and pool per category."""
+    model, _, tok = tiny
+    kwargs = dict(strategy="maxgram", baselines=["plain"], max_new_tokens=6, sampling=True, temperature=1.0,
+                  warmup_tokens=2, cost_models=[])
+    one = run_benchmark(BenchConfig(**kwargs), model, tok, PROMPTS[:2])
+    three = run_benchmark(BenchConfig(draws=3, **kwargs), model, tok, PROMPTS[:2])
+    plain = [r for r in three.records if r["method"] == "plain"]
+    assert [(r["prompt"], r["draw"]) for r in plain] == [(p["prompt"], d) for p in PROMPTS[:2] for d in range(3)]
+    assert len({r["prompt_index"] for r in plain}) == 6 and three.summary["overall"]["maxgram"]["prompts"] == 6
+    first = {r["prompt_index"]: r["output_text"] for r in one.records if r["method"] == "plain"}
+    again = [r["output_text"] for r in plain if r["draw"] == 0]
+    assert again == [first[0], first[1]]                       # draw 0: the one-draw run's seeds
+    assert len({r["output_text"] for r in plain if r["prompt"] == PROMPTS[0]["prompt"]}) > 1   # other draws differ
+    with pytest.raises(ValueError, match="draws"):
+        BenchConfig(draws=0)
+
+
 def test_rotation():
     assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
     assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]

@@ -89,6 +89,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling", action="store_true", help="do_sample=True with --temperature (default: greedy)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     p.add_argument("--seed", type=int, default=0, help="random seed (reset per prompt and method)")
+    p.add_argument("--draws", type=int, default=1, metavar="N",
+                   help="runs of each prompt, each with its own seed (with --sampling: N draws of every prompt's "
+                        "output, whose lengths differ between methods by chance; categories pool them; default 1)")
     p.add_argument("--cost-model", default="both", choices=["params", "measured", "both", "none"],
                    help="standardized walltime improvement (SWI) reported beside wall time, per method: 'params' (each "
                         "forward costs its model's parameter count, a verification of any number of rows one target "
@@ -141,6 +144,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         sampling=args.sampling,
         temperature=args.temperature,
         seed=args.seed,
+        draws=args.draws,
         target=args.target,
         drafts=shared,
         strategy_drafts=per_strategy,
@@ -180,7 +184,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
     verifier = load_draft_sets([config.verifier], {}, target=model)[0][0] if config.verifier else None
     assisted = load_draft_sets([config.assisted_draft], {}, target=model)[0][0] if config.assisted_draft else None
     prompts = load_prompts(config.prompts_path, config.per_category)
-    log(f"{len(prompts)} prompts x methods {', '.join(config.methods)}, {config.max_new_tokens} new tokens")
+    log(f"{len(prompts)} prompts{f' x {config.draws} draws' if config.draws > 1 else ''} x methods "
+        f"{', '.join(config.methods)}, {config.max_new_tokens} new tokens")
     if config.batch_sizes:
         from .batched import skipped
 

@@ -59,6 +59,9 @@ class BenchConfig:
         sampling: ``do_sample=True`` with ``temperature`` (default: greedy).
         temperature: sampling temperature.
         seed: seed of the sampling RNG (reset before every generate of a prompt, per prompt).
+        draws: runs of every prompt through every method, each with its own seed: under sampling, more draws of
+            each prompt's output distribution (outputs, and so their lengths, differ between methods by chance;
+            a category's cell pools its draws).
         warmup_tokens: new tokens of the untimed warm-up generate of every method.
         corpus: a corpus n-gram file (:meth:`~hf_cascade.CorpusNGrams.save`) for the strategies ``maxgram`` and
             ``cascade`` and the ``maxgram-corpus`` baseline.
@@ -99,6 +102,7 @@ class BenchConfig:
     sampling: bool = False
     temperature: float = 0.7
     seed: int = 0
+    draws: int = 1
     warmup_tokens: int = 8
     target: str | None = None
     drafts: list[str] = field(default_factory=list)
@@ -122,6 +126,8 @@ class BenchConfig:
         for name in ("window", "draft_length", "beam_width", "beam_length"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.draws < 1:
+            raise ValueError(f"draws must be >= 1, got {self.draws}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         if self.lenience is not None and self.lenience < 1.0:

@@ -25,14 +25,13 @@ bench from the loaded models: :func:`build_costs`.
 from __future__ import annotations
 
 import inspect
-import statistics
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from transformers import DynamicCache
 
 from ..placement import synchronize
+from ..timing import interleaved_medians
 from .swi import STATISTICAL, Costs, DrafterCost, flat_target
 
 CONTEXT = 32        # tokens before the timed forward
@@ -81,16 +80,7 @@ def params_cost(module: Any, target: torch.nn.Module) -> DrafterCost:
 # -- measured --------------------------------------------------------------------------------------------------
 
 def _median_seconds(fn: Callable[[], None], device: Any, repeats: int = REPEATS) -> float:
-    fn()
-    fn()                                                              # warm-up
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return interleaved_medians({0: fn}, repeats, warmup=2, sync=lambda: synchronize(device))[0]
 
 
 def _ids(model: Any, vocab: int, n: int) -> torch.Tensor:
@@ -166,8 +156,9 @@ def measured_cost(module: Any, target: Any, unit_seconds: float) -> DrafterCost:
     build = {"glide": lambda: _glide_forward(module, target, vocab), "redrafter": lambda: _redrafter_forward(module, target, vocab),
              "lm": lambda: _lm_forward(module, vocab)}[kind]
     run, device = build()
-    one = _median_seconds(lambda: run(1), device)
-    wide = _median_seconds(lambda: run(WIDE), device)
+    seconds = interleaved_medians({1: lambda: run(1), WIDE: lambda: run(WIDE)}, REPEATS, warmup=2,
+                                  sync=lambda: synchronize(device))
+    one, wide = seconds[1], seconds[WIDE]
     slope = max(wide - one, 0.0) / (WIDE - 1)
     rows = "beams" if kind == "redrafter" else "tokens"
     return DrafterCost(_name(module), one / unit_seconds, slope / unit_seconds,

@@ -213,18 +213,22 @@ def run_benchmark(
 
     records: list[dict] = []
     # with batch sizes the run is the batched sweep (batch size 1 included when asked for), not the single-prompt runs
-    iterator = enumerate([] if config.batch_sizes else prompts)
+    # Each prompt ``config.draws`` times in a row, draw d seeded ``seed + prompt + d * len(prompts)`` (draw 0 as
+    # with one draw); a record's ``prompt_index`` numbers these runs, so every summary pairs methods per run.
+    runs = [] if config.batch_sizes else [(p, d) for p in range(len(prompts)) for d in range(config.draws)]
+    iterator = enumerate(runs)
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(iterator, total=len(prompts), desc="bench", unit="prompt")
-    for i, prompt in iterator:
+        iterator = tqdm(iterator, total=len(runs), desc="bench", unit="run")
+    for i, (p, draw) in iterator:
+        prompt, seed = prompts[p], config.seed + p + draw * len(prompts)
         ids, mask = encode(tokenizer, prompt)
         outputs: dict[str, torch.Tensor] = {}
         prompt_records: list[dict] = []
         for position, name in enumerate(rotated(list(methods), i)):
             try:
-                out, stats, seconds = _timed(methods[name], ids, mask, kwargs, config.seed + i)
+                out, stats, seconds = _timed(methods[name], ids, mask, kwargs, seed)
             except Exception as exc:
                 if name == "plain":
                     raise
@@ -235,6 +239,7 @@ def run_benchmark(
             outputs[name] = new
             prompt_records.append({
                 "prompt_index": i,
+                "draw": draw,
                 "question_id": prompt.get("question_id"),
                 "category": prompt.get("category", "all"),
                 "method": name,

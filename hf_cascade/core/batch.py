@@ -30,8 +30,8 @@ once per row for its draft and, greedy, once for every row's first block of argm
 walk leaves the block): reads grow with ``B``, not with the draft length.
 
 Output: row ``b`` is its padded prompt, its tokens, then ``pad_token_id`` up to the longest row, as plain
-batched ``generate`` returns it. ``past_key_values`` is not returned (the cache has holes).
-"""
+batched ``generate`` returns it; ``output_scores`` / ``output_logits`` as plain's, every generated column
+(:mod:`hf_cascade.core.outputs`). ``past_key_values`` is not returned (the cache has holes)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ from .attention import additive, batch_tree_allowed
 from .forward import check_attention_backend, mask_device_dtype, output_head, per_layer_type
 from .gate import DraftGate
 from .loop import _HeadInput, _depth, _input_device, _leaves, _screen
+from .outputs import batch_outputs, record_rows
 from .rows import TreeRows, first_blocks
 from .stats import BatchStats, PhaseTimer
 from .stopping import Stopper, prune_tree
@@ -200,7 +201,11 @@ def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAc
         new = [tree.token_list[i] for i in path] + [int(acc.bonus)]
         src = [0] + [i + 1 for i in path]                                   # the column that produced each token
         appended = torch.cat([row.full, torch.tensor(new, dtype=row.full.dtype, device=row.full.device)])
-        emitted, finished = row.stopper.emitted(appended, row.width, new)
+        scores, logits = record_rows(run.scores is not None, run.raw_logits is not None, r, src)
+        seen = tuple(row.scores + scores) if scores is not None else None       # criteria see the new tokens' rows
+        emitted, finished = row.stopper.emitted(appended, row.width, new, seen)
+        row.scores += (scores or [])[:emitted]
+        row.logits += (logits or [])[:emitted]
         row.full, row.tokens = appended[: row.width + emitted], row.tokens + new[:emitted]
         row.last_hidden = run.hidden[b, src[emitted - 1]] if run.hidden is not None else None
         row.stats.record_step(tree.num_nodes, _depth(tree, row.drafter.linear), _leaves(tree), path, emitted,
@@ -237,6 +242,8 @@ class _Row:
     cols: list[int] = field(default_factory=list)
     last_hidden: torch.Tensor | None = None
     step: int = 0
+    scores: list[torch.Tensor] = field(default_factory=list)           # [1, V] per emitted token, when asked for
+    logits: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -259,6 +266,8 @@ class _Batch:
         self.target, self.cfg, self.stats, self.block_rows = target, cfg, stats, block_rows
         self.processors = logits_processor or LogitsProcessorList()
         self.timer = PhaseTimer(stats)
+        self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None     # None: not asked for
+        self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = _HeadInput(target)
         self.head = None
         self.screen = None                               # rows per head call -> (head, argmax head) (loop._screen)
@@ -383,7 +392,9 @@ class _Batch:
         filled = [torch.cat([row.full, row.full.new_full((longest - row.width,), self.pad_id)]) for row in rows]
         sequences = torch.stack(filled)
         if self.cfg.return_dict_in_generate:
-            return GenerateDecoderOnlyOutput(sequences=sequences)
+            scores, logits = batch_outputs(self.target, rows, sequences, self.width,
+                                           self.scores is not None, self.raw_logits is not None)
+            return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
         return sequences
 
 

@@ -34,13 +34,13 @@ step), so greedy decoding stays exact and the point-mass sampling acceptance sta
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
 from ..placement import target_device_dtype
+from ..timing import interleaved_medians
 from .structure import TokenTree
 
 # Gemma-3-270M fp32, 2 CPU threads (the reference machine), n = 0..24 nodes: measure_verify_cost(model) (the loop
@@ -248,16 +248,10 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
         synchronize(model)
         return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
 
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    with verification_session(model) as session:
-        for rep in range(repeats + 1):
-            order = sizes if rep % 2 else sizes[::-1]                               # alternate: no drift bias
-            for n in order:
-                elapsed = seconds_per_step(n)
-                if rep:
-                    times[n].append(elapsed)
-    base = statistics.median(times[0])
-    measured = {n: statistics.median(times[n]) / base for n in sizes}
+    with verification_session(model) as session:                 # sizes alternate in order: no drift bias
+        times = interleaved_medians({n: (lambda n=n: seconds_per_step(n)) for n in sizes}, repeats, alternate=True,
+                                    self_timed=True)
+    measured = {n: times[n] / times[0] for n in sizes}
     rel, top = [1.0], 1.0
     for n in range(1, max_nodes + 1):
         lo = max(m for m in sizes if m <= n)

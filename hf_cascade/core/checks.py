@@ -72,9 +72,6 @@ def _check_batch(input_ids, cfg, model_kwargs, logits_processor, streamer) -> No
                              "then ones to the end); set tokenizer.padding_side = 'left'.")
     if streamer is not None:
         raise ValueError("streamers support batch size 1 (as in transformers); stream one prompt at a time.")
-    if cfg.return_dict_in_generate and (cfg.output_scores or cfg.output_logits):
-        raise ValueError("hf_cascade assistants return scores and logits for batch size 1 only; with a batch, "
-                         "return_dict_in_generate gives the sequences.")
     if any(isinstance(p, DraftAwareProcessor) for p in (logits_processor or [])):
         raise ValueError("lossy target rules (LossyLenientTarget, LossyTypicalAcceptance) support batch size 1 only.")
 

@@ -37,13 +37,12 @@ head's own product on the running machine, per use and size of call (:func:`argm
 
 from __future__ import annotations
 
-import statistics
-import time
 import weakref
 from typing import Callable
 
 import torch
 
+from ...timing import interleaved_medians
 from .panel import extension
 
 #: float32 unit roundoff
@@ -137,20 +136,15 @@ def argmax_screen(weight: torch.Tensor, against: Callable[[torch.Tensor], torch.
 
 def _faster(screen: ArgmaxScreen, against, weight: torch.Tensor, rows: int, top_k: int | None, repeats: int) -> bool:
     x = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(0)) * 50
-    times: dict[str, list[float]] = {"screen": [], "head": []}
     counted = screen.candidates
     if top_k is None:
-        uses = (("screen", lambda: screen(x)), ("head", lambda: against(x).argmax(dim=-1).tolist()))
+        uses = {"screen": lambda: screen(x), "head": lambda: against(x).argmax(dim=-1).tolist()}
     else:
-        uses = (("screen", lambda: screen.top(x, top_k)), ("head", lambda: against(x)))
+        uses = {"screen": lambda: screen.top(x, top_k), "head": lambda: against(x)}
     with torch.inference_mode():
-        for _ in range(repeats + 1):                                   # the first round warms both up
-            for name, run in uses:
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
+        seconds = interleaved_medians(uses, repeats)                  # the first round warms both up
     screen.candidates = counted                                        # the timing's rows are not the generation's
-    return statistics.median(times["screen"][1:]) < statistics.median(times["head"][1:])
+    return seconds["screen"] < seconds["head"]
 
 
 __all__ = ["ArgmaxScreen", "argmax_screen"]

@@ -23,7 +23,6 @@ it afterwards; :func:`active_head` finds it from the model. Measurements: ``docs
 
 from __future__ import annotations
 
-import statistics
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...timing import interleaved_medians
 from .kernels import TUNER, KernelTuner, left_product, shape_key
 from .panel import copy_kernel
 
@@ -92,13 +92,8 @@ def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3
                 vh._rows(x)
             if vh.tuner.seconds(shape_key(vh.weight, m)) is None:
                 return default
-        times: dict[int, list[float]] = {m: [] for m in sizes}
-        for _ in range(repeats):
-            for m, x in rows.items():
-                t0 = vh.tuner.clock()
-                vh._rows(x)
-                times[m].append(vh.tuner.clock() - t0)
-        cost = {m: statistics.median(t) for m, t in times.items()}
+        cost = interleaved_medians({m: (lambda x=x: vh._rows(x)) for m, x in rows.items()}, repeats, warmup=0,
+                                   clock=vh.tuner.clock)
         _BLOCK_ROWS[key] = max(m for m in sizes if cost[m] <= tolerance * cost[sizes[0]])
     return _BLOCK_ROWS[key]
 
