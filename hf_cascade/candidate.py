@@ -137,5 +137,10 @@ class ChainDrafter(TreeDrafter):
         return TokenTree.chain(d.tokens), (d.dists if self.generator.do_sample else None)
 
     def on_accept(self, tree: TokenTree, acceptance: TreeAcceptance, state: TreeStep) -> None:
-        self.generator.on_target_review(state.seq, tree.num_nodes, len(acceptance.path), state.verify_seconds)
+        # In a batch the step's time is that of the widest row's draft: it tells this row's cost model what its
+        # own draft length costs only when that was its own (otherwise a row that drafted nothing beside a row
+        # that drafted much would learn that drafting nothing is slow).
+        own = state.verify_nodes is None or state.verify_nodes == tree.num_nodes
+        self.generator.on_target_review(state.seq, tree.num_nodes, len(acceptance.path),
+                                        state.verify_seconds if own else None)
 

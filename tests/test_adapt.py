@@ -66,7 +66,8 @@ def test_select_uses_calibrated_probabilities():
 def test_draft_gate_drafts_first_measures_plain_then_follows_the_faster_and_explores():
     """:class:`~hf_cascade.core.gate.DraftGate`: drafts, takes one plain step, then follows the side that
     advances the lagging rows faster (their tokens per second, an average that forgets), drafting every
-    ``explore_every``-th refused step, half as often after each exploring step that did not pay."""
+    ``explore_every``-th refused step, half as often and half as wide after each exploring step that did not
+    pay; a drafted step faster than the plain rate doubles the width again."""
     from hf_cascade.core.gate import DraftGate
 
     gate = DraftGate(explore_every=3, decay=0.5)
@@ -75,15 +76,21 @@ def test_draft_gate_drafts_first_measures_plain_then_follows_the_faster_and_expl
     assert not gate.allows()                              # measure a plain step once
     gate.observe(False, tokens=1, seconds=0.5)            # plain: 2 tokens / s: a tie drafts
     assert gate.allows() and gate.rate == {True: 2.0, False: 2.0}
-    gate.observe(True, tokens=1, seconds=1.0)             # drafted slower: 0.5 * 2 + 0.5 * 1 = 1.5
-    assert gate.rate[True] == pytest.approx(1.5)
+    gate.observe(True, tokens=1, seconds=1.0, widest=10)  # drafted slower: 0.5 * 2 + 0.5 * 1 = 1.5
+    assert gate.rate[True] == pytest.approx(1.5) and gate.width is None
     assert [gate.allows() for _ in range(3)] == [False, False, True]
-    gate.observe(True, tokens=1, seconds=1.0)             # explored, still slower (1.25): explore half as often
+    assert gate.width == 5                                # drafting stopped paying: at most half as wide
+    gate.observe(True, tokens=1, seconds=1.0, widest=5)   # explored, still slower (1.25): explore half as often,
     assert [gate.allows() for _ in range(6)] == [False] * 5 + [True]
-    gate.observe(True, tokens=5, seconds=1.0)             # an exploring step that paid: 0.5 * 1.25 + 0.5 * 5
-    assert gate.rate[True] == pytest.approx(3.125) and gate.allows() and gate.interval == 3
+    assert gate.width == 2                                # and verify at most half as many nodes per row
+    gate.observe(True, tokens=1, seconds=4.0, widest=2)   # slower again, 8 plain steps' time: 12 steps between, 1 node
+    assert gate.width == 1 and gate.interval == 12
+    assert [gate.allows() for _ in range(12)] == [False] * 11 + [True]
+    gate.observe(True, tokens=5, seconds=1.0, widest=1)   # an exploring step that paid: 0.5 * 0.75 + 0.5 * 5,
+    assert gate.rate[True] == pytest.approx(2.875) and gate.allows() and gate.interval == 3
+    assert gate.width == 2                                # faster than plain (5 > 2 tokens / s): wider again
     gate.observe(True, tokens=3, seconds=0.0)             # no time measured: ignored
-    assert gate.rate[True] == pytest.approx(3.125)
+    assert gate.rate[True] == pytest.approx(2.875) and gate.width == 2
 
 
 def test_the_batch_gate_follows_the_lagging_rows(monkeypatch):
@@ -95,7 +102,7 @@ def test_the_batch_gate_follows_the_lagging_rows(monkeypatch):
 
     seen = []
     original = DraftGate.observe
-    monkeypatch.setattr(DraftGate, "observe", lambda self, d, t, s: seen.append(t) or original(self, d, t, s))
+    monkeypatch.setattr(DraftGate, "observe", lambda self, d, t, s, w=0: seen.append(t) or original(self, d, t, s, w))
     target = tm.llama_target()
     ids = torch.tensor([[1, 5, 6, 7, 5, 6, 7, 5, 6], [0, 0, 0, 0, 0, 1, 40, 41, 42]])
     mask = (torch.arange(9) >= torch.tensor([[0], [5]])).long()
@@ -126,3 +133,40 @@ def test_the_profile_is_rescaled_to_the_calls_own_steps():
     flat.observe_step(empty, [], [], 1, 0.1)
     flat.observe_step(four, [0.5] * 4, [], 1, 0.5)
     assert flat.scale == 1.0
+
+
+def test_a_batch_step_is_charged_as_its_widest_draft():
+    """Golden: in a batch (``verify_nodes``, the widest row's draft) a row that drafted nothing in a step where
+    another row drafted 4 nodes is charged, timed and rescaled as a 4-node step, not taken for a plain one; a
+    step where no row drafted is its plain step."""
+    profile = VerifyCost((1.0, 1.05, 1.1, 1.15, 1.2))
+    empty = TokenTree(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    b = AdaptiveBudget(profile)
+    b.observe_step(empty, [], [], 1, 0.16, verify_nodes=4)       # another row's 4 nodes set the step's width
+    assert b._plain_seconds is None and b.units == pytest.approx(1.0 + 1.2)
+    assert b.unit_seconds == pytest.approx(0.16 / 1.2)
+    b.observe_step(empty, [], [], 1, 0.1, verify_nodes=0)        # nobody drafted: a plain step
+    assert b._plain_seconds == pytest.approx(0.1)
+    b.observe_step(empty, [], [], 1, 0.16, verify_nodes=4)
+    assert b.scale == pytest.approx(0.8 * 1.0 + 0.2 * 3.0)       # as the row's own 4-node step would
+    one = AdaptiveBudget(profile)                                # at batch 1 (None): the row's own draft
+    one.observe_step(empty, [], [], 1, 0.16)
+    assert one._plain_seconds == pytest.approx(0.16)
+
+
+def test_a_chain_row_learns_verification_cost_only_from_steps_its_own_draft_set():
+    """The linear strategies' cost models (``on_target_review``'s seconds) in a batch: a step's time is given to a
+    row only when its own draft was the widest (at batch 1, ``verify_nodes`` is ``None``: always)."""
+    from types import SimpleNamespace
+
+    from hf_cascade.candidate import ChainDrafter
+    from hf_cascade.core.accept import TreeAcceptance
+
+    seen = []
+    gen = SimpleNamespace(on_target_review=lambda seq, proposed, accepted, seconds: seen.append((proposed, seconds)))
+    drafter = ChainDrafter(gen)
+    two = chain(2)
+    for nodes in (None, 2, 5):
+        state = SimpleNamespace(seq=torch.arange(4), verify_seconds=0.3, verify_nodes=nodes)
+        drafter.on_accept(two, TreeAcceptance(path=torch.tensor([0]), bonus=7), state)
+    assert seen == [(2, 0.3), (2, 0.3), (2, None)]

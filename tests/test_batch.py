@@ -224,6 +224,30 @@ def test_gate_refusals_keep_parity(name, free_drafts, monkeypatch):
                 assert max(widths) > 1, (case, widths)
 
 
+@pytest.mark.parametrize("name", ["maxgram", "glide_cape", "redrafter", "recycling"])
+def test_gate_width_keeps_parity(name, free_drafts, open_gate, monkeypatch):
+    """Drafted steps under the gate's :attr:`~hf_cascade.core.gate.DraftGate.width` verify each row's first
+    ``width`` nodes only (1 and 2 here: every step at most ``width + 1`` wide); outputs stay plain's."""
+    from hf_cascade.core.gate import DraftGate
+
+    target = setting_target("llama-sdpa")
+    cases = [c for c in setting_cases("llama-sdpa") if c[0] in ("max_new_tokens_13", "eos_in_draft")]
+    for width in (1, 2):
+        init = DraftGate.__init__
+
+        def narrow(gate, *a, width=width, init=init, **k):
+            init(gate, *a, **k)
+            gate.width = width
+
+        monkeypatch.setattr(DraftGate, "__init__", narrow)
+        monkeypatch.setattr(DraftGate, "observe", lambda gate, *a, **k: None)     # the width stays as set
+        assistant = registry_assistant(name, fresh_kit("llama", target))
+        for case, (input_ids, mask), kw, expected in cases:
+            out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
+            assert out.tolist() == expected, (case, width)
+            assert max(assistant.last_stats.width_per_call) <= width + 1, (case, width)
+
+
 # -- (2) statistics --------------------------------------------------------------------------------------
 
 def test_batch_stats_show_speculation(open_gate):

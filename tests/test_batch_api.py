@@ -7,6 +7,8 @@ batch see each row as plain batched ``generate`` gives it."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
@@ -89,29 +91,48 @@ def test_return_dict_in_generate(do_sample):
         assert out.sequences.tolist() == plain.sequences.tolist()
 
 
-@pytest.mark.parametrize("name", ["maxgram", "drafter+maxgram", "glide", "redrafter"])
-@pytest.mark.parametrize("extra", [{}, {"repetition_penalty": 1.5}], ids=["plain", "repetition_penalty"])
-def test_scores_and_logits_match_plain_batched(name, extra, free_drafts, open_gate):
-    """``output_scores`` / ``output_logits`` with ``B > 1``: plain batched ``generate``'s tuples, one ``[B, V]``
-    float32 per generated column, up to float noise -- the columns after a row's EOS included (the target's
-    rows after its tokens and pads, processed with the padded row, as plain batched ``generate`` computes them)."""
-    from tests.test_batch import _eos_inside_drafts
-    from tests.test_greedy_parity import assert_same_outputs
+SCORED = ["maxgram", "drafter+maxgram", "glide", "redrafter"]
 
-    target = base_kit("llama").target
-    input_ids, mask = left_pad(ROWS)
+
+def assert_batch_scores(target, kit, name: str, extra: dict, tol: float = 1e-4) -> None:
+    """``output_scores`` / ``output_logits`` with ``B > 1``: plain batched ``generate``'s tuples, one ``[B, V]``
+    float32 per generated column, within ``tol`` -- the columns after a row's EOS included (the target's rows
+    after its tokens and pads, processed with the padded row, as plain batched ``generate`` computes them)."""
+    from tests.test_batch import _eos_inside_drafts
+
+    device = target.get_input_embeddings().weight.device
+    input_ids, mask = left_pad(ROWS, device=device)
     kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=20, eos_token_id=_eos_inside_drafts(target),
               return_dict_in_generate=True, output_scores=True, output_logits=True, **extra)
     expected = target.generate(input_ids, **kw)
     ends = [row.index(kw["eos_token_id"]) if kw["eos_token_id"] in row else None
             for row in expected.sequences[:, input_ids.shape[1]:].tolist()]
     assert any(e is not None and e < 19 for e in ends)                 # a row stops before the others
-    a = REGISTRY[name](fresh_kit("llama", target))
+    a = REGISTRY[name](kit)
     got = target.generate(input_ids, assistant_model=a, **kw)
-    assert_same_outputs(got, expected, expected.sequences.shape[1] - input_ids.shape[1])
-    assert all(s.dtype == torch.float32 for s in got.scores + got.logits)
+    assert got.sequences.tolist() == expected.sequences.tolist()
+    steps = expected.sequences.shape[1] - input_ids.shape[1]
+    for ours, plain in ((got.scores, expected.scores), (got.logits, expected.logits)):
+        assert len(ours) == len(plain) == steps
+        for s_got, s_exp in zip(ours, plain):
+            assert s_got.dtype == torch.float32 and s_got.device == s_exp.device
+            torch.testing.assert_close(s_got, s_exp, atol=tol, rtol=tol)
     if not extra:                                                       # (the penalty leaves little to accept)
         assert sum(sum(r.accepted_per_call) for r in a.last_stats.rows) > 0   # drafts were accepted
+
+
+@pytest.mark.parametrize("name", SCORED)
+@pytest.mark.parametrize("extra", [{}, {"repetition_penalty": 1.5}], ids=["plain", "repetition_penalty"])
+def test_scores_and_logits_match_plain_batched(name, extra, free_drafts, open_gate):
+    target = base_kit("llama").target
+    assert_batch_scores(target, fresh_kit("llama", target), name, extra)
+
+
+@pytest.mark.parametrize("name", ["maxgram", "glide"])
+def test_scores_and_logits_bf16_target(name, free_drafts, open_gate):
+    """A bf16 target (fp32 drafters): float32 scores and logits, within bf16's rounding of plain's."""
+    target = copy.deepcopy(base_kit("llama").target).to(torch.bfloat16)
+    assert_batch_scores(target, fresh_kit("llama", target), name, {}, tol=3e-2)
 
 
 def test_batch_specific_logits_processors():

@@ -132,17 +132,21 @@ class AdaptiveBudget:
             self.units += self.draft_cost() * self._draft_forwards
 
     def observe_step(self, tree: TokenTree, probs: list[float], path: list[int], emitted: int,
-                     verify_seconds: float | None) -> None:
+                     verify_seconds: float | None, verify_nodes: int | None = None) -> None:
         """One verification of ``tree`` (draft probabilities ``probs``, node order; ``None`` for a node the
         drafter did not propose, e.g. a lookup seed: neither calibrated nor counted for rule 1) that accepted
-        ``path`` and emitted ``emitted`` tokens in ``verify_seconds`` (``None``: not measured)."""
+        ``path`` and emitted ``emitted`` tokens in ``verify_seconds`` (``None``: not measured).
+        ``verify_nodes``: in a batch, the widest row's draft (:attr:`TreeStep.verify_nodes`), which sets the
+        step's cost: the step is charged, timed and rescaled as a verification of that many nodes, so that
+        a step where this row drafted nothing but another row did is not taken for a plain one."""
         n = tree.num_nodes
+        paid = n if verify_nodes is None else max(int(verify_nodes), n)
         self.tokens += emitted
-        self.units += self.cost(n)
+        self.units += self.cost(paid)
         if verify_seconds is not None and verify_seconds > 0:
-            per = verify_seconds / self.cost(n)
+            per = verify_seconds / self.cost(paid)
             self.unit_seconds = per if self.unit_seconds is None else self.decay * self.unit_seconds + (1 - self.decay) * per
-            self._rescale(n, verify_seconds)
+            self._rescale(paid, verify_seconds)
         if not n or len(probs) != n:                # nothing drafted, or a tree the loop cut (EOS, length)
             return
         on_path = set(path)

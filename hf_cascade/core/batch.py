@@ -96,7 +96,7 @@ def speculative_decode_batch(
             with run.timer("update"):
                 emitted = update(run, drafts, rows, acceptances)
             run.gate.observe(any(tree.num_nodes for tree, _ in drafts), min(emitted[b] for b in lagging),
-                             time.perf_counter() - step_started)
+                             time.perf_counter() - step_started, run.verify_nodes)
     return run.result()
 
 
@@ -135,19 +135,26 @@ def prefill(run: "_Batch") -> None:
 
 
 def draft(run: "_Batch", b: int, allowed: bool = True) -> tuple[TokenTree, torch.Tensor | None]:
-    """Row ``b``'s draft, pruned to what it can emit; none when the batch's :class:`DraftGate` refuses this step
-    (the drafter then sees a budget of 0, as at the end of a generation)."""
+    """Row ``b``'s draft, pruned to what it can emit and to the gate's :attr:`~DraftGate.width`; none when the
+    batch's :class:`DraftGate` refuses this step (the drafter then sees a budget of 0, as at the end of a
+    generation)."""
     row = run.rows[b]
     state = run.state(b, cache=allowed)                 # a refused step reads no cache: none is gathered
     if not allowed:
         state.budget = 0
     tree, q = row.drafter.draft_tree(state.seq, state)
-    return prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
+    tree, q = prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
+    width = run.gate.width
+    if allowed and width is not None and tree.num_nodes > width:             # the gate's width: the first nodes
+        keep = torch.arange(tree.num_nodes) < width                             # host: no device read
+        tree, q = tree.select(keep), (q[:width] if q is not None else None)
+    return tree, q
 
 
 def verify(run: "_Batch", drafts) -> list[TreeRows]:
     """One target forward over every row's ``[root, nodes]``; each row's first block of logits in one head call."""
     B, N = len(run.rows), max(tree.num_nodes for tree, _ in drafts) + 1
+    run.verify_nodes = N - 1                                            # every row's block is padded to it
     ids, query = [[run.pad_id] * N for _ in range(B)], [[-1] * N for _ in range(B)]
     ancestors = torch.zeros(B, N, N, dtype=torch.bool)
     for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts)):
@@ -273,6 +280,7 @@ class _Batch:
         self.screen = None                               # rows per head call -> (head, argmax head) (loop._screen)
         self.hidden: torch.Tensor | None = None
         self.verify_seconds: float | None = None
+        self.verify_nodes: int | None = None
         self.device = _input_device(target, input_ids)
         ids = input_ids.to(self.device)
         host = input_ids.tolist()
@@ -307,7 +315,8 @@ class _Batch:
         row = self.rows[b]
         cache = self.row_cache(b) if cache and getattr(row.drafter, "reads_target_cache", False) else None
         return TreeStep(row.seq, cache, row.last_hidden, budget=max(row.stopper.max_length - row.width - 1, 0),
-                        step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None)
+                        step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None,
+                        verify_nodes=self.verify_nodes if row.step > 1 else None)
 
     def lagging(self) -> list[int]:
         """The rows with the most tokens left to their length limit: the batch ends when they do."""

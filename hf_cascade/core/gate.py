@@ -9,8 +9,13 @@ left to their length limit; the fewest tokens any of them emitted in the step) p
 steps where some row drafted and on plain steps (no row drafted), and lets the rows draft only while
 drafting advances the lagging rows at least as fast. It starts by drafting, takes one plain step to
 measure the other side, and while refusing drafts every ``explore_every``-th step anyway (acceptance
-changes with the text). Not in any paper: it is the batch-level form of the rule the single-row defaults
-already follow (draft only what pays for its verification, :mod:`hf_cascade.core.adapt`,
+changes with the text). When drafting stops paying, and after each exploring step that does not pay, the
+gate also narrows :attr:`DraftGate.width`, the most
+nodes a row may verify in a drafted step (each row's draft keeps its first ``width`` nodes, a valid tree as
+parents precede children), to at most half, and to its width times a plain step's time over its own: a wide
+batched step can cost several plain ones, so exploring must get cheaper each time it fails; drafts that do
+pay (above the plain rate) double it again. Not in any paper: it is the batch-level form of the rule the
+single-row defaults already follow (draft only what pays for its verification, :mod:`hf_cascade.core.adapt`,
 :mod:`hf_cascade.drafters.lookahead`). A row that stops early (EOS) may make the measure pessimistic,
 never wrong: outputs do not depend on it.
 
@@ -26,8 +31,9 @@ class DraftGate:
     """Per call: drafted vs plain progress of a batch's lagging rows (see the module docstring).
 
     ``explore_every``: refused steps between two drafted ones while plain steps are faster; each exploring
-    step that still measures drafting slower doubles the interval (an exploring step can cost several
-    plain ones), one that pays sets it back."""
+    step that still measures drafting slower doubles the interval and narrows :attr:`width` (an exploring
+    step can cost several plain ones), one that pays sets the interval back; a drafted step faster than the
+    plain rate doubles :attr:`width`."""
 
     def __init__(self, explore_every: int = 8, decay: float = 0.7):
         self.explore_every, self.decay = int(explore_every), float(decay)
@@ -35,6 +41,10 @@ class DraftGate:
         self.interval = self.explore_every
         self.refused = 0
         self.exploring = False
+        #: the most nodes a row may verify in a drafted step (``None``: as its drafter proposes)
+        self.width: int | None = None
+        self.drafting = True                               # drafts allowed by the comparison (not exploring)
+        self.last: tuple[int, float] | None = None         # the last drafted step: widest draft, seconds
 
     def allows(self) -> bool:
         """Whether the rows may draft at this step."""
@@ -44,24 +54,48 @@ class DraftGate:
         if plain is None:
             return False                                  # then measure one plain step
         if drafted >= plain:
+            self.drafting = True
             return True
+        if self.drafting:                                 # drafting stops paying: narrow the next drafts
+            self.drafting = False
+            self._narrow()
         self.refused += 1
         if self.explore_every > 0 and self.refused >= self.interval:
             self.refused, self.exploring = 0, True
             return True
         return False
 
-    def observe(self, drafted: bool, tokens: int, seconds: float) -> None:
+    def observe(self, drafted: bool, tokens: int, seconds: float, widest: int = 0) -> None:
         """One step: whether any row drafted, the tokens the lagging rows emitted (the fewest of them), its
-        wall time."""
+        wall time, and the widest row's draft (nodes)."""
         if seconds <= 0:
             return
         rate = tokens / seconds
         old = self.rate[drafted]
         self.rate[drafted] = rate if old is None else self.decay * old + (1 - self.decay) * rate
-        if drafted and self.exploring:
+        if not drafted:
+            return
+        self.last = (widest, seconds)
+        plain = self.rate[False]
+        if self.width is not None and plain is not None and rate >= plain:
+            self.width *= 2                                # drafts that pay may widen again
+        if self.exploring:
             self.exploring = False
-            self.interval = 2 * self.interval if self.rate[True] < self.rate[False] else self.explore_every
+            if self.rate[True] < self.rate[False]:
+                self.interval *= 2
+                self._narrow()
+            else:
+                self.interval = self.explore_every
+
+    def _narrow(self) -> None:
+        """After a drafted step that did not pay: at most half as wide as it was, and narrower still in
+        proportion to what it cost over a plain step (a plain step advances the lagging rows one token)."""
+        plain = self.rate[False]
+        if self.last is None or not plain:
+            return
+        widest, seconds = self.last
+        widest = min(widest, self.width or widest)
+        self.width = max(1, min(widest // 2, int(widest / (plain * seconds))))
 
 
 __all__ = ["DraftGate"]

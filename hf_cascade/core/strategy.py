@@ -42,6 +42,9 @@ class TreeStep:
         verify_seconds: wall time of the last verification (forward and acceptance, which ends with a
             host read, so the device is synchronised); ``None`` before the first and for the first,
             which includes the prompt's prefill.
+        verify_nodes: in a batch (:mod:`hf_cascade.core.batch`), the widest row's draft in that verification:
+            every row's block is padded to it, so the step's cost is set by it, not by this row's own draft;
+            ``None`` at batch 1 (the cost is the row's own).
         rows: in :meth:`TreeDrafter.on_accept` only, the last verification's rows of target logits
             (:class:`~hf_cascade.core.rows.TreeRows`; row 0 follows the root, row ``i + 1`` node ``i``) for
             drafters that learn from the target's distributions. Read the rows already computed
@@ -55,6 +58,7 @@ class TreeStep:
     step: int
     tokens: list[int] | None = None
     verify_seconds: float | None = None
+    verify_nodes: int | None = None
     rows: object | None = None
 
 

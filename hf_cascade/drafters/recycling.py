@@ -189,7 +189,7 @@ class TokenRecycling(TreeDrafter):
         self.seed_rates = SeedRates()
         self._drafted: Expansion | None = None
         self._bucket = 0
-        self._row_tokens: list[int] = []
+        self._root: int | None = None                      # the last draft's root (its row 0 follows it)
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
         tokens_so_far = state.tokens if state.tokens is not None else seq.tolist()
@@ -208,7 +208,7 @@ class TokenRecycling(TreeDrafter):
             tree = tree.select(torch.tensor(keep, dtype=torch.bool, device="cpu"))
             found = Expansion(*([v for v, k in zip(values, keep) if k] for values in found))
         self._drafted = found
-        self._row_tokens = [root, *tree.token_list]
+        self._root = root
         return tree, None
 
     def _seeds(self, tokens: list[int], depth: int) -> SeedTrie:
@@ -218,8 +218,8 @@ class TokenRecycling(TreeDrafter):
 
     def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
         """Record the target's rows of this verification; learn each source's acceptance; feed the budget."""
-        if state.rows is not None:
-            self.candidates.record(state.rows, self._row_tokens)
+        if state.rows is not None:                             # the tree the loop verified (it may prune drafts)
+            self.candidates.record(state.rows, [self._root, *tree.token_list])
         path = acceptance.path.tolist() if isinstance(acceptance.path, torch.Tensor) else list(acceptance.path)
         drafted = self._drafted if self._drafted is not None and len(self._drafted.tokens) == tree.num_nodes else None
         if drafted is not None:                                # (a tree the loop cut at EOS or the length is not)
@@ -233,7 +233,7 @@ class TokenRecycling(TreeDrafter):
                     self.calibration.observe(drafted.probs[i], i in on_path)
         if self.budget is not None:
             estimates = drafted.estimates if drafted is not None else []
-            self.budget.observe_step(tree, estimates, path, len(path) + 1, state.verify_seconds)
+            self.budget.observe_step(tree, estimates, path, len(path) + 1, state.verify_seconds, state.verify_nodes)
         self._drafted = None
 
 

@@ -175,7 +175,7 @@ class ReDrafterDrafter(TreeDrafter):
         if self.budget is not None:
             path = acceptance.path.tolist() if isinstance(acceptance.path, torch.Tensor) else list(acceptance.path)
             self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
-                                     state.verify_seconds)
+                                     state.verify_seconds, state.verify_nodes)
             self._probs = []
             if self.lookup is not None:
                 self.lookup.observe(tree, path)

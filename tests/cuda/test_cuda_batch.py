@@ -6,6 +6,7 @@
   rows one finishing at once), with one row's statistics per row; binding leaves the drafters on the target's
   device in its dtype;
 * exact sampling per row (16-token vocabulary) and no state leak between batched and single calls;
+* ``output_scores`` / ``output_logits``: plain batched ``generate``'s, within half precision's noise;
 * ``device_map="auto"`` (``from_pretrained``): greedy parity of the batch.
 
 Skipped without CUDA (tests/cuda/conftest.py marks them ``cuda``).
@@ -22,6 +23,7 @@ import torch
 from tests.contract_registry import REGISTRY, assert_placed, base_kit, fresh_kit, models_used
 from tests.test_batch import (ASCENDING, ROWS, FakeClock, assert_batch_parity, assert_no_state_leak, batch_cases,
                               left_pad, registry_assistant)
+from tests.test_batch_api import SCORED, assert_batch_scores
 from tests.test_batch_sampling import assert_exact_batch_sampling
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -101,3 +103,10 @@ def auto_target(tmp_path_factory):
 def test_batch_device_map_auto(name, auto_target, free_drafts, open_gate):
     kit = fresh_kit("gemma3", auto_target)
     assert_batch_parity(auto_target, registry_assistant(name, kit), cases_of("auto", auto_target))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", SCORED)
+def test_batch_scores_and_logits(name, dtype, free_drafts, open_gate):
+    target = cuda_target("llama", DTYPES[dtype])
+    assert_batch_scores(target, fresh_kit("llama", target), name, {}, tol=3e-2)
