@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import platform
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +35,9 @@ import torch
 from .kernels import PACKER, WeightPacker
 
 SOURCE = Path(__file__).with_name("csrc") / "panel_linear.cpp"
+#: a build lock older than this was left by an interrupted build (a build takes about 30 s) and is removed:
+#: torch waits on a lock without end, so one interrupted first build would hang every later process
+STALE_LOCK_SECONDS = 600.0
 
 
 def cpu_tag() -> str:
@@ -56,12 +60,30 @@ def extension() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
+        clear_stale_lock(f"hf_cascade_panel_{cpu_tag()}")
         return load(f"hf_cascade_panel_{cpu_tag()}", [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # noqa: BLE001  (no compiler, no ninja, an unsupported flag: not offered)
         warnings.warn(f"hf_cascade: the panel kernel could not be built ({type(err).__name__}: {err}); "
                       "verification uses torch's kernels", RuntimeWarning, stacklevel=2)
         return None
+
+
+def clear_stale_lock(name: str, older_than: float = STALE_LOCK_SECONDS) -> bool:
+    """Remove the build lock of extension ``name`` when it is older than ``older_than`` seconds (left by a
+    build that was interrupted); whether one was removed."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+        if not lock.exists() or time.time() - lock.stat().st_mtime <= older_than:
+            return False
+        lock.unlink()
+    except Exception:  # noqa: BLE001  (a private torch helper: if it moved, torch's own waiting stands)
+        return False
+    warnings.warn(f"hf_cascade: removed a stale build lock left by an interrupted build ({lock})", RuntimeWarning,
+                  stacklevel=2)
+    return True
 
 
 class PanelPacker(WeightPacker):
