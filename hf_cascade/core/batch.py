@@ -47,7 +47,7 @@ from ..processors import row_processors
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
 from .attention import additive, batch_tree_allowed
 from .forward import check_attention_backend, mask_device_dtype, output_head, per_layer_type
-from .gate import DraftGate
+from .gate import DraftGate, lagging_rows
 from .loop import _HeadInput, _depth, _input_device, _leaves, _screen
 from .outputs import batch_outputs, record_rows
 from .rows import TreeRows, first_blocks
@@ -84,7 +84,8 @@ def speculative_decode_batch(
             prefill(run)
         run.screen = _screen(run, drafters, argmax_screen)
         while run.rows:
-            step_started, allowed, lagging = time.perf_counter(), run.gate.allows(), run.lagging()
+            step_started, allowed, lagging = time.perf_counter(), run.gate.allows(), lagging_rows(
+                [row.stopper.max_length - row.width for row in run.rows])
             with run.timer("draft"):
                 drafts = [draft(run, b, allowed) for b in range(len(run.rows))]
             started = time.perf_counter()
@@ -144,11 +145,7 @@ def draft(run: "_Batch", b: int, allowed: bool = True) -> tuple[TokenTree, torch
         state.budget = 0
     tree, q = row.drafter.draft_tree(state.seq, state)
     tree, q = prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
-    width = run.gate.width
-    if allowed and width is not None and tree.num_nodes > width:             # the gate's width: the first nodes
-        keep = torch.arange(tree.num_nodes) < width                             # host: no device read
-        tree, q = tree.select(keep), (q[:width] if q is not None else None)
-    return tree, q
+    return run.gate.cut(tree, q) if allowed else (tree, q)
 
 
 def verify(run: "_Batch", drafts) -> list[TreeRows]:
@@ -317,12 +314,6 @@ class _Batch:
         return TreeStep(row.seq, cache, row.last_hidden, budget=max(row.stopper.max_length - row.width - 1, 0),
                         step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None,
                         verify_nodes=self.verify_nodes if row.step > 1 else None)
-
-    def lagging(self) -> list[int]:
-        """The rows with the most tokens left to their length limit: the batch ends when they do."""
-        left = [row.stopper.max_length - row.width for row in self.rows]
-        most = max(left)
-        return [b for b, n in enumerate(left) if n == most]
 
     def row_cache(self, b: int) -> DynamicCache:
         """Row ``b``'s K/V alone, as a batch-1 ``DynamicCache`` (a copy of the columns it owns)."""

@@ -26,6 +26,8 @@ draws: greedy outputs stay exact and sampling stays lossless whatever the gate d
 
 from __future__ import annotations
 
+import torch
+
 
 class DraftGate:
     """Per call: drafted vs plain progress of a batch's lagging rows (see the module docstring).
@@ -87,6 +89,14 @@ class DraftGate:
             else:
                 self.interval = self.explore_every
 
+    def cut(self, tree, q):
+        """A row's draft (``tree``, draw probabilities ``q`` or ``None``) cut to its first :attr:`width` nodes (a
+        valid tree: parents precede children; the mask is built on the host, no device read)."""
+        if self.width is None or tree.num_nodes <= self.width:
+            return tree, q
+        keep = torch.arange(tree.num_nodes) < self.width
+        return tree.select(keep), (q[: self.width] if q is not None else None)
+
     def _narrow(self) -> None:
         """After a drafted step that did not pay: at most half as wide as it was, and narrower still in
         proportion to what it cost over a plain step (a plain step advances the lagging rows one token)."""
@@ -98,4 +108,10 @@ class DraftGate:
         self.width = max(1, min(widest // 2, int(widest / (plain * seconds))))
 
 
-__all__ = ["DraftGate"]
+def lagging_rows(left: list[int]) -> list[int]:
+    """The rows with the most tokens ``left`` to their length limit: the batch ends when they do."""
+    most = max(left)
+    return [b for b, n in enumerate(left) if n == most]
+
+
+__all__ = ["DraftGate", "lagging_rows"]
