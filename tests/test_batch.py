@@ -214,6 +214,7 @@ def test_gate_refusals_keep_parity(name, free_drafts, monkeypatch):
             return gate.steps % every != 0
 
         monkeypatch.setattr(DraftGate, "allows", allows)
+        monkeypatch.setattr(DraftGate, "follows_lagging", False)        # every row drafts (tested apart)
         assistant = registry_assistant(name, fresh_kit("gemma3", target))
         for case, (input_ids, mask), kw, expected in cases:
             out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
@@ -246,6 +247,47 @@ def test_gate_width_keeps_parity(name, free_drafts, open_gate, monkeypatch):
             out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
             assert out.tolist() == expected, (case, width)
             assert max(assistant.last_stats.width_per_call) <= width + 1, (case, width)
+
+
+@pytest.mark.parametrize("name", ["maxgram", "glide_cape", "recycling"])
+def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, free_drafts, monkeypatch):
+    """The gate open, its default rule: only the rows with the most tokens left draft (the others' drafters see a
+    budget of 0); a step where no row drafted gives the drafters no rows (``state.rows is None``); outputs stay
+    plain's, and drafts were accepted."""
+    from hf_cascade.core import batch
+    from hf_cascade.core.gate import DraftGate
+
+    monkeypatch.setattr(DraftGate, "follows_lagging", True)
+    steps, draft = [], batch.draft
+
+    def record(run, b, allowed=True):
+        left = [row.stopper.max_length - row.width for row in run.rows]
+        tree, q = draft(run, b, allowed)
+        steps.append((left[b] == max(left), allowed, tree.num_nodes))
+        return tree, q
+
+    monkeypatch.setattr(batch, "draft", record)
+    target = setting_target("llama-sdpa")
+    assistant = registry_assistant(name, fresh_kit("llama", target))
+    given, new_drafter = [], assistant.new_drafter
+
+    def watched(*args, **kwargs):                     # each row's drafter: what its on_accept is given
+        drafter = new_drafter(*args, **kwargs)
+        on_accept = drafter.on_accept
+        drafter.on_accept = lambda tree, acc, state: given.append(state.rows) or on_accept(tree, acc, state)
+        return drafter
+
+    monkeypatch.setattr(assistant, "new_drafter", watched)
+    accepted = 0
+    for case, (input_ids, mask), kw, expected in setting_cases("llama-sdpa"):
+        out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
+        assert out.tolist() == expected, case
+        accepted += sum(sum(r.accepted_per_call) for r in assistant.last_stats.rows)
+    assert all(allowed == lagging for lagging, allowed, _ in steps)
+    assert accepted > 0
+    assert name == "maxgram" or any(not lagging for lagging, _, _ in steps)   # rows got ahead (drafting at every step)
+    assert all(n == 0 for lagging, _, n in steps if not lagging)
+    assert any(rows is None for rows in given) and any(rows is not None for rows in given)
 
 
 # -- (2) statistics --------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ forward verifying every row's draft per step.
 The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify -> accept -> update), over rows:
 
 1. **draft** -- each row's own drafter (one per row: its own statistics and caches) proposes a tree for its
-   own sequence, pruned to what that row can still emit; a row may draft nothing, and no row drafts while the
-   batch's :class:`~hf_cascade.core.gate.DraftGate` measures plain steps to advance the batch's end faster.
+   own sequence, pruned to what that row can still emit; a row may draft nothing. Only the *lagging* rows (the
+   most tokens left: the batch ends when they do) draft, and none while the batch's
+   :class:`~hf_cascade.core.gate.DraftGate` measures plain steps to advance the batch's end faster.
 2. **verify** -- one target forward over ``[B, N]``: row ``b``'s root and its ``n_b`` nodes, padded to
    ``N = max n_b + 1`` with queries that attend to themselves only; per-row position ids (each node at its
    branch position, counted in the row's own tokens, padding not counted, as plain batched ``generate``
@@ -19,7 +20,9 @@ The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify 
    block is cut to the longest row's count, and a row that emitted fewer leaves *holes*: columns it does
    not own, masked like its left padding. When padding and holes exceed a third of the cache, the rows are
    compacted (each row's columns gathered, right-aligned: one copy). Rows that finish (EOS, length,
-   stopping criteria) leave the batch: their cache rows are dropped and cost nothing afterwards.
+   stopping criteria) leave the batch: their cache rows are dropped and cost nothing afterwards. A step where
+   no row drafted computes what plain decoding does (greedy: the argmax screen alone) and gives the drafters
+   no rows to record.
 
 Why holes: ``DynamicCache`` keeps one length for the whole batch, so ragged rows need masked columns anyway;
 realigning every row at every step copies the whole cache (``O(B x T)`` per step), holes cost the step's
@@ -82,12 +85,12 @@ def speculative_decode_batch(
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
-        run.screen = _screen(run, drafters, argmax_screen)
+        run.screen, run.plain_screen = _screen(run, drafters, argmax_screen), _screen(run, [], argmax_screen)
         while run.rows:
             step_started, allowed, lagging = time.perf_counter(), run.gate.allows(), lagging_rows(
                 [row.stopper.max_length - row.width for row in run.rows])
             with run.timer("draft"):
-                drafts = [draft(run, b, allowed) for b in range(len(run.rows))]
+                drafts = draft_rows(run, allowed, lagging)
             started = time.perf_counter()
             with run.timer("verify"):
                 rows = verify(run, drafts)
@@ -135,6 +138,12 @@ def prefill(run: "_Batch") -> None:
         run.rows[b].last_hidden = hidden[b]
 
 
+def draft_rows(run: "_Batch", allowed: bool, lagging: list[int]) -> list[tuple[TokenTree, torch.Tensor | None]]:
+    """Every row's draft; only the lagging rows draft when the gate :attr:`~DraftGate.follows_lagging`."""
+    follow = run.gate.follows_lagging
+    return [draft(run, b, allowed and (not follow or b in lagging)) for b in range(len(run.rows))]
+
+
 def draft(run: "_Batch", b: int, allowed: bool = True) -> tuple[TokenTree, torch.Tensor | None]:
     """Row ``b``'s draft, pruned to what it can emit and to the gate's :attr:`~DraftGate.width`; none when the
     batch's :class:`DraftGate` refuses this step (the drafter then sees a budget of 0, as at the end of a
@@ -179,7 +188,7 @@ def verify(run: "_Batch", drafts) -> list[TreeRows]:
                 for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
     hidden = run.target.get_decoder()(**inputs).last_hidden_state                 # [B, N, H]
     run.hidden = hidden
-    heads = run.screen or (lambda rows: (run.head, None))
+    heads = (run.screen if N > 1 else run.plain_screen) or (lambda rows: (run.head, None))
     head, argmax_head = heads(run.block_rows or 1)                                   # blocks after the first
     rows = [TreeRows(tree, row.full, row.processors, hidden=hidden[b, : tree.num_nodes + 1], head=head,
                      block_rows=run.block_rows, argmax_head=argmax_head)
@@ -221,7 +230,7 @@ def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAc
     run.keep(kept)
     for b, ((tree, _), acc, r) in enumerate(zip(drafts, acceptances, rows)):
         state = run.state(b, cache=False)
-        state.rows = r
+        state.rows = r if run.verify_nodes else None         # a plain step: nothing for drafters to record
         run.rows[b].drafter.on_accept(tree, acc, state)
     run.drop(done)
     run.compact_if_sparse()
@@ -275,6 +284,7 @@ class _Batch:
         self.head_input = _HeadInput(target)
         self.head = None
         self.screen = None                               # rows per head call -> (head, argmax head) (loop._screen)
+        self.plain_screen = None                         # the same where no drafter reads the rows (plain steps)
         self.hidden: torch.Tensor | None = None
         self.verify_seconds: float | None = None
         self.verify_nodes: int | None = None

@@ -1,4 +1,9 @@
-"""Whether a batched step drafts at all: drafting must pay over the whole batch, on the running machine.
+"""Which rows of a batched step draft, and whether any does: drafting must pay over the whole batch, on the
+running machine.
+
+Only the lagging rows (:func:`lagging_rows`) draft. A row ahead of them gains nothing the batch waits for,
+while its draft costs its drafter's work and, in the verification, head rows and possibly a wider forward;
+it drafts again once it lags (rows overtake each other). This rule holds on any device; what follows is measured.
 
 Each row's drafter sizes its own draft from its own acceptance and cost, but in a batch every row's
 verification widens to the widest draft, and the batch ends only when its last row does: tokens a row
@@ -48,6 +53,9 @@ class DraftGate:
         self.drafting = True                               # drafts allowed by the comparison (not exploring)
         self.last: tuple[int, float] | None = None         # the last drafted step: widest draft, seconds
 
+    #: only the lagging rows draft (the module docstring); ``False``: every row does
+    follows_lagging: bool = True
+
     def allows(self) -> bool:
         """Whether the rows may draft at this step."""
         drafted, plain = self.rate[True], self.rate[False]
@@ -90,12 +98,8 @@ class DraftGate:
                 self.interval = self.explore_every
 
     def cut(self, tree, q):
-        """A row's draft (``tree``, draw probabilities ``q`` or ``None``) cut to its first :attr:`width` nodes (a
-        valid tree: parents precede children; the mask is built on the host, no device read)."""
-        if self.width is None or tree.num_nodes <= self.width:
-            return tree, q
-        keep = torch.arange(tree.num_nodes) < self.width
-        return tree.select(keep), (q[: self.width] if q is not None else None)
+        """A row's draft (``tree``, draw probabilities ``q`` or ``None``) cut to its first :attr:`width` nodes."""
+        return first_nodes(tree, q, self.width)
 
     def _narrow(self) -> None:
         """After a drafted step that did not pay: at most half as wide as it was, and narrower still in
@@ -114,4 +118,13 @@ def lagging_rows(left: list[int]) -> list[int]:
     return [b for b, n in enumerate(left) if n == most]
 
 
-__all__ = ["DraftGate", "lagging_rows"]
+def first_nodes(tree, q, width: int | None):
+    """A draft (``tree``, draw probabilities ``q`` or ``None``) cut to its first ``width`` nodes (``None``: all):
+    a valid tree, as parents precede children; the mask is built on the host, no device read."""
+    if width is None or tree.num_nodes <= width:
+        return tree, q
+    keep = torch.arange(tree.num_nodes) < width
+    return tree.select(keep), (q[:width] if q is not None else None)
+
+
+__all__ = ["DraftGate", "first_nodes", "lagging_rows"]
