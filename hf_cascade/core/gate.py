@@ -1,9 +1,9 @@
 """Which rows of a batched step draft, and whether any does: drafting must pay over the whole batch, on the
 running machine.
 
-Only the lagging rows (:func:`lagging_rows`) draft. A row ahead of them gains nothing the batch waits for,
-while its draft costs its drafter's work and, in the verification, head rows and possibly a wider forward;
-it drafts again once it lags (rows overtake each other). This rule holds on any device; what follows is measured.
+Only the lagging rows (:func:`lagging_rows`) draft. A row ahead of them emits tokens the batch does not wait
+for (they count only if it would later fall behind), while its draft costs its drafter's work and, in the
+verification, head rows and possibly a wider forward; once it lags it drafts again. What follows is measured.
 
 Each row's drafter sizes its own draft from its own acceptance and cost, but in a batch every row's
 verification widens to the widest draft, and the batch ends only when its last row does: tokens a row
@@ -42,6 +42,9 @@ class DraftGate:
     step can cost several plain ones), one that pays sets the interval back; a drafted step faster than the
     plain rate doubles :attr:`width`."""
 
+    #: only the lagging rows draft (the module docstring); ``False``: every row does
+    follows_lagging: bool = True
+
     def __init__(self, explore_every: int = 8, decay: float = 0.7):
         self.explore_every, self.decay = int(explore_every), float(decay)
         self.rate: dict[bool, float | None] = {True: None, False: None}   # lagging rows' tokens / second, EMA
@@ -52,9 +55,6 @@ class DraftGate:
         self.width: int | None = None
         self.drafting = True                               # drafts allowed by the comparison (not exploring)
         self.last: tuple[int, float] | None = None         # the last drafted step: widest draft, seconds
-
-    #: only the lagging rows draft (the module docstring); ``False``: every row does
-    follows_lagging: bool = True
 
     def allows(self) -> bool:
         """Whether the rows may draft at this step."""
@@ -98,8 +98,12 @@ class DraftGate:
                 self.interval = self.explore_every
 
     def cut(self, tree, q):
-        """A row's draft (``tree``, draw probabilities ``q`` or ``None``) cut to its first :attr:`width` nodes."""
-        return first_nodes(tree, q, self.width)
+        """A row's draft (``tree``, draw probabilities ``q`` or ``None``) cut to its first :attr:`width` nodes (a
+        valid tree: parents precede children; the mask is built on the host, no device read)."""
+        if self.width is None or tree.num_nodes <= self.width:
+            return tree, q
+        keep = torch.arange(tree.num_nodes) < self.width
+        return tree.select(keep), (q[: self.width] if q is not None else None)
 
     def _narrow(self) -> None:
         """After a drafted step that did not pay: at most half as wide as it was, and narrower still in
@@ -118,13 +122,4 @@ def lagging_rows(left: list[int]) -> list[int]:
     return [b for b, n in enumerate(left) if n == most]
 
 
-def first_nodes(tree, q, width: int | None):
-    """A draft (``tree``, draw probabilities ``q`` or ``None``) cut to its first ``width`` nodes (``None``: all):
-    a valid tree, as parents precede children; the mask is built on the host, no device read."""
-    if width is None or tree.num_nodes <= width:
-        return tree, q
-    keep = torch.arange(tree.num_nodes) < width
-    return tree.select(keep), (q[:width] if q is not None else None)
-
-
-__all__ = ["DraftGate", "first_nodes", "lagging_rows"]
+__all__ = ["DraftGate", "lagging_rows"]

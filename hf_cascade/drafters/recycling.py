@@ -11,7 +11,10 @@ What this module keeps, and where it deviates (and why):
 * the table is a host ``dict`` ``token -> (top-k tokens, their probabilities)`` filled from the rows
   the verification computed anyway (:class:`~hf_cascade.core.rows.TreeRows`: with a large vocabulary
   the output head dominates a row's cost, so no row is computed for the table alone; the paper's GPU
-  has every row's logits). One top-k over those rows and one device read per step.
+  has every row's logits). One top-k over those rows and one device read per step. In a batch, a step
+  where no row drafted (the batch gate refused, or no lagging row had a draft) records nothing: it
+  computes only what plain decoding does (:mod:`hf_cascade.core.batch`), and the table grows at drafted
+  steps; at batch 1 every step records.
 * it also keeps the target's *probabilities* of those candidates (the paper keeps tokens only), and the
   tree is not a fixed template: candidates are expanded best-first by path probability (the product of
   the recycled probabilities from the root, EAGLE-2's ordering) and then cut to the nodes that pay on the
