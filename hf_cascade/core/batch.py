@@ -89,8 +89,9 @@ def speculative_decode_batch(
         while run.rows:
             step_started, allowed, lagging = time.perf_counter(), run.gate.allows(), lagging_rows(
                 [row.stopper.max_length - row.width for row in run.rows])
+            drafting = set(lagging if run.gate.follows_lagging else range(len(run.rows)))   # the rows that may draft
             with run.timer("draft"):
-                drafts = draft_rows(run, allowed, lagging)
+                drafts = [draft(run, b, allowed and b in drafting) for b in range(len(run.rows))]
             started = time.perf_counter()
             with run.timer("verify"):
                 rows = verify(run, drafts)
@@ -138,16 +139,10 @@ def prefill(run: "_Batch") -> None:
         run.rows[b].last_hidden = hidden[b]
 
 
-def draft_rows(run: "_Batch", allowed: bool, lagging: list[int]) -> list[tuple[TokenTree, torch.Tensor | None]]:
-    """Every row's draft; only the lagging rows draft when the gate :attr:`~DraftGate.follows_lagging`."""
-    follow = run.gate.follows_lagging
-    return [draft(run, b, allowed and (not follow or b in lagging)) for b in range(len(run.rows))]
-
-
 def draft(run: "_Batch", b: int, allowed: bool = True) -> tuple[TokenTree, torch.Tensor | None]:
-    """Row ``b``'s draft, pruned to what it can emit and to the gate's :attr:`~DraftGate.width`; none when the
-    batch's :class:`DraftGate` refuses this step (the drafter then sees a budget of 0, as at the end of a
-    generation)."""
+    """Row ``b``'s draft, pruned to what it can emit and to the gate's :attr:`~DraftGate.width`; none when not
+    ``allowed`` (the :class:`DraftGate` refuses this step, or the row is ahead of the lagging rows): the drafter
+    then sees a budget of 0, as at the end of a generation."""
     row = run.rows[b]
     state = run.state(b, cache=allowed)                 # a refused step reads no cache: none is gathered
     if not allowed:
