@@ -19,7 +19,8 @@ batched ``generate`` of the same target gives on the same padded batch, in the s
 
 Drafted steps, where a test asserts on them, do not depend on wall time: :func:`free_drafts`, a flat
 verification profile for GLIDE and ReDrafter (:func:`flat_profile`) and the batch's draft gate held open
-(``open_gate``, tests/conftest.py); the gate refusing drafts (every step, or some) keeps parity too.
+(``open_gate``, tests/conftest.py); the gate's own rules (refused steps, its width, only the lagging rows
+drafting) keep parity too: tests/test_batch_gate.py.
 
 The checks are functions of a target: tests/cuda/test_cuda_batch.py runs them on a GPU.
 """
@@ -197,97 +198,6 @@ def test_greedy_parity(name, setting, free_drafts, open_gate):
     target = setting_target(setting)
     assistant = registry_assistant(name, fresh_kit(SETTINGS[setting][0], target))
     assert_batch_parity(target, assistant, cases)
-
-
-@pytest.mark.parametrize("name", ["drafter+maxgram", "hsddw", "glide_cape", "redrafter"])
-def test_gate_refusals_keep_parity(name, free_drafts, monkeypatch):
-    """Steps where the :class:`~hf_cascade.core.gate.DraftGate` refuses drafts verify every row's root alone
-    (width 1), between drafted steps or throughout; outputs stay plain's."""
-    from hf_cascade.core.gate import DraftGate
-
-    target = setting_target("gemma3-sdpa")
-    cases = [c for c in setting_cases("gemma3-sdpa") if c[0] in ("max_new_tokens_13", "eos_in_draft")]
-    for every in (3, 1):                                  # refuse every third step, then every step
-
-        def allows(gate, every=every):
-            gate.steps = getattr(gate, "steps", 0) + 1
-            return gate.steps % every != 0
-
-        monkeypatch.setattr(DraftGate, "allows", allows)
-        monkeypatch.setattr(DraftGate, "follows_lagging", False)        # every row drafts (tested apart)
-        assistant = registry_assistant(name, fresh_kit("gemma3", target))
-        for case, (input_ids, mask), kw, expected in cases:
-            out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
-            assert out.tolist() == expected, (case, every)
-            widths = assistant.last_stats.width_per_call
-            assert all(w == 1 for k, w in enumerate(widths, 1) if k % every == 0), (case, every, widths)
-            if every > 1:
-                assert max(widths) > 1, (case, widths)
-
-
-@pytest.mark.parametrize("name", ["maxgram", "glide_cape", "redrafter", "recycling"])
-def test_gate_width_keeps_parity(name, free_drafts, open_gate, monkeypatch):
-    """Drafted steps under the gate's :attr:`~hf_cascade.core.gate.DraftGate.width` verify each row's first
-    ``width`` nodes only (1 and 2 here: every step at most ``width + 1`` wide); outputs stay plain's."""
-    from hf_cascade.core.gate import DraftGate
-
-    target = setting_target("llama-sdpa")
-    cases = [c for c in setting_cases("llama-sdpa") if c[0] in ("max_new_tokens_13", "eos_in_draft")]
-    for width in (1, 2):
-        init = DraftGate.__init__
-
-        def narrow(gate, *a, width=width, init=init, **k):
-            init(gate, *a, **k)
-            gate.width = width
-
-        monkeypatch.setattr(DraftGate, "__init__", narrow)
-        monkeypatch.setattr(DraftGate, "observe", lambda gate, *a, **k: None)     # the width stays as set
-        assistant = registry_assistant(name, fresh_kit("llama", target))
-        for case, (input_ids, mask), kw, expected in cases:
-            out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
-            assert out.tolist() == expected, (case, width)
-            assert max(assistant.last_stats.width_per_call) <= width + 1, (case, width)
-
-
-@pytest.mark.parametrize("name", ["maxgram", "glide_cape", "recycling"])
-def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, free_drafts, monkeypatch):
-    """The gate open, its default rule: only the rows with the most tokens left draft (the others' drafters see a
-    budget of 0); a step where no row drafted gives the drafters no rows (``state.rows is None``); outputs stay
-    plain's, and drafts were accepted."""
-    from hf_cascade.core import batch
-    from hf_cascade.core.gate import DraftGate
-
-    monkeypatch.setattr(DraftGate, "follows_lagging", True)
-    steps, draft = [], batch.draft
-
-    def record(run, b, allowed=True):
-        left = [row.stopper.max_length - row.width for row in run.rows]
-        tree, q = draft(run, b, allowed)
-        steps.append((left[b] == max(left), allowed, tree.num_nodes))
-        return tree, q
-
-    monkeypatch.setattr(batch, "draft", record)
-    target = setting_target("llama-sdpa")
-    assistant = registry_assistant(name, fresh_kit("llama", target))
-    given, new_drafter = [], assistant.new_drafter
-
-    def watched(*args, **kwargs):                     # each row's drafter: what its on_accept is given
-        drafter = new_drafter(*args, **kwargs)
-        on_accept = drafter.on_accept
-        drafter.on_accept = lambda tree, acc, state: given.append(state.rows) or on_accept(tree, acc, state)
-        return drafter
-
-    monkeypatch.setattr(assistant, "new_drafter", watched)
-    accepted = 0
-    for case, (input_ids, mask), kw, expected in setting_cases("llama-sdpa"):
-        out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
-        assert out.tolist() == expected, case
-        accepted += sum(sum(r.accepted_per_call) for r in assistant.last_stats.rows)
-    assert all(allowed == lagging for lagging, allowed, _ in steps)
-    assert accepted > 0
-    assert name == "maxgram" or any(not lagging for lagging, _, _ in steps)   # rows got ahead (drafting at every step)
-    assert all(n == 0 for lagging, _, n in steps if not lagging)
-    assert any(rows is None for rows in given) and any(rows is not None for rows in given)
 
 
 # -- (2) statistics --------------------------------------------------------------------------------------

@@ -40,27 +40,21 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
-from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
-from ..processors import row_processors
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
-from .attention import additive, batch_tree_allowed
-from .forward import check_attention_backend, mask_device_dtype, output_head, per_layer_type
-from .gate import DraftGate, lagging_rows
-from .loop import _HeadInput, _depth, _input_device, _leaves, _screen
-from .outputs import batch_outputs, record_rows
+from .batch_state import COMPACT_SHARE, BatchRun
+from .forward import check_attention_backend, output_head
+from .gate import lagging_rows
+from .loop import _depth, _leaves, _screen
+from .outputs import record_rows
 from .rows import TreeRows, first_blocks
-from .stats import BatchStats, PhaseTimer
-from .stopping import Stopper, prune_tree
-from .strategy import TreeDrafter, TreeStep
+from .stats import BatchStats
+from .stopping import prune_tree
+from .strategy import TreeDrafter
 from .structure import TokenTree
-
-#: compact the cache when columns a row does not own (padding, holes) exceed this share of it
-COMPACT_SHARE = 1 / 3
 
 
 @torch.no_grad()
@@ -80,7 +74,7 @@ def speculative_decode_batch(
     ``argmax_screen``: the backend's exact argmax of the head for a number of rows, used as at batch 1
     (:func:`hf_cascade.core.loop.speculative_decode`) for the first blocks of every row and the blocks after."""
     check_attention_backend(target, tree_shaped=True)          # holes and padding need our mask
-    run = _Batch(target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria,
+    run = BatchRun(target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria,
                  generation_config, stats, block_rows)
     with run.head_input:
         with run.timer("prefill"):
@@ -107,7 +101,7 @@ def speculative_decode_batch(
 
 # -- the steps -----------------------------------------------------------------------------------------
 
-def prefill(run: "_Batch") -> None:
+def prefill(run: "BatchRun") -> None:
     """Every row's prompt minus its last token (the first root) into the cache, left padding masked."""
     width = run.width - 1
     if width < 1:
@@ -139,10 +133,11 @@ def prefill(run: "_Batch") -> None:
         run.rows[b].last_hidden = hidden[b]
 
 
-def draft(run: "_Batch", b: int, allowed: bool = True) -> tuple[TokenTree, torch.Tensor | None]:
-    """Row ``b``'s draft, pruned to what it can emit and to the gate's :attr:`~DraftGate.width`; none when not
-    ``allowed`` (the :class:`DraftGate` refuses this step, or the row is ahead of the lagging rows): the drafter
-    then sees a budget of 0, as at the end of a generation."""
+def draft(run: "BatchRun", b: int, allowed: bool = True) -> tuple[TokenTree, torch.Tensor | None]:
+    """Row ``b``'s draft, pruned to what it can emit and to the gate's
+    :attr:`~hf_cascade.core.gate.DraftGate.width`; none when not ``allowed`` (the batch's draft gate refuses this
+    step, or the row is ahead of the lagging rows): the drafter then sees a budget of 0, as at the end of a
+    generation."""
     row = run.rows[b]
     state = run.state(b, cache=allowed)                 # a refused step reads no cache: none is gathered
     if not allowed:
@@ -152,7 +147,7 @@ def draft(run: "_Batch", b: int, allowed: bool = True) -> tuple[TokenTree, torch
     return run.gate.cut(tree, q) if allowed else (tree, q)
 
 
-def verify(run: "_Batch", drafts) -> list[TreeRows]:
+def verify(run: "BatchRun", drafts) -> list[TreeRows]:
     """One target forward over every row's ``[root, nodes]``; each row's first block of logits in one head call."""
     B, N = len(run.rows), max(tree.num_nodes for tree, _ in drafts) + 1
     run.verify_nodes = N - 1                                            # every row's block is padded to it
@@ -192,14 +187,14 @@ def verify(run: "_Batch", drafts) -> list[TreeRows]:
     return rows
 
 
-def accept(run: "_Batch", drafts, rows: list[TreeRows]) -> list[TreeAcceptance]:
+def accept(run: "BatchRun", drafts, rows: list[TreeRows]) -> list[TreeAcceptance]:
     """Each row's acceptance, exactly as at batch 1 (:func:`hf_cascade.core.loop.accept`)."""
     if run.cfg.do_sample:
         return [sampling_tree_accept(tree, r.softmax(), q) for (tree, q), r in zip(drafts, rows)]
     return [greedy_tree_accept(tree, r) for (tree, _), r in zip(drafts, rows)]
 
 
-def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAcceptance]) -> list[int]:
+def update(run: "BatchRun", drafts, rows: list[TreeRows], acceptances: list[TreeAcceptance]) -> list[int]:
     """Emit each row's tokens where plain decoding stops, keep their K/V (holes where a row emitted fewer than
     the longest), give every drafter its feedback, drop finished rows, compact when holes pile up. Returns the
     tokens each row of the step emitted."""
@@ -230,177 +225,6 @@ def update(run: "_Batch", drafts, rows: list[TreeRows], acceptances: list[TreeAc
     run.drop(done)
     run.compact_if_sparse()
     return [len(k) for k in kept]
-
-
-# -- the loop's state ----------------------------------------------------------------------------------
-
-@dataclass
-class _Row:
-    """One row: its padded sequence on the device, its own tokens on the host, its drafter and stopper, and
-    the cache columns it owns (ascending; their positions are ``0 .. length - 2``)."""
-
-    index: int
-    pad: int
-    full: torch.Tensor
-    tokens: list[int]
-    drafter: TreeDrafter
-    stopper: Stopper
-    stats: object
-    processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)
-    cols: list[int] = field(default_factory=list)
-    last_hidden: torch.Tensor | None = None
-    step: int = 0
-    scores: list[torch.Tensor] = field(default_factory=list)           # [1, V] per emitted token, when asked for
-    logits: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def width(self) -> int:
-        return self.pad + len(self.tokens)
-
-    @property
-    def seq(self) -> torch.Tensor:
-        return self.full[self.pad:]
-
-
-class _Batch:
-    """One batched ``generate()`` call: the target, its settings, the shared cache and the active rows."""
-
-    def __init__(self, target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria, cfg, stats,
-                 block_rows):
-        self.target, self.cfg, self.stats, self.block_rows = target, cfg, stats, block_rows
-        self.processors = logits_processor or LogitsProcessorList()
-        self.timer = PhaseTimer(stats)
-        self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None     # None: not asked for
-        self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
-        self.head_input = _HeadInput(target)
-        self.head = None
-        self.screen = None                               # rows per head call -> (head, argmax head) (loop._screen)
-        self.plain_screen = None                         # the same where no drafter reads the rows (plain steps)
-        self.hidden: torch.Tensor | None = None
-        self.verify_seconds: float | None = None
-        self.verify_nodes: int | None = None
-        self.device = _input_device(target, input_ids)
-        ids = input_ids.to(self.device)
-        host = input_ids.tolist()
-        mask = attention_mask.tolist() if attention_mask is not None else [[1] * len(r) for r in host]
-        pad = cfg.pad_token_id if cfg.pad_token_id is not None else getattr(cfg, "_pad_token_tensor", None)
-        self.pad_id = int(torch.as_tensor(pad).flatten()[0]) if pad is not None else None
-        self.width = ids.shape[1]
-        self.rows = []
-        for b, (tokens, m) in enumerate(zip(host, mask)):
-            p = m.index(1)
-            self.rows.append(_Row(b, p, ids[b], tokens[p:], drafters[b], Stopper(cfg, stopping_criteria), stats.rows[b],
-                                  row_processors(self.processors, b)))
-        if self.pad_id is None:
-            self.pad_id = 0                              # fills padded queries only; checked again in result()
-            self._need_pad = True
-        else:
-            self._need_pad = False
-        self.finished: list[_Row] = []
-        self.gate = DraftGate()
-        self.cache = DynamicCache()
-        self.past_pos = torch.empty(len(self.rows), 0, dtype=torch.long, device=self.device)
-        self._dtype = mask_device_dtype(target)[1]
-
-    def mask(self, past_pos, query, ancestors):
-        """The ``attention_mask`` argument (per layer type when the model mixes full and sliding layers)."""
-        return per_layer_type(self.target, lambda window: additive(
-            batch_tree_allowed(past_pos, query, ancestors, window), self._dtype))
-
-    def state(self, b: int, cache: bool = True) -> TreeStep:
-        """Row ``b``'s :class:`TreeStep`; its ``cache`` (a copy of the row's K/V) only for a drafter that reads
-        the target's cache, and only where it may draft (``cache``: ``on_accept`` reads none)."""
-        row = self.rows[b]
-        cache = self.row_cache(b) if cache and getattr(row.drafter, "reads_target_cache", False) else None
-        return TreeStep(row.seq, cache, row.last_hidden, budget=max(row.stopper.max_length - row.width - 1, 0),
-                        step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None,
-                        verify_nodes=self.verify_nodes if row.step > 1 else None)
-
-    def row_cache(self, b: int) -> DynamicCache:
-        """Row ``b``'s K/V alone, as a batch-1 ``DynamicCache`` (a copy of the columns it owns)."""
-        cache, cols = DynamicCache(), self.rows[b].cols
-        for i, layer in enumerate(self.cache.layers):
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-                continue
-            idx = torch.tensor(cols, dtype=torch.long, device=layer.keys.device)
-            cache.update(layer.keys[b: b + 1].index_select(2, idx), layer.values[b: b + 1].index_select(2, idx), i)
-        return cache
-
-    # -- the cache's columns ------------------------------------------------------------------------
-    def _gather(self, index: list[list[int]], start: int) -> None:
-        """Every layer keeps ``[:start]`` and then, per row, the columns ``start + index[b]``."""
-        width = len(index[0])
-        host = torch.tensor(index, dtype=torch.long) + start
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-                continue
-            B, H, _, D = layer.keys.shape
-            idx = host.to(layer.keys.device)[:, None, :, None].expand(B, H, width, D)
-            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys.gather(2, idx)], dim=2)
-            layer.values = torch.cat([layer.values[:, :, :start], layer.values.gather(2, idx)], dim=2)
-
-    def keep(self, kept: list[list[int]]) -> None:
-        """After a verification: row ``b`` keeps the step's block columns ``kept[b]`` (root first), in order."""
-        T, M = self.past_pos.shape[1], max(len(k) for k in kept)
-        if any(k != list(range(len(k))) for k in kept) or self.cache.get_seq_length() != T + M:
-            self._gather([k + [k[-1]] * (M - len(k)) for k in kept], T)
-        positions = []
-        for row, k in zip(self.rows, kept):
-            first = row.length - len(k) - 1                 # the root's position (tokens were appended already)
-            positions.append([first + j for j in range(len(k))] + [-1] * (M - len(k)))
-            row.cols += [T + j for j in range(len(k))]
-        self.past_pos = torch.cat([self.past_pos, torch.tensor(positions, dtype=torch.long, device=self.device)], dim=1)
-
-    def drop(self, done: list[int]) -> None:
-        """Rows that finished leave the batch (and its cache)."""
-        if not done:
-            return
-        stay = [b for b in range(len(self.rows)) if b not in set(done)]
-        self.finished += [self.rows[b] for b in done]
-        self.rows = [self.rows[b] for b in stay]
-        if not stay:
-            return
-        index = torch.tensor(stay, dtype=torch.long)
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                i = index.to(layer.keys.device)
-                layer.keys, layer.values = layer.keys.index_select(0, i), layer.values.index_select(0, i)
-        self.past_pos = self.past_pos.index_select(0, index.to(self.device))
-
-    def compact_if_sparse(self) -> None:
-        """Gather every row's columns right-aligned when padding and holes exceed :data:`COMPACT_SHARE`."""
-        if not self.rows:
-            return
-        T = self.past_pos.shape[1]
-        owned = [len(row.cols) for row in self.rows]
-        if T == 0 or T * len(self.rows) - sum(owned) <= COMPACT_SHARE * T * len(self.rows) or T - max(owned) < 8:
-            return
-        width = max(owned)
-        index = [[row.cols[0] if row.cols else 0] * (width - len(row.cols)) + row.cols for row in self.rows]
-        self._gather(index, 0)
-        self.past_pos = torch.tensor([[-1] * (width - n) + list(range(n)) for n in owned], dtype=torch.long,
-                                     device=self.device)
-        for row, n in zip(self.rows, owned):
-            row.cols = list(range(width - n, width))
-        self.stats.compactions += 1
-
-    def result(self):
-        rows = sorted(self.finished + self.rows, key=lambda r: r.index)
-        longest = max(row.width for row in rows)
-        if self._need_pad and any(row.width < longest for row in rows):
-            raise ValueError("rows of a batch stopped at different lengths and the generation config has no "
-                             "pad_token_id to fill them with (set generation_config.pad_token_id).")
-        filled = [torch.cat([row.full, row.full.new_full((longest - row.width,), self.pad_id)]) for row in rows]
-        sequences = torch.stack(filled)
-        if self.cfg.return_dict_in_generate:
-            scores, logits = batch_outputs(self.target, rows, sequences, self.width,
-                                           self.scores is not None, self.raw_logits is not None)
-            return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
-        return sequences
 
 
 __all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "speculative_decode_batch", "update", "verify"]
