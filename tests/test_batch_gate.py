@@ -1,5 +1,6 @@
 """The batch's draft gate (:mod:`hf_cascade.core.gate`) keeps batched outputs plain's: steps it refuses, the
-width it allows, only the lagging rows drafting (and plain steps recording nothing). The cases and the
+width it allows (greedy parity; under sampling, each row's law), only the lagging rows drafting (and plain steps
+recording nothing). The cases and the
 settings are tests/test_batch.py's; the gate's rules themselves have golden tests in tests/test_adapt.py."""
 
 from __future__ import annotations
@@ -60,6 +61,32 @@ def test_gate_width_keeps_parity(name, free_drafts, open_gate, monkeypatch):
             out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
             assert out.tolist() == expected, (case, width)
             assert max(assistant.last_stats.width_per_call) <= width + 1, (case, width)
+
+
+@pytest.mark.parametrize("name", ["glide_cape", "redrafter"])
+def test_gate_width_keeps_sampling_exact(name, free_drafts, open_gate, monkeypatch):
+    """Under sampling, a draft cut to its first ``width`` nodes (2 here: a tree may lose some of a node's
+    children, and their draw probabilities with them) keeps each row's law the target's: the joint law of the
+    first tokens and the per-step calibration pass, with drafts accepted and rejected."""
+    import time
+
+    from hf_cascade.core.gate import DraftGate
+    from tests.contract_registry import base_kit
+    from tests.test_batch_sampling import assert_exact_batch_sampling
+    from tests.test_contract import FakeClock
+
+    init = DraftGate.__init__
+
+    def narrow(gate, *a, **k):
+        init(gate, *a, **k)
+        gate.width = 2
+
+    monkeypatch.setattr(DraftGate, "__init__", narrow)
+    monkeypatch.setattr(DraftGate, "observe", lambda gate, *a, **k: None)         # the width stays as set
+    monkeypatch.setattr(time, "perf_counter", FakeClock())                        # reproducible runs
+    target = base_kit("small").target
+    kit = fresh_kit("small", target)
+    assert_exact_batch_sampling(target, lambda: registry_assistant(name, kit))
 
 
 @pytest.mark.parametrize("name", ["maxgram", "glide_cape", "recycling"])
