@@ -1,6 +1,6 @@
-"""The output head's exact argmax through a bfloat16 screen (hf_cascade/backends/cpu/argmax_screen.py,
-``panel_linear_bf16`` of csrc/panel_linear.cpp): the widened bfloat16 product against torch's, the error bound
-the screen relies on, the argmax on near-ties the bfloat16 copy cannot tell apart, its use by the core's rows
+"""The output head's exact argmax through an int8 screen (hf_cascade/backends/cpu/argmax_screen.py,
+``panel_linear_i8`` of csrc/panel_linear.cpp): the widened, scaled int8 product against torch's, the error bound
+the screen relies on, the argmax on near-ties the int8 copy cannot tell apart, its use by the core's rows
 (greedy acceptance unchanged; a row read in full afterwards is computed in full), and where the core uses it."""
 
 from __future__ import annotations
@@ -19,22 +19,35 @@ from transformers import LogitsProcessorList
 pytestmark = pytest.mark.skipif(not PANEL.available(), reason="the panel kernel did not build on this machine")
 
 
-def test_bf16_panel_product_is_the_widened_bf16_product():
-    """Golden: the bfloat16 weight widened to float32 exactly, products and sums in float32 (up to order)."""
+def _int8_copy(w: torch.Tensor) -> torch.Tensor:
+    """What ``pack_panels_i8`` stores, as float64 rows: ``a_j round(w_j / a_j)``, ``a_j = max|w_j| / 127``."""
+    a = w.abs().amax(dim=1, keepdim=True) / 127
+    return (w / torch.where(a > 0, a, torch.ones_like(a))).round().clamp(-127, 127).double() * a.double()
+
+
+def test_int8_panel_product_is_the_widened_scaled_int8_product():
+    """Golden: each row's int8 copy widened to float32 exactly, products and sums in float32 (up to order), the
+    sum times the row's scale; a zero row stays zero; more than 16 outputs (several panels, a partial last one)."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(37, 24, generator=g)
+    w[5] = 0.0
+    panels, scale = extension().pack_panels_i8(w)
+    assert panels.dtype == torch.int8 and panels.shape == (3, 24, 16) and scale.shape == (48,)
+    assert torch.equal(scale[:37], w.abs().amax(dim=1) / 127) and scale[37:].eq(0).all()
     for m in (1, 3, 8, 11):                                    # one pass, and chunks of 8 rows
         x = torch.randn(m, 24, generator=g)
-        got = extension().panel_linear_bf16(x, extension().pack_panels_bf16(w), 37)
-        want = F.linear(x.double(), w.to(torch.bfloat16).double())
+        got = extension().panel_linear_i8(x, panels, scale, 37)
+        want = F.linear(x.double(), _int8_copy(w))
         assert got.shape == (m, 37) and torch.allclose(got.double(), want, atol=1e-4, rtol=1e-5)
-    exact = torch.tensor([[1.0, 0.0, 2.0]])                    # bfloat16 holds 1, 2, 3.5 exactly
-    w = torch.tensor([[1.0, 2.0, 3.5], [0.0, 0.0, 1.0]])
-    assert extension().panel_linear_bf16(exact, extension().pack_panels_bf16(w), 2).tolist() == [[8.0, 2.0]]
+        assert got[:, 5].eq(0).all()
+    exact = torch.tensor([[1.0, 0.0, 2.0]])
+    w = torch.tensor([[127.0, -3.0, 5.0], [0.0, 0.0, -1.0]])     # integers: the copy is the weight
+    panels, scale = extension().pack_panels_i8(w)
+    assert extension().panel_linear_i8(exact, panels, scale, 2).tolist() == [[137.0, -2.0]]
 
 
 def test_the_bound_holds_and_the_argmax_is_exact_on_near_ties():
-    """Rows of the weight that differ below bfloat16's resolution: the screen cannot tell them apart, the bound
+    """Rows of the weight that differ below int8's resolution: the screen cannot tell them apart, the bound
     keeps them all as candidates, and their float32 logits decide."""
     g = torch.Generator().manual_seed(1)
     base = torch.randn(4096, 64, generator=g) / 8
@@ -43,11 +56,28 @@ def test_the_bound_holds_and_the_argmax_is_exact_on_near_ties():
     screen = ArgmaxScreen(w)
     x = torch.cat([w[:16] * 40, torch.randn(32, 64, generator=g) * 30])   # rows aimed at a twin pair, and random
     reach = x.norm(dim=1, keepdim=True) * screen.margin
-    approx = extension().panel_linear_bf16(x, screen.panels, w.shape[0])
+    approx = extension().panel_linear_i8(x, screen.panels, screen.scale, w.shape[0])
     exact = F.linear(x, w)
     assert ((exact - approx).abs() <= reach).all()                          # the bound the screen relies on
     assert screen(x) == exact.argmax(dim=1).tolist()
     assert screen.candidates > x.shape[0]                                   # near-ties were settled in float32
+
+
+def test_the_bound_holds_on_rows_with_outliers_and_zero_rows():
+    """Rows whose largest weight is far above the rest (the int8 steps are coarse for everything else), a zero row
+    and rows of very different norms: the bound still covers every output, argmax and top-k candidates are exact."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(2000, 96, generator=g) * torch.logspace(-2, 1, 2000)[:, None]
+    w[::7, 0] *= 300.0                                                      # one outlier per row
+    w[11] = 0.0
+    screen = ArgmaxScreen(w)
+    x = torch.randn(24, 96, generator=g) * torch.logspace(-1, 2, 24)[:, None]
+    exact = F.linear(x, w)
+    approx = extension().panel_linear_i8(x, screen.panels, screen.scale, w.shape[0])
+    assert ((exact - approx).abs() <= x.norm(dim=1, keepdim=True) * screen.margin).all()
+    assert screen(x) == exact.argmax(dim=1).tolist()
+    top = screen.top(x, 20)
+    assert torch.equal(top.topk(20, dim=1).indices.sort(dim=1).values, exact.topk(20, dim=1).indices.sort(dim=1).values)
 
 
 def test_the_screen_is_made_once_per_weight_and_again_after_an_update():

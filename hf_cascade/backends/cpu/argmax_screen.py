@@ -1,22 +1,26 @@
-"""The output head's argmax (or top-k rows) without its float32 logits: a bfloat16 screen with a proven error bound.
+"""The output head's argmax (or top-k rows) without its float32 logits: an int8 screen with a proven error bound.
 
 Greedy acceptance with no logits processor reads only the argmax of each row it walks
 (:meth:`~hf_cascade.core.rows.TreeRows.argmax_block`). With a large vocabulary the head's float32 weight is the
 largest the forward reads (Gemma-3-270M: 262k x 640, 671 MB per call): the call streams it from memory. The
-screen streams a bfloat16 copy instead (half the bytes; ``panel_linear_bf16`` of ``csrc/panel_linear.cpp``: each
-weight widened to float32 exactly, products and sums in float32), then settles the few rows of the vocabulary
-that can still be the argmax with their float32 weights.
+screen streams an int8 copy instead (a quarter of the bytes; ``panel_linear_i8`` of ``csrc/panel_linear.cpp``:
+row ``j`` is ``w~_j = a_j q_j``, ``q_j = round(w_j / a_j)`` in ``[-127, 127]``, ``a_j = max|w_j| / 127``; each
+``q`` widened to float32 exactly, products and sums in float32, each sum multiplied by ``a_j`` once), then settles
+the few rows of the vocabulary that can still be the argmax with their float32 weights.
 
 **Why it is exact.** For a row ``x`` and output ``j`` let ``l_j`` be the float32 logit a float32 product
-computes (any order of accumulation) and ``s_j`` the screen's. With ``w~_j`` the bfloat16 copy of ``w_j`` and
-``g = K u / (1 - K u)`` (``K`` inputs, ``u = 2**-24``), the error of a float32 dot product is at most
-``g sum_i |x_i w_ji| <= g ||x|| ||w_j||``, so
-``|l_j - s_j| <= ||x|| (||w_j - w~_j|| + g (||w_j|| + ||w~_j||)) = ||x|| c_j``, with ``c_j`` computed once per
-weight (in float64, then rounded up by 1%). Every ``j`` with ``s_j + ||x|| c_j`` below ``max_k (s_k - ||x|| c_k)``
-has ``l_j`` below some ``l_k``: it is not the argmax. The remaining candidates (on Gemma-3-270M's real rows:
-1-2 typically, 7 at most in a sample of 144) get their float32 logits, and the argmax among them is the row's.
-Like every other row computation of the core (:mod:`hf_cascade.core.rows`), the float32 logits of the
-candidates may differ from the model's own product in the order of accumulation only.
+computes (any order of accumulation) and ``s_j`` the screen's. With ``g = K u / (1 - K u)`` (``K`` inputs,
+``u = 2**-24``), the error of a float32 dot product is at most ``g sum_i |x_i v_i| <= g ||x|| ||v||``, and the
+final multiplication by ``a_j`` adds at most ``u |a_j fl(x . q_j)| <= u (1 + g) ||x|| ||w~_j||``, so
+``|l_j - s_j| <= ||x|| (||w_j - w~_j|| + g (||w_j|| + ||w~_j||) + u (1 + g) ||w~_j||) = ||x|| c_j``, with ``c_j``
+computed once per weight from the very copy the kernel reads (in float64, then rounded up by 1%). Every ``j`` with
+``s_j + ||x|| c_j`` below ``max_k (s_k - ||x|| c_k)`` has ``l_j`` below some ``l_k``: it is not the argmax. The
+remaining candidates (on Gemma-3-270M's real rows: about 10, a few dozen at most) get their float32 logits, and the
+argmax among them is the row's. Like every other row computation of the core (:mod:`hf_cascade.core.rows`), the
+float32 logits of the candidates may differ from the model's own product in the order of accumulation only.
+Why int8 and not bfloat16 (which the first version used): its bound is about 8 times wider, so several times
+more candidates are settled in float32, but those are a few rows of the weight against a pass over all of it at
+half the bytes; ``docs/cpu-kernels.md`` has both measured.
 
 **Top-k rows for sampling.** The same bound gives every output that can be among a row's ``k`` largest logits:
 those whose upper bound ``s_j + ||x|| c_j`` reaches the ``k``-th largest lower bound (each output left out is
@@ -31,7 +35,8 @@ It applies to a bias-free ``nn.Linear`` head in float32 on CPU (the backend's :c
 with no ``output_scores`` / ``output_logits``: greedy with no logits processor (the argmax alone, or top-k rows
 for a drafter that reads the rows only through their top candidates:
 :attr:`~hf_cascade.core.strategy.TreeDrafter.rows_top_k`), or sampling with a top-k filter first (the rows are then
-read in full, as the processed rows they are). The core decides (:func:`hf_cascade.core.loop._screen`). It costs a bfloat16 copy of the weight (half its memory), and is used only where it is measured faster than the
+read in full, as the processed rows they are). The core decides (:func:`hf_cascade.core.loop._screen`). It costs an
+int8 copy of the weight (a quarter of its memory), and is used only where it is measured faster than the
 head's own product on the running machine, per use and size of call (:func:`argmax_screen`).
 """
 
@@ -51,22 +56,27 @@ _U = 2.0 ** -24
 
 class ArgmaxScreen:
     """``screen(x)``: the argmax of each row of ``x @ weight.T`` (``[k, K]`` float32 rows -> ``k`` host ints),
-    through the bfloat16 screen of the module docstring."""
+    through the int8 screen of the module docstring."""
 
     def __init__(self, weight: torch.Tensor):
         ext = extension()
-        if ext is None or not hasattr(ext, "panel_linear_bf16"):
+        if ext is None or not hasattr(ext, "panel_linear_i8"):
             raise RuntimeError("the panel kernel is not built on this machine")
         if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
             raise ValueError(f"ArgmaxScreen needs a 2-D float32 CPU weight, got {tuple(weight.shape)} {weight.dtype}")
         self.weight = weight
-        self.panels = ext.pack_panels_bf16(weight.contiguous())
+        self.panels, self.scale = ext.pack_panels_i8(weight.contiguous())    # [P, K, 16] int8, [P * 16]
         n, k = weight.shape
         g = k * _U / (1 - k * _U)
         margin = []
-        for rows in weight.split(16384):                                     # float64 per chunk, not per weight
-            w, rounded = rows.double(), rows.to(torch.bfloat16).double()
-            margin.append((w - rounded).norm(dim=1) + g * (w.norm(dim=1) + rounded.norm(dim=1)))
+        for p0 in range(0, self.panels.shape[0], 1024):                     # float64 per chunk, not per weight
+            q = self.panels[p0: p0 + 1024]
+            rows = slice(p0 * 16, min(n, (p0 + q.shape[0]) * 16))
+            copy = (q.double() * self.scale[p0 * 16: (p0 + q.shape[0]) * 16].double().view(-1, 1, 16))
+            copy = copy.transpose(1, 2).reshape(-1, k)[: rows.stop - rows.start]     # w~_j, in row order
+            w = weight[rows].double()
+            margin.append((w - copy).norm(dim=1) + g * (w.norm(dim=1) + copy.norm(dim=1))
+                          + _U * (1 + g) * copy.norm(dim=1))
         self.margin = (torch.cat(margin) * 1.01).float()                     # [N] c_j, rounded up
         self.candidates = 0                                                  # float32 rows computed (statistics)
         self.faster: dict[tuple[int, bool], bool] = {}     # (rows per call: a power of two, top-k use) -> faster
@@ -89,7 +99,7 @@ class ArgmaxScreen:
     def _candidates(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Per row, the outputs whose upper bound reaches the ``k``-th largest lower bound, and their float32 logits."""
         x = x.float().contiguous()
-        screen = extension().panel_linear_bf16(x, self.panels, self.weight.shape[0])           # [m, N]
+        screen = extension().panel_linear_i8(x, self.panels, self.scale, self.weight.shape[0])  # [m, N]
         reach = (x.norm(dim=1, keepdim=True) * 1.0001) * self.margin                       # [m, N] ||x|| c_j
         low = screen - reach
         k = min(int(k), low.shape[1])

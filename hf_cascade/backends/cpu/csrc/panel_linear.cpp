@@ -15,10 +15,17 @@
 // Vectors are GCC/Clang vector extensions (16 floats): AVX-512 registers where the CPU has them, two
 // AVX2 or four NEON registers elsewhere. Each output is one sequential sum over k with fused
 // multiply-adds (another accumulation order than BLAS: results differ by rounding only).
+//
+// The same panels in int8 with one scale per output row (pack_panels_i8, panel_linear_i8) are the output head's
+// argmax screen (hf_cascade/backends/cpu/argmax_screen.py): a quarter of the bytes per pass, an error bound
+// instead of exact products.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -40,21 +47,34 @@ constexpr int kMaxRows = 4;
 typedef float vec16 __attribute__((vector_size(64)));
 
 inline vec16 load(const float* p) { vec16 v; std::memcpy(&v, p, sizeof(v)); return v; }
-// 16 bfloat16 values (their bits) widened to float32: the high half of a float's bits (exact).
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-inline vec16 load(const uint16_t* p) {
-  u16x16 h; std::memcpy(&h, p, sizeof(h));
-  u32x16 w = __builtin_convertvector(h, u32x16) << 16;
-  vec16 v; std::memcpy(&v, &w, sizeof(v)); return v;
+// 16 int8 values widened to float32 (exact).
+// (Intrinsics where the compiler would otherwise widen byte by byte.)
+inline vec16 load(const int8_t* p) {
+  vec16 v;
+#if defined(__AVX512F__)
+  const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  std::memcpy(&v, &f, sizeof(v));
+#elif defined(__AVX2__)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+  std::memcpy(&v, &lo, sizeof(lo));
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof(lo), &hi, sizeof(hi));
+#else
+  typedef int8_t i8x16 __attribute__((vector_size(16)));
+  i8x16 h; std::memcpy(&h, p, sizeof(h));
+  v = __builtin_convertvector(h, vec16);
+#endif
+  return v;
 }
 inline void store(float* p, vec16 v) { std::memcpy(p, &v, sizeof(v)); }
 
 // Panels [p0, p1) for M rows: xt [K, M] (x transposed), panels [P, K, 16], y [M, ldy] (columns n0..).
 // NR panels at once: NR * M accumulators, each weight vector used for M products.
+// scale: nullptr, or one float per output row (padded to whole panels) multiplying each sum as it is stored.
 template <int M, int NR, typename W>
-void panels_block(const float* xt, const W* panels, float* y, int64_t ldy, int64_t K, int64_t N,
-                  int64_t p0, int64_t p1) {
+void panels_block(const float* xt, const W* panels, const float* scale, float* y, int64_t ldy, int64_t K,
+                  int64_t N, int64_t p0, int64_t p1) {
   int64_t p = p0;
   for (; p + NR <= p1; p += NR) {
     vec16 acc[NR][M];
@@ -71,6 +91,10 @@ void panels_block(const float* xt, const W* panels, float* y, int64_t ldy, int64
     }
     for (int r = 0; r < NR; ++r) {
       const int64_t n = (p + r) * kPanel;
+      if (scale != nullptr) {
+        const vec16 s = load(scale + n);
+        for (int m = 0; m < M; ++m) acc[r][m] *= s;
+      }
       for (int m = 0; m < M; ++m) {
         if (n + kPanel <= N) {
           store(y + m * ldy + n, acc[r][m]);
@@ -81,20 +105,20 @@ void panels_block(const float* xt, const W* panels, float* y, int64_t ldy, int64
     }
   }
   if constexpr (NR > 1) {
-    if (p < p1) panels_block<M, 1, W>(xt, panels, y, ldy, K, N, p, p1);
+    if (p < p1) panels_block<M, 1, W>(xt, panels, scale, y, ldy, K, N, p, p1);
   }
 }
 
 template <int M, typename W>
-void rows_block(const float* xt, const W* panels, float* y, int64_t ldy, int64_t K, int64_t N,
-                int64_t p0, int64_t p1) {
+void rows_block(const float* xt, const W* panels, const float* scale, float* y, int64_t ldy, int64_t K,
+                int64_t N, int64_t p0, int64_t p1) {
   constexpr int NR = kAccumulators >= 16 ? (M <= 2 ? 4 : (M <= 4 ? 3 : 2))   // NR * M <= 16 accumulators
                                          : (M == 1 ? 4 : (M == 2 ? 2 : 1));  // NR * M <= 4 (4 rows: 4)
-  panels_block<M, NR, W>(xt, panels, y, ldy, K, N, p0, p1);
+  panels_block<M, NR, W>(xt, panels, scale, y, ldy, K, N, p0, p1);
 }
 
 template <typename W>
-using Block = void (*)(const float*, const W*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
+using Block = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 #if defined(__AVX512F__)
 template <typename W>
 constexpr Block<W> kBlocks[kMaxRows] = {rows_block<1, W>, rows_block<2, W>, rows_block<3, W>, rows_block<4, W>,
@@ -122,9 +146,9 @@ torch::Tensor pack_panels(const torch::Tensor& weight) {
 
 namespace {
 
-// y [m, N] = x [m, K] @ W.T for W in panels of element type W (float, or bfloat16 bits widened as loaded).
+// y [m, N] = x [m, K] @ W.T for W in panels of element type W (float, or int8 widened as loaded and scaled per row).
 template <typename W>
-torch::Tensor panels_product(const torch::Tensor& x, const W* w, int64_t N) {
+torch::Tensor panels_product(const torch::Tensor& x, const W* w, int64_t N, const float* scale = nullptr) {
   const int64_t M = x.size(0), K = x.size(1);
   auto y = torch::empty({M, N}, x.options());
   std::vector<torch::Tensor> xts;                      // x transposed, [K, mc], per chunk of <= kMaxRows rows
@@ -138,7 +162,7 @@ torch::Tensor panels_product(const torch::Tensor& x, const W* w, int64_t N) {
     for (int64_t q0 = b0; q0 < b1; q0 += step) {
       const int64_t q1 = std::min(b1, q0 + step);
       for (size_t c = 0; c < xts.size(); ++c)
-        kBlocks<W>[xts[c].size(1) - 1](xts[c].data_ptr<float>(), w, out + c * kMaxRows * N, N, K, N, q0, q1);
+        kBlocks<W>[xts[c].size(1) - 1](xts[c].data_ptr<float>(), w, scale, out + c * kMaxRows * N, N, K, N, q0, q1);
     }
   });
   return y;
@@ -161,22 +185,30 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, 
   return panels_product<float>(x, panels.data_ptr<float>(), N);
 }
 
-// W [N, K] float32 -> its bfloat16 copy (round to nearest even) in panels [ceil(N / 16), K, 16] of int16 bits.
-torch::Tensor pack_panels_bf16(const torch::Tensor& weight) {
-  return pack_panels(weight).to(at::kBFloat16).view(at::kShort).contiguous();
+// W [N, K] float32 -> (its int8 copy in panels [ceil(N / 16), K, 16], one float32 scale per output row padded to
+// whole panels): row j is scale_j * q_j with q_j = round(w_j / scale_j), scale_j = max|w_j| / 127 (0 rows: scale 0).
+std::vector<torch::Tensor> pack_panels_i8(const torch::Tensor& weight) {
+  auto panels = pack_panels(weight);                                   // [P, K, 16], zero rows past N
+  auto scale = (panels.abs().amax(1).reshape({-1}) / 127.0f).contiguous();   // [P * 16], per output row
+  auto safe = torch::where(scale > 0, scale, torch::ones_like(scale));
+  auto q = (panels / safe.view({panels.size(0), 1, kPanel})).round().clamp(-127, 127).to(at::kChar).contiguous();
+  return {q, scale};
 }
 
-// x [m, K] float32 @ (the bfloat16 copy).T -> y [m, N] float32: half the bytes of panel_linear per pass; each
-// weight widened to float32 exactly as loaded, products and sums in float32.
-torch::Tensor panel_linear_bf16(const torch::Tensor& x, const torch::Tensor& panels, int64_t N) {
-  check_rows(x, panels, N, "panel_linear_bf16");
-  TORCH_CHECK(panels.scalar_type() == at::kShort, "panel_linear_bf16: int16 (bfloat16 bits) panels expected");
-  return panels_product<uint16_t>(x, reinterpret_cast<const uint16_t*>(panels.data_ptr<int16_t>()), N);
+// x [m, K] float32 @ (the int8 copy).T -> y [m, N] float32: a quarter of the bytes of panel_linear per pass; each
+// weight widened to float32 exactly, products and sums in float32, each sum multiplied by its row's scale once.
+torch::Tensor panel_linear_i8(const torch::Tensor& x, const torch::Tensor& panels, const torch::Tensor& scale,
+                              int64_t N) {
+  check_rows(x, panels, N, "panel_linear_i8");
+  TORCH_CHECK(panels.scalar_type() == at::kChar, "panel_linear_i8: int8 panels expected");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == panels.size(0) * kPanel,
+              "panel_linear_i8: one float32 scale per padded output row expected");
+  return panels_product<int8_t>(x, panels.data_ptr<int8_t>(), N, scale.data_ptr<float>());
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pack_panels_i8", &pack_panels_i8, "W [N, K] -> (int8 panels [ceil(N/16), K, 16], scales [ceil(N/16) * 16])");
+  m.def("panel_linear_i8", &panel_linear_i8, "x [m, K] @ (scale * q).T with the int8 panels -> [m, N]");
   m.def("pack_panels", &pack_panels, "W [N, K] -> panels [ceil(N/16), K, 16]");
   m.def("panel_linear", &panel_linear, "x [m, K] @ W.T with W's panels -> [m, N]");
-  m.def("pack_panels_bf16", &pack_panels_bf16, "W [N, K] -> bfloat16 panels [ceil(N/16), K, 16] (int16 bits)");
-  m.def("panel_linear_bf16", &panel_linear_bf16, "x [m, K] @ bf16(W).T with the bfloat16 panels -> [m, N]");
 }
