@@ -80,6 +80,21 @@ def test_the_bound_holds_on_rows_with_outliers_and_zero_rows():
     assert torch.equal(top.topk(20, dim=1).indices.sort(dim=1).values, exact.topk(20, dim=1).indices.sort(dim=1).values)
 
 
+@pytest.mark.parametrize("n, m", [(5000, 4), (1000, 3), (37, 2), (64, 1), (65, 2)])
+def test_candidates_are_every_output_whose_upper_bound_reaches_the_kth_lower_bound(n, m):
+    """Golden: ``screen_candidates`` against the elementwise rule (blocks of 64 outputs, a partial last one, fewer
+    blocks than ``k``): every output the rule keeps is kept, and at most rounding's worth more."""
+    g = torch.Generator().manual_seed(n)
+    y, c, norm = torch.randn(m, n, generator=g) * 5, torch.rand(n, generator=g) * 0.02, torch.rand(m, generator=g) * 100 + 1
+    reach = norm[:, None] * c
+    for k in (1, 5, 50):
+        low = y - reach
+        floor = low.max(dim=1, keepdim=True).values if min(k, n) == 1 else low.topk(min(k, n), dim=1).values[:, -1:]
+        want = [r.nonzero().flatten().tolist() for r in (y + reach >= floor)]
+        got = [t.tolist() for t in extension().screen_candidates(y, norm, c, k)]
+        assert all(set(w) <= set(h) and len(h) <= len(w) + 2 and h == sorted(h) for w, h in zip(want, got))
+
+
 def test_the_screen_is_made_once_per_weight_and_again_after_an_update():
     w = torch.randn(64, 16)
     first = argmax_screen(w)

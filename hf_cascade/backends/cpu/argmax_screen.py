@@ -99,15 +99,11 @@ class ArgmaxScreen:
     def _candidates(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Per row, the outputs whose upper bound reaches the ``k``-th largest lower bound, and their float32 logits."""
         x = x.float().contiguous()
-        screen = extension().panel_linear_i8(x, self.panels, self.scale, self.weight.shape[0])  # [m, N]
-        reach = (x.norm(dim=1, keepdim=True) * 1.0001) * self.margin                       # [m, N] ||x|| c_j
-        low = screen - reach
-        k = min(int(k), low.shape[1])
-        floor = low.max(dim=1, keepdim=True).values if k == 1 else low.topk(k, dim=1).values[:, -1:]
-        maybe = screen + reach >= floor                                                   # [m, N] candidates
+        ext = extension()
+        screen = ext.panel_linear_i8(x, self.panels, self.scale, self.weight.shape[0])      # [m, N]
+        norm = (x.norm(dim=1) * 1.0001).contiguous()                                     # ||x||, rounded up
         rows = []
-        for row, mask in zip(x, maybe):
-            ids = mask.nonzero().flatten()
+        for row, ids in zip(x, ext.screen_candidates(screen, norm, self.margin, int(k))):   # reach ||x|| c_j
             self.candidates += ids.numel()
             rows.append((ids, torch.nn.functional.linear(row[None], self.weight.index_select(0, ids))[0]))
         return x, rows

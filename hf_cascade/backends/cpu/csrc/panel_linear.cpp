@@ -28,6 +28,8 @@
 #endif
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -206,7 +208,110 @@ torch::Tensor panel_linear_i8(const torch::Tensor& x, const torch::Tensor& panel
   return panels_product<int8_t>(x, panels.data_ptr<int8_t>(), N, scale.data_ptr<float>());
 }
 
+// The argmax screen's candidates (hf_cascade/backends/cpu/argmax_screen.py), per row i of the screen logits y [m, N]:
+// with reach_j = norm[i] * margin[j], every j whose y_j + reach_j reaches the k-th largest y_j - reach_j. Three
+// passes per row, vectorized by blocks of kScan outputs: (1) each block's largest lower bound; (2) the k-th largest
+// of those, t, is at most the row's k-th largest lower bound (k blocks each hold one >= t), so only the outputs at
+// or above t enter a heap of the k largest, whose smallest is the floor; (3) the outputs of the blocks whose
+// largest upper bound reaches the floor are checked one by one. Rows are spread over the threads. Returns one int64
+// index tensor per row, ascending. (Each bound may be computed with or without a fused multiply-add: the margin's
+// 1% rounding up covers that.)
+namespace {
+constexpr int64_t kScan = 64;                   // outputs per block: four vectors
+
+inline float hmax(vec16 v) {
+  float m = v[0];
+  for (int i = 1; i < 16; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// the largest of sign * reach added to y over [j0, j1) (sign -1: lower bounds, +1: upper bounds)
+inline float block_max(const float* y, const float* c, float r, float sign, int64_t j0, int64_t j1) {
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t j = j0;
+  if (j1 - j0 == kScan) {
+    const vec16 rs = vec16{} + sign * r;
+    vec16 acc = load(y + j) + rs * load(c + j);
+    for (int64_t q = 16; q < kScan; q += 16) {
+      const vec16 v = load(y + j + q) + rs * load(c + j + q);
+      acc = v > acc ? v : acc;
+    }
+    return hmax(acc);
+  }
+  for (; j < j1; ++j) m = std::max(m, y[j] + sign * r * c[j]);
+  return m;
+}
+
+std::vector<int64_t> row_candidates(const float* y, const float* c, float r, int64_t N, int64_t k) {
+  const int64_t B = (N + kScan - 1) / kScan;
+  std::vector<float> top(B);
+  for (int64_t b = 0; b < B; ++b) top[b] = block_max(y, c, r, -1.0f, b * kScan, std::min(N, (b + 1) * kScan));
+  float floor;
+  if (k == 1) {
+    floor = *std::max_element(top.begin(), top.end());
+  } else {
+    float t = -std::numeric_limits<float>::infinity();   // fewer blocks than k: every output enters the heap
+    if (k <= B) {
+      std::vector<float> order(top);
+      std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), std::greater<float>());
+      t = order[k - 1];
+    }
+    std::vector<float> heap;                    // min-heap of the k largest lower bounds >= t
+    heap.reserve(k);
+    for (int64_t b = 0; b < B; ++b) {
+      if (top[b] < t) continue;
+      for (int64_t j = b * kScan; j < std::min(N, (b + 1) * kScan); ++j) {
+        const float low = y[j] - r * c[j];
+        if (low < t) continue;
+        if (static_cast<int64_t>(heap.size()) < k) {
+          heap.push_back(low);
+          std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+        } else if (low > heap.front()) {
+          std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+          heap.back() = low;
+          std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+        }
+      }
+    }
+    floor = static_cast<int64_t>(heap.size()) < k ? t : heap.front();
+  }
+  std::vector<int64_t> ids;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t j0 = b * kScan, j1 = std::min(N, (b + 1) * kScan);
+    if (block_max(y, c, r, 1.0f, j0, j1) < floor) continue;
+    for (int64_t j = j0; j < j1; ++j)
+      if (y[j] + r * c[j] >= floor) ids.push_back(j);
+  }
+  return ids;
+}
+}  // namespace
+
+std::vector<torch::Tensor> screen_candidates(const torch::Tensor& y, const torch::Tensor& norm,
+                                             const torch::Tensor& margin, int64_t k) {
+  TORCH_CHECK(y.dim() == 2 && y.scalar_type() == at::kFloat && y.is_contiguous(), "screen_candidates: y [m, N] float32");
+  const int64_t M = y.size(0), N = y.size(1);
+  TORCH_CHECK(norm.scalar_type() == at::kFloat && norm.numel() == M && norm.is_contiguous(),
+              "screen_candidates: one float32 norm per row");
+  TORCH_CHECK(margin.scalar_type() == at::kFloat && margin.numel() == N && margin.is_contiguous(),
+              "screen_candidates: one float32 margin per output");
+  TORCH_CHECK(k >= 1 && N >= 1, "screen_candidates: k >= 1 and at least one output");
+  k = std::min(k, N);
+  std::vector<std::vector<int64_t>> picked(M);
+  at::parallel_for(0, M, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      picked[i] = row_candidates(y.data_ptr<float>() + i * N, margin.data_ptr<float>(), norm.data_ptr<float>()[i], N, k);
+  });
+  std::vector<torch::Tensor> out;
+  for (auto& ids : picked) {
+    auto t = torch::empty({static_cast<int64_t>(ids.size())}, torch::kLong);
+    std::copy(ids.begin(), ids.end(), t.data_ptr<int64_t>());
+    out.push_back(t);
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("screen_candidates", &screen_candidates, "per row of y [m, N]: the outputs whose upper bound reaches the k-th largest lower bound");
   m.def("pack_panels_i8", &pack_panels_i8, "W [N, K] -> (int8 panels [ceil(N/16), K, 16], scales [ceil(N/16) * 16])");
   m.def("panel_linear_i8", &panel_linear_i8, "x [m, K] @ (scale * q).T with the int8 panels -> [m, N]");
   m.def("pack_panels", &pack_panels, "W [N, K] -> panels [ceil(N/16), K, 16]");
