@@ -103,3 +103,24 @@ def test_builds_are_kept_apart_per_cpu_kind(monkeypatch):
     assert len(tag) == 10 and int(tag, 16) >= 0 and panel.cpu_tag() == tag
     monkeypatch.setattr(panel.platform, "processor", lambda: "another-cpu")
     assert panel.cpu_tag() != tag
+
+
+def test_march_target_from_the_environment(monkeypatch):
+    """``HF_CASCADE_MARCH`` picks the ``-march`` target and a build of its own; ``native`` keeps the plain name;
+    a value that is not a target name is refused (it would reach the compiler's command line)."""
+    monkeypatch.delenv("HF_CASCADE_MARCH", raising=False)
+    assert panel.march() == "native" and panel.build_name() == f"hf_cascade_panel_{panel.cpu_tag()}"
+    monkeypatch.setenv("HF_CASCADE_MARCH", "x86-64-v3")
+    assert panel.march() == "x86-64-v3" and panel.build_name() == f"hf_cascade_panel_{panel.cpu_tag()}_x86_64_v3"
+    seen = {}
+
+    def fake_load(name, sources, extra_cflags, **kwargs):
+        seen.update(name=name, cflags=extra_cflags)
+        return "built"
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", fake_load)
+    assert panel.extension.__wrapped__() == "built"
+    assert seen["name"].endswith("_x86_64_v3") and "-march=x86-64-v3" in seen["cflags"]
+    monkeypatch.setenv("HF_CASCADE_MARCH", "native; rm -rf /")
+    with pytest.raises(ValueError, match="HF_CASCADE_MARCH"):
+        panel.march()

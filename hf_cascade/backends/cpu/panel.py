@@ -16,15 +16,20 @@ vector extensions, compiled for the machine it runs on the first time it is need
 extensions directory). Where that fails (no compiler, another platform) the kernel is simply not
 offered and :class:`~hf_cascade.backends.cpu.kernels.WeightPacker`'s oneDNN kernel is offered instead.
 The build goes to a directory of its own per CPU model and instruction set (:func:`cpu_tag`):
-``-march=native`` code must not be loaded on another kind of CPU sharing the same cache. The copy
-costs as much memory as the weight. Measurements: ``docs/cpu-kernels.md``.
+``-march=native`` code must not be loaded on another kind of CPU sharing the same cache. The environment
+variable ``HF_CASCADE_MARCH`` replaces ``native`` with another ``-march`` target (e.g. ``x86-64-v3``: AVX2
+and FMA, no AVX-512), for a build that runs on every CPU of a cluster, or to measure the kernels without
+the host's widest instructions; each target gets its own build. The copy costs as much memory as the
+weight. Measurements: ``docs/cpu-kernels.md``.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import platform
+import re
 import time
 import warnings
 from pathlib import Path
@@ -53,6 +58,22 @@ def cpu_tag() -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
+def march() -> str:
+    """The ``-march`` target of the build: ``HF_CASCADE_MARCH`` if set, else ``native`` (module docstring).
+    ``ValueError`` for a value that is not a plain target name."""
+    value = os.environ.get("HF_CASCADE_MARCH", "").strip() or "native"
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", value):
+        raise ValueError(f"HF_CASCADE_MARCH={value!r} is not a -march target name (e.g. native, x86-64-v3)")
+    return value
+
+
+def build_name() -> str:
+    """The extension's name: one build per CPU kind (:func:`cpu_tag`) and ``-march`` target."""
+    target = march()
+    suffix = "" if target == "native" else "_" + re.sub(r"[^A-Za-z0-9_]", "_", target)
+    return f"hf_cascade_panel_{cpu_tag()}{suffix}"
+
+
 @functools.cache
 def extension() -> ModuleType | None:
     """The compiled kernel (built on the first call in a process, once per machine), or ``None`` where
@@ -60,8 +81,9 @@ def extension() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        clear_stale_lock(f"hf_cascade_panel_{cpu_tag()}")
-        return load(f"hf_cascade_panel_{cpu_tag()}", [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        name = build_name()
+        clear_stale_lock(name)
+        return load(name, [str(SOURCE)], extra_cflags=["-O3", f"-march={march()}", "-fopenmp"],
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # noqa: BLE001  (no compiler, no ninja, an unsupported flag: not offered)
         warnings.warn(f"hf_cascade: the panel kernel could not be built ({type(err).__name__}: {err}); "
@@ -116,4 +138,4 @@ def copy_kernel(weight: torch.Tensor) -> WeightPacker | None:
     return next((c for c in (PANEL, PACKER) if c.offers(weight)), None)
 
 
-__all__ = ["PANEL", "PanelPacker", "copy_kernel", "cpu_tag", "extension"]
+__all__ = ["PANEL", "PanelPacker", "build_name", "copy_kernel", "cpu_tag", "extension", "march"]

@@ -227,18 +227,17 @@ inline float hmax(vec16 v) {
 
 // the largest of sign * reach added to y over [j0, j1) (sign -1: lower bounds, +1: upper bounds)
 inline float block_max(const float* y, const float* c, float r, float sign, int64_t j0, int64_t j1) {
-  float m = -std::numeric_limits<float>::infinity();
-  int64_t j = j0;
   if (j1 - j0 == kScan) {
     const vec16 rs = vec16{} + sign * r;
-    vec16 acc = load(y + j) + rs * load(c + j);
+    vec16 acc = load(y + j0) + rs * load(c + j0);
     for (int64_t q = 16; q < kScan; q += 16) {
-      const vec16 v = load(y + j + q) + rs * load(c + j + q);
+      const vec16 v = load(y + j0 + q) + rs * load(c + j0 + q);
       acc = v > acc ? v : acc;
     }
     return hmax(acc);
   }
-  for (; j < j1; ++j) m = std::max(m, y[j] + sign * r * c[j]);
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = j0; j < j1; ++j) m = std::max(m, y[j] + sign * r * c[j]);
   return m;
 }
 
