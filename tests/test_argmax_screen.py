@@ -40,6 +40,14 @@ def test_int8_panel_product_is_the_widened_scaled_int8_product():
         want = F.linear(x.double(), _int8_copy(w))
         assert got.shape == (m, 37) and torch.allclose(got.double(), want, atol=1e-4, rtol=1e-5)
         assert got[:, 5].eq(0).all()
+    for n in (8, 27):                                          # half a panel; a last panel ending in its second half
+        w = torch.randn(n, 24, generator=g)
+        panels, scale = extension().pack_panels_i8(w)
+        for m in (1, 5, 7, 13):                                # every row count of a pass (6 or 8), and chunks
+            x = torch.randn(m, 24, generator=g)
+            got = extension().panel_linear_i8(x, panels, scale, n)
+            assert got.shape == (m, n) and torch.allclose(got.double(), F.linear(x.double(), _int8_copy(w)),
+                                                          atol=1e-4, rtol=1e-5)
     exact = torch.tensor([[1.0, 0.0, 2.0]])
     w = torch.tensor([[127.0, -3.0, 5.0], [0.0, 0.0, -1.0]])     # integers: the copy is the weight
     panels, scale = extension().pack_panels_i8(w)

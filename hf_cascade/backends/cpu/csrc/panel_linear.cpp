@@ -12,9 +12,10 @@
 // 4 panels while it is in cache, so the weight still streams from memory once (a full pass per 8 rows
 // made Gemma-3-270M's head cost 43 / 41 ms for 9 / 10 rows against 22-30 for 8; now 25 / 25).
 //
-// Vectors are GCC/Clang vector extensions (16 floats): AVX-512 registers where the CPU has them, two
-// AVX2 or four NEON registers elsewhere. Each output is one sequential sum over k with fused
-// multiply-adds (another accumulation order than BLAS: results differ by rounding only).
+// Vectors are GCC/Clang vector extensions: a panel row of 16 floats is one AVX-512 register where the CPU
+// has them, two 8-float vectors elsewhere (two AVX2 registers, or four NEON ones). Each output is one
+// sequential sum over k with fused multiply-adds (another accumulation order than BLAS: results differ by
+// rounding only).
 //
 // The same panels in int8 with one scale per output row (pack_panels_i8, panel_linear_i8) are the output head's
 // argmax screen (hf_cascade/backends/cpu/argmax_screen.py): a quarter of the bytes per pass, an error bound
@@ -35,73 +36,77 @@
 namespace {
 
 constexpr int64_t kPanel = 16;   // output rows per panel
-// Accumulators (vec16) the register file holds next to the weight vectors: a vec16 is one AVX-512
-// register (32 of them) but two AVX2 registers (16 of them). Spilled accumulators made the AVX2 build
-// several times slower than torch's products from 4 rows on (Zen 3: the head's 4 rows 285 ms vs 41).
+// The products' vector (vecw): one register. With AVX-512 a whole panel row (16 floats); elsewhere half of it
+// (8 floats: one AVX2 register), a panel row being two of them. A 16-float vector on AVX2 is two registers the
+// compiler moves through memory in these loops: the AVX2 build ran 2.5 times slower than torch's product for
+// one row of Gemma-3-270M's head (59 ms against 24) before the products used 8-float vectors.
+// Accumulators are sized to the register file: 32 AVX-512 registers, 16 AVX2 ones (spilled accumulators made
+// the AVX2 build several times slower than torch's products from 4 rows on).
 #if defined(__AVX512F__)
-constexpr int kAccumulators = 16;
+constexpr int kHalves = 1;
 constexpr int kMaxRows = 8;      // rows of x per pass over the weight
 #else
-constexpr int kAccumulators = 4;
-constexpr int kMaxRows = 4;
+constexpr int kHalves = 2;
+constexpr int kMaxRows = 6;
 #endif
+constexpr int kLanes = kPanel / kHalves;
 
 typedef float vec16 __attribute__((vector_size(64)));
+typedef float vecw __attribute__((vector_size(kLanes * 4)));
 
 inline vec16 load(const float* p) { vec16 v; std::memcpy(&v, p, sizeof(v)); return v; }
-// 16 int8 values widened to float32 (exact).
+inline vecw loadw(const float* p) { vecw v; std::memcpy(&v, p, sizeof(v)); return v; }
+// kLanes int8 values widened to float32 (exact).
 // (Intrinsics where the compiler would otherwise widen byte by byte.)
-inline vec16 load(const int8_t* p) {
-  vec16 v;
+inline vecw loadw(const int8_t* p) {
+  vecw v;
 #if defined(__AVX512F__)
   const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   std::memcpy(&v, &f, sizeof(v));
 #elif defined(__AVX2__)
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-  const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-  std::memcpy(&v, &lo, sizeof(lo));
-  std::memcpy(reinterpret_cast<char*>(&v) + sizeof(lo), &hi, sizeof(hi));
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  std::memcpy(&v, &f, sizeof(v));
 #else
-  typedef int8_t i8x16 __attribute__((vector_size(16)));
-  i8x16 h; std::memcpy(&h, p, sizeof(h));
-  v = __builtin_convertvector(h, vec16);
+  typedef int8_t i8xw __attribute__((vector_size(kLanes)));
+  i8xw h; std::memcpy(&h, p, sizeof(h));
+  v = __builtin_convertvector(h, vecw);
 #endif
   return v;
 }
-inline void store(float* p, vec16 v) { std::memcpy(p, &v, sizeof(v)); }
+inline void storew(float* p, vecw v) { std::memcpy(p, &v, sizeof(v)); }
 
 // Panels [p0, p1) for M rows: xt [K, M] (x transposed), panels [P, K, 16], y [M, ldy] (columns n0..).
-// NR panels at once: NR * M accumulators, each weight vector used for M products.
+// NR panels at once: NR * kHalves * M accumulators, each weight vector used for M products.
 // scale: nullptr, or one float per output row (padded to whole panels) multiplying each sum as it is stored.
 template <int M, int NR, typename W>
 void panels_block(const float* xt, const W* panels, const float* scale, float* y, int64_t ldy, int64_t K,
                   int64_t N, int64_t p0, int64_t p1) {
+  constexpr int V = NR * kHalves;                 // weight vectors per k: half h of panel r is vector r * kHalves + h
   int64_t p = p0;
   for (; p + NR <= p1; p += NR) {
-    vec16 acc[NR][M];
-    for (int r = 0; r < NR; ++r)
-      for (int m = 0; m < M; ++m) acc[r][m] = vec16{};
+    vecw acc[V][M];
+    for (int v = 0; v < V; ++v)
+      for (int m = 0; m < M; ++m) acc[v][m] = vecw{};
     const W* w = panels + p * K * kPanel;
     for (int64_t k = 0; k < K; ++k) {
-      vec16 wk[NR];
-      for (int r = 0; r < NR; ++r) wk[r] = load(w + (r * K + k) * kPanel);
+      vecw wk[V];
+      for (int v = 0; v < V; ++v) wk[v] = loadw(w + ((v / kHalves) * K + k) * kPanel + (v % kHalves) * kLanes);
       for (int m = 0; m < M; ++m) {
-        const vec16 xb = vec16{} + xt[k * M + m];
-        for (int r = 0; r < NR; ++r) acc[r][m] += wk[r] * xb;
+        const vecw xb = vecw{} + xt[k * M + m];
+        for (int v = 0; v < V; ++v) acc[v][m] += wk[v] * xb;
       }
     }
-    for (int r = 0; r < NR; ++r) {
-      const int64_t n = (p + r) * kPanel;
+    for (int v = 0; v < V; ++v) {
+      const int64_t n = (p + v / kHalves) * kPanel + (v % kHalves) * kLanes;
       if (scale != nullptr) {
-        const vec16 s = load(scale + n);
-        for (int m = 0; m < M; ++m) acc[r][m] *= s;
+        const vecw s = loadw(scale + n);
+        for (int m = 0; m < M; ++m) acc[v][m] *= s;
       }
       for (int m = 0; m < M; ++m) {
-        if (n + kPanel <= N) {
-          store(y + m * ldy + n, acc[r][m]);
+        if (n + kLanes <= N) {
+          storew(y + m * ldy + n, acc[v][m]);
         } else {
-          for (int64_t i = 0; n + i < N; ++i) y[m * ldy + n + i] = acc[r][m][i];
+          for (int64_t i = 0; n + i < N; ++i) y[m * ldy + n + i] = acc[v][m][i];
         }
       }
     }
@@ -111,11 +116,13 @@ void panels_block(const float* xt, const W* panels, const float* scale, float* y
   }
 }
 
+// NR: panels per pass, so that the weight vectors, the accumulators and x's broadcast fit the registers:
+// AVX-512 NR * (M + 1) + 1 <= 32; AVX2 2 NR (M + 1) + 1 <= 16.
 template <int M, typename W>
 void rows_block(const float* xt, const W* panels, const float* scale, float* y, int64_t ldy, int64_t K,
                 int64_t N, int64_t p0, int64_t p1) {
-  constexpr int NR = kAccumulators >= 16 ? (M <= 2 ? 4 : (M <= 4 ? 3 : 2))   // NR * M <= 16 accumulators
-                                         : (M == 1 ? 4 : (M == 2 ? 2 : 1));  // NR * M <= 4 (4 rows: 4)
+  constexpr int NR = kHalves == 1 ? (M <= 2 ? 4 : (M <= 4 ? 3 : 2))
+                                  : (M == 1 ? 3 : (M == 2 ? 2 : 1));
   panels_block<M, NR, W>(xt, panels, scale, y, ldy, K, N, p0, p1);
 }
 
@@ -127,7 +134,8 @@ constexpr Block<W> kBlocks[kMaxRows] = {rows_block<1, W>, rows_block<2, W>, rows
                                         rows_block<5, W>, rows_block<6, W>, rows_block<7, W>, rows_block<8, W>};
 #else
 template <typename W>
-constexpr Block<W> kBlocks[kMaxRows] = {rows_block<1, W>, rows_block<2, W>, rows_block<3, W>, rows_block<4, W>};
+constexpr Block<W> kBlocks[kMaxRows] = {rows_block<1, W>, rows_block<2, W>, rows_block<3, W>, rows_block<4, W>,
+                                        rows_block<5, W>, rows_block<6, W>};
 #endif
 
 // Panels per cache block when x has more than kMaxRows rows: 4 panels of a 2048-wide weight are 512 KiB,
