@@ -8,9 +8,9 @@ where it is measured fastest on the machine at hand.
 
 The kernel (``csrc/panel_linear.cpp``) keeps a copy of the weight in panels of 16 output rows,
 ``[ceil(d_out / 16), d_in, 16]``, so that a panel is one contiguous stream and each of its rows is
-multiplied by a broadcast element of every row of ``x`` (no horizontal sums); up to 8 rows of ``x``
-share one pass over the weight, and more rows go 8 at a time over each block of 4 panels while it is in
-cache, so the weight still streams from memory once whatever the number of rows. It is plain C++ with
+multiplied by a broadcast element of every row of ``x`` (no horizontal sums); up to 8 rows of ``x`` (6
+without AVX-512) share one pass over the weight, and more rows go that many at a time over each block of 4
+panels while it is in cache, so the weight still streams from memory once whatever the number of rows. It is plain C++ with
 vector extensions, compiled for the machine it runs on the first time it is needed
 (``torch.utils.cpp_extension.load``: a C++ compiler with OpenMP and ``ninja``; cached in torch's
 extensions directory). Where that fails (no compiler, another platform) the kernel is simply not

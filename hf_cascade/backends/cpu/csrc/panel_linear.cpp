@@ -8,9 +8,9 @@
 // 2 threads, AVX-512: 16.7 ms for 3 rows, 22 ms for 4, 29 ms for 8). Here W is copied once into
 // panels of 16 output rows, [ceil(N / 16), K, 16]: a panel is one contiguous stream, and each of its
 // 16-float rows is multiplied by one broadcast x[m, k] for every m, so no horizontal sums are needed
-// and every weight element is read once per 8 rows of x. More rows go 8 at a time over each block of
-// 4 panels while it is in cache, so the weight still streams from memory once (a full pass per 8 rows
-// made Gemma-3-270M's head cost 43 / 41 ms for 9 / 10 rows against 22-30 for 8; now 25 / 25).
+// and every weight element is read once per 8 rows of x (6 without AVX-512). More rows go 8 (6) at a time
+// over each block of 4 panels while it is in cache, so the weight still streams from memory once (a full
+// pass per 8 rows made Gemma-3-270M's head cost 43 / 41 ms for 9 / 10 rows against 22-30 for 8; now 25 / 25).
 //
 // Vectors are GCC/Clang vector extensions: a panel row of 16 floats is one AVX-512 register where the CPU
 // has them, two 8-float vectors elsewhere (two AVX2 registers, or four NEON ones). Each output is one
@@ -36,12 +36,11 @@
 namespace {
 
 constexpr int64_t kPanel = 16;   // output rows per panel
-// The products' vector (vecw): one register. With AVX-512 a whole panel row (16 floats); elsewhere half of it
-// (8 floats: one AVX2 register), a panel row being two of them. A 16-float vector on AVX2 is two registers the
-// compiler moves through memory in these loops: the AVX2 build ran 2.5 times slower than torch's product for
-// one row of Gemma-3-270M's head (59 ms against 24) before the products used 8-float vectors.
-// Accumulators are sized to the register file: 32 AVX-512 registers, 16 AVX2 ones (spilled accumulators made
-// the AVX2 build several times slower than torch's products from 4 rows on).
+// The products' vector (vecw) is one register: with AVX-512 a whole panel row (16 floats), elsewhere half of
+// one (8 floats: an AVX2 register), a panel row being two of them. A 16-float vector on AVX2 is two registers
+// that the compiler moves through memory in these loops, and accumulators beyond the register file spill
+// (32 AVX-512 registers, 16 AVX2 ones): either made the AVX2 build slower than torch's products even for one
+// row (docs/cpu-kernels.md, machines B without AVX-512 and D).
 #if defined(__AVX512F__)
 constexpr int kHalves = 1;
 constexpr int kMaxRows = 8;      // rows of x per pass over the weight
