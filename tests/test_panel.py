@@ -45,7 +45,7 @@ def test_products_equal_linear(d_out, d_in, n_threads):
     packer = PanelPacker()
     lin = torch.nn.Linear(d_in, d_out)
     with threads(n_threads):
-        for m in list(range(1, 18)) + [33]:                                   # one pass, then chunks (8 rows with AVX-512, 6 elsewhere)
+        for m in list(range(1, 18)) + [33]:           # one pass, then chunks (8 rows with AVX-512, 6 elsewhere)
             x = torch.randn(m, d_in)
             out = packer.product(lin.weight, x, lin.bias)
             assert out.shape == (m, d_out) and out.is_contiguous()

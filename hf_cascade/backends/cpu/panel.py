@@ -10,8 +10,8 @@ The kernel (``csrc/panel_linear.cpp``) keeps a copy of the weight in panels of 1
 ``[ceil(d_out / 16), d_in, 16]``, so that a panel is one contiguous stream and each of its rows is
 multiplied by a broadcast element of every row of ``x`` (no horizontal sums); up to 8 rows of ``x`` (6
 without AVX-512) share one pass over the weight, and more rows go that many at a time over each block of 4
-panels while it is in cache, so the weight still streams from memory once whatever the number of rows. It is plain C++ with
-vector extensions, compiled for the machine it runs on the first time it is needed
+panels while it is in cache, so the weight still streams from memory once whatever the number of rows. It
+is plain C++ with vector extensions, compiled for the machine it runs on the first time it is needed
 (``torch.utils.cpp_extension.load``: a C++ compiler with OpenMP and ``ninja``; cached in torch's
 extensions directory). Where that fails (no compiler, another platform) the kernel is simply not
 offered and :class:`~hf_cascade.backends.cpu.kernels.WeightPacker`'s oneDNN kernel is offered instead.
