@@ -13,6 +13,7 @@ import torch
 from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
 from hf_cascade.heads.hub import load_head
 from tests.fresh_process import run_offline
+from tests.test_verify_linear import threads
 
 CARDS = Path(__file__).resolve().parent.parent / "model_cards"
 SHIPPED = ["gemma-3-270m-drafter-xs", "gemma-3-270m-drafter-m"]
@@ -58,7 +59,7 @@ def test_tree_head_reloads_offline_in_fresh_interpreter(name, tmp_path):
     d = CARDS / name
     model = load_head(d).eval()
     inputs = _tree_head_inputs(name)
-    with torch.no_grad():
+    with threads(1), torch.no_grad():     # as the fresh interpreter (OMP_NUM_THREADS=1): see the test below
         torch.save({"inputs": inputs, "logits": model(**inputs).logits}, tmp_path / "expected.pt")
     script = f"""
 import sys, torch
@@ -78,13 +79,10 @@ def test_reload_offline_in_fresh_interpreter(name, tmp_path):
     d = CARDS / name
     model = load_head(d).eval()
     x = torch.tensor([[2, 9259, 236787, 108, 818, 5279, 529, 7001]])
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)              # as the fresh interpreter (OMP_NUM_THREADS=1): some BLAS kernels
-    try:                                  # accumulate in another order with 2 threads (seen on an AVX-512 CPU)
-        with torch.no_grad():
-            torch.save({"x": x, "logits": model(x).logits}, tmp_path / "expected.pt")
-    finally:
-        torch.set_num_threads(before)
+    # as the fresh interpreter (OMP_NUM_THREADS=1): some BLAS kernels accumulate in another order with 2 threads
+    # (seen on an AVX-512 CPU, and with MKL held to AVX2)
+    with threads(1), torch.no_grad():
+        torch.save({"x": x, "logits": model(x).logits}, tmp_path / "expected.pt")
     script = f"""
 import sys, torch
 from transformers import AutoModelForCausalLM
