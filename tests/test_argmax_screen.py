@@ -1,5 +1,6 @@
 """The output head's exact argmax through an int8 screen (hf_cascade/backends/cpu/argmax_screen.py,
-``panel_linear_i8`` of csrc/panel_linear.cpp): the widened, scaled int8 product against torch's, the error bound
+``panel_linear_i8`` of csrc/panel_linear.cpp, ``panel_screen_vnni`` of csrc/screen.cpp): the widened, scaled int8
+product and the integer product (AVX512-VNNI builds) against their definitions, the error bound
 the screen relies on, the argmax on near-ties the int8 copy cannot tell apart, its use by the core's rows
 (greedy acceptance unchanged; a row read in full afterwards is computed in full), and where the core uses it."""
 
@@ -17,6 +18,10 @@ from hf_cascade.core.structure import TokenTree
 from transformers import LogitsProcessorList
 
 pytestmark = pytest.mark.skipif(not PANEL.available(), reason="the panel kernel did not build on this machine")
+
+#: the screen's products built here (the integer one needs AVX512-VNNI)
+PRODUCTS = ["float"] + (["integer"] if PANEL.available() and hasattr(extension(), "panel_screen_vnni") else [])
+needs_vnni = pytest.mark.skipif("integer" not in PRODUCTS, reason="the kernel was built without AVX512-VNNI")
 
 
 def _int8_copy(w: torch.Tensor) -> torch.Tensor:
@@ -54,38 +59,105 @@ def test_int8_panel_product_is_the_widened_scaled_int8_product():
     assert extension().panel_linear_i8(exact, panels, scale, 2).tolist() == [[137.0, -2.0]]
 
 
-def test_the_bound_holds_and_the_argmax_is_exact_on_near_ties():
+def _reach(screen: ArgmaxScreen, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The screen's logits of ``x`` and how far each may be from the float32 logit (its bound)."""
+    approx, term = screen.screen_logits(x)
+    reach = x.norm(dim=1, keepdim=True) * screen.margin
+    return approx, reach if term is None else reach + term[:, None] * screen.copy_norm
+
+
+@pytest.mark.parametrize("product", PRODUCTS)
+def test_the_bound_holds_and_the_argmax_is_exact_on_near_ties(product):
     """Rows of the weight that differ below int8's resolution: the screen cannot tell them apart, the bound
     keeps them all as candidates, and their float32 logits decide."""
     g = torch.Generator().manual_seed(1)
     base = torch.randn(4096, 64, generator=g) / 8
     twins = base[:16] + torch.randn(16, 64, generator=g) * 1e-5            # near-copies of rows 0..15
     w = torch.cat([base, twins])
-    screen = ArgmaxScreen(w)
+    screen = ArgmaxScreen(w, product)
     x = torch.cat([w[:16] * 40, torch.randn(32, 64, generator=g) * 30])   # rows aimed at a twin pair, and random
-    reach = x.norm(dim=1, keepdim=True) * screen.margin
-    approx = extension().panel_linear_i8(x, screen.panels, screen.scale, w.shape[0])
+    approx, reach = _reach(screen, x)
     exact = F.linear(x, w)
     assert ((exact - approx).abs() <= reach).all()                          # the bound the screen relies on
     assert screen(x) == exact.argmax(dim=1).tolist()
     assert screen.candidates > x.shape[0]                                   # near-ties were settled in float32
 
 
-def test_the_bound_holds_on_rows_with_outliers_and_zero_rows():
-    """Rows whose largest weight is far above the rest (the int8 steps are coarse for everything else), a zero row
-    and rows of very different norms: the bound still covers every output, argmax and top-k candidates are exact."""
+@pytest.mark.parametrize("product", PRODUCTS)
+def test_the_bound_holds_on_rows_with_outliers_and_zero_rows(product):
+    """Rows whose largest weight is far above the rest (the int8 steps are coarse for everything else), a zero row,
+    rows of very different norms, inputs with an outlier coordinate (a hidden state's), a zero input group and an
+    input count that is not a whole number of groups: the bound still covers every output, argmax and top-k
+    candidates are exact."""
     g = torch.Generator().manual_seed(3)
     w = torch.randn(2000, 96, generator=g) * torch.logspace(-2, 1, 2000)[:, None]
     w[::7, 0] *= 300.0                                                      # one outlier per row
     w[11] = 0.0
-    screen = ArgmaxScreen(w)
+    screen = ArgmaxScreen(w, product)
     x = torch.randn(24, 96, generator=g) * torch.logspace(-1, 2, 24)[:, None]
+    x[::3, 70] *= 50.0                                                      # an outlier coordinate
+    x[5, :64] = 0.0                                                         # a zero group
     exact = F.linear(x, w)
-    approx = extension().panel_linear_i8(x, screen.panels, screen.scale, w.shape[0])
-    assert ((exact - approx).abs() <= x.norm(dim=1, keepdim=True) * screen.margin).all()
+    approx, reach = _reach(screen, x)
+    assert ((exact - approx).abs() <= reach).all()
     assert screen(x) == exact.argmax(dim=1).tolist()
     top = screen.top(x, 20)
     assert torch.equal(top.topk(20, dim=1).indices.sort(dim=1).values, exact.topk(20, dim=1).indices.sort(dim=1).values)
+
+
+@needs_vnni
+def test_integer_product_is_the_grouped_exact_integer_product():
+    """Golden: ``panel_screen_vnni`` against its definition in float64: per output ``j`` and row, ``a_j sum_g b_g
+    sum_(i in g) x~_i q_ji`` with the row quantized per group of 64 inputs; outputs past whole panels, inputs padded
+    to whole groups, 1 to 17 rows (every row count of a pass, and chunks of 8 over blocks of panels)."""
+    from hf_cascade.backends.cpu.argmax_screen import GROUP
+
+    g = torch.Generator().manual_seed(4)
+    for n, k in ((37, 24), (700, 130), (16, 64)):
+        w = torch.randn(n, k, generator=g)
+        screen = ArgmaxScreen(w, "integer")
+        a = w.abs().amax(dim=1, keepdim=True) / 127
+        q = (w / a).round().clamp(-127, 127).double()                                   # q_j (no zero rows here)
+        for m in (1, 2, 3, 5, 8, 9, 17):
+            x = torch.randn(m, k, generator=g) * 4
+            got, term = screen.screen_logits(x)
+            padded = F.pad(x, (0, screen.padded - k)).view(m, -1, GROUP)
+            b = padded.abs().amax(dim=2, keepdim=True) / 127
+            b = torch.where(b > 0, b, torch.ones_like(b))
+            t = (torch.round(padded / b).clamp(-127, 127) * b).double().view(m, -1)[:, :k]   # the row multiplied
+            want = F.linear(t, q) * a.double().view(1, -1)
+            assert got.shape == (m, n) and torch.allclose(got.double(), want, atol=1e-5, rtol=1e-6)
+            assert term.shape == (m,) and (term.double() >= (x.double() - t).norm(dim=1)).all()
+    exact = torch.tensor([[127.0, 0.0, -127.0, 1.0]])                         # integers: x~ = x, w~ = w
+    w = torch.tensor([[127.0, -3.0, 5.0, 0.0], [0.0, 0.0, -127.0, 2.0]])
+    got, term = ArgmaxScreen(w, "integer").screen_logits(exact)
+    assert got.tolist() == [[16129.0 - 635.0, 16129.0 + 2.0]] and term.item() < 1e-2
+
+
+def test_screen_products_by_name():
+    w = torch.randn(40, 8)
+    assert ArgmaxScreen(w, "float").product == "float" and ArgmaxScreen(w).product in PRODUCTS
+    with pytest.raises(ValueError, match="product"):
+        ArgmaxScreen(w, "int4")
+    if "integer" not in PRODUCTS:
+        with pytest.raises(RuntimeError, match="VNNI"):
+            ArgmaxScreen(w, "integer")
+
+
+@pytest.mark.parametrize("n, m", [(5000, 4), (64, 1), (65, 2)])
+def test_candidates_with_a_second_bound_term(n, m):
+    """Golden: ``screen_candidates`` with ``reach_j = norm_i c_j + norm2_i c2_j`` (the integer product's bound)
+    against the elementwise rule."""
+    g = torch.Generator().manual_seed(n + 1)
+    y, c, c2 = torch.randn(m, n, generator=g) * 5, torch.rand(n, generator=g) * 0.02, torch.rand(n, generator=g) * 3
+    norm, norm2 = torch.rand(m, generator=g) * 100 + 1, torch.rand(m, generator=g) * 0.5
+    reach = norm[:, None] * c + norm2[:, None] * c2
+    for k in (1, 5, 50):
+        low = y - reach
+        floor = low.max(dim=1, keepdim=True).values if min(k, n) == 1 else low.topk(min(k, n), dim=1).values[:, -1:]
+        want = [r.nonzero().flatten().tolist() for r in (y + reach >= floor)]
+        got = [t.tolist() for t in extension().screen_candidates(y, norm, c, k, norm2, c2)]
+        assert all(set(w) <= set(h) and len(h) <= len(w) + 2 and h == sorted(h) for w, h in zip(want, got))
 
 
 @pytest.mark.parametrize("n, m", [(5000, 4), (1000, 3), (37, 2), (64, 1), (65, 2)])

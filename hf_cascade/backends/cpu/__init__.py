@@ -7,8 +7,8 @@
 * :mod:`.verify_linear` -- the decoder's linears through the tuner;
 * :mod:`.verify_head` -- the output head through the tuner, and the calibrated number of rows per head
   call that the core's row selection uses (:attr:`~hf_cascade.backends.VerifySession.block_rows`);
-* :mod:`.argmax_screen` -- the head's exact argmax through an int8 copy of its weight, for the rows
-  greedy acceptance only compares (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`).
+* :mod:`.argmax_screen` -- the head's exact argmax through an int8 copy of its weight (``csrc/screen.cpp``: its
+  candidates, and an integer product where the CPU has AVX512-VNNI), for the rows greedy acceptance only compares (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`).
 
 They also speed up plain decoding on CPU::
 

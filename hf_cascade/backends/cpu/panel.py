@@ -39,7 +39,8 @@ import torch
 
 from .kernels import PACKER, WeightPacker
 
-SOURCE = Path(__file__).with_name("csrc") / "panel_linear.cpp"
+#: the extension's sources: the panel products, and the argmax screen's candidates and integer product
+SOURCES = tuple(Path(__file__).with_name("csrc") / f for f in ("panel_linear.cpp", "screen.cpp"))
 #: a build lock older than this was left by an interrupted build (a build takes about 30 s) and is removed:
 #: torch waits on a lock without end, so one interrupted first build would hang every later process
 STALE_LOCK_SECONDS = 600.0
@@ -83,7 +84,7 @@ def extension() -> ModuleType | None:
 
         name = build_name()
         clear_stale_lock(name)
-        return load(name, [str(SOURCE)], extra_cflags=["-O3", f"-march={march()}", "-fopenmp"],
+        return load(name, [str(f) for f in SOURCES], extra_cflags=["-O3", f"-march={march()}", "-fopenmp"],
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # noqa: BLE001  (no compiler, no ninja, an unsupported flag: not offered)
         warnings.warn(f"hf_cascade: the panel kernel could not be built ({type(err).__name__}: {err}); "
