@@ -107,14 +107,14 @@ class ArgmaxScreen:
         self.copy_norm = (torch.cat(norms) * 1.01).float()                   # [N] ||w~_j||, rounded up
         self.candidates = 0                                                  # float32 rows computed (statistics)
         self.faster: dict[tuple[int, bool], bool] = {}     # (rows per call: a power of two, top-k use) -> faster
-        self.product = "float"
+        self.product, self.vnni = "float", None                              # the integer copy where built
         if product != "float" and hasattr(ext, "panel_screen_vnni"):
             self._pack_integer()
             self.product = product or _faster_product(self)
             if self.product == "integer":
                 self.panels = None                                           # one copy is kept
             else:
-                self.vnni = None
+                self.vnni = self.qsum = None
 
     def _pack_integer(self) -> None:
         """The int8 copy in the integer product's layout: ``[P, Kp / 4, 64]`` (four inputs of each of a panel's 16

@@ -29,8 +29,6 @@
 #endif
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <limits>
 #include <vector>
 
 namespace {
@@ -50,10 +48,8 @@ constexpr int kMaxRows = 6;
 #endif
 constexpr int kLanes = kPanel / kHalves;
 
-typedef float vec16 __attribute__((vector_size(64)));
 typedef float vecw __attribute__((vector_size(kLanes * 4)));
 
-inline vec16 load(const float* p) { vec16 v; std::memcpy(&v, p, sizeof(v)); return v; }
 inline vecw loadw(const float* p) { vecw v; std::memcpy(&v, p, sizeof(v)); return v; }
 // kLanes int8 values widened to float32 (exact).
 // (Intrinsics where the compiler would otherwise widen byte by byte.)
