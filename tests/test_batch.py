@@ -36,6 +36,7 @@ from transformers import pipeline
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
 from hf_cascade import CascadeAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
+from hf_cascade.core.batch import prefill_by_row
 from hf_cascade.core.budget import VerifyCost
 from hf_cascade.core.stats import BatchStats
 from tests import tiny_models as tm
@@ -81,7 +82,16 @@ def assert_batch_stats(stats, expected: list[list[int]], P: int, eos: set[int]) 
     assert stats.rows_per_call == [sum(c > k for c in calls) for k in range(stats.target_calls)]
     assert stats.width_per_call == [1 + max(r.draft_len_per_call[k] for r in stats.rows if r.target_calls > k)
                                     for k in range(stats.target_calls)]
-    assert stats.prefill_calls == (1 if P > 1 else 0)
+    assert stats.prefill_calls == prefill_forwards(expected, P)
+
+
+def prefill_forwards(expected: list[list[int]], P: int) -> int:
+    """The target forwards over a batch's prompts: one over the padded block, or one per row with more than one
+    prompt token where padding is at least half of it (:func:`hf_cascade.core.batch.prefill_by_row`)."""
+    lengths = [len([t for t in row[:P] if t != tm.PAD]) - 1 for row in expected]
+    if P <= 1:
+        return 0
+    return sum(n > 0 for n in lengths) if prefill_by_row(lengths, P - 1) else 1
 
 
 # -- (1) greedy parity ------------------------------------------------------------------------------------
@@ -198,6 +208,37 @@ def test_greedy_parity(name, setting, free_drafts, open_gate):
     target = setting_target(setting)
     assistant = registry_assistant(name, fresh_kit(SETTINGS[setting][0], target))
     assert_batch_parity(target, assistant, cases)
+
+
+@pytest.mark.parametrize("setting", MORE_CASES)
+@pytest.mark.parametrize("name", ["drafter+maxgram", "glide"])
+def test_prefill_ways_agree(name, setting, free_drafts, open_gate, monkeypatch):
+    """The B = 4 cases prefill row by row (padding is most of their block: rows of 1, 2, 9 and 25 tokens); held
+    to the padded forward they give the same rows, and the same as plain batched ``generate``. GLIDE reads the
+    target's cache: its rows' K/V from either prefill."""
+    from hf_cascade.core import batch
+
+    cases = [c for c in setting_cases(setting) if c[1][0].shape[0] == 4]
+    lengths = [int(n) - 1 for n in cases[0][1][1].sum(1).tolist()]
+    assert prefill_by_row(lengths, cases[0][1][0].shape[1] - 1)
+    target = setting_target(setting)
+    kit = fresh_kit(SETTINGS[setting][0], target)
+    assert_batch_parity(target, registry_assistant(name, kit), cases)
+    monkeypatch.setattr(batch, "prefill_by_row", lambda lengths, width: False)
+    for case, (input_ids, mask), kw, expected in cases:
+        a = registry_assistant(name, kit)
+        got = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=a, **kw)
+        assert got.tolist() == expected, case
+        assert a.last_stats.prefill_calls == 1
+
+
+def test_prefill_by_row_rule():
+    """Row by row where padding is at least half of the padded block, never for one row."""
+    assert prefill_by_row([0, 1, 8, 24], 24)                   # 33 of 96 positions are prompt tokens
+    assert prefill_by_row([12, 12], 24)                         # exactly half
+    assert not prefill_by_row([13, 12], 24)
+    assert not prefill_by_row([20, 24, 24, 3], 24)
+    assert not prefill_by_row([3], 24)
 
 
 # -- (2) statistics --------------------------------------------------------------------------------------

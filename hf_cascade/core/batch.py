@@ -1,7 +1,10 @@
 """Batched speculative decoding: a left-padded batch of ``B`` rows, each drafting on its own, one target
 forward verifying every row's draft per step.
 
-The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify -> accept -> update), over rows:
+The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify -> accept -> update), over rows,
+after the **prefill** of every row's prompt: the padded block in one forward as plain batched ``generate`` runs it,
+or one forward per row where padding is at least half of that block (:func:`prefill`: the same cache, without
+the work on padding, which in a batch of ragged prompts can be most of the prefill).
 
 1. **draft** -- each row's own drafter (one per row: its own statistics and caches) proposes a tree for its
    own sequence, pruned to what that row can still emit; a row may draft nothing. Only the *lagging* rows (the
@@ -42,7 +45,7 @@ import inspect
 import time
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
 from .batch_state import COMPACT_SHARE, BatchRun
@@ -102,35 +105,107 @@ def speculative_decode_batch(
 # -- the steps -----------------------------------------------------------------------------------------
 
 def prefill(run: "BatchRun") -> None:
-    """Every row's prompt minus its last token (the first root) into the cache, left padding masked."""
+    """Every row's prompt minus its last token (the first root) into the cache, left padding masked.
+
+    One forward over the padded ``[B, P - 1]`` block, as plain batched ``generate`` runs it; or, where padding is
+    at least half of that block (:func:`prefill_by_row`), one forward per row over its own tokens, the K/V
+    placed where the padded forward would have put them: the same cache layout, without the work on padding."""
     width = run.width - 1
     if width < 1:
         return
     pos = [[-1] * row.pad + list(range(row.length - 1)) for row in run.rows]          # [B, P - 1]
     query = torch.tensor(pos, dtype=torch.long, device=run.device)
-    real = query >= 0
-    causal = torch.ones(width, width, dtype=torch.bool, device=run.device).tril()
-    ancestors = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=run.device)[None]
-    empty = torch.empty(len(run.rows), 0, dtype=torch.long, device=run.device)
-    ids = torch.stack([row.full[:-1] for row in run.rows])
-    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
-    logits = run.target(input_ids=ids, position_ids=query.clamp(min=0), attention_mask=run.mask(empty, query, ancestors),
-                        past_key_values=run.cache, use_cache=True, **kwargs).logits[:, -1]
-    run.stats.prefill_calls += 1
+    if prefill_by_row([row.length - 1 for row in run.rows], width):
+        last, hidden = _prefill_rows(run, width)
+    else:
+        last, hidden = _prefill_padded(run, query)
     run.past_pos = query
     for row, p in zip(run.rows, pos):
         row.cols = [c for c, q in enumerate(p) if q >= 0]
-    hidden = run.head_input.rows()
-    if hidden is None or hidden.shape[0] != len(run.rows):
+    real_last = [b for b, row in enumerate(run.rows) if row.length > 1]
+    if hidden is None or not real_last:
         return
     head = output_head(run.target)
-    real_last = [b for b, row in enumerate(run.rows) if row.length > 1]
-    if head is not None and real_last:
+    if head is not None:
         index = torch.tensor(real_last, device=hidden.device)
-        if torch.allclose(head(hidden[index]).float(), logits[index.to(logits.device)].float(), rtol=1e-4, atol=1e-4):
+        if torch.allclose(head(hidden[index]).float(), last[index.to(last.device)].float(), rtol=1e-4, atol=1e-4):
             run.head = head
     for b in real_last:
         run.rows[b].last_hidden = hidden[b]
+
+
+def prefill_by_row(lengths: list[int], width: int) -> bool:
+    """Whether to prefill row by row: when padding is at least half of the padded ``[B, width]`` block, the
+    padded forward spends at least as much work on padding as on the prompts (prefill work grows with the
+    tokens), and one forward per row saves more than its extra calls cost on CPUs and GPUs alike."""
+    return len(lengths) > 1 and 2 * sum(lengths) <= len(lengths) * width
+
+
+def _keep_last(run: "BatchRun") -> dict:
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
+
+
+def _prefill_padded(run: "BatchRun", query: torch.Tensor):
+    """The padded block in one forward: ``(last logits [B, V], head inputs [B, H] or None)``."""
+    width = query.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=run.device).tril()
+    ancestors = (causal[None] & (query >= 0)[:, None, :]) | torch.eye(width, dtype=torch.bool, device=run.device)[None]
+    empty = torch.empty(len(run.rows), 0, dtype=torch.long, device=run.device)
+    ids = torch.stack([row.full[:-1] for row in run.rows])
+    logits = run.target(input_ids=ids, position_ids=query.clamp(min=0), attention_mask=run.mask(empty, query, ancestors),
+                        past_key_values=run.cache, use_cache=True, **_keep_last(run)).logits[:, -1]
+    run.stats.prefill_calls += 1
+    hidden = run.head_input.rows()
+    return logits, hidden if hidden is not None and hidden.shape[0] == len(run.rows) else None
+
+
+def _prefill_rows(run: "BatchRun", width: int):
+    """Each row's own tokens in a forward of their own, into a batch-1 cache; then every layer's K/V of the
+    batch, each row right-aligned in ``width`` columns (the padding columns zero, masked as before)."""
+    empty = torch.empty(1, 0, dtype=torch.long, device=run.device)
+    caches, last, hidden = [], [], []
+    for row in run.rows:
+        n = row.length - 1
+        if n < 1:
+            caches.append(None)
+            last.append(None)
+            hidden.append(None)
+            continue
+        query = torch.arange(n, device=run.device)[None]
+        causal = torch.ones(1, n, n, dtype=torch.bool, device=run.device).tril()
+        cache = DynamicCache()
+        out = run.target(input_ids=row.full[row.pad: row.pad + n][None], position_ids=query,
+                         attention_mask=run.mask(empty, query, causal), past_key_values=cache, use_cache=True,
+                         **_keep_last(run))
+        run.stats.prefill_calls += 1
+        rows = run.head_input.rows()
+        caches.append(cache)
+        last.append(out.logits[0, -1])
+        hidden.append(rows[-1] if rows is not None else None)
+    for i in range(len(next(c for c in caches if c is not None).layers)):
+        keys, values = _right_aligned([c.layers[i].keys if c is not None else None for c in caches], width), \
+            _right_aligned([c.layers[i].values if c is not None else None for c in caches], width)
+        run.cache.update(keys, values, i)
+    done = [b for b, x in enumerate(last) if x is not None]
+    logits = _stacked(last, last[done[0]])
+    if any(hidden[b] is None for b in done):
+        return logits, None
+    return logits, _stacked(hidden, hidden[done[0]])
+
+
+def _stacked(parts: list[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:
+    """``parts`` stacked, zeros where a row has none (a one-token prompt: nothing was processed)."""
+    return torch.stack([p if p is not None else torch.zeros_like(like) for p in parts])
+
+
+def _right_aligned(parts: list[torch.Tensor | None], width: int) -> torch.Tensor:
+    """``[B, H, width, D]`` from each row's ``[1, H, n_b, D]`` (``None``: none), right-aligned, zeros before."""
+    like = next(p for p in parts if p is not None)
+    out = like.new_zeros(len(parts), like.shape[1], width, like.shape[3])
+    for b, p in enumerate(parts):
+        if p is not None:
+            out[b, :, width - p.shape[2]:] = p[0]
+    return out
 
 
 def draft(run: "BatchRun", b: int, allowed: bool = True) -> tuple[TokenTree, torch.Tensor | None]:
