@@ -136,6 +136,23 @@ class ChainDrafter(TreeDrafter):
         d = self.generator.draft(seq, state.budget) if state.budget > 0 else Draft(seq[:0])
         return TokenTree.chain(d.tokens), (d.dists if self.generator.do_sample else None)
 
+    def reach(self, tree: TokenTree) -> list[float] | None:
+        """``P(at least k accepted)``: the products of the generator's per-token acceptance estimates, where it
+        gives them (``acceptance_estimates``)."""
+        estimates = getattr(self.generator, "acceptance_estimates", None)
+        if estimates is None:
+            return None
+        if tree.num_nodes == 0:
+            return []
+        accept = estimates()
+        if accept is None or len(accept) < tree.num_nodes:
+            return None
+        out, p = [], 1.0
+        for a in accept[: tree.num_nodes]:
+            p *= a
+            out.append(p)
+        return out
+
     def on_accept(self, tree: TokenTree, acceptance: TreeAcceptance, state: TreeStep) -> None:
         # In a batch the step's time is that of the widest row's draft: it tells this row's cost model what its
         # own draft length costs only when that was its own (otherwise a row that drafted nothing beside a row

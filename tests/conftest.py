@@ -102,3 +102,4 @@ def open_gate(monkeypatch):
 
     monkeypatch.setattr(DraftGate, "allows", lambda self: True)
     monkeypatch.setattr(DraftGate, "follows_lagging", False)
+    monkeypatch.setattr(DraftGate, "by_estimate", False)

@@ -93,6 +93,31 @@ def test_draft_gate_drafts_first_measures_plain_then_follows_the_faster_and_expl
     assert gate.rate[True] == pytest.approx(2.875) and gate.width == 2
 
 
+def test_draft_gate_width_by_expected_gain():
+    """Golden: :meth:`DraftGate.width_for` picks the width with the most expected tokens of the slowest lagging
+    row per second of step, ``(1 + sum_k prod_b P_b(>= k)) / t(k)``, and 0 where a plain step is faster. Prior
+    costs (nothing measured): ``t(k) / t(0) = 1.6 + 0.05 k``."""
+    from hf_cascade.core.gate import DraftGate
+
+    gate = DraftGate()
+    # one row, reach 0.9, 0.81, 0.729, 0.6561: E(k) = 1.9, 2.71, 3.439, 4.0951 over 1.65, 1.70, 1.75, 1.80
+    assert gate.width_for([[0.9, 0.81, 0.729, 0.6561]], rows=4) == 4
+    assert gate.width_for([[0.5, 0.25]], rows=4) == 2            # 1.5 / 1.65 < 1 < 1.75 / 1.7
+    assert gate.width_for([[0.4, 0.16]], rows=4) == 0            # 1.4 / 1.65, 1.56 / 1.7: a plain step is faster
+    # two tied rows: the joint reach multiplies (0.9 * 0.5 = 0.45 ...): E = 1.45 / 1.65 < 1, 1.5 ...: no draft
+    assert gate.width_for([[0.9, 0.81, 0.729], [0.5, 0.25, 0.125]], rows=4) == 0
+    assert gate.width_for([[0.9, 0.81], []], rows=4) == 0          # a lagging row without a draft: nothing gained
+    assert gate.width_for([], rows=4) == 0
+    # measured: plain steps 0.1 s, 1-node steps 0.11 s (cost 1.1); 2 nodes interpolated from 1 by the prior's shape
+    for _ in range(3):
+        gate.observe(False, 1, 0.1, 0, rows=2)
+        gate.observe(True, 1, 0.11, 1, rows=2)
+    assert gate.costs[2].cost(1) == pytest.approx(1.1)
+    assert gate.width_for([[0.5, 0.02]], rows=2) == 1               # 1.5 / 1.1 > 1.52 / (1.1 * 1.7 / 1.65)
+    assert gate.width_for([[0.5, 0.25]], rows=2) == 2               # 1.75 / 1.133
+    assert gate.costs[4].cost(1) == pytest.approx(1.65)            # each row count measures its own
+
+
 def test_the_batch_gate_follows_the_lagging_rows(monkeypatch):
     """The batch loop gives the gate the fewest tokens emitted by the rows with the most tokens left (the
     rows the batch waits for), not the batch's total."""
@@ -102,7 +127,8 @@ def test_the_batch_gate_follows_the_lagging_rows(monkeypatch):
 
     seen = []
     original = DraftGate.observe
-    monkeypatch.setattr(DraftGate, "observe", lambda self, d, t, s, w=0: seen.append(t) or original(self, d, t, s, w))
+    monkeypatch.setattr(DraftGate, "observe",
+                        lambda self, d, t, s, w=0, rows=None: seen.append(t) or original(self, d, t, s, w, rows))
     target = tm.llama_target()
     ids = torch.tensor([[1, 5, 6, 7, 5, 6, 7, 5, 6], [0, 0, 0, 0, 0, 1, 40, 41, 42]])
     mask = (torch.arange(9) >= torch.tensor([[0], [5]])).long()

@@ -29,6 +29,7 @@ def test_gate_refusals_keep_parity(name, free_drafts, monkeypatch):
 
         monkeypatch.setattr(DraftGate, "allows", allows)
         monkeypatch.setattr(DraftGate, "follows_lagging", False)        # every row drafts (tested apart)
+        monkeypatch.setattr(DraftGate, "by_estimate", False)            # the rate rule (widths by estimate: apart)
         assistant = registry_assistant(name, fresh_kit("gemma3", target))
         for case, (input_ids, mask), kw, expected in cases:
             out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
@@ -128,3 +129,50 @@ def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, free_draft
     assert name == "maxgram" or any(not lagging for lagging, _, _ in steps)   # rows got ahead (drafting at every step)
     assert all(n == 0 for lagging, _, n in steps if not lagging)
     assert any(rows is None for rows in given) and any(rows is not None for rows in given)
+
+
+@pytest.mark.parametrize("name", ["maxgram", "drafter+maxgram", "maxgram_first_cost_aware"])
+def test_estimated_widths_keep_parity(name, free_drafts, monkeypatch):
+    """Where every lagging row estimates its draft's reach (the cascade's drafts do), the gate cuts the step's
+    drafts to the width :meth:`~hf_cascade.core.gate.DraftGate.width_for` gives: cycled here through 0 (a plain
+    step), 1, 2 and 3 nodes, so that every width is exercised deterministically; outputs stay plain's, no step
+    is wider, and the estimates the gate was given are probabilities that do not grow with depth."""
+    from hf_cascade.core.gate import DraftGate
+
+    given, widths = [], [0, 1, 2, 3]
+
+    def width_for(gate, reaches, rows):
+        given.extend(reaches)
+        gate.steps = getattr(gate, "steps", -1) + 1
+        return widths[gate.steps % len(widths)]
+
+    monkeypatch.setattr(DraftGate, "allows", lambda gate: True)
+    monkeypatch.setattr(DraftGate, "follows_lagging", False)            # every row drafts: more cut drafts
+    monkeypatch.setattr(DraftGate, "width_for", width_for)
+    target = setting_target("llama-sdpa")
+    assistant = registry_assistant(name, fresh_kit("llama", target))
+    for case, (input_ids, mask), kw, expected in setting_cases("llama-sdpa"):
+        out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
+        assert out.tolist() == expected, case
+        calls = assistant.last_stats.width_per_call
+        assert all(w <= 4 for w in calls), (case, calls)
+    assert given and any(len(r) > 1 for r in given)
+    assert all(0 < p <= 1 for r in given for p in r) and all(a >= b for r in given for a, b in zip(r, r[1:]))
+
+
+def test_the_cascade_learns_from_the_verified_prefix_only():
+    """A batch may verify only the first tokens of a row's draft: the cascade's Max-Gram acceptance counts those,
+    not the cut ones as rejected (:meth:`~hf_cascade.cascade.generator._Drafted.first`)."""
+    import torch
+
+    from hf_cascade.cascade.generator import CascadeCandidateGenerator, _Drafted, _Segment
+    from hf_cascade.drafters.maxgram import MaxGram
+
+    policy = MaxGram().new_policy()
+    d = _Drafted(torch.tensor([5, 6, 7, 8]), None, [1.0] * 4, [0] * 4, [False] * 4, [_Segment(policy, 3, 0, 4)])
+    cut = d.first(2)
+    assert cut.tokens.tolist() == [5, 6] and cut.segments[0].length == 2 and len(cut) == 2
+    assert d.first(9) is d
+    before = policy.acceptance(3)
+    CascadeCandidateGenerator._feedback_segments(cut.segments, 2)         # both verified tokens accepted
+    assert policy.acceptance(3) > before                                  # no rejection counted

@@ -60,6 +60,14 @@ class _Drafted:
     def __len__(self) -> int:
         return len(self.origin)
 
+    def first(self, k: int) -> "_Drafted":
+        """The draft's first ``k`` tokens (itself when it has no more)."""
+        if k >= len(self):
+            return self
+        segments = [_Segment(g.policy, g.bucket, g.start, min(g.length, k - g.start)) for g in self.segments if g.start < k]
+        return _Drafted(self.tokens[:k], None if self.dists is None else self.dists[:k], self.probs[:k], self.origin[:k],
+                        self.lenient[:k], segments)
+
     def append(self, tokens, probs, dists, origin: int, lenient: bool) -> None:
         """Add ``tokens`` ``[u]`` with their ``probs`` ``[u]`` and (sampling) ``dists`` ``[u, V]``."""
         u = tokens.shape[0]
@@ -140,13 +148,22 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _expected_gain_rule(self, out: _Drafted) -> ExpectedGainRule:
         """The ``cost_aware`` rule for the smallest drafter's next target-bound tokens: the draft so far
-        counts with its Max-Gram tokens' measured bucket acceptance and its neural tokens' probability
-        (the smallest drafter's calibrated by the target's verdicts so far)."""
+        counts with its tokens' acceptance estimates (:meth:`_acceptance`)."""
+        return ExpectedGainRule.after(self._acceptance(out), self._target_cost, self._calibration)
+
+    def _acceptance(self, out: _Drafted) -> list[float]:
+        """Per token of ``out``, the target's acceptance estimate once the token is reached: Max-Gram tokens
+        their bucket's measured acceptance, neural tokens their probability (the smallest drafter's calibrated
+        by the target's verdicts so far)."""
         accept = [self._calibration(p) if level == self.bottom else p             # [u] acceptance estimates
                   for p, level in zip(out.probs, out.origin)]
         for seg in out.segments:
             accept[seg.start:seg.start + seg.length] = [seg.policy.acceptance(seg.bucket)] * seg.length
-        return ExpectedGainRule.after(accept, self._target_cost, self._calibration)
+        return accept
+
+    def acceptance_estimates(self) -> list[float] | None:
+        """The last draft's :meth:`_acceptance` (what a batch's draft gate sizes drafts by), ``None`` before one."""
+        return self._acceptance(self._pending) if self._pending is not None else None
 
     def _append_maxgram(self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int) -> None:
         mg: MaxGram = self.levels[j]
@@ -192,6 +209,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         if verify_seconds is not None:
             self._target_cost.observe(num_proposed, verify_seconds)
         if self._pending is not None:
+            self._pending = self._pending.first(num_proposed)      # the target verified a prefix (a batch cuts drafts)
             self._feedback_segments(self._pending.segments, num_accepted)
             self._calibrate(self._pending, num_proposed, num_accepted)
             self._record_acceptance(self._pending, num_accepted)

@@ -88,7 +88,7 @@ def speculative_decode_batch(
                 [row.stopper.max_length - row.width for row in run.rows])
             drafting = set(lagging if run.gate.follows_lagging else range(len(run.rows)))   # the rows that may draft
             with run.timer("draft"):
-                drafts = [draft(run, b, allowed and b in drafting) for b in range(len(run.rows))]
+                drafts = sized(run, [draft(run, b, allowed and b in drafting) for b in range(len(run.rows))], drafting)
             started = time.perf_counter()
             with run.timer("verify"):
                 rows = verify(run, drafts)
@@ -98,7 +98,7 @@ def speculative_decode_batch(
             with run.timer("update"):
                 emitted = update(run, drafts, rows, acceptances)
             run.gate.observe(any(tree.num_nodes for tree, _ in drafts), min(emitted[b] for b in lagging),
-                             time.perf_counter() - step_started, run.verify_nodes)
+                             time.perf_counter() - step_started, run.verify_nodes, rows=len(emitted))
     return run.result()
 
 
@@ -220,6 +220,18 @@ def draft(run: "BatchRun", b: int, allowed: bool = True) -> tuple[TokenTree, tor
     tree, q = row.drafter.draft_tree(state.seq, state)
     tree, q = prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
     return run.gate.cut(tree, q) if allowed else (tree, q)
+
+
+def sized(run: "BatchRun", drafts, drafting: set[int]):
+    """The drafts cut to the gate's expected-gain width where every drafting row estimates its draft's reach
+    (:meth:`~hf_cascade.core.gate.DraftGate.width_for`); as drafted otherwise (the gate's rate rule applies)."""
+    gate = run.gate
+    reaches = [run.rows[b].drafter.reach(drafts[b][0]) for b in sorted(drafting)] if gate.by_estimate else [None]
+    gate.estimated = bool(reaches) and all(r is not None for r in reaches)
+    if not gate.estimated or not any(tree.num_nodes for tree, _ in drafts):
+        return drafts
+    width = gate.width_for(reaches, len(run.rows))
+    return [gate.cut(tree, q, width) for tree, q in drafts]
 
 
 def verify(run: "BatchRun", drafts) -> list[TreeRows]:

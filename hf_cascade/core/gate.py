@@ -24,6 +24,17 @@ single-row defaults already follow (draft only what pays for its verification, :
 :mod:`hf_cascade.drafters.lookahead`). A row that stops early (EOS) may make the measure pessimistic,
 never wrong: outputs do not depend on it.
 
+Where every lagging row's drafter estimates how far its draft will be accepted (:meth:`TreeDrafter.reach
+<hf_cascade.core.strategy.TreeDrafter.reach>`), the gate instead sizes each step's drafts by expectation
+(:meth:`DraftGate.width_for`): the lagging rows draft at every step, and every draft is cut to the width ``w``
+that maximises the expected fewest tokens a lagging row emits per second of step,
+``(1 + sum_k prod_b P_b(>= k)) / t(w)`` (rows accept independently; ``t(w)``, the step's time with ``w`` nodes
+per row at this many rows, measured in this call, :class:`~hf_cascade.drafters.lookahead.CostModel`'s prior
+until measured), ``w = 0`` (no draft) when a plain step is faster. It is the batch-level form of Max-Gram's
+adaptive lookahead: per step, from the drafts' own evidence, where the rule above only knows the past steps'
+outcomes; in a batch of rows tied at the end, a draft pays only where every tied row's draft is likely
+accepted, which the estimates tell apart step by step.
+
 The times are host wall times of whole steps (draft, verify, accept, update), each ending after acceptance
 read the device, so the device is synchronised. Decisions depend on past timings only, never on random
 draws: greedy outputs stay exact and sampling stays lossless whatever the gate decides.
@@ -32,6 +43,8 @@ draws: greedy outputs stay exact and sampling stays lossless whatever the gate d
 from __future__ import annotations
 
 import torch
+
+from ..drafters.lookahead import CostModel
 
 
 class DraftGate:
@@ -44,6 +57,8 @@ class DraftGate:
 
     #: only the lagging rows draft (the module docstring); ``False``: every row does
     follows_lagging: bool = True
+    #: size drafts by the drafters' estimates where every lagging row gives them (:meth:`width_for`)
+    by_estimate: bool = True
 
     def __init__(self, explore_every: int = 8, decay: float = 0.7):
         self.explore_every, self.decay = int(explore_every), float(decay)
@@ -55,9 +70,14 @@ class DraftGate:
         self.width: int | None = None
         self.drafting = True                               # drafts allowed by the comparison (not exploring)
         self.last: tuple[int, float] | None = None         # the last drafted step: widest draft, seconds
+        #: the last step's lagging rows all estimated their drafts' reach: :meth:`width_for` sizes the drafts
+        self.estimated = False
+        self.costs: dict[int, CostModel] = {}               # rows -> step time by widest draft (nodes)
 
     def allows(self) -> bool:
         """Whether the rows may draft at this step."""
+        if self.by_estimate and self.estimated:
+            return True                                   # the drafts are sized after drafting (width_for)
         drafted, plain = self.rate[True], self.rate[False]
         if drafted is None:
             return True                                   # start by drafting
@@ -75,11 +95,31 @@ class DraftGate:
             return True
         return False
 
-    def observe(self, drafted: bool, tokens: int, seconds: float, widest: int = 0) -> None:
+    def width_for(self, reaches: list[list[float]], rows: int) -> int:
+        """The draft width (nodes per row) with the most expected tokens of the slowest lagging row per second of
+        step (module docstring), given each lagging row's ``reach`` (``P(at least k accepted)``, ``k = 1, ...``)
+        at ``rows`` rows; 0: a plain step."""
+        cost = self.costs.setdefault(rows, CostModel())
+        best_w, best, expected = 0, 1.0, 1.0                # per plain step's time: a plain step emits 1
+        for k in range(1, max((len(r) for r in reaches), default=0) + 1):
+            joint = 1.0
+            for r in reaches:
+                joint *= r[k - 1] if k <= len(r) else 0.0
+            if joint <= 0.0:
+                break
+            expected += joint
+            value = expected / cost.cost(k)
+            if value > best:
+                best_w, best = k, value
+        return best_w
+
+    def observe(self, drafted: bool, tokens: int, seconds: float, widest: int = 0, rows: int | None = None) -> None:
         """One step: whether any row drafted, the tokens the lagging rows emitted (the fewest of them), its
-        wall time, and the widest row's draft (nodes)."""
+        wall time, the widest row's draft (nodes) and the rows verified."""
         if seconds <= 0:
             return
+        if rows is not None:
+            self.costs.setdefault(rows, CostModel()).observe(widest if drafted else 0, seconds)
         rate = tokens / seconds
         old = self.rate[drafted]
         self.rate[drafted] = rate if old is None else self.decay * old + (1 - self.decay) * rate
@@ -97,13 +137,14 @@ class DraftGate:
             else:
                 self.interval = self.explore_every
 
-    def cut(self, tree, q):
-        """A row's draft (``tree``, draw probabilities ``q`` or ``None``) cut to its first :attr:`width` nodes (a
-        valid tree: parents precede children; the mask is built on the host, no device read)."""
-        if self.width is None or tree.num_nodes <= self.width:
+    def cut(self, tree, q, width: int | None = None):
+        """A row's draft (``tree``, draw probabilities ``q`` or ``None``) cut to its first ``width`` nodes (default
+        :attr:`width`; a valid tree: parents precede children; the mask is built on the host, no device read)."""
+        width = self.width if width is None else width
+        if width is None or tree.num_nodes <= width:
             return tree, q
-        keep = torch.arange(tree.num_nodes) < self.width
-        return tree.select(keep), (q[: self.width] if q is not None else None)
+        keep = torch.arange(tree.num_nodes) < width
+        return tree.select(keep), (q[:width] if q is not None else None)
 
     def _narrow(self) -> None:
         """After a drafted step that did not pay: at most half as wide as it was, and narrower still in

@@ -91,6 +91,14 @@ class TreeDrafter(ABC):
         a wrong ``draft_probs`` breaks losslessness. An empty tree makes the step a plain decoding step.
         """
 
+    def reach(self, tree: TokenTree) -> list[float] | None:
+        """Optional: the drafter's estimate, for its last draft ``tree`` (as returned by :meth:`draft_tree`, then
+        pruned), of the probability that the target accepts at least ``k`` of its tokens, for ``k = 1 .. depth``
+        (non-increasing). A batch's draft gate sizes the step's drafts by it
+        (:meth:`~hf_cascade.core.gate.DraftGate.width_for`); ``None`` (the default): no estimate, the gate
+        judges drafting by the past steps' outcomes."""
+        return None
+
     def on_accept(self, tree: TokenTree, acceptance: TreeAcceptance, state: TreeStep) -> None:
         """Feedback after a verification: ``acceptance.path`` (node indices, root -> leaf) and
         ``acceptance.bonus``; ``state`` is the *new* state (``seq`` ends with the emitted tokens,
