@@ -135,9 +135,10 @@ def prefill(run: "BatchRun") -> None:
 
 
 def prefill_by_row(lengths: list[int], width: int) -> bool:
-    """Whether to prefill row by row: when padding is at least half of the padded ``[B, width]`` block, the
-    padded forward spends at least as much work on padding as on the prompts (prefill work grows with the
-    tokens), and one forward per row saves more than its extra calls cost on CPUs and GPUs alike."""
+    """Whether to prefill row by row: where padding is at least half of the padded ``[B, width]`` block. Row by
+    row does the prompts' work alone for ``B - 1`` more forward calls; past half padding the padded forward spends
+    at least as much work on padding as on the prompts, which outweighs those calls wherever prefill work grows
+    with the tokens (a CPU; an accelerator on long prompts)."""
     return len(lengths) > 1 and 2 * sum(lengths) <= len(lengths) * width
 
 
