@@ -10,9 +10,11 @@ model, tok = load_default_target()
 bs = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 batches = make_batches(tok, load_prompts(None, 3), bs)
 sel = [int(x) for x in sys.argv[1].split(",")] if sys.argv[1] != "all" else range(len(batches))
+# third argument "fixed": both arms size drafts by estimate; "rate" is then MaxGram(adaptive=False) (eg_fixed_ab.log)
+FIXED = len(sys.argv) > 3 and sys.argv[3] == "fixed"
 def run(v, b):
-    DraftGate.by_estimate = (v == "eg")
-    a = CascadeAssistant([MaxGram()])
+    DraftGate.by_estimate = FIXED or (v == "eg")
+    a = CascadeAssistant([MaxGram(adaptive=not FIXED or v == "eg")])
     t = time.perf_counter()
     out = model.generate(b.input_ids, attention_mask=b.attention_mask, assistant_model=a, do_sample=False, max_new_tokens=128, pad_token_id=0)
     return out, time.perf_counter() - t, a.last_stats.target_calls
