@@ -38,6 +38,7 @@ import hf_cascade  # noqa: F401  (installs the generate() hook)
 from hf_cascade import CascadeAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
 from hf_cascade.core.batch import prefill_by_row
 from hf_cascade.core.budget import VerifyCost
+from hf_cascade.drafters.lookahead import CostModel
 from hf_cascade.core.stats import BatchStats
 from tests import tiny_models as tm
 from tests.contract_registry import REGISTRY, SETTINGS, base_kit, fresh_kit, input_device, setting_target
@@ -174,7 +175,8 @@ def test_batch_cases_are_meaningful(setting, free_drafts, open_gate):
     assert min(n) < 16 and len(set(n)) > 1, n                              # rows stop at different steps
     assert any(row[input_ids.shape[1] + k - 1] == kw["eos_token_id"] for row, k in zip(expected, n) if k < 16)
     target = setting_target(setting)
-    a = REGISTRY["drafter+maxgram"](fresh_kit(SETTINGS[setting][0], target))
+    kit = fresh_kit(SETTINGS[setting][0], target)            # Max-Gram's lengths from fixed costs, not this machine's
+    a = CascadeAssistant([kit.drafter, MaxGram(cost=CostModel(measure=False))])
     target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=a, **kw)
     assert any(len(r.accepted_paths[-1]) > r.accepted_per_call[-1] for r in a.last_stats.rows)   # cut at the EOS
     (input_ids, _), kw, expected = out["one_row_finishes_at_once"]
