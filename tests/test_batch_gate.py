@@ -91,20 +91,23 @@ def test_gate_width_keeps_sampling_exact(name, free_drafts, open_gate, monkeypat
 
 
 @pytest.mark.parametrize("name", ["maxgram", "glide_cape", "recycling"])
-def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, free_drafts, monkeypatch):
-    """The gate open, its default rule: only the rows with the most tokens left draft (the others' drafters see a
-    budget of 0); a step where no row drafted gives the drafters no rows (``state.rows is None``); outputs stay
-    plain's, and drafts were accepted."""
+@pytest.mark.parametrize("ride_share", [0.0, 1e9])
+def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, ride_share, free_drafts, monkeypatch):
+    """The gate open, its default rule: the rows with the most tokens left draft; the others' drafters see a
+    budget of 0, unless they ride along (``ride_share``: never, or always where allowed), then within the width the
+    lagging rows' drafts set and never for a drafter that reads the target's cache; a step where no row drafted
+    gives the drafters no rows (``state.rows is None``); outputs stay plain's, and drafts were accepted."""
     from hf_cascade.core import batch
     from hf_cascade.core.gate import DraftGate
 
     monkeypatch.setattr(DraftGate, "follows_lagging", True)
+    monkeypatch.setattr(DraftGate, "ride_share", ride_share)
     steps, draft = [], batch.draft
 
-    def record(run, b, allowed=True):
+    def record(run, b, allowed=True, limit=None):
         left = [row.stopper.max_length - row.width for row in run.rows]
-        tree, q = draft(run, b, allowed)
-        steps.append((left[b] == max(left), allowed, tree.num_nodes))
+        tree, q = draft(run, b, allowed, limit)
+        steps.append((left[b] == max(left), allowed, limit, tree.num_nodes))
         return tree, q
 
     monkeypatch.setattr(batch, "draft", record)
@@ -124,10 +127,15 @@ def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, free_draft
         out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
         assert out.tolist() == expected, case
         accepted += sum(sum(r.accepted_per_call) for r in assistant.last_stats.rows)
-    assert all(allowed == lagging for lagging, allowed, _ in steps)
     assert accepted > 0
-    assert name == "maxgram" or any(not lagging for lagging, _, _ in steps)   # rows got ahead (drafting at every step)
-    assert all(n == 0 for lagging, _, n in steps if not lagging)
+    assert all(limit is None for lagging, _, limit, _ in steps if lagging)       # the lagging rows: the gate's width
+    rides = [(allowed, limit, n) for lagging, allowed, limit, n in steps if not lagging]
+    assert name == "maxgram" or rides                             # rows got ahead (drafting at every step)
+    assert all(limit is not None and n <= limit and (allowed or n == 0) for allowed, limit, n in rides)
+    if ride_share == 0.0 or name == "glide_cape":                 # GLIDE reads the target's cache: never rides
+        assert all(not allowed for allowed, _, _ in rides)
+    else:                                                         # every row ahead rides where the lagging rows drafted
+        assert all(allowed == (limit > 0) for allowed, limit, _ in rides)
     assert any(rows is None for rows in given) and any(rows is not None for rows in given)
 
 
@@ -176,3 +184,26 @@ def test_the_cascade_learns_from_the_verified_prefix_only():
     before = policy.acceptance(3)
     CascadeCandidateGenerator._feedback_segments(cut.segments, 2)         # both verified tokens accepted
     assert policy.acceptance(3) > before                                  # no rejection counted
+
+
+def test_rides_rule():
+    """A row ahead rides along only into a width the lagging rows set, with a drafter that reads no copy of the
+    target's cache and whose drafts took at most ``ride_share`` of the last step (unmeasured: it rides, to be
+    measured)."""
+    from types import SimpleNamespace
+
+    from hf_cascade.core.batch import rides
+    from hf_cascade.core.gate import DraftGate
+
+    def run(draft_seconds, reads_cache=False, last_step=0.1):
+        gate = DraftGate()
+        gate.last_step = last_step
+        drafter = SimpleNamespace(reads_target_cache=reads_cache)
+        return SimpleNamespace(gate=gate, rows=[SimpleNamespace(drafter=drafter, draft_seconds=draft_seconds)])
+
+    share = DraftGate.ride_share
+    assert rides(run(None), 0, 3) and rides(run(share * 0.1), 0, 1)
+    assert not rides(run(None), 0, 0)                                   # the lagging rows drafted nothing
+    assert not rides(run(None, reads_cache=True), 0, 3)                 # GLIDE: a gather per layer
+    assert not rides(run(share * 0.1 * 1.01), 0, 3)                     # dearer than its share of a step
+    assert rides(run(1.0, last_step=None), 0, 3)                        # no step measured yet

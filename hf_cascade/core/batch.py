@@ -7,9 +7,11 @@ or one forward per row where padding is at least half of that block (:func:`pref
 the work on padding, which in a batch of ragged prompts can be most of the prefill).
 
 1. **draft** -- each row's own drafter (one per row: its own statistics and caches) proposes a tree for its
-   own sequence, pruned to what that row can still emit; a row may draft nothing. Only the *lagging* rows (the
+   own sequence, pruned to what that row can still emit; a row may draft nothing. The *lagging* rows (the
    most tokens left: the batch ends when they do) draft, and none while the batch's
-   :class:`~hf_cascade.core.gate.DraftGate` measures plain steps to advance the batch's end faster.
+   :class:`~hf_cascade.core.gate.DraftGate` measures plain steps to advance the batch's end faster; the rows
+   ahead of them draft only into the width the lagging rows' drafts already give every row's block, where
+   their drafts are cheap (:func:`rides`).
 2. **verify** -- one target forward over ``[B, N]``: row ``b``'s root and its ``n_b`` nodes, padded to
    ``N = max n_b + 1`` with queries that attend to themselves only; per-row position ids (each node at its
    branch position, counted in the row's own tokens, padding not counted, as plain batched ``generate``
@@ -88,7 +90,7 @@ def speculative_decode_batch(
                 [row.stopper.max_length - row.width for row in run.rows])
             drafting = set(lagging if run.gate.follows_lagging else range(len(run.rows)))   # the rows that may draft
             with run.timer("draft"):
-                drafts = sized(run, [draft(run, b, allowed and b in drafting) for b in range(len(run.rows))], drafting)
+                drafts = draft_rows(run, allowed, drafting)
             started = time.perf_counter()
             with run.timer("verify"):
                 rows = verify(run, drafts)
@@ -209,30 +211,66 @@ def _right_aligned(parts: list[torch.Tensor | None], width: int) -> torch.Tensor
     return out
 
 
-def draft(run: "BatchRun", b: int, allowed: bool = True) -> tuple[TokenTree, torch.Tensor | None]:
-    """Row ``b``'s draft, pruned to what it can emit and to the gate's
-    :attr:`~hf_cascade.core.gate.DraftGate.width`; none when not ``allowed`` (the batch's draft gate refuses this
-    step, or the row is ahead of the lagging rows): the drafter then sees a budget of 0, as at the end of a
-    generation."""
+def draft_rows(run: "BatchRun", allowed: bool, drafting: set[int]) -> list[tuple[TokenTree, torch.Tensor | None]]:
+    """Every row's draft for the step: the rows that may draft (``drafting``, if the gate ``allowed`` it), sized
+    by the gate (:func:`sized`); then the others, each riding along (:func:`rides`) within the width the first
+    ones set, or drafting nothing. Each row's drafter is called once per step."""
+    lead = sized(run, {b: draft(run, b, allowed) for b in sorted(drafting)})
+    width = max((tree.num_nodes for tree, _ in lead.values()), default=0)
+    return [lead[b] if b in lead else draft(run, b, rides(run, b, width), limit=width) for b in range(len(run.rows))]
+
+
+def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = None) -> tuple[TokenTree, torch.Tensor | None]:
+    """Row ``b``'s draft, pruned to what it can emit, to the gate's
+    :attr:`~hf_cascade.core.gate.DraftGate.width` and to ``limit`` nodes; none when not ``allowed`` (the batch's
+    draft gate refuses this step, or the row is ahead of the lagging rows and does not ride along): the drafter
+    then sees a budget of 0, as at the end of a generation. The drafter's wall time is kept per row
+    (:func:`rides`; a tree's tokens are host values, so the time includes the device work behind them)."""
     row = run.rows[b]
     state = run.state(b, cache=allowed)                 # a refused step reads no cache: none is gathered
     if not allowed:
         state.budget = 0
+    elif limit is not None:
+        state.budget = min(state.budget, limit)
+    started = time.perf_counter()
     tree, q = row.drafter.draft_tree(state.seq, state)
+    if allowed and state.budget > 0:
+        seconds = time.perf_counter() - started
+        row.draft_seconds = seconds if row.draft_seconds is None else (row.draft_seconds + seconds) / 2
     tree, q = prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
-    return run.gate.cut(tree, q) if allowed else (tree, q)
+    if not allowed:
+        return tree, q
+    tree, q = run.gate.cut(tree, q)
+    return run.gate.cut(tree, q, limit) if limit is not None else (tree, q)
 
 
-def sized(run: "BatchRun", drafts, drafting: set[int]):
-    """The drafts cut to the gate's expected-gain width where every drafting row estimates its draft's reach
-    (:meth:`~hf_cascade.core.gate.DraftGate.width_for`); as drafted otherwise (the gate's rate rule applies)."""
+def rides(run: "BatchRun", b: int, width: int) -> bool:
+    """Whether row ``b``, ahead of the lagging rows, drafts into the step's padded width (``width`` nodes, set
+    by the lagging rows' drafts). Every row's verification is ``width + 1`` queries wide anyway (the batch's
+    block is rectangular), so its nodes cost the forward nothing: only its drafter's work, and head rows for
+    what it accepts. A row ahead gains tokens that shorten nothing now, but it finishes sooner, after which the
+    batch's steps have fewer rows; and a row that later lags has less left. So it rides along only where its
+    drafts are cheap: its drafter reads no copy of the target's cache (a gather per layer), and its own drafts
+    took at most :attr:`~hf_cascade.core.gate.DraftGate.ride_share` of a step's time (measured on this row;
+    unmeasured rows ride once, to be measured)."""
+    gate, row = run.gate, run.rows[b]
+    if width <= 0 or not gate.ride_share or getattr(row.drafter, "reads_target_cache", False):
+        return False
+    step = gate.last_step
+    return row.draft_seconds is None or step is None or row.draft_seconds <= gate.ride_share * step
+
+
+def sized(run: "BatchRun", drafts: dict[int, tuple]) -> dict[int, tuple]:
+    """The drafting rows' drafts (row -> draft) cut to the gate's expected-gain width where every one of them
+    estimates its draft's reach (:meth:`~hf_cascade.core.gate.DraftGate.width_for`); as drafted otherwise (the
+    gate's rate rule applies)."""
     gate = run.gate
-    reaches = [run.rows[b].drafter.reach(drafts[b][0]) for b in sorted(drafting)] if gate.by_estimate else [None]
+    reaches = [run.rows[b].drafter.reach(tree) for b, (tree, _) in drafts.items()] if gate.by_estimate else [None]
     gate.estimated = bool(reaches) and all(r is not None for r in reaches)
-    if not gate.estimated or not any(tree.num_nodes for tree, _ in drafts):
+    if not gate.estimated or not any(tree.num_nodes for tree, _ in drafts.values()):
         return drafts
     width = gate.width_for(reaches, len(run.rows))
-    return [gate.cut(tree, q, width) for tree, q in drafts]
+    return {b: gate.cut(tree, q, width) for b, (tree, q) in drafts.items()}
 
 
 def verify(run: "BatchRun", drafts) -> list[TreeRows]:
@@ -315,4 +353,4 @@ def update(run: "BatchRun", drafts, rows: list[TreeRows], acceptances: list[Tree
     return [len(k) for k in kept]
 
 
-__all__ = ["COMPACT_SHARE", "accept", "draft", "prefill", "speculative_decode_batch", "update", "verify"]
+__all__ = ["COMPACT_SHARE", "accept", "draft", "draft_rows", "prefill", "rides", "speculative_decode_batch", "update", "verify"]

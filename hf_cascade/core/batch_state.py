@@ -41,6 +41,7 @@ class BatchRow:
     cols: list[int] = field(default_factory=list)
     last_hidden: torch.Tensor | None = None
     step: int = 0
+    draft_seconds: float | None = None                                 # its drafter's wall time per draft
     scores: list[torch.Tensor] = field(default_factory=list)           # [1, V] per emitted token, when asked for
     logits: list[torch.Tensor] = field(default_factory=list)
 
@@ -123,7 +124,8 @@ class BatchRun:
 
     # -- the cache's columns ------------------------------------------------------------------------
     def _gather(self, index: list[list[int]], start: int) -> None:
-        """Every layer keeps ``[:start]`` and then, per row, the columns ``start + index[b]``."""
+        """Every layer keeps ``[:start]`` and then, per row, the columns ``start + index[b]``: the step's block is
+        gathered, written back in place and the rest cut off (a view), so ``[:start]`` is not copied here."""
         width = len(index[0])
         host = torch.tensor(index, dtype=torch.long) + start
         for layer in self.cache.layers:
@@ -131,8 +133,10 @@ class BatchRun:
                 continue
             B, H, _, D = layer.keys.shape
             idx = host.to(layer.keys.device)[:, None, :, None].expand(B, H, width, D)
-            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys.gather(2, idx)], dim=2)
-            layer.values = torch.cat([layer.values[:, :, :start], layer.values.gather(2, idx)], dim=2)
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)
+                kv[:, :, start:start + width].copy_(kv.gather(2, idx))
+                setattr(layer, name, kv[:, :, :start + width])
 
     def keep(self, kept: list[list[int]]) -> None:
         """After a verification: row ``b`` keeps the step's block columns ``kept[b]`` (root first), in order."""

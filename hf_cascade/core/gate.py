@@ -59,6 +59,9 @@ class DraftGate:
     follows_lagging: bool = True
     #: size drafts by the drafters' estimates where every lagging row gives them (:meth:`width_for`)
     by_estimate: bool = True
+    #: rows ahead draft into the padded width where their drafts cost at most this share of a step
+    #: (:func:`hf_cascade.core.batch.rides`); 0: they never do
+    ride_share: float = 0.05
 
     def __init__(self, explore_every: int = 8, decay: float = 0.7):
         self.explore_every, self.decay = int(explore_every), float(decay)
@@ -73,6 +76,7 @@ class DraftGate:
         #: the last step's lagging rows all estimated their drafts' reach: :meth:`width_for` sizes the drafts
         self.estimated = False
         self.costs: dict[int, CostModel] = {}               # rows -> step time by widest draft (nodes)
+        self.last_step: float | None = None                # the last step's wall time (seconds)
 
     def allows(self) -> bool:
         """Whether the rows may draft at this step."""
@@ -118,6 +122,7 @@ class DraftGate:
         wall time, the widest row's draft (nodes) and the rows verified."""
         if seconds <= 0:
             return
+        self.last_step = seconds
         if rows is not None:
             self.costs.setdefault(rows, CostModel()).observe(widest if drafted else 0, seconds)
         rate = tokens / seconds
