@@ -207,3 +207,24 @@ def test_rides_rule():
     assert not rides(run(None, reads_cache=True), 0, 3)                 # GLIDE: a gather per layer
     assert not rides(run(share * 0.1 * 1.01), 0, 3)                     # dearer than its share of a step
     assert rides(run(1.0, last_step=None), 0, 3)                        # no step measured yet
+
+
+@pytest.mark.measured_costs
+def test_gate_idles_after_costly_drafts_cut_to_nothing():
+    """Golden: with estimates, drafts that cost more than ``ride_share`` of a step and were cut to width 0 stop the
+    next steps' drafting except every ``explore_every``-th, then every 16th at most; a width above 0, or drafts as
+    cheap as a lookup, keep every step drafting."""
+    from hf_cascade.core.gate import DraftGate
+
+    gate = DraftGate(explore_every=4)
+    gate.estimated, gate.last_step = True, 0.1
+    gate.sized_to(0, 0.001)                                  # a lookup cut to nothing: costs nothing, keeps drafting
+    assert [gate.allows() for _ in range(3)] == [True] * 3
+    gate.sized_to(0, 0.05)                                   # a drafter's forwards cut to nothing
+    assert [gate.allows() for _ in range(8)] == [False, False, False, True] * 2
+    gate.sized_to(0, 0.05)
+    gate.sized_to(0, 0.05)
+    gate.sized_to(0, 0.05)
+    assert gate.idle_interval == 16
+    gate.sized_to(3, 0.05)                                   # a draft that pays: every step drafts again
+    assert [gate.allows() for _ in range(3)] == [True] * 3

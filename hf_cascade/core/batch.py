@@ -215,7 +215,8 @@ def draft_rows(run: "BatchRun", allowed: bool, drafting: set[int]) -> list[tuple
     """Every row's draft for the step: the rows that may draft (``drafting``, if the gate ``allowed`` it), sized
     by the gate (:func:`sized`); then the others, each riding along (:func:`rides`) within the width the first
     ones set, or drafting nothing. Each row's drafter is called once per step."""
-    lead = sized(run, {b: draft(run, b, allowed) for b in sorted(drafting)})
+    started = time.perf_counter()
+    lead = sized(run, {b: draft(run, b, allowed) for b in sorted(drafting)}, started)
     width = max((tree.num_nodes for tree, _ in lead.values()), default=0)
     return [lead[b] if b in lead else draft(run, b, rides(run, b, width), limit=width) for b in range(len(run.rows))]
 
@@ -260,16 +261,19 @@ def rides(run: "BatchRun", b: int, width: int) -> bool:
     return row.draft_seconds is None or step is None or row.draft_seconds <= gate.ride_share * step
 
 
-def sized(run: "BatchRun", drafts: dict[int, tuple]) -> dict[int, tuple]:
-    """The drafting rows' drafts (row -> draft) cut to the gate's expected-gain width where every one of them
-    estimates its draft's reach (:meth:`~hf_cascade.core.gate.DraftGate.width_for`); as drafted otherwise (the
-    gate's rate rule applies)."""
+def sized(run: "BatchRun", drafts: dict[int, tuple], started: float | None = None) -> dict[int, tuple]:
+    """The drafting rows' drafts (row -> draft, made since ``started``) cut to the gate's expected-gain width where
+    every one of them estimates its draft's reach (:meth:`~hf_cascade.core.gate.DraftGate.width_for`; the gate
+    learns what drafting cut to nothing cost, :meth:`~hf_cascade.core.gate.DraftGate.sized_to`); as drafted
+    otherwise (the gate's rate rule applies)."""
     gate = run.gate
     reaches = [run.rows[b].drafter.reach(tree) for b, (tree, _) in drafts.items()] if gate.by_estimate else [None]
     gate.estimated = bool(reaches) and all(r is not None for r in reaches)
     if not gate.estimated or not any(tree.num_nodes for tree, _ in drafts.values()):
         return drafts
     width = gate.width_for(reaches, len(run.rows))
+    if started is not None:
+        gate.sized_to(width, time.perf_counter() - started)
     return {b: gate.cut(tree, q, width) for b, (tree, q) in drafts.items()}
 
 

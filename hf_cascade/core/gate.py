@@ -77,11 +77,19 @@ class DraftGate:
         self.estimated = False
         self.costs: dict[int, CostModel] = {}               # rows -> step time by widest draft (nodes)
         self.last_step: float | None = None                # the last step's wall time (seconds)
+        self.idle_interval = 0                             # > 0: sized drafts were cut to nothing (sized_to)
+        self.idle_skipped = 0
 
     def allows(self) -> bool:
         """Whether the rows may draft at this step."""
-        if self.by_estimate and self.estimated:
-            return True                                   # the drafts are sized after drafting (width_for)
+        if self.by_estimate and self.estimated:           # the drafts are sized after drafting (width_for),
+            if not self.idle_interval:                    # unless costly drafts were cut to nothing (sized_to)
+                return True
+            self.idle_skipped += 1
+            if self.idle_skipped >= self.idle_interval:
+                self.idle_skipped = 0
+                return True
+            return False
         drafted, plain = self.rate[True], self.rate[False]
         if drafted is None:
             return True                                   # start by drafting
@@ -116,6 +124,18 @@ class DraftGate:
             if value > best:
                 best_w, best = k, value
         return best_w
+
+    def sized_to(self, width: int, drafting_seconds: float) -> None:
+        """After :meth:`width_for` chose ``width`` for drafts that took ``drafting_seconds`` to make. Drafts cut to
+        nothing were wasted work; where that work cost more than :attr:`ride_share` of a step (a neural drafter's
+        forwards, not a lookup), the next steps do not draft, except every ``explore_every``-th, and twice as
+        rarely after each that is cut to nothing again (at most every 16th); a width above 0 drafts at every step
+        again. Drafts that cheap are always made: each step's estimate decides, at no cost."""
+        if width > 0:
+            self.idle_interval = self.idle_skipped = 0
+        elif self.last_step is not None and drafting_seconds > self.ride_share * self.last_step:
+            self.idle_interval = min(2 * self.idle_interval, 16) if self.idle_interval else self.explore_every
+            self.idle_skipped = 0
 
     def observe(self, drafted: bool, tokens: int, seconds: float, widest: int = 0, rows: int | None = None) -> None:
         """One step: whether any row drafted, the tokens the lagging rows emitted (the fewest of them), its
