@@ -1,19 +1,30 @@
-"""A/B in one process: rows ahead ride along in the padded width (DraftGate.ride_share 0.05) or not (0);
-plain-kernels interleaved; every output checked against it. Usage: ride_ab.py BATCHES|all [ROWS] [STRATEGY]"""
+"""A/B in one process, plain-kernels interleaved, every output checked against it. Usage: ride_ab.py BATCHES|all
+[ROWS] [MODE]. MODE "ride" (default; ride_ab*.log): rows ahead ride along in the padded width (DraftGate.ride_share
+0.05) or not (0). MODE "cache" (cache_ab*.log; arms printed as ride = the tried cache, noride = DynamicCache): the
+batch loop's cache appends in place (kvcache_tried.py) or is transformers' DynamicCache."""
 import sys, time, torch, statistics
 import hf_cascade
 from hf_cascade import CascadeAssistant, MaxGram
+import os
+from transformers import DynamicCache
+from hf_cascade.core import batch_state
 from hf_cascade.core.gate import DraftGate
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvcache_tried import growing_cache
 from hf_cascade.models import load_default_target
 from hf_cascade.bench.loading import load_prompts
 from hf_cascade.bench.batched import make_batches
 torch.set_num_threads(2)
 model, tok = load_default_target()
 bs = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+CACHE = len(sys.argv) > 3 and sys.argv[3] == "cache"
 batches = make_batches(tok, load_prompts(None, 3), bs)
 sel = [int(x) for x in sys.argv[1].split(",")] if sys.argv[1] != "all" else range(len(batches))
 def run(v, b):
-    DraftGate.ride_share = 0.05 if v == "ride" else 0.0
+    if CACHE:
+        batch_state.DynamicCache = growing_cache if v == "ride" else DynamicCache   # the loop's cache (row_cache: GLIDE only)
+    else:
+        DraftGate.ride_share = 0.05 if v == "ride" else 0.0
     a = CascadeAssistant([MaxGram()])
     t = time.perf_counter()
     out = model.generate(b.input_ids, attention_mask=b.attention_mask, assistant_model=a, do_sample=False, max_new_tokens=128, pad_token_id=0)
