@@ -241,8 +241,8 @@ def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = Non
     tree, q = prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
     if not allowed:
         return tree, q
-    width = run.gate.width
-    return run.gate.cut(tree, q, width if limit is None else min(limit, limit if width is None else width))
+    widths = [w for w in (run.gate.width, limit) if w is not None]
+    return run.gate.cut(tree, q, min(widths, default=None))             # None: as drafted
 
 
 def rides(run: "BatchRun", b: int, width: int) -> bool:
