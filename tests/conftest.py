@@ -33,7 +33,8 @@ def pinned_costs(request, monkeypatch):
     """Drafting decisions made from wall time are pinned for every test not marked ``measured_costs``:
     draft forwards cost nothing to :class:`~hf_cascade.core.adapt.AdaptiveBudget` and its verification profile is
     not rescaled to the call's measured steps, the default verification profile is flat (:meth:`~hf_cascade.core.budget.VerifyCost.flat`) and a batch's
-    :class:`~hf_cascade.core.gate.DraftGate` stays open. On tiny models, and on CI's two busy cores, those
+    :class:`~hf_cascade.core.gate.DraftGate` stays open, and so does the cascade's
+    :class:`~hf_cascade.drafters.lookahead.DrafterPayoff`. On tiny models, and on CI's two busy cores, those
     rules may rightly stop drafting, which would make tests of what drafted steps do depend on the machine's
     load. Outputs never depend on these decisions (lossless either way); the rules themselves have their own
     tests (marked ``measured_costs``), and the benchmarks run them as users do."""
@@ -42,11 +43,13 @@ def pinned_costs(request, monkeypatch):
     from hf_cascade.core import budget
     from hf_cascade.core.adapt import AdaptiveBudget
     from hf_cascade.core.gate import DraftGate
+    from hf_cascade.drafters.lookahead import DrafterPayoff
 
     monkeypatch.setattr(AdaptiveBudget, "draft_cost", lambda self: 0.0)
     monkeypatch.setattr(AdaptiveBudget, "_rescale", lambda self, n, seconds: None)
     monkeypatch.setattr(budget, "default_verify_cost", lambda model: budget.VerifyCost.flat())
     monkeypatch.setattr(DraftGate, "allows", lambda self: True)
+    monkeypatch.setattr(DrafterPayoff, "worth", lambda self, reach: True)
 
 
 @pytest.fixture
@@ -99,7 +102,9 @@ def open_gate(monkeypatch):
     it may rightly stop drafting); tests of what drafted batched steps do need them on, deterministically (as
     :func:`free_drafts`)."""
     from hf_cascade.core.gate import DraftGate
+    from hf_cascade.drafters.lookahead import DrafterPayoff
 
     monkeypatch.setattr(DraftGate, "allows", lambda self: True)
+    monkeypatch.setattr(DrafterPayoff, "worth", lambda self, reach: True)
     monkeypatch.setattr(DraftGate, "follows_lagging", False)
     monkeypatch.setattr(DraftGate, "by_estimate", False)

@@ -256,3 +256,28 @@ def test_cost_aware_calibration_learns_from_the_targets_verdicts(target):
     assert cal._hits == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]               # p=.5 accepted
     assert cal._expected == pytest.approx([0.0, 0.0, 0.5, 0.7, 0.0, 0.0])   # p=.7 reached and rejected, p=.9 never reached
     assert cal(0.7) < 0.7 < cal(0.5) / 0.5 * 0.7                     # a rejection lowers, an acceptance raises
+
+
+@pytest.mark.measured_costs
+def test_cascade_stops_consulting_a_drafter_that_does_not_pay(target, monkeypatch):
+    """A drafter whose forwards cost far more than the target's steps save (here: 50 ms each, on a target
+    whose steps take about a millisecond, drafting tokens the target rarely accepts) is consulted only to
+    keep learning (``DrafterPayoff.explore_every``); the output is plain greedy's."""
+    import time as _time
+
+    drafter = make_drafter(seed=5)
+    forward = drafter.forward
+
+    def slow_forward(*args, **kwargs):
+        _time.sleep(0.05)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(drafter, "forward", slow_forward)
+    prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)                    # 25 target calls, one drafter forward each if pinned
+    expected = target.generate(prompt, do_sample=False, max_new_tokens=40)
+    assistant = CascadeAssistant([drafter, MaxGram()])
+    got = target.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=assistant)
+    assert got.tolist() == expected.tolist()
+    stats = assistant.last_stats
+    assert stats.target_calls >= 16
+    assert stats.levels[0].forward_calls <= 3 + stats.target_calls // 8, (stats.levels[0].forward_calls, stats.target_calls)

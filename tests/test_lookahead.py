@@ -143,3 +143,52 @@ def test_rule_floor_uses_the_calibration():
     assert rule.threshold() == pytest.approx(0.65)
     assert rule.floor() == pytest.approx(cal.floor(0.65)) and rule.floor() > 0.65
     assert rule.estimate(0.5) == pytest.approx(cal(0.5))
+
+
+# -- DrafterPayoff -------------------------------------------------------------------------------------------
+
+@pytest.mark.measured_costs                                   # the rule itself, unpinned
+def test_drafter_payoff_consults_until_both_times_are_measured():
+    from hf_cascade.drafters.lookahead import DrafterPayoff
+
+    pay = DrafterPayoff()
+    assert pay.worth(0.01)                                    # nothing measured yet
+    pay.observe_consult(1.0, 0.004)
+    assert pay.worth(0.01)                                    # no target step measured yet
+    pay.observe_verdict(0, 1, None)                           # the prefill's step: not measured
+    assert pay.worth(0.01) and pay.rate() is None
+
+
+@pytest.mark.measured_costs                                   # the rule itself, unpinned
+def test_drafter_payoff_golden_rule_and_exploration():
+    from hf_cascade.drafters.lookahead import DrafterPayoff
+
+    pay = DrafterPayoff(prior=0.5, strength=2.0, explore_every=4)
+    pay.observe_consult(1.0, 0.004)                           # one consultation at reach 1: 4 ms
+    pay.observe_verdict(1, 3, 0.056)                          # one of its tokens accepted, 3 emitted in a 56 ms step
+    assert pay.gain_per_reach() == pytest.approx((1 + 2 * 0.5) / (1 + 2))        # g = 2/3
+    assert pay.rate() == pytest.approx(3 / 0.060)                                # R = 50 tokens per second
+    # worth it while reach * 2/3 >= 50 * 4 ms = 0.2, i.e. reach >= 0.3
+    assert pay.worth(0.31) and pay.worth(1.0)
+    assert [pay.worth(0.29) for _ in range(8)] == [False, False, False, True] * 2   # every 4th refusal explores
+    for _ in range(20):                                       # a drafter the target never agrees with
+        pay.observe_consult(1.0, 0.004)
+        pay.observe_verdict(0, 3, 0.056)
+    assert pay.gain_per_reach() == pytest.approx(2.0 / 23.0)
+    assert not pay.worth(1.0)                                 # 0.087 < 0.2: even at reach 1
+    pay.observe_consult(1.0, 0.001)                           # a consultation's time is a moving average
+    assert pay._consult_seconds == pytest.approx(0.8 * 0.004 + 0.2 * 0.001)
+
+
+@pytest.mark.measured_costs
+def test_drafter_payoff_values_a_token_at_the_generations_rate():
+    """An accepted drafter token is worth 1 / R seconds: the same drafter and forward pay beside a target that
+    emits one token per step and not beside one that emits four."""
+    from hf_cascade.drafters.lookahead import DrafterPayoff
+
+    slow, fast = DrafterPayoff(), DrafterPayoff()
+    for pay, emitted in ((slow, 1), (fast, 4)):
+        for _ in range(10):
+            pay.observe_consult(1.0, 0.005)
+            pay.observe_verdict(1 if _ % 4 == 0 else 0, emitted, 0.045)   # g about 0.3
+    assert slow.worth(1.0) and not fast.worth(1.0)

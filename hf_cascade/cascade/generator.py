@@ -15,12 +15,13 @@ still hand the target a correct ``q`` (see :mod:`hf_cascade.core.accept`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
-from ..drafters.lookahead import AcceptanceCalibration, AdaptiveLookahead, CostModel, ExpectedGainRule
+from ..drafters.lookahead import AcceptanceCalibration, AdaptiveLookahead, CostModel, DrafterPayoff, ExpectedGainRule
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import NeuralLevel
 from ..core.stats import LevelStats
@@ -94,6 +95,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         self.cost_aware = bool(cost_aware)
         self._target_cost = CostModel()   # the target's verification time by draft length (cost_aware)
         self._calibration = AcceptanceCalibration()   # the smallest drafter's p -> the target's acceptance (cost_aware)
+        self._payoff = DrafterPayoff()                 # whether consulting the smallest drafter pays (cost_aware)
         # maxgram_first: Max-Gram drafts for the target directly and the smallest neural level drafts
         # after it autoregressively (no neural review of Max-Gram tokens); see CascadeAssistant.
         self.maxgram_first = bool(maxgram_first) and isinstance(drafters[-1], MaxGram) and len(drafters) > 1
@@ -128,8 +130,9 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                     break
                 if j == self.bottom:                                       # smallest level is neural
                     rule = self._expected_gain_rule(out) if self.cost_aware and reviewer == TARGET else None
-                    tokens, probs, dists = level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence,
-                                                          self.keep_unsure, rule)
+                    if rule is not None and not self._payoff.worth(rule.reach):
+                        break                                              # its forwards would not pay here
+                    tokens, probs, dists = self._consult(level, cur, room, rule)
                     out.append(tokens, probs, dists, origin=j, lenient=True)
                     produced += tokens.shape[0]
                     if tokens.shape[0] < room or (self.min_confidence > 0 and float(probs[-1]) < self.min_confidence):
@@ -150,6 +153,15 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         """The ``cost_aware`` rule for the smallest drafter's next target-bound tokens: the draft so far
         counts with its tokens' acceptance estimates (:meth:`_acceptance`)."""
         return ExpectedGainRule.after(self._acceptance(out), self._target_cost, self._calibration)
+
+    def _consult(self, level: NeuralLevel, cur: torch.Tensor, room: int, rule: ExpectedGainRule | None):
+        """The smallest drafter's tokens after ``cur``; with a ``rule``, its forwards' time teaches the payoff
+        (the drafting loop reads each token on the host, so the clock reads after the device's work)."""
+        reach, forwards, t0 = (rule.reach if rule is not None else 1.0), level.stats.forward_calls, time.perf_counter()
+        drafted = level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence, self.keep_unsure, rule)
+        if rule is not None and level.stats.forward_calls > forwards:
+            self._payoff.observe_consult(reach, time.perf_counter() - t0)
+        return drafted
 
     def _acceptance(self, out: _Drafted) -> list[float]:
         """Per token of ``out``, the target's acceptance estimate once the token is reached: Max-Gram tokens
@@ -212,6 +224,9 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
             self._pending = self._pending.first(num_proposed)      # the target verified a prefix (a batch cuts drafts)
             self._feedback_segments(self._pending.segments, num_accepted)
             self._calibrate(self._pending, num_proposed, num_accepted)
+            if self.cost_aware:
+                self._payoff.observe_verdict(self._pending.origin[:num_accepted].count(self.bottom), num_accepted + 1,
+                                             verify_seconds)
             self._record_acceptance(self._pending, num_accepted)
         for (j, reviewer), policy in self._policies.items():
             if reviewer == TARGET and verify_seconds is not None:

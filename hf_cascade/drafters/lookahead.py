@@ -200,6 +200,74 @@ class AcceptanceCalibration:
 
 
 @dataclass
+class DrafterPayoff:
+    """Whether a neural drafter's next consultation is expected to pay for its own forwards (our addition; not
+    in CS Drafting, whose cost model counts the drafter's time only through a fixed cost coefficient).
+
+    :class:`ExpectedGainRule` decides which drafted tokens pay for their *verification*; it sees a token's
+    probability only after the forward that computed it. A consultation at *reach* ``r`` (the chance that the
+    target reaches the drafter's first token: the product of the acceptance estimates of the draft before it)
+    adds ``r * g`` expected tokens to the step and ``t_consult`` to its time. By Dinkelbach's argument (as in
+    :func:`~hf_cascade.core.budget.best_size`) it raises the generation's tokens per second ``R`` when::
+
+        r * g  >=  R * t_consult        g = (accepted + s * prior) / (sum of reach + s)
+
+    ``g``: the drafter's tokens the target accepted per unit of reach, over this generation's consultations;
+    ``R``: tokens emitted per second of target steps and consultations so far; ``t_consult``: a consultation's
+    measured time (its forwards, including catching up on the tokens accepted since the last one). An accepted
+    drafter token is worth ``1 / R`` seconds, not a whole target step: where the target emits ``T`` tokens per
+    step anyway, a step's extra token saves ``1 / T`` of a step. Until both times are measured every
+    consultation goes ahead; a refused one still goes ahead every ``explore_every``-th time, so that ``g``
+    keeps learning (those cost at most ``1 / explore_every`` of what the refused consultations would have).
+    The rule decides only what is drafted, never what is accepted.
+    """
+
+    prior: float = 0.5
+    strength: float = 2.0
+    explore_every: int = 8
+    decay: float = 0.8
+    _accepted: float = 0.0
+    _reach: float = 0.0
+    _consult_seconds: float | None = None
+    _tokens: float = 0.0
+    _seconds: float = 0.0
+    _refused: int = 0
+
+    def gain_per_reach(self) -> float:
+        """``g``: the drafter's accepted tokens per unit of reach so far (shrunk toward ``prior``)."""
+        return (self._accepted + self.strength * self.prior) / (self._reach + self.strength)
+
+    def rate(self) -> float | None:
+        """``R``: tokens emitted per second of measured steps and consultations (``None`` before a step)."""
+        return self._tokens / self._seconds if self._tokens > 0 and self._seconds > 0 else None
+
+    def worth(self, reach: float) -> bool:
+        """Whether to consult the drafter at ``reach`` (counts a refusal toward the next exploration)."""
+        rate = self.rate()
+        if self._consult_seconds is None or rate is None:
+            return True
+        if reach * self.gain_per_reach() >= rate * self._consult_seconds:
+            return True
+        self._refused += 1
+        return self.explore_every > 0 and self._refused % self.explore_every == 0
+
+    def observe_consult(self, reach: float, seconds: float) -> None:
+        """A consultation at ``reach`` that ran forwards for ``seconds`` (device time)."""
+        self._reach += reach
+        self._seconds += seconds
+        self._consult_seconds = seconds if self._consult_seconds is None else (
+            self.decay * self._consult_seconds + (1 - self.decay) * seconds)
+
+    def observe_verdict(self, accepted: int, emitted: int, step_seconds: float | None) -> None:
+        """The target's step: ``accepted`` of the drafter's tokens accepted, ``emitted`` tokens in all (its own
+        included), and the step's measured time (``None``: not measured, e.g. the prefill's step)."""
+        self._accepted += accepted
+        if step_seconds is not None:
+            self._tokens += emitted
+            self._seconds += step_seconds
+
+
+@dataclass
 class ExpectedGainRule:
     """The lookahead's rule for a drafter that proposes one token at a time: a further token, accepted
     with probability ``a`` once reached, is worth verifying while it does not lower ``E(n) / cost(n)``,
