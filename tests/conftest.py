@@ -99,8 +99,8 @@ def free_drafts(monkeypatch):
 def open_gate(monkeypatch):
     """A batch's :class:`hf_cascade.core.gate.DraftGate` lets every row draft at every step (not only the lagging
     rows). The gate refuses drafts while plain steps measure faster (wall time: on tiny CPU models, and under load,
-    it may rightly stop drafting); tests of what drafted batched steps do need them on, deterministically (as
-    :func:`free_drafts`)."""
+    it may rightly stop drafting), as may the cascade's :class:`hf_cascade.drafters.lookahead.DrafterPayoff`; tests
+    of what drafted batched steps do need them on, deterministically (as :func:`free_drafts`)."""
     from hf_cascade.core.gate import DraftGate
     from hf_cascade.drafters.lookahead import DrafterPayoff
 

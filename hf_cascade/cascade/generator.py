@@ -157,9 +157,11 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     def _consult(self, level: NeuralLevel, cur: torch.Tensor, room: int, rule: ExpectedGainRule | None):
         """The smallest drafter's tokens after ``cur``; with a ``rule``, its forwards' time teaches the payoff
         (the drafting loop reads each token on the host, so the clock reads after the device's work)."""
-        reach, forwards, t0 = (rule.reach if rule is not None else 1.0), level.stats.forward_calls, time.perf_counter()
+        if rule is None:
+            return level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence, self.keep_unsure)
+        reach, forwards, t0 = rule.reach, level.stats.forward_calls, time.perf_counter()   # generate extends the rule
         drafted = level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence, self.keep_unsure, rule)
-        if rule is not None and level.stats.forward_calls > forwards:
+        if level.stats.forward_calls > forwards:                  # a consultation that ran no forward cost nothing
             self._payoff.observe_consult(reach, time.perf_counter() - t0)
         return drafted
 

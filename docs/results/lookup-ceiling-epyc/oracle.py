@@ -17,20 +17,13 @@ import json, sys
 from transformers import AutoTokenizer
 import hf_cascade.models as m
 from hf_cascade.drafters.maxgram import _suffix_match, follow
+from hf_cascade.drafters.neural import _common_prefix as lcp
 
 res = json.load(open(sys.argv[1]))
 depths = [int(x) for x in sys.argv[2:]] or [8, 16, 32]
 tok = AutoTokenizer.from_pretrained(str(m.ensure_gemma3_270m()))
 recs = sorted([r for r in res['records'] if r['method'] == 'plain'], key=lambda r: r['order'])
 texts = [(tok(r['prompt'])['input_ids'], tok(r['output_text'], add_special_tokens=False)['input_ids'][:128]) for r in recs]
-
-def lcp(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 def draft_len(mode, ctx, truth, cache, D):
     if mode.startswith('maxgram'):
