@@ -121,13 +121,14 @@ def _built(config: BenchConfig, **drafts) -> dict:
 
 
 def test_assistants_get_no_options_when_none_are_given(spies):
-    config = BenchConfig(strategy="all", baselines=["hsddw-single", "glide-chain", "redrafter-w1", "maxgram-hf-loop",
-                                                    "hf-assisted"])
+    config = BenchConfig(strategy="all", baselines=["hsddw-single", "hsddw-every-step", "glide-chain", "redrafter-w1",
+                                                    "maxgram-hf-loop", "hf-assisted"])
     _built(config, cascade=["xs"], hsddw=["xs"], glide=["g"], redrafter=["r"])
     hf_loop, maxgram, cascade = spies["CascadeAssistant"]               # built in method order
     assert [len(hf_loop[0][0]), len(maxgram[0][0]), len(cascade[0][0])] == [1, 1, 2] and cascade[0][0][0] == "xs"
     assert hf_loop[1] == maxgram[1] == cascade[1] == {}
-    assert spies["DynamicWindowAssistant"] == [(("xs", None), {}), (("xs", None), {})]      # hsddw-single, hsddw
+    assert spies["DynamicWindowAssistant"] == [(("xs", None), {}), (("xs", None), {"cost_aware": False}),
+                                               (("xs", None), {})]      # hsddw-single, hsddw-every-step, hsddw
     assert spies["GlideAssistant"] == [(("g",), {"cape": False}), (("g",), {})]             # glide-chain, glide
     assert spies["ReDrafterAssistant"] == [(("r",), {"beam_width": 1}), (("r",), {})]       # redrafter-w1, redrafter
 

@@ -181,6 +181,21 @@ def test_drafter_payoff_golden_rule_and_exploration():
 
 
 @pytest.mark.measured_costs
+def test_drafter_payoff_surcharge_counts_toward_the_consultation_only():
+    """The time a consultation's tokens add to the target's step (HSDDW: no cost rule sizes its window) makes
+    the consultation dearer; ``R``'s time does not count it twice (the step's time already holds it)."""
+    from hf_cascade.drafters.lookahead import DrafterPayoff
+
+    pay = DrafterPayoff()
+    pay.observe_consult(1.0, 0.004, surcharge=0.010)
+    pay.observe_verdict(1, 3, 0.060)
+    assert pay.rate() == pytest.approx(3 / 0.064)
+    assert pay._consult_seconds == pytest.approx(0.014)
+    # g = 2/3 against R * t = 46.9 * 14 ms = 0.656: worth it at reach 1, not at 0.9 (0.6); 4 ms alone: 0.19
+    assert pay.worth(1.0) and not pay.worth(0.9)
+
+
+@pytest.mark.measured_costs
 def test_drafter_payoff_values_a_token_at_the_generations_rate():
     """An accepted drafter token is worth 1 / R seconds: the same drafter and forward pay beside a target that
     emits one token per step and not beside one that emits four."""

@@ -11,7 +11,8 @@ import torch
 from transformers import LogitsProcessorList
 
 from hf_cascade.drafters.lookahead import AcceptanceCalibration, CostModel, ExpectedGainRule
-from hf_cascade.drafters.neural import NeuralLevel, _as_float32, _common_prefix
+from hf_cascade.drafters.maxgram import common_prefix
+from hf_cascade.drafters.neural import NeuralLevel, _as_float32
 from hf_cascade.core.stats import LevelStats
 from tests import tiny_models as tm
 from tests.test_drafter_head import EVEN, make_drafter
@@ -63,7 +64,7 @@ def test_common_prefix_of_token_lists():
         a = [rng.randrange(3) for _ in range(rng.randrange(12))]
         b = a[: rng.randrange(len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(5))]
         expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        assert _common_prefix(a, b) == expected == _common_prefix(b, a)
+        assert common_prefix(a, b) == expected == common_prefix(b, a)
 
 
 def test_cost_model_remembers_costs_until_the_next_observation():

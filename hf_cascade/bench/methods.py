@@ -289,6 +289,8 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict |
         "hsddw": lambda: _hsddw("hsddw", model, drafts, verifier, hsddw),
         # HSDDW's one-draft-model form (Algorithm 1) beside the hierarchical one (--verifier), same run
         "hsddw-single": lambda: _hsddw("hsddw-single", model, drafts, None, hsddw),
+        # HSDDW's draft models at every step the lookup leaves (cost_aware=False: the paper's, no payoff rule)
+        "hsddw-every-step": lambda: _hsddw("hsddw-every-step", model, drafts, verifier, {**hsddw, "cost_aware": False}),
         # GLIDE with the library's defaults (the strategy) and as a chain without CAPE (the paper's GLIDE alone)
         "glide": lambda: _tree("glide", model, drafts, GlideAssistant, **glide),
         "glide-chain": lambda: _tree("glide-chain", model, drafts, GlideAssistant, cape=False,

@@ -177,7 +177,8 @@ def run_benchmark(
         verifier: HSDDW's pre-verifier (a stronger draft model), if any.
         assisted_draft: the draft model of the ``hf-assisted*`` baselines (default: ``drafts[0]``).
         strategy_drafts: draft models per strategy (``{"cascade": [xs], "glide": [glide_head]}``), also used by
-            the strategy's variants (``hsddw-single``, ``glide-chain``, ``redrafter-w1``, ``redrafter-flat``).
+            the strategy's variants (``hsddw-single``, ``hsddw-every-step``, ``glide-chain``, ``redrafter-w1``,
+            ``redrafter-flat``).
     """
     if not prompts:
         raise ValueError("run_benchmark needs at least one prompt")

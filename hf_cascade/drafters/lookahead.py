@@ -214,7 +214,8 @@ class DrafterPayoff:
 
     ``g``: the drafter's tokens the target accepted per unit of reach, over this generation's consultations;
     ``R``: tokens emitted per second of target steps and consultations so far; ``t_consult``: a consultation's
-    measured time (its forwards, including catching up on the tokens accepted since the last one). An accepted
+    measured time (its forwards, including catching up on the tokens accepted since the last one; plus the time
+    its tokens add to the target's step where no cost rule sizes the draft: HSDDW). An accepted
     drafter token is worth ``1 / R`` seconds, not a whole target step: where the target emits ``T`` tokens per
     step anyway, a step's extra token saves ``1 / T`` of a step. Until both times are measured every
     consultation goes ahead; a refused one still goes ahead every ``explore_every``-th time, so that ``g``
@@ -251,12 +252,16 @@ class DrafterPayoff:
         self._refused += 1
         return self.explore_every > 0 and self._refused % self.explore_every == 0
 
-    def observe_consult(self, reach: float, seconds: float) -> None:
-        """A consultation at ``reach`` that ran forwards for ``seconds`` (device time)."""
+    def observe_consult(self, reach: float, seconds: float, surcharge: float = 0.0) -> None:
+        """A consultation at ``reach`` that ran forwards for ``seconds`` (device time). ``surcharge``: what
+        verifying its tokens added to the target's step, for a drafter whose draft length no cost rule sets
+        (HSDDW's entropy window); it counts toward the consultation's cost, not again toward ``R``'s time
+        (the step's time already holds it)."""
         self._reach += reach
         self._seconds += seconds
-        self._consult_seconds = seconds if self._consult_seconds is None else (
-            self.decay * self._consult_seconds + (1 - self.decay) * seconds)
+        cost = seconds + surcharge
+        self._consult_seconds = cost if self._consult_seconds is None else (
+            self.decay * self._consult_seconds + (1 - self.decay) * cost)
 
     def observe_verdict(self, accepted: int, emitted: int, step_seconds: float | None) -> None:
         """The target's step: ``accepted`` of the drafter's tokens accepted, ``emitted`` tokens in all (its own

@@ -85,6 +85,21 @@ def follow(tokens: list[int], end: int, k: int) -> list[int]:
     return [tokens[end + 1 + i % period] for i in range(k)]
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (slice comparisons run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n                 # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 @dataclass
 class BigramTable:
     """Most frequent successor of every token (``-1`` where unseen)."""

@@ -29,6 +29,7 @@ from ..processors import process_positions
 from ..core.categorical import categorical
 from ..core.stats import LevelStats
 from .lookahead import ExpectedGainRule
+from .maxgram import common_prefix
 
 # Vocabularies whose sizes differ by at most this many rows are treated as padded copies of each
 # other (e.g. 151936 vs 152064), provided their special tokens agree.
@@ -178,7 +179,7 @@ class NeuralLevel:
     def _sync(self, ids: list[int], start: int) -> int:
         """Roll the cache back to the longest prefix it shares with ``ids`` (at most ``start - 1``
         tokens, so the position predicting ``ids[start]`` is recomputed); returns its length."""
-        keep = min(_common_prefix(self.cached, ids), start - 1)
+        keep = min(common_prefix(self.cached, ids), start - 1)
         self._rollback(keep)
         return keep
 
@@ -325,18 +326,3 @@ def _as_float32(x: float) -> float:
         return struct.unpack("f", struct.pack("f", x))[0]
     except OverflowError:
         return math.copysign(math.inf, x)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists (slice comparisons run in C)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n                 # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -62,6 +62,7 @@ from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..core.draws import ProposalChoice, draw, tree_draft_probs, warped, warpers
 from ..drafters.lookup_branch import LookupBranch
+from ..drafters.maxgram import common_prefix
 from ..loading import load_pretrained
 from ..placement import defer_reads, place_like
 from ..processors import split_processors
@@ -72,15 +73,6 @@ from .settings import GlideSettings
 
 def _empty(seq: torch.Tensor) -> TokenTree:
     return TokenTree(seq.new_zeros(0), seq.new_zeros(0))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class GlideDrafter(TreeDrafter):
@@ -272,12 +264,12 @@ class GlideDrafter(TreeDrafter):
             return
         length = self._root_len
         accepted = [tree.token_list[i] for i in acceptance.path.tolist()]          # host structure, host path
-        on_main = _common_prefix(accepted, self._main)
+        on_main = common_prefix(accepted, self._main)
         self.record.main_accepted.append(on_main)
         self.record.expansion_accepted += int(len(accepted) > on_main)
         fed = self._main[:-1]                                                       # the last main token is never fed
         emitted = state.tokens[length:] if getattr(state, "tokens", None) is not None else state.seq[length:].tolist()
-        keep = length + _common_prefix(emitted, fed)
+        keep = length + common_prefix(emitted, fed)
         extra = self.cache.get_seq_length() - min(keep, state.seq.shape[0] - 1)
         if extra > 0:
             self.cache.crop(-extra)                  # negative: remove ``extra`` positions (4.57 and 5.x)

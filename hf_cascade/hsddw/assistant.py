@@ -52,6 +52,11 @@ class DynamicWindowAssistant(LinearAssistant):
             worth verifying, at most ``max_window``) they are the step's draft and the draft models do not
             run. Not in the paper; pays off where the output copies the prompt (extraction, translation).
             Lossless. ``False``: the paper's drafter alone. Its statistics are the last level, ``"maxgram"``.
+        cost_aware: the draft models draft a step only while they are expected to pay for their forwards and
+            the rows they add to the target's step, as measured in the call
+            (:class:`~hf_cascade.drafters.lookahead.DrafterPayoff`); a step they would not pay for is a plain
+            one, and every 8th such step drafts anyway, to keep measuring. Not in the paper; the windows stay
+            the paper's. Lossless. ``False``: the draft models draft every step the lookup leaves.
 
     After each call ``assistant.last_stats`` is a :class:`~hf_cascade.hsddw.DynamicWindowStats`:
     window per step, redundancy sigma, target utilisation eta, tau trajectories, calls per model.
@@ -84,6 +89,7 @@ class DynamicWindowAssistant(LinearAssistant):
         device_map=None,
         place_drafters: bool = True,
         lookup: bool = True,
+        cost_aware: bool = True,
     ):
         hub = dict(revision=revision, token=token, cache_dir=cache_dir, dtype=dtype, device_map=device_map)
         paths = [os.fspath(m) if isinstance(m, (str, os.PathLike)) else m for m in (draft_model, verifier_model)]
@@ -111,6 +117,7 @@ class DynamicWindowAssistant(LinearAssistant):
         self.cpu_kernels = cpu_kernels
         self.place_drafters = bool(place_drafters)
         self.lookup = bool(lookup)
+        self.cost_aware = bool(cost_aware)
 
     def bind(self, target) -> None:
         """Place the draft model and the pre-verifier on the target's input-embedding device and dtype
@@ -132,12 +139,13 @@ class DynamicWindowAssistant(LinearAssistant):
         return DynamicWindowCandidateGenerator(
             target, generation_config, logits_processor, stats, self.draft_model, self.verifier_model,
             self.max_window, self.max_target_window, self.tau_init, self.tau2_init, lookup=self.lookup,
+            cost_aware=self.cost_aware,
         )
 
     def __repr__(self) -> str:
         names = [type(m).__name__ for m in (self.draft_model, self.verifier_model) if m is not None]
         return (f"DynamicWindowAssistant(models={names}, max_window={self.max_window}, tau_init={self.tau_init}, "
-                f"tau2_init={self.tau2_init}, lookup={self.lookup})")
+                f"tau2_init={self.tau2_init}, lookup={self.lookup}, cost_aware={self.cost_aware})")
 
 
 def _check_model(model, name: str) -> None:

@@ -43,10 +43,17 @@ Deviations from the paper, all following the authors' code (``valexsyu/HSDDW``,
   tokens are deterministic, handed to the target as point masses (``q`` one-hot), and the thresholds
   ``tau`` / ``tau2`` learn only from tokens the draft models drafted. ``lookup=False`` gives the
   paper's drafter alone.
+* Not in the paper: with ``cost_aware=True`` (the default) the draft models run on a step only while they are
+  expected to pay (:class:`~hf_cascade.drafters.lookahead.DrafterPayoff` at reach 1: their accepted tokens per
+  step against the time of their forwards plus the rows their window adds to the target's step, both measured
+  in this call); otherwise the step is a plain one (no draft). A refused step still drafts every 8th time, so
+  the estimate keeps learning. The windows themselves stay the paper's. It decides only what is drafted:
+  lossless. ``cost_aware=False``: the draft models draft at every step the lookup leaves, as in the paper.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +64,7 @@ from ..core.categorical import categorical
 from ..drafters.neural import NeuralLevel
 from ..core.stats import LevelStats
 from ..core.accept import Review, greedy_review, one_hot_dists, sampling_review
+from ..drafters.lookahead import CostModel, DrafterPayoff
 from ..drafters.maxgram import MaxGram
 from ..placement import defer_reads
 from .rules import EntropyThreshold, entropy, self_verify_length
@@ -124,7 +132,8 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     """One ``generate()`` call of a :class:`~hf_cascade.hsddw.DynamicWindowAssistant`."""
 
     def __init__(self, target, generation_config, logits_processor, stats, draft_model, verifier_model,
-                 max_window: int, max_target_window: int, tau_init: float, tau2_init: float, lookup: bool = True):
+                 max_window: int, max_target_window: int, tau_init: float, tau2_init: float, lookup: bool = True,
+                 cost_aware: bool = True):
         super().__init__(target, generation_config, logits_processor, stats)
         self.max_window = int(max_window)
         self.max_target_window = int(max_target_window)
@@ -149,19 +158,32 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
         stats.rejected_entropies = self.tau.rejected
         stats.rejected_entropies2 = self.tau2.rejected
         self._pending: torch.Tensor = torch.zeros(0, device="cpu")   # host: entropies of the q of each token handed to the target
+        # cost_aware (not in the paper): whether the draft models' step pays, from this call's measured times
+        self._payoff: DrafterPayoff | None = DrafterPayoff() if cost_aware else None
+        # the target's step time by draft length; rows count as free until a plain step has been measured
+        self._step_cost = CostModel(prior_step=0.0, prior_slope=0.0)
+        self._consulted: float | None = None           # seconds the draft models took for the pending draft
 
     # -- draft ---------------------------------------------------------------------------------
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
-        self._lookup, self._pending = None, torch.zeros(0, device="cpu")
+        self._lookup, self._pending, self._consulted = None, torch.zeros(0, device="cpu"), None
         if self.maxgram is not None:
             d = self._lookup_draft(seq, min(self.max_window, budget))
             if d is not None:
                 return d
+        if self._payoff is not None and not self._payoff.worth(1.0):
+            self.stats.plain_steps += 1
+            return Draft(seq[:0])                                           # the draft models would not pay here
+        started = time.perf_counter()
         if self.pre is None:
             stage = self._stage(seq, min(self.max_window, budget))
             self._pending = stage.entropies
-            return Draft(stage.tokens, stage.dists)
-        return self._hierarchical(seq, min(budget, self.max_target_window))
+            d = Draft(stage.tokens, stage.dists)
+        else:
+            d = self._hierarchical(seq, min(budget, self.max_target_window))
+        # the stages read their entropies on the host, so the clock reads after the device's work
+        self._consulted = time.perf_counter() - started
+        return d
 
     def _lookup_draft(self, seq: torch.Tensor, limit: int) -> Draft | None:
         """Max-Gram's proposal after ``seq`` (at most ``limit`` tokens, as many as its policy finds worth
@@ -227,6 +249,8 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
         if self.policy is not None and verify_seconds is not None:
             self.policy.cost.observe(num_proposed, verify_seconds)     # the target's verify cost, every step
+        if self._payoff is not None:
+            self._observe_payoff(num_proposed, num_accepted, verify_seconds)
         if self._lookup is not None:
             # a lookup step: its policy learns; tau / tau2 only learn from tokens the draft models drafted
             bucket, length = self._lookup
@@ -238,7 +262,17 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
                 threshold = self.tau if self.pre is None else self.tau2
                 threshold.update(float(self._pending[num_accepted]))
             _record(self.stats.levels[0], num_proposed, num_accepted)
-        self._lookup, self._pending = None, torch.zeros(0, device="cpu")
+        self._lookup, self._pending, self._consulted = None, torch.zeros(0, device="cpu"), None
+
+    def _observe_payoff(self, proposed: int, accepted: int, seconds: float | None) -> None:
+        """Teach the payoff rule the step: the draft models' forwards and the share of the step their rows
+        took (``1 - 1 / cost(k)`` of it, by this call's measured step times), and their accepted tokens."""
+        if seconds is not None:
+            self._step_cost.observe(proposed, seconds)
+        if self._consulted is not None:
+            surcharge = 0.0 if seconds is None else seconds * (1.0 - 1.0 / self._step_cost.cost(proposed))
+            self._payoff.observe_consult(1.0, self._consulted, surcharge)
+        self._payoff.observe_verdict(accepted if self._consulted is not None else 0, accepted + 1, seconds)
 
 
 def _record(level: LevelStats, proposed: int, accepted: int) -> None:

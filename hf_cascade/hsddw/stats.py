@@ -24,6 +24,8 @@ class DynamicWindowStats(GenerationStats):
         rejected_entropies: ``H(q)`` of the small model's rejected tokens (its ``tau`` is their mean).
         rejected_entropies2: ``H(q)`` of the pre-verifier's tokens the target rejected (``tau2``'s mean).
         lookup: whether the last level is the Max-Gram lookup's (a statistical level: no forwards).
+        plain_steps: target steps with no draft because the draft models were not expected to pay
+            (``cost_aware``).
     """
 
     draft_windows: list[int] = field(default_factory=list)
@@ -32,6 +34,7 @@ class DynamicWindowStats(GenerationStats):
     rejected_entropies: list[float] = field(default_factory=list)
     rejected_entropies2: list[float] = field(default_factory=list)
     lookup: bool = False
+    plain_steps: int = 0
 
     @property
     def window_per_step(self) -> list[int]:
@@ -71,5 +74,6 @@ class DynamicWindowStats(GenerationStats):
             "redundancy": self.redundancy,
             "target_utilization": self.target_utilization,
             "calls_per_model": self.calls_per_model,
+            "plain_steps": self.plain_steps,
         })
         return out

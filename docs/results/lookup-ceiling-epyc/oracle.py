@@ -17,7 +17,7 @@ import json, sys
 from transformers import AutoTokenizer
 import hf_cascade.models as m
 from hf_cascade.drafters.maxgram import _suffix_match, follow
-from hf_cascade.drafters.neural import _common_prefix as lcp
+from hf_cascade.drafters.maxgram import common_prefix as lcp
 
 res = json.load(open(sys.argv[1]))
 depths = [int(x) for x in sys.argv[2:]] or [8, 16, 32]
