@@ -42,7 +42,7 @@ def test_hsddw_payoff_charges_the_rows_its_window_adds(m):
 
 @pytest.mark.measured_costs
 def test_hsddw_stops_drafting_where_the_draft_model_does_not_pay(m, monkeypatch):
-    """A draft model whose forwards cost far more than the target's steps (20 ms each beside a tiny target's
+    """A draft model whose forwards cost far more than the target's steps (30 ms each beside a tiny target's
     millisecond) drafts only to keep learning (every 8th refused step); the output is plain greedy's. With
     ``cost_aware=False`` it drafts every step, as in the paper."""
     drafter = m["noisy"]
@@ -53,7 +53,7 @@ def test_hsddw_stops_drafting_where_the_draft_model_does_not_pay(m, monkeypatch)
     forward = drafter.forward
 
     def slow_forward(*args, **kwargs):
-        time.sleep(0.02)
+        time.sleep(0.03)
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(drafter, "forward", slow_forward)
