@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_cascade.backends.cpu.argmax_screen import ArgmaxScreen, argmax_screen
+from hf_cascade.backends.cpu.argmax_screen import ArgmaxScreen, argmax_screen, screen_choices
 from hf_cascade.backends.cpu.panel import PANEL, extension
 from hf_cascade.core.accept import greedy_tree_accept
 from hf_cascade.core.rows import TreeRows
@@ -182,6 +182,16 @@ def test_the_screen_is_made_once_per_weight_and_again_after_an_update():
     with torch.no_grad():
         w.mul_(2.0)
     assert argmax_screen(w) is not first
+
+
+def test_screen_choices_record_what_was_timed():
+    """A run records what the screens of its process chose (``screen_choices``): the product, and per rows and use
+    whether the screen was measured faster than the head."""
+    w = torch.randn(72, 16)
+    screen = argmax_screen(w, lambda x: x @ w.T, rows=3)
+    mine = [c for c in screen_choices() if c["weight"] == [72, 16]]
+    assert len(mine) == 1 and mine[0]["product"] == argmax_screen(w).product
+    assert mine[0]["faster"] == {"4 rows": screen is not None}
 
 
 def _rows(tree, hidden, weight, screen=None):

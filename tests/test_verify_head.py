@@ -143,6 +143,8 @@ def test_calibrated_block_rows(monkeypatch):
     assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=tuner())) == 8     # cached
     monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
     assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=tuner())) == 3
+    assert verify_head.calibrated_block_rows() == [                                    # a run's record of it
+        {"weight": [40000, 8], "threads": torch.get_num_threads(), "block_rows": 3}]
     assert verify_head.calibrate_block_rows(VerificationHead(nn.Linear(8, 40001), tuner=KernelTuner(force="rows"))) == 4
     with fast_verification_head(_Head(40000, 8, False)) as applied:                    # real timing: some size
         assert applied

@@ -201,6 +201,7 @@ def markdown_report(result: BenchResult) -> str:
         f"**Target** {target.get('class', '?')} ({target.get('parameters', 0) / 1e6:.0f}M params), "
         f"**{'strategies' if ',' in c['strategy'] else 'strategy'}** `{c['strategy']}`, {c['max_new_tokens']} new tokens, {mode}, "
         f"torch {env.get('torch', '?')} / transformers {env.get('transformers', '?')}, {env.get('threads', '?')} threads.",
+        *_kernel_line(env.get("cpu_kernels")),
     ]
     if not result.records and result.batched is not None:      # a batched sweep: no single-prompt runs
         return "\n".join(parts + ["", "### Batched (left-padded batches of consecutive prompts, methods interleaved "
@@ -231,6 +232,18 @@ def markdown_report(result: BenchResult) -> str:
         parts += ["", "### Batched (left-padded batches of consecutive prompts, methods interleaved per batch)", "",
                   markdown_batched(result.batched)]
     return "\n".join(parts + _errors(result))
+
+
+def _kernel_line(choices: dict | None) -> list[str]:
+    """The CPU kernels' once-per-process choices, where they made any (every method of the run shares them)."""
+    if not choices or not (choices.get("head_blocks") or choices.get("screens")):
+        return []
+    blocks = ", ".join(f"{b['block_rows']} rows" for b in choices.get("head_blocks", []))
+    screens = "; ".join(
+        f"screen product {s['product']}, used at " + (", ".join(k for k, v in s["faster"].items() if v) or "no size")
+        for s in choices.get("screens", []))
+    return ["CPU kernels' choices, timed once in this process: " + "; ".join(
+        x for x in (f"output-head block {blocks}" if blocks else "", screens) if x) + "."]
 
 
 def _errors(result: BenchResult) -> list[str]:

@@ -153,6 +153,15 @@ def _environment(model: Any, drafts: list, verifier: Any = None, strategy_drafts
     }
 
 
+def _kernel_choices() -> dict:
+    """What the CPU kernels timed once in this process (their head block, their screens' choices): every method
+    of the run shares them, and they differ between processes on one machine (``docs/benchmarks.md``)."""
+    from ..backends.cpu.argmax_screen import screen_choices
+    from ..backends.cpu.verify_head import calibrated_block_rows
+
+    return {"head_blocks": calibrated_block_rows(), "screens": screen_choices()}
+
+
 def run_benchmark(
     config: BenchConfig,
     model: Any,
@@ -267,6 +276,7 @@ def run_benchmark(
         from .batched import run_batched
 
         batched = run_batched(config, model, tokenizer, prompts, methods, progress=progress)
+    environment["cpu_kernels"] = _kernel_choices()
     ran = {r["method"] for r in records} | {r["method"] for r in (batched or {}).get("records", [])}
     names = [n for n in config.methods if n in ran]
     return BenchResult(

@@ -219,6 +219,14 @@ def argmax_screen(weight: torch.Tensor, against: Callable[[torch.Tensor], torch.
     return screen if screen.faster[key] else None
 
 
+def screen_choices() -> list[dict]:
+    """What each screen made in this process chose, timed once: its product and, per power of two of rows and use
+    (argmax or top-k), whether it was faster than the head (a run's record, as :func:`calibrated_block_rows`)."""
+    return [{"weight": list(s.weight.shape), "product": s.product,
+             "faster": {f"{rows} row{'s' if rows > 1 else ''}{', top-k' if top_k else ''}": bool(v) for (rows, top_k), v in s.faster.items()}}
+            for _, s in _SCREENS.values() if s is not None]
+
+
 def _faster(screen: ArgmaxScreen, against, weight: torch.Tensor, rows: int, top_k: int | None, repeats: int) -> bool:
     x = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(0)) * 50
     counted = screen.candidates
@@ -232,4 +240,4 @@ def _faster(screen: ArgmaxScreen, against, weight: torch.Tensor, rows: int, top_
     return seconds["screen"] < seconds["head"]
 
 
-__all__ = ["GROUP", "ArgmaxScreen", "argmax_screen"]
+__all__ = ["GROUP", "ArgmaxScreen", "argmax_screen", "screen_choices"]
