@@ -78,7 +78,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "also what the maxgram-corpus baseline uses")
     p.add_argument("--baselines", default="plain",
                    help="comma list from plain,plain-kernels,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
-                        "economize,maxgram,maxgram-corpus,hsddw-single,hsddw-every-step,glide-chain,redrafter-w1,redrafter-flat,suffix,suffix-tree "
+                        "economize,maxgram,maxgram-corpus,hsddw-single,hsddw-every-step,glide-chain,redrafter-w1,redrafter-flat,"
+                        "suffix,suffix-tree "
                         "(plain is always included). suffix: SuffixDecoding with vLLM's defaults (up to 32 tokens, tree depth 24, "
                         "max_spec_factor 1.0, min_token_prob 0.1, global cache of earlier responses) on ArcticInference's suffix "
                         "trees (pip install arctic-inference), verified in our core; suffix-tree: the same with its speculation "

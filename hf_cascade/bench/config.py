@@ -12,11 +12,12 @@ from .swi import COST_MODELS
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter", "recycling")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
-             "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "hsddw-every-step", "glide-chain", "redrafter-w1", "redrafter-flat",
-             "suffix", "suffix-tree")
+             "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "hsddw-every-step", "glide-chain",
+             "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree")
 #: The strategy whose draft models a method uses (methods not listed take none, or the shared ``drafts``).
 DRAFT_FAMILY = {"cascade": "cascade", "hsddw": "hsddw", "hsddw-single": "hsddw", "hsddw-every-step": "hsddw",
-                "glide": "glide", "glide-chain": "glide", "redrafter": "redrafter", "redrafter-w1": "redrafter", "redrafter-flat": "redrafter"}
+                "glide": "glide", "glide-chain": "glide",
+                "redrafter": "redrafter", "redrafter-w1": "redrafter", "redrafter-flat": "redrafter"}
 #: What kind of model each strategy drafts with: one shared ``--draft`` list can only serve strategies of one kind.
 DRAFT_KIND = {"cascade": "causal LM drafter", "hsddw": "causal LM drafter", "glide": "GLIDE head",
               "redrafter": "ReDrafter head"}

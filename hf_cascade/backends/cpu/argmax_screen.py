@@ -222,8 +222,11 @@ def argmax_screen(weight: torch.Tensor, against: Callable[[torch.Tensor], torch.
 def screen_choices() -> list[dict]:
     """What each screen made in this process chose, timed once: its product and, per power of two of rows and use
     (argmax or top-k), whether it was faster than the head (a run's record, as :func:`calibrated_block_rows`)."""
+    def label(rows: int, top_k: bool) -> str:
+        return f"{rows} row{'s' if rows > 1 else ''}{', top-k' if top_k else ''}"
+
     return [{"weight": list(s.weight.shape), "product": s.product,
-             "faster": {f"{rows} row{'s' if rows > 1 else ''}{', top-k' if top_k else ''}": bool(v) for (rows, top_k), v in s.faster.items()}}
+             "faster": {label(*key): bool(v) for key, v in s.faster.items()}}
             for _, s in _SCREENS.values() if s is not None]
 
 

@@ -101,7 +101,8 @@ def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3
 def calibrated_block_rows() -> list[dict]:
     """The blocks :func:`calibrate_block_rows` chose in this process, per head shape and thread count (a run's
     record: the choice is timed once per process, and every method of the process shares it)."""
-    return [{"weight": list(key.weight[0]), "threads": key.threads, "block_rows": rows} for key, rows in _BLOCK_ROWS.items()]
+    return [{"weight": list(key.weight[0]), "threads": key.threads, "block_rows": rows}
+            for key, rows in _BLOCK_ROWS.items()]
 
 
 def active_head(model: nn.Module) -> VerificationHead | None:
