@@ -4,7 +4,8 @@ Spec-Bench
 ``--per-category`` prompts per category, 128 new tokens. A fixed block is set by turning the chooser off and setting
 the session's block. Outputs must not depend on the block.
 
-    .venv/bin/python docs/results/head-block-chooser-epyc/block_ab.py [--per-category N] > LOG
+    .venv/bin/python docs/results/head-block-chooser-epyc/block_ab.py [--per-category N] [--fixed 2,4,8] > LOG
+    (the control run: --fixed pinned,4)
 """
 
 from __future__ import annotations
@@ -25,19 +26,32 @@ from hf_cascade.core import loop
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--per-category", type=int, default=1)
-parser.add_argument("--fixed", default="2,4,8", help="the fixed blocks compared with the chosen one")
+parser.add_argument("--fixed", default="2,4,8", help="the fixed blocks compared with the chosen one; 'pinned': the "
+                    "chooser running with its block pinned to the session's 4 (its bookkeeping alone)")
 args = parser.parse_args()
-ARMS = ("chosen", *(int(b) for b in args.fixed.split(",")))
+ARMS = ("chosen", *(b if b == "pinned" else int(b) for b in args.fixed.split(",")))
 torch.set_num_threads(2)
 model, tok = load_model(None)
 prompts = load_prompts(None, args.per_category)
 choose = loop._block_chooser
 
 
+def pinned(run):
+    chooser = choose(run)
+    if chooser is not None:
+        observe = chooser.observe_step
+
+        def observe_step(read, rows):
+            observe(read, rows)
+            chooser.block = chooser.initial
+        chooser.observe_step = observe_step
+    return chooser
+
+
 def run(ids, arm):
     for key in list(verify_head._BLOCK_ROWS):
-        verify_head._BLOCK_ROWS[key] = 4 if arm == "chosen" else arm
-    loop._block_chooser = choose if arm == "chosen" else (lambda run: None)
+        verify_head._BLOCK_ROWS[key] = arm if isinstance(arm, int) else 4
+    loop._block_chooser = {"chosen": choose, "pinned": pinned}.get(arm, lambda run: None)
     a = CascadeAssistant([MaxGram()])
     t0 = time.perf_counter()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=128,
