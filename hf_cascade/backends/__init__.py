@@ -31,8 +31,7 @@ class VerifySession:
     Attributes:
         backend: ``"cpu"`` when the CPU kernels are engaged, else ``"model"`` (the model's own kernels).
         block_rows: most rows of logits per output-head call when acceptance reads rows lazily
-            (:class:`~hf_cascade.core.rows.TreeRows`): the first steps' block, which the loop then chooses per
-            step on a CPU target (:mod:`hf_cascade.core.blocks`); ``None``: every row in one call (accelerators,
+            (:class:`~hf_cascade.core.rows.TreeRows`); ``None``: every row in one call (accelerators,
             where extra rows are nearly free next to a second pass over the head's weight).
         argmax_screen: ``None``, or a function of a number of rows ``m`` (and ``top_k``, default ``None``)
             returning (made on first use) an :class:`~hf_cascade.backends.cpu.argmax_screen.ArgmaxScreen`: called,

@@ -11,9 +11,8 @@
 3. **accept** -- greedy, or exact speculative sampling (recursive rejection over siblings), on
    logits processed with each row's own prefix (:mod:`hf_cascade.core.accept`).
 4. **update** -- keep the accepted path's K/V, emit the tokens one by one where plain ``generate``
-   would stop (:class:`~hf_cascade.core.stopping.Stopper`), stream them, record statistics (on a CPU target
-   also the rows read, from which the next step's rows per head call are chosen: :mod:`~hf_cascade.core.blocks`)
-   and hand the strategy its feedback (:meth:`TreeDrafter.on_accept`, with the measured verification time).
+   would stop (:class:`~hf_cascade.core.stopping.Stopper`), stream them, record statistics and hand
+   the strategy its feedback (:meth:`TreeDrafter.on_accept`, with the measured verification time).
 
 Before the loop, **prefill** runs the prompt minus its last token into a plain ``DynamicCache()`` (no
 config: sliding-window cache layers would evict K/V a long tree still needs; windows are applied by
@@ -39,10 +38,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..placement import defer_reads
 from ..processors import screen_top_k, split_processors
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
-from .blocks import BlockChooser
 from .forward import check_attention_backend, keep_path, logit_cap, output_head, verify_tree
 from .rows import HeadFn, TreeRows
 from .stats import GenerationStats, PhaseTimer
@@ -76,7 +73,6 @@ def speculative_decode(
         heads = _screen(run, [drafter], argmax_screen)
         if heads is not None:
             run.row_head, run.screen = heads(run.block_rows or 1)
-        run.blocks = _block_chooser(run)
         while not run.row.done:
             state = run.state()
             with run.timer("draft"):
@@ -128,10 +124,8 @@ def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     row, L = run.row, run.row.length
     if run.head is not None:
         hidden = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], hidden_only=True, chain=linear)
-        blocks = run.blocks
-        rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.row_head, argmax_head=run.screen,
-                        block_rows=blocks.block if blocks is not None else run.block_rows,
-                        on_call=blocks.observe_call if blocks is not None else None)
+        rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.row_head, block_rows=run.block_rows,
+                        argmax_head=run.screen)
     else:
         raw = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], chain=linear)
         hidden = run.head_input.rows()
@@ -178,9 +172,6 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
     leaves = (1 if tree.num_nodes else 0) if drafter.linear else _leaves(tree)
     run.stats.record_step(tree.num_nodes, _depth(tree, drafter.linear), leaves, path, emitted, rows.rows_computed,
                           max(rows.head_calls, 1))
-    if run.blocks is not None:                                         # acceptance read the path and the bonus row
-        run.blocks.observe_step(len(path) + 1, tree.num_nodes + 1)
-        run.stats.head_blocks.append(run.blocks.chosen[-1])
     row.step += 1
     state = run.state()
     state.rows = rows
@@ -223,7 +214,6 @@ class _Run:
         self.head = None                                   # the core's output head, once prefill validated it
         self.row_head = None                               # what computes rows: the head, or the backend's screen
         self.screen = None                                 # the backend's argmax screen, where it applies (greedy)
-        self.blocks: BlockChooser | None = None            # the block per step, where measured (a CPU target)
         self.verify_seconds: float | None = None
         device = _input_device(target, input_ids)
         seq = input_ids[0].to(device)
@@ -273,16 +263,6 @@ def _screen(run, drafters: list[TreeDrafter], factory) -> Callable[[int], tuple[
         screen = factory(rows, k)
         return (head, None) if screen is None else (partial(screen.top, k=k), None)
     return heads
-
-
-def _block_chooser(run: "_Run") -> BlockChooser | None:
-    """A :class:`~hf_cascade.core.blocks.BlockChooser` starting from the session's block, where rows are computed
-    lazily on a device read without deferring (the CPU: a host clock around a call times finished work); ``None``
-    elsewhere (the session's block, or every row at once)."""
-    hidden = run.row.last_hidden
-    if run.head is None or run.block_rows is None or hidden is None or defer_reads(hidden.device):
-        return None
-    return BlockChooser(run.block_rows)
 
 
 def _input_device(target, input_ids: torch.Tensor) -> torch.device:

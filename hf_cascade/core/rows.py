@@ -13,9 +13,9 @@ child's first child, ...: the drafter's main path, which linear drafts, CAPE and
 first); a chain shorter than ``block_rows`` is completed with the rows a walk leaving it reads next
 (children of the rows computed, in node order: CAPE's expansion siblings, the next beams). A walk
 that stays on the main path costs one head call per ``block_rows`` rows it reads. ``block_rows``
-is the loop's: on a CPU target chosen per step from this call's measured head calls and rows read
-(:mod:`hf_cascade.core.blocks`), starting from the verification session's (:mod:`hf_cascade.backends`);
-every row at once on accelerators, where rows are nearly free next to a pass over the weight.
+comes from the verification session (:mod:`hf_cascade.backends`): calibrated by the CPU backend,
+a small block on CPU without it, every row at once on accelerators, where rows are nearly free next
+to a pass over the weight. Measurements: ``docs/``.
 
 Logits processors also run only on the rows that are read (``input_ids`` = the sequence up to that
 row's node, as plain decoding would have it). The same class wraps precomputed logits
@@ -29,7 +29,6 @@ of rows already implies in any batched forward).
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -68,7 +67,6 @@ class TreeRows:
         raw: torch.Tensor | None = None,
         block_rows: int | None = 4,
         argmax_head: Callable[[torch.Tensor], list[int]] | None = None,
-        on_call: Callable[[int, float], None] | None = None,
     ):
         if raw is None and (hidden is None or head is None):
             raise ValueError("TreeRows needs either raw logits or hidden states and a head")
@@ -77,7 +75,7 @@ class TreeRows:
         if given.ndim != 2 or given.shape[0] != n + 1:
             raise ValueError(f"expected {n + 1} rows (root first) for a {n}-node tree, got {tuple(given.shape)}")
         self.tree, self.seq, self.processors = tree, seq, processors
-        self.hidden, self.head, self.on_call = hidden, head, on_call
+        self.hidden, self.head = hidden, head
         self.argmax_head = argmax_head if raw is None and len(processors) == 0 else None
         self._raw: dict[int, torch.Tensor] = {} if raw is None else dict(enumerate(raw.float()))
         self._processed: dict[int, torch.Tensor] = {}
@@ -129,7 +127,7 @@ class TreeRows:
         if self.argmax_head is not None and int(r) not in self._raw:          # the argmax alone: the screen
             chain = self.plan(int(r))
             index = torch.tensor(chain, device=self.hidden.device)
-            self.store_argmax(chain, self._timed(len(chain), self.argmax_head, self.hidden.index_select(0, index)))
+            self.store_argmax(chain, self.argmax_head(self.hidden.index_select(0, index)))
             return {row: self.known_argmax[row] for row in chain}
         self.raw(r)
         block = self._block.get(int(r), [int(r)])
@@ -146,15 +144,7 @@ class TreeRows:
     def _compute_chain(self, r: int) -> None:
         chain = self.plan(r)
         index = torch.tensor(chain, device=self.hidden.device)
-        self.store(chain, self._timed(len(chain), self.head, self.hidden.index_select(0, index)).float())  # [k, V]
-
-    def _timed(self, rows: int, call, x: torch.Tensor):
-        if self.on_call is None:
-            return call(x)
-        started = time.perf_counter()
-        out = call(x)
-        self.on_call(rows, time.perf_counter() - started)
-        return out
+        self.store(chain, self.head(self.hidden.index_select(0, index)).float())           # [k, V]
 
     def plan(self, r: int = 0) -> list[int]:
         """The rows the next head call computes when row ``r`` is read (see the module docstring); a

@@ -74,8 +74,7 @@ class GenerationStats:
         accepted_paths: accepted node indices per call (before an EOS / ``max_length`` cut).
         head_rows: rows of logits the target's output head computed per call (of the ``n + 1``
             verified; acceptance reads only some, see :mod:`hf_cascade.core.rows`); ``head_calls``: the
-            output-head calls per target call; ``head_blocks``: the most rows per head call at each target call,
-            where the loop chose it (:mod:`hf_cascade.core.blocks`; empty where fixed).
+            output-head calls per target call.
     """
 
     target_calls: int = 0
@@ -90,7 +89,6 @@ class GenerationStats:
     accepted_paths: list[list[int]] = field(default_factory=list)
     head_rows: list[int] = field(default_factory=list)
     head_calls: list[int] = field(default_factory=list)
-    head_blocks: list[int] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -173,7 +171,6 @@ class GenerationStats:
             "accepted_paths": [list(p) for p in self.accepted_paths],
             "head_rows": list(self.head_rows),
             "head_calls": list(self.head_calls),
-            "head_blocks": list(self.head_blocks),
         }
 
 

@@ -12,10 +12,9 @@ one of :class:`~hf_cascade.backends.cpu.kernels.WeightPacker`). No one choice is
 differ from the model's own only in the order of accumulation, as any multi-row forward does.
 
 Which rows to compute is the core's decision, not the head's: :class:`~hf_cascade.core.rows.TreeRows`
-computes only the rows acceptance reads, at most a block of rows per head call, which the loop chooses per
-step from its own measurements (:mod:`hf_cascade.core.blocks`). The backend supplies the first steps' block
-(:class:`~hf_cascade.backends.VerifySession`): :func:`calibrate_block_rows` picks the largest block whose call
-costs about what a one-row call costs on this machine.
+computes only the rows acceptance reads, at most ``block_rows`` per head call. The backend supplies
+that block size (:class:`~hf_cascade.backends.VerifySession`): :func:`calibrate_block_rows` picks the
+largest block whose call costs about what a one-row call costs on this machine.
 
 :func:`fast_verification_head` installs a :class:`VerificationHead` as the head's ``forward`` (entered
 with the decoder linears by :func:`~hf_cascade.backends.cpu.verify_linear.fast_verification`) and restores
