@@ -236,14 +236,12 @@ def markdown_report(result: BenchResult) -> str:
 
 def _kernel_line(choices: dict | None) -> list[str]:
     """The CPU kernels' once-per-process choices, where they made any (every method of the run shares them)."""
-    if not choices or not (choices.get("head_blocks") or choices.get("screens")):
-        return []
-    blocks = ", ".join(f"{b['block_rows']} rows" for b in choices.get("head_blocks", []))
-    screens = "; ".join(
-        f"screen product {s['product']}, used at " + (", ".join(k for k, v in s["faster"].items() if v) or "no size")
-        for s in choices.get("screens", []))
-    return ["CPU kernels' choices, timed once in this process: " + "; ".join(
-        x for x in (f"output-head block {blocks}" if blocks else "", screens) if x) + "."]
+    choices = choices or {}
+    parts = [f"output-head block {b['block_rows']} rows" for b in choices.get("head_blocks", [])]
+    for s in choices.get("screens", []):
+        sizes = ", ".join(k for k, used in s["faster"].items() if used) or "no size"
+        parts.append(f"screen product {s['product']}, used at {sizes}")
+    return ["CPU kernels' choices, timed once in this process: " + "; ".join(parts) + "."] if parts else []
 
 
 def _errors(result: BenchResult) -> list[str]:
