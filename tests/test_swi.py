@@ -82,6 +82,19 @@ def test_record_times_and_group_swi():
     assert record_times(mine, {"params": None}, one_forward_per_token=False) == {"params": None}
 
 
+def test_swi_compares_time_per_generated_token():
+    """Sampled outputs end at different lengths: a method that stopped after 2 tokens where plain ran 8 is not
+    4x cheaper for it. Per token: plain 1 forward, the method 2.5 (a prefill and a verification over 2 tokens)."""
+    assert swi([(8.0, 5.0)], tokens=(8, 2)) == pytest.approx(1.0 / 2.5)
+    assert swi([(8.0, 5.0)], tokens=(8, 8)) == pytest.approx(8 / 5.0)           # equal outputs: the plain ratio
+    assert swi([(16.0, 8.0), (10.0, 5.0)], tokens=(26, 13)) == pytest.approx(1.0)
+    assert swi([(8.0, 5.0)], tokens=(8, 0)) is None and swi([(8.0, 5.0)], tokens=(0, 4)) is None
+    plain = {"new_tokens": 8, "standardized_time": {"params": 8.0}}
+    short = {"new_tokens": 2, "standardized_time": {"params": 5.0}}
+    assert group_swi([(plain, short)], ["params"]) == {"params": pytest.approx(0.4)}
+    assert group_swi([(plain, short), (short, plain)], ["params"]) == {"params": pytest.approx(1.0)}
+
+
 def test_params_costs_count_heads(tiny):
     model, draft, _ = tiny
     target = parameter_count(model)

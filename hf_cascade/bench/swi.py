@@ -22,8 +22,10 @@ The rule here, per generation (all costs in units of one target forward):
   The target's prompt tokens count as one row wherever they run (plain's first forward, the core's prefill,
   the first verification of transformers' loop): every method runs the same prompt, and the verification
   profile is measured after one. A drafter's prompt tokens are its own cost (its ``forward_tokens``);
-* the **SWI** of a method over a set of prompts is the sum of plain's standardized times over the sum of
-  the method's, on the prompts where both ran (:func:`swi`), as the wall-time ``speedup`` sums seconds.
+* the **SWI** of a method over a set of prompts is plain's standardized time per generated token over the
+  method's, each summed over the prompts where both ran (:func:`swi`), as the wall-time ``speedup`` compares
+  seconds per token. Greedy outputs are identical, so this is the ratio of the summed times; sampled outputs
+  end at different lengths, and a generation that stopped early is not cheaper per token for it.
 
 Two cost models (:data:`COST_MODELS`; :mod:`hf_cascade.bench.costs` builds the tables from the loaded models):
 
@@ -133,14 +135,21 @@ def standardized_time(stats: Mapping | None, costs: Costs) -> float | None:
     return time if time > 0 else None
 
 
-def swi(pairs: Iterable[tuple[float | None, float | None]]) -> float | None:
+def swi(pairs: Iterable[tuple[float | None, float | None]], tokens: tuple[int, int] | None = None) -> float | None:
     """``sum(plain) / sum(method)`` over ``(plain standardized time, method standardized time)`` pairs of
-    the same prompts; ``None`` when there is no pair or any time is unavailable."""
+    the same prompts; ``None`` when there is no pair or any time is unavailable. ``tokens``: the tokens plain
+    and the method generated over those prompts (``(plain, method)``); the ratio is then of times per
+    generated token (sampled outputs differ in length; under greedy decoding the two counts are equal)."""
     pairs = list(pairs)
     if not pairs or any(p is None or m is None for p, m in pairs):
         return None
-    method = sum(m for _, m in pairs)
-    return sum(p for p, _ in pairs) / method if method > 0 else None
+    plain, method = sum(p for p, _ in pairs), sum(m for _, m in pairs)
+    if method <= 0:
+        return None
+    if tokens is None:
+        return plain / method
+    plain_tokens, method_tokens = tokens
+    return (plain / plain_tokens) / (method / method_tokens) if plain_tokens > 0 and method_tokens > 0 else None
 
 
 def record_times(record: Mapping, costs: Mapping[str, Costs] | None, one_forward_per_token: bool) -> dict:
@@ -158,9 +167,10 @@ def record_times(record: Mapping, costs: Mapping[str, Costs] | None, one_forward
 
 def group_swi(pairs: Sequence[tuple[Mapping, Mapping]], models: Sequence[str]) -> dict:
     """``{cost model: SWI | None}`` of (plain record, method record) pairs whose ``standardized_time`` dicts
-    :func:`record_times` filled."""
-    return {m: swi((p.get("standardized_time", {}).get(m), r.get("standardized_time", {}).get(m)) for p, r in pairs)
-            for m in models}
+    :func:`record_times` filled, per generated token (their ``new_tokens``)."""
+    tokens = (sum(p["new_tokens"] for p, _ in pairs), sum(r["new_tokens"] for _, r in pairs))
+    return {m: swi(((p.get("standardized_time", {}).get(m), r.get("standardized_time", {}).get(m)) for p, r in pairs),
+                   tokens) for m in models}
 
 
 __all__ = ["COST_MODELS", "STATISTICAL", "Costs", "DrafterCost", "flat_target", "group_swi", "plain_time",
