@@ -84,7 +84,7 @@ def test_record_times_and_group_swi():
 
 def test_swi_compares_time_per_generated_token():
     """Sampled outputs end at different lengths: a method that stopped after 2 tokens where plain ran 8 is not
-    4x cheaper for it. Per token: plain 1 forward, the method 2.5 (a prefill and a verification over 2 tokens)."""
+    4x cheaper for it. Per token: plain 1 forward, the method 2.5 (5 forwards for 2 tokens)."""
     assert swi([(8.0, 5.0)], tokens=(8, 2)) == pytest.approx(1.0 / 2.5)
     assert swi([(8.0, 5.0)], tokens=(8, 8)) == pytest.approx(8 / 5.0)           # equal outputs: the plain ratio
     assert swi([(16.0, 8.0), (10.0, 5.0)], tokens=(26, 13)) == pytest.approx(1.0)

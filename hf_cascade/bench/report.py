@@ -182,10 +182,10 @@ def markdown_batched(batched: dict) -> str:
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-_SWI_NOTE = ("SWI: standardized walltime improvement (CS Drafting, Section 5.1): plain's standardized time per generated "
-             "token over the method's, each forward charged a fixed cost: *params* its model's parameter count (a verification of any "
-             "number of rows: one target forward), *measured* this machine's per-row costs (see `costs` in results.json); "
-             "– = unavailable.")
+_SWI_NOTE = ("SWI: standardized walltime improvement (CS Drafting, Section 5.1): plain's standardized time per "
+             "generated token over the method's, each forward charged a fixed cost: *params* its model's parameter "
+             "count (a verification of any number of rows: one target forward), *measured* this machine's per-row "
+             "costs (see `costs` in results.json); – = unavailable.")
 
 
 def markdown_report(result: BenchResult) -> str:
