@@ -5,9 +5,18 @@
 
 For each assistant of the test contract (tests/test_contract.py: Max-Gram alone, a drafter + Max-Gram
 cascade, a cascade with lenience 3, Max-Gram first + cost-aware, HSDDW, GLIDE chain, GLIDE+CAPE, ReDrafter,
-Max-Gram trees) it runs greedy ``generate`` on a few prompts on the chosen device and dtype, checks the
-tokens are those of plain ``generate`` of the same model, and prints a speed table (new tokens per second,
-speedup over plain generate, tokens per target call). Exit status 1 when an output differs.
+Max-Gram trees) it runs greedy ``generate`` on a few prompts on the chosen device:
+
+* **parity, float32**: the target loaded in float32; every output must be plain ``generate``'s, token for
+  token (exit status 1 on any difference);
+* **speed, ``--dtype``** (bf16 by default on a GPU): the target loaded in that dtype, a speed table (new tokens
+  per second, speedup over plain generate, tokens per target call). Verification and plain decoding run
+  different kernels, so in bf16 / fp16 a position whose two best logits are within rounding may flip: each
+  output is compared with plain ``generate``'s, and at the first difference the target's logits after the plain
+  path's prefix decide (``hf_cascade.parity``): a tie (the other path's token within ``--tie-ulps`` units in the
+  last place of the plain path's top-1 logit) is reported, a larger gap is a failure (exit status 1).
+  On CUDA, plain ``generate`` with a static cache compiled (``compile_config``) is timed as a second baseline
+  when the installed transformers supports it.
 
 Drafters and heads: for Gemma-3-270M (``--model default`` or ``google/gemma-3-270m``) the ones shipped in
 model_cards/ are used unless given; for any other target give them (local directories or Hub repo ids) with
@@ -25,6 +34,9 @@ import time
 from pathlib import Path
 
 import torch
+
+from hf_cascade.parity import TIE_ULPS, divergence
+from hf_cascade.placement import synchronize
 
 CARDS = Path(__file__).resolve().parent.parent / "model_cards"
 GEMMA_270M = ("default", "google/gemma-3-270m", "google/gemma-3-270m-it")
@@ -53,7 +65,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="default",
                    help="target: 'default' (the embedded Gemma-3-270M), a local directory or a Hub repo id")
-    p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on the CPU")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="dtype of the speed table (parity is checked in fp32 first); default: bf16 on a GPU, fp32 on the CPU")
+    p.add_argument("--tie-ulps", type=float, default=TIE_ULPS,
+                   help="bf16/fp16 only: a difference is a tie when the other token's logit is within this many "
+                        "units in the last place of the plain path's top-1 logit")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--device-map", default=None, help="load the target with this device_map (e.g. 'auto')")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -72,8 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # -- loading ---------------------------------------------------------------------------------------------
 
-def load_target(args):
-    dtype = DTYPES[args.dtype]
+def load_target(args, dtype_name: str):
+    dtype = DTYPES[dtype_name]
     if args.model == "default":
         from hf_cascade.models import load_default_target
 
@@ -134,55 +150,58 @@ def assistants(d: dict) -> dict:
 
 # -- running ---------------------------------------------------------------------------------------------
 
-def synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def timed_generate(model, ids, assistant, max_new_tokens: int, repeats: int):
+def timed_generate(model, ids, assistant, max_new_tokens: int, repeats: int, **kw):
     """``(output ids, fastest wall time)`` of greedy generate (optionally with ``assistant``)."""
-    kw = {"assistant_model": assistant} if assistant is not None else {}
+    if assistant is not None:
+        kw["assistant_model"] = assistant
     best, out = float("inf"), None
     for _ in range(max(repeats, 1)):
-        synchronize()
+        synchronize(model)
         start = time.perf_counter()
         out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, **kw)
-        synchronize()
+        synchronize(model)
         best = min(best, time.perf_counter() - start)
     return out, best
 
 
-def first_difference(a: list, b: list) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+def compiled_kwargs(model) -> dict | None:
+    """generate() kwargs for plain decoding with a static cache, compiled (``None``: not on CUDA, or this
+    transformers has no ``CompileConfig``)."""
+    try:
+        from transformers import CompileConfig
+    except ImportError:
+        return None
+    if model.device.type != "cuda":
+        return None
+    return {"cache_implementation": "static", "compile_config": CompileConfig()}
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    import hf_cascade  # noqa: F401  (installs the generate() hook)
+def judge(model, expected: list, got: list, name: str, i: int, exact: bool, ulps: float) -> str:
+    """``"same"``, ``"tie"`` or ``"mismatch"``, printing the first difference: in float32 (``exact``) every
+    difference is a mismatch; otherwise the target's logits after the plain path's prefix decide."""
+    if got == expected:
+        return "same"
+    d = divergence(model, expected, got, ulps=ulps)
+    where = f"{name}, prompt {i}: first difference at position {d.position} (plain {expected[d.position:d.position + 5]}, " \
+            f"{name} {got[d.position:d.position + 5]})"
+    if exact:
+        print(f"  MISMATCH {where}", flush=True)
+        return "mismatch"
+    gaps = f"top-1 - top-2 logit {d.gap:.4g}, top-1 - {name}'s token {d.got_gap:.4g}, tie tolerance {d.tolerance:.3g}"
+    print(f"  {'tie' if d.tie else 'MISMATCH'} {where}: {gaps}", flush=True)
+    return "tie" if d.tie else "mismatch"
 
-    print(f"torch {torch.__version__}, device {args.device}"
-          + (f" ({torch.cuda.get_device_name(0)})" if args.device.startswith("cuda") else "")
-          + f", dtype {args.dtype}, target {args.model}", flush=True)
-    model, tok = load_target(args)
-    drafters = load_drafters(args)
-    print("drafters: " + (", ".join(f"{k}={getattr(args, k) or SHIPPED[k].name}" for k in drafters) or "none"))
-    device = model.get_input_embeddings().weight.device
-    if device.type == "meta":
-        device = torch.device(args.device)
-    prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in PROMPTS[: args.prompts]]
 
-    table = assistants(drafters)
-    wanted = args.assistants.split(",") if args.assistants else list(table)
-    unknown = [w for w in wanted if w not in table]
-    if unknown:
-        print(f"unknown assistants {unknown}; known: {list(table)}", file=sys.stderr)
-        return 2
-
-    # warm-up (kernel selection, CPU kernels, CUDA context) outside the timings
-    model.generate(prompts[0], do_sample=False, max_new_tokens=4)
+def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, timed: bool):
+    """Greedy generate with every wanted assistant on ``model``: ``(rows, failures)``, a row per assistant
+    ``(name, parity, tokens/s, speedup, tokens per call)``, the plain baselines first. ``exact``: every difference
+    from plain generate is a failure (float32), else ties are told from mismatches (:func:`judge`). ``timed``: the
+    run whose speeds are reported (``--repeats`` runs per prompt, and the compiled baseline where supported)."""
+    repeats = args.repeats if timed else 1
+    model.generate(prompts[0], do_sample=False, max_new_tokens=4)      # warm-up (kernels, CUDA context) untimed
     plain_out, plain_time = [], []
     for ids in prompts:
-        out, seconds = timed_generate(model, ids, None, args.max_new_tokens, args.repeats)
+        out, seconds = timed_generate(model, ids, None, args.max_new_tokens, repeats)
         plain_out.append(out[0].tolist())
         plain_time.append(seconds)
     plain_tokens = sum(len(o) - p.shape[1] for o, p in zip(plain_out, prompts))
@@ -198,35 +217,83 @@ def main(argv=None) -> int:
         try:
             assistant = make()
             model.generate(prompts[0], do_sample=False, max_new_tokens=4, assistant_model=assistant)   # warm-up
-            same, seconds, tokens, per_call = 0, 0.0, 0, []
+            verdicts, seconds, tokens, per_call = [], 0.0, 0, []
             for i, ids in enumerate(prompts):
-                out, t = timed_generate(model, ids, assistant, args.max_new_tokens, args.repeats)
+                out, t = timed_generate(model, ids, assistant, args.max_new_tokens, repeats)
                 got = out[0].tolist()
-                if got == plain_out[i]:
-                    same += 1
-                else:
-                    failures += 1
-                    j = first_difference(got, plain_out[i])
-                    print(f"  MISMATCH {name}, prompt {i}: first difference at position {j} "
-                          f"(plain {plain_out[i][j:j + 5]}, {name} {got[j:j + 5]})", flush=True)
+                verdicts.append(judge(model, plain_out[i], got, name, i, exact, args.tie_ulps))
                 seconds += t
                 tokens += len(got) - ids.shape[1]
                 per_call.append(assistant.last_stats.tokens_per_target_call)
-            rows.append((name, f"{same}/{len(prompts)}", tokens / seconds, sum(plain_time) / seconds,
-                         statistics.mean(per_call)))
+            failures += verdicts.count("mismatch")
+            parity = f"{verdicts.count('same')}/{len(prompts)}" + (f" +{verdicts.count('tie')} tie" if "tie" in verdicts else "")
+            rows.append((name, parity, tokens / seconds, sum(plain_time) / seconds, statistics.mean(per_call)))
         except Exception as exc:                                   # report and go on with the others
             failures += 1
             rows.append((name, f"ERROR {type(exc).__name__}: {str(exc)[:80]}", None, None, None))
         print(f"  {rows[-1][0]}: {rows[-1][1]}", flush=True)
 
+    kw = compiled_kwargs(model) if timed else None
+    if kw is not None:                                             # a second baseline, never a failure
+        try:
+            seconds, tokens, same = 0.0, 0, 0
+            for i, ids in enumerate(prompts):
+                model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens, **kw)   # compiles (untimed)
+                out, t = timed_generate(model, ids, None, args.max_new_tokens, repeats, **kw)
+                same += judge(model, plain_out[i], out[0].tolist(), "compiled", i, exact, args.tie_ulps) != "mismatch"
+                seconds += t
+                tokens += out.shape[1] - ids.shape[1]
+            rows.insert(1, ("plain compiled (static)", f"{same}/{len(prompts)}", tokens / seconds,
+                            sum(plain_time) / seconds, 1.0))
+        except Exception as exc:
+            rows.insert(1, ("plain compiled (static)", f"skipped: {type(exc).__name__}: {str(exc)[:60]}", None, None, None))
+    return rows, failures
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import hf_cascade  # noqa: F401  (installs the generate() hook)
+
+    print(f"torch {torch.__version__}, device {args.device}"
+          + (f" ({torch.cuda.get_device_name(0)})" if args.device.startswith("cuda") else "")
+          + f", dtype {args.dtype} (parity in fp32), target {args.model}", flush=True)
+    drafters = load_drafters(args)
+    print("drafters: " + (", ".join(f"{k}={getattr(args, k) or SHIPPED[k].name}" for k in drafters) or "none"))
+    table = assistants(drafters)
+    wanted = args.assistants.split(",") if args.assistants else list(table)
+    unknown = [w for w in wanted if w not in table]
+    if unknown:
+        print(f"unknown assistants {unknown}; known: {list(table)}", file=sys.stderr)
+        return 2
+
+    failures, exact = 0, {}
+    for dtype_name in dict.fromkeys(["fp32", args.dtype]):     # parity in fp32 first, then the speed dtype
+        print(f"\n{dtype_name}:", flush=True)
+        model, tok = load_target(args, dtype_name)
+        device = model.get_input_embeddings().weight.device
+        if device.type == "meta":
+            device = torch.device(args.device)
+        prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in PROMPTS[: args.prompts]]
+        timed = dtype_name == args.dtype
+        rows, failed = run_assistants(model, prompts, table, wanted, drafters, args, exact=dtype_name == "fp32",
+                                      timed=timed)
+        failures += failed
+        if not timed:
+            exact = {row[0]: row[1] for row in rows}
+        del model                                                   # before the next dtype's copy is loaded
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     print()
-    print(f"{'assistant':<26} {'greedy parity':<16} {'tokens/s':>9} {'speedup':>8} {'tokens/call':>12}")
+    print(f"{'assistant':<26} " + (f"{'fp32 parity':<14} " if exact else "") + f"{args.dtype + ' parity':<16} "
+          f"{'tokens/s':>9} {'speedup':>8} {'tokens/call':>12}")
     for name, parity, tps, speedup, per_call in rows:
         num = (lambda v, f: format(v, f) if v is not None else "-")
-        print(f"{name:<26} {parity:<16} {num(tps, '9.1f'):>9} {num(speedup, '7.2f') + 'x' if speedup else '-':>8} "
-              f"{num(per_call, '12.2f'):>12}")
-    print(f"\n{args.prompts} prompts x {args.max_new_tokens} new tokens, greedy, {args.device} {args.dtype}; "
-          + ("all outputs identical to plain generate" if not failures else f"{failures} FAILURE(S)"))
+        print(f"{name:<26} " + (f"{exact.get(name, '-'):<14} " if exact else "") + f"{parity:<16} "
+              f"{num(tps, '9.1f'):>9} {num(speedup, '7.2f') + 'x' if speedup else '-':>8} {num(per_call, '12.2f'):>12}")
+    print(f"\n{args.prompts} prompts x {args.max_new_tokens} new tokens, greedy, {args.device}; parity in fp32, speed in "
+          f"{args.dtype}; " + ("all outputs identical to plain generate (or ties)" if not failures
+                               else f"{failures} FAILURE(S)"))
     return 1 if failures else 0
 
 

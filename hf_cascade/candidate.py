@@ -37,10 +37,12 @@ from .core.structure import TokenTree
 
 @dataclass
 class Draft:
-    """A draft for the target. ``tokens``: ``[k]``; ``dists``: ``[k, V]`` (sampling) or ``None``."""
+    """A draft for the target. ``tokens``: ``[k]``; ``dists``: ``[k, V]`` (sampling) or ``None``; ``host_tokens``:
+    ``tokens`` as host ints when the strategy drafted them on the host (the core then reads nothing of them)."""
 
     tokens: torch.Tensor
     dists: torch.Tensor | None = None
+    host_tokens: list[int] | None = None
 
 
 class SpeculativeCandidateGenerator(CandidateGenerator):
@@ -65,9 +67,16 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         self.stop_ids, stop_tensor = stop_token_ids(generation_config)
         self._stop_tensor = stop_tensor if stop_tensor is not None else torch.zeros(0, dtype=torch.long)
         self.stats = stats
-        self.timer = PhaseTimer(stats)
+        self.timer = PhaseTimer(stats, target)
         self._last_draft_len = 0
         self._verify_started: float | None = None
+        self._host_seq: list[int] | None = None         # the sequence as host ints, during a draft from the core
+
+    def host_seq(self, seq: torch.Tensor) -> list[int] | None:
+        """``seq`` as host ints when the caller handed them over (the decoding core does, during :meth:`draft`:
+        no device read), else ``None``."""
+        tokens = self._host_seq
+        return tokens if tokens is not None and len(tokens) == seq.shape[0] else None
 
     # -- to implement -------------------------------------------------------------------------
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
@@ -133,8 +142,14 @@ class ChainDrafter(TreeDrafter):
         self.generator = generator
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
-        d = self.generator.draft(seq, state.budget) if state.budget > 0 else Draft(seq[:0])
-        return TokenTree.chain(d.tokens), (d.dists if self.generator.do_sample else None)
+        if state.budget <= 0:
+            return TokenTree.chain(seq[:0], host_tokens=()), None
+        self.generator._host_seq = state.tokens                 # the loop's host copy of seq: no read to draft
+        try:
+            d = self.generator.draft(seq, state.budget)
+        finally:
+            self.generator._host_seq = None
+        return TokenTree.chain(d.tokens, host_tokens=d.host_tokens), (d.dists if self.generator.do_sample else None)
 
     def reach(self, tree: TokenTree) -> list[float] | None:
         """``P(at least k accepted)``: the products of the generator's per-token acceptance estimates, where it

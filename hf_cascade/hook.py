@@ -21,6 +21,11 @@ positions) so the wrappers survive signature changes across versions:
    vanilla drafter) becomes the assistant made for it (:func:`hf_cascade.auto.assistant_for`).
 
 Every other ``generate()`` call (plain, prompt lookup, an HF assistant model) is untouched.
+
+Before wrapping anything, :func:`install` checks that each of these entry points exists with the parameters
+its wrapper reads (:data:`ENTRY_POINTS`). A transformers release newer than the newest tested one keeps
+working as long as they do; where one has moved, ``import hf_cascade`` fails with one ``ImportError`` naming
+the supported range (:data:`SUPPORTED`) and what moved, and nothing is wrapped.
 """
 
 from __future__ import annotations
@@ -36,6 +41,63 @@ from .auto import assistant_for, checkpoint_kind
 from .core.checks import refuse_unsupported_config
 
 _MARK = "__hf_cascade_original__"
+
+#: The transformers releases CI runs the whole contract on (the oldest supported and the newest).
+TESTED = ("4.57.6", "5.24.0")
+#: What pyproject.toml admits, in words, for error messages.
+SUPPORTED = "transformers>=4.57,<6 (tested: 4.57.6 and 5.24.0)"
+
+
+def _pipeline_base():
+    try:
+        from transformers.pipelines import base
+    except ImportError:  # pragma: no cover - pipelines need optional deps in some installs
+        return None
+    return base
+
+
+#: (owner, names tried in order, parameters the wrapper reads or passes on): the private entry points the hook
+#: wraps and the shape it expects of them. ``owner`` is a callable returning the object (``None``: not installed).
+ENTRY_POINTS = (
+    (lambda: GenerationMixin, ("_get_candidate_generator",),
+     ("self", "input_ids", "generation_config", "assistant_model", "model_kwargs")),
+    (lambda: GenerationMixin, ("_assisted_decoding",),
+     ("self", "input_ids", "generation_config", "assistant_model", "logits_processor", "stopping_criteria")),
+    (lambda: GenerationMixin, ("_validate_generation_mode", "_validate_assistant"), ("generation_config",)),
+    (lambda: GenerationMixin, ("generate",), ("self", "assistant_model")),
+    (_pipeline_base, ("load_assistant_model",), ("assistant_model",)),
+)
+
+
+def check_entry_points() -> None:
+    """Raise ``ImportError`` (one message naming :data:`SUPPORTED` and every entry point that moved) unless each
+    entry point of :data:`ENTRY_POINTS` exists with the parameters its wrapper reads."""
+    import transformers
+
+    moved = []
+    for owner_of, names, params in ENTRY_POINTS:
+        owner = owner_of()
+        if owner is None:
+            continue
+        found = [n for n in names if getattr(owner, n, None) is not None]
+        if not found:
+            moved.append(f"{getattr(owner, '__name__', owner)}.{names[0]} is gone")
+            continue
+        function = getattr(getattr(owner, found[0]), _MARK, getattr(owner, found[0]))
+        try:
+            have = inspect.signature(function).parameters
+        except (TypeError, ValueError):
+            moved.append(f"{found[0]} has no readable signature")
+            continue
+        missing = [p for p in params if p not in have]
+        if missing:
+            moved.append(f"{found[0]} no longer takes {', '.join(missing)}")
+    if moved:
+        raise ImportError(
+            f"hf_cascade supports {SUPPORTED}; transformers {transformers.__version__} is installed and the "
+            f"entry points hf_cascade hooks into have moved ({'; '.join(moved)}). Install a supported release, "
+            f"e.g. pip install 'transformers=={TESTED[-1]}'."
+        )
 
 
 def _is_ours(obj: Any) -> bool:
@@ -107,15 +169,23 @@ def _session_wrapper(assistant, a, original, args, kwargs):
 
 
 def _pipeline_loader_wrapper(original: Callable) -> Callable:
-    """Our assistants pass through; an hf_cascade checkpoint (model, path or repo id) becomes its assistant."""
+    """Our assistants pass through; an hf_cascade checkpoint (model, path or repo id) becomes its assistant. A
+    path or repo id is read with the ``token`` and ``cache_dir`` of the ``pipeline(...)`` call, not its
+    ``revision`` (the model's; :mod:`hf_cascade.auto`)."""
     signature = inspect.signature(original)
 
     def wrapper(*args, **kwargs):
+        import os
+
+        from .auto import pipeline_hub_kwargs
+
         assistant = signature.bind(*args, **kwargs).arguments.get("assistant_model")
         if _is_ours(assistant):
             return assistant, None
-        if assistant is not None and checkpoint_kind(assistant) is not None:
-            return assistant_for(assistant), None
+        if assistant is not None:
+            hub = pipeline_hub_kwargs() if isinstance(assistant, (str, os.PathLike)) else {}
+            if checkpoint_kind(assistant, **hub) is not None:
+                return assistant_for(assistant, **hub), None
         return original(*args, **kwargs)
 
     return wrapper
@@ -159,21 +229,17 @@ def _hide_assistant_wrapper(original: Callable) -> Callable:
 
 
 def install() -> None:
-    """Install the hook (idempotent; called on ``import hf_cascade``)."""
-    if not _wrap(GenerationMixin, "_get_candidate_generator", _candidate_generator_wrapper):
-        raise RuntimeError(
-            "This transformers version has no GenerationMixin._get_candidate_generator; "
-            "hf_cascade supports transformers>=4.57."
-        )
+    """Install the hook (idempotent; called on ``import hf_cascade``); ``ImportError`` where the entry points
+    have moved (:func:`check_entry_points`), before anything is wrapped."""
+    check_entry_points()
+    _wrap(GenerationMixin, "_get_candidate_generator", _candidate_generator_wrapper)
     _wrap(GenerationMixin, "_assisted_decoding", _session_wrapper)
     _wrap(GenerationMixin, "_validate_generation_mode", _hide_assistant_wrapper)
     _wrap(GenerationMixin, "_validate_assistant", _hide_assistant_wrapper)
     _wrap(GenerationMixin, "generate", _generate_wrapper)
-    try:
-        from transformers.pipelines import base as pipeline_base
-    except ImportError:  # pragma: no cover - pipelines need optional deps in some installs
-        return
-    _wrap(pipeline_base, "load_assistant_model", _pipeline_loader_wrapper)
+    pipeline_base = _pipeline_base()
+    if pipeline_base is not None:
+        _wrap(pipeline_base, "load_assistant_model", _pipeline_loader_wrapper)
 
 
 def uninstall() -> None:

@@ -28,8 +28,8 @@ import fnmatch
 import torch
 from torch import nn
 
-__all__ = ["DEFER_READS", "defer_reads", "execution_device", "is_dispatched", "place_like", "synchronize",
-           "target_device_dtype"]
+__all__ = ["DEFER_READS", "accelerators", "defer_reads", "execution_device", "is_dispatched", "place_like",
+           "synchronize", "target_device_dtype"]
 
 #: How drafting loops read the device: ``None`` (default) decides by device (:func:`defer_reads`); ``True`` /
 #: ``False`` force it (tests run the GPU schedule on a CPU).
@@ -150,6 +150,15 @@ def place_like(module: nn.Module, target: nn.Module | None = None, *, device: to
             else:
                 owner._buffers[name] = new
     return module
+
+
+def accelerators(module: nn.Module) -> tuple[torch.device, ...]:
+    """The accelerator devices ``module`` computes on: its parameters' (under ``device_map``, several) and, for
+    offloaded input embeddings, accelerate's execution device (:func:`target_device_dtype`); empty on a CPU.
+    What :func:`synchronize` must wait for before a clock read that times ``module``'s work (found once, not at
+    every read)."""
+    devices = {p.device for p in module.parameters()} | {target_device_dtype(module)[0]}
+    return tuple(sorted((d for d in devices if d.type not in ("cpu", "meta")), key=str))
 
 
 def synchronize(device: torch.device | str | nn.Module | None = None) -> None:

@@ -176,6 +176,38 @@ def test_glide_moves_the_glimpsed_kv_to_its_own_device(monkeypatch):
     assert out.shape == (1, 3, c.hidden_size) and seen == [(torch.device("meta"), torch.bfloat16)] * 2
 
 
+def test_rows_are_kept_on_the_ids_device():
+    """Under ``device_map`` the output head may live on another device than the input embeddings (an untied head
+    on the last GPU); logits processors index the logits with the ids (``repetition_penalty``), so the rows are
+    kept where the ids are, as transformers' loops keep their scores (here the ids on ``meta``, the head's
+    bf16 logits on the CPU): every processor sees both on one device, raw and processed rows float32 there."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from hf_cascade.core.rows import TreeRows, first_blocks
+
+    seen = []
+
+    class Devices:
+        def __call__(self, input_ids, scores):
+            seen.append((input_ids.device, scores.device))
+            return scores
+
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5), Devices()])
+    tree = TokenTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, -1]))
+    seq = torch.tensor([1, 5, 9], device="meta")
+    weight = torch.randn(tm.VOCAB, 8)
+    head = lambda h: (h @ weight.T).to(torch.bfloat16)                           # noqa: E731  (on the CPU)
+    built = [TreeRows(tree, seq, processors, hidden=torch.randn(4, 8), head=head, block_rows=2),
+             TreeRows(tree, seq, processors, raw=torch.randn(4, tm.VOCAB, dtype=torch.bfloat16))]
+    first = [TreeRows(tree, seq, processors, hidden=torch.randn(4, 8), head=head, block_rows=2) for _ in range(2)]
+    first_blocks(first, torch.randn(2, 4, 8), lambda m: (head, None), greedy=False)   # a batch's first blocks
+    for rows in built + first:
+        for r in (0, 1, 3):
+            assert rows.raw(r).device == rows[r].device == seq.device, r
+            assert rows.raw(r).dtype == rows[r].dtype == torch.float32
+    assert seen and set(seen) == {(seq.device, seq.device)}
+
+
 # -- attention backends and the tree mask ---------------------------------------------------------------------
 
 def test_needs_tree_mask():
@@ -206,6 +238,33 @@ def test_flash_attention_tree_assistant_refused_before_any_forward(monkeypatch):
     assert calls == []
 
 
+@pytest.mark.measured_costs                     # VerifyCost() measured as users get it (tests/conftest.py: pinned_costs)
+@pytest.mark.parametrize("kind", ["glide", "redrafter"])
+def test_chain_workaround_under_flash_attention_measures_chains(kind, monkeypatch):
+    """The documented workaround for flash attention (chains only: ``cape=False``, ``beam_width=1``) with the
+    default ``VerifyCost()``: its measurement verifies chains too (no tree mask reaches the model), and outputs
+    equal plain ``generate``. The backend is flash as the check reads it; the forwards run sdpa (no flash_attn
+    here)."""
+    from hf_cascade.core import budget, forward
+    from tests.redrafter_helpers import random_head
+
+    target = tm.llama_target()
+    plain = greedy(target, max_new_tokens=12)
+    monkeypatch.setattr(budget, "_MEASURED", {})
+    monkeypatch.setattr(forward, "attention_backend", lambda model: "flash_attention_2")
+    masks = []
+    handle = target.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True)
+    assistant = (GlideAssistant(echo_glide(target), cape=False) if kind == "glide"
+                 else ReDrafterAssistant(random_head(target), beam_width=1))
+    try:
+        assert greedy(target, assistant, max_new_tokens=12) == plain
+    finally:
+        handle.remove()
+    assert len(budget._MEASURED) == 1                                            # the profile was measured
+    assert masks and all(m is None for m in masks)                               # chains only: no tree mask
+
+
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_tree_mask_dtype_follows_the_embeddings(pair, impl):
     target = copy.deepcopy(pair["bf16"])
@@ -227,6 +286,50 @@ def test_synchronize_is_a_noop_on_cpu():
     synchronize(torch.device("cpu"))
     synchronize(tm.llama(seed=5))
     synchronize(None)
+
+
+def test_accelerators_of_a_module():
+    from types import SimpleNamespace
+
+    model = tm.llama(seed=5)
+    assert placement.accelerators(model) == ()                                   # CPU: nothing to wait for
+    offloaded = copy.deepcopy(model).to("meta")                                  # weights offloaded, run on cuda:0
+    offloaded.get_input_embeddings()._hf_hook = SimpleNamespace(execution_device=0)
+    assert placement.accelerators(offloaded) == (torch.device("cuda", 0),)
+
+
+def test_phase_timer_synchronises_accelerators_only(monkeypatch):
+    """``last_stats.phase_seconds`` on an accelerator: the target's devices are synchronised before each clock
+    read of a phase (else a phase is timed at its kernels' launch); on a CPU nothing is called."""
+    from hf_cascade.core.stats import GenerationStats, PhaseTimer
+
+    calls = []
+    monkeypatch.setattr(placement, "synchronize", lambda device=None: calls.append(device))
+    stats, target = GenerationStats(), tm.llama(seed=5)
+    with PhaseTimer(stats, target)("draft"):
+        pass
+    assert calls == [] and "draft" in stats.phase_seconds                        # CPU target: no call
+    two = (torch.device("cuda", 0), torch.device("cuda", 1))                     # a fake target over two GPUs
+    monkeypatch.setattr(placement, "accelerators", lambda module: two)
+    with PhaseTimer(stats, target)("verify"):
+        assert calls == list(two)                                                # before the first clock read
+    assert calls == list(two) * 2 and "verify" in stats.phase_seconds           # ... and before the second
+
+
+@pytest.mark.parametrize("kind", ["glide", "cascade"])
+def test_decoding_phases_synchronise_the_targets_accelerator(kind, monkeypatch):
+    calls = []
+    monkeypatch.setattr(placement, "synchronize", lambda device=None: calls.append(device))
+    target = tm.llama_target()
+    plain = greedy(target, max_new_tokens=12)
+    assert calls == []
+    monkeypatch.setattr(placement, "accelerators", lambda module: (torch.device("cuda", 0),) if module is target else ())
+    assistant = (GlideAssistant(echo_glide(target), cape=True) if kind == "glide"
+                 else CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()], k_matrix=[[2, 4], [0, 4]]))
+    assert greedy(target, assistant, max_new_tokens=12) == plain
+    timed = assistant.last_stats.phase_seconds
+    assert {"prefill", "draft", "verify", "accept", "update"} <= set(timed)
+    assert calls and set(calls) == {torch.device("cuda", 0)} and len(calls) % 2 == 0
 
 
 def test_timed_forwards_synchronise(monkeypatch):

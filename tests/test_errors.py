@@ -7,6 +7,7 @@ import torch
 from transformers import StaticCache
 
 from hf_cascade import CascadeAssistant, LossyLenientTarget, MaxGram
+from hf_cascade.compat import CACHE
 from hf_cascade.drafters.neural import check_same_vocabulary
 from tests import tiny_models as tm
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
@@ -79,7 +80,20 @@ def test_static_cache(target):
     with pytest.raises(ValueError, match="(?i)static"):
         gen(target, CascadeAssistant([MaxGram()]), cache_implementation="static")
     with pytest.raises(ValueError, match="(?i)static"):
-        gen(target, CascadeAssistant([MaxGram()]), past_key_values=StaticCache(config=target.config, max_cache_len=64))
+        gen(target, CascadeAssistant([MaxGram()]), **{CACHE: StaticCache(config=target.config, max_cache_len=64)})
+
+
+def test_another_draft_source(target):
+    """transformers' own draft sources (prompt lookup; MTP heads from 5.24) beside an hf_cascade assistant: refused."""
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
+        gen(target, CascadeAssistant([MaxGram()]), prompt_lookup_num_tokens=3)
+
+
+def test_other_decoding_modes(target):
+    """transformers lets an assistant override DoLa with a warning only; hf_cascade refuses. (Contrastive search
+    never reaches the hook: transformers itself sends it to its Hub recipe first.)"""
+    with pytest.raises(ValueError, match="greedy decoding and sampling; this call asks for dola"):
+        gen(target, CascadeAssistant([MaxGram()]), dola_layers="high")
 
 
 def test_no_cache(target):

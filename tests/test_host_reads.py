@@ -11,15 +11,11 @@ their accelerator path, as on a GPU) from the target's first forward on, and the
 pre-hook on its decoder, which verification calls without the output head), at a short and a long draft
 setting of the same strategy: reads per target call at the long setting must stay within a small constant
 of the short one. Reading host-side Python lists is free and not counted. When it fails, the message lists
-the call sites of the reads (``file:line function``) at both settings, most frequent first.
+the call sites of the reads (``file:line function``) at both settings, most frequent first. The counter is
+:class:`hf_cascade.bench.overhead.ReadCounter`, what ``hf-cascade bench --overhead`` reports reads per call with.
 """
 
 from __future__ import annotations
-
-import collections
-import os
-import sys
-import traceback
 
 import pytest
 import torch
@@ -28,6 +24,7 @@ import hf_cascade
 import hf_cascade.placement
 from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
 from hf_cascade import placement
+from hf_cascade.bench.overhead import SCALAR_READS, ReadCounter        # the one counter (also bench --overhead's)
 from hf_cascade.core import TokenTree
 from hf_cascade.core.budget import VerifyCost
 from hf_cascade.core.accept import greedy_tree_accept, sampling_tree_accept
@@ -44,80 +41,18 @@ from tests.test_sampling import PROMPT as SPROMPT
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 from transformers import LogitsProcessorList
 
-READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 SLACK = 2                      # reads per target call the long setting may add (e.g. a longer path read once)
 CYCLE = ids(1, 9)                    # the tiny Llama target cycles with period 6 from here: long drafts are accepted
 REPETITIVE = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_HERE = os.path.abspath(__file__)
-
-
-def _site(stack) -> str:
-    """The innermost frames outside torch (and this file): where the read was asked for."""
-    frames = [f for f in stack if not f.filename.startswith(_TORCH_DIR) and os.path.abspath(f.filename) != _HERE]
-    inner = frames[-3:]
-    return " <- ".join(f"{_short(f.filename)}:{f.lineno} {f.name}" for f in reversed(inner))
-
-
-def _short(path: str) -> str:
-    for marker in ("hf_cascade" + os.sep, "site-packages" + os.sep, "tests" + os.sep):
-        i = path.rfind(marker)
-        if i >= 0:
-            return path[i:] if marker != "site-packages" + os.sep else path[i + len(marker):]
-    return path
-
-
-class ReadCounter:
-    """Counts tensor reads (with their call sites) while ``active``, and the target's decoder forwards."""
-
-    def __init__(self):
-        self.active = False
-        self.reads = 0
-        self.sites: collections.Counter = collections.Counter()
-        self.forwards = 0
-        self._inside = False
-
-    def install(self, monkeypatch, target) -> None:
-        for name in READS:
-            original = getattr(torch.Tensor, name)
-            monkeypatch.setattr(torch.Tensor, name, self._wrap(original))
-        self._handle = target.get_decoder().register_forward_pre_hook(self._on_forward)
-
-    def _on_forward(self, module, args):
-        self.active = True                      # count from the first target forward (the prefill) on
-        self.forwards += 1
-
-    def _wrap(self, original):
-        counter = self
-
-        def wrapper(tensor, *args, **kwargs):
-            if counter.active and not counter._inside:
-                counter._inside = True          # reads made while recording do not count
-                try:
-                    counter.reads += 1
-                    counter.sites[_site(traceback.extract_stack(sys._getframe(1)))] += 1
-                finally:
-                    counter._inside = False
-            return original(tensor, *args, **kwargs)
-
-        wrapper.__name__ = getattr(original, "__name__", "read")
-        return wrapper
-
-    def close(self) -> None:
-        self._handle.remove()
-        self.active = False
+_HERE = __file__                     # frames of this file are left out of the reported call sites
 
 
 def count_reads(monkeypatch, target, assistant, prompt=CYCLE, new: int = 60) -> tuple[float, ReadCounter, object]:
-    counter = ReadCounter()
     with monkeypatch.context() as mp:
         mp.setattr(hf_cascade.placement, "DEFER_READS", True)        # drafting loops as on an accelerator
-        counter.install(mp, target)
-        try:
+        with ReadCounter(target, skip_files=[_HERE]) as counter:
             out = target.generate(prompt, do_sample=False, max_new_tokens=new, assistant_model=assistant)
-        finally:
-            counter.close()
     assert out.shape[1] == prompt.shape[1] + new
     return counter.reads / counter.forwards, counter, assistant.last_stats
 
@@ -193,18 +128,14 @@ def test_lookup_branch_adds_no_reads_per_target_call(target, monkeypatch, free_d
     assert on[0] <= off[0] + SLACK, _report(off[1], on[1])
 
 
-def test_the_counter_sees_plain_decoding_reads(target, monkeypatch):
+def test_the_counter_sees_plain_decoding_reads(target):
     """Positive control: transformers' plain loop reads the device at least once per token."""
-    counter = ReadCounter()
-    with monkeypatch.context() as mp:
-        counter.install(mp, target)
-        try:
-            target.generate(CYCLE, do_sample=False, max_new_tokens=20)
-        finally:
-            counter.close()
+    item = torch.Tensor.item
+    with ReadCounter(target) as counter:
+        target.generate(CYCLE, do_sample=False, max_new_tokens=20)
     assert counter.forwards == 20 and counter.reads >= 20
     # and the wrappers are gone
-    assert torch.Tensor.item.__name__ == "item" and not counter.active
+    assert torch.Tensor.item is item and not counter.active
 
 
 class ReadingTree(MaxGramTree):
@@ -231,34 +162,11 @@ def test_the_test_catches_a_read_per_drafted_token(target, monkeypatch):
 
 # -- drafting loops and acceptance: reads counted directly (the accelerator schedule forced on this CPU) ------------------------------------------------------------------------
 
-class _Reads:
-    """Counts host reads of tensors (``item``, ``tolist``, ``int``, ``float``, ``bool``) outside model forwards."""
-
-    NAMES = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")
-
-    def __init__(self, monkeypatch):
-        self.count, self.paused = 0, 0
-        for name in self.NAMES:
-            original = getattr(torch.Tensor, name)
-
-            def spy(t, *a, _original=original, **k):
-                if not self.paused:
-                    self.count += 1
-                return _original(t, *a, **k)
-
-            monkeypatch.setattr(torch.Tensor, name, spy)
-
-    def pause_in(self, monkeypatch, module):
-        original = module.forward
-
-        def forward(*a, **k):
-            self.paused += 1
-            try:
-                return original(*a, **k)
-            finally:
-                self.paused -= 1
-
-        monkeypatch.setattr(module, "forward", forward)
+def _scalar_reads(module=None) -> ReadCounter:
+    """Host reads of tensors (``item``, ``tolist``, ``int``, ``float``, ``bool``, ``index``: no copies) from now on,
+    but those made inside ``module``'s forwards."""
+    counter = ReadCounter(names=SCALAR_READS, sites=False)
+    return counter.pause_in(module) if module is not None else counter
 
 
 def test_neural_drafting_reads_do_not_grow_with_the_draft_length(monkeypatch):
@@ -270,12 +178,10 @@ def test_neural_drafting_reads_do_not_grow_with_the_draft_length(monkeypatch):
     for do_sample in (False, True):
         for k in (2, 8):
             level = NeuralLevel(drafter, tm.VOCAB, LogitsProcessorList(), LevelStats("d"))
-            with monkeypatch.context() as m:
-                reads = _Reads(m)
-                reads.pause_in(m, drafter)
+            with _scalar_reads(drafter) as reads:
                 torch.manual_seed(0)
                 out = level.generate(seq, k, do_sample, set())
-                counts[do_sample, k] = reads.count
+            counts[do_sample, k] = reads.reads
             tokens[do_sample, k] = out[0].tolist()
             assert len(tokens[do_sample, k]) == k
     assert counts[False, 2] == counts[False, 8] and counts[True, 2] == counts[True, 8], counts
@@ -300,10 +206,9 @@ def test_glide_draft_reads_do_not_grow_with_the_draft_length(monkeypatch):
     counts, trees = {}, {}
     for k in (2, 6):
         drafter = GlideDrafter(glide, GlideSettings(k, CapeSettings()), [])
-        with monkeypatch.context() as m:
-            reads = _Reads(m)
+        with _scalar_reads() as reads:
             tree, _ = drafter.draft_tree(seq, TreeStep(seq, cache, None, budget=20, step=0))
-            counts[k] = reads.count
+        counts[k] = reads.reads
         trees[k] = (tree.tokens.tolist(), tree.parents.tolist())
     assert counts[2] == counts[6] <= 3, counts
     monkeypatch.setattr(placement, "DEFER_READS", False)
@@ -312,22 +217,21 @@ def test_glide_draft_reads_do_not_grow_with_the_draft_length(monkeypatch):
     assert (tree.tokens.tolist(), tree.parents.tolist()) == trees[6]
 
 
-def test_tree_structure_and_greedy_acceptance_read_once(monkeypatch):
+def test_tree_structure_and_greedy_acceptance_read_once():
     logits = torch.randn(33, 12)
-    with monkeypatch.context() as m:
-        reads = _Reads(m)
+    with _scalar_reads() as reads:
         tree = TokenTree.from_expansions([3, 4, 5, 6], [[1, 2], [7], [], [8, 9, 10]])
-        assert reads.count == 0                                                  # built from host lists
+        assert reads.reads == 0                                                  # built from host lists
         tree = TokenTree.from_expansions(torch.tensor([3, 4, 5, 6]), [torch.tensor([1, 2]), torch.tensor([7]),
                                                                         torch.tensor([], dtype=torch.long),
                                                                         torch.tensor([8, 9, 10])])
-        assert reads.count == 1                                                  # one transfer for all sets
-        reads.count = 0
+        assert reads.reads == 1                                                  # one transfer for all sets
+        reads.reads = 0
         full = tree.with_root(11).select(torch.ones(tree.num_nodes + 1, dtype=torch.bool))
-        assert reads.count == 1                                                  # the keep mask
-        reads.count = 0
+        assert reads.reads == 1                                                  # the keep mask
+        reads.reads = 0
         greedy_tree_accept(full, logits[: full.num_nodes + 1])
-        assert reads.count <= 2                                                  # argmax of every row; the bonus
+        assert reads.reads <= 2                                                  # argmax of every row; the bonus
 
 
 def test_batched_sampling_acceptance_is_exact():
@@ -369,3 +273,32 @@ def test_accelerator_schedule_sampling_is_lossless(small, monkeypatch, name):
     stats = calibration(small["target"], small[drafter] if drafter else None, seqs, SPROMPT.shape[1],
                         kw.get("temperature", 1.0), kw.get("top_k"))
     assert stats["n"] == 8 * 100 and passes(stats), stats
+
+
+# -- Max-Gram's greedy chain path: one read per target call (issue 55) -------------------------------------------------
+
+@pytest.mark.parametrize("make", [lambda: CascadeAssistant([MaxGram()], cpu_kernels=False),
+                                  lambda: CascadeAssistant([MaxGram(adaptive=False, max_tokens=10)], k_matrix=[[10]],
+                                                           cpu_kernels=False)],
+                         ids=["defaults", "fixed_10"])
+def test_maxgram_chain_reads_once_per_target_call(target, monkeypatch, make):
+    """Max-Gram drafts on the host from the loop's host copy of the sequence, its chain carries its host tokens,
+    acceptance returns its path on the host: the only device read of a verification is the argmax of the rows
+    acceptance walks through. With every row in one head call (the accelerator session, ``block_rows=None``) that is
+    one read per target call, however long the sequence and the drafts; with the CPU session's blocks of rows it
+    is one per block walked, and nothing else reads."""
+    from hf_cascade import backends
+
+    def session(block_rows):
+        return lambda model: backends.VerifySession("model", block_rows)
+
+    prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)   # a longer sequence to search
+    for block_rows in (None, 4):
+        monkeypatch.setattr(backends, "default_session", session(block_rows))
+        _, counter, stats = count_reads(monkeypatch, target, make(), prompt, new=120)
+        verifications = counter.forwards - 1                                     # the first forward is the prefill
+        assert stats.tokens_per_target_call > 2                                  # drafts were accepted
+        others = {s: n for s, n in counter.sites.items() if "argmax_block" not in s.split(" <- ")[0]}
+        assert not others, _report(counter, counter)
+        if block_rows is None:
+            assert counter.reads <= verifications, _report(counter, counter)

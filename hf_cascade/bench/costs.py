@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from transformers import DynamicCache
 
+from ..compat import cache_kwargs
 from ..placement import synchronize
 from ..timing import interleaved_medians
 from .swi import STATISTICAL, Costs, DrafterCost, flat_target
@@ -107,10 +108,10 @@ def _lm_forward(model: Any, vocab: int) -> tuple[Callable[[int], None], Any]:
     cache = DynamicCache()
     reduced = {"full_vocab": False} if (getattr(model.config, "draft_vocab_size", None) is not None
                                        and hasattr(model, "vocab_subset")) else {}
-    model(input_ids=ids[:, :CONTEXT], past_key_values=cache, use_cache=True, **_keep(model, 1), **reduced)
+    model(input_ids=ids[:, :CONTEXT], **cache_kwargs(model, cache), **_keep(model, 1), **reduced)
 
     def run(m: int) -> None:
-        model(input_ids=ids[:, CONTEXT:CONTEXT + m], past_key_values=cache, use_cache=True, **_keep(model, m), **reduced)
+        model(input_ids=ids[:, CONTEXT:CONTEXT + m], **cache_kwargs(model, cache), **_keep(model, m), **reduced)
         _crop(cache)
     return run, model
 
@@ -122,13 +123,13 @@ def _glide_forward(glide: Any, target: Any, vocab: int) -> tuple[Callable[[int],
     check_glide_matches(glide, target)                                # ties shared embeddings
     ids = _ids(target, vocab, CONTEXT + WIDE)
     target_cache, own = DynamicCache(), DynamicCache()
-    target(input_ids=ids[:, :CONTEXT], past_key_values=target_cache, use_cache=True, **_keep(target, 1))
+    target(input_ids=ids[:, :CONTEXT], **cache_kwargs(target, target_cache), **_keep(target, 1))
     kv = glide.target_kv(target_cache) if glide.config.cross_attention else None
-    glide(input_ids=ids[:, :CONTEXT], past_key_values=own, use_cache=True, target_key_values=kv, full_vocab=False,
+    glide(input_ids=ids[:, :CONTEXT], **cache_kwargs(glide, own), target_key_values=kv, full_vocab=False,
           logits_to_keep=1)
 
     def run(m: int) -> None:
-        glide(input_ids=ids[:, CONTEXT:CONTEXT + m], past_key_values=own, use_cache=True, target_key_values=kv,
+        glide(input_ids=ids[:, CONTEXT:CONTEXT + m], **cache_kwargs(glide, own), target_key_values=kv,
               full_vocab=False, logits_to_keep=1)
         _crop(own)
     return run, glide

@@ -45,7 +45,8 @@ class _Drafted:
     """A draft under construction: ``tokens`` ``[u]`` and ``dists`` ``[u, V]`` (sampling) as tensors;
     per token, as lists (the bookkeeping reads them one by one): ``probs``, its drafting level's
     probability (float32 values), ``origin``, that level, and ``lenient``, whether reviews between
-    drafters may be lenient with it."""
+    drafters may be lenient with it; ``host``, the tokens as host ints while every one of them is known on the
+    host (Max-Gram's are; a neural level's are not read for it: then ``None``)."""
 
     tokens: torch.Tensor
     dists: torch.Tensor | None
@@ -53,6 +54,7 @@ class _Drafted:
     origin: list[int] = field(default_factory=list)
     lenient: list[bool] = field(default_factory=list)
     segments: list[_Segment] = field(default_factory=list)
+    host: list[int] | None = field(default_factory=list)
 
     @classmethod
     def empty(cls, like: torch.Tensor, vocab_size: int, do_sample: bool) -> "_Drafted":
@@ -67,13 +69,15 @@ class _Drafted:
             return self
         segments = [_Segment(g.policy, g.bucket, g.start, min(g.length, k - g.start)) for g in self.segments if g.start < k]
         return _Drafted(self.tokens[:k], None if self.dists is None else self.dists[:k], self.probs[:k], self.origin[:k],
-                        self.lenient[:k], segments)
+                        self.lenient[:k], segments, None if self.host is None else self.host[:k])
 
-    def append(self, tokens, probs, dists, origin: int, lenient: bool) -> None:
-        """Add ``tokens`` ``[u]`` with their ``probs`` ``[u]`` and (sampling) ``dists`` ``[u, V]``."""
+    def append(self, tokens, probs, dists, origin: int, lenient: bool, host: list[int] | None = None) -> None:
+        """Add ``tokens`` ``[u]`` with their ``probs`` ``[u]`` (a tensor, or host floats: no read) and (sampling)
+        ``dists`` ``[u, V]``; ``host``: ``tokens`` as host ints, when known."""
         u = tokens.shape[0]
         self.tokens = torch.cat([self.tokens, tokens.to(self.tokens.device)])
-        self.probs += probs.float().cpu().tolist()
+        self.probs += probs.float().cpu().tolist() if isinstance(probs, torch.Tensor) else [float(p) for p in probs]
+        self.host = self.host + list(host) if self.host is not None and host is not None else None
         self.origin += [origin] * u
         self.lenient += [lenient] * u
         if self.dists is not None:
@@ -110,23 +114,25 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     # -- draft ---------------------------------------------------------------------------------
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
-        d = self._cascade(TARGET, seq, budget)
+        d = self._cascade(TARGET, seq, budget, self.host_seq(seq))
         self._pending = d
-        return Draft(d.tokens, d.dists)
+        return Draft(d.tokens, d.dists, d.host)
 
-    def _cascade(self, reviewer: int, seq: torch.Tensor, budget: int) -> _Drafted:
-        """Algorithm 1 up to (not including) ``reviewer``'s review: the draft ``reviewer`` will check."""
+    def _cascade(self, reviewer: int, seq: torch.Tensor, budget: int, tokens: list[int] | None = None) -> _Drafted:
+        """Algorithm 1 up to (not including) ``reviewer``'s review: the draft ``reviewer`` will check. ``tokens``:
+        ``seq`` as host ints when known (Max-Gram then reads nothing)."""
         out = _Drafted.empty(seq, self.vocab_size, self.do_sample)
         row = self.k[reviewer + 1]
         if self.maxgram_first and reviewer == TARGET and row[-1] > 0:      # Max-Gram's match goes first, unreviewed
-            self._append_maxgram(out, len(self.levels) - 1, reviewer, seq, min(row[-1], budget))
+            self._append_maxgram(out, len(self.levels) - 1, reviewer, seq, min(row[-1], budget), tokens)
         for j in range(reviewer + 1, self.bottom + 1):                      # horizontal cascade
             produced, level = 0, self.levels[j]
             while produced < row[j] and len(out) < budget:
                 cur = torch.cat([seq, out.tokens])
+                cur_tokens = tokens + out.host if tokens is not None and out.host is not None else None
                 room = min(row[j] - produced, budget - len(out))
                 if isinstance(level, MaxGram):                             # statistical: all at once
-                    self._append_maxgram(out, j, reviewer, cur, room)
+                    self._append_maxgram(out, j, reviewer, cur, room, cur_tokens)
                     break
                 if j == self.bottom:                                       # smallest level is neural
                     rule = self._expected_gain_rule(out) if self.cost_aware and reviewer == TARGET else None
@@ -138,7 +144,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                     if tokens.shape[0] < room or (self.min_confidence > 0 and float(probs[-1]) < self.min_confidence):
                         break                                              # stopped early: unsure or a stop token
                     continue
-                sub = self._cascade(j, cur, budget - len(out) - 1)         # vertical cascade
+                sub = self._cascade(j, cur, budget - len(out) - 1, cur_tokens)   # vertical cascade
                 review = self._review(j, cur, sub)
                 out.append(review.tokens, review.probs if review.probs is not None else
                            torch.ones(len(review.tokens), device="cpu"), review.dists, origin=j, lenient=True)
@@ -179,17 +185,18 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         """The last draft's :meth:`_acceptance` (what a batch's draft gate sizes drafts by), ``None`` before one."""
         return self._acceptance(self._pending) if self._pending is not None else None
 
-    def _append_maxgram(self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int) -> None:
+    def _append_maxgram(self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int,
+                        tokens: list[int] | None = None) -> None:
         mg: MaxGram = self.levels[j]
         policy = self._policy(j, reviewer)
-        prop = mg.propose(cur, room, policy, offset=len(out))
+        prop = mg.propose(cur, room, policy, offset=len(out), tokens=tokens)
         u = prop.tokens.shape[0]
         if u == 0:
             return
         out.segments.append(_Segment(policy, prop.bucket, len(out), u))
-        tokens = prop.tokens.to(cur.device)                        # Max-Gram proposes on the host
-        dists = one_hot_dists(tokens, self.vocab_size) if self.do_sample else None
-        out.append(tokens, torch.ones(u, device="cpu"), dists, origin=j, lenient=False)
+        drafted = prop.tokens.to(cur.device)                       # Max-Gram proposes on the host
+        dists = one_hot_dists(drafted, self.vocab_size) if self.do_sample else None
+        out.append(drafted, [1.0] * u, dists, origin=j, lenient=False, host=prop.host)
 
     def _policy(self, j: int, reviewer: int) -> AdaptiveLookahead:
         key = (j, reviewer)

@@ -44,10 +44,22 @@ from .structure import TokenTree
 
 class TreeAcceptance(NamedTuple):
     """``path``: ``[m]`` LongTensor of accepted node indices (root excluded, root -> leaf order);
-    ``bonus``: the target's token after the last accepted node."""
+    ``bonus``: the target's token after the last accepted node; ``nodes``: ``path`` as host ints when the
+    acceptance built it on the host (the core's acceptance functions do), else ``None`` (read
+    :func:`path_list`, which falls back to reading ``path``)."""
 
     path: torch.Tensor
     bonus: int
+    nodes: tuple[int, ...] | None = None
+
+
+def path_list(acceptance: TreeAcceptance) -> list[int]:
+    """``acceptance.path`` as a list of host ints: its ``nodes`` when given (no read), else ``path`` read once."""
+    nodes = getattr(acceptance, "nodes", None)
+    if nodes is not None:
+        return list(nodes)
+    path = acceptance.path
+    return path.tolist() if isinstance(path, torch.Tensor) else [int(i) for i in path]
 
 
 def _full_rows(tree: TokenTree, rows, node_rows: torch.Tensor | None, name: str):
@@ -124,7 +136,7 @@ def greedy_tree_accept(tree: TokenTree, logits, node_logits: torch.Tensor | None
                     accepted = longer
                 stack.append(longer)
     bonus = argmax(accepted[-1] + 1 if accepted else 0)
-    return TreeAcceptance(torch.tensor(accepted, dtype=torch.long, device="cpu"), bonus)      # host path
+    return TreeAcceptance(torch.tensor(accepted, dtype=torch.long, device="cpu"), bonus, tuple(accepted))  # host path
 
 
 def sampling_tree_accept(
@@ -195,7 +207,7 @@ def sampling_tree_accept(
         row = accepted + 1
         r = target_probs[row].float()
     bonus = int(categorical(r, generator))
-    return TreeAcceptance(torch.tensor(path, dtype=torch.long, device="cpu"), bonus)          # host path
+    return TreeAcceptance(torch.tensor(path, dtype=torch.long, device="cpu"), bonus, tuple(int(i) for i in path))  # host path
 
 
 def _residual(r: torch.Tensor, x: int, q: torch.Tensor | None) -> torch.Tensor:

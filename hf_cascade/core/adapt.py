@@ -102,7 +102,7 @@ class AdaptiveBudget:
         if tree.num_nodes == 0:
             return tree, []
         kept = keep_drawn(self.keep(tree, [self.calibration(p) for p in probs]), fixed)
-        return tree.select(torch.tensor(kept, dtype=torch.bool, device="cpu")), [p for p, k in zip(probs, kept) if k]
+        return tree.select(kept), [p for p, k in zip(probs, kept) if k]                # host bools: no read
 
     def keep(self, tree: TokenTree, acceptance: list[float]) -> list[bool]:
         """Rule 3 on estimates of each node's acceptance given its parent's (host floats, node order; e.g.

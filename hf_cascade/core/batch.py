@@ -49,7 +49,8 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 
-from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
+from ..compat import cache_kwargs
+from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
 from .batch_state import COMPACT_SHARE, BatchRun
 from .forward import check_attention_backend, output_head
 from .gate import lagging_rows
@@ -156,7 +157,7 @@ def _prefill_padded(run: "BatchRun", query: torch.Tensor):
     empty = torch.empty(len(run.rows), 0, dtype=torch.long, device=run.device)
     ids = torch.stack([row.full[:-1] for row in run.rows])
     logits = run.target(input_ids=ids, position_ids=query.clamp(min=0), attention_mask=run.mask(empty, query, ancestors),
-                        past_key_values=run.cache, use_cache=True, **_keep_last(run)).logits[:, -1]
+                        **cache_kwargs(run.target, run.cache), **_keep_last(run)).logits[:, -1]
     run.stats.prefill_calls += 1
     hidden = run.head_input.rows()
     return logits, hidden if hidden is not None and hidden.shape[0] == len(run.rows) else None
@@ -178,7 +179,7 @@ def _prefill_rows(run: "BatchRun", width: int):
         causal = torch.ones(1, n, n, dtype=torch.bool, device=run.device).tril()
         cache = DynamicCache()
         out = run.target(input_ids=row.full[row.pad: row.pad + n][None], position_ids=query,
-                         attention_mask=run.mask(empty, query, causal), past_key_values=cache, use_cache=True,
+                         attention_mask=run.mask(empty, query, causal), **cache_kwargs(run.target, cache),
                          **_keep_last(run))
         run.stats.prefill_calls += 1
         rows = run.head_input.rows()
@@ -298,7 +299,7 @@ def verify(run: "BatchRun", drafts) -> list[TreeRows]:
     query_t = torch.tensor(query, dtype=torch.long, device=run.device)
     inputs = dict(input_ids=torch.tensor(ids, dtype=torch.long, device=run.device), position_ids=query_t.clamp(min=0),
                   attention_mask=run.mask(run.past_pos, query_t, ancestors.to(run.device)),
-                  past_key_values=run.cache, use_cache=True)
+                  **cache_kwargs(run.target, run.cache))
     run.stats.record_forward(B, N)
     if run.head is None:
         logits = run.target(**inputs).logits
@@ -330,7 +331,7 @@ def update(run: "BatchRun", drafts, rows: list[TreeRows], acceptances: list[Tree
     tokens each row of the step emitted."""
     kept, done = [], []
     for b, (row, (tree, _), r, acc) in enumerate(zip(run.rows, drafts, rows, acceptances)):
-        path = acc.path.tolist() if isinstance(acc.path, torch.Tensor) else list(acc.path)
+        path = path_list(acc)
         new = [tree.token_list[i] for i in path] + [int(acc.bonus)]
         src = [0] + [i + 1 for i in path]                                   # the column that produced each token
         appended = torch.cat([row.full, torch.tensor(new, dtype=row.full.dtype, device=row.full.device)])

@@ -65,7 +65,7 @@ class BatchRun:
                  block_rows):
         self.target, self.cfg, self.stats, self.block_rows = target, cfg, stats, block_rows
         self.processors = logits_processor or LogitsProcessorList()
-        self.timer = PhaseTimer(stats)
+        self.timer = PhaseTimer(stats, target)
         self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None     # None: not asked for
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = _HeadInput(target)

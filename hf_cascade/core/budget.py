@@ -140,6 +140,18 @@ def best_size(gains: torch.Tensor, cost: VerifyCost, rate: float) -> int:
     return int(torch.argmax(value))                                              # first maximum = smallest m
 
 
+def _best_size_host(gains: list[float], cost: VerifyCost, rate: float) -> int:
+    """:func:`best_size` on host floats (the same float64 sums in the same order, the first maximum): no tensor."""
+    rate, best, best_value, total = float(rate), 0, None, 0.0
+    for m in range(len(gains) + 1):
+        if m:
+            total += float(gains[m - 1])
+        value = (1.0 + total) - rate * float(cost(m))
+        if best_value is None or value > best_value:
+            best, best_value = m, value
+    return best
+
+
 def budget_mask(tree: TokenTree, path_probs: torch.Tensor, cost: VerifyCost, rate: float) -> torch.Tensor:
     """``[n]`` bool: the :func:`best_size` nodes of highest path probability (ties: node order, so a parent,
     which precedes its children and is at least as probable, comes first); closed under ancestors."""
@@ -151,7 +163,7 @@ def keep_best(path_probs: list[float], cost: VerifyCost, rate: float) -> list[bo
     """:func:`budget_mask` on host values: which nodes (node order) are among the :func:`best_size` most
     probable ones."""
     order = sorted(range(len(path_probs)), key=lambda i: (-path_probs[i], i))
-    m = best_size(torch.tensor([path_probs[i] for i in order], dtype=torch.float64, device="cpu"), cost, rate)
+    m = _best_size_host([path_probs[i] for i in order], cost, rate)
     keep = [False] * len(path_probs)
     for i in order[:m]:
         keep[i] = True
@@ -178,8 +190,11 @@ class RateTracker:
 
 
 def profile_key(model) -> tuple:
-    """What a measured profile depends on: the device kind (type, name; CPU threads), the model's shape and dtype."""
+    """What a measured profile depends on: the device kind (type, name; CPU threads), the model's shape and dtype,
+    and whether its attention backend verifies trees or chains only
+    (:func:`~hf_cascade.core.forward.verifies_trees`)."""
     from ..placement import target_device_dtype
+    from .forward import verifies_trees
 
     device, dtype = target_device_dtype(model)
     if device.type == "cuda":
@@ -190,7 +205,8 @@ def profile_key(model) -> tuple:
         name = str(device)
     c = model.config.get_text_config()
     shape = tuple(getattr(c, a, None) for a in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads"))
-    return (device.type, name, getattr(model.config, "_name_or_path", None), shape, str(dtype))
+    return (device.type, name, getattr(model.config, "_name_or_path", None), shape, str(dtype),
+            "trees" if verifies_trees(model) else "chains")
 
 
 def default_verify_cost(model) -> VerifyCost:
@@ -209,42 +225,56 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
     of :func:`~hf_cascade.backends.cpu.verify_linear.fast_verification`, as the tree assistants run it) over a random prompt of ``prompt_len``
     tokens, each step verifying ``n`` leaves the target never chooses (so each step emits one token), for
     ``n = 0 .. max_nodes``; seconds per step over those of ``n = 0`` (a tree step without a tree: what a
-    step of plain decoding costs in this loop). Median of ``repeats`` generations of ``steps`` steps per ``n``
-    (after one warm-up), the sizes in alternating order, made non-decreasing. About ``repeats * steps *
+    step of plain decoding costs in this loop). Where the target's attention backend verifies chains only
+    (flash / paged / hub kernels, :func:`~hf_cascade.core.forward.verifies_trees`), the ``n`` nodes are a chain
+    of that token instead: what such a target verifies (a step emits more tokens where the target chooses it).
+    Median of ``repeats`` generations of ``steps`` steps per ``n`` (after one warm-up), the sizes in alternating
+    order, made non-decreasing. About ``repeats * steps *
     (max_nodes + 1)`` target forwards. Pass the result
     as ``verify_cost=`` (``VerifyCost()`` measures a shorter version itself, :func:`default_verify_cost`).
     ``grid``: measure only these node counts (``0`` included; ``max_nodes`` = the largest) and interpolate
     linearly in between. The device is synchronised before each clock read (:func:`~hf_cascade.placement.synchronize`)."""
-    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+    from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
     from ..backends import verification_session
     from ..placement import synchronize
+    from .forward import verifies_trees
     from .loop import speculative_decode
     from .stats import GenerationStats
     from .strategy import TreeDrafter
 
+    chains = not verifies_trees(model)
+
     class Leaves(TreeDrafter):
-        """``n`` leaves of token 0 below the root (pruned at the length budget): ``n`` verified nodes per step."""
+        """``n`` leaves of token 0 below the root, or (``chains``) a chain of ``n`` of them: ``n`` verified nodes per
+        step (the generation's stop criterion ends it after ``steps`` tokens, before any chain is pruned)."""
+
+        linear = chains
 
         def __init__(self, n: int):
             self.n = n
 
         def draft_tree(self, seq, state):
-            return TokenTree(seq.new_zeros(self.n), seq.new_full((self.n,), -1)), None
+            parents = torch.arange(-1, self.n - 1, device=seq.device) if chains else seq.new_full((self.n,), -1)
+            return TokenTree(seq.new_zeros(self.n), parents), None
+
+    class AfterSteps(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= prompt_len + steps, dtype=torch.bool)
 
     vocab = int(model.config.get_text_config().vocab_size)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(target_device_dtype(model)[0])   # not meta
     sizes = sorted({0, *(int(n) for n in grid)}) if grid is not None else list(range(max_nodes + 1))
     max_nodes = sizes[-1]
-    config = GenerationConfig(max_length=prompt_len + steps, do_sample=False, eos_token_id=None)
+    config = GenerationConfig(max_length=prompt_len + steps + max_nodes, do_sample=False, eos_token_id=None)
 
     def seconds_per_step(n: int) -> float:
         stats = GenerationStats()
         synchronize(model)
         t0 = time.perf_counter()
-        speculative_decode(model, Leaves(n), prompt, LogitsProcessorList(), StoppingCriteriaList(), config,
-                    stats, block_rows=session.block_rows)
+        speculative_decode(model, Leaves(n), prompt, LogitsProcessorList(), StoppingCriteriaList([AfterSteps()]),
+                           config, stats, block_rows=session.block_rows)
         synchronize(model)
         return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, GenerationConfig
+from transformers.generation import GenerationMode
 
+from ..compat import given_cache
 from ..processors import DraftAwareProcessor
 
 # model_kwargs that generate() prepares and the core may ignore
-_IGNORED_KWARGS = {"attention_mask", "position_ids", "cache_position", "logits_to_keep", "past_key_values", "use_cache"}
+_IGNORED_KWARGS = {"attention_mask", "position_ids", "cache_position", "logits_to_keep", "past_key_values", "cache", "use_cache"}
 
 
 def check_supported(target, input_ids: torch.Tensor, generation_config: GenerationConfig, model_kwargs: dict,
@@ -41,14 +43,15 @@ def check_supported(target, input_ids: torch.Tensor, generation_config: Generati
     if trees and any(isinstance(p, DraftAwareProcessor) for p in (logits_processor or [])):
         raise ValueError("lossy target rules (LossyLenientTarget, LossyTypicalAcceptance) review linear drafts; "
                          "tree assistants do not support them.")
-    cache = model_kwargs.get("past_key_values")
+    cache = given_cache(model_kwargs)
     if cache is not None and not isinstance(cache, DynamicCache):
         raise ValueError(
-            f"hf_cascade assistants need a DynamicCache on the target (got {type(cache).__name__}); "
-            "static and quantized caches cannot be rolled back."
+            f"hf_cascade assistants need a DynamicCache on the target (got {type(cache).__name__}): the decoding "
+            "core keeps drafted rows in the cache and rolls rejected ones back; static and quantized caches are "
+            "not supported yet."
         )
     if cache is not None and cache.get_seq_length() > 0:
-        raise ValueError("hf_cascade assistants start from the prompt: a prefilled past_key_values is not supported.")
+        raise ValueError("hf_cascade assistants start from the prompt: a prefilled cache is not supported.")
     positions = model_kwargs.get("position_ids")
     if positions is not None and not batched and not torch.equal(positions.reshape(-1).cpu(), torch.arange(input_ids.shape[1])):
         raise ValueError("hf_cascade assistants do not support custom position_ids.")
@@ -81,10 +84,20 @@ def refuse_unsupported_config(config: GenerationConfig) -> None:
     would silently replace a static cache; beam search never reaches the assisted loop)."""
     if (config.num_beams or 1) > 1:
         raise ValueError("hf_cascade assistants do not support beam search (num_beams > 1).")
+    other = [name for name in ("use_mtp", "prompt_lookup_num_tokens", "speculation_type", "assistant_early_exit")
+             if getattr(config, name, None) not in (None, False)]
+    if other:
+        raise ValueError(f"an hf_cascade assistant is the draft source of the call; transformers' own ({', '.join(other)}) "
+                         "cannot be combined with it: unset one of them.")
+    mode = config.get_generation_mode()       # what the call asks for without an assistant
+    if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+        # transformers lets an assistant silently override these modes; hf_cascade refuses them
+        raise ValueError(f"hf_cascade assistants run greedy decoding and sampling; this call asks for {mode.value} "
+                         "(unset penalty_alpha, dola_layers, constraints / force_words_ids or num_beam_groups).")
     if config.cache_implementation not in (None, "dynamic"):
         raise ValueError(
-            f"hf_cascade assistants need a dynamic cache; cache_implementation={config.cache_implementation!r} "
-            "cannot be rolled back after rejected drafts."
+            f"hf_cascade assistants need a dynamic cache; cache_implementation={config.cache_implementation!r} is "
+            "not supported yet (the decoding core rolls rejected drafts back in a DynamicCache)."
         )
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from transformers import Cache, PreTrainedModel
 
+from ..compat import cache_kwargs
 from ..placement import target_device_dtype
 from .attention import tree_attention_mask, tree_position_ids
 from .structure import TokenTree
@@ -39,12 +40,19 @@ _FULL = "full_attention"
 def _check_cache(cache: Cache) -> None:
     if not isinstance(cache, Cache):
         raise TypeError(f"expected a transformers Cache (DynamicCache), got {type(cache).__name__}")
-    for i, layer in enumerate(getattr(cache, "layers", [])):
+    layers = getattr(cache, "layers", [])
+    if getattr(cache, "_hf_cascade_checked", None) == len(layers):
+        return                                 # checked already with these layers: no work per layer per step
+    for i, layer in enumerate(layers):
         if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
             raise ValueError(
                 f"cache layer {i} ({type(layer).__name__}) does not keep every position; tree verification "
                 "needs a DynamicCache() built without a config (sliding windows are applied by the mask)."
             )
+    try:
+        cache._hf_cascade_checked = len(layers)
+    except AttributeError:                     # a cache that takes no attributes: checked every time
+        pass
 
 
 def mask_device_dtype(model: PreTrainedModel) -> tuple[torch.device, torch.dtype]:
@@ -90,17 +98,19 @@ def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: To
     if cache.get_seq_length() != prefix_len:
         raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
     device = mask_device_dtype(model)[0]                          # where the token ids enter the model
-    full = tree.with_root(torch.as_tensor(last_token).reshape(()).to(tree.tokens.device))   # n + 1 nodes
+    if isinstance(last_token, torch.Tensor):
+        last_token = last_token.reshape(()).to(tree.tokens.device)
     if chain:
         # one path: plain causal attention at consecutive positions, which every attention backend
         # builds itself (flash attention included); the model derives positions from the cache
-        return dict(input_ids=full.tokens[None].to(device), past_key_values=cache, use_cache=True)
+        root = torch.as_tensor(last_token, device=tree.tokens.device).long().reshape(1)   # a host int: no read
+        return dict(input_ids=torch.cat([root, tree.tokens])[None].to(device), **cache_kwargs(model, cache))
+    full = tree.with_root(last_token)                              # n + 1 nodes (a host int root: no read)
     return dict(
         input_ids=full.tokens[None].to(device),
         position_ids=tree_position_ids(prefix_len, full).to(device),
         attention_mask=model_tree_mask(model, prefix_len, full),
-        past_key_values=cache,
-        use_cache=True,
+        **cache_kwargs(model, cache),
     )
 
 
@@ -171,16 +181,21 @@ def attention_backend(model: PreTrainedModel) -> str | None:
     return bad[0] if bad else (impls[0] if impls else None)
 
 
+def verifies_trees(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s attention backend applies our 4D tree mask (:data:`TREE_ATTENTION`, or unset), so it
+    can verify trees with branches; otherwise it verifies chains only (plain causal attention)."""
+    impl = attention_backend(model)
+    return impl is None or impl in TREE_ATTENTION
+
+
 def check_attention_backend(model: PreTrainedModel, tree_shaped: bool) -> None:
     """``ValueError`` before the first forward when ``model``'s attention backend cannot verify what will be
     sent: a tree with branches (``tree_shaped``) needs a backend that applies our 4D mask
-    (:data:`TREE_ATTENTION`); a chain (``tree_shaped=False``, verified with plain causal attention) runs on
+    (:func:`verifies_trees`); a chain (``tree_shaped=False``, verified with plain causal attention) runs on
     every backend."""
-    if not tree_shaped:
+    if not tree_shaped or verifies_trees(model):
         return
     impl = attention_backend(model)
-    if impl is None or impl in TREE_ATTENTION:
-        return
     raise ValueError(
         f"tree assistants need eager or sdpa attention to verify trees with branches, but the target runs "
         f"attn_implementation={impl!r}, which does not apply a custom 4D tree mask (flash / paged / hub kernels "

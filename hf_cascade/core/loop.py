@@ -22,8 +22,15 @@ first verification already carries a draft. The prefill also checks that the cor
 prompt has one token, verification computes every row with the full model.
 
 Host and device: token ids, the tree's structure and the statistics are host values; each step reads
-the device a bounded number of times (the draft's tokens and the accepted path: one read each), not
-once per drafted token. The state of the sequence lives in :class:`_Row` (one per batch row).
+the device a bounded number of times, not once per drafted token, and nothing that grows with the
+sequence or per cache layer. The sequence is kept on the host beside the device tensor
+(:attr:`_Row.tokens`, handed to drafters as :attr:`TreeStep.tokens`); the root enters verification as a
+host int; acceptance returns its path on the host (:attr:`TreeAcceptance.nodes`), which the cache update,
+the statistics and the drafters' feedback share; pruning decides on the tree's host structure. A drafter
+that drafts on the host (Max-Gram) hands its tokens over on the host too: its greedy chain step then reads
+the device only for the argmax of the rows acceptance walks (once per target call where every row is
+computed in one head call, as on an accelerator; once per block of rows on the CPU session). The state of
+the sequence lives in :class:`_Row` (one per batch row).
 """
 
 from __future__ import annotations
@@ -38,8 +45,9 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from ..compat import CACHE, cache_kwargs
 from ..processors import screen_top_k, split_processors
-from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
+from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
 from .forward import check_attention_backend, keep_path, logit_cap, output_head, verify_tree
 from .rows import HeadFn, TreeRows
 from .stats import GenerationStats, PhaseTimer
@@ -97,7 +105,7 @@ def prefill(run: "_Run") -> None:
     if tokens.numel() == 0:
         return
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
-    logits = run.target(input_ids=tokens[None], past_key_values=row.cache, use_cache=True, **kwargs).logits[0, -1]
+    logits = run.target(input_ids=tokens[None], **cache_kwargs(run.target, row.cache), **kwargs).logits[0, -1]
     run.stats.prefill_calls += 1
     hidden = run.head_input.rows()
     if hidden is None:
@@ -111,7 +119,7 @@ def prefill(run: "_Run") -> None:
 def draft(run: "_Run", drafter: TreeDrafter, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
     """The strategy's draft, pruned to what can be emitted (depth budget, nothing below an EOS)."""
     tree, q = drafter.draft_tree(state.seq, state)
-    tree, q = prune_tree(tree, q, state.budget, run.stopper.stop_tensor)
+    tree, q = prune_tree(tree, q, state.budget, run.stopper.stop_set)
     if run.target_rules:                                   # lossy rules compare the target's rows with the draft
         candidates = torch.cat([state.seq, tree.tokens.to(state.seq.device)])[None]
         for rule in run.target_rules:
@@ -123,11 +131,11 @@ def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     """One target forward over ``[root, nodes]``; the rows' logits are computed when acceptance reads them."""
     row, L = run.row, run.row.length
     if run.head is not None:
-        hidden = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], hidden_only=True, chain=linear)
+        hidden = verify_tree(run.target, row.cache, L - 1, tree, row.tokens[-1], hidden_only=True, chain=linear)
         rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.row_head, block_rows=run.block_rows,
                         argmax_head=run.screen)
     else:
-        raw = verify_tree(run.target, row.cache, L - 1, tree, row.seq[-1], chain=linear)
+        raw = verify_tree(run.target, row.cache, L - 1, tree, row.tokens[-1], chain=linear)
         hidden = run.head_input.rows()
         rows = TreeRows(tree, row.seq, run.processors, raw=raw)
     row.hidden = hidden
@@ -147,8 +155,8 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
     record statistics, give the drafter its feedback."""
     row = run.row
     L = row.length
-    path = acceptance.path.tolist() if isinstance(acceptance.path, torch.Tensor) else list(acceptance.path)
-    keep_path(row.cache, L - 1, torch.tensor(path, dtype=torch.long))
+    path = path_list(acceptance)                                        # host ints: no read
+    keep_path(row.cache, L - 1, path)
     node_tokens = tree.token_list if path else []
     new = [node_tokens[i] for i in path] + [int(acceptance.bonus)]
     src = [0] + [i + 1 for i in path]                                   # the row that produced each new token
@@ -207,7 +215,7 @@ class _Run:
         self.target_rules = split_processors(self.processors)[1]
         self.stopper = Stopper(cfg, stopping_criteria)
         self.block_rows = block_rows
-        self.timer = PhaseTimer(stats)
+        self.timer = PhaseTimer(stats, target)
         self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = _HeadInput(target)
@@ -230,7 +238,7 @@ class _Run:
         seq = self.row.seq[None]
         if self.cfg.return_dict_in_generate:
             return GenerateDecoderOnlyOutput(sequences=seq, scores=self.scores, logits=self.raw_logits,
-                                             past_key_values=self.row.cache)
+                                             **{CACHE: self.row.cache})
         return seq
 
 
@@ -278,7 +286,7 @@ def _input_device(target, input_ids: torch.Tensor) -> torch.device:
 def _depth(tree: TokenTree, linear: bool) -> int:
     if tree.num_nodes == 0:
         return 0
-    return tree.num_nodes if linear else int(tree.depth.max()) + 1
+    return tree.num_nodes if linear else max(tree.depth_list) + 1           # host structure: no read
 
 
 def _leaves(tree: TokenTree) -> int:

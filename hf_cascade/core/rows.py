@@ -18,7 +18,10 @@ a small block on CPU without it, every row at once on accelerators, where rows a
 to a pass over the weight. Measurements: ``docs/``.
 
 Logits processors also run only on the rows that are read (``input_ids`` = the sequence up to that
-row's node, as plain decoding would have it). The same class wraps precomputed logits
+row's node, as plain decoding would have it). Rows are kept in float32 on the sequence's device (the target's
+input embeddings'), where transformers' own loops keep their scores: under ``device_map`` the output head may
+live on another device, and processors index the logits with the ids (one device-to-device copy per head call,
+no host read). The same class wraps precomputed logits
 (``raw=[n + 1, V]``), for targets whose head the core does not reproduce (see
 :func:`~hf_cascade.core.forward.output_head`).
 
@@ -42,7 +45,7 @@ HeadFn = Callable[[torch.Tensor], torch.Tensor]     # [k, H] hidden -> [k, V] ra
 class TreeRows:
     """Processed logits of rows ``0 .. n`` of a verified tree (row 0: the root, row ``i + 1``:
     node ``i``), computed on first access: ``rows[r]`` is the ``[V]`` float32 row after the
-    generation's logits processors, :meth:`raw` the row before them.
+    generation's logits processors, :meth:`raw` the row before them, both on ``seq``'s device.
 
     Args:
         tree: the ``n``-node verified tree.
@@ -77,7 +80,7 @@ class TreeRows:
         self.tree, self.seq, self.processors = tree, seq, processors
         self.hidden, self.head = hidden, head
         self.argmax_head = argmax_head if raw is None and len(processors) == 0 else None
-        self._raw: dict[int, torch.Tensor] = {} if raw is None else dict(enumerate(raw.float()))
+        self._raw: dict[int, torch.Tensor] = {} if raw is None else dict(enumerate(self._scores(raw)))
         self._processed: dict[int, torch.Tensor] = {}
         self.head_calls = 0                          # output-head calls made by this object
         if block_rows is not None and int(block_rows) < 1:
@@ -144,7 +147,7 @@ class TreeRows:
     def _compute_chain(self, r: int) -> None:
         chain = self.plan(r)
         index = torch.tensor(chain, device=self.hidden.device)
-        self.store(chain, self.head(self.hidden.index_select(0, index)).float())           # [k, V]
+        self.store(chain, self.head(self.hidden.index_select(0, index)))                   # [k, V]
 
     def plan(self, r: int = 0) -> list[int]:
         """The rows the next head call computes when row ``r`` is read (see the module docstring); a
@@ -167,9 +170,9 @@ class TreeRows:
         return chain
 
     def store(self, chain: list[int], logits: torch.Tensor) -> None:
-        """Raw logits ``[k, V]`` (float32) of the rows ``chain``, computed in one head call."""
+        """Raw logits ``[k, V]`` of the rows ``chain``, computed in one head call (kept as :meth:`_scores`)."""
         self.head_calls += 1
-        for row, values in zip(chain, logits):
+        for row, values in zip(chain, self._scores(logits)):
             self._raw[row] = values
             self._block[row] = chain
 
@@ -179,6 +182,10 @@ class TreeRows:
         self.head_calls += head_call
         for row, token in zip(chain, best):
             self.known_argmax[row], self._block[row] = int(token), chain
+
+    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` as the rows are kept: float32, on the sequence's device (see the module docstring)."""
+        return logits.to(device=self.seq.device, dtype=torch.float32)
 
     def _process(self, r: int, raw: torch.Tensor) -> torch.Tensor:
         if len(self.processors) == 0:
@@ -205,7 +212,7 @@ def first_blocks(rows: list[TreeRows], hidden: torch.Tensor, heads, greedy: bool
     if argmax_head is not None:
         best = argmax_head(first)
     else:
-        logits = head(first).float()
+        logits = head(first).to(device=rows[0].seq.device, dtype=torch.float32)   # one copy for the batch
         start = 0
         for r, plan in zip(rows, plans):
             r.store(plan, logits[start: start + len(plan)])

@@ -11,6 +11,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from .. import placement
+
 
 @dataclass
 class PositionCounts:
@@ -222,21 +224,35 @@ class BatchStats:
 
 
 class PhaseTimer:
-    """``with timer("draft"): ...`` adds the elapsed wall time to ``stats.phase_seconds["draft"]``."""
+    """``with timer("draft"): ...`` adds the elapsed wall time to ``stats.phase_seconds["draft"]``.
 
-    def __init__(self, stats: GenerationStats):
+    ``target``: the model whose work the phases time. Where it runs on accelerators
+    (:func:`~hf_cascade.placement.accelerators`), their queued work is waited for before each clock read
+    (:func:`~hf_cascade.placement.synchronize`; on a GPU a phase would otherwise be timed at its kernels' launch,
+    and its work charged to whichever later phase reads the device). On a CPU nothing is called."""
+
+    def __init__(self, stats: GenerationStats, target=None):
         self._stats = stats
+        self._devices = placement.accelerators(target) if target is not None else ()
 
     def __call__(self, phase: str) -> "_Phase":
-        return _Phase(self._stats, phase)
+        return _Phase(self._stats, phase, self._devices)
 
 
 class _Phase:
-    def __init__(self, stats: GenerationStats, phase: str):
-        self._stats, self._phase = stats, phase
+    def __init__(self, stats: GenerationStats, phase: str, devices: tuple = ()):
+        self._stats, self._phase, self._devices = stats, phase, devices
+
+    def _sync(self) -> None:
+        for device in self._devices:
+            placement.synchronize(device)
 
     def __enter__(self) -> None:
+        if self._devices:
+            self._sync()
         self._t0 = time.perf_counter()
 
     def __exit__(self, *exc) -> None:
+        if self._devices:
+            self._sync()
         self._stats.phase_seconds[self._phase] += time.perf_counter() - self._t0

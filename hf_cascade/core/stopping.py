@@ -29,26 +29,36 @@ def stop_token_ids(cfg: GenerationConfig) -> tuple[set[int], torch.Tensor | None
 
 
 def prune_tree(
-    tree: TokenTree, draft_probs: torch.Tensor | None, budget: int, stop_ids: torch.Tensor | None
+    tree: TokenTree, draft_probs: torch.Tensor | None, budget: int, stop_ids: torch.Tensor | set[int] | None
 ) -> tuple[TokenTree, torch.Tensor | None]:
     """Drop nodes that can never be emitted: depth ``>= budget``, or below a stop (EOS) token.
 
     Whole subtrees are removed and every kept node keeps all its kept siblings, so
     ``sampling_tree_accept`` stays exact (a node whose children are all gone is a leaf, whose bonus
-    token is drawn from the target's own distribution)."""
+    token is drawn from the target's own distribution).
+
+    Decided on the tree's host structure (``stop_ids``: a host set, or a tensor read once): no device read
+    but the tree's tokens when it has stop ids to look for and its builder did not give them on the host
+    (:attr:`TokenTree.token_list`, read once and kept for acceptance)."""
     n = tree.num_nodes
     if draft_probs is not None and draft_probs.shape[0] != n:
         raise ValueError(f"draft_probs must have one row per tree node: {n} nodes, {draft_probs.shape[0]} rows")
     if n == 0:
         return tree, draft_probs
-    keep = tree.depth < budget
-    if stop_ids is not None and stop_ids.numel():
-        anc = tree.ancestor_mask() & ~torch.eye(n, dtype=torch.bool, device=tree.tokens.device)
-        is_stop = torch.isin(tree.tokens, stop_ids.to(tree.tokens.device))
-        keep &= ~(anc & is_stop[None, :]).any(dim=-1)
-    if bool(keep.all()):
+    stop = set(stop_ids.flatten().tolist()) if isinstance(stop_ids, torch.Tensor) else set(stop_ids or ())
+    depth, parents = tree.depth_list, tree.parent_list
+    if stop:
+        tokens = tree.token_list
+        below_stop = [False] * n                       # a strict ancestor is a stop token
+        for i, p in enumerate(parents):
+            below_stop[i] = p >= 0 and (below_stop[p] or tokens[p] in stop)
+        keep = [d < budget and not b for d, b in zip(depth, below_stop)]
+    else:
+        keep = [d < budget for d in depth]
+    if all(keep):
         return tree, draft_probs
-    return tree.select(keep), (draft_probs[keep.to(draft_probs.device)] if draft_probs is not None else None)
+    mask = torch.tensor(keep, dtype=torch.bool)
+    return tree.select(keep), (draft_probs[mask.to(draft_probs.device)] if draft_probs is not None else None)
 
 
 _HOST_CRITERIA = ("MaxLengthCriteria", "EosTokenCriteria")

@@ -39,9 +39,11 @@ class TokenTree:
             host (they must equal the tensors; not checked against them). The structure is kept on the
             host beside the device tensors (:attr:`parent_list`, :attr:`token_list`, :attr:`depth_list`):
             walks over the tree (acceptance, rows, paths) read no device value per node. A tree built
-            from device tensors alone reads its parents once, at construction (with the smallest token,
-            in the same transfer, for the ``tokens >= 0`` check); :meth:`with_root`, :meth:`select` and
-            the builders below carry the host structure over.
+            from device tensors alone reads its parents and tokens once, at construction, in one transfer;
+            one with host parents but no host tokens reads its tokens then only when they live on the host
+            (no sync; a device tree's are read at most once, by :attr:`token_list`); an empty tree reads
+            nothing. :meth:`with_root` (given a host int root), :meth:`select` and the builders below carry
+            the host structure over.
     """
 
     tokens: torch.Tensor
@@ -63,13 +65,16 @@ class TokenTree:
         n = tokens.shape[0]
         host_p, host_t = self.host_parents, self.host_tokens
         on_host = tokens.device.type == "cpu"
-        if host_p is None:
-            if n and not on_host and host_t is None:            # one transfer: parents and the smallest token
-                *host_p, smallest = torch.cat([parents, tokens.min().reshape(1)]).tolist()
-                if smallest < 0:
-                    raise ValueError("tokens must be >= 0")
+        if n == 0:                                              # nothing to read
+            host_p, host_t = (() if host_p is None else host_p), (() if host_t is None else host_t)
+        elif host_p is None:
+            if host_t is None:                                  # one transfer: parents and tokens (kept on the host)
+                both = torch.cat([parents, tokens]).tolist()
+                host_p, host_t = both[:n], both[n:]
             else:
                 host_p = parents.tolist()
+        elif on_host and host_t is None:
+            host_t = tokens.tolist()                            # a host tensor: one read, then kept (no device sync)
         host_p = tuple(int(p) for p in host_p)
         if len(host_p) != n:
             raise ValueError(f"host_parents has {len(host_p)} entries for {n} nodes")
@@ -85,8 +90,6 @@ class TokenTree:
                 raise ValueError(f"host_tokens has {len(host_t)} entries for {n} nodes")
             if n and min(host_t) < 0:
                 raise ValueError("tokens must be >= 0")
-        elif on_host and n and int(tokens.min()) < 0:
-            raise ValueError("tokens must be >= 0")
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "parents", parents)
         object.__setattr__(self, "host_parents", host_p)
@@ -180,14 +183,18 @@ class TokenTree:
                          host_parents=(-1,) + tuple(p + 1 for p in self.host_parents), host_tokens=host_t)
 
     def select(self, keep: torch.Tensor) -> "TokenTree":
-        """The subtree of the nodes where ``keep`` (``[n]`` bool) is true, renumbered in node order.
+        """The subtree of the nodes where ``keep`` (``[n]`` bool, a tensor or host bools) is true, renumbered in node order.
 
         ``keep`` must be closed under ancestors (a kept node's parent is kept), as the masks of
         :func:`~hf_cascade.core.stopping.prune_tree` and of confidence pruning are."""
-        keep = torch.as_tensor(keep, dtype=torch.bool)
-        if keep.shape != self.tokens.shape:
-            raise ValueError(f"keep must have one entry per node ({self.num_nodes}), got {tuple(keep.shape)}")
-        keep_list = keep.tolist()                                   # one read; the rest runs on the host
+        if isinstance(keep, torch.Tensor):
+            if keep.shape != self.tokens.shape:
+                raise ValueError(f"keep must have one entry per node ({self.num_nodes}), got {tuple(keep.shape)}")
+            keep_list = keep.bool().tolist()                        # one read; the rest runs on the host
+        else:
+            keep_list = [bool(k) for k in keep]                     # host values: no read
+            if len(keep_list) != self.num_nodes:
+                raise ValueError(f"keep must have one entry per node ({self.num_nodes}), got ({len(keep_list)},)")
         parents = self.host_parents
         if any(k and p >= 0 and not keep_list[p] for k, p in zip(keep_list, parents)):
             raise ValueError("keep must be closed under ancestors: a kept node has a dropped parent")
@@ -202,11 +209,13 @@ class TokenTree:
 
     # -- builders -------------------------------------------------------------------------------
     @classmethod
-    def chain(cls, tokens: torch.Tensor) -> "TokenTree":
-        """A single path (a plain speculative-decoding draft)."""
+    def chain(cls, tokens: torch.Tensor, host_tokens: Sequence[int] | None = None) -> "TokenTree":
+        """A single path (a plain speculative-decoding draft); ``host_tokens``: ``tokens`` as host ints when the
+        drafter has them (then nothing of the tree is ever read from the device)."""
         tokens = torch.as_tensor(tokens).long().flatten()
         n = tokens.shape[0]
-        return cls(tokens, torch.arange(n, device=tokens.device) - 1, host_parents=tuple(range(-1, n - 1)))
+        return cls(tokens, torch.arange(n, device=tokens.device) - 1, host_parents=tuple(range(-1, n - 1)),
+                   host_tokens=host_tokens)
 
     @classmethod
     def from_beams(cls, beams: torch.Tensor) -> tuple["TokenTree", torch.Tensor]:

@@ -168,7 +168,7 @@ def _restrict(tree: TokenTree, nodes: list[int], *values: list) -> tuple[TokenTr
     keep = [False] * tree.num_nodes
     for i in nodes:
         keep[i] = True
-    return (tree.select(torch.tensor(keep, dtype=torch.bool, device="cpu")),
+    return (tree.select(keep),                                            # host bools: no read
             tuple([v[i] for i in nodes] for v in values))
 
 

@@ -140,6 +140,7 @@ class BigramTable:
 class MaxGramProposal:
     tokens: torch.Tensor  # [k]
     bucket: int           # evidence bucket: the match length (capped), BIGRAM_BUCKET, or a CORPUS_BUCKETS value
+    host: list[int] | None = None   # ``tokens`` as host ints (Max-Gram drafts on the host: always given by it)
 
 
 @dataclass
@@ -200,24 +201,30 @@ class MaxGram:
         """:meth:`candidates` with ``seq`` also as a list (``tokens``)."""
         m, end = _suffix_match(tokens, self.max_ngram)
         if m > 0:
-            return MaxGramProposal(torch.tensor(follow(tokens, end, self.max_tokens), dtype=seq.dtype, device=seq.device),
-                                   bucket=min(m, 6))
+            host = follow(tokens, end, self.max_tokens)
+            return MaxGramProposal(torch.tensor(host, dtype=seq.dtype, device=seq.device), bucket=min(m, 6), host=host)
         if self.bigram is not None and tokens:
-            return MaxGramProposal(self.bigram.chain(tokens[-1], self.max_tokens).to(seq.device), BIGRAM_BUCKET)
-        return MaxGramProposal(seq[:0], BIGRAM_BUCKET)
+            chained = self.bigram.chain(tokens[-1], self.max_tokens)
+            return MaxGramProposal(chained.to(seq.device), BIGRAM_BUCKET, host=chained.tolist())   # a host table
+        return MaxGramProposal(seq[:0], BIGRAM_BUCKET, host=[])
 
-    def propose(self, seq: torch.Tensor, limit: int, policy: AdaptiveLookahead, offset: int = 0) -> MaxGramProposal:
+    def propose(self, seq: torch.Tensor, limit: int, policy: AdaptiveLookahead, offset: int = 0,
+                tokens: list[int] | None = None) -> MaxGramProposal:
         """Propose at most ``limit`` tokens after ``seq`` (``[L]``), as many as ``policy`` finds worth
         it; ``offset`` tokens from other drafters precede them in the same review. With a corpus, a
         sequence match shorter than ``corpus_below`` gives way to the corpus's chain when the
-        corpus bucket's estimated acceptance is higher (or the sequence offers nothing)."""
-        tokens = seq.tolist()                                   # once per draft: the sequence as a list
+        corpus bucket's estimated acceptance is higher (or the sequence offers nothing). ``tokens``: ``seq``
+        as host ints when the caller keeps them (the decoding core does): no device read; else ``seq`` is
+        read once."""
+        if tokens is None:
+            tokens = seq.tolist()                               # once per draft: the sequence as a list
         cand = self._candidates(seq, tokens)
         if self.corpus is not None and cand.bucket < self.corpus_below:
             first = self.corpus.match(tokens)                  # decide on the first token before chaining
             if first is not None and first.confidence >= self.corpus_min_confidence and (
                     cand.tokens.shape[0] == 0 or policy.acceptance(first.bucket) > policy.acceptance(cand.bucket)):
                 chain, _ = self.corpus.chain(tokens, self.max_tokens, self.corpus_min_confidence)
-                cand = MaxGramProposal(torch.tensor(chain, dtype=seq.dtype, device=seq.device), first.bucket)
+                chain = [int(t) for t in chain]
+                cand = MaxGramProposal(torch.tensor(chain, dtype=seq.dtype, device=seq.device), first.bucket, host=chain)
         k = policy.choose(cand.bucket, cand.tokens.shape[0], limit, offset)
-        return MaxGramProposal(cand.tokens[:k], cand.bucket)
+        return MaxGramProposal(cand.tokens[:k], cand.bucket, host=cand.host[:k] if cand.host is not None else None)

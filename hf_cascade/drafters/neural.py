@@ -24,6 +24,7 @@ import time
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
+from ..compat import cache_kwargs
 from ..placement import defer_reads, synchronize
 from ..processors import process_positions
 from ..core.categorical import categorical
@@ -154,7 +155,7 @@ class NeuralLevel:
         toks, probs, rows = [], [], []
         for _ in range(k):
             t0 = time.perf_counter()
-            out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=1, **kwargs)
+            out = self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=1, **kwargs)
             self._count_forward(t0, new.shape[1])
             if reduced:
                 q = out.logits[0, -1].float().softmax(dim=-1)                  # [N]
@@ -189,7 +190,7 @@ class NeuralLevel:
         if timed:
             synchronize(self.device)
         t0 = time.perf_counter()
-        out = self.model(input_ids=new, past_key_values=self.cache, use_cache=True, logits_to_keep=needed, **kwargs)
+        out = self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed, **kwargs)
         if timed:
             synchronize(self.device)
         self._count_forward(t0, new.shape[1])

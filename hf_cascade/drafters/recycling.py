@@ -49,6 +49,7 @@ import torch
 from ..assistant import TreeAssistant
 from ..core.adapt import AdaptiveBudget
 from ..core.budget import VerifyCost
+from ..core.accept import path_list
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from .lookahead import AcceptanceCalibration
@@ -208,7 +209,7 @@ class TokenRecycling(TreeDrafter):
                          host_parents=found.parents, host_tokens=found.tokens)
         if self.budget is not None and tree.num_nodes:
             keep = self.budget.keep(tree, found.estimates)
-            tree = tree.select(torch.tensor(keep, dtype=torch.bool, device="cpu"))
+            tree = tree.select(keep)                                     # host bools: no read
             found = Expansion(*([v for v, k in zip(values, keep) if k] for values in found))
         self._drafted = found
         self._root = root
@@ -223,7 +224,7 @@ class TokenRecycling(TreeDrafter):
         """Record the target's rows of this verification; learn each source's acceptance; feed the budget."""
         if state.rows is not None:                             # the tree the loop verified (it may prune drafts)
             self.candidates.record(state.rows, [self._root, *tree.token_list])
-        path = acceptance.path.tolist() if isinstance(acceptance.path, torch.Tensor) else list(acceptance.path)
+        path = path_list(acceptance)
         drafted = self._drafted if self._drafted is not None and len(self._drafted.tokens) == tree.num_nodes else None
         if drafted is not None:                                # (a tree the loop cut at EOS or the length is not)
             on_path = set(path)

@@ -58,11 +58,13 @@ from ..core.budget import VerifyCost
 from ..assistant import TreeAssistant
 from ..core.stats import TreeStats
 from .stats import _RECORDED, GlideStats
+from ..core.accept import path_list
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..core.draws import ProposalChoice, draw, tree_draft_probs, warped, warpers
 from ..drafters.lookup_branch import LookupBranch
 from ..drafters.maxgram import common_prefix
+from ..compat import cache_kwargs
 from ..loading import load_pretrained
 from ..placement import defer_reads, place_like
 from ..processors import split_processors
@@ -161,7 +163,7 @@ class GlideDrafter(TreeDrafter):
         if self.budget is not None:
             self.budget.start_draft()
         for t in range(k):
-            out = self.glide(input_ids=ids[None], past_key_values=self.cache, use_cache=True, target_key_values=kv,
+            out = self.glide(input_ids=ids[None], **cache_kwargs(self.glide, self.cache), target_key_values=kv,
                              full_vocab=False, logits_to_keep=1)
             self.record.draft_forwards += 1
             self.record.draft_tokens += ids.shape[0]
@@ -249,7 +251,7 @@ class GlideDrafter(TreeDrafter):
         """Keep, in the draft cache, the verified tokens it holds: ``seq[:L]`` and the fed main tokens that
         the target accepted (``Cache.crop``); count main-path and expansion acceptances."""
         if self.budget is not None:
-            path = acceptance.path.tolist() if isinstance(acceptance.path, torch.Tensor) else list(acceptance.path)
+            path = path_list(acceptance)
             self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
                                      state.verify_seconds, state.verify_nodes)
             self._probs = []
@@ -263,7 +265,7 @@ class GlideDrafter(TreeDrafter):
         if self._root_len is None:
             return
         length = self._root_len
-        accepted = [tree.token_list[i] for i in acceptance.path.tolist()]          # host structure, host path
+        accepted = [tree.token_list[i] for i in path_list(acceptance)]             # host structure, host path
         on_main = common_prefix(accepted, self._main)
         self.record.main_accepted.append(on_main)
         self.record.expansion_accepted += int(len(accepted) > on_main)
@@ -323,7 +325,7 @@ class GlideAssistant(TreeAssistant):
 
         import hf_cascade
         from hf_cascade.glide import GlideAssistant
-        a = GlideAssistant("hf-cascade/gemma-3-270m-glide-xs", cape=True)
+        a = GlideAssistant(hf_cascade.shipped("gemma-3-270m-glide-xs"), cape=True)   # or a Hub repo id
         out = model.generate(ids, assistant_model=a, max_new_tokens=128)
         a.last_stats.tokens_per_target_call, a.last_stats.draft_forward_cost
     """

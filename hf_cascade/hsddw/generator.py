@@ -188,14 +188,14 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     def _lookup_draft(self, seq: torch.Tensor, limit: int) -> Draft | None:
         """Max-Gram's proposal after ``seq`` (at most ``limit`` tokens, as many as its policy finds worth
         verifying), cut after the first stop token; ``None`` when it proposes nothing."""
-        prop = self.maxgram.propose(seq, limit, self.policy)
+        prop = self.maxgram.propose(seq, limit, self.policy, tokens=self.host_seq(seq))
         if prop.tokens.shape[0] == 0:
             return None
-        host = prop.tokens.tolist()                                    # Max-Gram proposes on the host
+        host = prop.host if prop.host is not None else prop.tokens.tolist()   # Max-Gram proposes on the host
         cut = next((i + 1 for i, t in enumerate(host) if t in self.stop_ids), len(host))
         tokens = prop.tokens[:cut].to(seq.device)                      # no device read for the stop check
         self._lookup = (prop.bucket, int(tokens.shape[0]))
-        return Draft(tokens, one_hot_dists(tokens, self.vocab_size) if self.do_sample else None)
+        return Draft(tokens, one_hot_dists(tokens, self.vocab_size) if self.do_sample else None, host[:cut])
 
     def _stage(self, seq: torch.Tensor, window: int) -> StageOutput:
         self.stats.tau_trajectory.append(self.tau.value)

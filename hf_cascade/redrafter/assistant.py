@@ -33,6 +33,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..assistant import TreeAssistant
 from ..core.stats import LevelStats, TreeStats
+from ..core.accept import path_list
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..placement import place_like, target_device_dtype
@@ -173,7 +174,7 @@ class ReDrafterDrafter(TreeDrafter):
 
     def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
         if self.budget is not None:
-            path = acceptance.path.tolist() if isinstance(acceptance.path, torch.Tensor) else list(acceptance.path)
+            path = path_list(acceptance)
             self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
                                      state.verify_seconds, state.verify_nodes)
             self._probs = []
@@ -252,7 +253,7 @@ class ReDrafterAssistant(TreeAssistant):
 
         import hf_cascade
         from hf_cascade.redrafter import ReDrafterAssistant
-        a = ReDrafterAssistant("hf-cascade/gemma-3-270m-redrafter-xs", beam_width=4, beam_length=5)
+        a = ReDrafterAssistant(hf_cascade.shipped("gemma-3-270m-redrafter-xs"), beam_width=4, beam_length=5)
         out = model.generate(ids, assistant_model=a, max_new_tokens=128)
         a.last_stats.tokens_per_target_call, a.last_stats.compression_ratio
     """

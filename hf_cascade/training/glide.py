@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..compat import output_cache
 from ..heads.glide import GlideForCausalLM, glide_cross_mask
 from .loop import Batch, make_batch
 
@@ -40,7 +41,7 @@ def target_kv_batch(model: GlideForCausalLM, target, batch: Batch) -> list | Non
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(target.forward).parameters else {}
     out = target(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=True, **kwargs)
     target.train(was_training)
-    kv = [(k.detach(), v.detach()) for k, v in model.target_kv(out.past_key_values)]
+    kv = [(k.detach(), v.detach()) for k, v in model.target_kv(output_cache(out))]
     t = batch.input_ids.shape[1]
     for k, _ in kv:
         if k.shape[-2] != t:

@@ -20,7 +20,7 @@ class CascadeDrafterConfig(PretrainedConfig):
     """
 
     model_type = "hf_cascade_drafter"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
 
     def __init__(
         self,

@@ -24,6 +24,9 @@ from .configuration_cascade_drafter import CascadeDrafterConfig
 
 # transformers 4.x's LlamaModel takes ``cache_position``; 5.x derives positions from the cache.
 _BACKBONE_TAKES_CACHE_POSITION = "cache_position" in inspect.signature(LlamaModel.forward).parameters
+# transformers 5.24 renamed the cache's keyword and output field past_key_values -> cache (the old name warns)
+_BACKBONE_CACHE = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+_OUTPUT_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def backbone_config(config: CascadeDrafterConfig) -> LlamaConfig:
@@ -59,7 +62,7 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["LlamaDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # 4.x iterates the keys
     _supports_cache_class = True
     _supports_sdpa = True
@@ -133,6 +136,7 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
         Returns logits ``[B, T', V]`` (``full_vocab=True``, ``finfo.min`` outside the subset) or
         ``[B, T', N]`` (``full_vocab=False``), ``T'`` = the positions kept by ``logits_to_keep``."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        past_key_values = kwargs.pop("cache", past_key_values)  # transformers >= 5.24's generate passes ``cache``
         cache_position = kwargs.pop("cache_position", None)   # transformers 4.x's generate passes it
         if cache_position is not None and _BACKBONE_TAKES_CACHE_POSITION:
             kwargs["cache_position"] = cache_position
@@ -140,9 +144,9 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
             input_ids=self.to_draft_ids(input_ids) if input_ids is not None else None,   # [B, T] in [0, N]
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            **{_BACKBONE_CACHE: past_key_values},
             **kwargs,
         )
         hidden = outputs.last_hidden_state                                             # [B, T, H]
@@ -171,7 +175,7 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{_OUTPUT_CACHE: getattr(outputs, _OUTPUT_CACHE)},
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )

@@ -35,6 +35,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .attention_glide import GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _rotary
 from .configuration_glide import GlideConfig
 
+# transformers 5.24 renamed the output field past_key_values -> cache (the old name warns)
+_OUTPUT_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 
 def glide_cross_mask(q_len: int, kv_len: int, block: int = 5, first_block: str = "none") -> torch.Tensor:
     """The block-wise cross-attention mask of GLIDE training (Du et al. 2024, Section 4.1), ``[q_len, kv_len]``
@@ -125,7 +128,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "model"
     supports_gradient_checkpointing = False
     _no_split_modules = ["GlideDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]
     _supports_cache_class = True
     _supports_sdpa = False
     _supports_flash_attn = False
@@ -251,6 +254,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             full_vocab: ``[B, T', V]`` logits (``finfo.min`` outside the subset) or ``[B, T', N]``.
         Returns ``CausalLMOutputWithPast`` (``past_key_values`` = the draft's own cache)."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        past_key_values = kwargs.pop("cache", past_key_values)  # transformers >= 5.24's name for it
         cache_position = kwargs.pop("cache_position", None)  # optional ``[T]`` sequence indices of the new tokens
         embed, head = self._io()
         if inputs_embeds is None:
@@ -310,7 +314,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         if full_vocab and n != v:
             logits = raw.new_full((*raw.shape[:-1], v), torch.finfo(raw.dtype).min)
             logits.index_copy_(-1, self.vocab_subset.to(raw.device), raw)                  # [B, T', V]
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values if use_cache else None,
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_OUTPUT_CACHE: past_key_values if use_cache else None},
                                       hidden_states=tuple(all_hidden) if output_hidden_states else None)
 
     @staticmethod

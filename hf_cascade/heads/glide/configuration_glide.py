@@ -67,7 +67,7 @@ class GlideConfig(PretrainedConfig):
     """
 
     model_type = "hf_cascade_glide"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
 
     def __init__(
         self,
