@@ -60,9 +60,11 @@ def test_cli_all_with_nothing_else():
         build_parser().parse_args(["bench", "--strategy", "maxgram,nope"])
 
 
-def test_shipped_heads_from_the_hub_without_a_checkout(monkeypatch, tmp_path):
+def test_no_shipped_heads_without_a_checkout(monkeypatch, tmp_path):
+    """A wheel has no model_cards/ and nothing is published on the Hub: the strategy needs ``--draft``."""
     monkeypatch.setattr(loading, "MODEL_CARDS", tmp_path)
-    assert loading.draft_specs(_config("--strategy", "glide")) == {"glide": ["hf-cascade/gemma-3-270m-glide-xs"]}
+    assert loading.draft_specs(_config("--strategy", "glide")) == {}
+    assert loading.draft_specs(_config("--strategy", "glide", "--draft", "glide=g")) == {"glide": ["g"]}
 
 
 def test_per_strategy_drafts():

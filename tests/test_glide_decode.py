@@ -13,32 +13,16 @@ import torch
 from transformers import DynamicCache
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
-from hf_cascade import GlideConfig, GlideForCausalLM
 from hf_cascade.glide import CapeSettings, GlideAssistant, GlideDrafter, GlideStats, cap_expansions, expanded_proposal
 from hf_cascade.glide import expansion_sets
 from hf_cascade.core import tree_attention_mask, tree_position_ids, verify_tree
+from hf_cascade.bench.tiny import echo_glide  # noqa: F401  (imported from here by other tests)
 from tests import tiny_models as tm
 from tests.test_sampling import PROMPT as SPROMPT
 from tests.test_sampling import small  # noqa: F401  (fixture)
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 T = torch.tensor
-
-
-def echo_glide(target, cross: float = 0.3, layers: int = 1, seed: int = 0) -> GlideForCausalLM:
-    """A GLIDE sharing the target's embeddings and head whose self-attention and MLP write nothing: it
-    predicts ``head(norm(embed(x) + cross-attention))``, close to the tiny targets (whose blocks write
-    little), so drafts are often but not always accepted; ``cross`` scales the glimpse's output."""
-    torch.manual_seed(seed)
-    g = GlideForCausalLM(GlideConfig.from_target(target, share_target_embeddings=True, num_hidden_layers=layers,
-                                                 intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                                 initializer_range=0.3)).eval()
-    with torch.no_grad():
-        for layer in g.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-            layer.cross_attn.o_proj.weight.mul_(cross)
-    return g.tie_to_target(target)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,8 @@ loop), :mod:`.summary` (aggregation), :mod:`.report` and :mod:`.plots` (outputs)
 (models, shipped heads and prompts for the CLI), :mod:`.command` (``hf-cascade bench``), :mod:`.swi` (standardized
 walltime improvement), with :mod:`.costs` (its cost tables) and :mod:`.counting` (the forwards of baselines without
 statistics), and :mod:`.batched` (the batched sweep of ``--batch-size``: throughput on left-padded batches).
+:mod:`.overhead` is ``hf-cascade bench --overhead`` (host time and device reads per target call on the tiny target of
+:mod:`.tiny`, where the forward is nearly free: the GPU regime).
 """
 
 from .config import (BASELINES, STRATEGIES, BenchConfig, parse_baselines, parse_cost_models, parse_drafts, parse_k_matrix,

@@ -11,6 +11,9 @@ passed: each assistant runs with its library defaults.
 ``--batch-size 1,2,4,8`` adds the batched sweep after the single-prompt runs (:mod:`~hf_cascade.bench.batched`):
 the same prompts in left-padded batches, the same methods but those that cannot batch (skipped for sizes
 above 1, said before the run); a row that differs from plain's is said after it.
+
+``--overhead`` runs :mod:`~hf_cascade.bench.overhead` instead (host milliseconds and device reads per target call on
+the tiny target, every strategy, ``--prompts N --new-tokens N``); the other arguments do not apply to it.
 """
 
 from __future__ import annotations
@@ -84,7 +87,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "max_spec_factor 1.0, min_token_prob 0.1, global cache of earlier responses) on ArcticInference's suffix "
                         "trees (pip install arctic-inference), verified in our core; suffix-tree: the same with its speculation "
                         "trees (use_tree_spec)")
-    p.add_argument("--prompts", default=None, metavar="FILE", help="Spec-Bench question.jsonl (default: the bundled one)")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="Spec-Bench question.jsonl (default: the bundled one); with --overhead: how many prompts of the "
+                        "tiny target (default 4)")
     p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     p.add_argument("--sampling", action="store_true", help="do_sample=True with --temperature (default: greedy)")
@@ -102,7 +107,21 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure batched generation: a comma list of batch sizes (e.g. 1,2,4,8); the prompts in "
                         "consecutive left-padded batches, every method interleaved per batch, throughput and speedup vs "
                         "plain and plain-kernels per size (baselines that cannot batch are skipped above 1; default: none)")
-    p.add_argument("--out", default="bench_results", metavar="DIR", help="output directory (default bench_results)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output directory (default bench_results; with --overhead bench_overhead)")
+    o = p.add_argument_group("overhead measurement", "host time and device reads per target call on a tiny target where the forward "
+                             "is nearly free (the GPU regime; hf_cascade.bench.overhead): every strategy with its defaults, "
+                             "plain generate, transformers' prompt lookup and plain generate compiled with a static cache")
+    o.add_argument("--overhead", action="store_true",
+                   help="run the overhead measurement instead of the Spec-Bench comparison (uses --out, --prompts N, "
+                        "--new-tokens, --repeats, --threads (default 1), --no-progress)")
+    o.add_argument("--new-tokens", type=int, default=128, metavar="N", help="--overhead: new tokens per prompt (default 128)")
+    o.add_argument("--repeats", type=int, default=3, metavar="N",
+                   help="--overhead: timed rounds over the prompts; per prompt the fastest counts (default 3)")
+    o.add_argument("--no-compile", action="store_true",
+                   help="--overhead: leave out compiled plain generate (its compile takes tens of seconds on a CPU)")
+    o.add_argument("--compile-backend", default="inductor", metavar="NAME",
+                   help="--overhead: CompileConfig(backend=...) of compiled plain generate (default inductor)")
 
 
 def _strategies(text: str) -> str:
@@ -161,8 +180,14 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
     """Run ``hf-cascade bench``: resolve each strategy's drafts, load target, drafts and prompts, measure,
-    write ``--out`` and print the report; ``SystemExit`` when a strategy has no draft model."""
+    write ``--out`` and print the report; ``SystemExit`` when a strategy has no draft model. With ``--overhead``:
+    :func:`hf_cascade.bench.overhead.run` instead."""
     import dataclasses
+
+    if getattr(args, "overhead", False):
+        from .overhead import run as run_overhead
+
+        return run_overhead(args, log=log)
 
     from .loading import draft_specs, load_draft_sets, load_model, load_prompts
     from .report import markdown_report, write_results
@@ -195,7 +220,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
             log(f"note: {name} is skipped for batch sizes above 1 ({why})")
     result = run_benchmark(config, model, tokenizer, prompts, drafts=drafts, progress=not args.no_progress,
                            verifier=verifier, assisted_draft=assisted, strategy_drafts=own)
-    paths = write_results(result, args.out)
+    paths = write_results(result, args.out or "bench_results")
     for x in (result.batched or {}).get("mismatches", []):
         log(f"MISMATCH: {x['method']} at batch size {x['batch_size']}: prompt(s) "
             f"{', '.join(map(str, x['prompt_indices']))} differ from plain generate")

@@ -7,8 +7,9 @@ the Hub cache like :func:`hf_cascade.load_pretrained`: heads by hf_cascade's own
 first ``N`` layers. Models load in float32, as the benchmark's target does.
 
 Shipped heads (:func:`draft_specs`): a strategy given no draft model, measured on the default target, takes
-the head shipped for it (:data:`SHIPPED_HEADS`): the folder of ``model_cards/`` in a source checkout, else
-its Hub repo id ``hf-cascade/<folder>``. Any other target gets none (the strategy is then unavailable).
+the head shipped for it (:data:`SHIPPED_HEADS`): the folder of ``model_cards/`` in a source checkout
+(:func:`hf_cascade.shipped`; nothing is published on the Hub). Any other target, or an install without the
+folders (a wheel), gets none: the strategy is then unavailable unless ``--draft`` names one.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import Any
 
 from .. import models
 
-#: The heads shipped for the default target (folders of ``model_cards/``, Hub ids ``hf-cascade/<folder>``),
+#: The heads shipped for the default target (folders of ``model_cards/``),
 #: per strategy: what ``hf-cascade bench --strategy NAME`` measures when no ``--draft`` is given.
 SHIPPED_HEADS = {"cascade": ["gemma-3-270m-drafter-xs"], "hsddw": ["gemma-3-270m-drafter-xs"],
                  "glide": ["gemma-3-270m-glide-xs"], "redrafter": ["gemma-3-270m-redrafter-xs"]}
-#: Where a source checkout keeps them (absent from an installed wheel: the Hub ids are used instead).
+#: Where a source checkout keeps them (absent from an installed wheel).
 MODEL_CARDS = Path(__file__).resolve().parents[2] / "model_cards"
 
 
@@ -32,10 +33,10 @@ def is_default_target(spec: str | None) -> bool:
     return spec is None or spec in ("default", models.DEFAULT_TARGET)
 
 
-def shipped_head(folder: str) -> str:
-    """A shipped head: its local ``model_cards/`` directory when present, else its Hub repo id."""
+def shipped_head(folder: str) -> str | None:
+    """A shipped head: its local ``model_cards/`` directory, or ``None`` where this install has none."""
     local = MODEL_CARDS / folder
-    return str(local) if (local / "config.json").is_file() else f"hf-cascade/{folder}"
+    return str(local) if (local / "config.json").is_file() else None
 
 
 def draft_specs(config) -> dict[str, list[str]]:
@@ -47,7 +48,7 @@ def draft_specs(config) -> dict[str, list[str]]:
     for family in config.draft_families:
         specs = config.drafts_of(family)
         if not specs and is_default_target(config.target) and family in SHIPPED_HEADS:
-            specs = [shipped_head(f) for f in SHIPPED_HEADS[family]]
+            specs = [h for h in map(shipped_head, SHIPPED_HEADS[family]) if h is not None]
         if specs:
             out[family] = specs
     return out
