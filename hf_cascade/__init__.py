@@ -17,6 +17,7 @@ from .loading import load_pretrained
 from .heads import CascadeDrafterConfig, CascadeDrafterForCausalLM, GlideConfig, GlideForCausalLM, ReDrafterConfig, ReDrafterModel, register_heads
 from .processors import LossyLenientTarget, LossyTypicalAcceptance
 from .redrafter import ReDrafterAssistant, ReDrafterStats
+from .shipped_folders import shipped
 from .drafters.recycling import RecyclingAssistant
 from .core.stats import GenerationStats
 from .core.budget import VerifyCost, measure_verify_cost
@@ -64,4 +65,5 @@ __all__ = [
     "cpu_kernels",
     "load_pretrained",
     "measure_verify_cost",
+    "shipped",
 ]

@@ -108,3 +108,27 @@ def open_gate(monkeypatch):
     monkeypatch.setattr(DrafterPayoff, "worth", lambda self, reach: True)
     monkeypatch.setattr(DraftGate, "follows_lagging", False)
     monkeypatch.setattr(DraftGate, "by_estimate", False)
+
+
+@pytest.fixture(scope="session")
+def card_hub(tmp_path_factory):
+    """A local Hub cache (:mod:`tests.hub_cache`) holding, as ``google/gemma-3-270m``, the embedded Gemma-3-270M
+    saved in float32 with its tokenizer, and every shipped folder of model_cards/ under another org and name
+    (:func:`tests.hub_cache.other_repo`, as a user's upload): what the README's and the cards' snippets load
+    (built once per session and worker). float32, not the Hub checkpoint's bfloat16: the snippets' outputs are
+    compared token by token with plain decoding, and in bfloat16 a near-tie may flip between verification's and
+    plain decoding's kernels (:mod:`hf_cascade.parity`; tested in tests/test_parity.py)."""
+    pytest.importorskip("gguf", reason="the real model needs: pip install 'hf-cascade[test]'")
+    from hf_cascade.models import load_default_target
+    from tests.hub_cache import SHIPPED_REPOS, TARGET, add_repo
+
+    cache = tmp_path_factory.mktemp("card_hub")
+    saved = tmp_path_factory.mktemp("gemma_fp32")
+    model, tok = load_default_target(dtype=torch.float32)
+    model.save_pretrained(saved)
+    tok.save_pretrained(saved)
+    del model
+    add_repo(cache, TARGET, saved)
+    for repo, src in SHIPPED_REPOS.items():
+        add_repo(cache, repo, src, skip=("training_curve.png",))
+    return cache

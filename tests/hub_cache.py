@@ -21,8 +21,19 @@ import shutil
 from pathlib import Path
 
 CARDS = Path(__file__).resolve().parent.parent / "model_cards"
-#: Hub repo id of each shipped folder of model_cards/.
-SHIPPED_REPOS = {f"hf-cascade/{d.name}": d for d in sorted(CARDS.iterdir()) if d.is_dir()}
+#: The Hub id of the real target, as the README and the cards name it (a test's cache holds a saved copy).
+TARGET = "google/gemma-3-270m"
+
+
+def other_repo(folder: str) -> str:
+    """The repo id a test's cache stores a shipped folder under, as a user who uploaded it might: another org and
+    another name than the folder's (``gemma-3-270m-glide-xs`` -> ``someone/my-glide-xs``). Nothing is published
+    under an hf_cascade org: the cards' and the README's snippets must work under any repo id."""
+    return "someone/my-" + folder.removeprefix("gemma-3-270m-")
+
+
+#: Repo id (:func:`other_repo`) of each shipped folder of model_cards/.
+SHIPPED_REPOS = {other_repo(d.name): d for d in sorted(CARDS.iterdir()) if d.is_dir()}
 
 
 def commit_sha(repo_id: str, src: Path | None = None) -> str:

@@ -15,8 +15,10 @@ import os
 import textwrap
 from pathlib import Path
 
-#: Hub organisation of the shipped heads (``hf-cascade/<output folder name>``).
-HUB_ORG = "hf-cascade"
+#: The organisation a card's snippets show a head's Hub repo under: a placeholder for the user's own. Nothing is
+#: published under an hf_cascade organisation; a head is used by the path of its folder, or uploaded by its user
+#: (``hf upload <your-org>/<folder name> <folder>``).
+HUB_ORG = "<your-org>"
 
 #: Target name (``config.target_name_or_path``) -> its Hub id and licence.
 KNOWN_TARGETS = {
@@ -52,14 +54,18 @@ _PROMPT = "Question: What is the capital of France?\\n\\nAnswer:"
 #: kind -> (import line, assistant line) of the usage snippet; ``{repo}`` is the head's repo id.
 _USES = {
     "drafter": ("from hf_cascade import CascadeAssistant, MaxGram",
-                'assistant = CascadeAssistant(["{repo}", MaxGram()], k_matrix=[[3, 10], [0, 10]])  # up to 3 drafter tokens'),
+                'assistant = CascadeAssistant([repo, MaxGram()], k_matrix=[[3, 10], [0, 10]])  # up to 3 drafter tokens'),
     "glide": ("from hf_cascade import GlideAssistant",
-              'assistant = GlideAssistant("{repo}", cape=False)  # chains, no CAPE expansion'),
+              'assistant = GlideAssistant(repo, cape=False)  # chains, no CAPE expansion'),
     "redrafter": ("from hf_cascade import ReDrafterAssistant",
-                  'assistant = ReDrafterAssistant("{repo}", beam_width=2, beam_length={beam_length})'),
+                  'assistant = ReDrafterAssistant(repo, beam_width=2, beam_length={beam_length})'),
     "corpus": ("from hf_cascade import CascadeAssistant, CorpusNGrams, MaxGram",
-               'assistant = CascadeAssistant([MaxGram(corpus=CorpusNGrams.load("{repo}"))])'),
+               'assistant = CascadeAssistant([MaxGram(corpus=CorpusNGrams.load(repo))])'),
 }
+
+#: The line that names the checkpoint in every usage snippet (``{repo}``: the placeholder repo id): the one line
+#: a user edits, and the one a test replaces to run the snippet from a folder or another repo.
+REPO_LINE = 'repo = "{repo}"  # the Hub repo you uploaded this folder to, or the folder\'s path'
 
 
 #: kind -> the assistant class a checkpoint of that kind becomes (:mod:`hf_cascade.auto`).
@@ -110,31 +116,39 @@ def license_section(license_id: str | None, sources=None) -> str:
 
 
 def hub_repo_id(out_dir: str | os.PathLike) -> str:
-    """The repo id a head saved to ``out_dir`` is published under: ``hf-cascade/<folder name>``."""
+    """The repo id a card shows for the head saved to ``out_dir``: ``<your-org>/<folder name>``, a placeholder
+    for the repo its user uploads the folder to (:data:`HUB_ORG`)."""
     return f"{HUB_ORG}/{Path(out_dir).resolve().name}"
 
 
 def usage_section(kind: str, repo_id: str, target: str | None, beam_length: int = 5) -> str:
     """``## Use``: for a head or drafter, first the one-line use transformers taught (``pipeline(...,
-    assistant_model="<repo id>")`` after ``import hf_cascade``, which builds the assistant the checkpoint was made
-    for with its defaults, :mod:`hf_cascade.auto`), then the explicit assistant class for users who set options:
-    load the target and its tokenizer (``device_map="auto"``: a GPU if there is one, else the CPU), build the
-    assistant (``kind``: drafter, glide, redrafter or corpus) from ``repo_id``, generate, decode. Runs as written
-    once the repos exist."""
+    assistant_model=repo)`` after ``import hf_cascade``, which builds the assistant the checkpoint was made for with
+    its defaults, :mod:`hf_cascade.auto`), then the explicit assistant class for users who set options: load the
+    target and its tokenizer (``device_map="auto"``: a GPU if there is one, else the CPU), build the assistant
+    (``kind``: drafter, glide, redrafter or corpus) from ``repo``, generate, decode. Every snippet names the
+    checkpoint once, in :data:`REPO_LINE` (``repo = "<repo_id>"``, a placeholder such as :func:`hub_repo_id`'s):
+    the Hub repo its user uploaded the folder to, under any name, or the folder's path. Runs as written with
+    that line filled in."""
     imports, assistant = _USES[kind]
     base = base_model(target) or target or "TARGET"
+    repo_line = REPO_LINE.format(repo=repo_id)
     what = ("`CorpusNGrams.load` reads `corpus.safetensors` of the repo (or of a local file or directory)"
             if kind == "corpus" else "The head loads with hf_cascade's own classes (no `trust_remote_code`); the "
             "assistant puts it on the target's device and in its dtype")
-    intro = textwrap.fill(f"`pip install hf-cascade`. {what}; the target verifies every drafted token (lossless: "
-                          "the output is the target's own).", width=110, break_on_hyphens=False, break_long_words=False)
+    where = (f"`repo` is this folder: the Hub repo you uploaded it to (`hf upload {repo_id} <this folder>`; "
+             "for a private repo log in with `hf auth login` or pass `token=`), or its path on your disk.")
+    intro = textwrap.fill(f"Install hf_cascade from a clone of its repository (`pip install -e .`; it is not on PyPI). {what}; the target verifies every drafted token (lossless: "
+                          f"the output is the target's own). {where}", width=110, break_on_hyphens=False,
+                          break_long_words=False)
     explicit = f"""```python
 {imports}
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+{repo_line}
 tok = AutoTokenizer.from_pretrained("{base}")
 target = AutoModelForCausalLM.from_pretrained("{base}", device_map="auto")
-{assistant.format(repo=repo_id, beam_length=beam_length)}
+{assistant.format(beam_length=beam_length)}
 ids = tok("{_PROMPT}", return_tensors="pt").input_ids.to(target.device)
 out = target.generate(ids, assistant_model=assistant, do_sample=False, max_new_tokens=64)
 print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
@@ -146,7 +160,8 @@ print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 import hf_cascade  # lets transformers take an hf_cascade checkpoint as its assistant
 from transformers import pipeline
 
-pipe = pipeline("text-generation", model="{base}", assistant_model="{repo_id}", device_map="auto")
+{repo_line}
+pipe = pipeline("text-generation", model="{base}", assistant_model=repo, device_map="auto")
 print(pipe("{_PROMPT}", do_sample=False, max_new_tokens=64, return_full_text=False)[0]["generated_text"])
 ```
 """
@@ -156,5 +171,5 @@ print(pipe("{_PROMPT}", do_sample=False, max_new_tokens=64, return_full_text=Fal
     return f"## Use\n{intro} In one line, with the strategy's defaults:\n{one_line}\n{also}\n{explicit}"
 
 
-__all__ = ["HUB_DATASETS", "HUB_ORG", "KNOWN_TARGETS", "LICENSE_NOTES", "SOURCE_NOTES", "base_model", "front_matter",
-           "hub_datasets", "hub_repo_id", "license_section", "usage_section"]
+__all__ = ["HUB_DATASETS", "HUB_ORG", "KNOWN_TARGETS", "LICENSE_NOTES", "REPO_LINE", "SOURCE_NOTES", "base_model",
+           "front_matter", "hub_datasets", "hub_repo_id", "license_section", "usage_section"]
