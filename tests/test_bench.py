@@ -16,12 +16,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 import hf_cascade  # noqa: E402,F401  (installs the generate hook)
 from hf_cascade.bench import BenchConfig, markdown_report, run_benchmark, write_results  # noqa: E402
 from hf_cascade.bench.runner import rotated  # noqa: E402
+from hf_cascade.bench.methods import ECONOMIZE_RUNS_HERE  # noqa: E402
 from hf_cascade.bench.summary import paired  # noqa: E402
 from hf_cascade.cli import bench_config, build_parser  # noqa: E402
 
 # economize (the `bench` extra) needs transformers>=5; CI's second pass (transformers 4.57) runs without it.
-HAS_ECONOMIZE = importlib.util.find_spec("economize") is not None
-needs_economize = pytest.mark.skipif(not HAS_ECONOMIZE, reason="economize is not installed (pip install 'hf-cascade[bench]')")
+# economize 0.3.2 does not run on transformers >= 5.24 (the renamed cache keyword): there the baseline is unavailable.
+HAS_ECONOMIZE = importlib.util.find_spec("economize") is not None and ECONOMIZE_RUNS_HERE
+needs_economize = pytest.mark.skipif(not HAS_ECONOMIZE, reason="economize is not installed (pip install 'hf-cascade[bench]') "
+                                                               "or cannot run on this transformers (< 5.24 needed)")
 
 # transformers 4.x prompt lookup can run past max_new_tokens (its candidates are not capped by the
 # length budget; fixed in 5.x). That is the baseline's bug, not ours: its length and equality with
@@ -164,6 +167,16 @@ def test_maxgram_sampling_and_missing_draft(tiny):
     assert r.methods == ["plain", "economize", "maxgram"], r.errors
     assert "needs a draft model" in r.errors["hf-assisted"]
     assert r.summary["overall"]["maxgram"]["identical"] is None  # no equality claim when sampling
+
+
+@pytest.mark.skipif(ECONOMIZE_RUNS_HERE or importlib.util.find_spec("economize") is None,
+                    reason="economize installed beside a transformers it runs on (or not installed)")
+def test_economize_unavailable_on_a_transformers_it_cannot_run_on(tiny):
+    """economize 0.3.2 beside transformers >= 5.24: the baseline is reported unavailable, with the reason."""
+    model, _, tok = tiny
+    config = BenchConfig(strategy="maxgram", baselines=["plain", "economize"], max_new_tokens=4, warmup_tokens=2)
+    r = run_benchmark(config, model, tok, PROMPTS[:1])
+    assert r.methods == ["plain", "maxgram"] and "needs transformers<5.24" in r.errors["economize"]
 
 
 def test_draws_run_each_prompt_with_its_own_seeds(tiny):

@@ -15,7 +15,7 @@ import hf_cascade  # noqa: F401  (installs the generate hook)
 from hf_cascade import CascadeAssistant, DynamicWindowAssistant, MaxGram
 from hf_cascade.bench import BenchConfig, markdown_report, parse_cost_models, run_benchmark, write_results
 from hf_cascade.bench.costs import build_costs, params_cost, parameter_count
-from hf_cascade.bench.methods import build_method
+from hf_cascade.bench.methods import ECONOMIZE_RUNS_HERE, build_method
 from hf_cascade.bench.counting import assistant_levels
 from hf_cascade.bench.swi import (STATISTICAL, Costs, DrafterCost, flat_target, group_swi, plain_time, record_times,
                                   standardized_time, swi)
@@ -28,7 +28,7 @@ from tests.test_bench import NEW_TOKENS, PROMPTS, tiny  # noqa: F401  (tiny: fix
 from tests.test_glide_decode import echo_glide
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
-HAS_ECONOMIZE = importlib.util.find_spec("economize") is not None
+HAS_ECONOMIZE = importlib.util.find_spec("economize") is not None and ECONOMIZE_RUNS_HERE   # 0.3.2: transformers<5.24
 
 STATS = {"target_calls": 3, "prefill_calls": 1, "draft_len_per_call": [4, 0, 2],
          "levels": [{"name": "draft", "forward_calls": 5, "forward_tokens": 9},

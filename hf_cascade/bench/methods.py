@@ -16,9 +16,11 @@ import copy
 from typing import Any, Callable
 
 import torch
+import transformers
 
 from ..assistant import Assistant
 from ..backends import cpu_kernels_apply
+from ..compat import CACHE
 from ..cascade import CascadeAssistant
 from ..drafters import CorpusNGrams, MaxGram
 from ..glide import GlideAssistant
@@ -28,6 +30,8 @@ from ..redrafter import ReDrafterAssistant
 from .counting import UNKNOWN, ForwardCounter, assistant_levels, economize_stats, transformers_loop_stats
 
 ECONOMIZE_VERSION = "0.3.2"
+#: Whether economize (if installed) can run here: 0.3.2 predates transformers 5.24's ``cache`` keyword.
+ECONOMIZE_RUNS_HERE = CACHE == "past_key_values"
 #: Default draft window of the fixed-window assisted baselines: HSDDW's K (App. A.1), ``DynamicWindowAssistant``'s
 #: max_window (``BenchConfig.window`` / ``--window`` changes both).
 ASSISTED_WINDOW = 10
@@ -225,6 +229,12 @@ class Economize(Method):
             raise MethodUnavailable(
                 f"baseline 'economize' is defined for economize=={ECONOMIZE_VERSION}, found {version}: "
                 f"pip install economize=={ECONOMIZE_VERSION}"
+            )
+        if CACHE != "past_key_values":
+            raise MethodUnavailable(
+                f"baseline 'economize': economize=={ECONOMIZE_VERSION} does not run on transformers "
+                f"{transformers.__version__} (its generate refuses the cache keyword transformers 5.24 renamed, "
+                "past_key_values -> cache); it needs transformers<5.24"
             )
         # Sampling needs a verifier that accepts stochastic selectors (lossless speculative sampling).
         decoding = economize.DecodeConfig(cycle_length=6, verifier="rejection" if sampling else None)
