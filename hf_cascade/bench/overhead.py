@@ -87,7 +87,7 @@ def _compiled_method(target, backend: str, mode: str | None, max_cache_len: int)
     """Plain ``generate`` on a copy of ``target`` with a static cache and transformers' automatic compile
     (``CompileConfig(backend=..., mode=...)``, ``_compile_all_devices = True``); returns the method, the copy and
     the settings."""
-    from transformers import CompileConfig
+    from transformers import CompileConfig, GenerationConfig
 
     from .tiny import copy_model
 
@@ -95,11 +95,14 @@ def _compiled_method(target, backend: str, mode: str | None, max_cache_len: int)
     kwargs = {"backend": backend} | ({"mode": mode} if mode else {})
     config = CompileConfig(**kwargs)
     config._compile_all_devices = True
-    settings = {"cache_implementation": "static", "max_cache_len": max_cache_len, "compile_config": config.to_dict()}
+    # one static cache length for every prompt (no recompile between them) where generate takes it (5.x); 4.57 sizes
+    # the cache by the call's max_length and keeps a larger one for later calls
+    sized = {"max_cache_len": max_cache_len} if hasattr(GenerationConfig(), "max_cache_len") else {}
+    settings = {"cache_implementation": "static", **sized, "compile_config": config.to_dict()}
 
     def run(ids, new):
         return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                              cache_implementation="static", compile_config=config, max_cache_len=max_cache_len)
+                              cache_implementation="static", compile_config=config, **sized)
 
     return OverheadMethod(COMPILED, model, run), model, settings
 
