@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GenerationMixin, TextStreamer, pipeline
+from transformers import GenerationMixin, pipeline
 from transformers.generation.streamers import BaseStreamer
 
 import hf_cascade  # noqa: F401  (the recipe imports it too)
 from hf_cascade import CascadeAssistant, GlideAssistant, MaxGram
 from tests import tiny_models as tm
 from tests.test_glide_decode import echo_glide
+from tests.test_greedy_parity import TextCollect
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,15 +52,6 @@ class Chunks(BaseStreamer):
 
     def end(self):
         self.ended += 1
-
-
-class TextCollect(TextStreamer):
-    def __init__(self, tokenizer):
-        super().__init__(tokenizer, skip_prompt=True)
-        self.text = ""
-
-    def on_finalized_text(self, text, stream_end=False):
-        self.text += text
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from transformers import pipeline
 
 from hf_cascade import DynamicWindowAssistant, DynamicWindowStats, MaxGram
 from hf_cascade.hsddw import DynamicWindowCandidateGenerator, entropy
-from hf_cascade.core.accept import output_distribution
+from hf_cascade.core.review import output_distribution
 from tests import tiny_models as tm
 from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, Collect, assert_parity, m, ours, plain  # noqa: F401  (m: fixture)
 from tests.test_sampling import PROMPT, _lying_q, calibration, passes, processed_probs, run_long, small  # noqa: F401

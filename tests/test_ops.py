@@ -7,7 +7,7 @@ import torch
 from hf_cascade.cascade.k_matrix import default_k_matrix, validate_k_matrix
 from hf_cascade.drafters.maxgram import BIGRAM_BUCKET, BigramTable, MaxGram, longest_suffix_match
 from hf_cascade.core.stats import GenerationStats, PositionCounts
-from hf_cascade.core.accept import greedy_review, one_hot_dists, output_distribution, sampling_review
+from hf_cascade.core.review import greedy_review, one_hot_dists, output_distribution, sampling_review
 
 
 def T(*xs):

@@ -25,7 +25,7 @@ from ..drafters.lookahead import AcceptanceCalibration, AdaptiveLookahead, CostM
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import NeuralLevel
 from ..core.stats import LevelStats
-from ..core.accept import Review, greedy_review, one_hot_dists, sampling_review
+from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
 
 TARGET = -1  # reviewer index of the target model
 

@@ -44,7 +44,8 @@ import torch
 
 from ..assistant import LinearAssistant
 from ..candidate import ChainDrafter, Draft, SpeculativeCandidateGenerator
-from ..core.accept import TreeAcceptance, one_hot_dists
+from ..core.accept import TreeAcceptance
+from ..core.review import one_hot_dists
 from ..core.stats import GenerationStats, LevelStats
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree

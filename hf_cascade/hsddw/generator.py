@@ -14,7 +14,7 @@ accumulated; its rejections update ``tau2``).
 
 Lossless: every token handed to the target carries the exact distribution it was drawn from: the
 small model's processed ``q`` (Algorithm 1), or, after pre-verification, ``Review.dists`` of
-:func:`~hf_cascade.core.accept.sampling_review`: the marginal output distribution of the pre-verifier's
+:func:`~hf_cascade.core.review.sampling_review`: the marginal output distribution of the pre-verifier's
 speculative sampling, which is its own processed distribution for accepted *and* resampled tokens.
 (The residual ``norm(max(0, p2 - q1))`` is only the law of a resampled token *given* that a
 rejection happened; using it there while accepted tokens carry ``p2`` would be lossy.) Stop
@@ -63,7 +63,7 @@ from ..cascade.generator import _model_name
 from ..core.categorical import categorical
 from ..drafters.neural import NeuralLevel
 from ..core.stats import LevelStats
-from ..core.accept import Review, greedy_review, one_hot_dists, sampling_review
+from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
 from ..drafters.lookahead import CostModel, DrafterPayoff
 from ..drafters.maxgram import MaxGram
 from ..placement import defer_reads
