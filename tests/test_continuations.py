@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hf_cascade.drafters.continuations import SeedTrie, suffix_continuations
-from hf_cascade.drafters.maxgram import _suffix_match, follow, suffix_occurrences
+from hf_cascade.drafters.maxgram import suffix_match, follow, suffix_occurrences
 from hf_cascade.drafters.recycling import RecycledCandidates, RecyclingShape
 
 
@@ -22,7 +22,7 @@ def test_occurrences_of_the_longest_suffix_most_recent_first():
     # one occurrence: Max-Gram's match, the same end
     for s in ([1, 2, 3, 1, 2], [3, 3, 3, 3], [1, 2, 1, 2, 1]):
         m, ends = suffix_occurrences(s, 8, 1)
-        assert (m, ends[0] if ends else -1) == _suffix_match(s, 8)
+        assert (m, ends[0] if ends else -1) == suffix_match(s, 8)
 
 
 def test_continuations_are_ranked_by_frequency_then_recency():

@@ -23,7 +23,7 @@ import torch
 from ..candidate import Draft, SpeculativeCandidateGenerator
 from ..drafters.lookahead import AcceptanceCalibration, AdaptiveLookahead, CostModel, DrafterPayoff, ExpectedGainRule
 from ..drafters.maxgram import MaxGram
-from ..drafters.neural import NeuralLevel
+from ..drafters.neural import NeuralLevel, model_name
 from ..core.stats import LevelStats
 from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
 
@@ -104,7 +104,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         # after it autoregressively (no neural review of Max-Gram tokens); see CascadeAssistant.
         self.maxgram_first = bool(maxgram_first) and isinstance(drafters[-1], MaxGram) and len(drafters) > 1
         self.bottom = len(drafters) - 2 if self.maxgram_first else len(drafters) - 1
-        stats.levels = [LevelStats(getattr(d, "name", None) or _model_name(d)) for d in drafters]
+        stats.levels = [LevelStats(getattr(d, "name", None) or model_name(d)) for d in drafters]
         self.levels: list[MaxGram | NeuralLevel] = [
             d if isinstance(d, MaxGram) else NeuralLevel(d, self.vocab_size, self.processors, stats.levels[i])
             for i, d in enumerate(drafters)
@@ -280,7 +280,3 @@ def _confidence(review: Review) -> float:
     if review.probs is not None:
         return float(review.probs[-1])
     return float(review.dists[-1, review.tokens[-1]])
-
-
-def _model_name(model) -> str:
-    return getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__

@@ -40,10 +40,10 @@ def longest_suffix_match(seq: torch.Tensor, max_ngram: int) -> tuple[int, int]:
     most recent such end, so ``seq[e+1:]`` is what followed it. ``(0, -1)`` when nothing matches.
     ``m`` is capped at ``max_ngram``.
     """
-    return _suffix_match(seq.tolist(), max_ngram)
+    return suffix_match(seq.tolist(), max_ngram)
 
 
-def _suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:
+def suffix_match(tokens: list[int], max_ngram: int) -> tuple[int, int]:
     """:func:`longest_suffix_match` on a token list: :func:`suffix_occurrences`' most recent one."""
     m, ends = suffix_occurrences(tokens, max_ngram, 1)
     return (m, ends[0]) if ends else (0, -1)
@@ -199,7 +199,7 @@ class MaxGram:
 
     def _candidates(self, seq: torch.Tensor, tokens: list[int]) -> MaxGramProposal:
         """:meth:`candidates` with ``seq`` also as a list (``tokens``)."""
-        m, end = _suffix_match(tokens, self.max_ngram)
+        m, end = suffix_match(tokens, self.max_ngram)
         if m > 0:
             host = follow(tokens, end, self.max_tokens)
             return MaxGramProposal(torch.tensor(host, dtype=seq.dtype, device=seq.device), bucket=min(m, 6), host=host)

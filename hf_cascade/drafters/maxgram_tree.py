@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .maxgram import _suffix_match, follow
+from .maxgram import suffix_match, follow
 from ..assistant import TreeAssistant
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
@@ -66,14 +66,14 @@ class MaxGramTree(TreeDrafter):
 
     def continuation_lists(self, tokens: list[int], depth: int) -> list[list[int]]:
         """:meth:`continuations` on a host token list (no device reads)."""
-        longest, _ = _suffix_match(tokens, self.max_ngram)
+        longest, _ = suffix_match(tokens, self.max_ngram)
         beams: list[list[int]] = []
         seen: set[tuple[int, ...]] = set()
         scans = 0
         for n in range(longest, self.min_ngram - 1, -1):
             cut = len(tokens)
             while len(beams) < self.branches and scans < self.max_scan:
-                m, end = _suffix_match(tokens[:cut], n)
+                m, end = suffix_match(tokens[:cut], n)
                 scans += 1
                 if m < n:
                     break                                        # no earlier occurrence of this n-gram

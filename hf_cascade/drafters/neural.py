@@ -69,6 +69,11 @@ def check_same_vocabulary(target: PreTrainedModel, drafter: PreTrainedModel, tar
             raise ValueError(f"Vocabulary mismatch: target {attr}={a}, drafter {name} {attr}={b}.")
 
 
+def model_name(model) -> str:
+    """A drafter's name in statistics: its checkpoint's ``_name_or_path``, else its class name."""
+    return getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
+
+
 def _as_set(x) -> set:
     return set(x) if isinstance(x, (list, tuple)) else {x}
 

@@ -59,9 +59,8 @@ from dataclasses import dataclass
 import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
-from ..cascade.generator import _model_name
 from ..core.categorical import categorical
-from ..drafters.neural import NeuralLevel
+from ..drafters.neural import NeuralLevel, model_name
 from ..core.stats import LevelStats
 from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
 from ..drafters.lookahead import CostModel, DrafterPayoff
@@ -137,12 +136,12 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
         super().__init__(target, generation_config, logits_processor, stats)
         self.max_window = int(max_window)
         self.max_target_window = int(max_target_window)
-        small_stats = LevelStats(_model_name(draft_model))
+        small_stats = LevelStats(model_name(draft_model))
         self.small = NeuralLevel(draft_model, self.vocab_size, self.processors, small_stats)
         self.pre: NeuralLevel | None = None
         stats.levels = [small_stats]
         if verifier_model is not None:
-            pre_stats = LevelStats(_model_name(verifier_model))
+            pre_stats = LevelStats(model_name(verifier_model))
             self.pre = NeuralLevel(verifier_model, self.vocab_size, self.processors, pre_stats)
             stats.levels = [pre_stats, small_stats]
         # Max-Gram lookup (not in the paper): its own level at the bottom, its policy fresh per generate() call
