@@ -173,7 +173,7 @@ def test_the_cascade_learns_from_the_verified_prefix_only():
     not the cut ones as rejected (:meth:`~hf_cascade.cascade.generator._Drafted.first`)."""
     import torch
 
-    from hf_cascade.cascade.generator import CascadeCandidateGenerator, _Drafted, _Segment
+    from hf_cascade.cascade.drafter import CascadeCandidateGenerator, _Drafted, _Segment
     from hf_cascade.drafters.maxgram import MaxGram
 
     policy = MaxGram().new_policy()

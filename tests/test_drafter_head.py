@@ -12,7 +12,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
 import hf_cascade
 from hf_cascade import CascadeAssistant, CascadeDrafterConfig, CascadeDrafterForCausalLM, MaxGram
-from hf_cascade.cascade.generator import _Drafted
+from hf_cascade.cascade.drafter import _Drafted
 from hf_cascade.heads.hub import load_head, save_hub
 from hf_cascade.core.stats import GenerationStats
 from tests import tiny_models as tm

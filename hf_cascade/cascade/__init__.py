@@ -1,7 +1,7 @@
 """Cascade Speculative Drafting (CS Drafting)."""
 
 from .assistant import CascadeAssistant
-from .generator import CascadeCandidateGenerator
+from .drafter import CascadeCandidateGenerator
 from .k_matrix import default_k_matrix, validate_k_matrix
 
 __all__ = ["CascadeAssistant", "CascadeCandidateGenerator", "default_k_matrix", "validate_k_matrix"]

@@ -13,7 +13,7 @@ from ..drafters.maxgram import MaxGram
 from ..drafters.neural import MAX_VOCAB_PADDING, check_same_vocabulary, output_vocab_size
 from ..loading import load_pretrained
 from ..placement import place_like
-from .generator import CascadeCandidateGenerator
+from .drafter import CascadeCandidateGenerator
 from .k_matrix import default_k_matrix, validate_k_matrix
 
 

@@ -2,7 +2,7 @@
 optionally with a stronger draft model that pre-verifies a fast one."""
 
 from .assistant import DynamicWindowAssistant
-from .generator import DynamicWindowCandidateGenerator, draft_and_self_verify
+from .drafter import DynamicWindowCandidateGenerator, draft_and_self_verify
 from .rules import EntropyThreshold, entropy, self_verify_length
 from .stats import DynamicWindowStats
 

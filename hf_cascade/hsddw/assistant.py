@@ -12,7 +12,7 @@ from ..assistant import LinearAssistant
 from ..drafters.neural import check_same_vocabulary
 from ..loading import load_pretrained
 from ..placement import place_like
-from .generator import DynamicWindowCandidateGenerator
+from .drafter import DynamicWindowCandidateGenerator
 from .rules import check_threshold
 from .stats import DynamicWindowStats
 
