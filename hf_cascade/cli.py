@@ -1,7 +1,9 @@
-"""``hf-cascade``: command line entry point (``bench`` and ``demo``).
+"""``hf-cascade``: command line entry point (``bench``, ``cards``, ``corpus``, ``demo``, ``distill``, ``questions``,
+``train``).
 
     hf-cascade bench --per-category 1 --max-new-tokens 64 --baselines pld,economize --out bench_out
     hf-cascade demo
+    hf-cascade cards --sync      # model_cards/*/*.py written from hf_cascade/heads/
 
 Only this module and :mod:`hf_cascade.demo` print; the library returns data.
 """
@@ -40,6 +42,32 @@ def _add_bench(sub) -> None:
     )
     add_bench_arguments(p)
     _add_run_options(p)
+
+
+def _add_cards(sub) -> None:
+    p = sub.add_parser(
+        "cards",
+        help="write the shipped folders' remote code (model_cards/*/*.py) from hf_cascade/heads/, or check it",
+        description="Every folder of model_cards/ with a config.json carries its head's configuration and modeling "
+        "files as remote code: copies of hf_cascade/heads/. --sync writes them from there (and removes .py files no "
+        "head module names); --check lists the copies that differ and exits 1 if any does.",
+    )
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--sync", action="store_true", help="write the copies from hf_cascade/heads/")
+    mode.add_argument("--check", action="store_true", help="list the copies that differ; exit 1 if any")
+    p.add_argument("--root", default=None, metavar="DIR", help="the folders' parent (default: the clone's model_cards/)")
+
+
+def run_cards(args: argparse.Namespace) -> int:
+    from .heads.cards import sync_cards
+
+    changed = sync_cards(args.root, write=args.sync)
+    for path in changed:
+        print(("wrote " if args.sync and path.exists() else "removed " if args.sync else "differs: ") + str(path))
+    if args.check and changed:
+        print(f"{len(changed)} file(s) differ from hf_cascade/heads/: run hf-cascade cards --sync", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _add_demo(sub) -> None:
@@ -227,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-cascade", description="Lossless speculative decoding for model.generate().")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
+    _add_cards(sub)
     _add_corpus(sub)
     _add_demo(sub)
     _add_distill(sub)
@@ -251,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return run_bench(args)
+        if args.command == "cards":
+            return run_cards(args)
         if args.command == "corpus":
             return run_corpus(args)
         if args.command == "distill":

@@ -4,18 +4,23 @@ on heads that cannot generate alone), the same metadata and usage section as the
 (``repo = "<your-org>/<folder>"``, which a user fills in) in a fresh interpreter, against a local Hub cache holding
 a saved copy of the real target as ``google/gemma-3-270m``: once with the folder uploaded under another org and name
 (``someone/my-glide-xs``: nothing is published as ``hf-cascade/...``), once with the folder's path. The snippet of
-model_cards/README.md runs as written from the repository's root."""
+model_cards/README.md runs as written from the repository's root. The remote code of every folder
+(``configuration_*.py``, ``modeling_*.py``) is, byte for byte, what ``hf-cascade cards --sync`` writes from
+``hf_cascade/heads/`` (issue 56)."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from hf_cascade.heads.cards import REPO_LINE, front_matter, hub_datasets, hub_repo_id, license_section, usage_section
+from hf_cascade.cli import main as cli_main
+from hf_cascade.heads.cards import (REPO_LINE, card_code, front_matter, hub_datasets, hub_repo_id, license_section,
+                                    sync_cards, usage_section)
 from hf_cascade.heads.hub import CARD_TAGS
 from tests.hub_cache import CARDS, TARGET, hub_env, other_repo
 
@@ -153,3 +158,34 @@ def test_model_cards_readme_snippet_runs_from_the_repository_root(tmp_path):
                          env=hub_env(tmp_path / "empty-hub", tmp_path), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     assert res.stdout.split("SNIPPET-OK", 1)[1].split() == ["GlideAssistant", "ReDrafterAssistant", "CascadeAssistant"]
+
+
+def test_remote_code_is_what_cards_sync_writes():
+    """model_cards/*/*.py are the files of hf_cascade/heads/ that save_pretrained copies; run ``hf-cascade cards
+    --sync`` after changing a head's module."""
+    differ = sync_cards(CARDS, write=False)
+    assert not differ, f"differ from hf_cascade/heads/ (run hf-cascade cards --sync): {[str(p) for p in differ]}"
+    kinds = {name: sorted(card_code(CARDS / name)) for name in CARD_KINDS}
+    assert kinds["gemma-3-270m-glide-xs"] == ["attention_glide.py", "configuration_glide.py", "modeling_glide.py"]
+    assert kinds["gemma-3-270m-corpus-ngrams"] == []                # no remote code: not a model
+    assert all(kinds[name] for name in CARD_KINDS if CARD_KINDS[name][0] != "corpus")
+
+
+def test_cards_command_finds_and_fixes_a_differing_copy(tmp_path, capsys):
+    """``--check`` fails on an edited copy and on a stray ``.py`` file; ``--sync`` rewrites the copy, removes the
+    stray file, and ``--check`` then passes."""
+    for name in ("gemma-3-270m-glide-xs", "gemma-3-270m-corpus-ngrams"):
+        (tmp_path / name).mkdir()
+        for f in (CARDS / name).iterdir():
+            if f.suffix in (".py", ".json"):
+                shutil.copy(f, tmp_path / name / f.name)
+    edited = tmp_path / "gemma-3-270m-glide-xs" / "modeling_glide.py"
+    edited.write_text(edited.read_text() + "\n# edited by hand\n")
+    stray = tmp_path / "gemma-3-270m-glide-xs" / "modeling_old.py"
+    stray.write_text("")
+    assert cli_main(["cards", "--check", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert str(edited) in out and str(stray) in out
+    assert cli_main(["cards", "--sync", "--root", str(tmp_path)]) == 0
+    assert not stray.exists() and edited.read_bytes() == (CARDS / "gemma-3-270m-glide-xs" / edited.name).read_bytes()
+    assert cli_main(["cards", "--check", "--root", str(tmp_path)]) == 0

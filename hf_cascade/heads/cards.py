@@ -1,7 +1,9 @@
 """What the model cards of hf_cascade's heads say besides their measurements: front matter (licence, base
 model, Hub datasets), the licence note and the usage snippet. :func:`hf_cascade.heads.hub.save_hub` and the
 ``hf-cascade train`` modules use these, so a retrained head's card keeps the metadata of the shipped ones
-(``model_cards/``).
+(``model_cards/``). The remote-code files of a shipped folder (``configuration_*.py``, ``modeling_*.py``) are copies
+of ``hf_cascade/heads/``: :func:`sync_cards` (``hf-cascade cards --sync``) writes them from there, and
+``--check`` lists the copies that differ.
 
 Rules: a head distilled from a target is a derivative of it (the Gemma Terms of Use name distillation from
 Gemma's outputs explicitly), so its card carries the target's licence and names the target as
@@ -11,7 +13,9 @@ are on the Hub); only heads that generate on their own (the vanilla drafters) ge
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -171,5 +175,64 @@ print(pipe("{_PROMPT}", do_sample=False, max_new_tokens=64, return_full_text=Fal
     return f"## Use\n{intro} In one line, with the strategy's defaults:\n{one_line}\n{also}\n{explicit}"
 
 
+def remote_code_files(model_type: str) -> dict[str, Path]:
+    """The remote-code files a saved checkpoint of the head ``model_type`` carries, by name, each with its source in
+    ``hf_cascade/heads/``: what ``save_pretrained`` copies (the modules of the head's config and model classes and
+    the modules they import relatively). ``ValueError`` for a model type that is not one of :data:`HEADS`."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    from . import HEADS
+
+    for config_cls, model_cls, _ in HEADS:
+        if config_cls.model_type == model_type:
+            files: dict[str, Path] = {}
+            for cls in (config_cls, model_cls):
+                source = Path(sys.modules[cls.__module__].__file__)
+                for f in [source, *map(Path, get_relative_import_files(str(source)))]:
+                    files[f.name] = f
+            return files
+    raise ValueError(f"no hf_cascade head has model_type {model_type!r} (heads: "
+                     f"{', '.join(c.model_type for c, _, _ in HEADS)}).")
+
+
+def card_code(folder: str | os.PathLike) -> dict[str, Path]:
+    """The remote-code files the shipped ``folder`` should hold (by name, with their sources), from the
+    ``model_type`` of its ``config.json``; empty for a folder without one (corpus n-grams)."""
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        return {}
+    return remote_code_files(json.loads(config.read_text())["model_type"])
+
+
+def sync_cards(root: str | os.PathLike | None = None, write: bool = True) -> list[Path]:
+    """Make every folder of ``root`` (default: the clone's ``model_cards/``) hold exactly the remote code
+    :func:`card_code` names, byte for byte the files of ``hf_cascade/heads/``: a differing or missing copy is
+    written, a ``*.py`` file no head module names is removed. Returns the paths that differed (with ``write=False``
+    only reports them)."""
+    from ..shipped_folders import MODEL_CARDS
+
+    root = Path(root) if root is not None else MODEL_CARDS
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a directory (the shipped folders are model_cards/ in a clone).")
+    changed = []
+    for folder in sorted(d for d in root.iterdir() if d.is_dir()):
+        expected = card_code(folder)
+        if not expected:
+            continue
+        for name, source in expected.items():
+            copy = folder / name
+            if not copy.is_file() or copy.read_bytes() != source.read_bytes():
+                changed.append(copy)
+                if write:
+                    copy.write_bytes(source.read_bytes())
+        for stale in sorted(folder.glob("*.py")):
+            if stale.name not in expected:
+                changed.append(stale)
+                if write:
+                    stale.unlink()
+    return changed
+
+
 __all__ = ["HUB_DATASETS", "HUB_ORG", "KNOWN_TARGETS", "LICENSE_NOTES", "REPO_LINE", "SOURCE_NOTES", "base_model",
-           "front_matter", "hub_datasets", "hub_repo_id", "license_section", "usage_section"]
+           "card_code", "front_matter", "hub_datasets", "hub_repo_id", "license_section", "remote_code_files",
+           "sync_cards", "usage_section"]
