@@ -97,7 +97,7 @@ def test_joint_law_detects_a_glide_lying_about_its_draws(always_draw, monkeypatc
     """Negative control of the drawn main path (hf_cascade.core.draws, rule 1): the contract's joint test of the
     first three tokens fails for a GLIDE that draws its tokens from a flattened ``q ** 0.25`` but hands
     verification ``q`` (as forgetting a temperature warper would); the honest GLIDE passes the same runs."""
-    from hf_cascade.glide import assistant as glide_assistant
+    from hf_cascade.glide import drafter as glide_drafter
     from tests.contract_registry import base_kit
     from tests.test_contract import JOINT_RUNS, joint_test
 
@@ -107,7 +107,7 @@ def test_joint_law_detects_a_glide_lying_about_its_draws(always_draw, monkeypatc
     def make():
         return GlideAssistant(glide, cape=cape, verify_cost=None, cpu_kernels=False)   # drafts at every step
 
-    honest = glide_assistant.draw
+    honest = glide_drafter.draw
     assert passes(joint_test(target, make(), runs=JOINT_RUNS, seed=1000))
 
     def lying_draw(warpers, logits, generator=None):
@@ -115,7 +115,7 @@ def test_joint_law_detects_a_glide_lying_about_its_draws(always_draw, monkeypatc
         flat = q ** 0.25
         return torch.multinomial(flat / flat.sum(), 1, generator=generator)[0], q
 
-    monkeypatch.setattr(glide_assistant, "draw", lying_draw)
+    monkeypatch.setattr(glide_drafter, "draw", lying_draw)
     lied = joint_test(target, make(), runs=JOINT_RUNS, seed=1000)
     assert not passes(lied), lied
 
@@ -123,7 +123,7 @@ def test_joint_law_detects_a_glide_lying_about_its_draws(always_draw, monkeypatc
 def test_glide_draws_only_while_draws_pay(small, monkeypatch):
     """Without forcing: an echo GLIDE (its ``q`` close to the tiny target's rows) measures draws ahead of its
     argmax and draws; each call starts from the argmax (the choice lives and dies with the call)."""
-    from hf_cascade.glide.assistant import GlideDrafter
+    from hf_cascade.glide.drafter import GlideDrafter
 
     target = small["target"]
     a = GlideAssistant(echo_glide(target, 0.0), cape=False, draft_length=3, verify_cost=None, cpu_kernels=False)

@@ -192,7 +192,7 @@ def test_neural_drafting_reads_do_not_grow_with_the_draft_length(monkeypatch):
 
 def test_glide_draft_reads_do_not_grow_with_the_draft_length(monkeypatch):
     from hf_cascade.core.strategy import TreeStep
-    from hf_cascade.glide.assistant import GlideDrafter, GlideSettings
+    from hf_cascade.glide import GlideDrafter, GlideSettings
     from hf_cascade.glide.cape import CapeSettings
     from transformers import DynamicCache
 

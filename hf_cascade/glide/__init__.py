@@ -4,14 +4,20 @@ confidence-aware proposal expansion verified as a token tree (CAPE, Section 4.2,
 
 * :mod:`.cape` -- :class:`CapeSettings` (the expansion-size function ``S(p)``), the expansion sets and the
   verification tree of an expanded proposal;
-* :mod:`.assistant` -- :class:`GlideAssistant` (``generate(assistant_model=...)``), its drafter and
-  :class:`GlideStats`.
+* :mod:`.drafter` -- :class:`GlideDrafter`, one call's drafting step (glimpse, main path, CAPE, cache crop);
+* :mod:`.assistant` -- :class:`GlideAssistant` (``generate(assistant_model=...)``);
+* :mod:`.settings`, :mod:`.stats`, :mod:`.checks` -- :class:`GlideSettings`, :class:`GlideStats`,
+  :func:`check_glide_matches` (a GLIDE built for this target).
 
 The draft model itself is :class:`hf_cascade.heads.GlideForCausalLM`; it is trained by
 :func:`hf_cascade.training.run_glide.train_glide`.
 """
 
-from .assistant import GlideAssistant, GlideDrafter, GlideSettings, GlideStats, check_glide_matches
+from .assistant import GlideAssistant
+from .checks import check_glide_matches
+from .drafter import GlideDrafter
+from .settings import GlideSettings
+from .stats import GlideStats
 from .cape import CapeSettings, cap_expansions, cape_tree, expanded_proposal, expansion_sets
 
 __all__ = [

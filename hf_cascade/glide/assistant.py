@@ -1,48 +1,5 @@
-"""GLIDE + CAPE decoding (Du et al., ICML 2024, "GLIDE with a CAPE", Sections 4.1-4.2, Appendix A) through
-``generate(assistant_model=GlideAssistant(glide))``, verified as a token tree by :mod:`hf_cascade.core`.
-
-One step (:meth:`GlideDrafter.draft_tree`), with ``seq`` the ``L`` verified tokens (``seq[-1]`` the root, not
-yet in the target's cache):
-
-1. **Glimpse without copying** -- the draft reads the target's cached K/V of layers ``l = N_T - N_D + m``
-   straight from the loop's ``DynamicCache`` (:meth:`GlideForCausalLM.target_kv` returns the cache's own
-   tensors). It holds ``seq[:-1]``: the paper's *KV cache delay*, every draft query at or after the root
-   sees all ``L - 1`` entries, a catch-up token at index ``i < L - 1`` sees entries ``< i`` (as at a block
-   start in training).
-2. **Draft the main path** greedily, one draft forward per token, with the draft's own self-attention
-   ``DynamicCache`` kept across steps: the first forward feeds the tokens the draft has not seen (the
-   previous step's bonus / accepted tokens and the root), then each main token; drafting stops after
-   ``draft_length`` tokens, at the length budget, after an EOS token or (``min_confidence > 0``, not in
-   the paper) at the first token the draft gives less than ``min_confidence``.
-3. **CAPE** (``cape=True``): at each step ``i`` the confidence ``p_i = max p_D`` picks ``K_i = S(p_i)``
-   (:class:`~hf_cascade.glide.cape.CapeSettings`) and the ``K_i`` next-best tokens become leaves beside
-   ``x_{t+i}``; ``cape=False`` sends the main path alone (a chain).
-   **Hardware-aware size** (``verify_cost``, the default; not in the paper): draft at all, draft deeper, and
-   verify each drafted node only when its calibrated chance of acceptance pays for its measured cost on the
-   running device (:mod:`hf_cascade.core.adapt`; the paper's fixed shape with ``verify_cost=None``).
-4. After verification (:meth:`GlideDrafter.on_accept`) the draft cache is **cropped** (``Cache.crop``) to
-   the verified tokens it already holds: the root and the accepted main-path tokens it fed. (With one draft
-   layer their K/V do not depend on the glimpse at all; with more, the upper layers' K/V keep the view of
-   the target cache they were drafted with, like positions inside a block of the training mask.)
-
-CAPE's confidence ``p_i`` is the draft's own softmax (no temperature or other processing), as Section 4.2
-defines it, so the tree does not depend on the sampling settings.
-
-Sampling (not in the paper, which evaluates greedy decoding): at each main position the drafter either takes
-the argmax, as above, or draws the token from its own distribution ``q`` after the target's warpers
-(temperature, top-k, top-p, ...), whichever :class:`~hf_cascade.core.draws.ProposalChoice` measured the target
-to accept more often at that confidence in this call (a draw is accepted with the overlap of ``q`` and ``p``,
-the argmax with ``p`` of one token; both are computed at every step from the same target row). A drawn node
-hands ``q`` to verification, every other node (an argmax token, a CAPE sibling) is a point mass, and a drawn
-main path is verified in full (:mod:`hf_cascade.core.draws`, rules 1-3), so
-:func:`~hf_cascade.core.accept.sampling_tree_accept` (SpecInfer's multi-step speculative sampling) emits every
-token distributed exactly as the target's processed distribution (temperature, top-k/p, penalties), whatever
-the draft proposes. Greedy decoding is exact by construction.
-
-The lookup branch (``lookup=True``, with ``verify_cost``; not in the paper): the sequence's own repeats join the
-tree before the cost cut (:mod:`hf_cascade.drafters.lookup_branch`), also on steps where the draft does not run;
-beside a drawn main path they are separate point-mass siblings (never merged with a drawn node).
-"""
+"""``generate(..., assistant_model=GlideAssistant(glide))``: GLIDE + CAPE (Du et al., ICML 2024) verified as a
+token tree by :mod:`hf_cascade.core`; the step itself is :class:`~hf_cascade.glide.drafter.GlideDrafter`'s."""
 
 from __future__ import annotations
 
@@ -50,231 +7,19 @@ import os
 from dataclasses import fields, replace
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
-from ..core.stats import LevelStats
-from ..core.adapt import AdaptiveBudget
-from ..core.budget import VerifyCost
 from ..assistant import TreeAssistant
-from ..core.stats import TreeStats
-from .stats import _RECORDED, GlideStats
-from ..core.accept import path_list
-from ..core.strategy import TreeDrafter, TreeStep
-from ..core.structure import TokenTree
-from ..core.draws import ProposalChoice, draw, tree_draft_probs, warped, warpers
-from ..drafters.lookup_branch import LookupBranch
-from ..drafters.maxgram import common_prefix
-from ..compat import cache_kwargs
+from ..core.budget import VerifyCost
+from ..core.stats import LevelStats, TreeStats
 from ..loading import load_pretrained
-from ..placement import defer_reads, place_like
+from ..placement import place_like
 from ..processors import split_processors
-from .cape import CapeSettings, expanded_proposal
+from .cape import CapeSettings
 from .checks import check_glide_matches
+from .drafter import GlideDrafter
 from .settings import GlideSettings
-
-
-def _empty(seq: torch.Tensor) -> TokenTree:
-    return TokenTree(seq.new_zeros(0), seq.new_zeros(0))
-
-
-class GlideDrafter(TreeDrafter):
-    """Drafts GLIDE (+ CAPE) trees below the last verified token; one per ``generate()`` call (its draft
-    cache and records live and die with the call). See the module docstring for the step."""
-
-    reads_target_cache = True                        # cross-attends to the target's K/V (TreeStep.cache)
-
-    def __init__(self, glide, settings: GlideSettings, stop_ids: list[int],
-                 processors: LogitsProcessorList | None = None):
-        self.glide, self.settings = glide, settings
-        # sampling (``processors`` given): draw the main path from the warped q while that is accepted more often
-        # than the argmax (core.draws); greedy: the argmax path
-        self.warpers = warpers(processors) if processors is not None else None
-        self.choice = ProposalChoice() if processors is not None else None
-        self._root_logits: torch.Tensor | None = None
-        self._root_confidence: float | None = None
-        self.linear = settings.cape is None          # without CAPE every draft is a chain (no tree mask)
-        self.stop_ids = set(int(t) for t in stop_ids)
-        self.cache = DynamicCache()                  # the draft's own self-attention K/V of verified tokens
-        self.record = GlideStats()                   # only the GLIDE fields are used (copied by the assistant)
-        self._root_len: int | None = None            # L at the last draft (None: nothing drafted)
-        self._main: list[int] = []                   # the last main path (target ids)
-        self._checked = False
-        self._device = next(glide.parameters()).device
-        self._bounds = torch.tensor(self.choice.bounds, device=self._device) if self.choice is not None else None
-        # verify_cost: draft and verify what pays on this machine (core.adapt); None: the paper's fixed shape
-        self.budget = AdaptiveBudget(settings.verify_cost) if settings.verify_cost is not None else None
-        self._probs: list[float | None] = []         # draft probabilities of the verified tree's nodes (None: a seed)
-        # lookup: the sequence's repeats join the tree (drafters.lookup_branch); its cut needs the budget
-        self.lookup = LookupBranch() if settings.lookup and self.budget is not None else None
-
-    # -- helpers -----------------------------------------------------------------------------------
-    def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.glide.config.share_target_embeddings else self.glide.vocab_subset[draft_ids]
-
-    @property
-    def _columns(self) -> torch.Tensor | None:
-        """The target id of each column of the draft's rows (``None``: the target's own vocabulary)."""
-        return None if self.glide.config.share_target_embeddings else self.glide.vocab_subset
-
-    def _glimpse(self, state: TreeStep) -> list | None:
-        """The ``N_D`` target ``(k, v)`` pairs ``[1, kv_heads, L - 1, d_k]`` the draft reads (the cache's own
-        tensors), or ``None`` (no cross-attention, or nothing cached yet)."""
-        if not self.glide.config.cross_attention or state.cache.get_seq_length() == 0:
-            return None
-        kv = self.glide.target_kv(state.cache)
-        if not self._checked:
-            c = self.glide.config
-            layers = c.target_layer_ids or [f"N_T - {len(kv) - m}" for m in range(len(kv))]
-            for (k, v), layer in zip(kv, layers):
-                ok = (k.dim() == 4 and k.shape == v.shape and k.shape[-1] == c.target_head_dim
-                      and c.target_num_attention_heads % k.shape[1] == 0
-                      and k.shape[-2] == state.seq.shape[0] - 1)
-                if not ok:
-                    raise ValueError(
-                        f"the target's cached K/V of layer {layer} have shape {tuple(k.shape)}; this GLIDE expects "
-                        f"[1, kv_heads | {c.target_num_attention_heads}, {state.seq.shape[0] - 1}, "
-                        f"{c.target_head_dim}] (a target of another geometry?)")
-            self._checked = True
-        return kv
-
-    # -- the TreeDrafter contract ------------------------------------------------------------------
-    @torch.no_grad()
-    def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
-        """A chain (``cape=None``) or CAPE tree of at most ``min(draft_length, budget)`` main tokens after
-        ``seq`` (``[L]``). Greedy: ``draft_probs = None`` (the argmax path, deterministic given ``seq``);
-        sampling: the main path is drawn and ``draft_probs`` holds what each node was drawn from."""
-        k = min(self.settings.draft_length, state.budget)
-        self._root_len, self._main = None, []
-        if k < 1 or (self.budget is not None and not self.budget.should_draft()):
-            self.record.skipped_drafts += 1
-            return self._joined(_empty(seq), [], state), None
-        length = seq.shape[0]
-        past = self.cache.get_seq_length()
-        if past >= length:
-            raise RuntimeError(f"the draft cache holds {past} tokens but only {length} are verified")
-        kv = self._glimpse(state)
-        ids = seq[past:].to(self._device)                                           # catch-up tokens + root
-        # sampling: which confidence buckets draw (core.draws.ProposalChoice); None: the argmax path
-        table = self.choice.table(self._device) if self.choice is not None else None
-        drawn = table is not None
-        rows, bests, tops, tokens, qs = [], [], [], [], []  # per draft forward, on the device
-        p_best, target_ids = [], []                        # host copies of tops / tokens
-        defer = defer_reads(self._device)                  # GPU: read once after the k forwards, not per token
-        if self.budget is not None:
-            self.budget.start_draft()
-        for t in range(k):
-            out = self.glide(input_ids=ids[None], **cache_kwargs(self.glide, self.cache), target_key_values=kv,
-                             full_vocab=False, logits_to_keep=1)
-            self.record.draft_forwards += 1
-            self.record.draft_tokens += ids.shape[0]
-            if self.budget is not None:
-                self.budget.count_forward()
-            logits = out.logits[0, -1]
-            p = logits.float().softmax(-1)                                          # [N] draft distribution
-            best = pick = p.argmax()
-            if t == 0 and self.choice is not None:
-                self._root_logits = logits                 # both proposals are measured at the first position
-            if drawn:                                      # rules 1, 2 of core.draws: q is what a token is drawn from,
-                x, q = draw(self.warpers, logits)          # and the mode depends on the confidence, not on x
-                use = table[torch.bucketize(p[best], self._bounds)]
-                pick = torch.where(use, x, best)
-                qs.append(torch.where(use, q, torch.nn.functional.one_hot(best, q.shape[0]).to(q.dtype)))
-            token = self._to_target(pick)
-            rows.append(p), bests.append(pick), tops.append(p[best]), tokens.append(token)
-            if not defer:                                  # host reads are free: stop as soon as the rule says
-                p_best.append(float(tops[-1]))
-                target_ids.append(int(token))
-                if self._main_length(p_best, target_ids, k)[1]:
-                    break
-            ids = token.reshape(1).to(self._device)
-        if defer:
-            p_best, target_ids = torch.stack(tops).tolist(), torch.stack(tokens).tolist()
-        if self.budget is not None:
-            self.budget.end_draft()
-        m = self._main_length(p_best, target_ids, k)[0]
-        self._root_len = length
-        self._root_confidence = p_best[0] if p_best else None
-        self.record.main_lengths.append(m)
-        if not m:                                                                   # unsure from the start
-            self.record.expansion_sizes.append([])
-            self.record.confidences.append([])
-            self.record.drafted_nodes.append(0)
-            return self._joined(_empty(seq), [], state), None
-        probs = torch.stack(rows[:m])                                               # [k', N]
-        main_d = torch.stack(bests[:m])                                             # [k'] draft ids
-        self._main = target_ids[:m]                                                 # [k'] target ids
-        tree, expansions, node_probs = expanded_proposal(probs, main_d, self.settings.cape, self._to_target,
-                                                         main_target=self._main, device=seq.device)
-        if drawn:                           # a drawn node is estimated by its confidence, not its token (rule 2)
-            node_probs = torch.cat([torch.tensor(p_best[:m], dtype=node_probs.dtype), node_probs[m:].cpu()])
-        self.record.expansion_sizes.append([len(x) for x in expansions])
-        self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
-        self.record.drafted_nodes.append(tree.num_nodes)
-        if self.lookup is not None and not (drawn and self.linear):                 # + repeats, what pays
-            tree = self._joined(tree, torch.as_tensor(node_probs, dtype=torch.float64).tolist(), state,
-                                drawn=m if drawn else 0)
-        elif self.budget is not None:                                               # what pays on this hardware
-            tree, self._probs = self.budget.select(tree, node_probs, fixed=m if drawn else 0)
-        if not drawn:
-            return tree, None
-        self.record.drawn_drafts += 1
-        return tree, tree_draft_probs(tree, torch.stack(qs[:m]), self.glide.config.vocab_size, self._columns)
-
-    def _joined(self, tree: TokenTree, probs: list[float], state: TreeStep, drawn: int = 0) -> TokenTree:
-        """``tree`` (the draft's probabilities ``probs``; its first ``drawn`` nodes drawn from ``q``) with the
-        lookup branch joined and cut to what pays (the tree as it is without a lookup branch). Seeds are point
-        masses, after the drafted nodes: :func:`tree_draft_probs` gives them one-hot rows."""
-        if self.lookup is None:
-            return tree
-        tree, self._probs = self.lookup.cut(self.budget, tree, probs, state, self.linear, drawn)
-        return tree
-
-    def _main_length(self, p_best: list[float], tokens: list[int], k: int) -> tuple[int, bool]:
-        """The main path's stop rule over the drafted ``p_i`` / target ids: ``(m kept, rule ended)``."""
-        cape, reach, m = self.settings.cape, 1.0, 0                                 # reach: prod of main p_i
-        calibrated = 1.0                                                            # the same, as target acceptance
-        for t, (p, token) in enumerate(zip(p_best, tokens)):
-            unsure = p < self.settings.min_confidence
-            if unsure and (cape is None or reach * p < cape.min_prob):
-                return m, True                          # a chain leaves it out, CAPE too below its path floor
-            reach *= p
-            m += 1
-            if unsure or t + 1 == k or token in self.stop_ids:
-                return m, True
-            if self.budget is not None:                 # verify_cost: the next forward must be able to pay
-                calibrated *= self.budget.calibrated(p)
-                if not self.budget.keep_drafting(calibrated):
-                    return m, True
-        return m, False
-
-    def on_accept(self, tree, acceptance, state: TreeStep) -> None:
-        """Keep, in the draft cache, the verified tokens it holds: ``seq[:L]`` and the fed main tokens that
-        the target accepted (``Cache.crop``); count main-path and expansion acceptances."""
-        if self.budget is not None:
-            path = path_list(acceptance)
-            self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
-                                     state.verify_seconds, state.verify_nodes)
-            self._probs = []
-            if self.lookup is not None:
-                self.lookup.observe(tree, path)
-        if self.choice is not None and self._root_logits is not None and state.rows is not None:
-            first = sum(1 for parent in tree.host_parents if parent < 0)          # the first level's nodes
-            self.choice.observe(state.rows.softmax()[0], warped(self.warpers, self._root_logits), self._columns,
-                                siblings=max(first - 1, 0), confidence=self._root_confidence)
-        self._root_logits = None
-        if self._root_len is None:
-            return
-        length = self._root_len
-        accepted = [tree.token_list[i] for i in path_list(acceptance)]             # host structure, host path
-        on_main = common_prefix(accepted, self._main)
-        self.record.main_accepted.append(on_main)
-        self.record.expansion_accepted += int(len(accepted) > on_main)
-        fed = self._main[:-1]                                                       # the last main token is never fed
-        emitted = state.tokens[length:] if getattr(state, "tokens", None) is not None else state.seq[length:].tolist()
-        keep = length + common_prefix(emitted, fed)
-        extra = self.cache.get_seq_length() - min(keep, state.seq.shape[0] - 1)
-        if extra > 0:
-            self.cache.crop(-extra)                  # negative: remove ``extra`` positions (4.57 and 5.x)
+from .stats import _RECORDED, GlideStats
 
 
 class GlideAssistant(TreeAssistant):
@@ -317,9 +62,9 @@ class GlideAssistant(TreeAssistant):
         place_drafters: place the GLIDE like the target's input embeddings (device, dtype) at every call
             (:func:`hf_cascade.placement.place_like`); ``False``: leave it (K/V then cross at every forward).
 
-    Greedy outputs equal plain ``generate``; sampling is lossless (drawn or argmax main paths, see the module
-    docstring). After each call ``assistant.last_stats`` is a :class:`GlideStats` (tokens per target call,
-    tree sizes, accepted paths, expansion sizes, ``draft_forward_cost``).
+    Greedy outputs equal plain ``generate``; sampling is lossless (drawn or argmax main paths, see
+    :mod:`hf_cascade.glide.drafter`). After each call ``assistant.last_stats`` is a :class:`GlideStats` (tokens
+    per target call, tree sizes, accepted paths, expansion sizes, ``draft_forward_cost``).
 
     Example::
 
@@ -383,4 +128,4 @@ class GlideAssistant(TreeAssistant):
         return out
 
 
-__all__ = ["GlideAssistant", "GlideDrafter", "GlideSettings", "GlideStats", "check_glide_matches"]
+__all__ = ["GlideAssistant"]
