@@ -1,8 +1,19 @@
 """hf_cascade: faster ``model.generate()`` with lossless speculative decoding.
 
-``import hf_cascade`` installs a hook into transformers' assisted generation (see
-:mod:`hf_cascade.hook`); then ``model.generate(ids, assistant_model=CascadeAssistant([...]))`` drafts
-with our strategies and verifies with transformers' own loop.
+``import hf_cascade`` installs a hook into ``generate()`` and ``pipeline()`` (:mod:`hf_cascade.hook`) and registers
+hf_cascade's heads with transformers' Auto classes. Then ``model.generate(ids, assistant_model=...)`` given an
+hf_cascade assistant (``CascadeAssistant([MaxGram()])``, ``GlideAssistant(head)``, ...) or an hf_cascade checkpoint
+(:mod:`hf_cascade.auto` builds its assistant) runs hf_cascade's decoding core instead of transformers' assisted
+loop, with the same inputs and outputs; every other ``generate()`` call is untouched.
+
+The core is one loop for every strategy, :func:`hf_cascade.core.loop.speculative_decode`. Per step: **draft** (the
+assistant's per-call drafter proposes a token tree below the last verified token; a linear strategy's draft is a
+tree with one path), **verify** (one target forward over the tree: a tree mask and per-node positions, plain
+causal attention for a chain; the output head only on the rows acceptance reads), **accept** (greedy, or exact
+speculative sampling), **update** (keep the accepted path's K/V, emit and stream the tokens, hand the drafter its
+feedback). Left-padded batches run the same steps over rows (:mod:`hf_cascade.core.batch`). A linear strategy can
+also run in transformers' own assisted loop (``assistant.loop = "transformers"``). Strategies, options and the
+layout: ``docs/design.md``.
 """
 
 from . import hook as _hook

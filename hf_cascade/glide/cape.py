@@ -41,9 +41,10 @@ class CapeSettings:
             is accepted). The paper verifies at most 32 tokens per step.
         min_prob: leave out expansion tokens whose path the draft gives probability ``< min_prob`` (0 = the
             paper's CAPE): the token's own probability times the confidences of the main tokens above it,
-            the draft's estimate that the target accepts it. Not in the paper: on a CPU every verified node
-            costs (about 7% of a one-token target forward each here, against ~1% on the paper's GPUs), so a
-            sibling the draft itself finds unlikely costs more than it is expected to return.
+            the draft's estimate that the target accepts it. Not in the paper: where every verified node costs a
+            noticeable share of a target forward (a CPU, far more than the paper's GPUs; measured in
+            ``docs/design.md``), a sibling the draft itself finds unlikely costs more than it is expected to
+            return.
     """
 
     sizes: tuple[int, ...] = (7, 5, 3, 1)

@@ -52,8 +52,8 @@ def target_kv_batch(model: GlideForCausalLM, target, batch: Batch) -> list | Non
 
 class TargetKVMemo:
     """The target K/V a GLIDE reads, per distillation record, computed once and reused by later epochs and
-    evaluations (the frozen target's forward dominates a training step: ~10 s for 16 x 256 tokens of
-    Gemma-3-270M on 2 CPU cores, against well under a second for the draft's forward and backward).
+    evaluations (the frozen target's forward dominates a training step: it is many times the draft's forward and
+    backward).
 
     ``memo(batch)`` returns the batch's ``N_D`` pairs ``(k, v)`` ``[B, kv_heads, T, d_k]`` (zeros at padding),
     running the target only on records not cached yet (or cached shorter than the batch needs: sequences are

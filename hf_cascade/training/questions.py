@@ -35,8 +35,8 @@ class QuestionConfig:
     top_p: float = 0.95
     gsm8k_share: float = 0.15
     min_words: int = 4
-    #: seeds longer than this are not used: the batch is left-padded to its longest prompt, and one
-    #: 6115-character Vicuna/Alpaca seed made a batch of 32 a 1303-token prefill (126 s instead of ~3 s)
+    #: seeds longer than this are not used: the batch is left-padded to its longest prompt, so one long
+    #: Vicuna/Alpaca seed makes every row of its batch prefill that many tokens
     max_seed_chars: int = 600
     seed: int = 0
 
