@@ -34,8 +34,8 @@ class CascadeAssistant(LinearAssistant):
         maxgram_lenience: ``>= 1``; lenience of a neural drafter's review of Max-Gram tokens
             (accepts a Max-Gram token when ``maxgram_lenience * p_drafter(token) >= 1``, under
             sampling with probability ``min(1, maxgram_lenience * p)``). Default 1 = none, as in
-            the paper's App. B. Deviation, measured: a small drafter that is right on a third of
-            Spec-Bench tokens vetoes many correct Max-Gram continuations; ``float("inf")`` lets
+            the paper's App. B. Deviation: a small distilled drafter that is right on a minority of
+            out-of-domain tokens (``docs/design.md``) vetoes many correct Max-Gram continuations; ``float("inf")`` lets
             Max-Gram's matches through unreviewed. Lossless at the target either way.
         min_confidence: a neural drafter stops contributing to the current draft after a token
             it gave probability ``< min_confidence`` (0 = never; transformers' assistants use 0.4
@@ -64,8 +64,8 @@ class CascadeAssistant(LinearAssistant):
             ``min_confidence``); larger neural levels still review smaller ones. Deviation from the
             paper's largest-first horizontal order (``maxgram_first=False``), the default because a
             small distilled drafter reviewing Max-Gram's matches vetoes long correct ones whenever it is
-            less often right than Max-Gram's match is (measured on Gemma-3-270M's drafters: right on
-            about a third of benchmark tokens).
+            less often right than Max-Gram's match is (the shipped drafters' agreement with the target:
+            ``docs/design.md``, *Training drafters*).
         tokenizer: optional tokenizer of the drafters, to check vocabularies exactly when
             ``generate(..., tokenizer=...)`` is also given.
         cpu_kernels: the verification backend switch (see :class:`~hf_cascade.assistant.Assistant`).
