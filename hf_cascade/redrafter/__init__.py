@@ -3,13 +3,19 @@ Models"): beam search with a recurrent draft head over the target's last hidden 
 deduplicated into a token tree (dynamic tree attention) and verified in one target forward.
 
 * :mod:`.beam` -- :func:`beam_search` with the head, the packed / flat verification trees;
-* :mod:`.assistant` -- :class:`ReDrafterAssistant` (``generate(assistant_model=...)``) and its drafter.
+* :mod:`.drafter` -- :class:`ReDrafterDrafter`, one call's drafting step (beam search, pack, cost cut);
+* :mod:`.assistant` -- :class:`ReDrafterAssistant` (``generate(assistant_model=...)``);
+* :mod:`.stats`, :mod:`.checks` -- :class:`ReDrafterStats`, :func:`check_head_matches` (a head built for this
+  target).
 
 The head itself is :class:`hf_cascade.heads.ReDrafterModel`; it is trained by
 :func:`hf_cascade.training.run_redrafter.train_redrafter`.
 """
 
-from .assistant import ReDrafterAssistant, ReDrafterDrafter, ReDrafterStats, check_head_matches
+from .assistant import ReDrafterAssistant
+from .checks import check_head_matches
+from .drafter import ReDrafterDrafter
+from .stats import ReDrafterStats
 from .beam import beam_search, beams_tree, confident_prefix, flat_tree
 
 __all__ = [

@@ -1,0 +1,126 @@
+"""ReDrafter decoding on the tree loop (``generate(..., assistant_model=ReDrafterAssistant(head))``): the step.
+
+Cheng et al. (2024), "Recurrent Drafter for Fast Speculative Decoding in Large Language Models",
+Section 2 ("Speculative decoding with ReDrafter"). Each step, draft -> verify -> accept -> update:
+
+1. **Draft** (:class:`ReDrafterDrafter`): the target's last hidden state ``x`` (handed over by the
+   tree loop as :attr:`TreeStep.last_hidden`, captured during the previous target pass: no extra
+   target forward) and the token the target produced from it (the root, ``seq[-1]``) start a beam
+   search with the recurrent head (:func:`~hf_cascade.redrafter.beam.beam_search`): ``w`` beams of
+   ``L`` draft tokens.
+2. **Pack**: the beams' shared prefixes are deduplicated with tensor ops
+   (:func:`~hf_cascade.core.structure.get_prefix_match`, Listing 1) into a token tree
+   (:meth:`TokenTree.from_beams`: dynamic tree attention). ``dedupe=False`` verifies the ``w * L``
+   beam tokens flat instead, each beam its own branch (the paper's "w/o tree attention" baseline).
+3. **Verify and accept** (:func:`~hf_cascade.core.loop.speculative_decode`): one target forward over the
+   tree with its tree mask; greedy: the longest path the target agrees with (= the candidate with
+   the longest accepted prefix); sampling: recursive rejection sampling with point-mass drafts
+   (the tree is a deterministic function of the context), exactly the target's distribution.
+4. **Update**: only the accepted path stays in the target's KV cache; the hidden state that produced
+   the last emitted token is the next step's ``x``.
+
+When the prompt has a single token there is no ``x`` yet: that step drafts nothing (a plain decoding
+step). Typical acceptance (the paper's lossy variant) is not offered: every output here is lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.accept import path_list
+from ..core.adapt import AdaptiveBudget
+from ..core.budget import VerifyCost
+from ..core.strategy import TreeDrafter, TreeStep
+from ..core.structure import TokenTree
+from ..drafters.lookup_branch import LookupBranch
+from .beam import beam_rows, beam_search, confident_prefix, kept_nodes, node_probabilities, pack
+
+
+@dataclass
+class _BeamRecord:
+    beam_tokens: list[int] = field(default_factory=list)
+    drafted_nodes: list[int] = field(default_factory=list)
+    confident_nodes: list[int] = field(default_factory=list)
+    skipped: int = 0
+    forwards: int = 0
+    rows: int = 0
+
+
+class ReDrafterDrafter(TreeDrafter):
+    """Beam search with the ReDrafter head below the last verified token (one per ``generate()`` call).
+
+    Args:
+        head: a :class:`~hf_cascade.heads.ReDrafterModel` matching the target (see
+            :func:`~hf_cascade.redrafter.checks.check_head_matches`).
+        embed: target token ids ``[b]`` -> the target's input embeddings ``[b, H]``.
+        beam_width / beam_length / dedupe / min_confidence: see :class:`~hf_cascade.redrafter.ReDrafterAssistant`.
+    """
+
+    def __init__(self, head, embed, beam_width: int, beam_length: int, dedupe: bool = True,
+                 min_confidence: float = 0.0, verify_cost: VerifyCost | None = None, lookup: bool = False):
+        self.head, self.embed = head, embed
+        # a resolved VerifyCost: draft and verify what pays on this machine (core.adapt); None: the beams whole
+        self.budget = AdaptiveBudget(verify_cost) if verify_cost is not None else None
+        self._probs: list[float | None] = []        # (None: a lookup seed)
+        # lookup: the sequence's repeats join the beams' tree (drafters.lookup_branch); its cut needs the budget
+        self.lookup = LookupBranch() if lookup and self.budget is not None else None
+        self.beam_width, self.beam_length, self.dedupe = beam_width, beam_length, dedupe
+        self.min_confidence = float(min_confidence)
+        self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
+        self.record = _BeamRecord()
+
+    def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
+        """``w`` beams of ``min(L, budget)`` tokens after ``seq[-1]``, packed into a tree;
+        ``draft_probs = None`` (beam search is deterministic given ``seq``)."""
+        length = min(self.beam_length, state.budget)
+        empty = TokenTree(seq.new_zeros(0), seq.new_zeros(0))
+        if state.last_hidden is None or length < 1 or (self.budget is not None and not self.budget.should_draft()):
+            self.record.skipped += 1
+            return self._joined(empty, [], state), None
+        if self.budget is not None:
+            self.budget.start_draft()
+        beams, _, logp = beam_search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, length,
+                                     token_logp=True)                                  # [w', L'] each
+        rows = beam_rows(self.beam_width, length, int(self.head.draft_vocab_size))
+        self.record.forwards += len(rows)                                             # one head forward per step
+        self.record.rows += sum(rows)
+        beams = beams.to(seq.device)
+        tree, beam_to_node = pack(beams, self.dedupe)                                  # n nodes; one read of the beams
+        self.record.beam_tokens.append(int(beams.numel()))
+        self.record.drafted_nodes.append(tree.num_nodes)
+        probs = node_probabilities(tree, beam_to_node, logp) if self.budget is not None else None
+        if self.min_confidence > 0:
+            keep = kept_nodes(tree, beam_to_node, confident_prefix(logp, self.min_confidence))
+            tree = tree.select(keep)
+            probs = [p for p, k in zip(probs, keep) if k] if probs is not None else None
+        if self.budget is not None:
+            self.budget.count_forward(length)                  # one batched head step per beam position
+            self.budget.end_draft()
+            if self.lookup is not None:
+                tree = self._joined(tree, probs, state)
+            else:
+                tree, self._probs = self.budget.select(tree, probs)
+        self.record.confident_nodes.append(tree.num_nodes)
+        return tree, None
+
+    def _joined(self, tree: TokenTree, probs: list[float], state: TreeStep) -> TokenTree:
+        """``tree`` (the head's probabilities ``probs``) with the lookup branch joined and cut to what pays (the
+        tree as it is without a lookup branch)."""
+        if self.lookup is None:
+            return tree
+        tree, self._probs = self.lookup.cut(self.budget, tree, list(probs), state, self.linear)
+        return tree
+
+    def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
+        if self.budget is not None:
+            path = path_list(acceptance)
+            self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
+                                     state.verify_seconds, state.verify_nodes)
+            self._probs = []
+            if self.lookup is not None:
+                self.lookup.observe(tree, path)
+
+
+__all__ = ["ReDrafterDrafter"]
