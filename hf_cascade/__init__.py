@@ -29,7 +29,7 @@ from .heads import CascadeDrafterConfig, CascadeDrafterForCausalLM, GlideConfig,
 from .processors import LossyLenientTarget, LossyTypicalAcceptance
 from .redrafter import ReDrafterAssistant, ReDrafterStats
 from .shipped_folders import shipped
-from .drafters.recycling import RecyclingAssistant
+from .recycling import RecyclingAssistant
 from .core.stats import GenerationStats
 from .core.budget import VerifyCost, measure_verify_cost
 

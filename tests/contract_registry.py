@@ -11,7 +11,7 @@ import torch
 
 from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
 from hf_cascade.drafters.maxgram_tree import MaxGramTreeAssistant
-from hf_cascade.drafters.recycling import RecyclingAssistant
+from hf_cascade.recycling import RecyclingAssistant
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head
 from tests.test_glide_decode import echo_glide

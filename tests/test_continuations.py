@@ -8,7 +8,7 @@ import pytest
 
 from hf_cascade.drafters.continuations import SeedTrie, suffix_continuations
 from hf_cascade.drafters.maxgram import suffix_match, follow, suffix_occurrences
-from hf_cascade.drafters.recycling import RecycledCandidates, RecyclingShape
+from hf_cascade.recycling import RecycledCandidates, RecyclingShape
 
 
 def test_occurrences_of_the_longest_suffix_most_recent_first():

@@ -9,7 +9,7 @@ import torch
 
 from hf_cascade.core import TokenTree
 from hf_cascade.core.rows import TreeRows
-from hf_cascade.drafters.recycling import RecycledCandidates, RecyclingAssistant, RecyclingShape
+from hf_cascade.recycling import RecycledCandidates, RecyclingAssistant, RecyclingShape
 from tests import tiny_models as tm
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 

@@ -202,7 +202,7 @@ class Recycling(Ours):
     (:meth:`after_warmup`)."""
 
     def __init__(self, name: str, model: Any):
-        from ..drafters.recycling import RecyclingAssistant
+        from ..recycling import RecyclingAssistant
 
         super().__init__(name, model, RecyclingAssistant())
 

@@ -66,7 +66,7 @@ def build_methods(target, names: Sequence[str] | None = None, drafter=None, glid
     layer, :func:`~hf_cascade.bench.tiny.truncated_copy`), ``glide`` (:func:`~hf_cascade.bench.tiny.echo_glide`) and
     ``redrafter`` (:func:`~hf_cascade.bench.tiny.fit_head`, a few seconds of training)."""
     from .. import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
-    from ..drafters.recycling import RecyclingAssistant
+    from ..recycling import RecyclingAssistant
     from . import tiny
 
     names = list(names or METHODS)
