@@ -36,7 +36,7 @@ def arctic():
 
 
 def suffix(**kwargs):
-    from hf_cascade.drafters.suffix import SuffixAssistant
+    from hf_cascade.suffix import SuffixAssistant
 
     return SuffixAssistant(**kwargs)
 

@@ -184,7 +184,7 @@ class Suffix(Ours):
 
     def __init__(self, name: str, model: Any, **settings):
         try:
-            from ..drafters.suffix import SuffixAssistant
+            from ..suffix import SuffixAssistant
 
             assistant = SuffixAssistant(**settings)
         except ImportError as exc:
