@@ -126,7 +126,7 @@ def load_drafters(args) -> dict:
 def assistants(d: dict) -> dict:
     """name -> (factory, the drafters it needs): the registry of tests/test_contract.py."""
     from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
-    from hf_cascade.drafters.maxgram_tree import MaxGramTreeAssistant
+    from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 
     def hsddw():
         if "verifier" in d:

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
-from hf_cascade.drafters.maxgram_tree import MaxGramTreeAssistant
+from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 from hf_cascade.recycling import RecyclingAssistant
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head

@@ -89,7 +89,7 @@ import json, os, sys
 import torch
 import hf_cascade
 from hf_cascade import CascadeAssistant, MaxGram
-from hf_cascade.drafters.maxgram_tree import MaxGramTreeAssistant
+from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 from tests import tiny_models as tm
 
 sessions = []

@@ -29,7 +29,7 @@ from hf_cascade.core import TokenTree
 from hf_cascade.core.budget import VerifyCost
 from hf_cascade.core.accept import greedy_tree_accept, sampling_tree_accept
 from hf_cascade.core.stats import LevelStats
-from hf_cascade.drafters.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
+from hf_cascade.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
 from hf_cascade.recycling import RecyclingAssistant
 from hf_cascade.drafters.neural import NeuralLevel
 from tests import tiny_models as tm

@@ -14,7 +14,7 @@ from hf_cascade import MaxGram
 from hf_cascade.core import TokenTree, greedy_tree_accept
 from hf_cascade.core.stopping import prune_tree
 from hf_cascade.core.rows import TreeRows
-from hf_cascade.drafters.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
+from hf_cascade.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
 from hf_cascade.assistant import TreeAssistant
 from hf_cascade.core.stats import TreeStats
 from hf_cascade.core.strategy import TreeDrafter

@@ -9,7 +9,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, pipeline
 
 from hf_cascade import CascadeAssistant, LossyLenientTarget, MaxGram
-from hf_cascade.drafters.maxgram_tree import MaxGramTreeAssistant
+from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 from hf_cascade.core.stats import TreeStats
 from tests import tiny_models as tm
 from tests.test_greedy_parity import REPETITIVE, Collect, assert_same_outputs, models, plain

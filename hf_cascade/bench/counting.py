@@ -126,7 +126,7 @@ def assistant_levels(assistant: Any) -> list | None:
     statistical drafter (no forwards), or ``None`` as a whole for an assistant this function does not know."""
     from ..cascade import CascadeAssistant
     from ..drafters import MaxGram
-    from ..drafters.maxgram_tree import MaxGramTreeAssistant
+    from ..maxgram_tree import MaxGramTreeAssistant
     from ..glide import GlideAssistant
     from ..hsddw import DynamicWindowAssistant
     from ..redrafter import ReDrafterAssistant

@@ -13,7 +13,7 @@ prompt and the generated text, no global cache of earlier responses: a call's ou
 earlier calls), over the occurrences of the *longest* matching suffix (the most specific context; the
 paper scores every suffix length), with at most ``max_matches`` of them, most recent first (a bound on the
 host work per step). A continuation that runs into the end of the sequence wraps around its period, as
-Max-Gram's does. (:class:`~hf_cascade.drafters.maxgram_tree.MaxGramTree` is the unweighted cousin:
+Max-Gram's does. (:class:`~hf_cascade.maxgram_tree.MaxGramTree` is the unweighted cousin:
 distinct continuations by recency, over shorter suffixes too, for a tree of its own.)
 """
 
