@@ -23,6 +23,7 @@ from .backends import verification_session
 from .candidate import ChainDrafter, SpeculativeCandidateGenerator
 from .core.batch import speculative_decode_batch
 from .core.checks import check_supported, is_batched
+from .core.compiled import call_compiles
 from .core.loop import speculative_decode
 from .core.stats import BatchStats, GenerationStats
 from .core.strategy import TreeDrafter
@@ -87,10 +88,11 @@ class Assistant:
         stats = self.new_stats()
         self.last_stats = stats
         drafter = self.new_drafter(target, generation_config, processors, stats, target_tokenizer)
+        kernels = False if call_compiles(target, model_kwargs, generation_config) else self.cpu_kernels
         try:
-            with verification_session(target, self.cpu_kernels) as session:
+            with verification_session(target, kernels) as session:
                 return speculative_decode(target, drafter, input_ids, processors, stopping_criteria, generation_config,
-                                          stats, streamer, session.block_rows, session.argmax_screen)
+                                          stats, streamer, session.block_rows, session.argmax_screen, model_kwargs)
         finally:
             self.last_stats = self.finish(drafter, stats)
 

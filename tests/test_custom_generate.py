@@ -165,7 +165,7 @@ def test_pipeline_call(target, no_assisted_loop):
     ({"num_beams": 2}, "beam search"),
     ({"penalty_alpha": 0.6, "top_k": 4}, "greedy decoding and sampling"),
     ({"prompt_lookup_num_tokens": 3}, "draft source"),
-    ({"cache_implementation": "static"}, "dynamic cache"),
+    ({"cache_implementation": "offloaded"}, "dynamic or a static cache"),
     ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
     ({"synced_gpus": True}, "synced_gpus"),
 ])

@@ -126,8 +126,8 @@ def test_errors():
         ours(target, REPETITIVE, a, logits_processor=[LossyLenientTarget(2.0)])
     with pytest.raises(ValueError, match="use_cache"):
         ours(target, REPETITIVE, a, use_cache=False)
-    with pytest.raises(ValueError, match="(?i)static"):
-        ours(target, REPETITIVE, a, cache_implementation="static")
+    with pytest.raises(ValueError, match="dynamic or a static cache"):
+        ours(target, REPETITIVE, a, cache_implementation="offloaded")
     with pytest.raises(ValueError, match="attentions or hidden states"):
         ours(target, REPETITIVE, a, return_dict_in_generate=True, output_attentions=True)
     with pytest.raises(ValueError, match="left padding"):                       # right padding is refused

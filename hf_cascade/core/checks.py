@@ -8,6 +8,7 @@ from transformers.generation import GenerationMode
 
 from ..compat import given_cache
 from ..processors import DraftAwareProcessor
+from .static import is_static, static_rollback_supported
 
 # model_kwargs that generate() prepares and the core may ignore
 _IGNORED_KWARGS = {"attention_mask", "position_ids", "cache_position", "logits_to_keep", "past_key_values", "cache", "use_cache"}
@@ -44,14 +45,20 @@ def check_supported(target, input_ids: torch.Tensor, generation_config: Generati
         raise ValueError("lossy target rules (LossyLenientTarget, LossyTypicalAcceptance) review linear drafts; "
                          "tree assistants do not support them.")
     cache = given_cache(model_kwargs)
-    if cache is not None and not isinstance(cache, DynamicCache):
+    static = is_static(cache) or cfg.cache_implementation == "static"
+    if cache is not None and not isinstance(cache, DynamicCache) and not is_static(cache):
         raise ValueError(
-            f"hf_cascade assistants need a DynamicCache on the target (got {type(cache).__name__}): the decoding "
-            "core keeps drafted rows in the cache and rolls rejected ones back; static and quantized caches are "
-            "not supported yet."
+            f"hf_cascade assistants need a DynamicCache or a StaticCache on the target (got {type(cache).__name__}): "
+            "the decoding core keeps drafted rows in the cache and rolls rejected ones back; quantized and offloaded "
+            "caches are not supported."
         )
-    if cache is not None and cache.get_seq_length() > 0:
+    if static:
+        _check_static(batched)
+    if isinstance(cache, DynamicCache) and cache.get_seq_length() > 0:
         raise ValueError("hf_cascade assistants start from the prompt: a prefilled cache is not supported.")
+    if is_static(cache) and any(getattr(layer, "is_initialized", False) for layer in cache.layers):
+        raise ValueError("hf_cascade assistants start from the prompt: a filled StaticCache is not supported "
+                         "(pass a new one).")
     positions = model_kwargs.get("position_ids")
     if positions is not None and not batched and not torch.equal(positions.reshape(-1).cpu(), torch.arange(input_ids.shape[1])):
         raise ValueError("hf_cascade assistants do not support custom position_ids.")
@@ -64,6 +71,15 @@ def is_batched(input_ids: torch.Tensor, model_kwargs: dict) -> bool:
     """Whether the call runs the batched loop (:mod:`hf_cascade.core.batch`): several rows, or a padded one."""
     mask = model_kwargs.get("attention_mask")
     return input_ids.shape[0] > 1 or (mask is not None and not bool((mask != 0).all()))
+
+
+def _check_static(batched: bool) -> None:
+    if not static_rollback_supported():
+        raise ValueError("hf_cascade assistants need transformers >= 5 for a static cache (its static layers roll "
+                         "rejected drafts back); with this release, use the default dynamic cache.")
+    if batched:
+        raise ValueError("hf_cascade assistants run a static cache at batch size 1 (one unpadded row); for a batch, "
+                         "use the default dynamic cache.")
 
 
 def _check_batch(input_ids, cfg, model_kwargs, logits_processor, streamer) -> None:
@@ -94,11 +110,15 @@ def refuse_unsupported_config(config: GenerationConfig) -> None:
         # transformers lets an assistant silently override these modes; hf_cascade refuses them
         raise ValueError(f"hf_cascade assistants run greedy decoding and sampling; this call asks for {mode.value} "
                          "(unset penalty_alpha, dola_layers, constraints / force_words_ids or num_beam_groups).")
-    if config.cache_implementation not in (None, "dynamic"):
+    if config.cache_implementation not in (None, "dynamic", "static"):
         raise ValueError(
-            f"hf_cascade assistants need a dynamic cache; cache_implementation={config.cache_implementation!r} is "
-            "not supported yet (the decoding core rolls rejected drafts back in a DynamicCache)."
+            f"hf_cascade assistants run a dynamic or a static cache; cache_implementation="
+            f"{config.cache_implementation!r} is not supported (the decoding core writes drafts into the cache and "
+            "rolls rejected ones back)."
         )
+    if config.cache_implementation == "static" and not static_rollback_supported():
+        raise ValueError("hf_cascade assistants need transformers >= 5 for a static cache (its static layers roll "
+                         "rejected drafts back); with this release, use the default dynamic cache.")
 
 
 __all__ = ["check_supported", "is_batched", "refuse_unsupported_config"]

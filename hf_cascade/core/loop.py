@@ -45,11 +45,13 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..compat import CACHE, cache_kwargs
+from ..compat import CACHE, cache_kwargs, given_cache
 from ..processors import screen_top_k, split_processors
 from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
+from .compiled import user_compiled, verify_call
 from .forward import check_attention_backend, keep_path, logit_cap, output_head, verify_tree
 from .rows import HeadFn, TreeRows
+from .static import QUERY_BUCKETS, StaticSlots, bucket, is_static, static_inputs
 from .stats import GenerationStats, PhaseTimer
 from .stopping import Stopper, prune_tree
 from .strategy import TreeDrafter, TreeStep
@@ -68,13 +70,17 @@ def speculative_decode(
     streamer=None,
     block_rows: int | None = 4,
     argmax_screen=None,
+    model_kwargs: dict | None = None,
 ):
     """Generate with ``drafter``'s drafts, verified by ``target`` (see the module docstring).
     ``block_rows``: most logit rows per output-head call (``None``: all at once). ``argmax_screen``: the
     backend's screen of the head (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`), used where
-    acceptance reads nothing but the argmax of a row or rows filtered to their top k (:func:`_screen`)."""
+    acceptance reads nothing but the argmax of a row or rows filtered to their top k (:func:`_screen`).
+    ``model_kwargs``: ``generate``'s (the cache it prepared or the user gave: a static one selects the static
+    path, :mod:`hf_cascade.core.static`)."""
     check_attention_backend(target, tree_shaped=not drafter.linear)      # before any forward
-    run = _Run(target, input_ids, logits_processor, stopping_criteria, generation_config, stats, streamer, block_rows)
+    run = _Run(target, input_ids, logits_processor, stopping_criteria, generation_config, stats, streamer, block_rows,
+               given_cache(model_kwargs or {}))
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
@@ -107,8 +113,10 @@ def prefill(run: "_Run") -> None:
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
     logits = run.target(input_ids=tokens[None], **cache_kwargs(run.target, row.cache), **kwargs).logits[0, -1]
     run.stats.prefill_calls += 1
+    if run.slots is not None:
+        run.slots.length = run.slots.written = tokens.numel()
     hidden = run.head_input.rows()
-    if hidden is None:
+    if hidden is None or user_compiled(run.target):       # the user's compiled forward verifies: never bypassed
         return
     head = output_head(run.target)
     if head is not None and torch.allclose(head(hidden[-1:])[0].float(), logits.float(), rtol=1e-4, atol=1e-4):
@@ -120,6 +128,8 @@ def draft(run: "_Run", drafter: TreeDrafter, state: TreeStep) -> tuple[TokenTree
     """The strategy's draft, pruned to what can be emitted (depth budget, nothing below an EOS)."""
     tree, q = drafter.draft_tree(state.seq, state)
     tree, q = prune_tree(tree, q, state.budget, run.stopper.stop_set)
+    if run.slots is not None and tree.num_nodes >= run.slots.room():   # a user's static cache: no room past it
+        tree, q = _first_nodes(tree, q, run.slots.room() - 1)
     if run.target_rules:                                   # lossy rules compare the target's rows with the draft
         candidates = torch.cat([state.seq, tree.tokens.to(state.seq.device)])[None]
         for rule in run.target_rules:
@@ -130,6 +140,8 @@ def draft(run: "_Run", drafter: TreeDrafter, state: TreeStep) -> tuple[TokenTree
 def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     """One target forward over ``[root, nodes]``; the rows' logits are computed when acceptance reads them."""
     row, L = run.row, run.row.length
+    if run.slots is not None:
+        return _verify_static(run, tree, linear)
     if run.head is not None:
         hidden = verify_tree(run.target, row.cache, L - 1, tree, row.tokens[-1], hidden_only=True, chain=linear)
         rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.row_head, block_rows=run.block_rows,
@@ -140,6 +152,27 @@ def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
         rows = TreeRows(tree, row.seq, run.processors, raw=raw)
     row.hidden = hidden
     return rows
+
+
+def _verify_static(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
+    """:func:`verify` with a static cache: the queries padded to a bucket, written after the verified prefix
+    (:func:`~hf_cascade.core.static.static_inputs`), through the compiled decoder where the call compiles
+    (:func:`~hf_cascade.core.compiled.verify_call`)."""
+    row, slots, n = run.row, run.slots, tree.num_nodes
+    queries = bucket(n + 1, slots.room())
+    inputs = static_inputs(run.target, slots.length, tree, row.tokens[-1], queries, linear, slots.capacity,
+                           run.device)
+    full = run.head is None or run.full_forward
+    call = run.target if run.head is None else run.call
+    out = call(**inputs, **cache_kwargs(run.target, slots.cache))
+    slots.wrote(queries)
+    if full:
+        hidden = run.head_input.rows()
+        row.hidden = hidden[: n + 1] if hidden is not None else None
+        return TreeRows(tree, row.seq, run.processors, raw=out.logits[0, : n + 1])
+    row.hidden = out.last_hidden_state[0, : n + 1].clone()     # a CUDA graph's output is overwritten by its next run
+    return TreeRows(tree, row.seq, run.processors, hidden=row.hidden, head=run.row_head, block_rows=run.block_rows,
+                    argmax_head=run.screen)
 
 
 def accept(run: "_Run", tree: TokenTree, rows: TreeRows, q: torch.Tensor | None) -> TreeAcceptance:
@@ -156,7 +189,10 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
     row = run.row
     L = row.length
     path = path_list(acceptance)                                        # host ints: no read
-    keep_path(row.cache, L - 1, path)
+    if run.slots is not None:
+        run.slots.keep(1 + len(path), path)
+    else:
+        keep_path(row.cache, L - 1, path)
     node_tokens = tree.token_list if path else []
     new = [node_tokens[i] for i in path] + [int(acceptance.bonus)]
     src = [0] + [i + 1 for i in path]                                   # the row that produced each new token
@@ -167,7 +203,10 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
     seq = torch.cat([row.seq, torch.tensor(new, dtype=row.seq.dtype, device=row.seq.device)])
     emitted, row.done = run.stopper.emitted(seq, L, new, run.scores)
     if emitted < len(new):                                             # a cut path: keep what was emitted
-        row.cache.crop(-(len(new) - emitted))
+        if run.slots is not None:
+            run.slots.drop(len(new) - emitted)
+        else:
+            row.cache.crop(-(len(new) - emitted))
         seq = seq[: L + emitted]
         if run.scores is not None:
             run.scores = run.scores[: len(run.scores) - (len(new) - emitted)]
@@ -209,7 +248,8 @@ class _Row:
 class _Run:
     """One ``generate()`` call: the target, the generation's settings and outputs, the rows."""
 
-    def __init__(self, target, input_ids, logits_processor, stopping_criteria, cfg, stats, streamer, block_rows):
+    def __init__(self, target, input_ids, logits_processor, stopping_criteria, cfg, stats, streamer, block_rows,
+                 given=None):
         self.target, self.cfg, self.stats, self.streamer = target, cfg, stats, streamer
         self.processors = logits_processor or LogitsProcessorList()
         self.target_rules = split_processors(self.processors)[1]
@@ -223,13 +263,18 @@ class _Run:
         self.row_head = None                               # what computes rows: the head, or the backend's screen
         self.screen = None                                 # the backend's argmax screen, where it applies (greedy)
         self.verify_seconds: float | None = None
-        device = _input_device(target, input_ids)
+        self.device = device = _input_device(target, input_ids)
         seq = input_ids[0].to(device)
-        self.row = _Row(seq, input_ids[0].tolist(), DynamicCache())
+        self.slots = None                                  # a static cache's host bookkeeping (core/static.py)
+        if is_static(given) or getattr(cfg, "cache_implementation", None) == "static":
+            self.slots = StaticSlots(target, given if is_static(given) else None, cfg.max_length + QUERY_BUCKETS[-1])
+            self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
+        self.row = _Row(seq, input_ids[0].tolist(), self.slots.cache if self.slots is not None else DynamicCache())
 
     def state(self) -> TreeStep:
         row = self.row
-        return TreeStep(row.seq, row.cache, row.last_hidden, budget=max(self.stopper.max_length - row.length - 1, 0),
+        cache = self.slots.view() if self.slots is not None else row.cache
+        return TreeStep(row.seq, cache, row.last_hidden, budget=max(self.stopper.max_length - row.length - 1, 0),
                         step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None)
 
     def result(self):
@@ -281,6 +326,13 @@ def _input_device(target, input_ids: torch.Tensor) -> torch.device:
     if isinstance(weight, torch.Tensor) and weight.device.type != "meta":
         return weight.device
     return input_ids.device
+
+
+def _first_nodes(tree: TokenTree, q: torch.Tensor | None, count: int) -> tuple[TokenTree, torch.Tensor | None]:
+    """``tree`` cut to its first ``count`` nodes (parents precede children: a tree; every kept node keeps its
+    kept siblings, drawn in node order, so sampling stays exact)."""
+    keep = [i < count for i in range(tree.num_nodes)]
+    return tree.select(keep), (q[:count] if q is not None else None)
 
 
 def _depth(tree: TokenTree, linear: bool) -> int:

@@ -1,0 +1,89 @@
+"""What runs a verification forward: the target's decoder, eager or compiled, or the user's compiled forward.
+
+* **The user compiled the target's forward** (``model.forward = torch.compile(model.forward)``): verification calls
+  the model itself, so that compiled forward runs (the full logits of every query), never bypassed for the decoder.
+* **transformers would compile plain decoding for this call** (``model._valid_auto_compile_criteria``: a static
+  cache on an accelerator, or ``CompileConfig._compile_all_devices`` on a CPU; never with ``disable_compile``):
+  the decoder runs through ``torch.compile`` with the call's :class:`~transformers.CompileConfig` (on CUDA its
+  default mode ``reduce-overhead`` takes CUDA graphs). Query counts are padded to a few buckets
+  (:data:`~hf_cascade.core.static.QUERY_BUCKETS`) and positions and masks are tensors, so after the buckets have
+  been seen nothing recompiles. The compiled decoder is kept per decoder and configuration, across calls.
+* Otherwise the decoder runs eagerly.
+
+transformers compiles plain decoding only where it measured that it pays (accelerators), and leaves CPUs to the user
+(``_compile_all_devices``); the core follows the same rule, so an assisted call compiles exactly where the same
+call without an assistant would.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..compat import CACHE
+
+_COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[dict, object]]" = weakref.WeakKeyDictionary()
+
+
+def user_compiled(model) -> bool:
+    """Whether the user replaced ``model``'s forward with a ``torch.compile``'d one."""
+    forward = getattr(model, "forward", None)
+    return getattr(forward, "_torchdynamo_orig_callable", None) is not None or \
+        getattr(getattr(forward, "__func__", None), "_torchdynamo_orig_callable", None) is not None
+
+
+def compiles(target, cache, generation_config) -> bool:
+    """Whether transformers would compile ``target``'s forward for this call's decoding steps."""
+    criteria = getattr(target, "_valid_auto_compile_criteria", None)
+    if criteria is None or cache is None:
+        return False
+    try:
+        return bool(criteria({CACHE: cache}, generation_config))
+    except (AttributeError, TypeError, KeyError):     # a release whose criteria read other inputs: do not compile
+        return False
+
+
+def call_compiles(target, model_kwargs: dict, generation_config) -> bool:
+    """Whether this ``generate`` call's verifications run compiled: a static cache (given, or asked for with
+    ``cache_implementation="static"``) and :func:`compiles`. The CPU kernels then stay off: compiling is what
+    replaces them, and dynamo would trace into them."""
+    from ..compat import given_cache
+    from .static import is_static
+
+    cache = given_cache(model_kwargs)
+    if not is_static(cache):
+        if getattr(generation_config, "cache_implementation", None) != "static":
+            return False
+        from transformers import StaticCache
+        cache = StaticCache(config=target.config, max_cache_len=1)          # allocates nothing until used
+    return compiles(target, cache, generation_config)
+
+
+def compiled_decoder(decoder: torch.nn.Module, compile_config):
+    """``decoder.__call__`` compiled with ``compile_config`` (a :class:`~transformers.CompileConfig`), kept for
+    later calls with the same configuration."""
+    from transformers import CompileConfig
+
+    config = compile_config or CompileConfig()
+    options = config.to_dict()
+    kept = _COMPILED.get(decoder)
+    if kept is not None and kept[0] == options:
+        return kept[1]
+    compiled = torch.compile(decoder.__call__, **options)
+    _COMPILED[decoder] = (options, compiled)
+    return compiled
+
+
+def verify_call(target, cache, generation_config):
+    """``(call, full)``: the function a verification forward calls with the model's inputs, and whether it is the
+    full model (it returns logits) rather than its decoder (final hidden states)."""
+    if user_compiled(target):
+        return target, True
+    decoder = target.get_decoder()
+    if compiles(target, cache, generation_config):
+        return compiled_decoder(decoder, getattr(generation_config, "compile_config", None)), False
+    return decoder, False
+
+
+__all__ = ["call_compiles", "compiled_decoder", "compiles", "user_compiled", "verify_call"]

@@ -1,0 +1,176 @@
+"""Static caches: the verified prefix in fixed buffers, each draft written after it, rejected rows rolled back in place.
+
+transformers' static layers (:class:`~transformers.cache_utils.StaticLayer`, transformers >= 5) hold ``[B, H, C, D]``
+buffers and a running length on the device; a forward writes its K/V at that length, and ``crop(-n)`` lowers it
+without moving anything. The core keeps the length on the host (:class:`StaticSlots`), so it never reads that counter.
+
+* **verify** -- the root, the ``n`` nodes and padding up to a query bucket (:data:`QUERY_BUCKETS`) are written at
+  columns ``P .. P + Q - 1`` (``P``: the verified prefix). A chain at consecutive positions uses the model's own
+  causal mask (padding queries come after every real one: no real query sees them, and they are never accepted).
+  A tree passes its mask over all ``C`` columns (:func:`static_tree_mask`), each padding query attending to itself.
+  A fixed set of query shapes is what lets a compiled verification run without recompiling (:mod:`.compiled`).
+* **keep** -- a chain's accepted prefix is already in place; a tree's path is copied into the columns after the
+  root (one ``index_copy_`` per layer on the device; the index is built on the host from acceptance's host path,
+  so nothing is read back). Then the length goes back to prefix + root + path (``crop``).
+
+Sliding-window layers (:class:`~transformers.cache_utils.StaticSlidingWindowLayer`) keep a rolling window and
+cannot roll back once past it; a tree also needs, for its deeper nodes, keys the window of its root no longer
+holds. The core's static cache therefore has full layers only: sliding layers are replaced by full layers of the
+same capacity and the window is applied by the mask, as with dynamic caches (:mod:`.forward`). The arithmetic is
+the same attention over the same keys; plain ``generate`` computes it over a rolling buffer instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Cache
+
+from .attention import additive, batch_tree_allowed
+from .forward import mask_device_dtype, per_layer_type
+from .structure import TokenTree
+
+try:                                                     # transformers >= 5: static layers roll back (crop)
+    from transformers.cache_utils import StaticLayer
+except ImportError:                                      # pragma: no cover - very old releases
+    StaticLayer = None
+
+#: query counts a verification is padded to (root + nodes + padding); past the last one, the count itself
+QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def static_rollback_supported() -> bool:
+    """Whether the installed transformers' static layers track their length on the device and roll back
+    (``crop``), which the core's static path needs (transformers >= 5; 4.57's static layers do not)."""
+    return StaticLayer is not None and bool(getattr(StaticLayer, "is_croppable", False))
+
+
+def is_static(cache) -> bool:
+    """Whether ``cache`` is a static cache (every layer a :class:`StaticLayer`)."""
+    layers = getattr(cache, "layers", None)
+    return bool(StaticLayer is not None and isinstance(cache, Cache) and layers
+                and all(isinstance(layer, StaticLayer) for layer in layers))
+
+
+def bucket(queries: int, room: int) -> int:
+    """The padded query count for ``queries`` real queries with ``room`` free columns: the smallest bucket that
+    holds them, else the count itself; never more than ``room``."""
+    for size in QUERY_BUCKETS:
+        if size >= queries:
+            return min(size, max(room, queries))
+    return queries
+
+
+class StaticSlots:
+    """The core's view of a static cache: its capacity, and the verified length kept on the host.
+
+    ``given``: the user's :class:`~transformers.StaticCache` (unfilled) or ``None``; ``capacity``: the columns of a
+    new cache. Either way every layer keeps every column (sliding-window layers become full ones)."""
+
+    def __init__(self, target, given: Cache | None, capacity: int):
+        if given is not None:
+            if any(getattr(layer, "is_initialized", False) for layer in given.layers):
+                raise ValueError("hf_cascade assistants start from the prompt: a filled StaticCache is not supported "
+                                 "(pass a new one).")
+            capacity = max(layer.max_cache_len for layer in given.layers if not getattr(layer, "is_sliding", False)) \
+                if not all(getattr(layer, "is_sliding", False) for layer in given.layers) else capacity
+            self.cache = given
+        else:
+            from transformers import StaticCache
+            self.cache = StaticCache(config=target.config, max_cache_len=capacity)
+        layers = self.cache.layers
+        for i, layer in enumerate(layers):
+            if getattr(layer, "is_sliding", False) or layer.max_cache_len != capacity:
+                layers[i] = StaticLayer(max_cache_len=capacity)
+        self.capacity = capacity
+        self.length = 0                          # columns holding verified tokens' K/V (the host's count)
+        self.written = 0                         # columns the last forward left the device counter at
+
+    def room(self) -> int:
+        """Free columns after the verified prefix."""
+        return self.capacity - self.length
+
+    def wrote(self, queries: int) -> None:
+        """A forward wrote ``queries`` columns after the verified prefix."""
+        self.written = self.length + queries
+
+    def keep(self, kept: int, path: list[int]) -> None:
+        """Keep ``kept`` columns of the last forward's (``path``: its accepted tree nodes, root excluded, copied into
+        the columns after the root when they are not already there) and drop the rest."""
+        root = self.length                                  # the root's column
+        if path and path != list(range(len(path))):
+            src = torch.tensor([root + 1 + i for i in path], dtype=torch.long)
+            dst = torch.arange(root + 1, root + 1 + len(path), dtype=torch.long)
+            for layer in self.cache.layers:
+                if not getattr(layer, "is_initialized", False):
+                    continue
+                s, d = src.to(layer.keys.device), dst.to(layer.keys.device)
+                layer.keys.index_copy_(2, d, layer.keys.index_select(2, s))
+                layer.values.index_copy_(2, d, layer.values.index_select(2, s))
+        self.length += kept
+        self.cache.crop(-(self.written - self.length)) if self.written > self.length else None
+        self.written = self.length
+
+    def drop(self, count: int) -> None:
+        """Forget the last ``count`` verified columns (tokens past where generation stopped)."""
+        if count > 0:
+            self.cache.crop(-count)
+            self.length -= count
+            self.written = self.length
+
+    def view(self) -> "StaticView":
+        """The verified prefix as a cache a drafter may read (:class:`StaticView`)."""
+        return StaticView(self.cache, self.length)
+
+
+class StaticView:
+    """A static cache's verified prefix, read-only, in the shape of a ``DynamicCache``'s: ``layers[i].keys`` and
+    ``.values`` are views of the first ``length`` columns; ``get_seq_length()`` is a host int (no device read)."""
+
+    class _Layer:
+        def __init__(self, layer, length: int):
+            self.keys = layer.keys[:, :, :length] if getattr(layer, "is_initialized", False) else None
+            self.values = layer.values[:, :, :length] if getattr(layer, "is_initialized", False) else None
+
+    def __init__(self, cache: Cache, length: int):
+        self._cache, self._length = cache, length
+
+    @property
+    def layers(self) -> list:
+        return [StaticView._Layer(layer, self._length) for layer in self._cache.layers]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._length
+
+
+def static_inputs(model, prefix_len: int, tree: TokenTree, root: int, queries: int, chain: bool, capacity: int,
+                  device: torch.device) -> dict:
+    """``input_ids``, ``position_ids`` and (trees) ``attention_mask`` for verifying ``[root, tree]`` padded to
+    ``queries`` rows, written at columns ``prefix_len ..`` of a static cache of ``capacity`` columns."""
+    n = tree.num_nodes
+    pad = queries - n - 1
+    tokens = [root, *tree.token_list] + [root] * pad                    # host ints: no read
+    ids = torch.tensor([tokens], dtype=torch.long, device=device)
+    if chain:
+        positions = torch.arange(prefix_len, prefix_len + queries, dtype=torch.long, device=device)[None]
+        return dict(input_ids=ids, position_ids=positions)
+    depth = [0] + [d + 1 for d in tree.depth_list]
+    query = [prefix_len + d for d in depth] + [-1] * pad
+    parents = [-1] + [p + 1 for p in tree.parent_list]
+    ancestors = torch.eye(queries, dtype=torch.bool)
+    for i in range(1, n + 1):                                           # parents precede children
+        ancestors[i] |= ancestors[parents[i]]
+    query_pos = torch.tensor([query], dtype=torch.long, device=device)
+    past = torch.arange(prefix_len, dtype=torch.long, device=device)[None]
+    dtype = mask_device_dtype(model)[1]
+    spare = capacity - prefix_len - queries
+
+    def mask(window):
+        allowed = batch_tree_allowed(past, query_pos, ancestors[None].to(device), window)
+        allowed = torch.cat([allowed, allowed.new_zeros(1, queries, spare)], dim=-1)
+        return additive(allowed, dtype)
+
+    return dict(input_ids=ids, position_ids=query_pos.clamp(min=0), attention_mask=per_layer_type(model, mask))
+
+
+__all__ = ["QUERY_BUCKETS", "StaticSlots", "StaticView", "bucket", "is_static", "static_inputs",
+           "static_rollback_supported"]

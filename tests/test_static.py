@@ -1,0 +1,156 @@
+"""The contract with a static cache, eager and compiled (:mod:`hf_cascade.core.static`, :mod:`hf_cascade.core.compiled`).
+
+Every assistant of the registry, on targets whose ``generation_config`` asks for ``cache_implementation="static"``
+(so plain ``generate``, the reference, runs static too):
+
+* greedy parity on Llama and on Gemma3 (sliding-window layers: the core's static cache keeps them full and
+  windows by the mask), eager; and compiled (``CompileConfig(_compile_all_devices=True)``, the ``aot_eager``
+  backend: the same dynamo graphs as inductor, without code generation), where a second pass over the cases
+  captures no new graph (nothing recompiles after warm-up);
+* exact sampling (the contract's joint-law and calibration tests) with a static cache;
+* a user's ``StaticCache`` (sliding layers included) and a user's compiled forward, which verification calls;
+* clear errors: a batch with a static cache, a filled ``StaticCache``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+import torch
+from transformers import CompileConfig, StaticCache
+
+import hf_cascade  # noqa: F401
+from hf_cascade import CascadeAssistant, MaxGram
+from hf_cascade.core.static import QUERY_BUCKETS, bucket, static_rollback_supported
+from tests.contract_registry import REGISTRY, base_kit, fresh_kit, setting_target
+from tests.test_contract import REPETITIVE, FakeClock, assert_exact_sampling, assert_greedy_parity, greedy_cases
+from tests.tiny_models import ids, single_thread  # noqa: F401
+
+pytestmark = pytest.mark.skipif(not static_rollback_supported(),
+                                reason="static caches need transformers >= 5 (test_static_refused_before_5 runs there)")
+
+
+def static_target(target, compiled: bool = False):
+    """A copy of ``target`` whose ``generate`` uses a static cache (and compiles, with ``compiled``)."""
+    out = copy.deepcopy(target)
+    out.generation_config.cache_implementation = "static"
+    if compiled:
+        config = CompileConfig(backend="aot_eager", mode=None)
+        config._compile_all_devices = True
+        out.generation_config.compile_config = config
+    return out
+
+
+_STATIC: dict = {}
+
+
+def static_setting(setting: str, compiled: bool = False):
+    key = (setting, compiled)
+    if key not in _STATIC:
+        target = static_target(setting_target(setting), compiled)
+        _STATIC[key] = (target, greedy_cases(target))
+    return _STATIC[key]
+
+
+@pytest.mark.parametrize("setting", ["llama-sdpa", "gemma3-sdpa"])
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_static_greedy_parity(name, setting, free_drafts):
+    target, cases = static_setting(setting)
+    assert_greedy_parity(target, REGISTRY[name](fresh_kit(setting.split("-")[0], target)), cases)
+
+
+def unique_graphs() -> int:
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_compiled_greedy_parity_without_recompiles(name, free_drafts):
+    target, cases = static_setting("llama-sdpa", compiled=True)
+    assistant = REGISTRY[name](fresh_kit("llama", target))
+    assert_greedy_parity(target, assistant, cases)                      # warm-up: every bucket the cases reach
+    before = unique_graphs()
+    assert_greedy_parity(target, assistant, cases)
+    assert unique_graphs() == before
+
+
+def test_compiled_verification_runs_the_compiled_decoder(free_drafts):
+    """The compiled path is taken (a compiled call per verification), and its graphs are kept across calls."""
+    from hf_cascade.core import compiled
+
+    target, cases = static_setting("llama-sdpa", compiled=True)
+    assert compiled.compiles(target, StaticCache(config=target.config, max_cache_len=8), target.generation_config)
+    calls = []
+    decoder = target.get_decoder()
+    handle = decoder.register_forward_pre_hook(lambda *a: calls.append(torch.compiler.is_compiling()))
+    try:
+        assert_greedy_parity(target, CascadeAssistant([MaxGram()]), cases[:1])
+    finally:
+        handle.remove()
+    assert calls and any(calls)
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_static_exact_sampling(name, monkeypatch):
+    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    target = static_target(base_kit("small").target)
+    kit = fresh_kit("small", target)
+    assert_exact_sampling(target, lambda: REGISTRY[name](kit))
+
+
+@pytest.mark.parametrize("setting", ["llama-sdpa", "gemma3-sdpa"])
+def test_user_static_cache(setting):
+    """A user's StaticCache (Gemma3's has sliding-window layers) is used and holds the K/V afterwards; its size
+    caps the drafts near its end; the output equals plain generate with its own StaticCache."""
+    target = setting_target(setting)
+    prompt, new = REPETITIVE, 24
+    size = prompt.shape[1] + new
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=new,
+                            **{hf_cascade.compat.CACHE: StaticCache(config=target.config, max_cache_len=size)})
+    cache = StaticCache(config=target.config, max_cache_len=size)
+    out = target.generate(prompt, do_sample=False, max_new_tokens=new, return_dict_in_generate=True,
+                          assistant_model=CascadeAssistant([MaxGram()]), **{hf_cascade.compat.CACHE: cache})
+    assert out.sequences.tolist() == plain.tolist()
+    assert getattr(out, hf_cascade.compat.CACHE) is cache
+    assert all(layer.is_initialized and not layer.is_sliding for layer in cache.layers)
+
+
+def test_user_compiled_forward_is_used():
+    """A target whose forward the user compiled: verification goes through it, never around it to the decoder."""
+    target = copy.deepcopy(setting_target("llama-sdpa"))
+    plain = target.generate(REPETITIVE, do_sample=False, max_new_tokens=20)
+    seen = []
+    original = target.forward
+
+    def forward(*args, **kwargs):
+        seen.append(kwargs["input_ids"].shape[1])
+        return original(*args, **kwargs)
+
+    target.forward = torch.compile(forward, backend="eager")
+    for cache_implementation in (None, "static"):
+        seen.clear()
+        out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=20, cache_implementation=cache_implementation,
+                              assistant_model=CascadeAssistant([MaxGram()]))
+        assert out.tolist() == plain.tolist()
+        assert len(seen) > 2 and max(seen[1:]) > 1              # prefill, then verifications with drafts
+
+
+def test_buckets():
+    assert [bucket(q, 100) for q in (1, 2, 3, 5, 9, 33)] == [1, 2, 4, 8, 16, 64]
+    assert bucket(3, 3) == 3 and bucket(5, 6) == 6
+    assert bucket(QUERY_BUCKETS[-1] + 5, 1000) == QUERY_BUCKETS[-1] + 5
+
+
+def test_static_refuses_a_batch_and_a_filled_cache():
+    target = setting_target("llama-sdpa")
+    batch = torch.tensor([[1, 5, 6, 7], [1, 9, 10, 11]])
+    with pytest.raises(ValueError, match="static cache at batch size 1"):
+        target.generate(batch, attention_mask=torch.ones_like(batch), do_sample=False, max_new_tokens=4,
+                        cache_implementation="static", assistant_model=CascadeAssistant([MaxGram()]))
+    cache = StaticCache(config=target.config, max_cache_len=64)
+    target(ids(1, 2, 3), **{hf_cascade.compat.CACHE: cache})
+    with pytest.raises(ValueError, match="filled StaticCache"):
+        target.generate(REPETITIVE, do_sample=False, max_new_tokens=4, assistant_model=CascadeAssistant([MaxGram()]),
+                        **{hf_cascade.compat.CACHE: cache})
