@@ -16,7 +16,10 @@
 
 Before the loop, **prefill** runs the prompt minus its last token into a plain ``DynamicCache()`` (no
 config: sliding-window cache layers would evict K/V a long tree still needs; windows are applied by
-the mask, :mod:`hf_cascade.core.forward`). The last prompt token is the first draft's root, so the
+the mask, :mod:`hf_cascade.core.forward`); or, where the call asks for a static cache (``cache_implementation=
+"static"`` or a user's ``StaticCache``), into fixed buffers with full layers: verification then writes each draft
+after the verified prefix, padded to a few query shapes, and runs compiled where transformers would compile the same
+call without an assistant (:mod:`hf_cascade.core.static`, :mod:`hf_cascade.core.compiled`). The last prompt token is the first draft's root, so the
 first verification already carries a draft. The prefill also checks that the core's output head
 (:func:`~hf_cascade.core.forward.output_head`) reproduces the model's logits; if not, or if the
 prompt has one token, verification computes every row with the full model.
