@@ -247,3 +247,25 @@ def test_corpus_methods(tiny, tmp_path):
         BenchConfig(strategy="glide", corpus="x.safetensors")
     args = build_parser().parse_args(["bench", "--corpus", "c.safetensors", "--baselines", "maxgram-corpus"])
     assert bench_config(args).corpus == "c.safetensors"
+
+
+def test_compiled_and_static_baselines(tiny, monkeypatch):
+    """``plain-compiled`` (static cache, compiled; here with a backend that generates no code) and the static-cache
+    variants (``plain-static``, ``<strategy>-static``) run beside the others, identical to plain, each strategy
+    paired with its static variant, and the table gains the speed relative to plain-compiled."""
+    from hf_cascade.bench.methods import PlainCompiled
+    from hf_cascade.core.static import static_rollback_supported
+
+    monkeypatch.setattr(PlainCompiled, "BACKEND", "aot_eager")
+    model, _, tok = tiny
+    config = BenchConfig(strategy="maxgram", baselines=["plain", "plain-compiled", "plain-static", "maxgram-static"],
+                         max_new_tokens=NEW_TOKENS, warmup_tokens=2)
+    r = run_benchmark(config, model, tok, PROMPTS)
+    expected = {"plain", "plain-compiled", "plain-static", "maxgram"} | ({"maxgram-static"} if static_rollback_supported()
+                                                                            else set())
+    assert set(r.methods) == expected
+    assert all(rec["identical_to_plain"] for rec in r.records)
+    assert r.summary["overall"]["maxgram"]["speedup_vs_plain_compiled"] > 0
+    if static_rollback_supported():
+        assert "maxgram-static/maxgram" in r.summary["paired"]
+    assert "speed / plain-compiled" in markdown_report(r)

@@ -13,7 +13,8 @@ STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter", "recycling")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
 BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
              "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "hsddw-every-step", "glide-chain",
-             "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree")
+             "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree", "plain-compiled", "plain-static",
+             *(f"{s}-static" for s in STRATEGIES))
 #: The strategy whose draft models a method uses (methods not listed take none, or the shared ``drafts``).
 DRAFT_FAMILY = {"cascade": "cascade", "hsddw": "hsddw", "hsddw-single": "hsddw", "hsddw-every-step": "hsddw",
                 "glide": "glide", "glide-chain": "glide",

@@ -120,6 +120,31 @@ class _Counted(Method):
         return list(self.drafts)
 
 
+class PlainCompiled(Method):
+    """Plain greedy ``generate`` with a static cache, compiled by transformers (``CompileConfig`` with
+    ``_compile_all_devices = True`` so it compiles on a CPU too; the backend's default mode): the baseline a GPU
+    user compares with. The cache length is the call's rounded up to :data:`CACHE_STEP` columns, so a run's prompts
+    share a few cache shapes (each new one recompiles; the warm-up compiles the first)."""
+
+    CACHE_STEP = 256
+    BACKEND = "inductor"                  # CompileConfig's default; tests use a backend that generates no code
+
+    def __init__(self, name: str, model: Any):
+        from transformers import CompileConfig, GenerationConfig
+
+        super().__init__(name, model, one_forward_per_token=True)
+        self.config = CompileConfig(backend=self.BACKEND)
+        self.config._compile_all_devices = True
+        self.sized = hasattr(GenerationConfig(), "max_cache_len")      # 4.57 sizes the cache by max_length
+
+    def run(self, input_ids, attention_mask, gen_kwargs):
+        extra = {"cache_implementation": "static", "compile_config": self.config}
+        if self.sized:
+            need = input_ids.shape[-1] + int(gen_kwargs.get("max_new_tokens") or 0)
+            extra["max_cache_len"] = -(-need // self.CACHE_STEP) * self.CACHE_STEP
+        return self.model.generate(input_ids, attention_mask=attention_mask, **gen_kwargs, **extra), None
+
+
 class PromptLookup(_Counted):
     """transformers' prompt lookup decoding (``prompt_lookup_num_tokens=...``)."""
 
@@ -169,7 +194,8 @@ class Ours(Method):
         self.assistant = assistant
 
     def run(self, input_ids, attention_mask, gen_kwargs):
-        out = self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.assistant, **gen_kwargs)
+        out = self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.assistant, **gen_kwargs,
+                                  **self.extra_kwargs())
         stats = self.assistant.last_stats
         return out, (stats.to_dict() if stats is not None else None)
 
@@ -283,6 +309,7 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict |
     builders: dict[str, Callable[[], Method]] = {
         "plain": lambda: Method("plain", model, one_forward_per_token=True),
         "plain-kernels": lambda: PlainKernels("plain-kernels", model),
+        "plain-compiled": lambda: PlainCompiled("plain-compiled", model),
         "pld": lambda: PromptLookup("pld", model, num_tokens=10),
         "pld-tuned": lambda: PromptLookup("pld-tuned", model, num_tokens=5, max_ngram=3),
         "hf-assisted": lambda: _hf_assisted("hf-assisted", model, hf_drafts, window),
@@ -315,9 +342,29 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict |
         "suffix": lambda: Suffix("suffix", model),
         "suffix-tree": lambda: Suffix("suffix-tree", model, use_tree_spec=True),
     }
+    if name.endswith(STATIC) and name[: -len(STATIC)] in builders:
+        return _static(builders[name[: -len(STATIC)]](), name)
     if name not in builders:
         raise ValueError(f"unknown method {name!r}")
     return builders[name]()
+
+
+#: a method name's suffix for the same method with ``cache_implementation="static"`` (eager: the core's static path)
+STATIC = "-static"
+
+
+def _static(method: Method, name: str) -> Method:
+    from ..core.static import static_rollback_supported
+
+    if not isinstance(method, Ours) and type(method) is not Method:
+        raise ValueError(f"{name!r}: a static-cache variant exists for plain generate and hf_cascade's assistants")
+    if isinstance(method, Ours) and not static_rollback_supported():
+        raise MethodUnavailable(f"{name!r}: hf_cascade runs static caches on transformers >= 5 "
+                                f"(found {transformers.__version__})")
+    method.name = name
+    kwargs = method.extra_kwargs()
+    method.extra_kwargs = lambda: {**kwargs, "cache_implementation": "static"}
+    return method
 
 
 def _in_transformers_loop(method: "Ours") -> "Ours":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .plots import plot_acceptance_by_position, plot_speedup_by_batch_size, plot_speedup_by_category, plot_window_per_step
 from .runner import BenchResult
-from .summary import KERNELS, OVERALL
+from .summary import COMPILED, KERNELS, OVERALL
 from .swi import COST_MODELS
 
 
@@ -38,18 +38,22 @@ def markdown_overall(result: BenchResult) -> str:
     """One row per method: tokens/s, both speedups (and the speed relative to plain-kernels when it ran), the SWI
     per cost model, tokens per target call, identical outputs."""
     kernels = _has_kernels(result)
+    compiled = COMPILED in result.methods
     models = _cost_models(result)
     swi_head = "".join(f" SWI ({c}) |" for c in models)
     lines = [
         "| method | prompts | tok/s | speedup (total time per token) | speedup (mean per prompt) | "
-        + ("speed / plain-kernels |" if kernels else "") + swi_head + " tok/target call | identical to plain |",
-        "|---|---:|---:|---:|---:|" + ("---:|" if kernels else "") + "---:|" * len(models) + "---:|---:|",
+        + ("speed / plain-kernels |" if kernels else "") + ("speed / plain-compiled |" if compiled else "")
+        + swi_head + " tok/target call | identical to plain |",
+        "|---|---:|---:|---:|---:|" + ("---:|" if kernels else "") + ("---:|" if compiled else "")
+        + "---:|" * len(models) + "---:|---:|",
     ]
     for m in result.methods:
         s = result.summary[OVERALL].get(m)
         if s is None:
             continue
         rel = f" {_fmt(s.get('speedup_vs_plain_kernels'))}x |" if kernels else ""
+        rel += f" {_fmt(s.get('speedup_vs_plain_compiled'))}x |" if compiled else ""
         swi = "".join(f" {_fmt(s.get('swi', {}).get(c))} |" for c in models)
         lines.append(
             f"| {m} | {s['prompts']} | {_fmt(s['tokens_per_second'], '.1f')} | {_fmt(s['speedup'])}x | "
@@ -91,7 +95,7 @@ def markdown_categories(result: BenchResult) -> str:
 def below_kernels(result: BenchResult, methods: list[str] | None = None) -> list[tuple[str, str, float]]:
     """``(method, category, speed)`` of every category (and ``overall``) where a method (default: every one
     but the references) is slower than plain-kernels in total time."""
-    methods = [m for m in (methods or result.methods) if m not in ("plain", KERNELS)]
+    methods = [m for m in (methods or result.methods) if m not in ("plain", KERNELS, COMPILED)]
     groups = {**result.summary["categories"], OVERALL: result.summary[OVERALL]}
     return [(m, cat, s["speedup_vs_plain_kernels"]) for cat, per in groups.items() for m in methods
             if (s := per.get(m)) and s.get("speedup_vs_plain_kernels") is not None and s["speedup_vs_plain_kernels"] < 1.0]

@@ -12,6 +12,8 @@ from .swi import COST_MODELS, group_swi
 OVERALL = "overall"
 #: The second reference of every speedup: plain ``generate`` inside hf_cascade's CPU kernels (when it ran).
 KERNELS = "plain-kernels"
+#: The third: plain ``generate`` with a static cache, compiled (when it ran): what a GPU user compares with.
+COMPILED = "plain-compiled"
 
 
 def _relative(by_prompt: dict[int, dict[str, dict]], method: str, reference: str) -> float | None:
@@ -69,6 +71,7 @@ def _group_summary(records: list[dict], method: str) -> dict | None:
         "speedup": _speed_ratio(pairs),
         "speedup_mean_per_prompt": mean(ratios) if ratios else 0.0,
         "speedup_vs_plain_kernels": _relative(by_prompt, method, KERNELS),
+        "speedup_vs_plain_compiled": _relative(by_prompt, method, COMPILED),
         "tokens_per_target_call": per_call,
         "identical": None if any(s is None for s in same) else sum(bool(s) for s in same),
         "swi": group_swi(pairs, cost_models(records)),
@@ -192,7 +195,8 @@ def summarize(records: list[dict], methods: list[str], strategies: list[str] | N
 
     ``speedup`` is the method's tokens per second over plain's on the same prompts (total times per generated
     token, :func:`_speed_ratio`: under greedy the ratio of total times), ``speedup_vs_plain_kernels``
-    the same against ``plain-kernels`` (``None`` when it did not run); ``speedup_mean_per_prompt`` the mean of
+    the same against ``plain-kernels`` (``None`` when it did not run), ``speedup_vs_plain_compiled`` against
+    ``plain-compiled``; ``speedup_mean_per_prompt`` the mean of
     per-prompt ratios to plain (times per token); ``identical`` counts outputs equal to plain's (``None`` when sampling); ``swi``
     the standardized walltime improvement per cost model (plain's standardized time per generated token over the
     method's, each totalled over the same prompts, ``None`` when unavailable; :mod:`hf_cascade.bench.swi`).
