@@ -25,7 +25,8 @@ import hf_cascade  # noqa: F401
 from hf_cascade import CascadeAssistant, MaxGram
 from hf_cascade.core.static import QUERY_BUCKETS, bucket, static_rollback_supported
 from tests.contract_registry import REGISTRY, base_kit, fresh_kit, setting_target
-from tests.test_contract import REPETITIVE, FakeClock, assert_exact_sampling, assert_greedy_parity, greedy_cases
+from tests.test_contract import (ASCENDING, REPETITIVE, FakeClock, assert_exact_sampling, assert_greedy_parity,
+                                 greedy_cases)
 from tests.tiny_models import ids, single_thread  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not static_rollback_supported(),
@@ -135,6 +136,35 @@ def test_user_compiled_forward_is_used():
                               assistant_model=CascadeAssistant([MaxGram()]))
         assert out.tolist() == plain.tolist()
         assert len(seen) > 2 and max(seen[1:]) > 1              # prefill, then verifications with drafts
+
+
+def test_max_cache_len_sizes_the_cache_once(free_drafts):
+    """With ``max_cache_len`` set, the core's static cache has the same size for every prompt (``max_cache_len`` +
+    the last query bucket), so prompts of other lengths run the graphs already compiled (none new)."""
+    target = static_target(setting_target("llama-sdpa"), compiled=True)       # a fresh copy: its own graphs
+    assistant = CascadeAssistant([MaxGram()])
+    plain = copy.deepcopy(setting_target("llama-sdpa"))
+    for i, prompt in enumerate((REPETITIVE, ids(1, 9), REPETITIVE[:, :5], ASCENDING)):
+        out = target.generate(prompt, do_sample=False, max_new_tokens=24, max_cache_len=64, assistant_model=assistant)
+        assert out.tolist() == plain.generate(prompt, do_sample=False, max_new_tokens=24).tolist()
+        if i == 0:
+            before = unique_graphs()                    # the first prompt compiled every shape the others reach
+    assert unique_graphs() == before
+
+
+def test_core_sized_cache_honours_max_cache_len():
+    """Where ``generate`` hands the core no cache, the core's own is ``max_cache_len`` (else ``max_length``) plus
+    the last query bucket: one size for every prompt when ``max_cache_len`` is set."""
+    from transformers import GenerationConfig
+
+    from hf_cascade.core.loop import _Run
+    from hf_cascade.core.stats import GenerationStats
+
+    target = setting_target("llama-sdpa")
+    for max_cache_len, capacity in ((48, 48 + QUERY_BUCKETS[-1]), (None, 30 + QUERY_BUCKETS[-1])):
+        cfg = GenerationConfig(max_length=30, cache_implementation="static", max_cache_len=max_cache_len)
+        run = _Run(target, REPETITIVE, None, None, cfg, GenerationStats(), None, 4)
+        assert run.slots.capacity == capacity
 
 
 def test_buckets():

@@ -270,7 +270,8 @@ class _Run:
         seq = input_ids[0].to(device)
         self.slots = None                                  # a static cache's host bookkeeping (core/static.py)
         if is_static(given) or getattr(cfg, "cache_implementation", None) == "static":
-            self.slots = StaticSlots(target, given if is_static(given) else None, cfg.max_length + QUERY_BUCKETS[-1])
+            self.slots = StaticSlots(target, given if is_static(given) else None,   # max_cache_len: one size per call
+                                     (getattr(cfg, "max_cache_len", None) or cfg.max_length) + QUERY_BUCKETS[-1])
             self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
         self.row = _Row(seq, input_ids[0].tolist(), self.slots.cache if self.slots is not None else DynamicCache())
 
