@@ -1,8 +1,8 @@
 """SuffixDecoding (Oliaro et al., 2024, arXiv:2411.04975): the drafters of one ``generate()`` call over the cache.
 
 The suffix trees are the reference implementation's: ArcticInference's ``SuffixDecodingCache``
-(``pip install arctic-inference``, imported only when a :class:`SuffixAssistant` is built). This module
-drives that cache the way vLLM's suffix-decoding proposer does, with vLLM's defaults
+(``pip install arctic-inference``, imported only when a :class:`~hf_cascade.suffix.SuffixAssistant` is built).
+This module drives that cache the way vLLM's suffix-decoding proposer does, with vLLM's defaults
 (``SpeculativeConfig.suffix_decoding_*``), and verifies in hf_cascade's decoding core, so the
 verification (its CPU kernels included) is exactly the one Max-Gram gets:
 
@@ -37,8 +37,6 @@ Deviations, and why:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
@@ -48,15 +46,13 @@ from ..core.stats import GenerationStats, LevelStats
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 
-if TYPE_CHECKING:
-    from .assistant import SuffixAssistant
-
 
 class _Request:
-    """One ``generate()`` call as one request of the assistant's cache: started at the first draft (the
-    sequence then is the prompt), given every token emitted after it, stopped by the assistant."""
+    """One ``generate()`` call as one request of the assistant's cache (``assistant``: the
+    :class:`~hf_cascade.suffix.SuffixAssistant`): started at the first draft (the sequence then is the prompt),
+    given every token emitted after it, stopped by the assistant."""
 
-    def __init__(self, assistant: "SuffixAssistant"):
+    def __init__(self, assistant):
         self.assistant = assistant
         self.id: int | None = None
         self.known = 0                          # tokens of the sequence the cache holds (prompt + response)
@@ -96,7 +92,7 @@ def _record(level: LevelStats, proposed: int, accepted: int) -> None:
 class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
     """Linear suffix drafts for one ``generate()`` call (the core's chain, or transformers' loop)."""
 
-    def __init__(self, target, generation_config, logits_processor, stats, assistant: "SuffixAssistant"):
+    def __init__(self, target, generation_config, logits_processor, stats, assistant):
         super().__init__(target, generation_config, logits_processor, stats)
         self.request = _Request(assistant)
         self.max_tokens = assistant.num_speculative_tokens
@@ -117,7 +113,7 @@ class SuffixTreeDrafter(TreeDrafter):
 
     linear = False
 
-    def __init__(self, assistant: "SuffixAssistant", stats: GenerationStats):
+    def __init__(self, assistant, stats: GenerationStats):
         self.request = _Request(assistant)
         self.max_tokens = assistant.num_speculative_tokens
         self.level = _level(stats)
