@@ -11,7 +11,9 @@ assistant's per-call drafter proposes a token tree below the last verified token
 tree with one path), **verify** (one target forward over the tree: a tree mask and per-node positions, plain
 causal attention for a chain; the output head only on the rows acceptance reads), **accept** (greedy, or exact
 speculative sampling), **update** (keep the accepted path's K/V, emit and stream the tokens, hand the drafter its
-feedback). Left-padded batches run the same steps over rows (:mod:`hf_cascade.core.batch`). A linear strategy can
+feedback). A static cache (``cache_implementation="static"`` or a user's ``StaticCache``) keeps the verified prefix in
+fixed buffers and verifies compiled where transformers would compile the same call (:mod:`hf_cascade.core.static`).
+Left-padded batches run the same steps over rows (:mod:`hf_cascade.core.batch`). A linear strategy can
 also run in transformers' own assisted loop (``assistant.loop = "transformers"``). Strategies, options and the
 layout: ``docs/design.md``.
 """
