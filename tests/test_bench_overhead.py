@@ -1,5 +1,6 @@
 """``hf-cascade bench --overhead`` (hf_cascade.bench.overhead): host time and device reads per target call on the tiny
-target, for every strategy, plain generate, transformers' prompt lookup and compiled plain generate.
+target, for every strategy, plain generate, transformers' prompt lookup and compiled plain generate; with
+``--compiled-strategies`` each strategy compiled too (hf_cascade.bench.overhead_compiled), against compiled plain.
 
 Fast: one prompt, a few tokens, one round, the compiled baseline on torch.compile's ``eager`` backend (a trace, no
 code generation). No speed is asserted anywhere: only that the command runs end to end, writes its table with every
@@ -13,8 +14,9 @@ import json
 import pytest
 import torch
 
-from hf_cascade.bench import overhead
+from hf_cascade.bench import overhead, tiny
 from hf_cascade.bench.overhead import COMPILED, METHODS, ModuleTimer, ReadCounter
+from hf_cascade.bench.overhead_compiled import TimedCompiledDecoder, compile_config
 from hf_cascade.cli import main
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -88,3 +90,58 @@ def test_counter_and_timer_are_removed_and_pause():
     assert counter.reads == 1 and not counter.sites
     assert timer.calls == 1 and timer.seconds > 0
     assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+@pytest.mark.measured_costs
+def test_compiled_strategies_rows():
+    """A strategy's compiled row: the same assistant with a static cache and compiled plain's CompileConfig, its
+    output plain's, its verification compiled, its ratios against compiled plain (the eager row's against plain)."""
+    result = overhead.measure_overhead(new_tokens=10, prompts=2, repeats=1, methods=["plain", "maxgram"],
+                                       compile_backend="aot_eager", compiled_strategies=True)
+    assert not result["errors"], result["errors"]
+    methods = result["methods"]
+    assert list(methods) == ["plain", "maxgram", COMPILED, "maxgram-compiled"]
+    row, base, plain, eager = methods["maxgram-compiled"], methods[COMPILED], methods["plain"], methods["maxgram"]
+    assert row["identical"] is True and row["compiled"] is True and row["baseline"] == COMPILED
+    assert row["target_calls"] > 0 and row["target_forward_ms_per_call"] > 0 and row["tokens_per_call"] > 0
+    assert row["host_vs_plain"] == pytest.approx(row["host_ms_per_call"] / base["host_ms_per_token"])
+    assert row["speedup"] == pytest.approx(base["wall_ms_per_token"] / row["wall_ms_per_token"])
+    assert eager["baseline"] == "plain" and eager["host_vs_plain"] == pytest.approx(
+        eager["host_ms_per_call"] / plain["host_ms_per_call"])
+    assert eager["speedup"] == pytest.approx(plain["wall_ms_per_token"] / eager["wall_ms_per_token"])
+    info = result["compiled_strategies"]
+    assert info["compiled"] == {"maxgram-compiled": True} and info["warmup_seconds"]["maxgram-compiled"] > 0
+    assert info["graphs_after_warmup"] > 0 and info["graphs_after_timed"] >= info["graphs_after_warmup"]
+    report = overhead.markdown(result)
+    assert row["label"] in report and "(vs compiled plain)" in report and "Compiled strategies (" in report
+
+
+def test_compiled_strategies_need_compile(capsys):
+    assert main(["bench", "--overhead", "--compiled-strategies", "--no-compile", "--no-progress"]) == 2
+    assert "drop --no-compile" in capsys.readouterr().err
+
+
+def test_timed_compiled_decoder_counts_the_compiled_forward():
+    """The core's compiled decoder, wrapped for a run: every verification's time inside it is counted (no decoder
+    hook here: the timer has no module), and the kept entry is restored."""
+    from hf_cascade import CascadeAssistant, MaxGram
+    from hf_cascade.core import compiled
+
+    target, assistant = tiny.llama_target(), CascadeAssistant([MaxGram()])
+    prompt = torch.tensor([list(overhead.PROMPT_TOKENS[0])])
+    config = compile_config("aot_eager", None)
+
+    def run():
+        return target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=assistant,
+                               cache_implementation="static", compile_config=config, max_cache_len=40)
+
+    timer = ModuleTimer()
+    with TimedCompiledDecoder(target, timer):                # nothing compiled yet: nothing wrapped
+        run()
+    assert timer.calls == 0
+    kept = compiled._COMPILED[target.get_decoder()]
+    with TimedCompiledDecoder(target, timer):
+        assert compiled._COMPILED[target.get_decoder()] is not kept
+        run()
+    assert timer.calls == assistant.last_stats.target_calls > 0 and timer.seconds > 0
+    assert compiled._COMPILED[target.get_decoder()] is kept

@@ -13,7 +13,8 @@ the same prompts in left-padded batches, the same methods but those that cannot 
 above 1, said before the run); a row that differs from plain's is said after it.
 
 ``--overhead`` runs :mod:`~hf_cascade.bench.overhead` instead (host milliseconds and device reads per target call on
-the tiny target, every strategy, ``--prompts N --new-tokens N``); the other arguments do not apply to it.
+the tiny target, every strategy, ``--prompts N --new-tokens N``; ``--compiled-strategies`` adds every strategy compiled
+with a static cache, against compiled plain generate); the other arguments do not apply to it.
 """
 
 from __future__ import annotations
@@ -122,6 +123,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="--overhead: leave out compiled plain generate (its compile takes tens of seconds on a CPU)")
     o.add_argument("--compile-backend", default="inductor", metavar="NAME",
                    help="--overhead: CompileConfig(backend=...) of compiled plain generate (default inductor)")
+    o.add_argument("--compiled-strategies", action="store_true",
+                   help="--overhead: also measure every strategy compiled (a row '<strategy>, compiled': the same "
+                        "assistant with cache_implementation=\"static\", compiled plain's CompileConfig and max_cache_len; "
+                        "verification through the core's compiled decoder), compared with compiled plain generate: host "
+                        "time per target call over its host time per token, speedup of wall time per token (the eager "
+                        "rows stay compared with plain). Adds the strategies' compile; not with --no-compile")
 
 
 def _strategies(text: str) -> str:

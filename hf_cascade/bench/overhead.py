@@ -21,30 +21,39 @@ prompts on which the tiny target cycles (drafts get accepted). For plain ``gener
 Also, as a baseline, plain ``generate`` compiled with a static cache (``cache_implementation="static"``,
 ``compile_config=CompileConfig()`` with ``_compile_all_devices = True`` so transformers compiles on CPU too): its
 warm-up (the compile) apart, its wall time per token, and its host time outside the (compiled) forward. Where the
-compile fails the row says so.
+compile fails the row says so. With ``compiled_strategies`` (``--compiled-strategies``) every strategy also runs in
+that regime, a row "<strategy>, compiled": the same assistant, ``cache_implementation="static"``, the same
+``CompileConfig`` and ``max_cache_len``, so the decoding core verifies through its ``torch.compile``'d decoder
+(the time inside it counts as target forward time); each such row is compared with compiled plain (host ms per call
+over compiled plain's host ms per token, and the speedup of wall ms per token), the eager rows with plain
+(:mod:`hf_cascade.bench.overhead_compiled`).
 
 Each method runs one untimed warm-up, then ``repeats`` timed rounds over the prompts (methods interleaved in an order
 rotated per prompt and round); per prompt the round with the least host time per target call counts (noise only
 adds time). Every output, timed or counted, is compared with plain ``generate``'s.
 
 The counters are :mod:`hf_cascade.bench.host_reads` (also what ``tests/test_host_reads.py`` counts with); the methods
-and prompts :mod:`hf_cascade.bench.overhead_methods`; the report :mod:`hf_cascade.bench.overhead_report`.
+and prompts :mod:`hf_cascade.bench.overhead_methods`; the compiled regime :mod:`hf_cascade.bench.overhead_compiled`;
+the report :mod:`hf_cascade.bench.overhead_report`.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from .host_reads import READS, SCALAR_READS, ModuleTimer, ReadCounter, read_site
-from .overhead_methods import (COMPILED_LABEL, METHODS, PROMPT_TOKENS, REDRAFTER_STEPS, OverheadMethod, build_methods,
-                               overhead_prompts)
+from .overhead_compiled import SUFFIX, graph_breaks, is_compiled, ratios, timed_compiled, unique_graphs
+from .overhead_compiled import compiled_method as _compiled_method
+from .overhead_compiled import compiled_strategies as _compiled_strategies
+from .overhead_compiled import warm_up as _warm_up_compiled
+from .overhead_methods import (COMPILED_LABEL, COMPILED_STRATEGY_LABEL, METHODS, PROMPT_TOKENS, REDRAFTER_STEPS,
+                               OverheadMethod, build_methods, overhead_prompts)
 from .overhead_report import COMPILED, environment, load_average, markdown, write
 
 # -- measuring ---------------------------------------------------------------------------------------------------
@@ -83,30 +92,6 @@ class _Settings:
             os.environ[ENV] = env
 
 
-def _compiled_method(target, backend: str, mode: str | None, max_cache_len: int) -> tuple[OverheadMethod, Any, dict]:
-    """Plain ``generate`` on a copy of ``target`` with a static cache and transformers' automatic compile
-    (``CompileConfig(backend=..., mode=...)``, ``_compile_all_devices = True``); returns the method, the copy and
-    the settings."""
-    from transformers import CompileConfig, GenerationConfig
-
-    from .tiny import copy_model
-
-    model = copy_model(target)
-    kwargs = {"backend": backend} | ({"mode": mode} if mode else {})
-    config = CompileConfig(**kwargs)
-    config._compile_all_devices = True
-    # one static cache length for every prompt (no recompile between them) where generate takes it (5.x); 4.57 sizes
-    # the cache by the call's max_length and keeps a larger one for later calls
-    sized = {"max_cache_len": max_cache_len} if hasattr(GenerationConfig(), "max_cache_len") else {}
-    settings = {"cache_implementation": "static", **sized, "compile_config": config.to_dict()}
-
-    def run(ids, new):
-        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                              cache_implementation="static", compile_config=config, **sized)
-
-    return OverheadMethod(COMPILED, model, run), model, settings
-
-
 def _inductor_cache() -> dict:
     """Where inductor caches compiled code on disk, and whether it held anything before this run (a warm cache
     shortens the compile)."""
@@ -119,37 +104,10 @@ def _inductor_cache() -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-class _TimedCompiledCall:
-    """Wraps a model's compiled call (``model._compiled_call``, made by transformers' ``get_compiled_call``) so the
-    time inside it counts as forward time of ``timer`` (decoder hooks do not run inside a compiled graph)."""
-
-    def __init__(self, model, timer: ModuleTimer):
-        self.model, self.timer = model, timer
-        self.inner = getattr(model, "_compiled_call", None)
-
-    def __enter__(self):
-        if self.inner is not None:
-            timer, inner = self.timer, self.inner
-
-            def call(*args, **kwargs):
-                timer.enter()
-                try:
-                    return inner(*args, **kwargs)
-                finally:
-                    timer.exit()
-
-            self.model._compiled_call = call
-        return self
-
-    def __exit__(self, *exc):
-        if self.inner is not None:
-            self.model._compiled_call = self.inner
-
-
 def measure_overhead(new_tokens: int = 128, prompts: int = 4, repeats: int = 3, threads: int = 1,
                      compile: bool = True, compile_backend: str = "inductor", compile_mode: str | None = None,
                      defer_reads: bool = True, methods: Sequence[str] | None = None, progress: bool = False,
-                     log: Callable[[str], None] | None = None) -> dict:
+                     log: Callable[[str], None] | None = None, compiled_strategies: bool = False) -> dict:
     """Measure every method (see the module docstring); returns the results as a dict (``results.json``).
 
     Args:
@@ -160,6 +118,8 @@ def measure_overhead(new_tokens: int = 128, prompts: int = 4, repeats: int = 3, 
             ``CompileConfig``'s ``backend`` and ``mode``; ``None``: its default).
         defer_reads: the drafting loops' accelerator schedule (:data:`hf_cascade.placement.DEFER_READS`).
         methods: a subset of :data:`METHODS` (``plain`` is always measured); default all.
+        compiled_strategies: also each strategy of ``methods`` compiled (``"<name>-compiled"``,
+            :mod:`hf_cascade.bench.overhead_compiled`); needs ``compile``.
     """
     from . import tiny
 
@@ -170,6 +130,8 @@ def measure_overhead(new_tokens: int = 128, prompts: int = 4, repeats: int = 3, 
         raise ValueError(f"unknown overhead method(s) {unknown}; choose from {', '.join(METHODS)}")
     if new_tokens < 1 or repeats < 1:
         raise ValueError("new_tokens and repeats must be >= 1")
+    if compiled_strategies and not compile:
+        raise ValueError("--compiled-strategies compares with compiled plain generate: drop --no-compile")
     inputs = overhead_prompts(prompts)
     with _Settings(threads, defer_reads):
         env = environment()
@@ -179,16 +141,18 @@ def measure_overhead(new_tokens: int = 128, prompts: int = 4, repeats: int = 3, 
         built = build_methods(target, names)
         with torch.inference_mode():
             return _measure(target, built, inputs, env, new_tokens, repeats, threads, compile, compile_backend,
-                            compile_mode, defer_reads, progress, say)
+                            compile_mode, defer_reads, progress, say, compiled_strategies)
 
 
 def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repeats: int, threads: int, compile: bool,
-             compile_backend: str, compile_mode: str | None, defer_reads: bool, progress: bool, say) -> dict:
+             compile_backend: str, compile_mode: str | None, defer_reads: bool, progress: bool, say,
+             with_strategies: bool = False) -> dict:
     errors: dict[str, str] = {}
     compiled_info: dict = {}
+    strategies_info: dict = {}
+    cache_len = max(p.shape[1] for p in inputs) + new_tokens + 8          # one static cache size for every prompt
     if compile:
-        longest = max(p.shape[1] for p in inputs)
-        method, _, settings = _compiled_method(target, compile_backend, compile_mode, longest + new_tokens + 8)
+        method, _, settings = _compiled_method(target, compile_backend, compile_mode, cache_len)
         compiled_info = {"settings": settings}
 
     # warm-up: one untimed generate each (lazy imports, the verification cost profile VerifyCost() measures once)
@@ -216,6 +180,11 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
             compiled_info["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             errors[COMPILED] = compiled_info["error"]
             say(f"compiled plain generate failed: {compiled_info['error']}")
+    if compile and with_strategies:
+        extra = _compiled_strategies({n: m for n, m in built.items() if n != COMPILED}, compile_backend, compile_mode,
+                                    cache_len)
+        strategies_info = _warm_up_compiled(extra, inputs, new_tokens, errors, say)
+        built.update(extra)
 
     # timed rounds
     records: list[dict] = []
@@ -231,7 +200,7 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
         for r in range(repeats):
             for p, ids in enumerate(inputs):
                 for name in _rotated(order, p + r):
-                    rec = _timed_run(built[name], name, ids, new_tokens, compiled=name == COMPILED)
+                    rec = _timed_run(built[name], name, ids, new_tokens, compiled=is_compiled(name))
                     rec.update(prompt=p, repeat=r)
                     if name == "plain" and p not in reference:
                         reference[p] = rec.pop("output")
@@ -241,10 +210,12 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
         for rec in records:
             out = rec.pop("output", None)
             rec["identical"] = True if out is None else bool(torch.equal(out, reference[rec["prompt"]]))
+        if strategies_info:
+            strategies_info.update(graphs_after_timed=unique_graphs(), graph_breaks_after_timed=graph_breaks())
         # counted runs (untimed): reads and their call sites
         counts: dict[str, dict] = {}
         for name in order:
-            counts[name] = _counted(built[name], inputs, new_tokens, reference, bar, compiled=name == COMPILED)
+            counts[name] = _counted(built[name], inputs, new_tokens, reference, bar, compiled=is_compiled(name))
     finally:
         if bar is not None:
             bar.close()
@@ -260,33 +231,28 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
         "methods": {},
         "errors": errors,
         "compiled": compiled_info,
+        **({"compiled_strategies": strategies_info} if with_strategies else {}),
         "load_average_after": load_average(),
     }
     for name in order:
         result["methods"][name] = _summary(name, [r for r in records if r["method"] == name], counts[name])
         result["methods"][name]["drafter_timed"] = bool(built[name].draft_modules)
+        if name.endswith(SUFFIX):
+            result["methods"][name]["label"] = COMPILED_STRATEGY_LABEL.format(label=METHODS[name[:-len(SUFFIX)]])
+            result["methods"][name]["compiled"] = strategies_info.get("compiled", {}).get(name)
     if COMPILED in result["methods"]:
         result["methods"][COMPILED]["label"] = COMPILED_LABEL.format(backend=compile_backend)
-    plain = result["methods"]["plain"]["host_ms_per_call"]
-    for s in result["methods"].values():
-        s["host_vs_plain"] = s["host_ms_per_call"] / plain if s["host_ms_per_call"] is not None and plain else None
+    ratios(result["methods"])          # host and wall time against plain (compiled strategies: compiled plain)
     return result
 
 
 def _timed_run(method: OverheadMethod, name: str, ids, new_tokens: int, compiled: bool = False) -> dict:
     forward = ModuleTimer([method.model.get_decoder()])
     draft = ModuleTimer(method.draft_modules)
-    wrap = _TimedCompiledCall(method.model, forward) if compiled else None
-    with forward, draft:
-        if wrap is not None:
-            wrap.__enter__()
-        try:
-            t0 = time.perf_counter()
-            out = method.run(ids, new_tokens)
-            wall = time.perf_counter() - t0
-        finally:
-            if wrap is not None:
-                wrap.__exit__()
+    with forward, draft, timed_compiled(method.model, forward, compiled):
+        t0 = time.perf_counter()
+        out = method.run(ids, new_tokens)
+        wall = time.perf_counter() - t0
     new = out[0, ids.shape[1]:]
     return {"method": name, "wall_s": wall, "target_forward_s": forward.seconds, "target_calls": forward.calls,
             "draft_forward_s": draft.seconds, "draft_calls": draft.calls, "new_tokens": int(new.numel()),
@@ -304,7 +270,7 @@ def _counted(method: OverheadMethod, inputs, new_tokens: int, reference, bar, co
     for p, ids in enumerate(inputs):
         try:
             calls = ModuleTimer([method.model.get_decoder()])
-            with calls, _TimedCompiledCall(method.model, calls) if compiled else contextlib.nullcontext():
+            with calls, timed_compiled(method.model, calls, compiled):
                 with ReadCounter(method.model) as counter:
                     out = method.run(ids, new_tokens)
         except Exception as exc:                      # e.g. a compiled graph that the wrappers make recompile
@@ -371,7 +337,8 @@ def run(args, log: Callable[[str], None] = print) -> int:
                              f"got {args.prompts!r}") from None
     result = measure_overhead(new_tokens=args.new_tokens, prompts=prompts, repeats=args.repeats,
                               threads=args.threads or 1, compile=not args.no_compile,
-                              compile_backend=args.compile_backend, progress=not args.no_progress, log=log)
+                              compile_backend=args.compile_backend, progress=not args.no_progress, log=log,
+                              compiled_strategies=getattr(args, "compiled_strategies", False))
     paths = write(result, args.out or "bench_overhead")
     print(markdown(result))
     print()

@@ -20,7 +20,8 @@ PROMPT_TOKENS: tuple[tuple[int, ...], ...] = (
 PLD_TOKENS = 10            # transformers' prompt lookup as the bench's ``pld`` baseline
 REDRAFTER_STEPS = 80       # training steps of the ReDrafter head (as tests/test_host_reads.py)
 
-#: method -> table label, in table order (``compiled`` last, when measured).
+#: method -> table label, in table order (``compiled`` and, with ``--compiled-strategies``, ``<method>-compiled``
+#: after them, when measured).
 METHODS = {
     "plain": "plain generate",
     "pld": f"transformers prompt lookup (prompt_lookup_num_tokens={PLD_TOKENS})",
@@ -33,6 +34,8 @@ METHODS = {
     "recycling": "Token Recycling: RecyclingAssistant()",
 }
 COMPILED_LABEL = 'plain, compiled: cache_implementation="static", CompileConfig(backend="{backend}")'
+#: a compiled strategy's label: its eager label and this
+COMPILED_STRATEGY_LABEL = '{label}, compiled (same static cache and CompileConfig)'
 
 
 def overhead_prompts(n: int) -> list[torch.Tensor]:
@@ -45,12 +48,14 @@ def overhead_prompts(n: int) -> list[torch.Tensor]:
 @dataclass
 class OverheadMethod:
     """One way of calling ``generate``: ``run(input_ids, new_tokens) -> output ids`` with ``model`` as the target;
-    ``draft_modules``: modules whose forwards are the drafter's (timed apart)."""
+    ``draft_modules``: modules whose forwards are the drafter's (timed apart); ``assistant``: the strategy's
+    assistant (``None`` for plain and prompt lookup; its compiled row reuses it)."""
 
     name: str
     model: Any
     run: Callable[[torch.Tensor, int], torch.Tensor]
     draft_modules: list = field(default_factory=list)
+    assistant: Any = None
 
 
 def _own_modules(modules: Iterable[torch.nn.Module], target) -> list:
@@ -106,7 +111,7 @@ def build_methods(target, names: Sequence[str] | None = None, drafter=None, glid
             methods[name] = OverheadMethod("pld", target, greedy(prompt_lookup_num_tokens=PLD_TOKENS))
         elif name in builders:
             assistant, modules = builders[name]()
-            methods[name] = OverheadMethod(name, target, ours(assistant), modules)
+            methods[name] = OverheadMethod(name, target, ours(assistant), modules, assistant)
         else:
             raise ValueError(f"unknown overhead method {name!r}; choose from {', '.join(METHODS)}")
     return methods
@@ -118,5 +123,5 @@ def _model_modules(model, target) -> list:
     return _own_modules([model, model.get_decoder(), head], target)
 
 
-__all__ = ["COMPILED_LABEL", "METHODS", "PLD_TOKENS", "PROMPT_TOKENS", "REDRAFTER_STEPS", "OverheadMethod", "build_methods",
-           "overhead_prompts"]
+__all__ = ["COMPILED_LABEL", "COMPILED_STRATEGY_LABEL", "METHODS", "PLD_TOKENS", "PROMPT_TOKENS", "REDRAFTER_STEPS",
+           "OverheadMethod", "build_methods", "overhead_prompts"]

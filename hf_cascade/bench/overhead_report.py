@@ -86,9 +86,14 @@ def markdown(result: dict) -> str:
              "call, each a host-device sync on a GPU when the tensor lives there (here every tensor is on the host, "
              "so reads of tensors the library builds on the host, such as the accepted path, are counted too: an "
              "upper bound).", "",
-             "| method | tokens/call | host ms/call | of which drafter fwd | host/call ÷ plain host/token | "
-             "reads/call | host ms/token | target fwd ms/call | wall ms/token | identical to plain |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "Baseline: plain generate for the eager rows and for compiled plain; **compiled plain** for the "
+             "\"<strategy>, compiled\" rows (their host/call is over compiled plain's host ms per token, their "
+             "speedup is compiled plain's wall ms per token over theirs). speedup: the baseline's wall ms per token "
+             "over the row's.", "",
+             "| method | tokens/call | host ms/call | of which drafter fwd | host/call ÷ baseline host/token | "
+             "reads/call | host ms/token | target fwd ms/call | wall ms/token | speedup over baseline | "
+             "identical to plain |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, m in result["methods"].items():
         ident = "yes" if m["identical"] else "**NO**"
         if m["reads"].get("error"):
@@ -97,7 +102,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {m['label']} | {_f(m['tokens_per_call'], '.2f')} | {_f(m['host_ms_per_call'])} | {draft} | "
                      f"{_f(m['host_vs_plain'], '.2f')}x | {_f(m['reads_per_call'], '.2f')} | "
                      f"{_f(m['host_ms_per_token'])} | "
-                     f"{_f(m['target_forward_ms_per_call'])} | {_f(m['wall_ms_per_token'])} | {ident} |")
+                     f"{_f(m['target_forward_ms_per_call'])} | {_f(m['wall_ms_per_token'])} | "
+                     f"{_f(m.get('speedup'), '.2f')}x{_base(m)} | {ident} |")
     c = result.get("compiled") or {}
     if c:
         lines.append("")
@@ -115,6 +121,9 @@ def markdown(result: dict) -> str:
                          f"{c['warmup_seconds']:.1f} s{warm}; then {_f(m.get('wall_ms_per_token'))} ms per token "
                          f"(plain: {_f(result['methods']['plain']['wall_ms_per_token'])}). Its forward time is the "
                          "time inside the compiled call (decoding steps) and the eager prefill's decoder.")
+    cs = result.get("compiled_strategies")
+    if cs is not None:
+        lines += ["", _strategies_note(cs)]
     for name, why in result.get("errors", {}).items():
         if name != COMPILED:
             lines.append(f"\n{name}: could not run: {why}")
@@ -126,6 +135,31 @@ def markdown(result: dict) -> str:
         for site, n in sites[:6]:
             lines.append(f"  - {n}: `{site}`")
     return "\n".join(lines)
+
+
+def _base(m: dict) -> str:
+    """`` (vs compiled plain)`` after a compiled strategy's speedup."""
+    return " (vs compiled plain)" if m.get("baseline") == COMPILED and m.get("speedup") is not None else ""
+
+
+def _strategies_note(cs: dict) -> str:
+    """The compiled strategies' warm-up, graphs, and any strategy whose call did not compile."""
+    warm = cs.get("warmup_seconds") or {}
+    note = ("Compiled strategies (the same assistant, cache_implementation=\"static\", the compiled plain's "
+            "CompileConfig and max_cache_len; verification through the core's torch.compile'd decoder, whose time "
+            "counts as target forward time): warm-up over every prompt (the compile) "
+            + ", ".join(f"{n} {t:.1f} s" for n, t in warm.items()) + ".")
+    after, timed = cs.get("graphs_after_warmup"), cs.get("graphs_after_timed")
+    if after is not None and timed is not None:
+        note += (" No graph was compiled during the timed rounds." if timed == after else
+                 f" **{timed - after} graph(s) were compiled during the timed rounds** (best of rounds counts).")
+    breaks = (cs.get("graph_breaks_after_timed") or 0) - (cs.get("graph_breaks_after_warmup") or 0)
+    if breaks:
+        note += f" **{breaks} graph break(s) during the timed rounds** (the timers' hooks?)."
+    skipped = [n for n, done in (cs.get("compiled") or {}).items() if not done]
+    if skipped:
+        note += f" **Not compiled** (the core's criteria were not met; eager static rows): {', '.join(skipped)}."
+    return note
 
 
 def write(result: dict, out_dir: str | Path) -> dict[str, Path]:
