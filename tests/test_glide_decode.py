@@ -78,7 +78,7 @@ def test_cape_verification_input_golden():
     tree, sets, node_probs = expanded_proposal(probs, T([1, 2, 3]), settings, lambda x: x + 20)
     a, b, c, d, e, f = 21, 22, 23, 24, 25, 20
     assert [x.tolist() for x in sets] == [[d, e], [], [f]]
-    torch.testing.assert_close(node_probs, T([0.40, 0.70, 0.85, 0.25, 0.15, 0.05]))   # each token's own p
+    torch.testing.assert_close(T(node_probs), T([0.40, 0.70, 0.85, 0.25, 0.15, 0.05]))   # each token's own p
     assert tree.tokens.tolist() == [a, b, c, d, e, f]                      # input: main, then X_0, X_1, X_2
     assert tree.parents.tolist() == [-1, 0, 1, -1, -1, 1]
     assert tree.position_offsets().tolist() == [0, 1, 2, 0, 0, 2]          # input_pi
@@ -97,7 +97,7 @@ def test_cape_verification_input_golden():
     assert torch.equal(tree_attention_mask(P, full)[0, 0], golden)
     chain, none, chain_probs = expanded_proposal(probs, T([1, 2, 3]), None, lambda x: x + 20)
     assert chain.tokens.tolist() == [a, b, c] and chain.parents.tolist() == [-1, 0, 1] and none == []
-    torch.testing.assert_close(chain_probs, T([0.40, 0.70, 0.85]))
+    torch.testing.assert_close(T(chain_probs), T([0.40, 0.70, 0.85]))
     capped, _, _ = expanded_proposal(probs, T([1, 2, 3]), CapeSettings((2, 0, 1), (0.5, 0.8), max_nodes=4),
                                   lambda x: x + 20)
     assert capped.tokens.tolist() == [a, b, c, d] and capped.parents.tolist() == [-1, 0, 1, -1]

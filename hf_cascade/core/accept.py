@@ -157,11 +157,12 @@ def sampling_tree_accept(
             (top-k expansions, beam search, CAPE: a function of the context, no randomness).
         generator: optional ``torch.Generator`` for the uniforms and the final draw.
         batched: how the device is read. ``False``: child by child, a uniform drawn only when a child is
-            tried (several host reads per child; free on a CPU). ``True``: one transfer per node on the
-            walk: the residuals after rejecting each child in turn are computed on the device, then one
-            uniform per child and the acceptance probabilities are read together (a uniform is drawn for
-            every child of a reached node, so the random stream differs from ``False``'s; the law is the
-            same). ``None`` (default): ``False`` on a CPU, ``True`` elsewhere.
+            tried (several host reads per child; free on a CPU). ``True``: two reads in all where every node
+            with stochastic children has one child (:func:`_walk_gathered`: point-mass siblings, and chains);
+            otherwise one transfer per node on the walk (the residuals after rejecting each child in turn
+            computed on the device, one uniform per child read with the acceptance probabilities). Uniforms
+            are drawn for every child, so the random stream differs from ``False``'s; the law is the same.
+            ``None`` (default): ``False`` on a CPU, ``True`` elsewhere.
 
     At the current node with target distribution ``p`` and children ``c_1 .. c_m`` (tokens ``x_i``,
     tried in node order), start from the residual ``r_0 = p`` and for ``i = 1 .. m``:
@@ -197,6 +198,10 @@ def sampling_tree_accept(
     device = r.device
     if batched is None:
         batched = device.type != "cpu"
+    if batched:
+        walked = _walk_gathered(tree, target_probs, draft_probs, generator)
+        if walked is not None:
+            return walked
     try_children = _try_batched if batched else _try_in_turn
     while True:
         accepted, r = try_children(children[row], tokens, r, draft_probs, generator)
@@ -220,6 +225,67 @@ def _residual(r: torch.Tensor, x: int, q: torch.Tensor | None) -> torch.Tensor:
     # mass == 0 means r <= q everywhere, i.e. r == q: the acceptance probability was 1,
     # so a rejection is only a rounding artefact; keep r.
     return torch.where(mass > 1e-12, residual / mass.clamp_min(1e-30), r)
+
+
+def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> TreeAcceptance | None:
+    """The walk of :func:`_try_in_turn` reading the device twice: once for every node's uniform, its target
+    probability at its parent's row and its draft probability (one gather), once for the bonus token. ``None``
+    where a node has several stochastic children (their residuals depend on one another: :func:`_try_batched`).
+
+    Point-mass siblings need nothing but ``p(x_i)`` at their parent's row: after rejecting ``x_1 .. x_{i-1}``
+    the residual is ``p`` without those tokens, renormalised, so ``r_{i-1}(x_i) = p(x_i) / (1 - sum of the
+    distinct earlier p(x_j))`` (``0`` for a repeated token). A lone stochastic child needs ``p(x) / q(x)``.
+    The bonus is drawn from the residual at the node where the walk stops (:func:`_try_in_turn`'s)."""
+    children, tokens = _children(tree), tree.token_list
+    n = tree.num_nodes
+    if n == 0 or (draft_probs is not None and any(len(kids) > 1 for kids in children)):
+        return None
+    parent_rows = [p + 1 for p in tree.parent_list]
+    needed = sorted(set(parent_rows))
+    stacked = torch.stack([target_probs[r].float() for r in needed])                      # [R, V]
+    device = stacked.device
+    where = {r: i for i, r in enumerate(needed)}
+    token_index = torch.tensor(tokens, dtype=torch.long, device=device)
+    p_x = stacked[torch.tensor([where[r] for r in parent_rows], device=device), token_index]
+    if draft_probs is None:
+        q_x = torch.ones_like(p_x)
+    else:
+        q = draft_probs.to(device)
+        q_x = q[torch.arange(n, device=device), token_index].float()
+    u = torch.rand(n, generator=generator, device=device)
+    uniforms, ps, qs = torch.stack([u, p_x, q_x]).tolist()                                # the one read
+    path: list[int] = []
+    row, removed, rejected = 0, {}, None
+    while True:
+        removed, rejected, accepted = {}, None, None
+        for c in children[row]:
+            x = tokens[c]
+            if draft_probs is None:
+                left = 1.0 - sum(removed.values())
+                if x not in removed and left > 0.0 and uniforms[c] < ps[c] / left:
+                    accepted = c
+                    break
+                removed.setdefault(x, ps[c])
+            else:
+                if qs[c] <= 0.0:
+                    raise ValueError(f"node {c}'s token {x} has probability 0 under its draft distribution")
+                if uniforms[c] < ps[c] / qs[c]:
+                    accepted = c
+                    break
+                rejected = c
+        if accepted is None:
+            break
+        path.append(accepted)
+        row = accepted + 1
+    r = target_probs[row].float()
+    if removed:
+        r = r.clone()
+        r[torch.tensor(list(removed), dtype=torch.long, device=r.device)] = 0.0
+        r = r / r.sum()
+    elif rejected is not None:
+        r = _residual(r, tokens[rejected], draft_probs[rejected].to(r.device).float())
+    bonus = int(categorical(r, generator))                                                  # the second read
+    return TreeAcceptance(torch.tensor(path, dtype=torch.long, device="cpu"), bonus, tuple(path))
 
 
 def _try_in_turn(kids, tokens, r, draft_probs, generator):

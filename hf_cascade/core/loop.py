@@ -182,7 +182,8 @@ def accept(run: "_Run", tree: TokenTree, rows: TreeRows, q: torch.Tensor | None)
     """Greedy: the longest path the target's argmax agrees with. Sampling: recursive rejection sampling
     (exact for any ``q``, point masses included)."""
     if run.cfg.do_sample:
-        return sampling_tree_accept(tree, rows.softmax(), q)
+        # where every row is computed in one head call (an accelerator's session), acceptance reads the device twice
+        return sampling_tree_accept(tree, rows.softmax(), q, batched=True if run.block_rows is None else None)
     return greedy_tree_accept(tree, rows)
 
 

@@ -295,14 +295,15 @@ def _host_lists(main, expansions) -> tuple[list[int], list[list[int]]]:
     return out[0], out[1:]
 
 
-def pack_beams(beams: torch.Tensor) -> tuple[TokenTree, torch.Tensor, list[list[int]]]:
+def pack_beams(beams: torch.Tensor, rows: list[list[int]] | None = None) -> tuple[TokenTree, torch.Tensor, list[list[int]]]:
     """:meth:`TokenTree.from_beams` with the host copy of ``beam_to_node`` too: ``(tree, beam_to_node [w, L],
-    beam_to_node as lists)``. The beams are read once; the packing runs on the host (``w * L`` small),
-    node order and values those of Listing 1's tensor ops (:func:`get_prefix_match`)."""
+    beam_to_node as lists)``. The beams are read once (not at all when ``rows``, their host copy, is given); the
+    packing runs on the host (``w * L`` small), node order and values those of Listing 1's tensor ops
+    (:func:`get_prefix_match`)."""
     beams = torch.as_tensor(beams)
     if beams.ndim != 2 or beams.shape[0] == 0:
         raise ValueError(f"beams must be [w, L] with w >= 1, got shape {tuple(beams.shape)}")
-    rows = beams.long().tolist()
+    rows = beams.long().tolist() if rows is None else rows
     w, L = beams.shape
     owner: dict[tuple[int, ...], int] = {}                 # prefix -> the smallest beam holding it
     match = [[owner.setdefault(tuple(row[: j + 1]), i) for j in range(L)] for i, row in enumerate(rows)]

@@ -102,6 +102,13 @@ def expansion_lists(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor
     """:func:`expansion_sets` as lists of ids, computed on ``probs``' device and read in one transfer
     (``max_size``: an upper bound of ``sizes``, e.g. :attr:`CapeSettings.max_size`, saves reading it; the
     ``topk`` then runs wider, which can order tied probabilities differently)."""
+    return _read_expansions(probs, main, sizes, min_prob, max_size)[0]
+
+
+def _read_expansions(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
+                     max_size: int | None = None, to_target=None) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
+    """:func:`expansion_lists`, with each set's draft probabilities and target ids (``to_target`` applied on the
+    device; the draft ids when ``None``), all in the one read (ids are exact in float64)."""
     k, n = probs.shape
     if main.shape != (k,) or sizes.shape != (k,):
         raise ValueError(f"main and sizes must be [k] = [{k}], got {tuple(main.shape)} and {tuple(sizes.shape)}")
@@ -111,15 +118,23 @@ def expansion_lists(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor
     top = probs.topk(width, dim=-1).indices                                      # [k, width]
     conf = probs.gather(1, main[:, None])[:, 0]                                  # [k] p_i of the main tokens
     reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])                  # [k] prod_{j<i} p_j
-    ok = probs.gather(1, top) * reach[:, None] >= min_prob                       # [k, width] path prob >= floor
-    flat = torch.cat([top.flatten(), ok.flatten().long(), sizes, main]).tolist()  # the one read
+    top_p = probs.gather(1, top)                                                 # [k, width]
+    ok = top_p * reach[:, None] >= min_prob                                      # [k, width] path prob >= floor
+    mapped = top if to_target is None else to_target(top.flatten()).reshape(top.shape).to(probs.device)
+    parts = [top.flatten(), ok.flatten(), sizes, main, mapped.flatten(), top_p.flatten()]
+    flat = torch.cat([x.double() for x in parts]).tolist()                       # the one read
     kw = k * width
-    out = []
+    top_h, ok_h = flat[:kw], flat[kw:2 * kw]
+    sizes_h, main_h = flat[2 * kw:2 * kw + k], flat[2 * kw + k:2 * kw + 2 * k]
+    mapped_h, p_h = flat[2 * kw + 2 * k:3 * kw + 2 * k], flat[3 * kw + 2 * k:]
+    sets, set_probs, set_targets = [], [], []
     for i in range(k):
-        row_top, row_ok = flat[i * width:(i + 1) * width], flat[kw + i * width:kw + (i + 1) * width]
-        row = [(t, o) for t, o in zip(row_top, row_ok) if t != flat[2 * kw + k + i]][: min(flat[2 * kw + i], n - 1)]
-        out.append([t for t, o in row if o or min_prob <= 0])
-    return out
+        row = [j for j in range(i * width, (i + 1) * width) if top_h[j] != main_h[i]][: min(int(sizes_h[i]), n - 1)]
+        row = [j for j in row if ok_h[j] or min_prob <= 0]
+        sets.append([int(top_h[j]) for j in row])
+        set_probs.append([p_h[j] for j in row])
+        set_targets.append([int(mapped_h[j]) for j in row])
+    return sets, set_probs, set_targets
 
 
 def cap_expansions(expansions: Sequence[torch.Tensor], main_len: int, max_nodes: int | None) -> list[torch.Tensor]:
@@ -143,34 +158,32 @@ def cape_tree(main: torch.Tensor, expansions: Sequence[torch.Tensor], device=Non
 
 
 def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettings | None,
-                      to_target=None, main_target=None, device=None) -> tuple[TokenTree, list[torch.Tensor], torch.Tensor]:
+                      to_target=None, main_target=None, device=None, main_probs: list[float] | None = None,
+                      ) -> tuple[TokenTree, list[torch.Tensor], list[float]]:
     """Algorithm 1 end to end: the draft's ``[k, N]`` distributions along its main path ``main`` (``[k]``,
     normally the rows' argmax) -> the verification tree, the expansion sets (``to_target`` maps draft ids
-    to target ids, e.g. through a reduced vocabulary; identity when ``None``) and ``[n]`` the draft's
+    to target ids, e.g. through a reduced vocabulary; identity when ``None``) and, as host floats, the draft's
     probability of each node's token at its step (node order). ``settings=None``: no expansion, the tree is
-    the chain ``main``. ``main_target``: the main path's target ids when the caller has them on the host;
-    ``device``: where the tree goes (default ``probs``' device). Reads the device once for the sets, once
-    more for their target ids when ``to_target`` maps them."""
+    the chain ``main``. ``main_target`` / ``main_probs``: the main path's target ids / probabilities when the
+    caller has them on the host; ``device``: where the tree goes (default ``probs``' device). Reads the device
+    once (the sets, their target ids and probabilities together), and not at all for a chain whose
+    ``main_target`` and ``main_probs`` are given."""
     device = probs.device if device is None else device
     main = main.to(probs.device)
     main_t = list(main_target) if main_target is not None else (to_target or (lambda x: x))(main)
     conf = probs.gather(1, main[:, None])[:, 0]                                   # [k] p_i
+    main_p = list(main_probs) if main_probs is not None else conf.double().tolist()
     if settings is None:
-        return TokenTree.from_expansions(main_t, [[] for _ in range(main.shape[0])], device=device), [], conf
+        return TokenTree.from_expansions(main_t, [[] for _ in range(main.shape[0])], device=device), [], main_p
     bound = settings.max_size if defer_reads(probs.device) else None            # CPU: reads are free, exact width
-    sets = cap_expansions(expansion_lists(probs, main, settings.expansion_sizes(conf), settings.min_prob, bound),
-                          main.shape[0], settings.max_nodes)
-    rows = torch.tensor([i for i, x in enumerate(sets) for _ in x], dtype=torch.long, device=probs.device)
-    ids = torch.tensor([t for x in sets for t in x], dtype=torch.long, device=probs.device)
-    node_probs = torch.cat([conf, probs[rows, ids]])                               # Algorithm 2's node order
-    mapped = ids if to_target is None else to_target(ids)
-    flat = [t for x in sets for t in x] if mapped is ids else mapped.tolist()    # target ids, on the host
-    expansions, at = [], 0
-    for x in sets:
-        expansions.append(flat[at:at + len(x)])
-        at += len(x)
+    sets, set_probs, set_targets = _read_expansions(probs, main, settings.expansion_sizes(conf), settings.min_prob,
+                                                    bound, to_target)
+    capped = cap_expansions([torch.tensor(x, dtype=torch.long) for x in sets], main.shape[0], settings.max_nodes)
+    keep = [len(x) for x in capped]
+    expansions = [t[:c] for t, c in zip(set_targets, keep)]
+    node_probs = main_p + [p for x, c in zip(set_probs, keep) for p in x[:c]]  # Algorithm 2's node order
     tree = cape_tree(main_t, expansions, device=device)
-    if tree.num_nodes != node_probs.shape[0]:                                     # sets exclude main[i], unique
+    if tree.num_nodes != len(node_probs):                                         # sets exclude main[i], unique
         raise RuntimeError("CAPE expansion sets must not repeat the main token or each other")
     return tree, [torch.tensor(x, dtype=torch.long, device=device) for x in expansions], node_probs
 

@@ -178,7 +178,8 @@ class GlideDrafter(TreeDrafter):
                     break
             ids = token.reshape(1).to(self._device)
         if defer:
-            p_best, target_ids = torch.stack(tops).tolist(), torch.stack(tokens).tolist()
+            read = torch.stack([torch.stack(tops).double(), torch.stack(tokens).double()]).tolist()   # one read
+            p_best, target_ids = read[0], [int(t) for t in read[1]]
         if self.budget is not None:
             self.budget.end_draft()
         m = self._main_length(p_best, target_ids, k)[0]
@@ -193,16 +194,16 @@ class GlideDrafter(TreeDrafter):
         probs = torch.stack(rows[:m])                                               # [k', N]
         main_d = torch.stack(bests[:m])                                             # [k'] draft ids
         self._main = target_ids[:m]                                                 # [k'] target ids
+        # the main path's estimates are its confidences p_i (host floats: for a drawn node, its confidence, not its
+        # token's probability; rule 2 of core.draws)
         tree, expansions, node_probs = expanded_proposal(probs, main_d, self.settings.cape, self._to_target,
-                                                         main_target=self._main, device=seq.device)
-        if drawn:                           # a drawn node is estimated by its confidence, not its token (rule 2)
-            node_probs = torch.cat([torch.tensor(p_best[:m], dtype=node_probs.dtype), node_probs[m:].cpu()])
+                                                         main_target=self._main, device=seq.device,
+                                                         main_probs=p_best[:m])
         self.record.expansion_sizes.append([len(x) for x in expansions])
         self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
         self.record.drafted_nodes.append(tree.num_nodes)
         if self.lookup is not None and not (drawn and self.linear):                 # + repeats, what pays
-            tree = self._joined(tree, torch.as_tensor(node_probs, dtype=torch.float64).tolist(), state,
-                                drawn=m if drawn else 0)
+            tree = self._joined(tree, node_probs, state, drawn=m if drawn else 0)
         elif self.budget is not None:                                               # what pays on this hardware
             tree, self._probs = self.budget.select(tree, node_probs, fixed=m if drawn else 0)
         if not drawn:

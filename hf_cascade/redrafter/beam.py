@@ -106,12 +106,21 @@ def flat_tree(beams: torch.Tensor) -> TokenTree:
     return TokenTree(beams.flatten(), torch.tensor(host, dtype=torch.long, device=beams.device), host_parents=host)
 
 
-def pack(beams: torch.Tensor, dedupe: bool = True) -> tuple[TokenTree, list[list[int]]]:
+def read_beams(beams: torch.Tensor, logp: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
+    """``beams`` (``[w, L]`` ids) and the probabilities ``exp(logp)`` (``[w, L]``) as host lists, in one read
+    (ids are exact in float64)."""
+    w, L = beams.shape
+    flat = torch.cat([beams.double().flatten(), logp.double().exp().flatten().to(beams.device)]).tolist()
+    ids, probs = flat[: w * L], flat[w * L:]
+    return [[int(t) for t in ids[i * L:(i + 1) * L]] for i in range(w)], [probs[i * L:(i + 1) * L] for i in range(w)]
+
+
+def pack(beams: torch.Tensor, dedupe: bool = True, rows: list[list[int]] | None = None) -> tuple[TokenTree, list[list[int]]]:
     """The verification tree of ``beams`` (``[w, L]``) and, on the host, the node of each beam token:
-    the packed prefix tree (:func:`~hf_cascade.core.structure.pack_beams`, one read of the beams) or
-    :func:`flat_tree` (no read)."""
+    the packed prefix tree (:func:`~hf_cascade.core.structure.pack_beams`, one read of the beams, none when
+    ``rows`` is their host copy) or :func:`flat_tree` (no read)."""
     if dedupe:
-        tree, _, beam_to_node = pack_beams(beams)
+        tree, _, beam_to_node = pack_beams(beams, rows)
         return tree, beam_to_node
     tree = flat_tree(beams)
     w, L = beams.shape
@@ -126,9 +135,11 @@ def prune(tree: TokenTree, beam_to_node: list[list[int]], keep: torch.Tensor) ->
 
 def node_probabilities(tree: TokenTree, beam_to_node: list[list[int]], logp: torch.Tensor) -> list[float]:
     """``[n]`` host floats: each node's conditional probability under the head (beam tokens that share a node
-    share their prefix, hence their probability). One read of ``logp`` (``[w, L]``)."""
+    share their prefix, hence their probability). One read of ``logp`` (``[w, L]``), none when it is given as
+    host rows of probabilities (:func:`read_beams`)."""
     probs = [0.0] * tree.num_nodes
-    for row, nodes in zip(logp.float().exp().tolist(), beam_to_node):
+    rows = logp.float().exp().tolist() if isinstance(logp, torch.Tensor) else logp     # host probabilities: no read
+    for row, nodes in zip(rows, beam_to_node):
         for p, node in zip(row, nodes):
             probs[node] = p
     return probs
@@ -166,4 +177,4 @@ def confident_prefix(logp: torch.Tensor, min_confidence: float) -> torch.Tensor:
 
 
 __all__ = ["beam_rows", "beam_search", "beams_tree", "confident_prefix", "flat_tree", "kept_nodes", "node_probabilities",
-           "pack", "prune"]
+           "pack", "prune", "read_beams"]

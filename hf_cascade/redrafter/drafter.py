@@ -35,7 +35,7 @@ from ..core.budget import VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch
-from .beam import beam_rows, beam_search, confident_prefix, kept_nodes, node_probabilities, pack
+from .beam import beam_rows, beam_search, confident_prefix, kept_nodes, node_probabilities, pack, read_beams
 
 
 @dataclass
@@ -87,10 +87,11 @@ class ReDrafterDrafter(TreeDrafter):
         self.record.forwards += len(rows)                                             # one head forward per step
         self.record.rows += sum(rows)
         beams = beams.to(seq.device)
-        tree, beam_to_node = pack(beams, self.dedupe)                                  # n nodes; one read of the beams
+        host_beams, host_probs = read_beams(beams, logp)                               # the draft's one read
+        tree, beam_to_node = pack(beams, self.dedupe, rows=host_beams)                 # n nodes
         self.record.beam_tokens.append(int(beams.numel()))
         self.record.drafted_nodes.append(tree.num_nodes)
-        probs = node_probabilities(tree, beam_to_node, logp) if self.budget is not None else None
+        probs = node_probabilities(tree, beam_to_node, host_probs) if self.budget is not None else None
         if self.min_confidence > 0:
             keep = kept_nodes(tree, beam_to_node, confident_prefix(logp, self.min_confidence))
             tree = tree.select(keep)
