@@ -31,6 +31,7 @@ from collections import deque
 
 import torch
 
+from ..core.accept import path_list
 from ..core.draws import keep_drawn
 from ..core.stats import LevelStats
 from ..core.structure import TokenTree
@@ -148,6 +149,19 @@ class LookupBranch:
         return LevelStats("lookup", proposals=self.steps, tokens_proposed=self.proposed, tokens_accepted=self.accepted)
 
 
+def observe_verdict(budget, lookup: LookupBranch | None, tree: TokenTree, probs: list[float | None], acceptance,
+                    state) -> None:
+    """A tree drafter's step after the target's verdict ``acceptance`` on ``tree``: ``budget`` (an
+    :class:`~hf_cascade.core.adapt.AdaptiveBudget`) learns the step from the nodes' draft probabilities ``probs``
+    and ``state``'s measured verification (a :class:`~hf_cascade.core.strategy.TreeStep`), and ``lookup`` (if any)
+    learns its seeds' rate."""
+    path = path_list(acceptance)
+    budget.observe_step(tree, probs if tree.num_nodes else [], path, len(path) + 1,
+                        state.verify_seconds, state.verify_nodes)
+    if lookup is not None:
+        lookup.observe(tree, path)
+
+
 def _path_nodes(tree: TokenTree, estimates: list[float]) -> list[int]:
     """The nodes (root first) of the path with the most expected accepted tokens (sum of path estimates)."""
     parents = tree.host_parents
@@ -172,4 +186,4 @@ def _restrict(tree: TokenTree, nodes: list[int], *values: list) -> tuple[TokenTr
             tuple([v[i] for i in nodes] for v in values))
 
 
-__all__ = ["LookupBranch"]
+__all__ = ["LookupBranch", "observe_verdict"]

@@ -55,7 +55,7 @@ from ..core.adapt import AdaptiveBudget
 from ..core.draws import ProposalChoice, draw, tree_draft_probs, warped, warpers
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
-from ..drafters.lookup_branch import LookupBranch
+from ..drafters.lookup_branch import LookupBranch, observe_verdict
 from ..drafters.maxgram import common_prefix
 from ..placement import defer_reads
 from .cape import expanded_proposal
@@ -242,12 +242,8 @@ class GlideDrafter(TreeDrafter):
         """Keep, in the draft cache, the verified tokens it holds: ``seq[:L]`` and the fed main tokens that
         the target accepted (``Cache.crop``); count main-path and expansion acceptances."""
         if self.budget is not None:
-            path = path_list(acceptance)
-            self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
-                                     state.verify_seconds, state.verify_nodes)
+            observe_verdict(self.budget, self.lookup, tree, self._probs, acceptance, state)
             self._probs = []
-            if self.lookup is not None:
-                self.lookup.observe(tree, path)
         if self.choice is not None and self._root_logits is not None and state.rows is not None:
             first = sum(1 for parent in tree.host_parents if parent < 0)          # the first level's nodes
             self.choice.observe(state.rows.softmax()[0], warped(self.warpers, self._root_logits), self._columns,

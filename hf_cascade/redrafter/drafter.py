@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.accept import path_list
 from ..core.adapt import AdaptiveBudget
 from ..core.budget import VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
-from ..drafters.lookup_branch import LookupBranch
+from ..drafters.lookup_branch import LookupBranch, observe_verdict
 from .beam import beam_rows, beam_search, confident_prefix, kept_nodes, node_probabilities, pack, read_beams
 
 
@@ -116,12 +115,8 @@ class ReDrafterDrafter(TreeDrafter):
 
     def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
         if self.budget is not None:
-            path = path_list(acceptance)
-            self.budget.observe_step(tree, self._probs if tree.num_nodes else [], path, len(path) + 1,
-                                     state.verify_seconds, state.verify_nodes)
+            observe_verdict(self.budget, self.lookup, tree, self._probs, acceptance, state)
             self._probs = []
-            if self.lookup is not None:
-                self.lookup.observe(tree, path)
 
 
 __all__ = ["ReDrafterDrafter"]
