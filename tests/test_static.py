@@ -165,6 +165,11 @@ def test_core_sized_cache_honours_max_cache_len():
         cfg = GenerationConfig(max_length=30, cache_implementation="static", max_cache_len=max_cache_len)
         run = _Run(target, REPETITIVE, None, None, cfg, GenerationStats(), None, 4)
         assert run.slots.capacity == capacity
+    # through generate, which builds a cache sized for plain decoding: the core's own has room for the last bucket
+    out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=20, cache_implementation="static",
+                          return_dict_in_generate=True, assistant_model=CascadeAssistant([MaxGram()]))
+    cache = getattr(out, hf_cascade.compat.CACHE)
+    assert {layer.max_cache_len for layer in cache.layers} == {REPETITIVE.shape[1] + 20 + QUERY_BUCKETS[-1]}
 
 
 def test_buckets():

@@ -270,9 +270,12 @@ class _Run:
         self.device = device = _input_device(target, input_ids)
         seq = input_ids[0].to(device)
         self.slots = None                                  # a static cache's host bookkeeping (core/static.py)
-        if is_static(given) or getattr(cfg, "cache_implementation", None) == "static":
-            self.slots = StaticSlots(target, given if is_static(given) else None,   # max_cache_len: one size per call
-                                     (getattr(cfg, "max_cache_len", None) or cfg.max_length) + QUERY_BUCKETS[-1])
+        # cache_implementation="static": generate built a cache sized for plain decoding (not filled yet); the core
+        # sizes its own, with room for the last bucket of drafts (max_cache_len: one size for every prompt)
+        mine = getattr(cfg, "cache_implementation", None) == "static"
+        if mine or is_static(given):
+            capacity = max(getattr(cfg, "max_cache_len", None) or 0, cfg.max_length) + QUERY_BUCKETS[-1]
+            self.slots = StaticSlots(target, None if mine else given, capacity)
             self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
         self.row = _Row(seq, input_ids[0].tolist(), self.slots.cache if self.slots is not None else DynamicCache())
 
