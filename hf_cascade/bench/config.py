@@ -18,7 +18,8 @@ BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-as
 #: The strategy whose draft models a method uses (methods not listed take none, or the shared ``drafts``).
 DRAFT_FAMILY = {"cascade": "cascade", "hsddw": "hsddw", "hsddw-single": "hsddw", "hsddw-every-step": "hsddw",
                 "glide": "glide", "glide-chain": "glide",
-                "redrafter": "redrafter", "redrafter-w1": "redrafter", "redrafter-flat": "redrafter"}
+                "redrafter": "redrafter", "redrafter-w1": "redrafter", "redrafter-flat": "redrafter",
+                **{f"{s}-static": s for s in ("cascade", "hsddw", "glide", "redrafter")}}
 #: What kind of model each strategy drafts with: one shared ``--draft`` list can only serve strategies of one kind.
 DRAFT_KIND = {"cascade": "causal LM drafter", "hsddw": "causal LM drafter", "glide": "GLIDE head",
               "redrafter": "ReDrafter head"}
