@@ -170,7 +170,7 @@ def test_estimated_widths_keep_parity(name, free_drafts, monkeypatch):
 
 def test_the_cascade_learns_from_the_verified_prefix_only():
     """A batch may verify only the first tokens of a row's draft: the cascade's Max-Gram acceptance counts those,
-    not the cut ones as rejected (:meth:`~hf_cascade.cascade.generator._Drafted.first`)."""
+    not the cut ones as rejected (:meth:`~hf_cascade.cascade.drafter._Drafted.first`)."""
     import torch
 
     from hf_cascade.cascade.drafter import CascadeCandidateGenerator, _Drafted, _Segment

@@ -1,4 +1,4 @@
-"""Token Recycling (hf_cascade.drafters.recycling): the recycled table and its best-first expansion on
+"""Token Recycling (hf_cascade.recycling): the recycled table and its best-first expansion on
 hand-made inputs; the table filled from a real verification's rows; hot start and its reset. Parity, exact
 sampling and no state leak: the contract (tests/test_contract.py, entry "recycling")."""
 

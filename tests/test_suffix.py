@@ -1,4 +1,4 @@
-"""SuffixDecoding (``hf_cascade.drafters.suffix``, the ``suffix`` / ``suffix-tree`` bench baselines).
+"""SuffixDecoding (``hf_cascade.suffix``, the ``suffix`` / ``suffix-tree`` bench baselines).
 
 Checked as the contract checks our strategies (tests/test_contract.py): greedy parity with plain
 ``generate`` on the contract's target settings, exact sampling, no state leak (exactly, with the global

@@ -23,6 +23,7 @@ from ..backends import cpu_kernels_apply
 from ..compat import CACHE
 from ..cascade import CascadeAssistant
 from ..drafters import CorpusNGrams, MaxGram
+from ..drafters.neural import model_name
 from ..glide import GlideAssistant
 from ..core.budget import VerifyCost
 from ..hsddw import DynamicWindowAssistant
@@ -110,7 +111,7 @@ class _Counted(Method):
         with ForwardCounter(self.model, *self.drafts) as counter:
             out = self.generate(input_ids, attention_mask, gen_kwargs)
         prompt = int(input_ids.shape[-1])
-        levels = [(_model_name(d), tokens) for d, tokens in zip(self.drafts, counter.tokens[1:])]
+        levels = [(model_name(d), tokens) for d, tokens in zip(self.drafts, counter.tokens[1:])]
         return out, transformers_loop_stats(counter.tokens[0], prompt, int(out.shape[-1]) - prompt, levels)
 
     def generate(self, input_ids, attention_mask, gen_kwargs):
@@ -204,7 +205,7 @@ class Ours(Method):
 
 
 class Suffix(Ours):
-    """SuffixDecoding (:class:`~hf_cascade.drafters.suffix.SuffixAssistant`, vLLM's defaults) in our decoding core,
+    """SuffixDecoding (:class:`~hf_cascade.suffix.SuffixAssistant`, vLLM's defaults) in our decoding core,
     with the same verification backend as Max-Gram. Its global cache of earlier responses grows over the prompts
     of a run, as vLLM's over requests; the warm-up's response is forgotten (:meth:`after_warmup`)."""
 
@@ -223,7 +224,7 @@ class Suffix(Ours):
 
 
 class Recycling(Ours):
-    """Token Recycling (:class:`~hf_cascade.drafters.recycling.RecyclingAssistant`, defaults: one table per call).
+    """Token Recycling (:class:`~hf_cascade.recycling.RecyclingAssistant`, defaults: one table per call).
     With ``hot_start`` its table would grow over the prompts of a run; the warm-up's is forgotten either way
     (:meth:`after_warmup`)."""
 
@@ -276,10 +277,6 @@ class Economize(Method):
 
     def level_models(self) -> list:
         return [UNKNOWN]          # its drafter's calls (none for prompt lookup) have no known cost
-
-
-def _model_name(model: Any) -> str:
-    return getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
 
 
 def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict | None = None, sampling: bool = False,
