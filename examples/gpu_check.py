@@ -1,22 +1,33 @@
 """Check hf_cascade on your GPU: every assistant gives plain generate()'s tokens, and how fast it is.
 
     python examples/gpu_check.py --model google/gemma-3-270m --dtype bf16
-    python examples/gpu_check.py --model default --max-new-tokens 16 --prompts 2      # CPU, embedded target
+    python examples/gpu_check.py --max-new-tokens 16 --prompts 1 --assistants maxgram    # CPU smoke check
 
-For each assistant of the test contract (tests/test_contract.py: Max-Gram alone, a drafter + Max-Gram
-cascade, a cascade with lenience 3, Max-Gram first + cost-aware, HSDDW, GLIDE chain, GLIDE+CAPE, ReDrafter,
-Max-Gram trees) it runs greedy ``generate`` on a few prompts on the chosen device:
+For each assistant of the test contract (tests/contract_registry.py: Max-Gram alone, a drafter + Max-Gram cascade,
+lenience 3, Max-Gram first + cost-aware, HSDDW, GLIDE chain, GLIDE+CAPE, ReDrafter, Max-Gram trees, token
+recycling) it runs greedy ``generate`` on a few prompts, in each mode of ``--modes``, and plain ``generate`` in the
+same modes (each output is compared with plain ``generate``'s in its mode):
+
+* ``eager``: the default dynamic cache;
+* ``static``: ``cache_implementation="static"``, not compiled (``disable_compile=True``: on an accelerator
+  transformers compiles every static-cache call otherwise);
+* ``compiled``: ``cache_implementation="static"`` and ``compile_config``: ``CompileConfig()`` on an accelerator
+  (inductor; on CUDA its default mode ``reduce-overhead`` takes CUDA graphs), on a CPU ``aot_eager`` without a mode
+  and ``_compile_all_devices = True`` (``--compile-backend`` / ``--compile-mode`` change either). Every prompt
+  runs once untimed first (compiling the query shapes it reaches); a timed run that still captures a dynamo graph
+  is flagged, and reaching dynamo's recompile limit (past it a frame silently runs eagerly) is an error.
+
+Static and compiled runs share one ``max_cache_len`` (the longest prompt plus ``--max-new-tokens``): one cache
+shape for every prompt. Speeds are new tokens per second, relative to plain ``generate`` compiled (``vs compiled``,
+the baseline) and with the dynamic cache (``vs eager``).
 
 * **parity, float32**: the target loaded in float32; every output must be plain ``generate``'s, token for
   token (exit status 1 on any difference);
-* **speed, ``--dtype``** (bf16 by default on a GPU): the target loaded in that dtype, a speed table (new tokens
-  per second, speedup over plain generate, tokens per target call). Verification and plain decoding run
-  different kernels, so in bf16 / fp16 a position whose two best logits are within rounding may flip: each
-  output is compared with plain ``generate``'s, and at the first difference the target's logits after the plain
-  path's prefix decide (``hf_cascade.parity``): a tie (the other path's token within ``--tie-ulps`` units in the
-  last place of the plain path's top-1 logit) is reported, a larger gap is a failure (exit status 1).
-  On CUDA, plain ``generate`` with a static cache compiled (``compile_config``) is timed as a second baseline
-  when the installed transformers supports it.
+* **speed, ``--dtype``** (bf16 by default on a GPU): the target loaded in that dtype. Verification and plain
+  decoding run different kernels, so in bf16 / fp16 a position whose two best logits are within rounding may
+  flip: at the first difference from plain ``generate`` the target's logits after the plain path's prefix decide
+  (``hf_cascade.parity``): a tie (the other path's token within ``--tie-ulps`` units in the last place of the
+  plain path's top-1 logit) is reported with its position and logit gap, a larger gap is a failure (exit 1).
 
 Drafters and heads: for Gemma-3-270M (``--model default`` or ``google/gemma-3-270m``) the ones shipped in
 model_cards/ are used unless given; for any other target give them (local directories or Hub repo ids) with
@@ -47,6 +58,7 @@ SHIPPED = {
     "redrafter": CARDS / "gemma-3-270m-redrafter-xs",
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MODES = ("eager", "static", "compiled")
 
 PROMPTS = [
     "def fibonacci(n):\n",
@@ -76,6 +88,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=4, help=f"how many of the {len(PROMPTS)} built-in prompts")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt (the fastest counts)")
     p.add_argument("--assistants", default=None, help="comma-separated names (default: all)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)} (default: all)")
+    p.add_argument("--compile-backend", default=None,
+                   help="compiled mode's CompileConfig backend (default: CompileConfig's, inductor; aot_eager on a CPU)")
+    p.add_argument("--compile-mode", default=None,
+                   help="compiled mode's CompileConfig mode, 'none' for none (default: CompileConfig's, reduce-overhead; "
+                        "none on a CPU)")
     for name in SHIPPED:
         p.add_argument(f"--{name}", default=None, help=f"{name} checkpoint (directory or Hub repo id)")
     args = p.parse_args(argv)
@@ -83,6 +101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.dtype is None:
         args.dtype = "fp32" if args.device == "cpu" else "bf16"
+    args.modes = [m for m in args.modes.split(",") if m]
+    if not args.modes or any(m not in MODES for m in args.modes):
+        p.error(f"--modes: comma-separated names of {', '.join(MODES)}")
     return args
 
 
@@ -124,9 +145,10 @@ def load_drafters(args) -> dict:
 
 
 def assistants(d: dict) -> dict:
-    """name -> (factory, the drafters it needs): the registry of tests/test_contract.py."""
+    """name -> (factory, the drafters it needs): the registry of tests/contract_registry.py."""
     from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
     from hf_cascade.maxgram_tree import MaxGramTreeAssistant
+    from hf_cascade.recycling import RecyclingAssistant
 
     def hsddw():
         if "verifier" in d:
@@ -145,7 +167,62 @@ def assistants(d: dict) -> dict:
         "glide_cape": (lambda: GlideAssistant(d["glide"], cape=True), ["glide"]),
         "redrafter": (lambda: ReDrafterAssistant(d["redrafter"], beam_width=4, beam_length=5), ["redrafter"]),
         "maxgram_tree": (lambda: MaxGramTreeAssistant(), []),
+        "recycling": (lambda: RecyclingAssistant(), []),
     }
+
+
+# -- modes -----------------------------------------------------------------------------------------------
+
+def compile_config(args, device: torch.device):
+    """The compiled mode's ``CompileConfig``: transformers' defaults on an accelerator; on a CPU ``aot_eager`` without
+    a mode, and ``_compile_all_devices`` (transformers compiles on a CPU only when told to); then ``--compile-backend``
+    and ``--compile-mode``."""
+    from transformers import CompileConfig
+
+    cpu = device.type == "cpu"
+    options = {"backend": "aot_eager", "mode": None} if cpu else {}
+    if args.compile_backend:
+        options["backend"] = args.compile_backend
+    if args.compile_mode:
+        options["mode"] = None if args.compile_mode == "none" else args.compile_mode
+    config = CompileConfig(**options)
+    if cpu:
+        config._compile_all_devices = True
+    return config
+
+
+def mode_kwargs(mode: str, args, device: torch.device, max_cache_len: int) -> dict:
+    """``generate()`` kwargs of ``mode``, for plain and assisted calls alike."""
+    from transformers import GenerationConfig
+
+    if mode == "eager":
+        return {}
+    kw = {"cache_implementation": "static"}
+    if hasattr(GenerationConfig(), "max_cache_len"):              # one cache shape for every prompt
+        kw["max_cache_len"] = max_cache_len
+    if mode == "static":
+        kw["disable_compile"] = True
+    else:
+        kw["compile_config"] = compile_config(args, device)
+    return kw
+
+
+def unique_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def strict_recompiles(compiled: bool):
+    """Where dynamo's recompile limit is reached, raise (by default that frame then runs eagerly: the compiled
+    timings would not be compiled ones)."""
+    import contextlib
+
+    from torch._dynamo import config
+
+    if compiled and hasattr(config, "fail_on_recompile_limit_hit"):
+        return config.patch(fail_on_recompile_limit_hit=True)
+    return contextlib.nullcontext()
 
 
 # -- running ---------------------------------------------------------------------------------------------
@@ -164,90 +241,104 @@ def timed_generate(model, ids, assistant, max_new_tokens: int, repeats: int, **k
     return out, best
 
 
-def compiled_kwargs(model) -> dict | None:
-    """generate() kwargs for plain decoding with a static cache, compiled (``None``: not on CUDA, or this
-    transformers has no ``CompileConfig``)."""
-    try:
-        from transformers import CompileConfig
-    except ImportError:
-        return None
-    if model.device.type != "cuda":
-        return None
-    return {"cache_implementation": "static", "compile_config": CompileConfig()}
+def run_method(model, prompts, assistant, kw: dict, args, timed: bool, compiled: bool) -> dict:
+    """Greedy ``generate`` of every prompt (with ``assistant``, or plain) with ``kw``: outputs, seconds, new tokens,
+    mean tokens per target call, and the dynamo graphs captured while timed. ``timed``: warmed up first (compiled:
+    every prompt once, untimed), ``--repeats`` runs per prompt."""
+    repeats = args.repeats if timed else 1
+    extra = {} if assistant is None else {"assistant_model": assistant}
+    with strict_recompiles(compiled):
+        if timed:
+            for ids in (prompts if compiled else prompts[:1]):
+                model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens if compiled else 4,
+                               **extra, **kw)
+        before = unique_graphs()
+        outs, seconds, tokens, per_call = [], 0.0, 0, []
+        for ids in prompts:
+            out, t = timed_generate(model, ids, assistant, args.max_new_tokens, repeats, **kw)
+            outs.append(out[0].tolist())
+            seconds += t
+            tokens += out.shape[1] - ids.shape[1]
+            per_call.append(assistant.last_stats.tokens_per_target_call if assistant is not None else 1.0)
+    return {"outs": outs, "tps": tokens / seconds, "per_call": statistics.mean(per_call),
+            "graphs": unique_graphs() - before if timed else 0}
 
 
-def judge(model, expected: list, got: list, name: str, i: int, exact: bool, ulps: float) -> str:
-    """``"same"``, ``"tie"`` or ``"mismatch"``, printing the first difference: in float32 (``exact``) every
-    difference is a mismatch; otherwise the target's logits after the plain path's prefix decide."""
+def judge(model, expected: list, got: list, label: str, exact: bool, ulps: float):
+    """``(verdict, divergence)``: ``"same"`` (``None``), ``"tie"`` or ``"mismatch"``, printing the first difference:
+    in float32 (``exact``) every difference is a mismatch; otherwise the target's logits after the plain path's
+    prefix decide (:func:`hf_cascade.parity.divergence`)."""
     if got == expected:
-        return "same"
+        return "same", None
     d = divergence(model, expected, got, ulps=ulps)
-    where = f"{name}, prompt {i}: first difference at position {d.position} (plain {expected[d.position:d.position + 5]}, " \
-            f"{name} {got[d.position:d.position + 5]})"
-    if exact:
-        print(f"  MISMATCH {where}", flush=True)
-        return "mismatch"
-    gaps = f"top-1 - top-2 logit {d.gap:.4g}, top-1 - {name}'s token {d.got_gap:.4g}, tie tolerance {d.tolerance:.3g}"
-    print(f"  {'tie' if d.tie else 'MISMATCH'} {where}: {gaps}", flush=True)
-    return "tie" if d.tie else "mismatch"
+    where = f"{label}, first difference at position {d.position} (plain {expected[d.position:d.position + 5]}, " \
+            f"got {got[d.position:d.position + 5]})"
+    gaps = f"top-1 - top-2 logit {d.gap:.4g}, top-1 - its token {d.got_gap:.4g}, tie tolerance {d.tolerance:.3g}"
+    verdict = "mismatch" if exact or not d.tie else "tie"
+    print(f"  {'tie' if verdict == 'tie' else 'MISMATCH'} {where}: {gaps}", flush=True)
+    return verdict, d
+
+
+def parity_text(verdicts: list) -> str:
+    """``"same/n"``, then the ties and mismatches and the first divergence's position and logit gap (top-1 minus
+    the other path's token)."""
+    kinds = [v for v, _ in verdicts]
+    text = f"{kinds.count('same')}/{len(kinds)}"
+    text += f" +{kinds.count('tie')} tie" if "tie" in kinds else ""
+    text += f" {kinds.count('mismatch')} MISMATCH" if "mismatch" in kinds else ""
+    first = next((d for _, d in verdicts if d is not None), None)
+    return text + (f" @{first.position} gap {first.got_gap:.3g}" if first is not None else "")
 
 
 def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, timed: bool):
-    """Greedy generate with every wanted assistant on ``model``: ``(rows, failures)``, a row per assistant
-    ``(name, parity, tokens/s, speedup, tokens per call)``, the plain baselines first. ``exact``: every difference
-    from plain generate is a failure (float32), else ties are told from mismatches (:func:`judge`). ``timed``: the
-    run whose speeds are reported (``--repeats`` runs per prompt, and the compiled baseline where supported)."""
-    repeats = args.repeats if timed else 1
-    model.generate(prompts[0], do_sample=False, max_new_tokens=4)      # warm-up (kernels, CUDA context) untimed
-    plain_out, plain_time = [], []
-    for ids in prompts:
-        out, seconds = timed_generate(model, ids, None, args.max_new_tokens, repeats)
-        plain_out.append(out[0].tolist())
-        plain_time.append(seconds)
-    plain_tokens = sum(len(o) - p.shape[1] for o, p in zip(plain_out, prompts))
-    rows = [("plain generate", "-", plain_tokens / sum(plain_time), 1.0, 1.0)]
+    """Plain ``generate`` and every wanted assistant in every mode of ``--modes`` on ``model``: ``(rows, failures)``,
+    a row per method and mode ``(method, mode, parity, tokens/s, vs compiled, vs eager, tokens per call)``. Each
+    assistant is compared with plain ``generate`` in the same mode (``exact``: every difference fails, float32;
+    else ties are told from mismatches, :func:`judge`); plain static / compiled with plain eager (never a failure)."""
+    from hf_cascade.core.static import static_rollback_supported
 
-    failures = 0
+    device = prompts[0].device
+    max_cache_len = max(p.shape[1] for p in prompts) + args.max_new_tokens
+    modes = ["eager"] + [m for m in args.modes if m != "eager"]          # plain eager: the reference of the others
+    plain, rows, failures = {}, [], 0
+    for mode in modes:
+        kw = mode_kwargs(mode, args, device, max_cache_len)
+        try:
+            plain[mode] = r = run_method(model, prompts, None, kw, args, timed, mode == "compiled")
+        except Exception as exc:
+            if mode == "eager":
+                raise
+            rows.append(("plain generate", mode, f"ERROR {type(exc).__name__}: {str(exc)[:60]}", None))
+            continue
+        verdicts = [judge(model, e, g, f"plain [{mode}]", exact, args.tie_ulps)
+                    for e, g in zip(plain["eager"]["outs"], r["outs"])] if mode != "eager" else []
+        rows.append(("plain generate", mode, parity_text(verdicts) if verdicts else "-", r))
     for name in wanted:
         make, needs = table[name]
         missing = [n for n in needs if n not in drafters]
-        if missing:
-            rows.append((name, f"skipped (no --{missing[0]})", None, None, None))
-            continue
-        try:
-            assistant = make()
-            model.generate(prompts[0], do_sample=False, max_new_tokens=4, assistant_model=assistant)   # warm-up
-            verdicts, seconds, tokens, per_call = [], 0.0, 0, []
-            for i, ids in enumerate(prompts):
-                out, t = timed_generate(model, ids, assistant, args.max_new_tokens, repeats)
-                got = out[0].tolist()
-                verdicts.append(judge(model, plain_out[i], got, name, i, exact, args.tie_ulps))
-                seconds += t
-                tokens += len(got) - ids.shape[1]
-                per_call.append(assistant.last_stats.tokens_per_target_call)
-            failures += verdicts.count("mismatch")
-            parity = f"{verdicts.count('same')}/{len(prompts)}" + (f" +{verdicts.count('tie')} tie" if "tie" in verdicts else "")
-            rows.append((name, parity, tokens / seconds, sum(plain_time) / seconds, statistics.mean(per_call)))
-        except Exception as exc:                                   # report and go on with the others
-            failures += 1
-            rows.append((name, f"ERROR {type(exc).__name__}: {str(exc)[:80]}", None, None, None))
-        print(f"  {rows[-1][0]}: {rows[-1][1]}", flush=True)
-
-    kw = compiled_kwargs(model) if timed else None
-    if kw is not None:                                             # a second baseline, never a failure
-        try:
-            seconds, tokens, same = 0.0, 0, 0
-            for i, ids in enumerate(prompts):
-                model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens, **kw)   # compiles (untimed)
-                out, t = timed_generate(model, ids, None, args.max_new_tokens, repeats, **kw)
-                same += judge(model, plain_out[i], out[0].tolist(), "compiled", i, exact, args.tie_ulps) != "mismatch"
-                seconds += t
-                tokens += out.shape[1] - ids.shape[1]
-            rows.insert(1, ("plain compiled (static)", f"{same}/{len(prompts)}", tokens / seconds,
-                            sum(plain_time) / seconds, 1.0))
-        except Exception as exc:
-            rows.insert(1, ("plain compiled (static)", f"skipped: {type(exc).__name__}: {str(exc)[:60]}", None, None, None))
-    return rows, failures
+        for mode in modes:
+            if mode not in args.modes:
+                continue
+            if missing or mode not in plain or (mode != "eager" and not static_rollback_supported()):
+                why = f"no --{missing[0]}" if missing else "no plain baseline" if mode not in plain else \
+                    "static caches need transformers >= 5"
+                rows.append((name, mode, f"skipped ({why})", None))
+                continue
+            try:
+                kw = mode_kwargs(mode, args, device, max_cache_len)
+                r = run_method(model, prompts, make(), kw, args, timed, mode == "compiled")
+                verdicts = [judge(model, e, g, f"{name} [{mode}], prompt {i}", exact, args.tie_ulps)
+                            for i, (e, g) in enumerate(zip(plain[mode]["outs"], r["outs"]))]
+                failures += sum(v == "mismatch" for v, _ in verdicts)
+                rows.append((name, mode, parity_text(verdicts), r))
+            except Exception as exc:                                   # report and go on with the others
+                failures += 1
+                rows.append((name, mode, f"ERROR {type(exc).__name__}: {str(exc)[:80]}", None))
+            print(f"  {name} [{mode}]: {rows[-1][2]}", flush=True)
+    ratio = (lambda r, m: r["tps"] / plain[m]["tps"] if r is not None and m in plain else None)
+    return [(method, mode, parity + (f" ({r['graphs']} graph(s) compiled while timed)" if r and r["graphs"] else ""),
+             r and r["tps"], ratio(r, "compiled"), ratio(r, "eager"), r and r["per_call"])
+            for method, mode, parity, r in rows], failures
 
 
 def main(argv=None) -> int:
@@ -269,6 +360,7 @@ def main(argv=None) -> int:
     failures, exact = 0, {}
     for dtype_name in dict.fromkeys(["fp32", args.dtype]):     # parity in fp32 first, then the speed dtype
         print(f"\n{dtype_name}:", flush=True)
+        torch._dynamo.reset()                   # the other dtype's graphs would count against the recompile limit
         model, tok = load_target(args, dtype_name)
         device = model.get_input_embeddings().weight.device
         if device.type == "meta":
@@ -279,22 +371,28 @@ def main(argv=None) -> int:
                                       timed=timed)
         failures += failed
         if not timed:
-            exact = {row[0]: row[1] for row in rows}
+            exact = {row[:2]: row[2] for row in rows}
         del model                                                   # before the next dtype's copy is loaded
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     print()
-    print(f"{'assistant':<26} " + (f"{'fp32 parity':<14} " if exact else "") + f"{args.dtype + ' parity':<16} "
-          f"{'tokens/s':>9} {'speedup':>8} {'tokens/call':>12}")
-    for name, parity, tps, speedup, per_call in rows:
-        num = (lambda v, f: format(v, f) if v is not None else "-")
-        print(f"{name:<26} " + (f"{exact.get(name, '-'):<14} " if exact else "") + f"{parity:<16} "
-              f"{num(tps, '9.1f'):>9} {num(speedup, '7.2f') + 'x' if speedup else '-':>8} {num(per_call, '12.2f'):>12}")
+    print_table(rows, exact, args.dtype)
     print(f"\n{args.prompts} prompts x {args.max_new_tokens} new tokens, greedy, {args.device}; parity in fp32, speed in "
-          f"{args.dtype}; " + ("all outputs identical to plain generate (or ties)" if not failures
-                               else f"{failures} FAILURE(S)"))
+          f"{args.dtype}; vs compiled / vs eager: tokens/s over plain generate compiled / eager; "
+          + ("all outputs identical to plain generate (or ties)" if not failures else f"{failures} FAILURE(S)"))
     return 1 if failures else 0
+
+
+def print_table(rows, exact: dict, dtype: str) -> None:
+    """One line per method and mode: speeds, then parity (float32, when it ran apart, and the speed dtype)."""
+    num = (lambda v, f, suffix="": format(v, f) + suffix if v is not None else "-")
+    print(f"{'method':<26} {'mode':<9} {'tokens/s':>9} {'vs compiled':>12} {'vs eager':>9} {'tokens/call':>12}  "
+          + (f"{'fp32 parity':<24} " if exact else "") + f"{dtype} parity")
+    for method, mode, parity, tps, vs_compiled, vs_eager, per_call in rows:
+        print(f"{method:<26} {mode:<9} {num(tps, '9.1f'):>9} {num(vs_compiled, '.2f', 'x'):>12} "
+              f"{num(vs_eager, '.2f', 'x'):>9} {num(per_call, '12.2f'):>12}  "
+              + (f"{exact.get((method, mode), '-'):<24} " if exact else "") + parity)
 
 
 if __name__ == "__main__":
