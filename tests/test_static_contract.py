@@ -64,10 +64,13 @@ def test_second_compiled_pass_bf16(free_drafts):
     assert all("first divergence" in t for t in ties)
 
 
-def test_one_target_every_strategy(free_drafts):
+@pytest.mark.parametrize("sized", [True, False], ids=["max_cache_len", "per_call_length"])
+def test_one_target_every_strategy(sized, free_drafts):
     """A user's process on the CPU (tests/cuda runs it on a GPU): dynamo reset, one bf16 target, every registry
-    entry compiled, twice, within dynamo's default recompile limit, nothing compiled in the second round."""
+    entry compiled, twice, within dynamo's default recompile limit, nothing compiled in the second round; with one
+    ``max_cache_len``, and without (calls of other lengths: the core keeps its largest cache, one shape)."""
     target = copy.deepcopy(base_kit("gemma3").target).to(torch.bfloat16)
     makers = {name: (lambda make=make: make(fresh_kit("gemma3", target))) for name, make in REGISTRY.items()}
-    ties = check_every_strategy(target, makers, target_settings("compiled", target), exact=False)
+    settings = target_settings("compiled", target, **({} if sized else {"max_cache_len": None}))
+    ties = check_every_strategy(target, makers, settings, exact=False)
     assert all("first divergence" in t for t in ties)

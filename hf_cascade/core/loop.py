@@ -54,7 +54,7 @@ from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree
 from .compiled import user_compiled, verify_call
 from .forward import check_attention_backend, keep_path, logit_cap, output_head, verify_tree
 from .rows import HeadFn, TreeRows
-from .static import QUERY_BUCKETS, StaticSlots, bucket, is_static, static_inputs
+from .static import QUERY_BUCKETS, StaticSlots, bucket, is_static, kept_capacity, static_inputs
 from .stats import GenerationStats, PhaseTimer
 from .stopping import Stopper, prune_tree
 from .strategy import TreeDrafter, TreeStep
@@ -172,7 +172,7 @@ def _verify_static(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     if full:
         hidden = run.head_input.rows()
         row.hidden = hidden[: n + 1] if hidden is not None else None
-        return TreeRows(tree, row.seq, run.processors, raw=out.logits[0, : n + 1])
+        return TreeRows(tree, row.seq, run.processors, raw=out.logits[0, : n + 1].clone())   # CUDA graphs reuse it
     row.hidden = out.last_hidden_state[0, : n + 1].clone()     # a CUDA graph's output is overwritten by its next run
     return TreeRows(tree, row.seq, run.processors, hidden=row.hidden, head=run.row_head, block_rows=run.block_rows,
                     argmax_head=run.screen)
@@ -274,7 +274,8 @@ class _Run:
         # sizes its own, with room for the last bucket of drafts (max_cache_len: one size for every prompt)
         mine = getattr(cfg, "cache_implementation", None) == "static"
         if mine or is_static(given):
-            capacity = max(getattr(cfg, "max_cache_len", None) or 0, cfg.max_length) + QUERY_BUCKETS[-1]
+            capacity = kept_capacity(target, max(getattr(cfg, "max_cache_len", None) or 0, cfg.max_length)
+                                     + QUERY_BUCKETS[-1])
             self.slots = StaticSlots(target, None if mine else given, capacity)
             self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
         self.row = _Row(seq, input_ids[0].tolist(), self.slots.cache if self.slots is not None else DynamicCache())

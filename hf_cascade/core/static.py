@@ -22,6 +22,8 @@ the same attention over the same keys; plain ``generate`` computes it over a rol
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import Cache
 
@@ -49,6 +51,18 @@ def is_static(cache) -> bool:
     layers = getattr(cache, "layers", None)
     return bool(StaticLayer is not None and isinstance(cache, Cache) and layers
                 and all(isinstance(layer, StaticLayer) for layer in layers))
+
+
+_CAPACITY: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
+
+
+def kept_capacity(target: torch.nn.Module, capacity: int) -> int:
+    """The capacity of the static cache the core builds for ``target``: the largest asked for in this process so far
+    (as transformers keeps its largest static cache), so that calls of other lengths keep one cache shape and a
+    compiled verification does not recompile for each of them."""
+    kept = max(_CAPACITY.get(target, 0), capacity)
+    _CAPACITY[target] = kept
+    return kept
 
 
 def bucket(queries: int, room: int) -> int:
@@ -172,5 +186,5 @@ def static_inputs(model, prefix_len: int, tree: TokenTree, root: int, queries: i
     return dict(input_ids=ids, position_ids=query_pos.clamp(min=0), attention_mask=per_layer_type(model, mask))
 
 
-__all__ = ["QUERY_BUCKETS", "StaticSlots", "StaticView", "bucket", "is_static", "static_inputs",
+__all__ = ["QUERY_BUCKETS", "StaticSlots", "StaticView", "bucket", "is_static", "kept_capacity", "static_inputs",
            "static_rollback_supported"]

@@ -121,14 +121,7 @@ def test_static_device_map_auto(name, mode, auto_target, free_drafts, record_pro
 
 # -- a user's process: one target, every strategy ----------------------------------------------------------------
 
-SIZED_PER_CALL = ("the core sizes a static cache it allocates by each call's max_length (core/loop.py, _Run: "
-                  "max_length + the last query bucket; plain generate keeps its largest size): every new max_length "
-                  "is a new cache shape, and the recompiles reach dynamo's limit")
-RECOMPILE_LIMIT_HIT = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", Exception)
-
-
-@pytest.mark.parametrize("sized", [True, pytest.param(False, marks=pytest.mark.xfail(reason=SIZED_PER_CALL,
-                                                                                    raises=RECOMPILE_LIMIT_HIT))])
+@pytest.mark.parametrize("sized", [True, False])
 def test_one_target_every_strategy(sized, free_drafts, record_property):
     """Dynamo reset, one bf16 Gemma3 target, compiled: plain ``generate`` and every registry entry over the cases,
     twice, within dynamo's default recompile limit and no new graph in the second round; ``sized``: with
