@@ -154,18 +154,24 @@ def test_max_cache_len_sizes_the_cache_once(free_drafts):
 
 def test_core_sized_cache_honours_max_cache_len():
     """Where the core builds its static cache, its capacity is ``max_cache_len`` (else ``max_length``) plus the last
-    query bucket, and never less than the largest it built for the same target before (one cache shape for calls
-    of other lengths, as transformers keeps its largest static cache)."""
+    query bucket; compiled, never less than the largest it built for the same target before (one cache shape for
+    calls of other lengths, as transformers keeps its largest static cache)."""
     from transformers import GenerationConfig
 
     from hf_cascade.core.loop import _Run
     from hf_cascade.core.stats import GenerationStats
 
-    target = copy.deepcopy(setting_target("llama-sdpa"))
-    for max_cache_len, max_length, capacity in ((None, 30, 30), (48, 30, 48), (None, 40, 48), (None, 60, 60)):
-        cfg = GenerationConfig(max_length=max_length, cache_implementation="static", max_cache_len=max_cache_len)
-        run = _Run(target, REPETITIVE, None, None, cfg, GenerationStats(), None, 4)
-        assert run.slots.capacity == capacity + QUERY_BUCKETS[-1], (max_cache_len, max_length)
+    compile_config = CompileConfig(backend="aot_eager", mode=None)
+    compile_config._compile_all_devices = True
+    for compiled, sizes in ((True, ((None, 30, 30), (48, 30, 48), (None, 40, 48), (None, 60, 60))),
+                            (False, ((None, 30, 30), (48, 30, 48), (None, 40, 40), (None, 60, 60)))):
+        target = copy.deepcopy(setting_target("llama-sdpa"))        # compiled: the largest so far; eager: the call's
+        for max_cache_len, max_length, capacity in sizes:
+            cfg = GenerationConfig(max_length=max_length, cache_implementation="static", max_cache_len=max_cache_len,
+                                   compile_config=compile_config if compiled else None)
+            run = _Run(target, REPETITIVE, None, None, cfg, GenerationStats(), None, 4)
+            assert run.slots.capacity == capacity + QUERY_BUCKETS[-1], (compiled, max_cache_len, max_length)
+            assert run.fixed_shapes == compiled
     # through generate, which builds a cache sized for plain decoding: the core's own has room for the last bucket
     target = copy.deepcopy(setting_target("llama-sdpa"))
     out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=20, cache_implementation="static",

@@ -51,7 +51,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..compat import CACHE, cache_kwargs, given_cache
 from ..processors import screen_top_k, split_processors
 from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
-from .compiled import user_compiled, verify_call
+from .compiled import call_compiles, user_compiled, verify_call
 from .forward import check_attention_backend, keep_path, logit_cap, output_head, verify_tree
 from .rows import HeadFn, TreeRows
 from .static import QUERY_BUCKETS, StaticSlots, bucket, is_static, kept_capacity, static_inputs
@@ -162,7 +162,7 @@ def _verify_static(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     (:func:`~hf_cascade.core.static.static_inputs`), through the compiled decoder where the call compiles
     (:func:`~hf_cascade.core.compiled.verify_call`)."""
     row, slots, n = run.row, run.slots, tree.num_nodes
-    queries = bucket(n + 1, slots.room())
+    queries = bucket(n + 1, slots.room()) if run.fixed_shapes else n + 1
     inputs = static_inputs(run.target, slots.length, tree, row.tokens[-1], queries, linear, slots.capacity,
                            run.device)
     full = run.head is None or run.full_forward
@@ -270,12 +270,17 @@ class _Run:
         self.device = device = _input_device(target, input_ids)
         seq = input_ids[0].to(device)
         self.slots = None                                  # a static cache's host bookkeeping (core/static.py)
+        self.fixed_shapes = False                          # verification padded to query buckets (compiled)
         # cache_implementation="static": generate built a cache sized for plain decoding (not filled yet); the core
-        # sizes its own, with room for the last bucket of drafts (max_cache_len: one size for every prompt)
+        # sizes its own, with room for the last bucket of drafts (max_cache_len: one size for every prompt). Compiled,
+        # it keeps the largest size per target (one shape across calls) and pads queries to buckets; eager, neither
+        # (padding and unused columns are work a forward does for nothing)
         mine = getattr(cfg, "cache_implementation", None) == "static"
         if mine or is_static(given):
-            capacity = kept_capacity(target, max(getattr(cfg, "max_cache_len", None) or 0, cfg.max_length)
-                                     + QUERY_BUCKETS[-1])
+            self.fixed_shapes = user_compiled(target) or call_compiles(target, {CACHE: given}, cfg)
+            capacity = max(getattr(cfg, "max_cache_len", None) or 0, cfg.max_length) + QUERY_BUCKETS[-1]
+            if self.fixed_shapes:
+                capacity = kept_capacity(target, capacity)
             self.slots = StaticSlots(target, None if mine else given, capacity)
             self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
         self.row = _Row(seq, input_ids[0].tolist(), self.slots.cache if self.slots is not None else DynamicCache())

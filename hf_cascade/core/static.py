@@ -4,8 +4,9 @@ transformers' static layers (:class:`~transformers.cache_utils.StaticLayer`, tra
 buffers and a running length on the device; a forward writes its K/V at that length, and ``crop(-n)`` lowers it
 without moving anything. The core keeps the length on the host (:class:`StaticSlots`), so it never reads that counter.
 
-* **verify** -- the root, the ``n`` nodes and padding up to a query bucket (:data:`QUERY_BUCKETS`) are written at
-  columns ``P .. P + Q - 1`` (``P``: the verified prefix). A chain at consecutive positions uses the model's own
+* **verify** -- the root and the ``n`` nodes (compiled: and padding up to a query bucket, :data:`QUERY_BUCKETS`)
+  are written at columns ``P .. P + Q - 1`` (``P``: the verified prefix); eager, nothing is padded (padding is
+  work a forward does for nothing). A chain at consecutive positions uses the model's own
   causal mask (padding queries come after every real one: no real query sees them, and they are never accepted).
   A tree passes its mask over all ``C`` columns (:func:`static_tree_mask`), each padding query attending to itself.
   A fixed set of query shapes is what lets a compiled verification run without recompiling (:mod:`.compiled`).
