@@ -197,3 +197,22 @@ def test_static_refuses_a_batch_and_a_filled_cache():
     with pytest.raises(ValueError, match="filled StaticCache"):
         target.generate(REPETITIVE, do_sample=False, max_new_tokens=4, assistant_model=CascadeAssistant([MaxGram()]),
                         **{hf_cascade.compat.CACHE: cache})
+
+
+def test_eager_static_attention_sees_the_prefix_and_the_queries_only():
+    """Eager (not compiled), the core's static layers hand attention the verified prefix and the forward's own
+    queries, not the whole buffer; handed back to the user, the cache is a plain static one again."""
+    from hf_cascade.core.static import StaticSlots
+
+    target = setting_target("llama-sdpa")
+    slots = StaticSlots(target, None, 32, fixed_shapes=False)
+    layer = slots.cache.layers[0]
+    slots.show(5)
+    keys, values = layer.update(torch.ones(1, 2, 5, 8), torch.ones(1, 2, 5, 8))
+    assert keys.shape[2] == values.shape[2] == 5 and layer.get_mask_sizes(5) == (5, 0)
+    slots.show(None)
+    assert layer.update(torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))[0].shape[2] == 32
+    assert layer.get_mask_sizes(1) == (32, 0)
+    out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=12, cache_implementation="static",
+                          return_dict_in_generate=True, assistant_model=CascadeAssistant([MaxGram()]))
+    assert all(getattr(layer, "visible", None) is None for layer in getattr(out, hf_cascade.compat.CACHE).layers)

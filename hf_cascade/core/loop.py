@@ -114,6 +114,8 @@ def prefill(run: "_Run") -> None:
     if tokens.numel() == 0:
         return
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
+    if run.slots is not None:
+        run.slots.show(tokens.numel())
     logits = run.target(input_ids=tokens[None], **cache_kwargs(run.target, row.cache), **kwargs).logits[0, -1]
     run.stats.prefill_calls += 1
     if run.slots is not None:
@@ -163,8 +165,9 @@ def _verify_static(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     (:func:`~hf_cascade.core.compiled.verify_call`)."""
     row, slots, n = run.row, run.slots, tree.num_nodes
     queries = bucket(n + 1, slots.room()) if run.fixed_shapes else n + 1
-    inputs = static_inputs(run.target, slots.length, tree, row.tokens[-1], queries, linear, slots.capacity,
-                           run.device)
+    width = slots.capacity if run.fixed_shapes else slots.length + queries        # the columns attention sees
+    slots.show(width)
+    inputs = static_inputs(run.target, slots.length, tree, row.tokens[-1], queries, linear, width, run.device)
     full = run.head is None or run.full_forward
     call = run.target if run.head is None else run.call
     out = call(**inputs, **cache_kwargs(run.target, slots.cache))
@@ -281,7 +284,7 @@ class _Run:
             capacity = max(getattr(cfg, "max_cache_len", None) or 0, cfg.max_length) + QUERY_BUCKETS[-1]
             if self.fixed_shapes:
                 capacity = kept_capacity(target, capacity)
-            self.slots = StaticSlots(target, None if mine else given, capacity)
+            self.slots = StaticSlots(target, None if mine else given, capacity, self.fixed_shapes)
             self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
         self.row = _Row(seq, input_ids[0].tolist(), self.slots.cache if self.slots is not None else DynamicCache())
 
@@ -294,6 +297,8 @@ class _Run:
     def result(self):
         if self.streamer is not None:
             self.streamer.end()
+        if self.slots is not None:
+            self.slots.show(None)                          # handed back: a plain static cache again
         seq = self.row.seq[None]
         if self.cfg.return_dict_in_generate:
             return GenerateDecoderOnlyOutput(sequences=seq, scores=self.scores, logits=self.raw_logits,

@@ -75,13 +75,30 @@ def bucket(queries: int, room: int) -> int:
     return queries
 
 
+class _VisibleStaticLayer(StaticLayer if StaticLayer is not None else object):
+    """A static layer that shows attention only its first ``visible`` columns (the verified prefix and the forward's
+    own queries) when ``visible`` is set: eager verification then attends over what a dynamic cache would hold, not
+    the whole buffer. Unset (``None``), it is transformers' static layer."""
+
+    visible: int | None = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if self.visible is None:
+            return keys, values
+        return keys[:, :, : self.visible], values[:, :, : self.visible]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (self.max_cache_len if self.visible is None else self.visible), 0
+
+
 class StaticSlots:
     """The core's view of a static cache: its capacity, and the verified length kept on the host.
 
     ``given``: the user's :class:`~transformers.StaticCache` (unfilled) or ``None``; ``capacity``: the columns of a
     new cache. Either way every layer keeps every column (sliding-window layers become full ones)."""
 
-    def __init__(self, target, given: Cache | None, capacity: int):
+    def __init__(self, target, given: Cache | None, capacity: int, fixed_shapes: bool = True):
         if given is not None:
             if any(getattr(layer, "is_initialized", False) for layer in given.layers):
                 raise ValueError("hf_cascade assistants start from the prompt: a filled StaticCache is not supported "
@@ -93,12 +110,22 @@ class StaticSlots:
             from transformers import StaticCache
             self.cache = StaticCache(config=target.config, max_cache_len=capacity)
         layers = self.cache.layers
-        for i, layer in enumerate(layers):
-            if getattr(layer, "is_sliding", False) or layer.max_cache_len != capacity:
+        for i, layer in enumerate(layers):                       # unfilled: nothing is lost
+            if not fixed_shapes:                                 # eager: attention over the visible columns only
+                layers[i] = _VisibleStaticLayer(max_cache_len=capacity)
+            elif getattr(layer, "is_sliding", False) or layer.max_cache_len != capacity:
                 layers[i] = StaticLayer(max_cache_len=capacity)
+        self.fixed_shapes = fixed_shapes
         self.capacity = capacity
         self.length = 0                          # columns holding verified tokens' K/V (the host's count)
         self.written = 0                         # columns the last forward left the device counter at
+
+    def show(self, end: int | None) -> None:
+        """Eager: the next forward's attention sees columns ``0 .. end - 1`` (``None``: every column, as a static
+        cache handed back to the user)."""
+        if not self.fixed_shapes:
+            for layer in self.cache.layers:
+                layer.visible = end
 
     def room(self) -> int:
         """Free columns after the verified prefix."""
@@ -160,7 +187,8 @@ class StaticView:
 def static_inputs(model, prefix_len: int, tree: TokenTree, root: int, queries: int, chain: bool, capacity: int,
                   device: torch.device) -> dict:
     """``input_ids``, ``position_ids`` and (trees) ``attention_mask`` for verifying ``[root, tree]`` padded to
-    ``queries`` rows, written at columns ``prefix_len ..`` of a static cache of ``capacity`` columns."""
+    ``queries`` rows, written at columns ``prefix_len ..`` of a static cache whose first ``capacity`` columns
+    attention sees (all of them when compiled; eager, the prefix and the queries)."""
     n = tree.num_nodes
     pad = queries - n - 1
     tokens = [root, *tree.token_list] + [root] * pad                    # host ints: no read
