@@ -83,7 +83,8 @@ def test_every_baseline_batches_or_is_skipped():
     """The baselines outside transformers' assisted loops, and economize run in the core (SuffixDecoding too): they batch."""
     assert set(UNBATCHED) <= set(BASELINES)
     assert {"plain", "plain-kernels", "maxgram", "maxgram-corpus", "hsddw-single", "hsddw-every-step", "glide-chain",
-            "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree"} == set(BASELINES) - set(UNBATCHED)
+            "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree", "plain-compiled", "plain-static"} == \
+        set(BASELINES) - set(UNBATCHED)
     assert skipped(["plain", "pld", "maxgram", "suffix"], 1) == {}
     assert list(skipped(["plain", "pld", "maxgram", "suffix"], 2)) == ["pld"]
 

@@ -282,8 +282,8 @@ def lie_about_q(monkeypatch):
 
     honest = loop.sampling_tree_accept
 
-    def lying(tree, target_probs, draft_probs=None, generator=None):
-        return honest(tree, target_probs, torch.full((tree.num_nodes, V), 1.0 / V), generator)
+    def lying(tree, target_probs, draft_probs=None, generator=None, **kwargs):
+        return honest(tree, target_probs, torch.full((tree.num_nodes, V), 1.0 / V), generator, **kwargs)
 
     monkeypatch.setattr(loop, "sampling_tree_accept", lying)
 
