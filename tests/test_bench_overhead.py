@@ -18,7 +18,10 @@ from hf_cascade.bench import overhead, tiny
 from hf_cascade.bench.overhead import COMPILED, METHODS, ModuleTimer, ReadCounter
 from hf_cascade.bench.overhead_compiled import TimedCompiledDecoder, compile_config
 from hf_cascade.cli import main
+from hf_cascade.core.static import static_rollback_supported
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
+
+needs_static = pytest.mark.skipif(not static_rollback_supported(), reason="static caches need transformers >= 5")
 
 
 @pytest.mark.measured_costs           # the command runs the cost rules as users get them
@@ -93,6 +96,7 @@ def test_counter_and_timer_are_removed_and_pause():
 
 
 @pytest.mark.measured_costs
+@needs_static
 def test_compiled_strategies_rows():
     """A strategy's compiled row: the same assistant with a static cache and compiled plain's CompileConfig, its
     output plain's, its verification compiled, its ratios against compiled plain (the eager row's against plain)."""
@@ -121,6 +125,7 @@ def test_compiled_strategies_need_compile(capsys):
     assert "drop --no-compile" in capsys.readouterr().err
 
 
+@needs_static
 def test_timed_compiled_decoder_counts_the_compiled_forward():
     """The core's compiled decoder, wrapped for a run: every verification's time inside it is counted (no decoder
     hook here: the timer has no module), and the kept entry is restored."""
