@@ -103,8 +103,8 @@ class StaticSlots:
             if any(getattr(layer, "is_initialized", False) for layer in given.layers):
                 raise ValueError("hf_cascade assistants start from the prompt: a filled StaticCache is not supported "
                                  "(pass a new one).")
-            capacity = max(layer.max_cache_len for layer in given.layers if not getattr(layer, "is_sliding", False)) \
-                if not all(getattr(layer, "is_sliding", False) for layer in given.layers) else capacity
+            full = [layer.max_cache_len for layer in given.layers if not getattr(layer, "is_sliding", False)]
+            capacity = max(full) if full else capacity       # a sliding layer's size is its window, not the cache's
             self.cache = given
         else:
             from transformers import StaticCache
