@@ -54,7 +54,7 @@ from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree
 from .batch_state import COMPACT_SHARE, BatchRun
 from .forward import check_attention_backend, output_head
 from .gate import lagging_rows
-from .loop import _depth, _leaves, _screen
+from .head_input import screen_heads
 from .outputs import record_rows
 from .rows import TreeRows, first_blocks
 from .stats import BatchStats
@@ -85,7 +85,7 @@ def speculative_decode_batch(
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
-        run.screen, run.plain_screen = _screen(run, drafters, argmax_screen), _screen(run, [], argmax_screen)
+        run.screen, run.plain_screen = screen_heads(run, drafters, argmax_screen), screen_heads(run, [], argmax_screen)
         while run.rows:
             step_started, allowed, lagging = time.perf_counter(), run.gate.allows(), lagging_rows(
                 [row.stopper.max_length - row.width for row in run.rows])
@@ -342,8 +342,8 @@ def update(run: "BatchRun", drafts, rows: list[TreeRows], acceptances: list[Tree
         row.logits += (logits or [])[:emitted]
         row.full, row.tokens = appended[: row.width + emitted], row.tokens + new[:emitted]
         row.last_hidden = run.hidden[b, src[emitted - 1]] if run.hidden is not None else None
-        row.stats.record_step(tree.num_nodes, _depth(tree, row.drafter.linear), _leaves(tree), path, emitted,
-                              r.rows_computed, max(r.head_calls, 1))
+        row.stats.record_step(tree.num_nodes, *tree.shape(row.drafter.linear), path, emitted, r.rows_computed,
+                              max(r.head_calls, 1))
         row.step += 1
         kept.append(src[:emitted])
         if finished:

@@ -15,7 +15,7 @@ from ..processors import row_processors
 from .attention import additive, batch_tree_allowed
 from .forward import mask_device_dtype, per_layer_type
 from .gate import DraftGate
-from .loop import _HeadInput, _input_device
+from .head_input import HeadInput, input_device
 from .outputs import batch_outputs
 from .stats import PhaseTimer
 from .stopping import Stopper
@@ -68,14 +68,14 @@ class BatchRun:
         self.timer = PhaseTimer(stats, target)
         self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None     # None: not asked for
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
-        self.head_input = _HeadInput(target)
+        self.head_input = HeadInput(target)
         self.head = None
-        self.screen = None                               # rows per head call -> (head, argmax head) (loop._screen)
+        self.screen = None                               # rows per head call -> (head, argmax head) (head_input.screen_heads)
         self.plain_screen = None                         # the same where no drafter reads the rows (plain steps)
         self.hidden: torch.Tensor | None = None
         self.verify_seconds: float | None = None
         self.verify_nodes: int | None = None
-        self.device = _input_device(target, input_ids)
+        self.device = input_device(target, input_ids)
         ids = input_ids.to(self.device)
         host = input_ids.tolist()
         mask = attention_mask.tolist() if attention_mask is not None else [[1] * len(r) for r in host]

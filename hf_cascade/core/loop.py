@@ -41,19 +41,18 @@ from __future__ import annotations
 import inspect
 import time
 from dataclasses import dataclass
-from functools import partial
-from typing import Callable
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..compat import CACHE, cache_kwargs, given_cache
-from ..processors import screen_top_k, split_processors
+from ..processors import split_processors
 from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
 from .compiled import call_compiles, user_compiled, verify_call
-from .forward import check_attention_backend, keep_path, logit_cap, output_head, verify_tree
-from .rows import HeadFn, TreeRows
+from .forward import check_attention_backend, keep_path, output_head, verify_tree
+from .head_input import HeadInput, input_device, screen_heads
+from .rows import TreeRows
 from .static import QUERY_BUCKETS, StaticSlots, bucket, is_static, kept_capacity, static_inputs
 from .stats import GenerationStats, PhaseTimer
 from .stopping import Stopper, prune_tree
@@ -78,7 +77,7 @@ def speculative_decode(
     """Generate with ``drafter``'s drafts, verified by ``target`` (see the module docstring).
     ``block_rows``: most logit rows per output-head call (``None``: all at once). ``argmax_screen``: the
     backend's screen of the head (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`), used where
-    acceptance reads nothing but the argmax of a row or rows filtered to their top k (:func:`_screen`).
+    acceptance reads nothing but the argmax of a row or rows filtered to their top k (:func:`~hf_cascade.core.head_input.screen_heads`).
     ``model_kwargs``: ``generate``'s (the cache it prepared or the user gave: a static one selects the static
     path, :mod:`hf_cascade.core.static`)."""
     check_attention_backend(target, tree_shaped=not drafter.linear)      # before any forward
@@ -87,7 +86,7 @@ def speculative_decode(
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
-        heads = _screen(run, [drafter], argmax_screen)
+        heads = screen_heads(run, [drafter], argmax_screen)
         if heads is not None:
             run.row_head, run.screen = heads(run.block_rows or 1)
         while not run.row.done:
@@ -223,9 +222,8 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
     if run.streamer is not None:
         run.streamer.put(torch.tensor([new[:emitted]]))
     row.last_hidden = row.hidden[src[emitted - 1]] if row.hidden is not None else None
-    leaves = (1 if tree.num_nodes else 0) if drafter.linear else _leaves(tree)
-    run.stats.record_step(tree.num_nodes, _depth(tree, drafter.linear), leaves, path, emitted, rows.rows_computed,
-                          max(rows.head_calls, 1))
+    depth, leaves = tree.shape(drafter.linear)
+    run.stats.record_step(tree.num_nodes, depth, leaves, path, emitted, rows.rows_computed, max(rows.head_calls, 1))
     row.step += 1
     state = run.state()
     state.rows = rows
@@ -265,12 +263,12 @@ class _Run:
         self.timer = PhaseTimer(stats, target)
         self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
-        self.head_input = _HeadInput(target)
+        self.head_input = HeadInput(target)
         self.head = None                                   # the core's output head, once prefill validated it
         self.row_head = None                               # what computes rows: the head, or the backend's screen
         self.screen = None                                 # the backend's argmax screen, where it applies (greedy)
         self.verify_seconds: float | None = None
-        self.device = device = _input_device(target, input_ids)
+        self.device = device = input_device(target, input_ids)
         seq = input_ids[0].to(device)
         self.slots = None                                  # a static cache's host bookkeeping (core/static.py)
         self.fixed_shapes = False                          # verification padded to query buckets (compiled)
@@ -306,90 +304,11 @@ class _Run:
         return seq
 
 
-def _screen(run, drafters: list[TreeDrafter], factory) -> Callable[[int], tuple[HeadFn, Callable | None]] | None:
-    """Where the backend's screen (``factory``: rows per call, top-k or ``None`` -> a screen or ``None``) applies,
-    a function of the rows per head call giving ``(head, argmax_head)`` for :class:`TreeRows`; else ``None``.
-
-    Greedy, where nothing but the argmax of a row is read (no logits processor, drafters that do not read the
-    rows): the core's head and the screen's argmax; where drafters read the rows only through their top ``k``
-    (:attr:`TreeDrafter.rows_top_k`): the screen's top-``k`` rows as the head (their argmax is the full rows').
-    Sampling, where the processed rows are functions of each row's top ``k`` raw logits alone
-    (:func:`~hf_cascade.processors.screen_top_k`): the screen's top-``k`` rows as the head (the processed rows are
-    the full rows'; a drafter reading them reads the full rows). Never with scores or logits returned, or a
-    soft-capped head (capped logits can tie where raw ones do not)."""
-    if (factory is None or run.head is None or getattr(run, "scores", None) is not None
-            or getattr(run, "raw_logits", None) is not None or logit_cap(run.target)):
-        return None
-    head = run.head
-    readers = [getattr(d, "rows_top_k", None) for d in drafters if getattr(d, "reads_rows", False)]
-    if not run.cfg.do_sample:
-        if len(run.processors) or None in readers:
-            return None
-        if not readers:
-            return lambda rows: (head, factory(rows))
-    k = screen_top_k(run.processors) if run.cfg.do_sample else max(readers)
-    if k is None:
-        return None
-
-    def heads(rows: int):
-        screen = factory(rows, k)
-        return (head, None) if screen is None else (partial(screen.top, k=k), None)
-    return heads
-
-
-def _input_device(target, input_ids: torch.Tensor) -> torch.device:
-    """Where the target's input ids go: its input embeddings' device (``meta`` when offloaded: then
-    the device the ids came on)."""
-    emb = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
-    weight = getattr(emb, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.device.type != "meta":
-        return weight.device
-    return input_ids.device
-
-
 def _first_nodes(tree: TokenTree, q: torch.Tensor | None, count: int) -> tuple[TokenTree, torch.Tensor | None]:
     """``tree`` cut to its first ``count`` nodes (parents precede children: a tree; every kept node keeps its
     kept siblings, drawn in node order, so sampling stays exact)."""
     keep = [i < count for i in range(tree.num_nodes)]
     return tree.select(keep), (q[:count] if q is not None else None)
-
-
-def _depth(tree: TokenTree, linear: bool) -> int:
-    if tree.num_nodes == 0:
-        return 0
-    return tree.num_nodes if linear else max(tree.depth_list) + 1           # host structure: no read
-
-
-def _leaves(tree: TokenTree) -> int:
-    return len(tree.paths()) if tree.num_nodes else 0
-
-
-class _HeadInput:
-    """Within the block, remembers the input of ``model``'s output head at each forward: the final
-    hidden states ``[1, T, H]`` (``T`` = rows whose logits are computed)."""
-
-    def __init__(self, model: PreTrainedModel):
-        get = getattr(model, "get_output_embeddings", None)
-        self.head = get() if get is not None else None
-        self.value: torch.Tensor | None = None
-        self._handle = None
-
-    def _hook(self, module, args):
-        self.value = args[0] if args else None
-
-    def __enter__(self) -> "_HeadInput":
-        if isinstance(self.head, torch.nn.Module):
-            self._handle = self.head.register_forward_pre_hook(self._hook)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-
-    def rows(self) -> torch.Tensor | None:
-        """The last forward's ``[T, H]`` head input (then forgotten), or ``None``."""
-        value, self.value = self.value, None
-        return value.reshape(-1, value.shape[-1]) if value is not None else None
 
 
 __all__ = ["accept", "draft", "prefill", "speculative_decode", "update", "verify"]

@@ -172,6 +172,14 @@ class TokenTree:
             out.append(path[::-1])
         return out
 
+    def shape(self, linear: bool = False) -> tuple[int, int]:
+        """``(depth, leaves)`` from the host structure (no read); ``linear``: a chain's, without walking it."""
+        if not self.num_nodes:
+            return 0, 0
+        if linear:
+            return self.num_nodes, 1
+        return max(self.depth_list) + 1, len(set(range(self.num_nodes)) - set(self.host_parents))
+
     def with_root(self, token: int | torch.Tensor) -> "TokenTree":
         """The ``n + 1``-node tree whose node 0 is the root ``token`` (the last verified token) and
         whose node ``i + 1`` is this tree's node ``i``."""
