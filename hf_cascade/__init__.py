@@ -23,7 +23,7 @@ from .assistant import Assistant
 from .auto import assistant_for
 from .backends import VerifySession
 from .cascade import CascadeAssistant
-from .drafters import BigramTable, CorpusNGrams, CostModel, MaxGram
+from .drafters import BigramTable, CorpusNGrams, MaxGram
 from .glide import GlideAssistant, GlideStats
 from .hsddw import DynamicWindowAssistant, DynamicWindowStats
 from .loading import load_pretrained
@@ -33,7 +33,8 @@ from .redrafter import ReDrafterAssistant, ReDrafterStats
 from .shipped_folders import shipped
 from .recycling import RecyclingAssistant
 from .core.stats import GenerationStats
-from .core.budget import VerifyCost, measure_verify_cost
+from .core.payoff import CostModel, VerifyCost
+from .measure import measure_verify_cost
 
 __version__ = "0.1.0"
 

@@ -31,23 +31,26 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def pinned_costs(request, monkeypatch):
     """Drafting decisions made from wall time are pinned for every test not marked ``measured_costs``:
-    draft forwards cost nothing to :class:`~hf_cascade.core.adapt.AdaptiveBudget` and its verification profile is
-    not rescaled to the call's measured steps, the default verification profile is flat (:meth:`~hf_cascade.core.budget.VerifyCost.flat`) and a batch's
-    :class:`~hf_cascade.core.gate.DraftGate` stays open, and so does the cascade's
-    :class:`~hf_cascade.drafters.lookahead.DrafterPayoff`. On tiny models, and on CI's two busy cores, those
+    draft forwards cost nothing to :class:`~hf_cascade.core.payoff.AdaptiveBudget` and its verification profile is
+    not rescaled to the call's measured steps, the default verification profile is flat (:meth:`~hf_cascade.core.payoff.VerifyCost.flat`) and a batch's
+    :class:`~hf_cascade.core.payoff.DraftGate` stays open, and so does the cascade's
+    :class:`~hf_cascade.core.payoff.DrafterPayoff`. On tiny models, and on CI's two busy cores, those
     rules may rightly stop drafting, which would make tests of what drafted steps do depend on the machine's
     load. Outputs never depend on these decisions (lossless either way); the rules themselves have their own
     tests (marked ``measured_costs``), and the benchmarks run them as users do."""
     if request.node.get_closest_marker("measured_costs"):
         return
-    from hf_cascade.core import budget
-    from hf_cascade.core.adapt import AdaptiveBudget
-    from hf_cascade.core.gate import DraftGate
-    from hf_cascade.drafters.lookahead import DrafterPayoff
+    from hf_cascade import measure
+    from hf_cascade.core.payoff import (
+        AdaptiveBudget,
+        DrafterPayoff,
+        DraftGate,
+        VerifyCost,
+    )
 
     monkeypatch.setattr(AdaptiveBudget, "draft_cost", lambda self: 0.0)
     monkeypatch.setattr(AdaptiveBudget, "_rescale", lambda self, n, seconds: None)
-    monkeypatch.setattr(budget, "default_verify_cost", lambda model: budget.VerifyCost.flat())
+    monkeypatch.setattr(measure, "measured_verify_cost", lambda model: VerifyCost.flat())
     monkeypatch.setattr(DraftGate, "allows", lambda self: True)
     monkeypatch.setattr(DrafterPayoff, "worth", lambda self, reach: True)
 
@@ -86,10 +89,10 @@ def copy_kernel(request, monkeypatch) -> str:
 
 @pytest.fixture
 def free_drafts(monkeypatch):
-    """Draft forwards cost nothing to :class:`hf_cascade.core.adapt.AdaptiveBudget` (on tiny test models a draft
+    """Draft forwards cost nothing to :class:`hf_cascade.core.payoff.AdaptiveBudget` (on tiny test models a draft
     forward costs about what the target's does, so the measured rule would rightly keep most drafters off; tests
     of what drafted trees do need them on, deterministically)."""
-    from hf_cascade.core.adapt import AdaptiveBudget
+    from hf_cascade.core.payoff import AdaptiveBudget
 
     monkeypatch.setattr(AdaptiveBudget, "draft_cost", lambda self: 0.0)
     monkeypatch.setattr(AdaptiveBudget, "_rescale", lambda self, n, seconds: None)
@@ -97,12 +100,11 @@ def free_drafts(monkeypatch):
 
 @pytest.fixture
 def open_gate(monkeypatch):
-    """A batch's :class:`hf_cascade.core.gate.DraftGate` lets every row draft at every step (not only the lagging
+    """A batch's :class:`hf_cascade.core.payoff.DraftGate` lets every row draft at every step (not only the lagging
     rows). The gate refuses drafts while plain steps measure faster (wall time: on tiny CPU models, and under load,
-    it may rightly stop drafting), as may the cascade's :class:`hf_cascade.drafters.lookahead.DrafterPayoff`; tests
+    it may rightly stop drafting), as may the cascade's :class:`hf_cascade.core.payoff.DrafterPayoff`; tests
     of what drafted batched steps do need them on, deterministically (as :func:`free_drafts`)."""
-    from hf_cascade.core.gate import DraftGate
-    from hf_cascade.drafters.lookahead import DrafterPayoff
+    from hf_cascade.core.payoff import DrafterPayoff, DraftGate
 
     monkeypatch.setattr(DraftGate, "allows", lambda self: True)
     monkeypatch.setattr(DrafterPayoff, "worth", lambda self, reach: True)

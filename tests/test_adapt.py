@@ -1,4 +1,4 @@
-"""Golden tests of :class:`hf_cascade.core.adapt.AdaptiveBudget`, the default draft policy of GLIDE and ReDrafter:
+"""Golden tests of :class:`hf_cascade.core.payoff.AdaptiveBudget`, the default draft policy of GLIDE and ReDrafter:
 whether to draft, how deep, which nodes, from measured costs and calibrated acceptance (issue 28)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_cascade.core.adapt import AdaptiveBudget
-from hf_cascade.core.budget import VerifyCost
+from hf_cascade.core.payoff import AdaptiveBudget
+from hf_cascade.core.payoff import VerifyCost
 from hf_cascade.core.structure import TokenTree
 
 pytestmark = pytest.mark.measured_costs          # the rules themselves (tests/conftest.py: pinned_costs)
@@ -20,8 +20,8 @@ def chain(n: int) -> TokenTree:
     return TokenTree(torch.arange(10, 10 + n), torch.arange(-1, n - 1))
 
 
-def test_needs_a_resolved_profile():
-    with pytest.raises(ValueError, match="resolved"):
+def test_needs_a_measured_profile():
+    with pytest.raises(ValueError, match="measured"):
         AdaptiveBudget(VerifyCost())
 
 
@@ -64,11 +64,11 @@ def test_select_uses_calibrated_probabilities():
 
 
 def test_draft_gate_drafts_first_measures_plain_then_follows_the_faster_and_explores():
-    """:class:`~hf_cascade.core.gate.DraftGate`: drafts, takes one plain step, then follows the side that
+    """:class:`~hf_cascade.core.payoff.DraftGate`: drafts, takes one plain step, then follows the side that
     advances the lagging rows faster (their tokens per second, an average that forgets), drafting every
     ``explore_every``-th refused step, half as often and half as wide after each exploring step that did not
     pay; a drafted step faster than the plain rate doubles the width again."""
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
 
     gate = DraftGate(explore_every=3, decay=0.5)
     assert gate.allows()                                  # nothing measured: draft
@@ -97,7 +97,7 @@ def test_draft_gate_width_by_expected_gain():
     """Golden: :meth:`DraftGate.width_for` picks the width with the most expected tokens of the slowest lagging
     row per second of step, ``(1 + sum_k prod_b P_b(>= k)) / t(k)``, and 0 where a plain step is faster. Prior
     costs (nothing measured): ``t(k) / t(0) = 1.6 + 0.05 k``."""
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
 
     gate = DraftGate()
     # one row, reach 0.9, 0.81, 0.729, 0.6561: E(k) = 1.9, 2.71, 3.439, 4.0951 over 1.65, 1.70, 1.75, 1.80
@@ -122,7 +122,7 @@ def test_the_batch_gate_follows_the_lagging_rows(monkeypatch):
     """The batch loop gives the gate the fewest tokens emitted by the rows with the most tokens left (the
     rows the batch waits for), not the batch's total."""
     from hf_cascade import CascadeAssistant, MaxGram
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
     from tests import tiny_models as tm
 
     seen = []

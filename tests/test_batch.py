@@ -37,8 +37,8 @@ from transformers import pipeline
 import hf_cascade  # noqa: F401  (installs the generate() hook)
 from hf_cascade import CascadeAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
 from hf_cascade.core.batch import prefill_by_row
-from hf_cascade.core.budget import VerifyCost
-from hf_cascade.drafters.lookahead import CostModel
+from hf_cascade.core.payoff import VerifyCost
+from hf_cascade.core.payoff import CostModel
 from hf_cascade.core.stats import BatchStats
 from tests import tiny_models as tm
 from tests.contract_registry import REGISTRY, SETTINGS, base_kit, fresh_kit, input_device, setting_target

@@ -1,4 +1,4 @@
-"""The batch's draft gate (:mod:`hf_cascade.core.gate`) keeps batched outputs plain's: steps it refuses, the
+"""The batch's draft gate (:mod:`hf_cascade.core.payoff.gate`) keeps batched outputs plain's: steps it refuses, the
 width it allows (greedy parity; under sampling, each row's law), only the lagging rows drafting (and plain steps
 recording nothing). The cases and the
 settings are tests/test_batch.py's; the gate's rules themselves have golden tests in tests/test_adapt.py."""
@@ -15,9 +15,9 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 @pytest.mark.parametrize("name", ["drafter+maxgram", "hsddw", "glide_cape", "redrafter"])
 def test_gate_refusals_keep_parity(name, free_drafts, monkeypatch):
-    """Steps where the :class:`~hf_cascade.core.gate.DraftGate` refuses drafts verify every row's root alone
+    """Steps where the :class:`~hf_cascade.core.payoff.DraftGate` refuses drafts verify every row's root alone
     (width 1), between drafted steps or throughout; outputs stay plain's."""
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
 
     target = setting_target("gemma3-sdpa")
     cases = [c for c in setting_cases("gemma3-sdpa") if c[0] in ("max_new_tokens_13", "eos_in_draft")]
@@ -42,9 +42,9 @@ def test_gate_refusals_keep_parity(name, free_drafts, monkeypatch):
 
 @pytest.mark.parametrize("name", ["maxgram", "glide_cape", "redrafter", "recycling"])
 def test_gate_width_keeps_parity(name, free_drafts, open_gate, monkeypatch):
-    """Drafted steps under the gate's :attr:`~hf_cascade.core.gate.DraftGate.width` verify each row's first
+    """Drafted steps under the gate's :attr:`~hf_cascade.core.payoff.DraftGate.width` verify each row's first
     ``width`` nodes only (1 and 2 here: every step at most ``width + 1`` wide); outputs stay plain's."""
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
 
     target = setting_target("llama-sdpa")
     cases = [c for c in setting_cases("llama-sdpa") if c[0] in ("max_new_tokens_13", "eos_in_draft")]
@@ -71,7 +71,7 @@ def test_gate_width_keeps_sampling_exact(name, free_drafts, open_gate, monkeypat
     first tokens and the per-step calibration pass, with drafts accepted and rejected."""
     import time
 
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
     from tests.contract_registry import base_kit
     from tests.test_batch_sampling import assert_exact_batch_sampling
     from tests.test_contract import FakeClock
@@ -98,7 +98,7 @@ def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, ride_share
     lagging rows' drafts set and never for a drafter that reads the target's cache; a step where no row drafted
     gives the drafters no rows (``state.rows is None``); outputs stay plain's, and drafts were accepted."""
     from hf_cascade.core import batch
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
 
     monkeypatch.setattr(DraftGate, "follows_lagging", True)
     monkeypatch.setattr(DraftGate, "ride_share", ride_share)
@@ -142,10 +142,10 @@ def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, ride_share
 @pytest.mark.parametrize("name", ["maxgram", "drafter+maxgram", "maxgram_first_cost_aware"])
 def test_estimated_widths_keep_parity(name, free_drafts, monkeypatch):
     """Where every lagging row estimates its draft's reach (the cascade's drafts do), the gate cuts the step's
-    drafts to the width :meth:`~hf_cascade.core.gate.DraftGate.width_for` gives: cycled here through 0 (a plain
+    drafts to the width :meth:`~hf_cascade.core.payoff.DraftGate.width_for` gives: cycled here through 0 (a plain
     step), 1, 2 and 3 nodes, so that every width is exercised deterministically; outputs stay plain's, no step
     is wider, and the estimates the gate was given are probabilities that do not grow with depth."""
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
 
     given, widths = [], [0, 1, 2, 3]
 
@@ -193,7 +193,7 @@ def test_rides_rule():
     from types import SimpleNamespace
 
     from hf_cascade.core.batch import rides
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
 
     def run(draft_seconds, reads_cache=False, last_step=0.1):
         gate = DraftGate()
@@ -214,7 +214,7 @@ def test_gate_idles_after_costly_drafts_cut_to_nothing():
     """Golden: with estimates, drafts that cost more than ``ride_share`` of a step and were cut to width 0 stop the
     next steps' drafting except every ``explore_every``-th, then every 16th at most; a width above 0, or drafts as
     cheap as a lookup, keep every step drafting."""
-    from hf_cascade.core.gate import DraftGate
+    from hf_cascade.core.payoff import DraftGate
 
     gate = DraftGate(explore_every=4)
     gate.estimated, gate.last_step = True, 0.1

@@ -15,7 +15,7 @@ import hf_cascade  # noqa: F401  (installs the generate() hook)
 from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideConfig, GlideForCausalLM, ReDrafterAssistant
 from hf_cascade import placement
 from hf_cascade.core import TokenTree
-from hf_cascade.core.budget import measure_verify_cost
+from hf_cascade.measure import measure_verify_cost
 from hf_cascade.core.forward import check_attention_backend, mask_device_dtype, model_tree_mask, needs_tree_mask
 from hf_cascade.drafters.maxgram import MaxGram
 from hf_cascade.drafters.neural import NeuralLevel
@@ -245,12 +245,13 @@ def test_chain_workaround_under_flash_attention_measures_chains(kind, monkeypatc
     default ``VerifyCost()``: its measurement verifies chains too (no tree mask reaches the model), and outputs
     equal plain ``generate``. The backend is flash as the check reads it; the forwards run sdpa (no flash_attn
     here)."""
-    from hf_cascade.core import budget, forward
+    from hf_cascade import measure
+    from hf_cascade.core import forward
     from tests.redrafter_helpers import random_head
 
     target = tm.llama_target()
     plain = greedy(target, max_new_tokens=12)
-    monkeypatch.setattr(budget, "_MEASURED", {})
+    monkeypatch.setattr(measure, "_MEASURED", {})
     monkeypatch.setattr(forward, "attention_backend", lambda model: "flash_attention_2")
     masks = []
     handle = target.get_decoder().register_forward_pre_hook(
@@ -261,7 +262,7 @@ def test_chain_workaround_under_flash_attention_measures_chains(kind, monkeypatc
         assert greedy(target, assistant, max_new_tokens=12) == plain
     finally:
         handle.remove()
-    assert len(budget._MEASURED) == 1                                            # the profile was measured
+    assert len(measure._MEASURED) == 1                                           # the profile was measured
     assert masks and all(m is None for m in masks)                               # chains only: no tree mask
 
 
@@ -352,7 +353,8 @@ def test_timed_forwards_synchronise(monkeypatch):
 
 @pytest.mark.measured_costs
 def test_verify_cost_measurement_synchronises_and_default_is_measured_per_device(monkeypatch):
-    from hf_cascade.core import budget
+    from hf_cascade import measure
+    from hf_cascade.core.payoff import VerifyCost
 
     calls = []
     monkeypatch.setattr(placement, "synchronize", lambda device=None: calls.append(device))
@@ -360,12 +362,13 @@ def test_verify_cost_measurement_synchronises_and_default_is_measured_per_device
     cost = measure_verify_cost(model, prompt_len=8, steps=2, repeats=1, grid=(0, 2, 4))
     assert len(cost.relative) == 5 and cost.relative[0] == 1.0 and list(cost.relative) == sorted(cost.relative)
     assert calls and len(calls) % 2 == 0                                         # before and after every timed run
-    monkeypatch.setattr(budget, "_MEASURED", {})
+    monkeypatch.setattr(measure, "_MEASURED", {})
     measured = []
-    monkeypatch.setattr(budget, "measure_verify_cost", lambda m, **kw: measured.append(kw) or cost)
-    unresolved = budget.VerifyCost()
-    with pytest.raises(RuntimeError, match="resolve"):
-        unresolved(3)
-    assert unresolved.resolve(model) is cost and unresolved.resolve(model) is cost
-    assert len(measured) == 1 and measured[0]["grid"] == budget.QUICK_GRID       # measured once per device kind
-    assert budget.VerifyCost.reference().resolve(model) == budget.VerifyCost.reference()
+    monkeypatch.setattr(measure, "measure_verify_cost", lambda m, **kw: measured.append(kw) or cost)
+    unmeasured = VerifyCost()
+    with pytest.raises(RuntimeError, match="measured"):
+        unmeasured(3)
+    assert measure.bound_verify_cost(unmeasured, model) is cost and measure.bound_verify_cost(unmeasured, model) is cost
+    assert len(measured) == 1 and measured[0]["grid"] == measure.QUICK_GRID       # measured once per device kind
+    assert measure.bound_verify_cost(VerifyCost.reference(), model) == VerifyCost.reference()
+    assert measure.bound_verify_cost(None, model) is None

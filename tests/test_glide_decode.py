@@ -193,11 +193,11 @@ def test_min_confidence_stops_the_main_path(targets, cape):
 
 @pytest.mark.parametrize("cape", [False, True])
 def test_verify_cost_verifies_what_pays_and_keeps_parity(targets, cape, free_drafts):
-    """``verify_cost`` (the default, hf_cascade.core.adapt; not in the paper): where verified rows are cheap each
+    """``verify_cost`` (the default, hf_cascade.core.payoff; not in the paper): where verified rows are cheap each
     step verifies an ancestor-closed subset of the drafted tree; where they are dear the drafter mostly stays
     off (a plain step, with a few exploring drafts); outputs stay those of plain generate either way. (Draft
     forwards cost nothing here: ``free_drafts``.)"""
-    from hf_cascade.core.budget import VerifyCost
+    from hf_cascade.core.payoff import VerifyCost
 
     target = targets["gemma3"]
     prompts = (ids(1, 5, 9), ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hf_cascade.glide import GlideAssistant
-from hf_cascade.core.budget import VerifyCost
+from hf_cascade.core.payoff import VerifyCost
 from tests.test_glide_decode import echo_glide
 from tests.test_sampling import PROMPT as SPROMPT
 from tests.test_sampling import calibration, passes, run_long, small  # noqa: F401  (fixture)

@@ -13,7 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_cascade
 from hf_cascade import CascadeAssistant, MaxGram
-from hf_cascade.drafters.lookahead import CostModel
+from hf_cascade.core.payoff import CostModel
 from tests import tiny_models as tm
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 

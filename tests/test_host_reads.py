@@ -26,7 +26,7 @@ from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant,
 from hf_cascade import placement
 from hf_cascade.bench.overhead import SCALAR_READS, ReadCounter        # the one counter (also bench --overhead's)
 from hf_cascade.core import TokenTree
-from hf_cascade.core.budget import VerifyCost
+from hf_cascade.core.payoff import VerifyCost
 from hf_cascade.core.accept import greedy_tree_accept, sampling_tree_accept
 from hf_cascade.core.stats import LevelStats
 from hf_cascade.maxgram_tree import MaxGramTree, MaxGramTreeAssistant

@@ -1,6 +1,6 @@
 """HSDDW's payoff rule (``DynamicWindowAssistant(cost_aware=True)``, the default; not in the paper): the draft
 models draft a step only while their accepted tokens are worth their forwards and the rows their window adds
-to the target's step (:class:`~hf_cascade.drafters.lookahead.DrafterPayoff` at reach 1). The rule itself:
+to the target's step (:class:`~hf_cascade.core.payoff.DrafterPayoff` at reach 1). The rule itself:
 ``tests/test_lookahead.py``; the paper's windows with the rule held open: ``tests/test_hsddw.py``."""
 
 from __future__ import annotations

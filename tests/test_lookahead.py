@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from hf_cascade.drafters.lookahead import AcceptanceCalibration, AdaptiveLookahead, CostModel, ExpectedGainRule
+from hf_cascade.core.payoff import AcceptanceCalibration, AdaptiveLookahead, CostModel, ExpectedGainRule
 
 # -- AdaptiveLookahead / CostModel -----------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ def test_rule_floor_uses_the_calibration():
 
 @pytest.mark.measured_costs                                   # the rule itself, unpinned
 def test_drafter_payoff_consults_until_both_times_are_measured():
-    from hf_cascade.drafters.lookahead import DrafterPayoff
+    from hf_cascade.core.payoff import DrafterPayoff
 
     pay = DrafterPayoff()
     assert pay.worth(0.01)                                    # nothing measured yet
@@ -161,7 +161,7 @@ def test_drafter_payoff_consults_until_both_times_are_measured():
 
 @pytest.mark.measured_costs                                   # the rule itself, unpinned
 def test_drafter_payoff_golden_rule_and_exploration():
-    from hf_cascade.drafters.lookahead import DrafterPayoff
+    from hf_cascade.core.payoff import DrafterPayoff
 
     pay = DrafterPayoff(prior=0.5, strength=2.0, explore_every=4)
     pay.observe_consult(1.0, 0.004)                           # one consultation at reach 1: 4 ms
@@ -184,7 +184,7 @@ def test_drafter_payoff_golden_rule_and_exploration():
 def test_drafter_payoff_surcharge_counts_toward_the_consultation_only():
     """The time a consultation's tokens add to the target's step (HSDDW: no cost rule sizes its window) makes
     the consultation dearer; ``R``'s time does not count it twice (the step's time already holds it)."""
-    from hf_cascade.drafters.lookahead import DrafterPayoff
+    from hf_cascade.core.payoff import DrafterPayoff
 
     pay = DrafterPayoff()
     pay.observe_consult(1.0, 0.004, surcharge=0.010)
@@ -199,7 +199,7 @@ def test_drafter_payoff_surcharge_counts_toward_the_consultation_only():
 def test_drafter_payoff_values_a_token_at_the_generations_rate():
     """An accepted drafter token is worth 1 / R seconds: the same drafter and forward pay beside a target that
     emits one token per step and not beside one that emits four."""
-    from hf_cascade.drafters.lookahead import DrafterPayoff
+    from hf_cascade.core.payoff import DrafterPayoff
 
     slow, fast = DrafterPayoff(), DrafterPayoff()
     for pay, emitted in ((slow, 1), (fast, 4)):

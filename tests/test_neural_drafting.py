@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList
 
-from hf_cascade.drafters.lookahead import AcceptanceCalibration, CostModel, ExpectedGainRule
+from hf_cascade.core.payoff import AcceptanceCalibration, CostModel, ExpectedGainRule
 from hf_cascade.drafters.maxgram import common_prefix
 from hf_cascade.drafters.neural import NeuralLevel, _as_float32
 from hf_cascade.core.stats import LevelStats

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
-from hf_cascade.drafters.lookahead import CostModel, ExpectedGainRule
+from hf_cascade.core.payoff import CostModel, ExpectedGainRule
 from hf_cascade.drafters.neural import NeuralLevel, check_same_vocabulary, output_vocab_size
 from hf_cascade.core.stats import LevelStats
 from tests import tiny_models as tm

@@ -13,10 +13,15 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from hf_cascade import ReDrafterAssistant, ReDrafterConfig, ReDrafterModel, ReDrafterStats
-from hf_cascade.core.budget import VerifyCost
-from hf_cascade.redrafter import beam_search, beams_tree, flat_tree
+from hf_cascade import (
+    ReDrafterAssistant,
+    ReDrafterConfig,
+    ReDrafterModel,
+    ReDrafterStats,
+)
 from hf_cascade.core import TokenTree, tree_attention_mask, unpack, verify_tree
+from hf_cascade.measure import measured_verify_cost
+from hf_cascade.redrafter import beam_search, beams_tree, flat_tree
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head, random_head
 from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, models, plain
@@ -190,7 +195,7 @@ def test_no_extra_target_forward(m):
     step (counted on the target's decoder, which verification calls without the output head)."""
     target = m["target"]
     a = ReDrafterAssistant(m["head"], 4, 4)
-    VerifyCost().resolve(target)              # the default profile is measured once per process, not counted here
+    measured_verify_cost(target)              # the default profile is measured once per process, not counted here
     calls = []
     handle = target.get_decoder().register_forward_hook(lambda mod, args, out: calls.append(1))
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_cascade.core.budget import VerifyCost
+from hf_cascade.core.payoff import VerifyCost
 from hf_cascade import ReDrafterAssistant
 from hf_cascade.redrafter import flat_tree
 from tests.redrafter_helpers import fit_head

@@ -20,7 +20,7 @@ from hf_cascade.bench.counting import assistant_levels
 from hf_cascade.bench.swi import (STATISTICAL, Costs, DrafterCost, flat_target, group_swi, plain_time, record_times,
                                   standardized_time, swi)
 from hf_cascade.cli import bench_config, build_parser
-from hf_cascade.core.budget import VerifyCost
+from hf_cascade.core.payoff import VerifyCost
 from hf_cascade.glide import GlideAssistant
 from hf_cascade.redrafter import ReDrafterAssistant
 from tests.redrafter_helpers import random_head

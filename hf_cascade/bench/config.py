@@ -53,7 +53,7 @@ class BenchConfig:
         draft_length / max_tree_nodes / min_expansion_prob: ``GlideAssistant``'s main-path length, tree-size cap and
             CAPE's expansion floor (glide methods).
         verify_cost: ``GlideAssistant(verify_cost=VerifyCost.reference())`` (the reference CPU's profile) when true or
-            ``"reference"``, the profile :func:`~hf_cascade.core.budget.measure_verify_cost` measures on this
+            ``"reference"``, the profile :func:`~hf_cascade.measure.measure_verify_cost` measures on this
             machine when ``"measure"`` (glide methods); false: not passed.
         beam_width / beam_length: ``ReDrafterAssistant``'s beam search (redrafter methods).
         window: HSDDW's ``max_window`` and the fixed draft window of the ``hf-assisted-constant`` / ``-confidence``

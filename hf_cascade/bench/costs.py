@@ -15,7 +15,7 @@ bench from the loaded models: :func:`build_costs`.
 ``measured``: this machine's costs, inside the target's verification backend
 (:func:`~hf_cascade.backends.verification_session`), as the assistants draft and verify:
 
-* the target: :func:`~hf_cascade.core.budget.default_verify_cost`, the relative cost of verifying ``n``
+* the target: :func:`~hf_cascade.measure.measured_verify_cost`, the relative cost of verifying ``n``
   nodes in hf_cascade's loop (measured once per process and model; transformers' loops are charged the same);
 * a drafter: the median time of its forward over one new token after a 32-token context, over that of a
   one-token target forward timed the same way, plus a slope per extra token from a forward over 8 tokens
@@ -180,7 +180,7 @@ def build_costs(cost_models: Sequence[str], target: Any, levels: Mapping[str, li
     ``levels[method]`` (:meth:`~hf_cascade.bench.methods.Method.level_models`). Each distinct drafter is
     costed once; the description (for the results JSON) lists the target's and each drafter's costs."""
     from ..backends import verification_session
-    from ..core.budget import default_verify_cost
+    from ..measure import measured_verify_cost
 
     tables: dict[str, dict[str, Costs]] = {}
     description: dict[str, dict] = {}
@@ -196,7 +196,7 @@ def build_costs(cost_models: Sequence[str], target: Any, levels: Mapping[str, li
                 per_drafter[key] = params_cost(m, target)
         elif model == "measured":
             try:
-                target_cost = default_verify_cost(target)            # enters the backend itself
+                target_cost = measured_verify_cost(target)            # enters the backend itself
                 with torch.inference_mode(), verification_session(target):
                     unit = target_forward_seconds(target)
             except Exception as exc:                                  # no unit: no measured SWI at all

@@ -25,7 +25,7 @@ from ..cascade import CascadeAssistant
 from ..drafters import CorpusNGrams, MaxGram
 from ..drafters.neural import model_name
 from ..glide import GlideAssistant
-from ..core.budget import VerifyCost
+from ..core.payoff import VerifyCost
 from ..hsddw import DynamicWindowAssistant
 from ..redrafter import ReDrafterAssistant
 from .counting import UNKNOWN, ForwardCounter, assistant_levels, economize_stats, transformers_loop_stats

@@ -196,7 +196,7 @@ def run_benchmark(
     errors: dict[str, str] = {}
     tree, environment = config.tree, _environment(model, drafts, verifier, own)
     if tree.get("verify_cost") == "measure" and "glide" in config.draft_families:   # this machine's tree cost profile
-        from ..core.budget import measure_verify_cost
+        from ..measure import measure_verify_cost
 
         tree["verify_cost"] = measure_verify_cost(model, max_nodes=config.max_tree_nodes or 24)
         environment["verify_cost_measured"] = list(tree["verify_cost"].relative)

@@ -33,7 +33,7 @@ Two cost models (:data:`COST_MODELS`; :mod:`hf_cascade.bench.costs` builds the t
   one target forward (the paper's "model size" SWI): ``target(n) = 1``, a drafter ``P_drafter / P_target``
   per forward whatever its rows;
 * ``"measured"``: this machine's costs: ``target(n)`` is the measured relative cost of verifying ``n``
-  nodes (:class:`~hf_cascade.core.budget.VerifyCost`), a drafter's forward its measured time over that of a
+  nodes (:class:`~hf_cascade.core.payoff.VerifyCost`), a drafter's forward its measured time over that of a
   one-token target forward, plus a measured slope per extra token.
 
 Everything here is a pure function of a record's statistics (the dict of
@@ -84,7 +84,7 @@ class Costs:
 
     Attributes:
         target: ``n -> `` cost of one verification of ``n`` draft nodes (a
-            :class:`~hf_cascade.core.budget.VerifyCost` or any callable; ``target(0) = 1``).
+            :class:`~hf_cascade.core.payoff.VerifyCost` or any callable; ``target(0) = 1``).
         drafters: one entry per level of the method's statistics (top first, as ``stats["levels"]``);
             ``None``: a model whose cost is unknown (its forwards make the SWI unavailable).
         unavailable: why this method's SWI cannot be computed (then every standardized time is ``None``).

@@ -48,12 +48,12 @@ class CascadeAssistant(LinearAssistant):
         cost_aware: the smallest neural drafter's tokens for the target are admitted only while each
             raises the expected tokens per unit of target time (measured verification cost by draft
             length; the drafter's probability, calibrated online by the target's verdicts
-            (:class:`~hf_cascade.drafters.lookahead.AcceptanceCalibration`), as its acceptance
+            (:class:`~hf_cascade.core.payoff.AcceptanceCalibration`), as its acceptance
             estimate, Max-Gram's measured acceptance for the Max-Gram tokens before it): Max-Gram's
             adaptive-lookahead rule applied to the drafter, as a probability floor that drops the
             first token below it (the ``q`` handed to verification is restricted accordingly); the drafter
             is consulted at all only where its forwards' measured time is expected to pay
-            (:class:`~hf_cascade.drafters.lookahead.DrafterPayoff`). Default
+            (:class:`~hf_cascade.core.payoff.DrafterPayoff`). Default
             ``True``: a neural drafter then gets only the positions where it is expected to pay on the
             running machine, so adding one to Max-Gram does not slow it down; ``False``: the paper's fixed
             K-matrix lengths. Not in the paper; lossless. The calibration starts from ``a(p) = p`` at

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
-from ..drafters.lookahead import AcceptanceCalibration, AdaptiveLookahead, CostModel, DrafterPayoff, ExpectedGainRule
+from ..core.payoff import AcceptanceCalibration, AdaptiveLookahead, CostModel, DrafterPayoff, ExpectedGainRule
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import NeuralLevel, model_name
 from ..core.stats import LevelStats

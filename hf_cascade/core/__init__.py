@@ -12,7 +12,8 @@
 * :mod:`.stopping` -- EOS, length budget and stopping criteria;
 * :mod:`.checks` -- clear errors for unsupported inputs;
 * :mod:`.stats` -- the statistics every strategy fills;
-* :mod:`.budget` -- hardware-aware tree size: the measured cost of verifying ``n`` nodes.
+* :mod:`.payoff` -- whether drafting pays: verification costs, calibrated acceptance, the expected-gain rule, the
+  tree budget and the batch's draft gate (it receives measured numbers; :mod:`hf_cascade.measure` measures).
 
 The core runs the target with its own kernels on any device; optional verification backends
 (:mod:`hf_cascade.backends`) sit beside it and are never imported by it.
@@ -20,8 +21,8 @@ The core runs the target with its own kernels on any device; optional verificati
 
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
 from .attention import tree_allowed, tree_attention_mask, tree_position_ids
-from .budget import VerifyCost, measure_verify_cost
 from .forward import keep_path, model_tree_mask, verify_tree
+from .payoff import VerifyCost
 from .structure import TokenTree, get_prefix_match, unpack
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "get_prefix_match",
     "greedy_tree_accept",
     "keep_path",
-    "measure_verify_cost",
     "model_tree_mask",
     "sampling_tree_accept",
     "tree_allowed",

@@ -9,7 +9,7 @@ the work on padding, which in a batch of ragged prompts can be most of the prefi
 1. **draft** -- each row's own drafter (one per row: its own statistics and caches) proposes a tree for its
    own sequence, pruned to what that row can still emit; a row may draft nothing. The *lagging* rows (the
    most tokens left: the batch ends when they do) draft, and none while the batch's
-   :class:`~hf_cascade.core.gate.DraftGate` measures plain steps to advance the batch's end faster; the rows
+   :class:`~hf_cascade.core.payoff.DraftGate` measures plain steps to advance the batch's end faster; the rows
    ahead of them draft only into the width the lagging rows' drafts already give every row's block, where
    their drafts are cheap (:func:`rides`).
 2. **verify** -- one target forward over ``[B, N]``: row ``b``'s root and its ``n_b`` nodes, padded to
@@ -53,7 +53,7 @@ from ..compat import cache_kwargs
 from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
 from .batch_state import COMPACT_SHARE, BatchRun
 from .forward import check_attention_backend, output_head
-from .gate import lagging_rows
+from .payoff.gate import lagging_rows
 from .head_input import screen_heads
 from .outputs import record_rows
 from .rows import TreeRows, first_blocks
@@ -224,7 +224,7 @@ def draft_rows(run: "BatchRun", allowed: bool, drafting: set[int]) -> list[tuple
 
 def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = None) -> tuple[TokenTree, torch.Tensor | None]:
     """Row ``b``'s draft, pruned to what it can emit, to the gate's
-    :attr:`~hf_cascade.core.gate.DraftGate.width` and to ``limit`` nodes; none when not ``allowed`` (the batch's
+    :attr:`~hf_cascade.core.payoff.DraftGate.width` and to ``limit`` nodes; none when not ``allowed`` (the batch's
     draft gate refuses this step, or the row is ahead of the lagging rows and does not ride along): the drafter
     then sees a budget of 0, as at the end of a generation. The drafter's wall time is kept per row
     (:func:`rides`; a tree's tokens are host values, so the time includes the device work behind them)."""
@@ -253,7 +253,7 @@ def rides(run: "BatchRun", b: int, width: int) -> bool:
     what it accepts. A row ahead gains tokens that shorten nothing now, but it finishes sooner, after which the
     batch's steps have fewer rows; and a row that later lags has less left. So it rides along only where its
     drafts are cheap: its drafter reads no copy of the target's cache (a gather per layer), and its own drafts
-    took at most :attr:`~hf_cascade.core.gate.DraftGate.ride_share` of a step's time (measured on this row;
+    took at most :attr:`~hf_cascade.core.payoff.DraftGate.ride_share` of a step's time (measured on this row;
     unmeasured rows ride once, to be measured)."""
     gate, row = run.gate, run.rows[b]
     if width <= 0 or not gate.ride_share or getattr(row.drafter, "reads_target_cache", False):
@@ -264,8 +264,8 @@ def rides(run: "BatchRun", b: int, width: int) -> bool:
 
 def sized(run: "BatchRun", drafts: dict[int, tuple], started: float | None = None) -> dict[int, tuple]:
     """The drafting rows' drafts (row -> draft, made since ``started``) cut to the gate's expected-gain width where
-    every one of them estimates its draft's reach (:meth:`~hf_cascade.core.gate.DraftGate.width_for`; the gate
-    learns what drafting cut to nothing cost, :meth:`~hf_cascade.core.gate.DraftGate.sized_to`); as drafted
+    every one of them estimates its draft's reach (:meth:`~hf_cascade.core.payoff.DraftGate.width_for`; the gate
+    learns what drafting cut to nothing cost, :meth:`~hf_cascade.core.payoff.DraftGate.sized_to`); as drafted
     otherwise (the gate's rate rule applies)."""
     gate = run.gate
     reaches = [run.rows[b].drafter.reach(tree) for b, (tree, _) in drafts.items()] if gate.by_estimate else [None]

@@ -14,9 +14,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..processors import row_processors
 from .attention import additive, batch_tree_allowed
 from .forward import mask_device_dtype, per_layer_type
-from .gate import DraftGate
 from .head_input import HeadInput, input_device
 from .outputs import batch_outputs
+from .payoff.gate import DraftGate
 from .stats import PhaseTimer
 from .stopping import Stopper
 from .strategy import TreeDrafter, TreeStep

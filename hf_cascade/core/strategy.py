@@ -95,7 +95,7 @@ class TreeDrafter(ABC):
         """Optional: the drafter's estimate, for its last draft ``tree`` (as returned by :meth:`draft_tree`, then
         pruned), of the probability that the target accepts at least ``k`` of its tokens, for ``k = 1 .. depth``
         (non-increasing). A batch's draft gate sizes the step's drafts by it
-        (:meth:`~hf_cascade.core.gate.DraftGate.width_for`); ``None`` (the default): no estimate, the gate
+        (:meth:`~hf_cascade.core.payoff.DraftGate.width_for`); ``None`` (the default): no estimate, the gate
         judges drafting by the past steps' outcomes."""
         return None
 

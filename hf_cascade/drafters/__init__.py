@@ -1,8 +1,7 @@
 """Drafters: the statistical Max-Gram and wrappers for neural draft models."""
 
 from .corpus import CorpusNGrams
-from .lookahead import AdaptiveLookahead, CostModel
 from .maxgram import BigramTable, MaxGram, longest_suffix_match
 from .neural import NeuralLevel, check_same_vocabulary
 
-__all__ = ["AdaptiveLookahead", "BigramTable", "CorpusNGrams", "CostModel", "MaxGram", "NeuralLevel", "check_same_vocabulary", "longest_suffix_match"]
+__all__ = ["BigramTable", "CorpusNGrams", "MaxGram", "NeuralLevel", "check_same_vocabulary", "longest_suffix_match"]

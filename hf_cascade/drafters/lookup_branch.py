@@ -14,7 +14,7 @@ tree before the cost cut:
   (:class:`~hf_cascade.drafters.continuations.SeedRates`, as Token Recycling's seeds); the model's nodes keep
   their calibrated probabilities;
 * **cut** (:meth:`LookupBranch.select`): the merged tree goes through the budget's rule 3 (the nodes that pay
-  for their measured verification cost, :class:`~hf_cascade.core.adapt.AdaptiveBudget`); a drafter that sends
+  for their measured verification cost, :class:`~hf_cascade.core.payoff.AdaptiveBudget`); a drafter that sends
   chains (``linear``) keeps the one path with the most expected accepted tokens.
 
 The seeds cost no draft forward, so a step the model's rule 1 refuses (its drafts do not pay) still verifies
@@ -103,7 +103,7 @@ class LookupBranch:
     def select(self, budget, tree: TokenTree, probs: list[float], tokens: list[int], depth: int,
                linear: bool = False, drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
         """Join the seeds to the model's ``tree`` (draft probabilities ``probs``, node order), calibrate the
-        model's nodes with ``budget`` (an :class:`~hf_cascade.core.adapt.AdaptiveBudget`) and keep what pays.
+        model's nodes with ``budget`` (an :class:`~hf_cascade.core.payoff.AdaptiveBudget`) and keep what pays.
         Returns the kept tree and, per kept node, its draft probability (``None`` for a seed-only node: the
         budget calibrates the model's probabilities only, :meth:`AdaptiveBudget.observe_step`).
 
@@ -152,7 +152,7 @@ class LookupBranch:
 def observe_verdict(budget, lookup: LookupBranch | None, tree: TokenTree, probs: list[float | None], acceptance,
                     state) -> None:
     """A tree drafter's step after the target's verdict ``acceptance`` on ``tree``: ``budget`` (an
-    :class:`~hf_cascade.core.adapt.AdaptiveBudget`) learns the step from the nodes' draft probabilities ``probs``
+    :class:`~hf_cascade.core.payoff.AdaptiveBudget`) learns the step from the nodes' draft probabilities ``probs``
     and ``state``'s measured verification (a :class:`~hf_cascade.core.strategy.TreeStep`), and ``lookup`` (if any)
     learns its seeds' rate."""
     path = path_list(acceptance)

@@ -14,7 +14,7 @@ Deviations from the paper, and why:
   (the paper takes the first): generated text tends to repeat what it said last;
 * a continuation that runs into the end of the sequence wraps around (the text is repeating with
   that period), so loops are drafted in full;
-* the number of proposed tokens adapts (:mod:`hf_cascade.drafters.lookahead`): the paper always
+* the number of proposed tokens adapts (:mod:`hf_cascade.core.payoff.rules`): the paper always
   proposes 10, which on a CPU keeps costing verification time when MaG keeps being rejected.
 
 ``MaxGram`` itself is a settings object and holds no per-generation state; the candidate generator
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.payoff import AdaptiveLookahead, CostModel
 from .corpus import CORPUS_PRIORS, CorpusNGrams
-from .lookahead import AdaptiveLookahead, CostModel
 
 BIGRAM_BUCKET = 0
 

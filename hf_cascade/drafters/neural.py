@@ -29,7 +29,7 @@ from ..placement import defer_reads, synchronize
 from ..processors import process_positions
 from ..core.categorical import categorical
 from ..core.stats import LevelStats
-from .lookahead import ExpectedGainRule
+from ..core.payoff import ExpectedGainRule
 from .maxgram import common_prefix
 
 # Vocabularies whose sizes differ by at most this many rows are treated as padded copies of each

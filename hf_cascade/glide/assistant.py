@@ -10,9 +10,10 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..assistant import TreeAssistant
-from ..core.budget import VerifyCost
+from ..core.payoff import VerifyCost
 from ..core.stats import LevelStats, TreeStats
 from ..loading import load_pretrained
+from ..measure import bound_verify_cost
 from ..placement import place_like
 from ..processors import split_processors
 from .cape import CapeSettings
@@ -43,11 +44,11 @@ class GlideAssistant(TreeAssistant):
         min_expansion_prob: CAPE leaves out expansion tokens whose path the draft gives probability below it
             (own probability x the main confidences above; 0 = the paper's ``S(p)`` sets in full; see
             :class:`~hf_cascade.glide.cape.CapeSettings`).
-        verify_cost: a :class:`~hf_cascade.core.budget.VerifyCost` (default ``VerifyCost()``: measured on the
+        verify_cost: a :class:`~hf_cascade.core.payoff.VerifyCost` (default ``VerifyCost()``: measured on the
             target's device at the first call, cached per device kind; or a table, e.g. from
-            :func:`~hf_cascade.core.budget.measure_verify_cost`): each step drafts, and verifies, only what pays
+            :func:`~hf_cascade.measure.measure_verify_cost`): each step drafts, and verifies, only what pays
             for its cost on this hardware, with the draft's probabilities calibrated by the target's verdicts
-            (:class:`~hf_cascade.core.adapt.AdaptiveBudget`: whether to draft, how deep, which nodes). ``None``:
+            (:class:`~hf_cascade.core.payoff.AdaptiveBudget`: whether to draft, how deep, which nodes). ``None``:
             draft ``draft_length`` tokens and verify everything drafted, as the paper does. Not in the paper;
             lossless either way.
         lookup: with ``verify_cost``, join the sequence's own repeats (prompt lookup, frequency-ranked
@@ -91,7 +92,7 @@ class GlideAssistant(TreeAssistant):
         cape_settings = (CapeSettings(tuple(cape_sizes), tuple(cape_thresholds), max_tree_nodes, float(min_expansion_prob))
                          if cape else None)
         if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
-            raise TypeError(f"verify_cost must be a hf_cascade.core.budget.VerifyCost or None, got {type(verify_cost).__name__}")
+            raise TypeError(f"verify_cost must be a hf_cascade.core.payoff.VerifyCost or None, got {type(verify_cost).__name__}")
         self.settings = GlideSettings(int(draft_length), cape_settings, float(min_confidence), verify_cost,
                                       bool(lookup) and verify_cost is not None)
         self.glide = glide_model.eval()
@@ -99,17 +100,18 @@ class GlideAssistant(TreeAssistant):
         self.place_drafters = bool(place_drafters)
 
     def bind(self, target: PreTrainedModel) -> None:
-        """``place_drafters``: a float32 GLIDE on a bf16 target is cast once here, not the K/V at every forward."""
+        """``place_drafters``: a float32 GLIDE on a bf16 target is cast once here, not the K/V at every forward; the
+        verification profile of ``VerifyCost()`` is measured here (once per device kind)."""
         if self.place_drafters:
             place_like(self.glide, target)
+        self.bound_cost = bound_verify_cost(self.settings.verify_cost, target)
 
     def new_drafter(self, target: PreTrainedModel, generation_config: GenerationConfig,
                     logits_processor: LogitsProcessorList, stats=None, target_tokenizer=None) -> GlideDrafter:
         check_glide_matches(self.glide, target)
         eos = generation_config.eos_token_id
         stop = [] if eos is None else [eos] if isinstance(eos, int) else list(torch.as_tensor(eos).flatten().tolist())
-        settings, cost = self.settings, self.settings.verify_cost          # VerifyCost(): measured on this device
-        settings = replace(settings, verify_cost=cost.resolve(target)) if cost is not None else settings
+        settings = replace(self.settings, verify_cost=self.bound_cost)
         processors = split_processors(logits_processor)[0] if generation_config.do_sample else None
         return GlideDrafter(self.glide, settings, stop, processors)
 

@@ -19,7 +19,7 @@ yet in the target's cache):
    ``x_{t+i}``; ``cape=False`` sends the main path alone (a chain).
    **Hardware-aware size** (``verify_cost``, the default; not in the paper): draft at all, draft deeper, and
    verify each drafted node only when its calibrated chance of acceptance pays for its measured cost on the
-   running device (:mod:`hf_cascade.core.adapt`; the paper's fixed shape with ``verify_cost=None``).
+   running device (:mod:`hf_cascade.core.payoff.budget`; the paper's fixed shape with ``verify_cost=None``).
 4. After verification (:meth:`GlideDrafter.on_accept`) the draft cache is **cropped** (``Cache.crop``) to
    the verified tokens it already holds: the root and the accepted main-path tokens it fed. (With one draft
    layer their K/V do not depend on the glimpse at all; with more, the upper layers' K/V keep the view of
@@ -51,8 +51,8 @@ from transformers import DynamicCache, LogitsProcessorList
 
 from ..compat import cache_kwargs
 from ..core.accept import path_list
-from ..core.adapt import AdaptiveBudget
 from ..core.draws import ProposalChoice, draw, tree_draft_probs, warped, warpers
+from ..core.payoff import AdaptiveBudget
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
@@ -91,7 +91,7 @@ class GlideDrafter(TreeDrafter):
         self._checked = False
         self._device = next(glide.parameters()).device
         self._bounds = torch.tensor(self.choice.bounds, device=self._device) if self.choice is not None else None
-        # verify_cost: draft and verify what pays on this machine (core.adapt); None: the paper's fixed shape
+        # verify_cost: draft and verify what pays on this machine (core.payoff); None: the paper's fixed shape
         self.budget = AdaptiveBudget(settings.verify_cost) if settings.verify_cost is not None else None
         self._probs: list[float | None] = []         # draft probabilities of the verified tree's nodes (None: a seed)
         # lookup: the sequence's repeats join the tree (drafters.lookup_branch); its cut needs the budget

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.budget import VerifyCost
+from ..core.payoff import VerifyCost
 from .cape import CapeSettings
 
 
@@ -16,7 +16,7 @@ class GlideSettings:
     ``gamma``). A chain does not verify that unsure token; with CAPE it is verified with its expansion set,
     the position where siblings are most likely to be needed, if its path probability (its ``p`` times the
     main confidences above it) reaches CAPE's ``min_prob``, the floor of the siblings. ``verify_cost``: verify
-    only the drafted nodes that pay for their verification on this hardware (:mod:`hf_cascade.core.budget`);
+    only the drafted nodes that pay for their verification on this hardware (:mod:`hf_cascade.core.payoff`);
     ``None`` = everything drafted (the paper). ``lookup``: with ``verify_cost``, the sequence's repeats join the
     tree as a branch (:mod:`hf_cascade.drafters.lookup_branch`; not in the paper)."""
 

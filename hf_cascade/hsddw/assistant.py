@@ -54,7 +54,7 @@ class DynamicWindowAssistant(LinearAssistant):
             Lossless. ``False``: the paper's drafter alone. Its statistics are the last level, ``"maxgram"``.
         cost_aware: the draft models draft a step only while they are expected to pay for their forwards and
             the rows they add to the target's step, as measured in the call
-            (:class:`~hf_cascade.drafters.lookahead.DrafterPayoff`); a step they would not pay for is a plain
+            (:class:`~hf_cascade.core.payoff.DrafterPayoff`); a step they would not pay for is a plain
             one, and every 8th such step drafts anyway, to keep measuring. Not in the paper; the windows stay
             the paper's. Lossless. ``False``: the draft models draft every step the lookup leaves.
 

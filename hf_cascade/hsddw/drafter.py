@@ -44,7 +44,7 @@ Deviations from the paper, all following the authors' code (``valexsyu/HSDDW``,
   ``tau`` / ``tau2`` learn only from tokens the draft models drafted. ``lookup=False`` gives the
   paper's drafter alone.
 * Not in the paper: with ``cost_aware=True`` (the default) the draft models run on a step only while they are
-  expected to pay (:class:`~hf_cascade.drafters.lookahead.DrafterPayoff` at reach 1: their accepted tokens per
+  expected to pay (:class:`~hf_cascade.core.payoff.DrafterPayoff` at reach 1: their accepted tokens per
   step against the time of their forwards plus the rows their window adds to the target's step, both measured
   in this call); otherwise the step is a plain one (no draft). A refused step still drafts every 8th time, so
   the estimate keeps learning. The windows themselves stay the paper's. It decides only what is drafted:
@@ -63,7 +63,7 @@ from ..core.categorical import categorical
 from ..drafters.neural import NeuralLevel, model_name
 from ..core.stats import LevelStats
 from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
-from ..drafters.lookahead import CostModel, DrafterPayoff
+from ..core.payoff import CostModel, DrafterPayoff
 from ..drafters.maxgram import MaxGram
 from ..placement import defer_reads
 from .rules import EntropyThreshold, entropy, self_verify_length

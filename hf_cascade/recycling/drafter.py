@@ -18,7 +18,7 @@ What hf_cascade keeps, and where it deviates (and why):
 * it also keeps the target's *probabilities* of those candidates (the paper keeps tokens only), and the
   tree is not a fixed template: candidates are expanded best-first by path probability (the product of
   the recycled probabilities from the root, EAGLE-2's ordering) and then cut to the nodes that pay on the
-  running machine (:class:`~hf_cascade.core.adapt.AdaptiveBudget`: calibrated acceptance against the
+  running machine (:class:`~hf_cascade.core.payoff.AdaptiveBudget`: calibrated acceptance against the
   measured verification cost), because a tree of 80 nodes costs several target forwards on a CPU.
 * the sequence's own repeats join the candidates (the paper has none): the continuations of the longest
   repeated suffix, ranked by how often each followed it (SuffixDecoding's scoring,
@@ -43,18 +43,17 @@ from __future__ import annotations
 import torch
 
 from ..core.accept import path_list
-from ..core.adapt import AdaptiveBudget
+from ..core.payoff import AcceptanceCalibration, AdaptiveBudget
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.continuations import SeedRates, SeedTrie, suffix_continuations
-from ..drafters.lookahead import AcceptanceCalibration
 from .candidates import Expansion, RecycledCandidates, RecyclingShape
 
 
 class TokenRecycling(TreeDrafter):
     """The drafter of one ``generate()`` call over a :class:`RecycledCandidates` (see the module docstring).
 
-    ``budget``: the call's :class:`~hf_cascade.core.adapt.AdaptiveBudget` (``None``: verify the whole
+    ``budget``: the call's :class:`~hf_cascade.core.payoff.AdaptiveBudget` (``None``: verify the whole
     expanded tree, the paper's behaviour). ``max_ngram``: with ``>= 1``, the continuations of the sequence's
     longest earlier suffix match join the candidates as seeds: those of its ``max_matches`` most recent
     occurrences, ranked by frequency (:func:`~hf_cascade.drafters.continuations.suffix_continuations`; with
@@ -62,7 +61,7 @@ class TokenRecycling(TreeDrafter):
 
     Each source's acceptance is learned from the target's verdicts in this call, separately (a seed token after
     a long match is accepted far more often than a recycled token of the same recycled probability): recycled
-    tokens through an :class:`~hf_cascade.drafters.lookahead.AcceptanceCalibration` of their recycled
+    tokens through an :class:`~hf_cascade.core.payoff.AcceptanceCalibration` of their recycled
     probability, seed tokens by :class:`~hf_cascade.drafters.continuations.SeedRates` (``rate_b * share`` per
     length ``b`` of the match)."""
 

@@ -10,9 +10,10 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..assistant import TreeAssistant
-from ..core.budget import VerifyCost
+from ..core.payoff import VerifyCost
 from ..core.stats import LevelStats, TreeStats
 from ..loading import load_pretrained
+from ..measure import bound_verify_cost
 from ..placement import place_like, target_device_dtype
 from .checks import check_head_matches
 from .drafter import ReDrafterDrafter
@@ -33,11 +34,11 @@ class ReDrafterAssistant(TreeAssistant):
             ``w * L`` beam tokens flat, one branch per beam (same accepted tokens, more computation).
         min_confidence: drop every beam token whose conditional probability under the head is below
             this (and the rest of its beam); ``0`` (default): no fixed floor (``verify_cost`` decides).
-        verify_cost: a :class:`~hf_cascade.core.budget.VerifyCost` (default ``VerifyCost()``: measured on the
+        verify_cost: a :class:`~hf_cascade.core.payoff.VerifyCost` (default ``VerifyCost()``: measured on the
             target's device at the first call, cached per device kind): each step drafts only when drafting
             pays and verifies only the beam nodes whose chance of acceptance (the head's probabilities,
             calibrated by the target's verdicts) pays for their measured cost
-            (:class:`~hf_cascade.core.adapt.AdaptiveBudget`). ``None``: verify the beams whole, as the paper
+            (:class:`~hf_cascade.core.payoff.AdaptiveBudget`). ``None``: verify the beams whole, as the paper
             does. Deviation from the paper: where a verified token costs time (a CPU, a GPU near its compute
             bound) unlikely tokens do not pay. The tree stays a deterministic function of the context: greedy
             and sampling stay lossless.
@@ -82,7 +83,7 @@ class ReDrafterAssistant(TreeAssistant):
         if not 0.0 <= float(min_confidence) <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
         if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
-            raise TypeError(f"verify_cost must be a hf_cascade.core.budget.VerifyCost or None, got {type(verify_cost).__name__}")
+            raise TypeError(f"verify_cost must be a hf_cascade.core.payoff.VerifyCost or None, got {type(verify_cost).__name__}")
         self.head = head.eval()
         self.verify_cost = verify_cost
         self.lookup = bool(lookup) and verify_cost is not None
@@ -92,9 +93,11 @@ class ReDrafterAssistant(TreeAssistant):
         self.place_drafters = bool(place_drafters)
 
     def bind(self, target: PreTrainedModel) -> None:
-        """Place the head on the target's input-embedding device and dtype (``place_drafters``)."""
+        """Place the head on the target's input-embedding device and dtype (``place_drafters``); measure the
+        verification profile of ``VerifyCost()`` (once per device kind)."""
         if self.place_drafters:
             place_like(self.head, target)
+        self.bound_cost = bound_verify_cost(self.verify_cost, target)
 
     def new_drafter(
         self, target: PreTrainedModel, generation_config: GenerationConfig, logits_processor: LogitsProcessorList,
@@ -107,9 +110,8 @@ class ReDrafterAssistant(TreeAssistant):
         def embed(ids: torch.Tensor) -> torch.Tensor:
             return emb(ids.to(device))                                               # [b, H]
 
-        cost = self.verify_cost.resolve(target) if self.verify_cost is not None else None   # measured on this device
         drafter = ReDrafterDrafter(self.head, embed, self.beam_width, self.beam_length, self.dedupe, self.min_confidence,
-                                   cost, self.lookup)
+                                   self.bound_cost, self.lookup)
         return drafter
 
     def finish(self, drafter: "ReDrafterDrafter", stats: TreeStats) -> ReDrafterStats:

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.adapt import AdaptiveBudget
-from ..core.budget import VerifyCost
+from ..core.payoff import AdaptiveBudget, VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
@@ -60,7 +59,7 @@ class ReDrafterDrafter(TreeDrafter):
     def __init__(self, head, embed, beam_width: int, beam_length: int, dedupe: bool = True,
                  min_confidence: float = 0.0, verify_cost: VerifyCost | None = None, lookup: bool = False):
         self.head, self.embed = head, embed
-        # a resolved VerifyCost: draft and verify what pays on this machine (core.adapt); None: the beams whole
+        # a resolved VerifyCost: draft and verify what pays on this machine (core.payoff); None: the beams whole
         self.budget = AdaptiveBudget(verify_cost) if verify_cost is not None else None
         self._probs: list[float | None] = []        # (None: a lookup seed)
         # lookup: the sequence's repeats join the beams' tree (drafters.lookup_branch); its cut needs the budget

@@ -40,17 +40,17 @@ def greedy(target, assistant=None, prompt=REPETITIVE, **kw):
 @pytest.mark.measured_costs                     # VerifyCost() measured as users get it (tests/conftest.py)
 @pytest.mark.parametrize("kind", ["glide", "redrafter"])
 def test_flash_attention_chain_workaround_measures_chains(kind, monkeypatch):
-    from hf_cascade.core import budget
+    from hf_cascade import measure
 
     target = copy.deepcopy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
     target.set_attn_implementation("flash_attention_2")
-    monkeypatch.setattr(budget, "_MEASURED", {})
+    monkeypatch.setattr(measure, "_MEASURED", {})
     kit = fresh_kit("gemma3", target)
     assistant = (GlideAssistant(kit.glide, cape=False) if kind == "glide"
                  else ReDrafterAssistant(kit.head, beam_width=1))
     for kw in ({"max_new_tokens": 20}, {"max_new_tokens": 16, "repetition_penalty": 1.5}):
         assert greedy(target, assistant, **kw) == greedy(target, **kw), kw
-    assert len(budget._MEASURED) == 1 and next(iter(budget._MEASURED))[-1] == "chains"
+    assert len(measure._MEASURED) == 1 and next(iter(measure._MEASURED))[-1] == "chains"
 
 
 # -- an untied head on another GPU: processors see logits on the ids' device ------------------------------------

@@ -1,78 +1,48 @@
-"""Adaptive draft length: propose only as many tokens as pay for their verification.
+"""The rule, in its forms: draft a token, or verify a node, where its expected accepted tokens pay for its cost.
 
-CS Drafting's Max-Gram always proposes a fixed number of tokens (10, Appendix B). On a CPU the
-target's forward grows with the number of tokens verified, so a fixed lookahead that keeps being
-rejected costs time. :class:`AdaptiveLookahead` (our deviation from the paper) chooses the length
-``k`` that maximises the expected tokens per unit of reviewer time::
+**Chains** (a drafter proposing one path). CS Drafting's Max-Gram always proposes a fixed number of tokens (10,
+Appendix B); where the target's forward grows with the tokens it verifies, a fixed lookahead that keeps being
+rejected costs time. :class:`AdaptiveLookahead` (not in the paper) chooses the length ``k`` that maximises the
+expected tokens per unit of reviewer time::
 
-    E(k) = (1 - a^(k+1)) / (1 - a)      expected tokens per review (Leviathan et al., Eq. 1)
+    E(k) = (1 - a^(k+1)) / (1 - a)      expected tokens per review (Leviathan et al., 2023, Eq. 1)
     k*   = argmax_k  E(k) / cost(k)     cost(k) = reviewer time for 1 + k tokens / time for 1 token
 
-``a`` is the per-token acceptance rate, estimated online per *evidence bucket* (for Max-Gram: the
-length of the suffix match that produced the draft) with a Beta prior; ``cost`` is measured online
-from the reviewer's own forward times (:class:`CostModel`), or fixed for deterministic tests.
-``k* = 0`` means: do not draft, let the reviewer take a plain step.
+``a`` is the per-token acceptance rate, estimated online per *evidence bucket* (for Max-Gram: the length of the
+suffix match that produced the draft) with a Beta prior; ``cost`` is a
+:class:`~hf_cascade.core.payoff.cost.CostModel`. ``k* = 0`` means: do not draft, let the reviewer take a plain
+step. :class:`ExpectedGainRule` is the same rule for a drafter that proposes one token at a time, as a floor on
+its next token's acceptance.
+
+**A drafter's own forwards**. :class:`DrafterPayoff`: whether consulting a neural drafter is expected to pay for
+its forwards, at the generation's tokens per second so far.
+
+**Trees** (Sequoia, Chen et al., 2024, Section 3.3: size the tree from the hardware's measured cost profile;
+EAGLE-2, Li et al., 2024: keep the nodes of highest draft path probability):
+
+1. a node's *path probability* (its own acceptance estimate times its ancestors', :func:`path_probabilities`)
+   estimates the chance the target accepts it, so the expected accepted tokens of any ancestor-closed node set is
+   the sum of its path probabilities (linearity; siblings are exclusive events, each counted with its own
+   probability);
+2. sorting nodes by path probability gives, for each size ``n``, the best ``n``-node set (a child never outranks
+   its parent, so every prefix of the order is a tree) with expected gain ``G(n)``;
+3. :func:`best_size` picks the ``n`` maximizing ``1 + G(n) - R * cost(n)``, ``R`` the generation's tokens per
+   unit of cost so far: by Dinkelbach's argument, the per-step choice that maximizes the long-run tokens per unit
+   of time, ``sum(1 + G) / sum(cost)``, once ``R`` is that optimum. :func:`keep_best` marks those nodes.
+
+Not modelled: a step whose accepted path leaves the main path (an accepted CAPE sibling) may pay a second
+output-head call (:mod:`hf_cascade.core.rows`). The decisions depend on the context and the past steps only (no
+random draws), so greedy decoding stays exact and point-mass sampling stays lossless.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
-
-@dataclass
-class CostModel:
-    """Relative cost of one review of ``k`` drafts, ``cost(k) = t(k) / t(0)``.
-
-    With ``measure=True`` the reviewer's forward times are recorded by :meth:`observe` and averaged
-    (exponential moving average per ``k``); ``prior_slope``/``prior_step`` describe the curve until
-    a ``k`` has been measured: ``cost(k) = 1 + prior_step * [k > 0] + prior_slope * k``.
-
-    The seconds given to :meth:`observe` must be device time: on an accelerator kernels run
-    asynchronously, so whoever times a forward synchronises the device before reading the clock, at
-    both ends (:func:`hf_cascade.placement.synchronize`; ``NeuralLevel.scores(..., timed=True)`` does).
-    """
-
-    prior_step: float = 0.6
-    prior_slope: float = 0.05
-    measure: bool = True
-    decay: float = 0.8
-    _seconds: dict[int, float] = field(default_factory=dict)
-    _costs: dict[tuple[int, float, float], float] = field(default_factory=dict, repr=False, compare=False)
-
-    def observe(self, k: int, seconds: float) -> None:
-        if not self.measure:
-            return
-        old = self._seconds.get(k)
-        self._seconds[k] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
-        self._costs.clear()
-
-    def cost(self, k: int) -> float:
-        """``cost(k)``, remembered until the next :meth:`observe` (the drafting rules ask for the same
-        few ``k`` many times per draft)."""
-        key = (k, self.prior_step, self.prior_slope)
-        value = self._costs.get(key)
-        if value is None:
-            value = self._costs[key] = self._cost(k)
-        return value
-
-    def _cost(self, k: int) -> float:
-        prior = 1.0 + self.prior_step * (k > 0) + self.prior_slope * k
-        base = self._seconds.get(0)
-        if base is None or base <= 0:
-            return prior
-        measured = self._seconds.get(k)
-        if measured is None:
-            # Interpolate from the nearest measured k, scaled by the prior's shape.
-            known = [j for j in self._seconds if j > 0]
-            if not known or k == 0:
-                return prior
-            j = min(known, key=lambda j: abs(j - k))
-            jprior = 1.0 + self.prior_step + self.prior_slope * j
-            return max(1.0, (self._seconds[j] / base) * prior / jprior)
-        return max(1.0, measured / base) if k else 1.0
+from .acceptance import AcceptanceCalibration
+from .cost import CostModel, VerifyCost
 
 
 @dataclass
@@ -139,67 +109,6 @@ class AdaptiveLookahead:
 
 
 @dataclass
-class AcceptanceCalibration:
-    """The target's acceptance rate of a drafter's token as a function of the drafter's probability
-    ``p`` of it, learned online from the target's verdicts (our addition; not in CS Drafting)::
-
-        a(p) = min(0.999, p * r_b)    b: p's bin;  r_b = (hits_b + s * r) / (sum_p_b + s)
-        r    = (hits + s) / (sum_p + s)                       pooled over bins, shrunk toward 1
-
-    A distilled drafter is overconfident away from its training data: on Spec-Bench, the first drafter-xs's
-    tokens with p in [0.3, 0.8) match the target 19-36% of the time (teacher-forced on the target's
-    own outputs), so ``p`` as the acceptance estimate admits tokens that do not pay for their
-    verification. Until verdicts arrive ``a(p) = p``.
-    """
-
-    edges: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0)
-    strength: float = 4.0
-    _hits: list[float] = field(default_factory=list)
-    _expected: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        n = len(self.edges) - 1
-        self._hits = self._hits or [0.0] * n
-        self._expected = self._expected or [0.0] * n
-
-    def _bin(self, p: float) -> int:
-        return min(max(bisect.bisect_right(self.edges, p) - 1, 0), len(self._hits) - 1)
-
-    def _pooled(self) -> float:
-        return (sum(self._hits) + self.strength) / (sum(self._expected) + self.strength)
-
-    def ratio(self, b: int, pooled: float | None = None) -> float:
-        pooled = self._pooled() if pooled is None else pooled
-        return (self._hits[b] + self.strength * pooled) / (self._expected[b] + self.strength)
-
-    def __call__(self, p: float) -> float:
-        return min(0.999, p * self.ratio(self._bin(p)))
-
-    def observe(self, p: float, accepted: bool) -> None:
-        """A token the drafter gave probability ``p`` was reached by the target's review and accepted or not."""
-        b = self._bin(p)
-        self._hits[b] += float(accepted)
-        self._expected[b] += p
-
-    def floor(self, t: float) -> float:
-        """Smallest ``p`` from which every higher probability maps to ``a(p) >= t`` (``inf``: none),
-        scanning bins from the top; a floor on ``p`` keeps the drafting rule a plain threshold."""
-        if t > 0.999:
-            return math.inf
-        floor, pooled = math.inf, self._pooled()
-        for b in reversed(range(len(self._hits))):
-            lo, hi = self.edges[b], self.edges[b + 1]
-            need = t / self.ratio(b, pooled)         # within bin b, a(p) >= t  <=>  p >= need
-            if need <= lo:
-                floor = lo
-                continue
-            if need <= hi:
-                floor = need
-            break
-        return floor
-
-
-@dataclass
 class DrafterPayoff:
     """Whether a neural drafter's next consultation is expected to pay for its own forwards (our addition; not
     in CS Drafting, whose cost model counts the drafter's time only through a fixed cost coefficient).
@@ -208,7 +117,7 @@ class DrafterPayoff:
     probability only after the forward that computed it. A consultation at *reach* ``r`` (the chance that the
     target reaches the drafter's first token: the product of the acceptance estimates of the draft before it)
     adds ``r * g`` expected tokens to the step and ``t_consult`` to its time. By Dinkelbach's argument (as in
-    :func:`~hf_cascade.core.budget.best_size`) it raises the generation's tokens per second ``R`` when::
+    :func:`best_size`) it raises the generation's tokens per second ``R`` when::
 
         r * g  >=  R * t_consult        g = (accepted + s * prior) / (sum of reach + s)
 
@@ -291,7 +200,7 @@ class ExpectedGainRule:
 
     @classmethod
     def after(cls, accept: Sequence[float], cost: CostModel,
-              calibration: AcceptanceCalibration | None = None) -> "ExpectedGainRule":
+              calibration: AcceptanceCalibration | None = None) -> ExpectedGainRule:
         """The rule for a draft that already holds tokens with acceptance estimates ``accept``."""
         rule = cls(cost, calibration)
         for a in accept:
@@ -319,3 +228,39 @@ class ExpectedGainRule:
         self.reach *= a
         self.expected += self.reach
         self.n += 1
+
+
+def path_probabilities(parents: Sequence[int], acceptance: Sequence[float]) -> list[float]:
+    """Each node's path probability: its own acceptance estimate times its ancestors' (``parents``: node order,
+    parents first, ``-1`` below the root; host values)."""
+    path = [0.0] * len(acceptance)
+    for i, parent in enumerate(parents):
+        path[i] = acceptance[i] * (path[parent] if parent >= 0 else 1.0)
+    return path
+
+
+def best_size(gains: Sequence[float], cost: VerifyCost, rate: float) -> int:
+    """``gains``: path probabilities sorted in decreasing order -> the ``m`` in ``0 .. len(gains)`` maximizing
+    ``1 + sum(gains[:m]) - rate * cost(m)`` (ties: the smaller ``m``)."""
+    rate, best, best_value, total = float(rate), 0, None, 0.0
+    for m in range(len(gains) + 1):
+        if m:
+            total += float(gains[m - 1])
+        value = (1.0 + total) - rate * float(cost(m))
+        if best_value is None or value > best_value:
+            best, best_value = m, value
+    return best
+
+
+def keep_best(path_probs: Sequence[float], cost: VerifyCost, rate: float) -> list[bool]:
+    """Which nodes (node order) are among the :func:`best_size` most probable ones (ties: node order, so a parent,
+    which precedes its children and is at least as probable, comes first); closed under ancestors."""
+    order = sorted(range(len(path_probs)), key=lambda i: (-path_probs[i], i))
+    m = best_size([path_probs[i] for i in order], cost, rate)
+    keep = [False] * len(path_probs)
+    for i in order[:m]:
+        keep[i] = True
+    return keep
+
+
+__all__ = ["AdaptiveLookahead", "DrafterPayoff", "ExpectedGainRule", "best_size", "keep_best", "path_probabilities"]

@@ -20,8 +20,8 @@ nodes a row may verify in a drafted step (each row's draft keeps its first ``wid
 parents precede children), to at most half, and to its width times a plain step's time over its own: a wide
 batched step can cost several plain ones, so exploring must get cheaper each time it fails; drafts that do
 pay (above the plain rate) double it again. Not in any paper: it is the batch-level form of the rule the
-single-row defaults already follow (draft only what pays for its verification, :mod:`hf_cascade.core.adapt`,
-:mod:`hf_cascade.drafters.lookahead`). A row that stops early (EOS) may make the measure pessimistic,
+single-row defaults already follow (draft only what pays for its verification, :mod:`hf_cascade.core.payoff.budget`,
+:mod:`hf_cascade.core.payoff.rules`). A row that stops early (EOS) may make the measure pessimistic,
 never wrong: outputs do not depend on it.
 
 Where every lagging row's drafter estimates how far its draft will be accepted (:meth:`TreeDrafter.reach
@@ -29,7 +29,7 @@ Where every lagging row's drafter estimates how far its draft will be accepted (
 (:meth:`DraftGate.width_for`): the lagging rows draft at every step, and every draft is cut to the width ``w``
 that maximises the expected fewest tokens a lagging row emits per second of step,
 ``(1 + sum_k prod_b P_b(>= k)) / t(w)`` (rows accept independently; ``t(w)``, the step's time with ``w`` nodes
-per row at this many rows, measured in this call, :class:`~hf_cascade.drafters.lookahead.CostModel`'s prior
+per row at this many rows, measured in this call, :class:`~hf_cascade.core.payoff.cost.CostModel`'s prior
 until measured), ``w = 0`` (no draft) when a plain step is faster. It is the batch-level form of Max-Gram's
 adaptive lookahead: per step, from the drafts' own evidence, where the rule above only knows the past steps'
 outcomes; in a batch of rows tied at the end, a draft pays only where every tied row's draft is likely
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-from ..drafters.lookahead import CostModel
+from .cost import CostModel
 
 
 class DraftGate:

@@ -1,9 +1,10 @@
-"""Draft sizes that pay on the running machine: the default policy of the model-drafted trees (GLIDE, ReDrafter).
+"""Draft sizes that pay on the running machine: one call's policy for the model-drafted trees (GLIDE, ReDrafter) and
+Token Recycling.
 
 A draft costs twice: the drafter's forwards, and the extra rows the target verifies. Both costs, and how often
 the target accepts what the drafter proposes, depend on the machine, the target, the drafter and the prompt, so
 they are measured during the call rather than fixed by flags (not in GLIDE's or ReDrafter's paper, which draft and
-verify a fixed shape; the rule is Sequoia's and EAGLE-2's, see :mod:`hf_cascade.core.budget`). Costs are in
+verify a fixed shape; the tree rule is Sequoia's and EAGLE-2's, :mod:`hf_cascade.core.payoff.rules`). Costs are in
 *units*, the time of one verification step with no draft on this machine; ``R`` is the call's tokens per unit so
 far, drafting and verification both counted (Dinkelbach: an action pays when its expected tokens exceed ``R``
 times its cost). :class:`AdaptiveBudget` decides, per step:
@@ -14,16 +15,17 @@ times its cost). :class:`AdaptiveBudget` decides, per step:
    does not silence the drafter for good);
 2. **how deep to draft** (:meth:`~AdaptiveBudget.keep_drafting`): another draft forward can add at most the
    calibrated probability of reaching it, so drafting stops once ``reach < R * c_draft``;
-3. **which nodes to verify** (:meth:`~AdaptiveBudget.select`): :func:`~hf_cascade.core.budget.budget_mask`'s rule over
-   the drafter's node probabilities *calibrated by the target's verdicts* (:class:`AcceptanceCalibration`: a
-   distilled drafter is overconfident away from its training prompts) with the measured cost profile
-   (:class:`~hf_cascade.core.budget.VerifyCost`) and ``R``.
+3. **which nodes to verify** (:meth:`~AdaptiveBudget.select`): :func:`~hf_cascade.core.payoff.rules.keep_best` over
+   the drafter's node probabilities *calibrated by the target's verdicts*
+   (:class:`~hf_cascade.core.payoff.acceptance.AcceptanceCalibration`: a distilled drafter is overconfident away
+   from its training prompts) with the measured cost profile (:class:`~hf_cascade.core.payoff.cost.VerifyCost`)
+   and ``R``.
 
 Verdicts and times feed back through :meth:`~AdaptiveBudget.observe_step`; the profile's increments are rescaled to
 what this call's drafted steps measure against its plain ones (``AdaptiveBudget._rescale``: the profile times
 verification alone, a real step also computes and samples the rows of the tokens it accepts). Every decision
-depends on the context and on the past steps only (no random draws), so greedy decoding stays exact and point-mass sampling stays lossless.
-One instance per ``generate()`` call: nothing learned leaks into the next call.
+depends on the context and on the past steps only (no random draws), so greedy decoding stays exact and point-mass
+sampling stays lossless. One instance per ``generate()`` call: nothing learned leaks into the next call.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import time
 
 import torch
 
-from ..drafters.lookahead import AcceptanceCalibration
-from .budget import VerifyCost, keep_best
-from .draws import keep_drawn
-from .structure import TokenTree
+from ..draws import keep_drawn
+from ..structure import TokenTree
+from .acceptance import AcceptanceCalibration
+from .cost import VerifyCost
+from .rules import keep_best, path_probabilities
 
 
 class AdaptiveBudget:
@@ -44,8 +47,8 @@ class AdaptiveBudget:
 
     def __init__(self, cost: VerifyCost, explore_every: int = 8, prior_first: float = 0.5, prior_strength: float = 2.0,
                  decay: float = 0.8):
-        if not cost.resolved:
-            raise ValueError("AdaptiveBudget needs a resolved VerifyCost (call .resolve(target) first)")
+        if cost.relative is None:
+            raise ValueError("AdaptiveBudget needs a measured VerifyCost (the assistant measures it when it binds)")
         self.profile = cost                    # the measured profile (its verification steps alone)
         self.cost = cost                       # in use: the profile's increments scaled to this call's steps
         self.scale = 1.0
@@ -107,10 +110,7 @@ class AdaptiveBudget:
     def keep(self, tree: TokenTree, acceptance: list[float]) -> list[bool]:
         """Rule 3 on estimates of each node's acceptance given its parent's (host floats, node order; e.g.
         calibrated already): which nodes to verify."""
-        path = [0.0] * len(acceptance)              # path probabilities on the host (parents precede children)
-        for i, parent in enumerate(tree.host_parents):
-            path[i] = acceptance[i] * (path[parent] if parent >= 0 else 1.0)
-        return keep_best(path, self.cost, self.rate)
+        return keep_best(path_probabilities(tree.host_parents, acceptance), self.cost, self.rate)
 
     # -- measurements ----------------------------------------------------------------------------
     def start_draft(self) -> None:
@@ -175,7 +175,7 @@ class AdaptiveBudget:
             return
         ratio = min(max((seconds / self._plain_seconds - 1.0) / excess, 0.25), 4.0)
         self.scale = self.decay * self.scale + (1 - self.decay) * ratio
-        self.cost = VerifyCost(tuple(1.0 + self.scale * (c - 1.0) for c in self.profile.relative))
+        self.cost = self.profile.scaled(self.scale)
 
 
 __all__ = ["AdaptiveBudget"]

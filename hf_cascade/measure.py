@@ -1,0 +1,137 @@
+"""Measuring the target's verification cost on its device: the assistants' job when they bind to a target.
+
+The payoff layer (:mod:`hf_cascade.core.payoff`) sizes trees from a :class:`~hf_cascade.core.payoff.VerifyCost`
+profile it is given; it never measures. :func:`measure_verify_cost` measures one in the decoding loop itself, with
+the verification backend the tree assistants run (:mod:`hf_cascade.backends`); :func:`measured_verify_cost` is the
+short measurement of the defaults, made once per device kind and model shape in the process (:func:`profile_key`);
+:func:`bound_verify_cost` is what an assistant asks when it binds.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import placement
+from .backends import verification_session
+from .core.forward import verifies_trees
+from .core.loop import speculative_decode
+from .core.payoff import VerifyCost
+from .core.stats import GenerationStats
+from .core.strategy import TreeDrafter
+from .core.structure import TokenTree
+from .placement import target_device_dtype
+from .timing import interleaved_medians
+
+#: Node counts the default profile measures (:func:`measured_verify_cost`); costs in between are interpolated.
+QUICK_GRID = (0, 1, 2, 4, 8, 16, 24)
+_MEASURED: dict[tuple, VerifyCost] = {}       # profile_key(model) -> the profile measured in this process
+
+
+def bound_verify_cost(cost: VerifyCost | None, model) -> VerifyCost | None:
+    """The profile an assistant's payoff rules use for ``model``: ``cost`` when it holds a table, the profile
+    measured for ``model``'s device kind when it is ``VerifyCost()`` (:func:`measured_verify_cost`), ``None``
+    (no cost rule) for ``None``."""
+    if cost is None or cost.relative is not None:
+        return cost
+    return measured_verify_cost(model)
+
+
+def profile_key(model) -> tuple:
+    """What a measured profile depends on: the device kind (type, name; CPU threads), the model's shape and dtype,
+    and whether its attention backend verifies trees or chains only
+    (:func:`~hf_cascade.core.forward.verifies_trees`)."""
+    device, dtype = target_device_dtype(model)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif device.type == "cpu":
+        name = f"{torch.get_num_threads()} threads"
+    else:
+        name = str(device)
+    c = model.config.get_text_config()
+    shape = tuple(getattr(c, a, None) for a in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads"))
+    return (device.type, name, getattr(model.config, "_name_or_path", None), shape, str(dtype),
+            "trees" if verifies_trees(model) else "chains")
+
+
+def measured_verify_cost(model) -> VerifyCost:
+    """The defaults' profile for ``model``: :func:`measure_verify_cost` over :data:`QUICK_GRID` with a short prompt
+    and a few steps per size (interpolated between the sizes), measured once per :func:`profile_key`."""
+    key = profile_key(model)
+    if key not in _MEASURED:
+        _MEASURED[key] = measure_verify_cost(model, prompt_len=32, steps=4, repeats=1, grid=QUICK_GRID)
+    return _MEASURED[key]
+
+
+@torch.no_grad()
+def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16,
+                        repeats: int = 3, grid=None) -> VerifyCost:
+    """Measure the profile in the loop itself: :func:`~hf_cascade.core.loop.speculative_decode` (in the verification
+    session the tree assistants run, :func:`~hf_cascade.backends.verification_session`) over a random prompt of
+    ``prompt_len`` tokens, each step verifying ``n`` leaves the target never chooses (so each step emits one token),
+    for ``n = 0 .. max_nodes``; seconds per step over those of ``n = 0`` (a tree step without a tree: what a step of
+    plain decoding costs in this loop). Where the target's attention backend verifies chains only (flash / paged /
+    hub kernels, :func:`~hf_cascade.core.forward.verifies_trees`), the ``n`` nodes are a chain of that token instead:
+    what such a target verifies (a step emits more tokens where the target chooses it). Median of ``repeats``
+    generations of ``steps`` steps per ``n`` (after one warm-up), the sizes in alternating order, made
+    non-decreasing: about ``repeats * steps * (max_nodes + 1)`` target forwards. ``grid``: measure only these node
+    counts (``0`` included; ``max_nodes`` = the largest) and interpolate linearly in between. The device is
+    synchronised before each clock read (:func:`~hf_cascade.placement.synchronize`)."""
+    from transformers import (
+        GenerationConfig,
+        LogitsProcessorList,
+        StoppingCriteria,
+        StoppingCriteriaList,
+    )
+
+    chains = not verifies_trees(model)
+
+    class Leaves(TreeDrafter):
+        """``n`` leaves of token 0 below the root, or (``chains``) a chain of ``n`` of them: ``n`` verified nodes per
+        step (the generation's stop criterion ends it after ``steps`` tokens, before any chain is pruned)."""
+
+        linear = chains
+
+        def __init__(self, n: int):
+            self.n = n
+
+        def draft_tree(self, seq, state):
+            parents = torch.arange(-1, self.n - 1, device=seq.device) if chains else seq.new_full((self.n,), -1)
+            return TokenTree(seq.new_zeros(self.n), parents), None
+
+    class AfterSteps(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= prompt_len + steps, dtype=torch.bool)
+
+    vocab = int(model.config.get_text_config().vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(target_device_dtype(model)[0])   # not meta
+    sizes = sorted({0, *(int(n) for n in grid)}) if grid is not None else list(range(max_nodes + 1))
+    max_nodes = sizes[-1]
+    config = GenerationConfig(max_length=prompt_len + steps + max_nodes, do_sample=False, eos_token_id=None)
+
+    def seconds_per_step(n: int) -> float:
+        stats = GenerationStats()
+        placement.synchronize(model)
+        t0 = time.perf_counter()
+        speculative_decode(model, Leaves(n), prompt, LogitsProcessorList(), StoppingCriteriaList([AfterSteps()]),
+                           config, stats, block_rows=session.block_rows)
+        placement.synchronize(model)
+        return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
+
+    with verification_session(model) as session:                 # sizes alternate in order: no drift bias
+        times = interleaved_medians({n: (lambda n=n: seconds_per_step(n)) for n in sizes}, repeats, alternate=True,
+                                    self_timed=True)
+    measured = {n: times[n] / times[0] for n in sizes}
+    rel, top = [1.0], 1.0
+    for n in range(1, max_nodes + 1):
+        lo = max(m for m in sizes if m <= n)
+        hi = min(m for m in sizes if m >= n)
+        value = measured[lo] if hi == lo else measured[lo] + (measured[hi] - measured[lo]) * (n - lo) / (hi - lo)
+        top = max(top, value)
+        rel.append(top)
+    return VerifyCost(tuple(rel))
+
+
+__all__ = ["QUICK_GRID", "bound_verify_cost", "measure_verify_cost", "measured_verify_cost", "profile_key"]
