@@ -84,7 +84,7 @@ class Assistant:
         self.bind(target)
         if is_batched(input_ids, model_kwargs):
             return self._decode_batch(target, input_ids, model_kwargs.get("attention_mask"), processors,
-                                      stopping_criteria, generation_config, target_tokenizer)
+                                      stopping_criteria, generation_config, target_tokenizer, model_kwargs)
         stats = self.new_stats()
         self.last_stats = stats
         drafter = self.new_drafter(target, generation_config, processors, stats, target_tokenizer)
@@ -97,18 +97,19 @@ class Assistant:
             self.last_stats = self.finish(drafter, stats)
 
     def _decode_batch(self, target, input_ids, attention_mask, processors, stopping_criteria, generation_config,
-                      target_tokenizer):
+                      target_tokenizer, model_kwargs=None):
         """A batch (or a padded row): one drafter and one statistics object per row, one batched loop
         (:mod:`hf_cascade.core.batch`); :attr:`last_stats` is a :class:`~hf_cascade.core.stats.BatchStats`."""
         stats = BatchStats(rows=[self.new_stats() for _ in range(input_ids.shape[0])])
         self.last_stats = stats
         drafters = [self.new_drafter(target, generation_config, row_processors(processors, b, padded=False), s,
                                      target_tokenizer) for b, s in enumerate(stats.rows)]
+        kernels = False if call_compiles(target, model_kwargs or {}, generation_config) else self.cpu_kernels
         try:
-            with verification_session(target, self.cpu_kernels) as session:
+            with verification_session(target, kernels) as session:
                 return speculative_decode_batch(target, drafters, input_ids, attention_mask, processors,
                                                 stopping_criteria, generation_config, stats, session.block_rows,
-                                                session.argmax_screen)
+                                                session.argmax_screen, model_kwargs)
         finally:
             stats.rows = [self.finish(d, s) for d, s in zip(drafters, stats.rows)]
 

@@ -19,6 +19,11 @@ GPU, tests/test_static_contract.py on the CPU (tests/test_static.py holds the CP
   Dynamo keeps its graphs per code object, and transformers' forward wrappers are one code object for every model:
   graphs of other targets in the same process count against the limit too. :func:`check_every_strategy` is a
   user's process: one target, every strategy one after another, then again, within dynamo's default limit.
+* **batches** (:func:`static_batch_cases`, :func:`check_static_batch_parity`): left-padded batches of two and three
+  ragged prompts (rows finishing at different steps, an EOS inside a draft, ``max_new_tokens`` inside drafts, a
+  repetition penalty) with the mode's settings, against plain batched ``generate`` with the same settings, each row
+  judged as above (its padding stripped); :func:`check_second_pass` with ``parity=check_static_batch_parity``
+  compiles nothing on its second pass.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 
 from hf_cascade.parity import Divergence, divergence
 from hf_cascade.placement import target_device_dtype
-from tests.test_contract import greedy_cases
+from tests.test_contract import ASCENDING, REPETITIVE, _eos_inside_drafts, greedy_cases
 
 MODES = ("eager", "compiled")
 #: the ``max_cache_len`` of the settings: more than every case of :func:`greedy_cases` needs (at most 49 columns)
@@ -129,17 +134,18 @@ def strict_recompiles(**patch):
     return config.patch(fail_on_recompile_limit_hit=True, **patch)
 
 
-def check_second_pass(target, assistant, cases, exact: bool) -> list[str]:
+def check_second_pass(target, assistant, cases, exact: bool, parity=check_static_parity) -> list[str]:
     """Compiled: a first pass over ``cases`` (warm-up: it compiles every query bucket they reach) and a second one,
-    both with :func:`check_static_parity`; verification ran the core's compiled decoder, and the second pass captured
-    no new dynamo graph. Returns the ties' reports (both passes)."""
+    both with ``parity`` (:func:`check_static_parity`, or :func:`check_static_batch_parity` for batches);
+    verification ran the core's compiled decoder, and the second pass captured no new dynamo graph. Returns the ties'
+    reports (both passes)."""
     from hf_cascade.core import compiled
 
     with strict_recompiles():
-        ties = check_static_parity(target, assistant, cases, exact)
+        ties = parity(target, assistant, cases, exact)
         assert target.get_decoder() in compiled._COMPILED, "verification did not run the compiled decoder"
         before = unique_graphs()
-        ties += check_static_parity(target, assistant, cases, exact)
+        ties += parity(target, assistant, cases, exact)
     assert unique_graphs() == before, f"{unique_graphs() - before} new dynamo graph(s) on the second pass"
     return ties
 
@@ -165,6 +171,61 @@ def check_every_strategy(target, make_assistants: dict, settings: dict, exact: b
     return ties
 
 
-__all__ = ["CACHE_LEN", "MODES", "check_every_strategy", "check_second_pass", "check_static_parity", "compile_config",
-           "default_recompile_limit", "describe", "judge", "static_cases", "static_settings", "strict_recompiles",
-           "target_settings", "unique_graphs"]
+# -- batches ------------------------------------------------------------------------------------------------
+
+#: the padding token of the batches (the tiny targets' ``PAD``), given to plain and assisted ``generate`` alike
+PAD = 0
+REP = REPETITIVE[0].tolist()                           # drafts get accepted
+THREE = [REP, [1, 40], ASCENDING[0].tolist()[:8]]      # 9, 2 and 8 tokens
+TWO = [[9], REP]                                       # 1 and 9 tokens
+
+
+def left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of ``rows`` left-padded with :data:`PAD`, on ``device``."""
+    width = max(map(len, rows))
+    input_ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows], device=device)
+    return input_ids, torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+
+
+def static_batch_cases(target, settings: dict) -> list[tuple[str, tuple, dict, list]]:
+    """``(case, (input_ids, attention_mask), generate kwargs, plain batched output)``: batches of two and three ragged
+    prompts with ``settings`` added, and plain batched ``generate``'s output with them."""
+    device = target_device_dtype(target)[0]
+    eos = _eos_inside_drafts(target)
+    three, two = left_padded(THREE, device), left_padded(TWO, device)
+    cases = [
+        ("three_rows", three, {"max_new_tokens": 20}),
+        ("three_rows_eos_in_draft", three, {"max_new_tokens": 24, "eos_token_id": eos}),    # rows finish apart
+        ("two_rows_max_new_tokens_5", two, {"max_new_tokens": 5}),
+        ("two_rows_repetition_penalty", two, {"max_new_tokens": 12, "repetition_penalty": 1.5}),
+    ]
+    out = []
+    for case, (input_ids, mask), kw in cases:
+        kw = {**kw, "pad_token_id": PAD, **settings}
+        plain = target.generate(input_ids, attention_mask=mask, do_sample=False, **kw).tolist()
+        out.append((case, (input_ids, mask), kw, plain))
+    return out
+
+
+def check_static_batch_parity(target, assistant, cases, exact: bool) -> list[str]:
+    """Every batch case (:func:`static_batch_cases`) with ``assistant`` gives plain batched ``generate``'s rows
+    (``exact``) or rows that differ by a tie (:func:`judge`, on the row without its padding); one row's statistics per
+    row, and drafts were accepted. Returns the ties' reports."""
+    accepted, ties = 0, []
+    for case, (input_ids, mask), kw, expected in cases:
+        got = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
+        stats = assistant.last_stats
+        assert len(stats.rows) == input_ids.shape[0], case
+        accepted += sum(sum(r.accepted_per_call) for r in stats.rows)
+        for b, pad in enumerate((mask == 0).sum(1).tolist()):
+            report = judge(target, expected[b][pad:], got[b].tolist()[pad:], exact, f"{case}, row {b}")
+            if report is not None:
+                ties.append(report)
+    assert accepted > 0                                                   # drafts were accepted
+    return ties
+
+
+__all__ = ["CACHE_LEN", "MODES", "PAD", "check_every_strategy", "check_second_pass", "check_static_batch_parity",
+           "check_static_parity", "compile_config", "default_recompile_limit", "describe", "judge", "left_padded",
+           "static_batch_cases", "static_cases", "static_settings", "strict_recompiles", "target_settings",
+           "unique_graphs"]

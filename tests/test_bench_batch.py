@@ -17,7 +17,7 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 from hf_cascade.bench import BenchConfig, BenchResult, loading, markdown_report, run_benchmark, write_results  # noqa: E402
 from hf_cascade.bench.batched import (UNBATCHED, make_batches, pad_token_id, run_batched, skipped,  # noqa: E402
                                       stopped_rows, versus)
-from hf_cascade.bench.config import BASELINES, parse_batch_sizes  # noqa: E402
+from hf_cascade.bench.config import BASELINES, STRATEGIES, parse_batch_sizes  # noqa: E402
 from hf_cascade.bench.methods import Method  # noqa: E402
 from hf_cascade.bench.report import markdown_batched  # noqa: E402
 from hf_cascade.cli import bench_config, build_parser, main  # noqa: E402
@@ -80,13 +80,15 @@ def test_batch_sizes_parsed():
 
 
 def test_every_baseline_batches_or_is_skipped():
-    """The baselines outside transformers' assisted loops, and economize run in the core (SuffixDecoding too): they batch."""
+    """The baselines outside transformers' assisted loops, and economize run in the core (SuffixDecoding too): they batch,
+    with a static cache too (``<strategy>-static``)."""
     assert set(UNBATCHED) <= set(BASELINES)
     assert {"plain", "plain-kernels", "maxgram", "maxgram-corpus", "hsddw-single", "hsddw-every-step", "glide-chain",
-            "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree", "plain-compiled", "plain-static"} == \
-        set(BASELINES) - set(UNBATCHED)
+            "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree", "plain-compiled", "plain-static",
+            *(f"{name}-static" for name in STRATEGIES)} == set(BASELINES) - set(UNBATCHED)
     assert skipped(["plain", "pld", "maxgram", "suffix"], 1) == {}
     assert list(skipped(["plain", "pld", "maxgram", "suffix"], 2)) == ["pld"]
+    assert skipped(["maxgram-static", "glide-static"], 2) == {}
 
 
 # -- a sweep on a tiny Llama -----------------------------------------------------------------------

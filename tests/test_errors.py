@@ -79,11 +79,17 @@ def test_guidance_scale(target):
 
 @pytest.mark.skipif(static_rollback_supported(), reason="transformers >= 5 runs static caches (tests/test_static.py)")
 def test_static_refused_before_5(target):
-    """4.57's static layers do not roll back: a static cache is refused there, naming the release it needs."""
+    """4.57's static layers do not roll back: a static cache is refused there (at batch 1 and for a batch), naming the
+    release it needs."""
     with pytest.raises(ValueError, match="transformers >= 5 for a static cache"):
         gen(target, CascadeAssistant([MaxGram()]), cache_implementation="static")
     with pytest.raises(ValueError, match="transformers >= 5 for a static cache"):
         gen(target, CascadeAssistant([MaxGram()]), **{CACHE: StaticCache(config=target.config, max_cache_len=64)})
+    batch = torch.tensor([[0, 1, 5, 6], [1, 9, 10, 11]])                   # a batch too (batched loop)
+    for static in ({"cache_implementation": "static"}, {CACHE: StaticCache(config=target.config, max_cache_len=64)}):
+        with pytest.raises(ValueError, match="transformers >= 5 for a static cache"):
+            gen(target, CascadeAssistant([MaxGram()]), batch, attention_mask=(batch != 0).long(), pad_token_id=0,
+                **static)
 
 
 def test_other_caches(target):

@@ -9,7 +9,7 @@ Every assistant of the registry, on targets whose ``generation_config`` asks for
   captures no new graph (nothing recompiles after warm-up);
 * exact sampling (the contract's joint-law and calibration tests) with a static cache;
 * a user's ``StaticCache`` (sliding layers included) and a user's compiled forward, which verification calls;
-* clear errors: a batch with a static cache, a filled ``StaticCache``.
+* clear errors: a filled ``StaticCache``. Batches with a static cache: tests/test_static_contract.py.
 """
 
 from __future__ import annotations
@@ -186,17 +186,19 @@ def test_buckets():
     assert bucket(QUERY_BUCKETS[-1] + 5, 1000) == QUERY_BUCKETS[-1] + 5
 
 
-def test_static_refuses_a_batch_and_a_filled_cache():
+def test_static_refuses_a_filled_cache():
+    """A filled StaticCache is refused, at batch 1 and for a batch (batches with a static cache run:
+    tests/test_static_contract.py)."""
     target = setting_target("llama-sdpa")
-    batch = torch.tensor([[1, 5, 6, 7], [1, 9, 10, 11]])
-    with pytest.raises(ValueError, match="static cache at batch size 1"):
-        target.generate(batch, attention_mask=torch.ones_like(batch), do_sample=False, max_new_tokens=4,
-                        cache_implementation="static", assistant_model=CascadeAssistant([MaxGram()]))
     cache = StaticCache(config=target.config, max_cache_len=64)
     target(ids(1, 2, 3), **{hf_cascade.compat.CACHE: cache})
     with pytest.raises(ValueError, match="filled StaticCache"):
         target.generate(REPETITIVE, do_sample=False, max_new_tokens=4, assistant_model=CascadeAssistant([MaxGram()]),
                         **{hf_cascade.compat.CACHE: cache})
+    batch = torch.tensor([[1, 5, 6, 7], [1, 9, 10, 11]])
+    with pytest.raises(ValueError, match="filled StaticCache"):
+        target.generate(batch, attention_mask=torch.ones_like(batch), do_sample=False, max_new_tokens=4,
+                        assistant_model=CascadeAssistant([MaxGram()]), **{hf_cascade.compat.CACHE: cache})
 
 
 def test_eager_static_attention_sees_the_prefix_and_the_queries_only():

@@ -5,17 +5,24 @@ bf16. The static path's own CPU contract is tests/test_static.py."""
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 import torch
+from transformers import StaticCache
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
 from hf_cascade import CascadeAssistant, MaxGram
+from hf_cascade.core import compiled
 from hf_cascade.core.static import static_rollback_supported
 from tests.contract_registry import REGISTRY, base_kit, fresh_kit, setting_target
-from tests.static_contract import (CACHE_LEN, check_every_strategy, check_second_pass, check_static_parity, judge,
-                                   static_cases, static_settings, target_settings)
-from tests.test_contract import REPETITIVE
+from tests.static_contract import (CACHE_LEN, PAD, THREE, check_every_strategy, check_second_pass,
+                                   check_static_batch_parity, check_static_parity, default_recompile_limit, judge,
+                                   left_padded, static_batch_cases, static_cases, static_settings, strict_recompiles,
+                                   target_settings)
+from tests.test_batch import registry_assistant
+from tests.test_batch_sampling import assert_exact_batch_sampling
+from tests.test_contract import REPETITIVE, FakeClock
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.skipif(not static_rollback_supported(), reason="static caches need transformers >= 5")
@@ -74,3 +81,114 @@ def test_one_target_every_strategy(sized, free_drafts):
     settings = target_settings("compiled", target, **({} if sized else {"max_cache_len": None}))
     ties = check_every_strategy(target, makers, settings, exact=False)
     assert all("first divergence" in t for t in ties)
+
+
+# -- batches ----------------------------------------------------------------------------------------------------
+
+_BATCH_CASES: dict = {}
+
+
+def batch_cases_of(setting: str, mode: str):
+    """:func:`static_batch_cases` of ``setting``'s target in ``mode`` (plain batched ``generate``, same settings)."""
+    if (setting, mode) not in _BATCH_CASES:
+        target = setting_target(setting)
+        _BATCH_CASES[(setting, mode)] = static_batch_cases(target, target_settings(mode, target))
+    return _BATCH_CASES[(setting, mode)]
+
+
+def test_static_batch_cases_are_meaningful():
+    """The batches are ragged, their rows finish at different steps (the static batch keeps its rows: the finished
+    ones are padding), and a static batch keeps plain batched ``generate``'s dynamic-cache output."""
+    target = setting_target("llama-sdpa")
+    cases = {case: (batch, kw, out) for case, batch, kw, out in batch_cases_of("llama-sdpa", "eager")}
+    (input_ids, mask), kw, out = cases["three_rows_eos_in_draft"]
+    assert len(set(mask.sum(1).tolist())) == 3
+    ends = [len(row) - row[::-1].index(kw["eos_token_id"]) if kw["eos_token_id"] in row[input_ids.shape[1]:]
+            else len(row) for row in out]
+    assert len(set(ends)) > 1, ends
+    dynamic = {k: v for k, v in kw.items() if k not in ("cache_implementation", "disable_compile", "max_cache_len")}
+    assert target.generate(input_ids, attention_mask=mask, do_sample=False, **dynamic).tolist() == out
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_static_batch_parity(name, mode, free_drafts, open_gate):
+    """Every registry entry on batches of 2 and 3 ragged prompts, fp32 Llama: plain batched ``generate``'s rows with
+    the same static settings, eager and compiled; compiled, a second pass captures no new dynamo graph."""
+    target = setting_target("llama-sdpa")
+    assistant = registry_assistant(name, fresh_kit("llama", target))
+    cases = batch_cases_of("llama-sdpa", mode)
+    if mode == "eager":
+        assert check_static_batch_parity(target, assistant, cases, exact=True) == []
+    else:
+        with strict_recompiles(recompile_limit=4 * default_recompile_limit()):     # the module's targets share frames
+            assert check_second_pass(target, assistant, cases, exact=True, parity=check_static_batch_parity) == []
+
+
+@pytest.mark.parametrize("name", ["maxgram", "glide_cape", "redrafter"])
+def test_static_batch_parity_sliding_layers(name, free_drafts, open_gate):
+    """Gemma3 (sliding-window layers: the static batch keeps them full and windows by the mask), eager."""
+    target = setting_target("gemma3-sdpa")
+    cases = batch_cases_of("gemma3-sdpa", "eager")
+    assert check_static_batch_parity(target, registry_assistant(name, fresh_kit("gemma3", target)), cases,
+                                     exact=True) == []
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+@pytest.mark.parametrize("name", ["maxgram", "glide_cape"])
+def test_static_batch_exact_sampling(name, mode, monkeypatch, free_drafts, open_gate):
+    """Exact sampling per row of a static batch (tests/test_batch_sampling.py's joint law and calibration), a chain
+    and a tree, eager and compiled."""
+    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    target = copy.deepcopy(base_kit("small").target)
+    settings = static_settings(mode, "cpu")
+    target.generation_config.update(**{k: v for k, v in settings.items() if k != "disable_compile"})
+    target.generation_config.disable_compile = mode == "eager"
+    kit = fresh_kit("small", target)
+    with strict_recompiles(recompile_limit=4 * default_recompile_limit()):
+        assert_exact_batch_sampling(target, lambda: registry_assistant(name, kit))
+    assert (target.get_decoder() in compiled._COMPILED) == (mode == "compiled")
+
+
+@pytest.mark.parametrize("setting", ["llama-sdpa", "gemma3-sdpa"])
+def test_user_static_cache_batch(setting, open_gate):
+    """A user's StaticCache for a batch of three ragged rows, sized to the call's length (no room beyond it: the
+    batch compacts when its next block would not fit, and cuts drafts to the room left): plain batched
+    ``generate``'s rows with its own StaticCache; the user's cache holds the batch's three rows."""
+    target = setting_target(setting)
+    input_ids, mask = left_padded(THREE, "cpu")
+    new = 32
+    size = input_ids.shape[1] + new
+    kw = {"max_new_tokens": new, "do_sample": False, "pad_token_id": PAD, "eos_token_id": None}
+    plain = target.generate(input_ids, attention_mask=mask, **kw,
+                            **{hf_cascade.compat.CACHE: StaticCache(config=target.config, max_cache_len=size)})
+    cache = StaticCache(config=target.config, max_cache_len=size)
+    a = CascadeAssistant([MaxGram()])
+    out = target.generate(input_ids, attention_mask=mask, assistant_model=a, **kw, **{hf_cascade.compat.CACHE: cache})
+    assert out.tolist() == plain.tolist()
+    assert all(layer.is_initialized and layer.keys.shape[:3:2] == (3, size) for layer in cache.layers)
+    stats = a.last_stats
+    assert stats.rows[0].target_calls < new and stats.compactions > 0, stats     # the repetitive row drafted
+
+
+def test_user_compiled_forward_verifies_a_batch(open_gate):
+    """A batch on a target whose forward the user compiled: verification goes through it (full logits), dynamic and
+    static caches alike, and gives plain batched ``generate``'s rows."""
+    target = copy.deepcopy(setting_target("llama-sdpa"))
+    input_ids, mask = left_padded(THREE, "cpu")
+    kw = {"max_new_tokens": 16, "do_sample": False, "pad_token_id": PAD}
+    plain = target.generate(input_ids, attention_mask=mask, **kw)
+    seen = []
+    original = target.forward
+
+    def forward(*args, **kwargs):
+        seen.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    target.forward = torch.compile(forward, backend="eager")
+    for cache_implementation in (None, "static"):
+        seen.clear()
+        out = target.generate(input_ids, attention_mask=mask, cache_implementation=cache_implementation,
+                              assistant_model=CascadeAssistant([MaxGram()]), **kw)
+        assert out.tolist() == plain.tolist(), cache_implementation
+        assert len(seen) > 2 and max(q for _, q in seen[1:]) > 1, seen      # prefill, then verifications with drafts

@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .config import STRATEGIES, BenchConfig
+from .config import BenchConfig
 from .methods import Method
 from .runner import _timed, encode, generation_kwargs, rotated
 from .summary import KERNELS, paired
@@ -55,7 +55,6 @@ UNBATCHED = {
     "hf-assisted-confidence": _ASSISTED,
     "maxgram-hf-loop": "transformers' assisted loop runs one unpadded row only",
     "economize": "economize's decoding is measured one prompt at a time",
-    **{f"{name}-static": "hf_cascade runs a static cache at batch size 1" for name in STRATEGIES},
 }
 
 

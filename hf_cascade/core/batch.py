@@ -49,7 +49,7 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 
-from ..compat import cache_kwargs
+from ..compat import cache_kwargs, given_cache
 from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
 from .batch_state import COMPACT_SHARE, BatchRun
 from .forward import check_attention_backend, output_head
@@ -57,6 +57,7 @@ from .payoff.gate import lagging_rows
 from .head_input import screen_heads
 from .outputs import record_rows
 from .rows import TreeRows, first_blocks
+from .static_batch import fit_room
 from .stats import BatchStats
 from .stopping import prune_tree
 from .strategy import TreeDrafter
@@ -75,13 +76,16 @@ def speculative_decode_batch(
     stats: BatchStats,
     block_rows: int | None = 4,
     argmax_screen=None,
+    model_kwargs: dict | None = None,
 ):
     """Generate for every row of a left-padded batch, row ``b`` drafted by ``drafters[b]`` (module docstring).
     ``argmax_screen``: the backend's exact argmax of the head for a number of rows, used as at batch 1
-    (:func:`hf_cascade.core.loop.speculative_decode`) for the first blocks of every row and the blocks after."""
+    (:func:`hf_cascade.core.loop.speculative_decode`) for the first blocks of every row and the blocks after.
+    ``model_kwargs``: ``generate``'s (a static cache, given or asked for, selects
+    :mod:`hf_cascade.core.static_batch`)."""
     check_attention_backend(target, tree_shaped=True)          # holes and padding need our mask
     run = BatchRun(target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria,
-                 generation_config, stats, block_rows)
+                   generation_config, stats, block_rows, given_cache(model_kwargs or {}))
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
@@ -92,6 +96,8 @@ def speculative_decode_batch(
             drafting = set(lagging if run.gate.follows_lagging else range(len(run.rows)))   # the rows that may draft
             with run.timer("draft"):
                 drafts = draft_rows(run, allowed, drafting)
+                if run.static is not None:
+                    drafts = fit_room(run, drafts)                  # the next block fits the static cache
             started = time.perf_counter()
             with run.timer("verify"):
                 rows = verify(run, drafts)
@@ -128,7 +134,7 @@ def prefill(run: "BatchRun") -> None:
     real_last = [b for b, row in enumerate(run.rows) if row.length > 1]
     if hidden is None or not real_last:
         return
-    head = output_head(run.target)
+    head = None if run.full_forward else output_head(run.target)   # a user's compiled forward verifies: not bypassed
     if head is not None:
         index = torch.tensor(real_last, device=hidden.device)
         if torch.allclose(head(hidden[index]).float(), last[index.to(last.device)].float(), rtol=1e-4, atol=1e-4):
@@ -156,9 +162,13 @@ def _prefill_padded(run: "BatchRun", query: torch.Tensor):
     ancestors = (causal[None] & (query >= 0)[:, None, :]) | torch.eye(width, dtype=torch.bool, device=run.device)[None]
     empty = torch.empty(len(run.rows), 0, dtype=torch.long, device=run.device)
     ids = torch.stack([row.full[:-1] for row in run.rows])
-    logits = run.target(input_ids=ids, position_ids=query.clamp(min=0), attention_mask=run.mask(empty, query, ancestors),
+    columns = run.static.show(len(run.rows), width) if run.static is not None else None
+    logits = run.target(input_ids=ids, position_ids=query.clamp(min=0),
+                        attention_mask=run.mask(empty, query, ancestors, columns),
                         **cache_kwargs(run.target, run.cache), **_keep_last(run)).logits[:, -1]
     run.stats.prefill_calls += 1
+    if run.static is not None:
+        run.static.prefilled(width)
     hidden = run.head_input.rows()
     return logits, hidden if hidden is not None and hidden.shape[0] == len(run.rows) else None
 
@@ -190,6 +200,8 @@ def _prefill_rows(run: "BatchRun", width: int):
         keys, values = _right_aligned([c.layers[i].keys if c is not None else None for c in caches], width), \
             _right_aligned([c.layers[i].values if c is not None else None for c in caches], width)
         run.cache.update(keys, values, i)
+    if run.static is not None:
+        run.static.prefilled(width)
     done = [b for b, x in enumerate(last) if x is not None]
     logits = _stacked(last, last[done[0]])
     if any(hidden[b] is None for b in done):
@@ -279,11 +291,14 @@ def sized(run: "BatchRun", drafts: dict[int, tuple], started: float | None = Non
 
 
 def verify(run: "BatchRun", drafts) -> list[TreeRows]:
-    """One target forward over every row's ``[root, nodes]``; each row's first block of logits in one head call."""
+    """One target forward over every row's ``[root, nodes]``; each row's first block of logits in one head call.
+    With a static cache, compiled, the block is ``[R, Q]``: the call's rows (finished ones as padding rows) and a
+    query bucket (:meth:`~hf_cascade.core.static_batch.StaticBatch.shape`)."""
     B, N = len(run.rows), max(tree.num_nodes for tree, _ in drafts) + 1
     run.verify_nodes = N - 1                                            # every row's block is padded to it
-    ids, query = [[run.pad_id] * N for _ in range(B)], [[-1] * N for _ in range(B)]
-    ancestors = torch.zeros(B, N, N, dtype=torch.bool)
+    R, Q = run.static.shape(B, N) if run.static is not None else (B, N)
+    ids, query = [[run.pad_id] * Q for _ in range(R)], [[-1] * Q for _ in range(R)]
+    ancestors = torch.eye(Q, dtype=torch.bool).repeat(R, 1, 1)           # padding queries: themselves only
     for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts)):
         root = row.length - 1
         parents = (-1,) + tuple(p + 1 for p in tree.parent_list)
@@ -292,23 +307,28 @@ def verify(run: "BatchRun", drafts) -> list[TreeRows]:
         for i, (p, d) in enumerate(zip(parents, depth)):
             query[b][i] = root + d
             if p >= 0:
-                ancestors[b, i] = ancestors[b, p]                       # parents precede children
-            ancestors[b, i, i] = True
-        for i in range(len(parents), N):
-            ancestors[b, i, i] = True                                   # padding queries: themselves only
-    query_t = torch.tensor(query, dtype=torch.long, device=run.device)
+                ancestors[b, i] |= ancestors[b, p]                      # parents precede children
+    query_t, past = torch.tensor(query, dtype=torch.long, device=run.device), run.past_pos
+    if R > B:                                                           # rows that finished: none of their columns
+        past = torch.cat([past, past.new_full((R - B, past.shape[1]), -1)])
+    width = run.static.show(B, Q) if run.static is not None else None
     inputs = dict(input_ids=torch.tensor(ids, dtype=torch.long, device=run.device), position_ids=query_t.clamp(min=0),
-                  attention_mask=run.mask(run.past_pos, query_t, ancestors.to(run.device)),
+                  attention_mask=run.mask(past, query_t, ancestors.to(run.device), width),
                   **cache_kwargs(run.target, run.cache))
     run.stats.record_forward(B, N)
-    if run.head is None:
-        logits = run.target(**inputs).logits
+    full = run.head is None or run.full_forward                         # the model's logits (a user's compiled forward)
+    out = (run.target if full else run.call)(**inputs)
+    if run.static is not None:
+        run.static.wrote(Q)
+    if full:
+        logits = out.logits[:B, :N]
+        logits = logits.clone() if run.static is not None else logits     # a CUDA graph reuses its output
         hidden = run.head_input.rows()
-        run.hidden = hidden.reshape(B, N, -1) if hidden is not None else None
+        run.hidden = hidden.reshape(R, Q, -1)[:B, :N] if hidden is not None else None
         return [TreeRows(tree, row.full, row.processors, raw=logits[b, : tree.num_nodes + 1])
                 for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
-    hidden = run.target.get_decoder()(**inputs).last_hidden_state                 # [B, N, H]
-    run.hidden = hidden
+    hidden = out.last_hidden_state[:B, :N]                                          # [B, N, H]
+    run.hidden = hidden = hidden.clone() if run.static is not None else hidden   # a CUDA graph reuses its output
     heads = (run.screen if N > 1 else run.plain_screen) or (lambda rows: (run.head, None))
     head, argmax_head = heads(run.block_rows or 1)                                   # blocks after the first
     rows = [TreeRows(tree, row.full, row.processors, hidden=hidden[b, : tree.num_nodes + 1], head=head,

@@ -1,5 +1,6 @@
 """The state of one batched ``generate()`` call (:mod:`hf_cascade.core.batch`): its rows, the shared cache and
-the columns each row owns in it (holes, dropping finished rows, compaction), the output.
+the columns each row owns in it (holes, dropping finished rows, compaction), the output. A static cache keeps the
+same columns in fixed buffers (:mod:`hf_cascade.core.static_batch`).
 
 Kept apart from the loop's steps so that each reads on its own; nothing here decides what to draft."""
 
@@ -13,10 +14,13 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..processors import row_processors
 from .attention import additive, batch_tree_allowed
+from .compiled import verify_call
 from .forward import mask_device_dtype, per_layer_type
 from .head_input import HeadInput, input_device
 from .outputs import batch_outputs
 from .payoff.gate import DraftGate
+from .static import is_static
+from .static_batch import StaticBatch
 from .stats import PhaseTimer
 from .stopping import Stopper
 from .strategy import TreeDrafter, TreeStep
@@ -62,7 +66,7 @@ class BatchRun:
     """One batched ``generate()`` call: the target, its settings, the shared cache and the active rows."""
 
     def __init__(self, target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria, cfg, stats,
-                 block_rows):
+                 block_rows, given=None):
         self.target, self.cfg, self.stats, self.block_rows = target, cfg, stats, block_rows
         self.processors = logits_processor or LogitsProcessorList()
         self.timer = PhaseTimer(stats, target)
@@ -94,14 +98,24 @@ class BatchRun:
             self._need_pad = False
         self.finished: list[BatchRow] = []
         self.gate = DraftGate()
-        self.cache = DynamicCache()
+        self.static = None                               # a static cache's bookkeeping (core/static_batch.py)
+        if getattr(cfg, "cache_implementation", None) == "static" or is_static(given):
+            self.static = StaticBatch(target, cfg, given, len(self.rows))
+        self.cache = self.static.cache if self.static is not None else DynamicCache()
+        # what verifies: the decoder (eager or compiled), or the user's compiled forward (full logits, never bypassed)
+        self.call, self.full_forward = verify_call(target, self.cache, cfg)
         self.past_pos = torch.empty(len(self.rows), 0, dtype=torch.long, device=self.device)
         self._dtype = mask_device_dtype(target)[1]
 
-    def mask(self, past_pos, query, ancestors):
-        """The ``attention_mask`` argument (per layer type when the model mixes full and sliding layers)."""
-        return per_layer_type(self.target, lambda window: additive(
-            batch_tree_allowed(past_pos, query, ancestors, window), self._dtype))
+    def mask(self, past_pos, query, ancestors, width: int | None = None):
+        """The ``attention_mask`` argument (per layer type when the model mixes full and sliding layers), ``width``
+        columns wide where attention sees more than the cache's columns and the queries (a static cache's)."""
+        def build(window):
+            allowed = batch_tree_allowed(past_pos, query, ancestors, window)
+            if width is not None and width > allowed.shape[-1]:
+                allowed = torch.cat([allowed, allowed.new_zeros(*allowed.shape[:2], width - allowed.shape[-1])], -1)
+            return additive(allowed, self._dtype)
+        return per_layer_type(self.target, build)
 
     def state(self, b: int, cache: bool = True) -> TreeStep:
         """Row ``b``'s :class:`TreeStep`; its ``cache`` (a copy of the row's K/V) only for a drafter that reads
@@ -126,6 +140,8 @@ class BatchRun:
     def _gather(self, index: list[list[int]], start: int) -> None:
         """Every layer keeps ``[:start]`` and then, per row, the columns ``start + index[b]``: the step's block is
         gathered, written back in place and the rest cut off (a view), so ``[:start]`` is not copied here."""
+        if self.static is not None:
+            return self.static.gather(index, start)
         width = len(index[0])
         host = torch.tensor(index, dtype=torch.long) + start
         for layer in self.cache.layers:
@@ -141,8 +157,11 @@ class BatchRun:
     def keep(self, kept: list[list[int]]) -> None:
         """After a verification: row ``b`` keeps the step's block columns ``kept[b]`` (root first), in order."""
         T, M = self.past_pos.shape[1], max(len(k) for k in kept)
-        if any(k != list(range(len(k))) for k in kept) or self.cache.get_seq_length() != T + M:
+        moved = any(k != list(range(len(k))) for k in kept)
+        if moved or (self.static is None and self.cache.get_seq_length() != T + M):
             self._gather([k + [k[-1]] * (M - len(k)) for k in kept], T)
+        if self.static is not None:
+            self.static.cut(T + M)                          # the counter back to the columns kept (no read)
         positions = []
         for row, k in zip(self.rows, kept):
             first = row.length - len(k) - 1                 # the root's position (tokens were appended already)
@@ -160,23 +179,30 @@ class BatchRun:
         if not stay:
             return
         index = torch.tensor(stay, dtype=torch.long)
-        for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.numel():
-                i = index.to(layer.keys.device)
-                layer.keys, layer.values = layer.keys.index_select(0, i), layer.values.index_select(0, i)
+        if self.static is not None:
+            self.static.keep_rows(stay)                     # a static batch keeps its rows: the running ones first
+        else:
+            for layer in self.cache.layers:
+                if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                    i = index.to(layer.keys.device)
+                    layer.keys, layer.values = layer.keys.index_select(0, i), layer.values.index_select(0, i)
         self.past_pos = self.past_pos.index_select(0, index.to(self.device))
 
-    def compact_if_sparse(self) -> None:
-        """Gather every row's columns right-aligned when padding and holes exceed :data:`COMPACT_SHARE`."""
+    def compact_if_sparse(self, force: bool = False) -> None:
+        """Gather every row's columns right-aligned when padding and holes exceed :data:`COMPACT_SHARE` (``force``:
+        whenever some column is free, as when a static cache's next block would not fit)."""
         if not self.rows:
             return
         T = self.past_pos.shape[1]
         owned = [len(row.cols) for row in self.rows]
-        if T == 0 or T * len(self.rows) - sum(owned) <= COMPACT_SHARE * T * len(self.rows) or T - max(owned) < 8:
+        sparse = T * len(self.rows) - sum(owned) > COMPACT_SHARE * T * len(self.rows) and T - max(owned) >= 8
+        if T == 0 or not (sparse or (force and T > max(owned))):
             return
         width = max(owned)
         index = [[row.cols[0] if row.cols else 0] * (width - len(row.cols)) + row.cols for row in self.rows]
         self._gather(index, 0)
+        if self.static is not None:
+            self.static.cut(width)
         self.past_pos = torch.tensor([[-1] * (width - n) + list(range(n)) for n in owned], dtype=torch.long,
                                      device=self.device)
         for row, n in zip(self.rows, owned):
@@ -184,6 +210,8 @@ class BatchRun:
         self.stats.compactions += 1
 
     def result(self):
+        if self.static is not None:
+            self.static.release()
         rows = sorted(self.finished + self.rows, key=lambda r: r.index)
         longest = max(row.width for row in rows)
         if self._need_pad and any(row.width < longest for row in rows):

@@ -53,7 +53,7 @@ def check_supported(target, input_ids: torch.Tensor, generation_config: Generati
             "caches are not supported."
         )
     if static:
-        _check_static(batched)
+        _check_static()
     if isinstance(cache, DynamicCache) and cache.get_seq_length() > 0:
         raise ValueError("hf_cascade assistants start from the prompt: a prefilled cache is not supported.")
     if is_static(cache) and any(getattr(layer, "is_initialized", False) for layer in cache.layers):
@@ -73,13 +73,10 @@ def is_batched(input_ids: torch.Tensor, model_kwargs: dict) -> bool:
     return input_ids.shape[0] > 1 or (mask is not None and not bool((mask != 0).all()))
 
 
-def _check_static(batched: bool) -> None:
+def _check_static() -> None:
     if not static_rollback_supported():
         raise ValueError("hf_cascade assistants need transformers >= 5 for a static cache (its static layers roll "
                          "rejected drafts back); with this release, use the default dynamic cache.")
-    if batched:
-        raise ValueError("hf_cascade assistants run a static cache at batch size 1 (one unpadded row); for a batch, "
-                         "use the default dynamic cache.")
 
 
 def _check_batch(input_ids, cfg, model_kwargs, logits_processor, streamer) -> None:

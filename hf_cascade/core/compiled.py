@@ -45,12 +45,15 @@ def compiles(target, cache, generation_config) -> bool:
 
 
 def call_compiles(target, model_kwargs: dict, generation_config) -> bool:
-    """Whether this ``generate`` call's verifications run compiled: a static cache (given, or asked for with
-    ``cache_implementation="static"``) and :func:`compiles`. The CPU kernels then stay off: compiling is what
-    replaces them, and dynamo would trace into them."""
+    """Whether this ``generate`` call's verifications run compiled: the user compiled the target's forward
+    (:func:`user_compiled`), or a static cache (given, or asked for with ``cache_implementation="static"``) and
+    :func:`compiles`. The CPU kernels then stay off: compiling is what replaces them, and dynamo would trace into
+    them."""
     from ..compat import given_cache
     from .static import is_static
 
+    if user_compiled(target):
+        return True
     cache = given_cache(model_kwargs)
     if not is_static(cache):
         if getattr(generation_config, "cache_implementation", None) != "static":

@@ -66,6 +66,14 @@ def kept_capacity(target: torch.nn.Module, capacity: int) -> int:
     return kept
 
 
+def call_capacity(target: torch.nn.Module, cfg, fixed_shapes: bool) -> int:
+    """The columns of the static cache the core builds for a call: ``max_cache_len`` (else ``max_length``) and room for
+    the last query bucket; with ``fixed_shapes`` (compiled), at least the largest built for ``target`` before
+    (:func:`kept_capacity`)."""
+    capacity = max(getattr(cfg, "max_cache_len", None) or 0, cfg.max_length) + QUERY_BUCKETS[-1]
+    return kept_capacity(target, capacity) if fixed_shapes else capacity
+
+
 def bucket(queries: int, room: int) -> int:
     """The padded query count for ``queries`` real queries with ``room`` free columns: the smallest bucket that
     holds them, else the count itself; never more than ``room``."""
@@ -78,12 +86,22 @@ def bucket(queries: int, room: int) -> int:
 class _VisibleStaticLayer(StaticLayer if StaticLayer is not None else object):
     """A static layer that shows attention only its first ``visible`` columns (the verified prefix and the forward's
     own queries) when ``visible`` is set: eager verification then attends over what a dynamic cache would hold, not
-    the whole buffer. Unset (``None``), it is transformers' static layer."""
+    the whole buffer; and, in a batch whose finished rows left (``rows`` set), its first ``rows`` rows only, which the
+    forward's ``rows`` inputs write (in place, into a view of the buffers). Unset (``None``), it is transformers'
+    static layer."""
 
     visible: int | None = None
+    rows: int | None = None
 
     def update(self, key_states, value_states, *args, **kwargs):
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if self.rows is None or not self.is_initialized or self.rows == self.keys.shape[0]:
+            keys, values = super().update(key_states, value_states, *args, **kwargs)
+        else:                                           # StaticLayer.update on the first rows' view of the buffers
+            columns = torch.arange(key_states.shape[-2], device=self.device) + self.cumulative_length
+            self.cumulative_length.add_(key_states.shape[-2])
+            keys, values = self.keys[: self.rows], self.values[: self.rows]
+            keys.index_copy_(2, columns, key_states)
+            values.index_copy_(2, columns, value_states)
         if self.visible is None:
             return keys, values
         return keys[:, :, : self.visible], values[:, :, : self.visible]
@@ -120,12 +138,12 @@ class StaticSlots:
         self.length = 0                          # columns holding verified tokens' K/V (the host's count)
         self.written = 0                         # columns the last forward left the device counter at
 
-    def show(self, end: int | None) -> None:
+    def show(self, end: int | None, rows: int | None = None) -> None:
         """Eager: the next forward's attention sees columns ``0 .. end - 1`` (``None``: every column, as a static
-        cache handed back to the user)."""
+        cache handed back to the user) of the first ``rows`` rows (``None``: every row)."""
         if not self.fixed_shapes:
             for layer in self.cache.layers:
-                layer.visible = end
+                layer.visible, layer.rows = end, rows
 
     def room(self) -> int:
         """Free columns after the verified prefix."""
@@ -215,5 +233,5 @@ def static_inputs(model, prefix_len: int, tree: TokenTree, root: int, queries: i
     return dict(input_ids=ids, position_ids=query_pos.clamp(min=0), attention_mask=per_layer_type(model, mask))
 
 
-__all__ = ["QUERY_BUCKETS", "StaticSlots", "StaticView", "bucket", "is_static", "kept_capacity", "static_inputs",
-           "static_rollback_supported"]
+__all__ = ["QUERY_BUCKETS", "StaticSlots", "StaticView", "bucket", "call_capacity", "is_static", "kept_capacity",
+           "static_inputs", "static_rollback_supported"]

@@ -11,7 +11,10 @@ plain ``generate`` with the same cache and compile settings (the helpers: tests/
   module share dynamo's per-code-object caches (transformers' forward wrappers), so the limit is raised here to the
   default per target; :func:`test_one_target_every_strategy` runs a user's process instead: one bf16 target, every
   strategy, twice, within the default limit (and, known to fail, the same without ``max_cache_len``);
-* a ``device_map="auto"`` target (``from_pretrained``, fp32 and bf16), eager and compiled.
+* a ``device_map="auto"`` target (``from_pretrained``, fp32 and bf16), eager and compiled;
+* batches of two and three ragged prompts (:func:`~tests.static_contract.static_batch_cases`), every registry entry,
+  eager and compiled, against plain batched ``generate`` with the same settings, compiled with a second pass that
+  captures no new graph.
 
 Every static setting has one ``max_cache_len`` (tests/static_contract.py's ``CACHE_LEN``), as a compiled deployment
 sets it.
@@ -29,14 +32,18 @@ import torch._dynamo.exc
 
 from hf_cascade.core.static import static_rollback_supported
 from tests.contract_registry import REGISTRY, base_kit, fresh_kit
-from tests.static_contract import (MODES, check_every_strategy, check_second_pass, check_static_parity,
-                                   default_recompile_limit, static_cases, strict_recompiles, target_settings)
+from tests.static_contract import (MODES, check_every_strategy, check_second_pass, check_static_batch_parity,
+                                   check_static_parity, default_recompile_limit, static_batch_cases, static_cases,
+                                   strict_recompiles, target_settings)
+from tests.test_batch import registry_assistant
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 pytestmark = pytest.mark.skipif(not static_rollback_supported(), reason="static caches need transformers >= 5")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ARCHS = ["llama", "gemma3"]
+#: the batch sizes a compiled target verifies here (batch 1 and the batches of two and three rows): a graph each
+BATCH_SIZES = 3
 
 _TARGETS: dict = {}
 _CASES: dict = {}
@@ -44,9 +51,11 @@ _CASES: dict = {}
 
 @pytest.fixture(autouse=True, scope="module")
 def recompile_limit():
-    """Dynamo's recompile limit times the targets this module compiles (4 of :func:`cuda_target`, 2 loaded with
-    ``device_map="auto"``), reaching it an error (:func:`strict_recompiles`)."""
-    with strict_recompiles(recompile_limit=default_recompile_limit() * (len(ARCHS) * len(DTYPES) + len(DTYPES))):
+    """Dynamo's recompile limit times the targets this module compiles (4 of :func:`cuda_target`, at
+    :data:`BATCH_SIZES` batch sizes, and 2 loaded with ``device_map="auto"``), reaching it an error
+    (:func:`strict_recompiles`)."""
+    targets = len(ARCHS) * len(DTYPES) * BATCH_SIZES + len(DTYPES)
+    with strict_recompiles(recompile_limit=default_recompile_limit() * targets):
         yield
 
 
@@ -90,6 +99,30 @@ def test_compiled_second_pass_compiles_nothing(name, arch, dtype, free_drafts, r
     assistant = REGISTRY[name](fresh_kit(arch, target))
     cases = cases_of((arch, dtype), target, "compiled")
     report(check_second_pass(target, assistant, cases, exact=dtype == "fp32"), record_property)
+
+
+# -- batches ---------------------------------------------------------------------------------------------------
+
+_BATCH_CASES: dict = {}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_static_batch_parity(name, arch, dtype, mode, free_drafts, open_gate, record_property):
+    """Batches of two and three ragged prompts, every registry entry: plain batched ``generate``'s rows with the same
+    static settings (bf16: up to ties); compiled, a second pass captures no new graph."""
+    target = cuda_target(arch, dtype)
+    if (arch, dtype, mode) not in _BATCH_CASES:
+        _BATCH_CASES[(arch, dtype, mode)] = static_batch_cases(target, target_settings(mode, target))
+    cases = _BATCH_CASES[(arch, dtype, mode)]
+    assistant = registry_assistant(name, fresh_kit(arch, target))        # fp32 CPU drafters and heads
+    if mode == "compiled":
+        ties = check_second_pass(target, assistant, cases, exact=dtype == "fp32", parity=check_static_batch_parity)
+    else:
+        ties = check_static_batch_parity(target, assistant, cases, exact=dtype == "fp32")
+    report(ties, record_property)
 
 
 # -- device_map="auto" -----------------------------------------------------------------------------------------
