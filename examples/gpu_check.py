@@ -146,26 +146,26 @@ def load_drafters(args) -> dict:
 
 def assistants(d: dict) -> dict:
     """name -> (factory, the drafters it needs): the registry of tests/contract_registry.py."""
-    from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
+    from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, DynamicWindowSettings,
+                            GlideAssistant, GlideSettings, MaxGram, ReDrafterAssistant, ReDrafterSettings)
     from hf_cascade.maxgram_tree import MaxGramTreeAssistant
     from hf_cascade.recycling import RecyclingAssistant
 
     def hsddw():
-        if "verifier" in d:
-            return DynamicWindowAssistant(d["drafter"], d["verifier"], max_window=4)
-        return DynamicWindowAssistant(d["drafter"], max_window=4)
+        return DynamicWindowAssistant(d["drafter"], d.get("verifier"), settings=DynamicWindowSettings(max_window=4))
 
     return {
         "maxgram": (lambda: CascadeAssistant([MaxGram()]), []),
         "drafter+maxgram": (lambda: CascadeAssistant([d["drafter"], MaxGram()]), ["drafter"]),
-        "lenience3": (lambda: CascadeAssistant([d["drafter"], MaxGram(adaptive=False, max_tokens=5)], lenience=3.0),
-                      ["drafter"]),
-        "maxgram_first_cost_aware": (lambda: CascadeAssistant([d["drafter"], MaxGram()], k_matrix=[[6, 10], [0, 10]],
-                                                              maxgram_first=True, cost_aware=True), ["drafter"]),
+        "lenience3": (lambda: CascadeAssistant([d["drafter"], MaxGram(adaptive=False, max_tokens=5)],
+                                               settings=CascadeSettings(lenience=3.0)), ["drafter"]),
+        "maxgram_first_cost_aware": (lambda: CascadeAssistant([d["drafter"], MaxGram()],
+                                                              settings=CascadeSettings(k_matrix=[[6, 10], [0, 10]])),
+                                     ["drafter"]),
         "hsddw": (hsddw, ["drafter"]),
-        "glide": (lambda: GlideAssistant(d["glide"], cape=False), ["glide"]),
-        "glide_cape": (lambda: GlideAssistant(d["glide"], cape=True), ["glide"]),
-        "redrafter": (lambda: ReDrafterAssistant(d["redrafter"], beam_width=4, beam_length=5), ["redrafter"]),
+        "glide": (lambda: GlideAssistant(d["glide"], settings=GlideSettings.chain()), ["glide"]),
+        "glide_cape": (lambda: GlideAssistant(d["glide"]), ["glide"]),
+        "redrafter": (lambda: ReDrafterAssistant(d["redrafter"], settings=ReDrafterSettings(4, 5)), ["redrafter"]),
         "maxgram_tree": (lambda: MaxGramTreeAssistant(), []),
         "recycling": (lambda: RecyclingAssistant(), []),
     }

@@ -22,16 +22,17 @@ from . import hook as _hook
 from .assistant import Assistant
 from .auto import assistant_for
 from .backends import VerifySession
-from .cascade import CascadeAssistant
+from .cascade import CascadeAssistant, CascadeSettings
 from .drafters import BigramTable, CorpusNGrams, MaxGram
-from .glide import GlideAssistant, GlideStats
-from .hsddw import DynamicWindowAssistant, DynamicWindowStats
+from .glide import CapeSettings, GlideAssistant, GlideSettings, GlideStats
+from .hsddw import DynamicWindowAssistant, DynamicWindowSettings, DynamicWindowStats
 from .loading import load_pretrained
 from .heads import CascadeDrafterConfig, CascadeDrafterForCausalLM, GlideConfig, GlideForCausalLM, ReDrafterConfig, ReDrafterModel, register_heads
 from .processors import LossyLenientTarget, LossyTypicalAcceptance
-from .redrafter import ReDrafterAssistant, ReDrafterStats
+from .options import Loading, Policy
+from .redrafter import ReDrafterAssistant, ReDrafterSettings, ReDrafterStats
 from .shipped_folders import shipped
-from .recycling import RecyclingAssistant
+from .recycling import RecyclingAssistant, RecyclingSettings, RecyclingShape
 from .core.stats import GenerationStats
 from .core.payoff import CostModel, VerifyCost
 from .measure import measure_verify_cost
@@ -54,26 +55,35 @@ __all__ = [
     "Assistant",
     "assistant_for",
     "BigramTable",
+    "CapeSettings",
     "CorpusNGrams",
     "CascadeDrafterConfig",
     "CascadeDrafterForCausalLM",
     "CascadeAssistant",
+    "CascadeSettings",
     "CostModel",
     "DynamicWindowAssistant",
+    "DynamicWindowSettings",
     "DynamicWindowStats",
     "GenerationStats",
     "GlideAssistant",
     "GlideConfig",
     "GlideForCausalLM",
+    "GlideSettings",
     "GlideStats",
+    "Loading",
     "LossyLenientTarget",
     "LossyTypicalAcceptance",
     "MaxGram",
+    "Policy",
     "ReDrafterAssistant",
     "ReDrafterConfig",
     "ReDrafterModel",
+    "ReDrafterSettings",
     "ReDrafterStats",
     "RecyclingAssistant",
+    "RecyclingSettings",
+    "RecyclingShape",
     "VerifyCost",
     "VerifySession",
     "cpu_kernels",

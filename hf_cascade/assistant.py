@@ -33,18 +33,20 @@ from .processors import row_processors
 class Assistant:
     """Base of all hf_cascade assistants.
 
+    An assistant takes its drafter or head and a few keyword options: ``settings`` (its strategy's own, a frozen
+    dataclass of its folder), ``policy`` (:class:`~hf_cascade.options.Policy`: what it does beyond its paper so that
+    drafting pays), ``loading`` (:class:`~hf_cascade.options.Loading`: where its models come from and run) and
+    ``cpu_kernels``.
+
     Attributes:
         cpu_kernels: the verification backend switch (:mod:`hf_cascade.backends`): ``None``
             (automatic: hf_cascade's CPU kernels exactly for float32 targets on CPU, unless the
             environment variable ``HF_CASCADE_CPU_KERNELS=0``), ``True`` or ``False``.
-        place_drafters: move and cast drafters/heads to the target's input-embedding device and
-            dtype at each call (``False``: leave them where the user placed them).
         last_stats: the statistics of the last ``generate()`` call.
     """
 
     last_stats: GenerationStats | None = None
     cpu_kernels: bool | None = None
-    place_drafters: bool = True
     trees: bool = True           # drafts may branch (lossy target rules need linear drafts)
 
     # -- to implement ---------------------------------------------------------------------------
@@ -58,7 +60,8 @@ class Assistant:
         raise NotImplementedError
 
     def bind(self, target: PreTrainedModel) -> None:
-        """Prepare the drafters for ``target`` (placement on its device and dtype); called once per call."""
+        """Prepare for ``target``, once per call: place the drafters on its device and dtype, measure what the
+        payoff rules need from it (:mod:`hf_cascade.measure`)."""
 
     def finish(self, drafter: TreeDrafter, stats: GenerationStats) -> GenerationStats:
         """The call's final statistics (a strategy may add its drafter's own records)."""

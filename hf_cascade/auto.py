@@ -22,7 +22,8 @@ A repo id is read with the download options given (``revision``, ``token``, ``ca
 ``cache_dir`` on to the checkpoint (:func:`pipeline_hub_kwargs`): they say how to reach files, not which ones.
 Its ``revision`` is not: it names a branch, tag or commit of the *model*'s repo, and transformers' own
 ``load_assistant_model`` loads the assistant at its default revision too (it passes none of the call's options).
-To pin a head's revision, build its assistant (``GlideAssistant("<repo id>", revision=...)``) and pass that.
+To pin a head's revision, build its assistant (``GlideAssistant("<repo id>", loading=Loading(revision=...))``) and
+pass that.
 """
 
 from __future__ import annotations
@@ -68,19 +69,22 @@ def assistant_for(checkpoint: Any, *, revision: str | None = None, token: str | 
         raise ValueError(f"{checkpoint!r} is not an hf_cascade checkpoint (config.model_type not one of {sorted(KINDS)}).")
     if loaded and getattr(checkpoint, _ATTRIBUTE, None) is not None:
         return getattr(checkpoint, _ATTRIBUTE)
+    from .options import Loading
+
+    loading = Loading(**hub)
     if kind == "glide":
         from .glide import GlideAssistant
 
-        assistant = GlideAssistant(checkpoint, **hub)
+        assistant = GlideAssistant(checkpoint, loading=loading)
     elif kind == "redrafter":
         from .redrafter import ReDrafterAssistant
 
-        assistant = ReDrafterAssistant(checkpoint, **hub)
+        assistant = ReDrafterAssistant(checkpoint, loading=loading)
     else:
         from .cascade import CascadeAssistant
         from .drafters.maxgram import MaxGram
 
-        assistant = CascadeAssistant([checkpoint, MaxGram()], **hub)
+        assistant = CascadeAssistant([checkpoint, MaxGram()], loading=loading)
     if loaded:
         object.__setattr__(checkpoint, _ATTRIBUTE, assistant)     # not a submodule: no state_dict entry
     return assistant

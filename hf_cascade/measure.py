@@ -29,13 +29,13 @@ QUICK_GRID = (0, 1, 2, 4, 8, 16, 24)
 _MEASURED: dict[tuple, VerifyCost] = {}       # profile_key(model) -> the profile measured in this process
 
 
-def bound_verify_cost(cost: VerifyCost | None, model) -> VerifyCost | None:
-    """The profile an assistant's payoff rules use for ``model``: ``cost`` when it holds a table, the profile
-    measured for ``model``'s device kind when it is ``VerifyCost()`` (:func:`measured_verify_cost`), ``None``
-    (no cost rule) for ``None``."""
-    if cost is None or cost.relative is not None:
-        return cost
-    return measured_verify_cost(model)
+def bound_verify_cost(policy, model) -> VerifyCost | None:
+    """The profile an assistant's cost rules use for ``model`` under ``policy`` (a :class:`hf_cascade.options.Policy`):
+    ``None`` where ``policy.cost_aware`` is off, its ``verify_cost`` where it gives one, else the profile measured
+    for ``model``'s device kind (:func:`measured_verify_cost`)."""
+    if not policy.cost_aware:
+        return None
+    return policy.verify_cost if policy.verify_cost is not None else measured_verify_cost(model)
 
 
 def profile_key(model) -> tuple:

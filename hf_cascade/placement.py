@@ -12,7 +12,7 @@ The rule applied at bind (once per ``generate()`` call, by each assistant's ``bi
   float32 whatever the model's dtype) keep theirs and only move; modules listed in a model's
   ``_keep_in_fp32_modules`` stay float32;
 * a module dispatched by accelerate (``hf_device_map`` / ``_hf_hook``: the user placed it on purpose)
-  is left where it is, and so is every module when the assistant was built with ``place_drafters=False``.
+  is left where it is, and so is every module when the assistant was built with ``Loading(place=False)``.
   Whatever crosses devices then is moved explicitly where it is used (reviews run on the reviewer's
   device, tokens handed to the target move to the target's device).
 

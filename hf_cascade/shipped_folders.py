@@ -6,10 +6,11 @@ card), and nothing else: they are not published on the Hugging Face Hub, and a w
 of one), for any argument that takes a checkpoint::
 
     pipeline("text-generation", model="google/gemma-3-270m", assistant_model=hf_cascade.shipped("gemma-3-270m-glide-xs"))
-    GlideAssistant(hf_cascade.shipped("gemma-3-270m-glide-xs"), cape=False)
+    GlideAssistant(hf_cascade.shipped("gemma-3-270m-glide-xs"), settings=GlideSettings.chain())
 
 To use one by Hub repo id, upload the folder to a repo of your own (``hf upload <your-org>/gemma-3-270m-glide-xs
-model_cards/gemma-3-270m-glide-xs``) and give that id (with ``revision=`` / ``token=`` as for ``from_pretrained``).
+model_cards/gemma-3-270m-glide-xs``) and give that id (with ``loading=Loading(revision=..., token=...)`` as for
+``from_pretrained``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ from typing import Callable
 
 import torch
 
-from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
+from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, DynamicWindowSettings,
+                        GlideAssistant,
+                        GlideSettings, MaxGram, ReDrafterAssistant, ReDrafterSettings)
 from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 from hf_cascade.recycling import RecyclingAssistant
 from tests import tiny_models as tm
@@ -38,13 +40,16 @@ class Kit:
 REGISTRY: dict[str, Callable[[Kit], object]] = {
     "maxgram": lambda k: CascadeAssistant([MaxGram()]),
     "drafter+maxgram": lambda k: CascadeAssistant([k.drafter, MaxGram()]),
-    "lenience3": lambda k: CascadeAssistant([k.drafter, MaxGram(adaptive=False, max_tokens=5)], lenience=3.0),
-    "maxgram_first_cost_aware": lambda k: CascadeAssistant([k.drafter, MaxGram()], k_matrix=[[6, 10], [0, 10]],
-                                                           maxgram_first=True, cost_aware=True),
-    "hsddw": lambda k: DynamicWindowAssistant(k.drafter, k.big, max_window=4, tau_init=2.0, tau2_init=2.0),
-    "glide": lambda k: GlideAssistant(k.glide, cape=False),
-    "glide_cape": lambda k: GlideAssistant(k.glide, cape=True),
-    "redrafter": lambda k: ReDrafterAssistant(k.head, beam_width=4, beam_length=4),
+    "lenience3": lambda k: CascadeAssistant([k.drafter, MaxGram(adaptive=False, max_tokens=5)],
+                                            settings=CascadeSettings(lenience=3.0)),
+    "maxgram_first_cost_aware": lambda k: CascadeAssistant([k.drafter, MaxGram()],
+                                                           settings=CascadeSettings(k_matrix=[[6, 10], [0, 10]])),
+    "hsddw": lambda k: DynamicWindowAssistant(k.drafter, k.big,
+                                              settings=DynamicWindowSettings(max_window=4, tau_init=2.0,
+                                                                             tau2_init=2.0)),
+    "glide": lambda k: GlideAssistant(k.glide, settings=GlideSettings.chain()),
+    "glide_cape": lambda k: GlideAssistant(k.glide),
+    "redrafter": lambda k: ReDrafterAssistant(k.head, settings=ReDrafterSettings(beam_width=4, beam_length=4)),
     "maxgram_tree": lambda k: MaxGramTreeAssistant(),
     "recycling": lambda k: RecyclingAssistant(),
 }

@@ -20,9 +20,10 @@ def chain(n: int) -> TokenTree:
     return TokenTree(torch.arange(10, 10 + n), torch.arange(-1, n - 1))
 
 
-def test_needs_a_measured_profile():
-    with pytest.raises(ValueError, match="measured"):
-        AdaptiveBudget(VerifyCost())
+def test_a_profile_is_a_measured_table():
+    """The budget is given a profile (the assistant measures it when it binds): there is no unmeasured one."""
+    with pytest.raises(TypeError):
+        VerifyCost()
 
 
 def test_should_draft_pays_for_the_first_row_and_explores():

@@ -192,13 +192,12 @@ def test_batch_cases_are_meaningful(setting, free_drafts, open_gate, monkeypatch
 
 
 def flat_profile(assistant):
-    """GLIDE and ReDrafter default to ``VerifyCost()``, measured on the target at first use; a profile measured on
-    a tiny model under load may keep them from drafting (the contract's CI notes). Here they run the budget's path
-    with a flat profile: they draft deterministically (with :func:`free_drafts`), nothing is measured."""
-    if isinstance(assistant, GlideAssistant) and assistant.settings.verify_cost is not None:
-        assistant.settings = replace(assistant.settings, verify_cost=VerifyCost.flat())
-    if isinstance(assistant, ReDrafterAssistant) and assistant.verify_cost is not None:
-        assistant.verify_cost = VerifyCost.flat()
+    """GLIDE and ReDrafter measure the target's verification profile when they bind to it (the default
+    ``Policy()``); a profile measured on a tiny model under load may keep them from drafting (the contract's CI
+    notes). Here they run the budget's path with a flat profile: they draft deterministically (with
+    :func:`free_drafts`), nothing is measured."""
+    if isinstance(assistant, (GlideAssistant, ReDrafterAssistant)) and assistant.policy.cost_aware:
+        assistant.policy = replace(assistant.policy, verify_cost=VerifyCost.flat())
     return assistant
 
 

@@ -14,6 +14,7 @@ from tests.test_bench import NEW_TOKENS, PROMPTS, tiny  # noqa: F401  (tiny: fix
 from tests.test_glide_decode import echo_glide
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
+from hf_cascade import CascadeSettings, DynamicWindowSettings, GlideSettings, Policy, ReDrafterSettings
 from hf_cascade.bench import BenchConfig, BenchResult, markdown_report, run_benchmark, write_results  # noqa: E402
 from hf_cascade.bench import loading, methods as bench_methods  # noqa: E402
 from hf_cascade.bench.config import STRATEGIES, parse_drafts, parse_strategies  # noqa: E402
@@ -129,10 +130,12 @@ def test_assistants_get_no_options_when_none_are_given(spies):
     hf_loop, maxgram, cascade = spies["CascadeAssistant"]               # built in method order
     assert [len(hf_loop[0][0]), len(maxgram[0][0]), len(cascade[0][0])] == [1, 1, 2] and cascade[0][0][0] == "xs"
     assert hf_loop[1] == maxgram[1] == cascade[1] == {}
-    assert spies["DynamicWindowAssistant"] == [(("xs", None), {}), (("xs", None), {"cost_aware": False}),
+    assert spies["DynamicWindowAssistant"] == [(("xs", None), {}), (("xs", None), {"policy": Policy(cost_aware=False)}),
                                                (("xs", None), {})]      # hsddw-single, hsddw-every-step, hsddw
-    assert spies["GlideAssistant"] == [(("g",), {"cape": False}), (("g",), {})]             # glide-chain, glide
-    assert spies["ReDrafterAssistant"] == [(("r",), {"beam_width": 1}), (("r",), {})]       # redrafter-w1, redrafter
+    assert spies["GlideAssistant"] == [(("g",), {"settings": GlideSettings.chain()}),             # glide-chain
+                                       (("g",), {})]                                              # glide
+    assert spies["ReDrafterAssistant"] == [(("r",), {"settings": ReDrafterSettings(beam_width=1)}),   # redrafter-w1,
+                                           (("r",), {})]                                            # redrafter
 
 
 def test_only_the_options_given_are_passed(spies):
@@ -141,14 +144,18 @@ def test_only_the_options_given_are_passed(spies):
     methods = _built(config)
     maxgram, cascade = spies["CascadeAssistant"]
     assert maxgram[1] == {}                      # Max-Gram alone is the cascade's reference: its defaults
-    assert cascade[1] == {"cost_aware": True, "lenience": 2.0, "min_confidence": 0.3}
-    assert spies["DynamicWindowAssistant"] == [(("shared", None), {"max_window": 3})]     # shared drafts: old form
-    assert spies["GlideAssistant"] == [(("shared",), {"draft_length": 4, "min_confidence": 0.3})]
-    assert spies["ReDrafterAssistant"] == [(("shared",), {"beam_width": 2, "min_confidence": 0.3})]
+    assert cascade[1] == {"settings": CascadeSettings(lenience=2.0, min_confidence=0.3),
+                          "policy": Policy(cost_aware=True)}
+    assert spies["DynamicWindowAssistant"] == [(("shared", None),                      # shared drafts: old form
+                                                {"settings": DynamicWindowSettings(max_window=3)})]
+    assert spies["GlideAssistant"] == [(("shared",), {"settings": GlideSettings(draft_length=4, min_confidence=0.3)})]
+    assert spies["ReDrafterAssistant"] == [(("shared",), {"settings": ReDrafterSettings(beam_width=2,
+                                                                                        min_confidence=0.3)})]
     assert list(methods) == ["plain", *(s for s in STRATEGIES if s != "recycling")]
     spies.clear()
     _built(BenchConfig(strategy="maxgram", cost_aware=True, k_matrix=[[3]]))   # no cascade: the options are Max-Gram's
-    assert spies["CascadeAssistant"][0][1] == {"cost_aware": True, "k_matrix": [[3]]}
+    assert spies["CascadeAssistant"][0][1] == {"policy": Policy(cost_aware=True),
+                                               "settings": CascadeSettings(k_matrix=[[3]])}
 
 
 # -- one run of several strategies -------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_cascade import CascadeAssistant, CorpusNGrams, MaxGram
+from hf_cascade import CascadeAssistant, CascadeSettings, CorpusNGrams, MaxGram
 from hf_cascade.cli import main
 from hf_cascade.drafters.corpus import CORPUS_BUCKETS, CorpusMatch
 from hf_cascade.drafters.maxgram import BIGRAM_BUCKET
@@ -218,8 +218,8 @@ def test_greedy_parity_with_corpus(t, config, prompt):
     make = {
         "maxgram": lambda: CascadeAssistant([MaxGram(corpus=corpus)]),
         "maxgram_fixed": lambda: CascadeAssistant([MaxGram(adaptive=False, max_tokens=4, corpus=corpus)]),
-        "cascade_cost_aware": lambda: CascadeAssistant([t["noisy"], MaxGram(corpus=corpus)], k_matrix=[[3, 10], [0, 10]],
-                                                       maxgram_first=True, cost_aware=True),
+        "cascade_cost_aware": lambda: CascadeAssistant([t["noisy"], MaxGram(corpus=corpus)],
+                                                       settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]])),
         "cascade": lambda: CascadeAssistant([t["noisy"], MaxGram(adaptive=False, max_tokens=4, corpus=corpus)]),
     }[config]
     target = t["target"]

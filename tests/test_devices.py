@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
-from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideConfig, GlideForCausalLM, ReDrafterAssistant
+from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, DynamicWindowSettings, GlideConfig,
+                        GlideForCausalLM, GlideSettings, Loading, Policy, ReDrafterAssistant, ReDrafterSettings)
 from hf_cascade import placement
 from hf_cascade.core import TokenTree
 from hf_cascade.measure import measure_verify_cost
@@ -110,11 +111,12 @@ def test_bf16_target_cascade_and_hsddw_drafters_cast(pair):
     target, fp32 = pair["bf16"], pair["fp32"]
     expected = greedy(target)
     drafter = tm.noisy_copy(fp32, 0.3)
-    a = CascadeAssistant([drafter, MaxGram()], k_matrix=[[2, 4], [0, 4]])
+    a = CascadeAssistant([drafter, MaxGram()], settings=CascadeSettings(k_matrix=[[2, 4], [0, 4]]))
     assert greedy(target, a) == expected
     assert float_dtypes(drafter) == {torch.bfloat16} and sum(a.last_stats.accepted_per_call) > 0
     small, big = tm.noisy_copy(fp32, 0.3, seed=5), tm.noisy_copy(fp32, 0.1, seed=6)
-    a = DynamicWindowAssistant(small, big, tau_init=float("inf"), tau2_init=float("inf"))
+    a = DynamicWindowAssistant(small, big,
+                               settings=DynamicWindowSettings(tau_init=float("inf"), tau2_init=float("inf")))
     assert greedy(target, a) == expected
     assert float_dtypes(small) == float_dtypes(big) == {torch.bfloat16}
 
@@ -123,7 +125,8 @@ def test_bf16_target_cascade_and_hsddw_drafters_cast(pair):
 def test_bf16_target_glide_cast(pair, cape, free_drafts):
     target = pair["bf16"]
     glide = echo_glide(pair["fp32"])                                            # shares the target's embeddings
-    a = GlideAssistant(glide, cape=cape, verify_cost=None)       # drafts at every step
+    a = GlideAssistant(glide, settings=GlideSettings(cape=cape),
+                       policy=Policy(cost_aware=False))       # drafts at every step
     assert greedy(target, a) == greedy(target)
     assert {p.dtype for p in glide.parameters()} == {torch.bfloat16}
     assert sum(a.last_stats.accepted_per_call) > 0 or not cape          # (the echo GLIDE's chains miss on llama)
@@ -132,7 +135,8 @@ def test_bf16_target_glide_cast(pair, cape, free_drafts):
 def test_bf16_target_redrafter_cast(pair, free_drafts):
     target = pair["bf16"]
     head = copy.deepcopy(fit_head(pair["fp32"], pair["name"], steps=80))
-    a = ReDrafterAssistant(head, 4, 5, verify_cost=None)
+    a = ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=4, beam_length=5),
+                           policy=Policy(cost_aware=False))
     assert greedy(target, a) == greedy(target)
     assert {p.dtype for p in head.parameters()} == {torch.bfloat16}
     assert sum(a.last_stats.accepted_per_call) > 0
@@ -144,9 +148,11 @@ def test_place_drafters_false_leaves_drafters_untouched(pair):
     drafter = tm.noisy_copy(fp32, 0.3)
     glide = echo_glide(fp32)                                # fp32, sharing the bf16 target's embeddings and head
     head = copy.deepcopy(fit_head(fp32, pair["name"], steps=80))
-    for assistant, module in ((CascadeAssistant([drafter], place_drafters=False), drafter),
-                              (GlideAssistant(glide, place_drafters=False), glide),
-                              (ReDrafterAssistant(head, 2, 3, place_drafters=False), head)):
+    for assistant, module in ((CascadeAssistant([drafter], loading=Loading(place=False)), drafter),
+                              (GlideAssistant(glide, loading=Loading(place=False)), glide),
+                              (ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=2, beam_length=3),
+                                                  loading=Loading(place=False)),
+                               head)):
         before = {n: t for n, t in module.named_parameters()}
         assert greedy(target, assistant) == expected                            # drafting in fp32 works, exact
         assert all(t is before[n] and t.dtype == torch.float32 for n, t in module.named_parameters())
@@ -238,11 +244,11 @@ def test_flash_attention_tree_assistant_refused_before_any_forward(monkeypatch):
     assert calls == []
 
 
-@pytest.mark.measured_costs                     # VerifyCost() measured as users get it (tests/conftest.py: pinned_costs)
+@pytest.mark.measured_costs                     # the profile measured as users get it (tests/conftest.py: pinned_costs)
 @pytest.mark.parametrize("kind", ["glide", "redrafter"])
 def test_chain_workaround_under_flash_attention_measures_chains(kind, monkeypatch):
     """The documented workaround for flash attention (chains only: ``cape=False``, ``beam_width=1``) with the
-    default ``VerifyCost()``: its measurement verifies chains too (no tree mask reaches the model), and outputs
+    default ``Policy()``: its measured profile verifies chains too (no tree mask reaches the model), and outputs
     equal plain ``generate``. The backend is flash as the check reads it; the forwards run sdpa (no flash_attn
     here)."""
     from hf_cascade import measure
@@ -256,8 +262,8 @@ def test_chain_workaround_under_flash_attention_measures_chains(kind, monkeypatc
     masks = []
     handle = target.get_decoder().register_forward_pre_hook(
         lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True)
-    assistant = (GlideAssistant(echo_glide(target), cape=False) if kind == "glide"
-                 else ReDrafterAssistant(random_head(target), beam_width=1))
+    assistant = (GlideAssistant(echo_glide(target), settings=GlideSettings.chain()) if kind == "glide"
+                 else ReDrafterAssistant(random_head(target), settings=ReDrafterSettings(beam_width=1)))
     try:
         assert greedy(target, assistant, max_new_tokens=12) == plain
     finally:
@@ -277,7 +283,7 @@ def test_tree_mask_dtype_follows_the_embeddings(pair, impl):
         assert m.dtype == torch.bfloat16 and m.shape == (1, 1, 4, 10)
         assert float(m.min()) == torch.finfo(torch.bfloat16).min
     glide = echo_glide(pair["fp32"])
-    assert greedy(target, GlideAssistant(glide, cape=True)) == greedy(target)   # bf16 tree verification, exact
+    assert greedy(target, GlideAssistant(glide)) == greedy(target)   # bf16 tree verification, exact
 
 
 # -- clocks: synchronised before reading --------------------------------------------------------------------
@@ -325,8 +331,9 @@ def test_decoding_phases_synchronise_the_targets_accelerator(kind, monkeypatch):
     plain = greedy(target, max_new_tokens=12)
     assert calls == []
     monkeypatch.setattr(placement, "accelerators", lambda module: (torch.device("cuda", 0),) if module is target else ())
-    assistant = (GlideAssistant(echo_glide(target), cape=True) if kind == "glide"
-                 else CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()], k_matrix=[[2, 4], [0, 4]]))
+    assistant = (GlideAssistant(echo_glide(target)) if kind == "glide"
+                 else CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()],
+                                       settings=CascadeSettings(k_matrix=[[2, 4], [0, 4]])))
     assert greedy(target, assistant, max_new_tokens=12) == plain
     timed = assistant.last_stats.phase_seconds
     assert {"prefill", "draft", "verify", "accept", "update"} <= set(timed)
@@ -339,7 +346,8 @@ def test_timed_forwards_synchronise(monkeypatch):
     calls = []
     monkeypatch.setattr(neural, "synchronize", lambda device=None: calls.append(device))
     target = tm.llama_target()
-    a = CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()], k_matrix=[[2, 4], [0, 4]], maxgram_first=False)   # reviews
+    a = CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()], settings=CascadeSettings(k_matrix=[[2, 4], [0, 4]]),
+                         policy=Policy(lookup=False))   # reviews
     out = greedy(target, a, max_new_tokens=12)
     assert out == greedy(target, max_new_tokens=12)
     assert calls and len(calls) % 2 == 0 and set(calls) == {torch.device("cpu")}  # around each review forward
@@ -365,10 +373,9 @@ def test_verify_cost_measurement_synchronises_and_default_is_measured_per_device
     monkeypatch.setattr(measure, "_MEASURED", {})
     measured = []
     monkeypatch.setattr(measure, "measure_verify_cost", lambda m, **kw: measured.append(kw) or cost)
-    unmeasured = VerifyCost()
-    with pytest.raises(RuntimeError, match="measured"):
-        unmeasured(3)
-    assert measure.bound_verify_cost(unmeasured, model) is cost and measure.bound_verify_cost(unmeasured, model) is cost
+    assert measure.bound_verify_cost(Policy(), model) is cost and measure.bound_verify_cost(Policy(), model) is cost
     assert len(measured) == 1 and measured[0]["grid"] == measure.QUICK_GRID       # measured once per device kind
-    assert measure.bound_verify_cost(VerifyCost.reference(), model) == VerifyCost.reference()
-    assert measure.bound_verify_cost(None, model) is None
+    given = Policy(verify_cost=VerifyCost.reference())
+    assert measure.bound_verify_cost(given, model) == VerifyCost.reference()      # a given profile: not measured
+    assert measure.bound_verify_cost(Policy(cost_aware=False), model) is None     # no cost rule: nothing measured
+    assert len(measured) == 1

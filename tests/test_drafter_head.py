@@ -11,7 +11,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
 import hf_cascade
-from hf_cascade import CascadeAssistant, CascadeDrafterConfig, CascadeDrafterForCausalLM, MaxGram
+from hf_cascade import (CascadeAssistant, CascadeDrafterConfig, CascadeDrafterForCausalLM, CascadeSettings, MaxGram,
+                        Policy)
 from hf_cascade.cascade.drafter import _Drafted
 from hf_cascade.heads.hub import load_head, save_hub
 from hf_cascade.core.stats import GenerationStats
@@ -197,7 +198,8 @@ def test_greedy_parity(target, kind, prompt):
     assert got.tolist() == expected.tolist()
     assert assistant.last_stats.levels[0].forward_calls >= 1
     if kind == "restricted_copy":   # the paper's fixed lengths: the default's measured costs may rightly refuse
-        fixed = CascadeAssistant([drafter, MaxGram()], cost_aware=False)     # a drafter as slow as the target
+        fixed = CascadeAssistant([drafter, MaxGram()],
+                                 policy=Policy(cost_aware=False))     # a drafter as slow as the target
         got = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=fixed)
         assert got.tolist() == expected.tolist() and sum(fixed.last_stats.accepted_per_call) > 0
 
@@ -235,8 +237,9 @@ def test_greedy_parity_drafting_below_maxgram(target, prompt):
     """The drafter drafts autoregressively (the reduced greedy path) after Max-Gram's match."""
     drafter = restricted_copy(target)
     expected = target.generate(prompt, do_sample=False, max_new_tokens=20)
-    for kw in ({"maxgram_first": True}, {"maxgram_first": True, "cost_aware": True}):
-        assistant = CascadeAssistant([drafter, MaxGram()], k_matrix=[[3, 10], [0, 10]], **kw)
+    for policy in (Policy(cost_aware=False), Policy()):
+        assistant = CascadeAssistant([drafter, MaxGram()], settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]]),
+                                     policy=policy)
         got = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=assistant)
         assert got.tolist() == expected.tolist()
         assert assistant.last_stats.levels[0].forward_calls >= 1
@@ -245,7 +248,7 @@ def test_greedy_parity_drafting_below_maxgram(target, prompt):
 def test_cost_aware_calibration_learns_from_the_targets_verdicts(target):
     """Only the smallest neural drafter's tokens the target reached teach the calibration: here a draft
     [Max-Gram, Max-Gram, drafter p=.5, drafter p=.7, drafter p=.9] of which the target accepted 3."""
-    assistant = CascadeAssistant([restricted_copy(target), MaxGram()], maxgram_first=True, cost_aware=True)
+    assistant = CascadeAssistant([restricted_copy(target), MaxGram()])
     gen = assistant.build(target, GenerationConfig(do_sample=False, max_length=64), LogitsProcessorList(), GenerationStats())
     d = _Drafted.empty(ids(1)[0], tm.VOCAB, do_sample=False)
     d.append(ids(5, 6)[0], torch.ones(2), None, origin=1, lenient=False)

@@ -6,7 +6,13 @@ import pytest
 import torch
 from transformers import StaticCache
 
-from hf_cascade import CascadeAssistant, LossyLenientTarget, MaxGram
+from hf_cascade import (
+    CascadeAssistant,
+    CascadeSettings,
+    Loading,
+    LossyLenientTarget,
+    MaxGram,
+)
 from hf_cascade.compat import CACHE
 from hf_cascade.core.static import static_rollback_supported
 from hf_cascade.drafters.neural import check_same_vocabulary
@@ -49,13 +55,13 @@ def test_different_tokenizer_is_detected_when_both_are_given(target):
     """``CascadeAssistant(tokenizer=...)`` promises an exact vocabulary check when
     ``generate(..., tokenizer=...)`` is also given."""
     drafter = tm.copy_model(target)
-    assistant = CascadeAssistant([drafter], tokenizer=tm.word_tokenizer(tm.VOCAB - 6))
+    assistant = CascadeAssistant([drafter], loading=Loading(tokenizer=tm.word_tokenizer(tm.VOCAB - 6)))
     with pytest.raises(ValueError, match="different tokenizer"):
         gen(target, assistant, tokenizer=tm.word_tokenizer())
 
 
 def test_same_tokenizer_is_fine(target):
-    assistant = CascadeAssistant([tm.copy_model(target)], tokenizer=tm.word_tokenizer())
+    assistant = CascadeAssistant([tm.copy_model(target)], loading=Loading(tokenizer=tm.word_tokenizer()))
     out = gen(target, assistant, tokenizer=tm.word_tokenizer())
     assert out.shape[1] == PROMPT.shape[1] + 5
 
@@ -130,13 +136,13 @@ def test_no_cache(target):
 )
 def test_bad_k_matrix(target, k, message):
     with pytest.raises(ValueError, match=message):
-        CascadeAssistant([tm.copy_model(target), MaxGram()], k_matrix=k)
+        CascadeAssistant([tm.copy_model(target), MaxGram()], settings=CascadeSettings(k_matrix=k))
 
 
 @pytest.mark.parametrize("lenience", [0.0, 0.5, 0.999, -1.0])
 def test_lenience_below_one(target, lenience):
     with pytest.raises(ValueError, match="lenience must be >= 1"):
-        CascadeAssistant([tm.copy_model(target), MaxGram()], lenience=lenience)
+        CascadeAssistant([tm.copy_model(target), MaxGram()], settings=CascadeSettings(lenience=lenience))
     with pytest.raises(ValueError, match="lenience must be >= 1"):
         LossyLenientTarget(lenience)
 

@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
+from hf_cascade import GlideSettings, Policy
 from hf_cascade.glide import CapeSettings, GlideAssistant, GlideDrafter, GlideStats, cap_expansions, expanded_proposal
 from hf_cascade.glide import expansion_sets
 from hf_cascade.core import tree_attention_mask, tree_position_ids, verify_tree
@@ -128,7 +129,8 @@ CASES = [("llama", 0.0, 1), ("gemma3", 0.3, 2)]          # ("gemma3", 0.3, 1): t
 @pytest.mark.parametrize("cape", [False, True])
 def test_greedy_parity(targets, name, cross, layers, cape):
     target = targets[name]
-    a = GlideAssistant(echo_glide(target, cross, layers), cape=cape, cpu_kernels=False, verify_cost=None)   # the paper's shape
+    a = GlideAssistant(echo_glide(target, cross, layers), settings=GlideSettings(cape=cape),
+                       policy=Policy(cost_aware=False), cpu_kernels=False)   # the paper's shape
     accepted = rejected = expansions = 0
     for prompt in (ids(1, 5, 9), ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39)):
         expected = target.generate(prompt, do_sample=False, max_new_tokens=32)
@@ -153,7 +155,7 @@ def test_greedy_parity(targets, name, cross, layers, cape):
 @pytest.mark.parametrize("cape", [False, True])
 def test_greedy_parity_eos_and_max_length_cuts(targets, cape):
     target = targets["gemma3"]
-    a = GlideAssistant(echo_glide(target, 0.3), cape=cape, cpu_kernels=False)
+    a = GlideAssistant(echo_glide(target, 0.3), settings=GlideSettings(cape=cape), cpu_kernels=False)
     prompt = ids(1, 5, 9)
     plain = target.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0, 3:].tolist()
     eos = next(t for t in plain[8:] if t not in plain[:8])                 # first appears after 8 new tokens
@@ -172,8 +174,10 @@ def test_min_confidence_stops_the_main_path(targets, cape):
     chain leaves that token out, CAPE verifies it with its expansions. Outputs stay those of plain."""
     target = targets["gemma3"]
     mc = 0.5
-    a = GlideAssistant(echo_glide(target, 0.3), cape=cape, min_confidence=mc, min_expansion_prob=0.3, cpu_kernels=False,
-                       verify_cost=None)
+    a = GlideAssistant(echo_glide(target, 0.3),
+                       settings=GlideSettings(cape=CapeSettings(min_prob=0.3) if cape else None,
+                                                                   min_confidence=mc),
+                       policy=Policy(cost_aware=False), cpu_kernels=False)
     for prompt in (ids(1, 5, 9), ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39)):
         expected = target.generate(prompt, do_sample=False, max_new_tokens=32)
         got = target.generate(prompt, do_sample=False, max_new_tokens=32, assistant_model=a)
@@ -193,7 +197,7 @@ def test_min_confidence_stops_the_main_path(targets, cape):
 
 @pytest.mark.parametrize("cape", [False, True])
 def test_verify_cost_verifies_what_pays_and_keeps_parity(targets, cape, free_drafts):
-    """``verify_cost`` (the default, hf_cascade.core.payoff; not in the paper): where verified rows are cheap each
+    """``Policy.cost_aware`` (the default, hf_cascade.core.payoff; not in the paper): where verified rows are cheap each
     step verifies an ancestor-closed subset of the drafted tree; where they are dear the drafter mostly stays
     off (a plain step, with a few exploring drafts); outputs stay those of plain generate either way. (Draft
     forwards cost nothing here: ``free_drafts``.)"""
@@ -202,7 +206,8 @@ def test_verify_cost_verifies_what_pays_and_keeps_parity(targets, cape, free_dra
     target = targets["gemma3"]
     prompts = (ids(1, 5, 9), ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39))
     for profile, drafting in (((1.0, 1.0, 1.02, 1.05, 1.1, 1.2), True), ((1.0, 3.0, 3.5, 4.0), False)):
-        a = GlideAssistant(echo_glide(target, 0.3), cape=cape, verify_cost=VerifyCost(profile), cpu_kernels=False)
+        a = GlideAssistant(echo_glide(target, 0.3), settings=GlideSettings(cape=cape),
+                           policy=Policy(verify_cost=VerifyCost(profile)), cpu_kernels=False)
         drafted = verified = accepted = skipped = calls = 0
         for prompt in prompts:
             expected = target.generate(prompt, do_sample=False, max_new_tokens=32)
@@ -218,7 +223,7 @@ def test_verify_cost_verifies_what_pays_and_keeps_parity(targets, cape, free_dra
         else:
             assert skipped > calls / 2
     with pytest.raises(TypeError, match="VerifyCost"):
-        GlideAssistant(echo_glide(target), verify_cost=(1.0, 1.5))
+        GlideAssistant(echo_glide(target), policy=Policy(verify_cost=(1.0, 1.5)))
 
 
 # -- the glimpse and the draft cache -----------------------------------------------------------------------
@@ -258,7 +263,7 @@ class Spy(GlideDrafter):
 def test_glimpse_without_copy_and_cache_rollback(targets, monkeypatch):
     target = targets["gemma3"]
     monkeypatch.setattr("hf_cascade.glide.assistant.GlideDrafter", Spy)
-    a = GlideAssistant(echo_glide(target, 0.3), cape=True, cpu_kernels=False, verify_cost=None)
+    a = GlideAssistant(echo_glide(target, 0.3), policy=Policy(cost_aware=False), cpu_kernels=False)
     prompt = ids(1, 5, 9, 13)
     expected = target.generate(prompt, do_sample=False, max_new_tokens=30)
     Spy.steps = 0
@@ -269,8 +274,8 @@ def test_glimpse_without_copy_and_cache_rollback(targets, monkeypatch):
 
 def test_stats_as_data(targets):
     target = targets["gemma3"]
-    a = GlideAssistant(echo_glide(target, 0.3), cape=True, draft_length=3, max_tree_nodes=12, cpu_kernels=False,
-                       verify_cost=None)
+    a = GlideAssistant(echo_glide(target, 0.3), settings=GlideSettings(draft_length=3, cape=CapeSettings(max_nodes=12)),
+                       policy=Policy(cost_aware=False), cpu_kernels=False)
     target.generate(ids(1, 5, 9), do_sample=False, max_new_tokens=30, assistant_model=a)
     s = a.last_stats
     assert max(s.tree_sizes) <= 12 and max(s.main_lengths) <= 3
@@ -295,6 +300,6 @@ def test_errors(targets, small):
     with pytest.raises(TypeError, match="GlideForCausalLM"):
         GlideAssistant(targets["llama"])
     with pytest.raises(ValueError, match="draft_length"):
-        GlideAssistant(g, draft_length=0)
+        GlideAssistant(g, settings=GlideSettings(draft_length=0))
     with pytest.raises(ValueError, match="thresholds"):
-        GlideAssistant(g, cape_sizes=(3, 1), cape_thresholds=(1.5,))
+        GlideAssistant(g, settings=GlideSettings(cape=CapeSettings(sizes=(3, 1), thresholds=(1.5,))))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_cascade import CapeSettings, GlideSettings, Policy
 from hf_cascade.glide import GlideAssistant
 from hf_cascade.core.payoff import VerifyCost
 from tests.test_glide_decode import echo_glide
@@ -19,11 +20,13 @@ from tests.test_sampling import calibration, passes, run_long, small  # noqa: F4
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 
-@pytest.mark.parametrize("cape,kw,extra", [(True, {}, {"min_confidence": 0.4, "min_expansion_prob": 0.05, "verify_cost": None}),
-                                           (True, {"temperature": 1.3}, {"verify_cost": VerifyCost((1.0, 1.0, 1.0, 1.0, 1.2))})])
-def test_sampling_calibration(small, cape, kw, extra, free_drafts):
+@pytest.mark.parametrize("kw,settings,policy", [
+    ({}, GlideSettings(3, CapeSettings(max_nodes=10, min_prob=0.05), min_confidence=0.4), Policy(cost_aware=False)),
+    ({"temperature": 1.3}, GlideSettings(3, CapeSettings(max_nodes=10)),
+     Policy(verify_cost=VerifyCost((1.0, 1.0, 1.0, 1.0, 1.2))))])
+def test_sampling_calibration(small, kw, settings, policy, free_drafts):
     target = small["target"]
-    a = GlideAssistant(echo_glide(target, 0.3), cape=cape, draft_length=3, max_tree_nodes=10, cpu_kernels=False, **extra)
+    a = GlideAssistant(echo_glide(target, 0.3), settings=settings, policy=policy, cpu_kernels=False)
     seqs = run_long(target, a, 6, 80, 0, **kw)
     stats = calibration(target, None, seqs, SPROMPT.shape[1], kw.get("temperature", 1.0), kw.get("top_k"))
     assert stats["n"] == 6 * 80 and passes(stats), stats
@@ -51,7 +54,8 @@ def test_drawn_main_path_is_exact(always_draw, cape):
     glide = echo_glide(target, 0.0)
 
     def make():
-        return GlideAssistant(glide, cape=cape, verify_cost=None, cpu_kernels=False)   # drafts at every step
+        return GlideAssistant(glide, settings=GlideSettings(cape=cape), policy=Policy(cost_aware=False),
+                              cpu_kernels=False)   # drafts at every step
 
     for sampling in ({}, SAMPLING_KW):
         joint = joint_test(target, make(), runs=JOINT_RUNS, seed=1000, **sampling)
@@ -82,7 +86,7 @@ def test_drawn_main_path_with_lookup_seeds_is_exact(always_draw, monkeypatch):
     monkeypatch.setattr(LookupBranch, "select", spy)
 
     def make():
-        return GlideAssistant(glide, cape=True, verify_cost=VerifyCost.flat(), cpu_kernels=False)
+        return GlideAssistant(glide, policy=Policy(verify_cost=VerifyCost.flat()), cpu_kernels=False)
 
     for sampling in ({}, SAMPLING_KW):
         joint = joint_test(target, make(), runs=JOINT_RUNS, seed=2000, **sampling)
@@ -105,7 +109,8 @@ def test_joint_law_detects_a_glide_lying_about_its_draws(always_draw, monkeypatc
     glide = echo_glide(target, 0.0)
 
     def make():
-        return GlideAssistant(glide, cape=cape, verify_cost=None, cpu_kernels=False)   # drafts at every step
+        return GlideAssistant(glide, settings=GlideSettings(cape=cape), policy=Policy(cost_aware=False),
+                              cpu_kernels=False)   # drafts at every step
 
     honest = glide_drafter.draw
     assert passes(joint_test(target, make(), runs=JOINT_RUNS, seed=1000))
@@ -126,7 +131,8 @@ def test_glide_draws_only_while_draws_pay(small, monkeypatch):
     from hf_cascade.glide.drafter import GlideDrafter
 
     target = small["target"]
-    a = GlideAssistant(echo_glide(target, 0.0), cape=False, draft_length=3, verify_cost=None, cpu_kernels=False)
+    a = GlideAssistant(echo_glide(target, 0.0), settings=GlideSettings.chain(draft_length=3),
+                       policy=Policy(cost_aware=False), cpu_kernels=False)
     honest, seen = GlideDrafter.draft_tree, []
 
     def spy(self, seq, state):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from hf_cascade import GlideSettings
 from hf_cascade.glide import GlideAssistant
 from hf_cascade.heads.hub import load_head
 from hf_cascade.training import DistillStore
@@ -80,7 +81,7 @@ def test_reload_identical_logits_and_generate(trained, target):
         kv = model.target_kv(target(x[:, :5], use_cache=True).past_key_values)
         assert torch.equal(reloaded(x, target_key_values=kv).logits, model.eval()(x, target_key_values=kv).logits)
     for cape in (True, False):
-        a = GlideAssistant(out, cape=cape, cpu_kernels=False)
+        a = GlideAssistant(out, settings=GlideSettings(cape=cape), cpu_kernels=False)
         for prompt in (ids(1, 5, 9), ids(1, 50, 51, 52, 53, 54)):
             expected = target.generate(prompt, do_sample=False, max_new_tokens=16)
             got = target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=a)
@@ -102,7 +103,7 @@ def test_baseline_without_cross_attention(baseline, trained, target):
     assert "without cross-attention" in (out / "README.md").read_text()
     reloaded = load_head(out)
     assert reloaded.config.cross_attention is False
-    a = GlideAssistant(reloaded, cape=True, cpu_kernels=False)
+    a = GlideAssistant(reloaded, cpu_kernels=False)
     prompt = ids(1, 5, 9)
     expected = target.generate(prompt, do_sample=False, max_new_tokens=16)
     assert target.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=a).tolist() == expected.tolist()

@@ -12,14 +12,13 @@ from transformers import TextStreamer, pipeline
 from transformers.generation.streamers import BaseStreamer
 
 import hf_cascade
-from hf_cascade import CascadeAssistant, MaxGram
+from hf_cascade import CascadeAssistant, CascadeSettings, MaxGram, Policy
 from hf_cascade.core.payoff import CostModel
 from tests import tiny_models as tm
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 #: The paper's cascade (fixed K-matrix lengths, largest drafter first): what these tests of Algorithm 1 count on;
 #: the defaults (``maxgram_first``, ``cost_aware``) admit a drafter's tokens only where they pay on this machine.
-PAPER = dict(maxgram_first=False, cost_aware=False)
 
 REPETITIVE = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
 ONE_TOKEN = ids(9)
@@ -79,27 +78,40 @@ CONFIGS = {
     "drafter+maxgram": lambda m: CascadeAssistant([m["trunc"], MaxGram()]),
     "noisy+maxgram_fixed": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=4)]),
     "drafter": lambda m: CascadeAssistant([m["noisy"]]),
-    "drafter_k5": lambda m: CascadeAssistant([m["trunc"]], k_matrix=[[5]]),
+    "drafter_k5": lambda m: CascadeAssistant([m["trunc"]], settings=CascadeSettings(k_matrix=[[5]])),
     "big+small+maxgram": lambda m: CascadeAssistant([m["big"], m["trunc"], MaxGram()]),
-    "big+small": lambda m: CascadeAssistant([m["big"], m["noisy"]], k_matrix=[[3, 1], [0, 2]]),
-    "k_1_5_0_3": lambda m: CascadeAssistant([m["noisy"], mg_fixed()], k_matrix=[[1, 5], [0, 3]]),
-    "k_4_0_0_1": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False)], k_matrix=[[4, 0], [0, 1]]),
-    "k_unused_drafter": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False)], k_matrix=[[0, 10], [0, 0]]),
-    "lenience3": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=5)], lenience=3.0),
-    "lenience3_drafters": lambda m: CascadeAssistant([m["big"], m["noisy"], mg_fixed()], lenience=3.0),
-    "lenience3_k": lambda m: CascadeAssistant([m["big"], m["noisy"]], k_matrix=[[4, 2], [0, 3]], lenience=3.0),
-    "maxgram_lenient_conf": lambda m: CascadeAssistant([m["noisy"], mg_fixed()], k_matrix=[[4, 10], [0, 10]],
-                                                      maxgram_lenience=float("inf"), min_confidence=0.4),
-    "maxgram_first": lambda m: CascadeAssistant([m["noisy"], mg_fixed()], k_matrix=[[3, 10], [0, 10]],
-                                                maxgram_first=True, min_confidence=0.3),
-    "maxgram_first_drop_unsure": lambda m: CascadeAssistant([m["noisy"], mg_fixed()], k_matrix=[[3, 10], [0, 10]],
-                                                            maxgram_first=True, min_confidence=0.3, keep_unsure=False),
-    "maxgram_first_cost_aware": lambda m: CascadeAssistant([m["noisy"], MaxGram()], k_matrix=[[6, 10], [0, 10]],
-                                                           maxgram_first=True, cost_aware=True),
-    "maxgram_first_two": lambda m: CascadeAssistant([m["big"], m["noisy"], MaxGram()], maxgram_first=True),
-    "maxgram_lenience2": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=5)], maxgram_lenience=2.0),
+    "big+small": lambda m: CascadeAssistant([m["big"], m["noisy"]],
+                                            settings=CascadeSettings(k_matrix=[[3, 1], [0, 2]])),
+    "k_1_5_0_3": lambda m: CascadeAssistant([m["noisy"], mg_fixed()],
+                                            settings=CascadeSettings(k_matrix=[[1, 5], [0, 3]])),
+    "k_4_0_0_1": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False)],
+                                            settings=CascadeSettings(k_matrix=[[4, 0], [0, 1]])),
+    "k_unused_drafter": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False)],
+                                                   settings=CascadeSettings(k_matrix=[[0, 10], [0, 0]])),
+    "lenience3": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=5)],
+                                            settings=CascadeSettings(lenience=3.0)),
+    "lenience3_drafters": lambda m: CascadeAssistant([m["big"], m["noisy"], mg_fixed()],
+                                                     settings=CascadeSettings(lenience=3.0)),
+    "lenience3_k": lambda m: CascadeAssistant([m["big"], m["noisy"]],
+                                              settings=CascadeSettings(k_matrix=[[4, 2], [0, 3]], lenience=3.0)),
+    "maxgram_lenient_conf": lambda m: CascadeAssistant([m["noisy"], mg_fixed()],
+                                                       settings=CascadeSettings(k_matrix=[[4, 10], [0, 10]],
+                                                                                maxgram_lenience=float("inf"),
+                                                                                min_confidence=0.4)),
+    "maxgram_first": lambda m: CascadeAssistant([m["noisy"], mg_fixed()],
+                                                settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]],
+                                                                         min_confidence=0.3)),
+    "maxgram_first_drop_unsure": lambda m: CascadeAssistant([m["noisy"], mg_fixed()],
+                                                            settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]],
+                                                                                     min_confidence=0.3,
+                                                                                     keep_unsure=False)),
+    "maxgram_first_cost_aware": lambda m: CascadeAssistant([m["noisy"], MaxGram()],
+                                                           settings=CascadeSettings(k_matrix=[[6, 10], [0, 10]])),
+    "maxgram_first_two": lambda m: CascadeAssistant([m["big"], m["noisy"], MaxGram()]),
+    "maxgram_lenience2": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=5)],
+                                                    settings=CascadeSettings(maxgram_lenience=2.0)),
     "padded_drafter": lambda m: CascadeAssistant([m["padded"], MaxGram()]),
-    "padded_drafter_alone": lambda m: CascadeAssistant([m["padded"]], k_matrix=[[3]]),
+    "padded_drafter_alone": lambda m: CascadeAssistant([m["padded"]], settings=CascadeSettings(k_matrix=[[3]])),
 }
 
 
@@ -124,23 +136,24 @@ def test_maxgram_drafts_are_accepted_and_rejected(m):
 
 
 def test_neural_drafts_rejected_sometimes(m):
-    a = CascadeAssistant([m["noisy"]], k_matrix=[[3]], **PAPER)
+    a = CascadeAssistant([m["noisy"]], settings=CascadeSettings(k_matrix=[[3]]), policy=Policy.paper())
     stats = assert_parity(m["target"], REPETITIVE, a)
     assert 0 < sum(stats.accepted_per_call) < sum(stats.draft_len_per_call)
 
 
 def test_long_generation_through_sliding_window(m):
     """Sequences several times the sliding window (8 on Gemma3): drafter caches roll back through it."""
-    for a in (CascadeAssistant([m["trunc"], MaxGram()]), CascadeAssistant([m["noisy"]], k_matrix=[[6]])):
+    for a in (CascadeAssistant([m["trunc"], MaxGram()]),
+              CascadeAssistant([m["noisy"]], settings=CascadeSettings(k_matrix=[[6]]))):
         assert_parity(m["target"], REPETITIVE, a, max_new_tokens=60)
 
 
 # -- counts --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make, neural_tokens", [
-    (lambda m: CascadeAssistant([m["copy"]], **PAPER), 2),
-    (lambda m: CascadeAssistant([m["copy"]], k_matrix=[[4]], **PAPER), 4),
-    (lambda m: CascadeAssistant([m["copy"], MaxGram(adaptive=False)], **PAPER), 2),
+    (lambda m: CascadeAssistant([m["copy"]], policy=Policy.paper()), 2),
+    (lambda m: CascadeAssistant([m["copy"]], settings=CascadeSettings(k_matrix=[[4]]), policy=Policy.paper()), 4),
+    (lambda m: CascadeAssistant([m["copy"], MaxGram(adaptive=False)], policy=Policy.paper()), 2),
 ], ids=["copy", "copy_k4", "copy+maxgram"])
 def test_drafter_equal_to_target_accepts_everything(m, make, neural_tokens):
     a = make(m)
@@ -154,7 +167,7 @@ def test_drafter_equal_to_target_accepts_everything(m, make, neural_tokens):
 
 
 def test_drafter_equal_to_target_count_is_exact(m):
-    a = CascadeAssistant([m["copy"]], k_matrix=[[2]], **PAPER)
+    a = CascadeAssistant([m["copy"]], settings=CascadeSettings(k_matrix=[[2]]), policy=Policy.paper())
     stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=30)
     # 30 tokens, 3 per target call (2 drafts + 1 bonus)
     assert stats.target_calls == 10
@@ -171,10 +184,10 @@ def test_eos_inside_a_draft(m, config):
     eos = free[6]  # a token the model emits (our targets loop, so it recurs in drafts)
     first = free.index(eos)
     assistant = {
-        "copy_k6": lambda: CascadeAssistant([m["copy"]], k_matrix=[[6]]),
+        "copy_k6": lambda: CascadeAssistant([m["copy"]], settings=CascadeSettings(k_matrix=[[6]])),
         "copy+maxgram": lambda: CascadeAssistant([m["copy"], MaxGram(adaptive=False)]),
         "maxgram_fixed10": lambda: CascadeAssistant([MaxGram(adaptive=False)]),
-        "noisy": lambda: CascadeAssistant([m["noisy"]], k_matrix=[[5]]),
+        "noisy": lambda: CascadeAssistant([m["noisy"]], settings=CascadeSettings(k_matrix=[[5]])),
     }[config]()
     expected = plain(target, REPETITIVE, max_new_tokens=40, eos_token_id=eos)
     got = ours(target, REPETITIVE, assistant, max_new_tokens=40, eos_token_id=eos)
@@ -187,7 +200,7 @@ def test_eos_inside_a_draft(m, config):
 @pytest.mark.parametrize("config", ["copy_k4", "copy+maxgram", "maxgram_fixed10"])
 def test_max_new_tokens_reached_mid_draft(m, new, config):
     assistant = {
-        "copy_k4": lambda: CascadeAssistant([m["copy"]], k_matrix=[[4]]),
+        "copy_k4": lambda: CascadeAssistant([m["copy"]], settings=CascadeSettings(k_matrix=[[4]])),
         "copy+maxgram": lambda: CascadeAssistant([m["copy"], MaxGram(adaptive=False)]),
         "maxgram_fixed10": lambda: CascadeAssistant([MaxGram(adaptive=False)]),
     }[config]()

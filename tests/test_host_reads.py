@@ -22,7 +22,9 @@ import torch
 
 import hf_cascade
 import hf_cascade.placement
-from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
+from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, DynamicWindowSettings,
+                        GlideAssistant, GlideSettings, MaxGram, Policy, ReDrafterAssistant, ReDrafterSettings,
+                        RecyclingSettings)
 from hf_cascade import placement
 from hf_cascade.bench.overhead import SCALAR_READS, ReadCounter        # the one counter (also bench --overhead's)
 from hf_cascade.core import TokenTree
@@ -30,7 +32,7 @@ from hf_cascade.core.payoff import VerifyCost
 from hf_cascade.core.accept import greedy_tree_accept, sampling_tree_accept
 from hf_cascade.core.stats import LevelStats
 from hf_cascade.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
-from hf_cascade.recycling import RecyclingAssistant
+from hf_cascade.recycling import RecyclingAssistant, RecyclingShape
 from hf_cascade.drafters.neural import NeuralLevel
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head
@@ -84,25 +86,30 @@ def copy_of(target):
 def _glide(target, cape, n, lookup=False):
     # cross 0: accepted on Llama; the budget's path with a flat profile (a profile measured on a tiny model may
     # prune the long chains this test needs)
-    return GlideAssistant(echo_glide(target, 0.0), cape=cape, draft_length=n, verify_cost=VerifyCost.flat(),
-                          lookup=lookup)
+    return GlideAssistant(echo_glide(target, 0.0), settings=GlideSettings(cape=cape, draft_length=n),
+                          policy=Policy(verify_cost=VerifyCost.flat(), lookup=lookup))
 
 
 # name -> (factory(target, draft length), prompt on which long drafts get accepted)
 SETTINGS = {
     # Max-Gram alone (a chain through the core), at most 2 / 10 tokens per draft (K = [[k]])
-    "maxgram": (lambda t, n: CascadeAssistant([MaxGram(adaptive=False, max_tokens=10)], k_matrix=[[n]]), CYCLE),
+    "maxgram": (lambda t, n: CascadeAssistant([MaxGram(adaptive=False, max_tokens=10)],
+                                              settings=CascadeSettings(k_matrix=[[n]])), CYCLE),
     # a neural drafter (its k forwards per draft on the device, read once) and SD + self-verify windows of n
-    "drafter": (lambda t, n: CascadeAssistant([copy_of(t)], k_matrix=[[n]], cost_aware=False), CYCLE),
-    "dynamic_window": (lambda t, n: DynamicWindowAssistant(copy_of(t), max_window=n, tau_init=float("inf")), CYCLE),
+    "drafter": (lambda t, n: CascadeAssistant([copy_of(t)], settings=CascadeSettings(k_matrix=[[n]]),
+                                              policy=Policy(cost_aware=False)), CYCLE),
+    "dynamic_window": (lambda t, n: DynamicWindowAssistant(
+        copy_of(t), settings=DynamicWindowSettings(max_window=n, tau_init=float("inf"))), CYCLE),
     "glide": (lambda t, n: _glide(t, False, n), REPETITIVE),
     "glide_cape": (lambda t, n: _glide(t, True, n), REPETITIVE),
     "maxgram_tree": (lambda t, n: MaxGramTreeAssistant(branches=2, depth=n), CYCLE),
     # the recycled table's one top-k read per step, whatever the tree's depth
-    "recycling": (lambda t, n: RecyclingAssistant(max_depth=n, verify_cost=VerifyCost.flat()), CYCLE),
+    "recycling": (lambda t, n: RecyclingAssistant(settings=RecyclingSettings(RecyclingShape(max_depth=n)),
+                                                  policy=Policy(verify_cost=VerifyCost.flat())), CYCLE),
     # the budget's path with a flat profile, as GLIDE's above
-    "redrafter": (lambda t, n: ReDrafterAssistant(fit_head(t, "llama", steps=80), beam_width=2, beam_length=n,
-                                                  verify_cost=VerifyCost.flat(), lookup=False), CYCLE),
+    "redrafter": (lambda t, n: ReDrafterAssistant(fit_head(t, "llama", steps=80),
+                                                  settings=ReDrafterSettings(beam_width=2, beam_length=n),
+                                                  policy=Policy(verify_cost=VerifyCost.flat(), lookup=False)), CYCLE),
 }
 
 
@@ -269,11 +276,15 @@ def test_accelerator_schedule_sampling_is_lossless(small, monkeypatch, name):
     """The deferred-read drafting loops (forced on this CPU) keep speculative sampling exact."""
     monkeypatch.setattr(placement, "DEFER_READS", True)
     assistant, drafter, kw = {
-        "drafter_alone": (CascadeAssistant([small["noisy"]], k_matrix=[[3]], cost_aware=False), "noisy", {"temperature": 0.8}),
+        "drafter_alone": (CascadeAssistant([small["noisy"]], settings=CascadeSettings(k_matrix=[[3]]),
+                                           policy=Policy(cost_aware=False)),
+                          "noisy", {"temperature": 0.8}),
         "maxgram_first_drop_unsure": (CascadeAssistant([small["noisy"], MaxGram(adaptive=False, max_tokens=3)],
-                                                       k_matrix=[[2, 3], [0, 3]], maxgram_first=True,
-                                                       min_confidence=0.3, keep_unsure=False), "noisy", {}),
-        "hsddw": (DynamicWindowAssistant(small["noisy"], small["noisy2"], max_window=3, tau_init=1.0, tau2_init=1.0),
+                                                       settings=CascadeSettings(k_matrix=[[2, 3], [0, 3]],
+                                                                                min_confidence=0.3, keep_unsure=False)),
+                                      "noisy", {}),
+        "hsddw": (DynamicWindowAssistant(small["noisy"], small["noisy2"],
+                                         settings=DynamicWindowSettings(max_window=3, tau_init=1.0, tau2_init=1.0)),
                   None, {}),
     }[name]
     seqs = run_long(small["target"], assistant, 8, 100, 0, **kw)
@@ -285,7 +296,8 @@ def test_accelerator_schedule_sampling_is_lossless(small, monkeypatch, name):
 # -- Max-Gram's greedy chain path: one read per target call (issue 55) -------------------------------------------------
 
 @pytest.mark.parametrize("make", [lambda: CascadeAssistant([MaxGram()], cpu_kernels=False),
-                                  lambda: CascadeAssistant([MaxGram(adaptive=False, max_tokens=10)], k_matrix=[[10]],
+                                  lambda: CascadeAssistant([MaxGram(adaptive=False, max_tokens=10)],
+                                                           settings=CascadeSettings(k_matrix=[[10]]),
                                                            cpu_kernels=False)],
                          ids=["defaults", "fixed_10"])
 def test_maxgram_chain_reads_once_per_target_call(target, monkeypatch, make):

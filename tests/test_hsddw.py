@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import pipeline
 
-from hf_cascade import DynamicWindowAssistant, DynamicWindowStats, MaxGram
+from hf_cascade import DynamicWindowAssistant, DynamicWindowSettings, DynamicWindowStats, MaxGram, Policy
 from hf_cascade.hsddw import DynamicWindowCandidateGenerator, entropy
 from hf_cascade.core.review import output_distribution
 from tests import tiny_models as tm
@@ -66,7 +66,8 @@ def _check_windows(stats, window_model, out, prompt_len, max_new, caps, taus, ta
 @pytest.mark.parametrize("tau_init", [0.0, 1.9])
 def test_sd_self_verify_windows_and_threshold_in_situ(m, tau_init):
     target, drafter = m["target"], m["noisy"]
-    a = DynamicWindowAssistant(drafter, max_window=6, tau_init=tau_init, lookup=False)   # the paper's rules alone
+    a = DynamicWindowAssistant(drafter, settings=DynamicWindowSettings(max_window=6, tau_init=tau_init),
+                               policy=Policy(lookup=False))   # the paper's rules alone
     stats = assert_parity(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     out = ours(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     rejected = _check_windows(a.last_stats, drafter, out, REPETITIVE.shape[1], 40, 6, stats.tau_trajectory, tau_init)
@@ -77,8 +78,10 @@ def test_sd_self_verify_windows_and_threshold_in_situ(m, tau_init):
 
 def test_hsddw_windows_and_thresholds_in_situ(m):
     target, small_model, verifier = m["target"], m["noisy"], m["big"]
-    a = DynamicWindowAssistant(small_model, verifier, max_window=3, tau_init=2.0, tau2_init=1.5, max_target_window=8,
-                               lookup=False)
+    a = DynamicWindowAssistant(small_model, verifier,
+                               settings=DynamicWindowSettings(max_window=3, tau_init=2.0, tau2_init=1.5,
+                                                              max_target_window=8),
+                               policy=Policy(lookup=False))
     stats = assert_parity(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     out = ours(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     rejected2 = _check_windows(a.last_stats, verifier, out, REPETITIVE.shape[1], 40, 8, stats.tau2_trajectory, 1.5)
@@ -97,19 +100,32 @@ def test_hsddw_windows_and_thresholds_in_situ(m):
 # -- greedy parity ------------------------------------------------------------------------------------
 
 CONFIGS = {
-    "sd_w1": lambda m: DynamicWindowAssistant(m["noisy"], max_window=1),
-    "sd_w4": lambda m: DynamicWindowAssistant(m["trunc"], max_window=4),
-    "sd_w16_tau2": lambda m: DynamicWindowAssistant(m["noisy"], max_window=16, tau_init=2.0),
-    "sd_w16_fixed": lambda m: DynamicWindowAssistant(m["noisy"], max_window=16, tau_init=INF),
-    "sd_padded": lambda m: DynamicWindowAssistant(m["padded"], max_window=4, tau_init=INF),
-    "hsddw_w1": lambda m: DynamicWindowAssistant(m["noisy"], m["big"], max_window=1),
-    "hsddw_w4": lambda m: DynamicWindowAssistant(m["trunc"], m["big"], max_window=4, tau_init=2.0, tau2_init=2.0),
-    "hsddw_w16": lambda m: DynamicWindowAssistant(m["noisy"], m["trunc"], max_window=16, tau_init=2.0, tau2_init=2.2),
-    "hsddw_w4_fixed": lambda m: DynamicWindowAssistant(m["noisy"], m["big"], max_window=4, tau_init=INF, tau2_init=INF),
+    "sd_w1": lambda m: DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=1)),
+    "sd_w4": lambda m: DynamicWindowAssistant(m["trunc"], settings=DynamicWindowSettings(max_window=4)),
+    "sd_w16_tau2": lambda m: DynamicWindowAssistant(m["noisy"],
+                                                    settings=DynamicWindowSettings(max_window=16, tau_init=2.0)),
+    "sd_w16_fixed": lambda m: DynamicWindowAssistant(m["noisy"],
+                                                     settings=DynamicWindowSettings(max_window=16, tau_init=INF)),
+    "sd_padded": lambda m: DynamicWindowAssistant(m["padded"],
+                                                  settings=DynamicWindowSettings(max_window=4, tau_init=INF)),
+    "hsddw_w1": lambda m: DynamicWindowAssistant(m["noisy"], m["big"], settings=DynamicWindowSettings(max_window=1)),
+    "hsddw_w4": lambda m: DynamicWindowAssistant(m["trunc"], m["big"],
+                                                 settings=DynamicWindowSettings(max_window=4, tau_init=2.0,
+                                                                                tau2_init=2.0)),
+    "hsddw_w16": lambda m: DynamicWindowAssistant(m["noisy"], m["trunc"],
+                                                  settings=DynamicWindowSettings(max_window=16, tau_init=2.0,
+                                                                                 tau2_init=2.2)),
+    "hsddw_w4_fixed": lambda m: DynamicWindowAssistant(m["noisy"], m["big"],
+                                                       settings=DynamicWindowSettings(max_window=4, tau_init=INF,
+                                                                                      tau2_init=INF)),
     # the paper's drafters alone (every config above also runs the Max-Gram lookup first)
-    "sd_w4_no_lookup": lambda m: DynamicWindowAssistant(m["noisy"], max_window=4, tau_init=2.0, lookup=False),
-    "hsddw_w4_no_lookup": lambda m: DynamicWindowAssistant(m["trunc"], m["big"], max_window=4, tau_init=2.0,
-                                                           tau2_init=2.0, lookup=False),
+    "sd_w4_no_lookup": lambda m: DynamicWindowAssistant(m["noisy"],
+                                                        settings=DynamicWindowSettings(max_window=4, tau_init=2.0),
+                                                        policy=Policy(lookup=False)),
+    "hsddw_w4_no_lookup": lambda m: DynamicWindowAssistant(m["trunc"], m["big"],
+                                                           settings=DynamicWindowSettings(max_window=4, tau_init=2.0,
+                                                                                          tau2_init=2.0),
+                                                           policy=Policy(lookup=False)),
 }
 
 
@@ -119,8 +135,8 @@ def test_greedy_parity(m, config, prompt):
     a = CONFIGS[config](m)
     stats = assert_parity(m["target"], prompt, a)
     assert isinstance(stats, DynamicWindowStats)
-    assert all(w <= a.max_window for w in stats.draft_windows)
-    assert all(w <= a.max_target_window for w in stats.window_per_step)
+    assert all(w <= a.settings.max_window for w in stats.draft_windows)
+    assert all(w <= a.settings.target_window for w in stats.window_per_step)
     names = [lv.name for lv in stats.levels]
     assert len(names) == (2 if a.verifier_model is not None else 1) + a.lookup
     assert ("maxgram" in names) == a.lookup == (names[-1] == "maxgram") and stats.lookup == a.lookup
@@ -131,12 +147,14 @@ def test_greedy_parity(m, config, prompt):
 def test_greedy_parity_with_processors(m):
     """SD + self-verify (the contract's HSDDW with processors: tests/test_contract.py)."""
     kw = {"repetition_penalty": 1.5, "no_repeat_ngram_size": 3}
-    assert_parity(m["target"], REPETITIVE, DynamicWindowAssistant(m["noisy"], max_window=4, tau_init=2.0), **kw)
+    assert_parity(m["target"], REPETITIVE,
+                  DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=4, tau_init=2.0)), **kw)
 
 
 def test_long_windows_are_used(m):
     """With an exact copy as draft and ``tau = inf`` every window is full and fully accepted."""
-    a = DynamicWindowAssistant(m["copy"], max_window=4, tau_init=INF, lookup=False)
+    a = DynamicWindowAssistant(m["copy"], settings=DynamicWindowSettings(max_window=4, tau_init=INF),
+                               policy=Policy(lookup=False))
     stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=30)
     assert stats.window_per_step == [4] * 6 and stats.accepted_per_call == [4] * 6
     assert stats.redundancy == 0.0 and stats.target_utilization == pytest.approx(6 / 30)
@@ -149,21 +167,23 @@ def test_eos_inside_a_window(m, config):
     free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1]:].tolist()
     eos = free[6]
     first = free.index(eos)
-    a = (DynamicWindowAssistant(m["copy"], max_window=8, tau_init=INF) if config == "sd"
-         else DynamicWindowAssistant(m["copy"], m["big"], max_window=3, tau_init=INF, tau2_init=INF))
+    a = (DynamicWindowAssistant(m["copy"], settings=DynamicWindowSettings(max_window=8, tau_init=INF)) if config == "sd"
+         else DynamicWindowAssistant(m["copy"], m["big"],
+                                     settings=DynamicWindowSettings(max_window=3, tau_init=INF, tau2_init=INF)))
     expected = plain(target, REPETITIVE, max_new_tokens=40, eos_token_id=eos)
     got = ours(target, REPETITIVE, a, max_new_tokens=40, eos_token_id=eos)
     assert got.tolist() == expected.tolist()
     assert got.shape[1] == REPETITIVE.shape[1] + first + 1 and int(got[0, -1]) == eos
     assert a.last_stats.new_tokens == first + 1
-    assert a.last_stats.window_per_step[-1] < (8 if config == "sd" else a.max_target_window)
+    assert a.last_stats.window_per_step[-1] < (8 if config == "sd" else a.settings.target_window)
 
 
 @pytest.mark.parametrize("new", [1, 2, 3, 5])
 @pytest.mark.parametrize("config", ["sd", "hsddw"])
 def test_max_new_tokens_reached_mid_window(m, new, config):
-    a = (DynamicWindowAssistant(m["copy"], max_window=4, tau_init=INF) if config == "sd"
-         else DynamicWindowAssistant(m["copy"], m["trunc"], max_window=4, tau_init=INF, tau2_init=INF))
+    a = (DynamicWindowAssistant(m["copy"], settings=DynamicWindowSettings(max_window=4, tau_init=INF)) if config == "sd"
+         else DynamicWindowAssistant(m["copy"], m["trunc"],
+                                     settings=DynamicWindowSettings(max_window=4, tau_init=INF, tau2_init=INF)))
     stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=new)
     assert stats.new_tokens == new
     assert all(k <= new - 1 for k in stats.window_per_step)
@@ -209,8 +229,9 @@ def test_reuse_without_state_leaks(m, monkeypatch):
     prompts = [REPETITIVE, _copying_prompt(m), ONE_TOKEN] + [ids(*torch.randint(4, tm.VOCAB, (int(n),), generator=g).tolist())
                                          for n in torch.randint(1, 10, (3,), generator=g)]
     # SD + self-verify; HSDDW (two draft models): tests/test_contract.py
-    make = {"sd": lambda: DynamicWindowAssistant(m["noisy"], max_window=4),
-            "sd_no_lookup": lambda: DynamicWindowAssistant(m["noisy"], max_window=4, lookup=False)}
+    make = {"sd": lambda: DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=4)),
+            "sd_no_lookup": lambda: DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=4),
+                                                           policy=Policy(lookup=False))}
     for name, build in make.items():
         reused, seen = build(), []
         for prompt in prompts:
@@ -228,12 +249,16 @@ def test_reuse_without_state_leaks(m, monkeypatch):
 # -- sampling: lossless at the target ---------------------------------------------------------------
 
 SAMPLING = {
-    "sd": (lambda s: DynamicWindowAssistant(s["noisy"], max_window=4), {}),
-    "sd_fixed_temp_topk": (lambda s: DynamicWindowAssistant(s["noisy"], max_window=5, tau_init=INF),
+    "sd": (lambda s: DynamicWindowAssistant(s["noisy"], settings=DynamicWindowSettings(max_window=4)), {}),
+    "sd_fixed_temp_topk": (lambda s: DynamicWindowAssistant(s["noisy"],
+                                                            settings=DynamicWindowSettings(max_window=5, tau_init=INF)),
                            {"temperature": 1.5, "top_k": 6}),
     # "hsddw" (noisy, noisy2, max_window=4): tests/test_contract.py
-    "hsddw_fixed_temp": (lambda s: DynamicWindowAssistant(s["noisy"], s["noisy2"], max_window=2, tau_init=INF,
-                                                          tau2_init=INF, max_target_window=6), {"temperature": 0.8}),
+    "hsddw_fixed_temp": (lambda s: DynamicWindowAssistant(s["noisy"], s["noisy2"],
+                                                          settings=DynamicWindowSettings(max_window=2, tau_init=INF,
+                                                                                         tau2_init=INF,
+                                                                                         max_target_window=6)),
+                         {"temperature": 0.8}),
 }
 
 
@@ -314,8 +339,12 @@ def test_entropy_is_taken_on_the_q_handed_to_the_target(small, monkeypatch):
         return d
 
     monkeypatch.setattr(DynamicWindowCandidateGenerator, "draft", spy)
-    for a, handing in ((DynamicWindowAssistant(small["noisy"], max_window=4, tau_init=1.0), "noisy"),
-                       (DynamicWindowAssistant(small["noisy"], small["noisy2"], max_window=4, tau_init=1.0, tau2_init=1.0),
+    for a, handing in ((DynamicWindowAssistant(small["noisy"],
+                                               settings=DynamicWindowSettings(max_window=4, tau_init=1.0)),
+                        "noisy"),
+                       (DynamicWindowAssistant(small["noisy"], small["noisy2"],
+                                               settings=DynamicWindowSettings(max_window=4, tau_init=1.0,
+                                                                              tau2_init=1.0)),
                         "noisy2")):
         seen.clear()
         torch.manual_seed(0)
@@ -340,15 +369,15 @@ def test_argument_errors():
     d, v = tm.truncated_copy(target), tm.noisy_copy(target)
     for bad in (0, -1):
         with pytest.raises(ValueError, match="max_window must be >= 1"):
-            DynamicWindowAssistant(d, max_window=bad)
+            DynamicWindowAssistant(d, settings=DynamicWindowSettings(max_window=bad))
     for bad in (2.5, True, "4"):
         with pytest.raises(TypeError, match="max_window must be an int"):
-            DynamicWindowAssistant(d, max_window=bad)
+            DynamicWindowAssistant(d, settings=DynamicWindowSettings(max_window=bad))
     for kw in ({"tau_init": -1.0}, {"tau2_init": -0.5}, {"tau_init": float("nan")}):
         with pytest.raises(ValueError, match="must be >= 0"):
-            DynamicWindowAssistant(d, v, **kw)
+            DynamicWindowAssistant(d, v, settings=DynamicWindowSettings(**kw))
     with pytest.raises(TypeError, match="tau_init must be a number"):
-        DynamicWindowAssistant(d, tau_init="0")
+        DynamicWindowAssistant(d, settings=DynamicWindowSettings(tau_init="0"))
     with pytest.raises(ValueError, match="different .*stronger"):
         DynamicWindowAssistant(d, d)
     with pytest.raises(TypeError, match="draft_model must be a transformers causal LM"):
@@ -356,9 +385,9 @@ def test_argument_errors():
     with pytest.raises(TypeError, match="verifier_model must be a transformers causal LM"):
         DynamicWindowAssistant(d, 42)
     with pytest.raises(ValueError, match="only applies with a verifier_model"):
-        DynamicWindowAssistant(d, max_target_window=20)
+        DynamicWindowAssistant(d, settings=DynamicWindowSettings(max_target_window=20))
     with pytest.raises(ValueError, match="max_target_window must be >= 1"):
-        DynamicWindowAssistant(d, v, max_target_window=0)
+        DynamicWindowAssistant(d, v, settings=DynamicWindowSettings(max_target_window=0))
 
 
 def test_generate_time_errors():

@@ -1,4 +1,4 @@
-"""HSDDW's Max-Gram lookup first (``DynamicWindowAssistant(lookup=True)``, the default; not in the paper): on a
+"""HSDDW's Max-Gram lookup first (``Policy.lookup``, the default; not in the paper): on a
 prompt the answer copies, the lookup drafts and gets accepted; greedy parity (also with ``max_new_tokens`` and an
 EOS inside a lookup draft), ``lookup=False``, thresholds untouched by lookup steps. Its sampling exactness: the
 sampling tests of ``tests/test_hsddw.py`` (lookup on, repetitive prompt) and ``tests/test_contract.py``."""
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hf_cascade import DynamicWindowAssistant, MaxGram
+from hf_cascade import DynamicWindowAssistant, DynamicWindowSettings, MaxGram, Policy
 from hf_cascade.hsddw import DynamicWindowCandidateGenerator
 from tests.test_contract import FakeClock
 from tests.test_greedy_parity import REPETITIVE, assert_parity, m, ours, plain  # noqa: F401  (m: fixture)
@@ -18,9 +18,11 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 
 LOOKUP = {
-    "sd": lambda m, **kw: DynamicWindowAssistant(m["noisy"], tau_init=2.0, **{"max_window": 6, **kw}),
-    "hsddw": lambda m, **kw: DynamicWindowAssistant(m["noisy"], m["big"], tau_init=2.0, tau2_init=2.0,
-                                                    **{"max_window": 3, **kw}),
+    "sd": lambda m, max_window=6, **policy: DynamicWindowAssistant(
+        m["noisy"], settings=DynamicWindowSettings(max_window, tau_init=2.0), policy=Policy(**policy)),
+    "hsddw": lambda m, max_window=3, **policy: DynamicWindowAssistant(
+        m["noisy"], m["big"], settings=DynamicWindowSettings(max_window, tau_init=2.0, tau2_init=2.0),
+        policy=Policy(**policy)),
 }
 
 

@@ -1,4 +1,4 @@
-"""HSDDW's payoff rule (``DynamicWindowAssistant(cost_aware=True)``, the default; not in the paper): the draft
+"""HSDDW's payoff rule (``Policy.cost_aware``, the default; not in the paper): the draft
 models draft a step only while their accepted tokens are worth their forwards and the rows their window adds
 to the target's step (:class:`~hf_cascade.core.payoff.DrafterPayoff` at reach 1). The rule itself:
 ``tests/test_lookahead.py``; the paper's windows with the rule held open: ``tests/test_hsddw.py``."""
@@ -10,7 +10,7 @@ import time
 import pytest
 from transformers import GenerationConfig
 
-from hf_cascade import DynamicWindowAssistant
+from hf_cascade import DynamicWindowAssistant, DynamicWindowSettings, Policy
 from tests.test_greedy_parity import ONE_TOKEN, assert_parity, m  # noqa: F401  (m: fixture)
 from tests.test_hsddw import NO_EOS
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
@@ -19,7 +19,7 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 def test_hsddw_payoff_charges_the_rows_its_window_adds(m):
     """A drafted step's surcharge is the share of the step its rows took by the call's measured step times
     (``1 - t(0) / t(k)``); rows count as free until a plain step has been measured."""
-    a = DynamicWindowAssistant(m["noisy"], lookup=False)
+    a = DynamicWindowAssistant(m["noisy"], policy=Policy(lookup=False))
     gen = a.build(m["target"], GenerationConfig(max_length=64, **NO_EOS), None, a.new_stats())
     seen, observe = [], gen._payoff.observe_consult
 
@@ -46,7 +46,8 @@ def test_hsddw_stops_drafting_where_the_draft_model_does_not_pay(m, monkeypatch)
     millisecond) drafts only to keep learning (every 8th refused step); the output is plain greedy's. With
     ``cost_aware=False`` it drafts every step, as in the paper."""
     drafter = m["noisy"]
-    paper = DynamicWindowAssistant(drafter, max_window=2, tau_init=2.0, lookup=False, cost_aware=False)
+    paper = DynamicWindowAssistant(drafter, settings=DynamicWindowSettings(max_window=2, tau_init=2.0),
+                                   policy=Policy.paper())
     stats = assert_parity(m["target"], ONE_TOKEN, paper, max_new_tokens=30, **NO_EOS)
     assert len(stats.draft_windows) >= stats.target_calls - 1 and stats.plain_steps == 0   # the last may have no room
 
@@ -57,7 +58,8 @@ def test_hsddw_stops_drafting_where_the_draft_model_does_not_pay(m, monkeypatch)
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(drafter, "forward", slow_forward)
-    a = DynamicWindowAssistant(drafter, max_window=2, tau_init=2.0, lookup=False)
+    a = DynamicWindowAssistant(drafter, settings=DynamicWindowSettings(max_window=2, tau_init=2.0),
+                               policy=Policy(lookup=False))
     assert a.cost_aware and "cost_aware=True" in repr(a)
     stats = assert_parity(m["target"], ONE_TOKEN, a, max_new_tokens=30, **NO_EOS)
     consulted = len(stats.draft_windows)

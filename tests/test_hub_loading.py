@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import hf_cascade
-from hf_cascade import (CascadeAssistant, CorpusNGrams, DynamicWindowAssistant, GlideAssistant, MaxGram,
-                        ReDrafterAssistant, load_pretrained)
+from hf_cascade import (CascadeAssistant, CorpusNGrams, DynamicWindowAssistant, GlideAssistant, GlideSettings, Loading,
+                        MaxGram, ReDrafterAssistant, ReDrafterSettings, load_pretrained)
 from hf_cascade.heads.hub import load_head, save_hub
 from tests import tiny_models as tm
 from tests.hub_cache import CARDS, add_repo, hub_env, offline
@@ -83,7 +83,7 @@ def test_wrong_revision_fails_clearly(hub):
         with pytest.raises(OSError, match=f"{GLIDE}.*revision '{revision}'"):
             load_pretrained(GLIDE, revision=revision, cache_dir=cache, kind="glide_model")
         with pytest.raises(OSError, match=f"revision '{revision}'"):
-            GlideAssistant(GLIDE, revision=revision, cache_dir=cache)
+            GlideAssistant(GLIDE, loading=Loading(revision=revision, cache_dir=cache))
 
 
 def test_unknown_repo_and_bad_paths(hub, tmp_path):
@@ -91,7 +91,7 @@ def test_unknown_repo_and_bad_paths(hub, tmp_path):
     with pytest.raises(OSError, match="no-org/no-model"):
         load_pretrained("no-org/no-model", cache_dir=cache)
     with pytest.raises(OSError, match=r"drafters\[0\] 'gpt2'"):        # a bare name is a Hub id too
-        CascadeAssistant(["gpt2", MaxGram()], cache_dir=cache)
+        CascadeAssistant(["gpt2", MaxGram()], loading=Loading(cache_dir=cache))
     with pytest.raises(FileNotFoundError, match="no such directory"):
         load_pretrained(tmp_path / "missing")
     with pytest.raises(FileNotFoundError, match="not a Hub repo id"):
@@ -111,7 +111,7 @@ def test_loaded_model_passes_through_and_rejects_placement(hub):
         with pytest.raises(ValueError, match="only to a draft_model given as a local path or Hub repo id"):
             load_pretrained(model, kind="draft_model", **kw)
     with pytest.raises(ValueError, match="already loaded"):
-        CascadeAssistant([model, MaxGram()], dtype=torch.bfloat16)
+        CascadeAssistant([model, MaxGram()], loading=Loading(dtype=torch.bfloat16))
 
 
 def test_remote_code_is_never_run(hub, tmp_path):
@@ -150,8 +150,8 @@ def test_default_cache_in_fresh_interpreter(hub, tmp_path):
     cache, shas = hub
     script = f"""
 import sys, torch
-from hf_cascade import GlideAssistant, ReDrafterAssistant, CascadeAssistant, CorpusNGrams, MaxGram
-g = GlideAssistant({GLIDE!r}, revision={shas[GLIDE]!r}, dtype=torch.bfloat16)
+from hf_cascade import GlideAssistant, ReDrafterAssistant, CascadeAssistant, CorpusNGrams, Loading, MaxGram
+g = GlideAssistant({GLIDE!r}, loading=Loading(revision={shas[GLIDE]!r}, dtype=torch.bfloat16))
 r = ReDrafterAssistant({REDRAFTER!r})
 c = CascadeAssistant([{DRAFTER!r}, MaxGram(corpus=CorpusNGrams.load({CORPUS!r}))])
 from hf_cascade.bench.loading import load_drafts             # hf-cascade bench --draft <repo id>
@@ -174,10 +174,11 @@ print(type(g.glide).__module__, next(g.glide.parameters()).dtype, type(r.head)._
 def test_assistants_load_by_repo_id(hub):
     cache, shas = hub
     kw = dict(cache_dir=cache, dtype=torch.bfloat16)
-    glide = GlideAssistant(GLIDE, revision=shas[GLIDE], cape=False, **kw).glide
-    head = ReDrafterAssistant(REDRAFTER, revision=shas[REDRAFTER], beam_width=1, **kw).head
-    cascade = CascadeAssistant([DRAFTER, MaxGram()], revision=shas[DRAFTER], **kw)
-    hsddw = DynamicWindowAssistant(DRAFTER, revision=shas[DRAFTER], **kw)
+    glide = GlideAssistant(GLIDE, settings=GlideSettings.chain(), loading=Loading(revision=shas[GLIDE], **kw)).glide
+    head = ReDrafterAssistant(REDRAFTER, settings=ReDrafterSettings(beam_width=1),
+                              loading=Loading(revision=shas[REDRAFTER], **kw)).head
+    cascade = CascadeAssistant([DRAFTER, MaxGram()], loading=Loading(revision=shas[DRAFTER], **kw))
+    hsddw = DynamicWindowAssistant(DRAFTER, loading=Loading(revision=shas[DRAFTER], **kw))
     for model, name in ((glide, "GlideForCausalLM"), (head, "ReDrafterModel"),
                         (cascade.drafters[0], "CascadeDrafterForCausalLM"),
                         (hsddw.draft_model, "CascadeDrafterForCausalLM")):
@@ -185,7 +186,8 @@ def test_assistants_load_by_repo_id(hub):
         assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert isinstance(cascade.drafters[1], MaxGram)
     with pytest.raises(ValueError, match="different"):
-        DynamicWindowAssistant(DRAFTER, verifier_model=DRAFTER, revision=shas[DRAFTER], cache_dir=cache)
+        DynamicWindowAssistant(DRAFTER, verifier_model=DRAFTER,
+                               loading=Loading(revision=shas[DRAFTER], cache_dir=cache))
 
 
 def test_corpus_by_repo_id_directory_and_file(hub):
@@ -216,8 +218,9 @@ def test_tiny_glide_and_drafter_by_repo_id_generate_like_plain(hub, tmp_path):
     drafter_sha = add_repo(cache, "someone/tiny-llama", tmp_path / "drafter")
     prompt = ids(5, 9, 3, 17, 5, 9)
     plain = target.generate(prompt, do_sample=False, max_new_tokens=20)
-    glide = GlideAssistant("someone/tiny-glide", revision=glide_sha, cache_dir=cache)
-    cascade = CascadeAssistant(["someone/tiny-llama", MaxGram()], revision=drafter_sha, cache_dir=cache)
+    glide = GlideAssistant("someone/tiny-glide", loading=Loading(revision=glide_sha, cache_dir=cache))
+    cascade = CascadeAssistant(["someone/tiny-llama", MaxGram()],
+                               loading=Loading(revision=drafter_sha, cache_dir=cache))
     assert type(cascade.drafters[0]).__module__.startswith("transformers.models.llama")
     for assistant in (glide, cascade):
         out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=assistant)
@@ -231,7 +234,8 @@ def test_glide_by_repo_id_on_the_real_target(hub, gemma):
     prompt = tok("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
                  "in May. How many clips did Natalia sell altogether?\n\nAnswer:", return_tensors="pt").input_ids
     plain = model.generate(prompt, do_sample=False, max_new_tokens=16)
-    assistant = GlideAssistant(GLIDE, revision=shas[GLIDE], cache_dir=cache, cape=False, min_confidence=0.3)
+    assistant = GlideAssistant(GLIDE, settings=GlideSettings.chain(min_confidence=0.3),
+                               loading=Loading(revision=shas[GLIDE], cache_dir=cache))
     out = model.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=assistant)
     assert out.tolist() == plain.tolist()
     assert assistant.last_stats.target_calls < 16

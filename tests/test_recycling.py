@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_cascade import Policy, RecyclingSettings
 from hf_cascade.core import TokenTree
 from hf_cascade.core.rows import TreeRows
 from hf_cascade.recycling import RecycledCandidates, RecyclingAssistant, RecyclingShape
@@ -69,13 +70,13 @@ def test_shape_and_settings_are_checked():
     with pytest.raises(ValueError):
         RecyclingShape(top_k=0)
     with pytest.raises(TypeError, match="VerifyCost"):
-        RecyclingAssistant(verify_cost=3)
+        RecyclingAssistant(policy=Policy(verify_cost=3))
 
 
 def test_hot_start_keeps_the_table_per_target():
     target = tm.llama(vocab_size=16, layers=1, hidden=16, seed=3)
     prompt = torch.tensor([[1, 5, 6, 5, 6, 5]])
-    cold, hot = RecyclingAssistant(), RecyclingAssistant(hot_start=True)
+    cold, hot = RecyclingAssistant(), RecyclingAssistant(settings=RecyclingSettings(hot_start=True))
     for a in (cold, hot):
         target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=a)
     cold_table, hot_table = cold.candidates, hot.candidates

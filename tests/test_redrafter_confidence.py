@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_cascade import ReDrafterAssistant
+from hf_cascade import Policy, ReDrafterAssistant, ReDrafterSettings
 from hf_cascade.redrafter import beam_search, beams_tree, confident_prefix
 from hf_cascade.core import TokenTree
 from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, plain
@@ -67,9 +67,16 @@ def test_greedy_parity_with_fewer_nodes(m, width, length, dedupe, threshold):
     target, head = m["target"], m["head"]
     kept = drafted = 0
     for prompt in (REPETITIVE, ids(1, 40, 41, 42), ids(1, 70, 9, 70, 9), ONE_TOKEN):
-        full = assert_parity(target, prompt, ReDrafterAssistant(head, width, length, dedupe, verify_cost=None))
-        st = assert_parity(target, prompt, ReDrafterAssistant(head, width, length, dedupe, min_confidence=threshold,
-                                                              verify_cost=None))
+        full = assert_parity(target, prompt,
+                             ReDrafterAssistant(head,
+                                                settings=ReDrafterSettings(beam_width=width, beam_length=length,
+                                                                           dedupe=dedupe),
+                                                policy=Policy(cost_aware=False)))
+        st = assert_parity(target, prompt,
+                           ReDrafterAssistant(head,
+                                              settings=ReDrafterSettings(beam_width=width, beam_length=length,
+                                                                         dedupe=dedupe, min_confidence=threshold),
+                                              policy=Policy(cost_aware=False)))
         assert len(st.confident_nodes) == len(st.drafted_nodes)
         assert all(c <= d for c, d in zip(st.confident_nodes, st.drafted_nodes))
         assert sum(st.tree_sizes) <= sum(full.tree_sizes)
@@ -81,7 +88,8 @@ def test_greedy_parity_with_fewer_nodes(m, width, length, dedupe, threshold):
 def test_min_confidence_one_is_plain_decoding(m):
     """Nothing is confident enough: every step verifies only the root, i.e. plain decoding (the head's own
     beams; without the lookup branch, whose seeds are not the head's)."""
-    a = ReDrafterAssistant(m["head"], 4, 4, min_confidence=1.0, lookup=False)
+    a = ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=4, beam_length=4, min_confidence=1.0),
+                           policy=Policy(lookup=False))
     got = m["target"].generate(REPETITIVE, do_sample=False, assistant_model=a, max_new_tokens=12)
     assert got.tolist() == plain(m["target"], REPETITIVE, max_new_tokens=12).tolist()
     assert sum(a.last_stats.tree_sizes) == 0 and a.last_stats.target_calls == 12
@@ -90,4 +98,4 @@ def test_min_confidence_one_is_plain_decoding(m):
 def test_bad_min_confidence(m):
     for bad in (1.5, -0.1):
         with pytest.raises(ValueError, match="min_confidence"):
-            ReDrafterAssistant(m["head"], min_confidence=bad)
+            ReDrafterAssistant(m["head"], settings=ReDrafterSettings(min_confidence=bad))

@@ -14,9 +14,11 @@ import torch
 from transformers import DynamicCache
 
 from hf_cascade import (
+    Policy,
     ReDrafterAssistant,
     ReDrafterConfig,
     ReDrafterModel,
+    ReDrafterSettings,
     ReDrafterStats,
 )
 from hf_cascade.core import TokenTree, tree_attention_mask, unpack, verify_tree
@@ -165,7 +167,11 @@ def assert_parity(target, prompt, assistant, **kw) -> ReDrafterStats:
                                                    (3, 2, True), (8, 6, True)])
 @pytest.mark.parametrize("prompt", [REPETITIVE, ONE_TOKEN], ids=["repetitive", "one_token"])
 def test_greedy_parity(m, width, length, dedupe, prompt):
-    stats = assert_parity(m["target"], prompt, ReDrafterAssistant(m["head"], width, length, dedupe, verify_cost=None))
+    stats = assert_parity(m["target"], prompt,
+                          ReDrafterAssistant(m["head"],
+                                             settings=ReDrafterSettings(beam_width=width, beam_length=length,
+                                                                        dedupe=dedupe),
+                                             policy=Policy(cost_aware=False)))
     assert max(stats.tree_depths) <= length and max(stats.tree_leaves) <= width
     assert sum(stats.accepted_per_call) > 0                                    # the trained head's drafts are used
     if prompt is ONE_TOKEN:                                                    # no hidden state before the first step
@@ -177,8 +183,14 @@ def test_packed_and_flat_trees_accept_the_same_tokens(m):
     prompts = [REPETITIVE, ids(1, 40, 41, 42), ids(1, 70, 9, 70, 9)]
     ratios = []
     for prompt in prompts:
-        packed = assert_parity(m["target"], prompt, ReDrafterAssistant(m["head"], 6, 4, dedupe=True, verify_cost=None))
-        flat = assert_parity(m["target"], prompt, ReDrafterAssistant(m["head"], 6, 4, dedupe=False, verify_cost=None))
+        packed = assert_parity(m["target"], prompt,
+                               ReDrafterAssistant(m["head"],
+                                                  settings=ReDrafterSettings(beam_width=6, beam_length=4, dedupe=True),
+                                                  policy=Policy(cost_aware=False)))
+        flat = assert_parity(m["target"], prompt,
+                             ReDrafterAssistant(m["head"],
+                                                settings=ReDrafterSettings(beam_width=6, beam_length=4, dedupe=False),
+                                                policy=Policy(cost_aware=False)))
         assert packed.accepted_per_call == flat.accepted_per_call
         assert flat.drafted_nodes == flat.beam_tokens and flat.compression_ratio == 1.0
         assert packed.beam_tokens == flat.beam_tokens
@@ -194,7 +206,7 @@ def test_no_extra_target_forward(m):
     """The head drafts from the hidden state the previous target pass left: prefill + one forward per
     step (counted on the target's decoder, which verification calls without the output head)."""
     target = m["target"]
-    a = ReDrafterAssistant(m["head"], 4, 4)
+    a = ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=4, beam_length=4))
     measured_verify_cost(target)              # the default profile is measured once per process, not counted here
     calls = []
     handle = target.get_decoder().register_forward_hook(lambda mod, args, out: calls.append(1))
@@ -210,11 +222,15 @@ def test_eos_and_length_cuts(m):
     target = m["target"]
     free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1]:].tolist()
     for eos in dict.fromkeys(free[3:12]):
-        stats = assert_parity(target, REPETITIVE, ReDrafterAssistant(m["head"], 4, 5), max_new_tokens=40,
+        stats = assert_parity(target, REPETITIVE,
+                              ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=4, beam_length=5)),
+                              max_new_tokens=40,
                               eos_token_id=eos)
         assert stats.new_tokens == free.index(eos) + 1
     for new in (1, 2, 3, 5, 7):
-        stats = assert_parity(target, REPETITIVE, ReDrafterAssistant(m["head"], 3, 6), max_new_tokens=new)
+        stats = assert_parity(target, REPETITIVE,
+                              ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=3, beam_length=6)),
+                              max_new_tokens=new)
         assert stats.new_tokens == new and all(d <= new - 1 for d in stats.tree_depths)
 
 
@@ -243,20 +259,23 @@ def test_wider_beams_accept_more(m):
     for w in (1, 4):
         calls = tokens = 0
         for prompt in (REPETITIVE, ids(1, 40, 41, 42), ids(1, 70, 9, 70, 9), ids(1, 33, 12)):
-            st = assert_parity(target, prompt, ReDrafterAssistant(head, w, 4, verify_cost=None))
+            st = assert_parity(target, prompt,
+                               ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=w, beam_length=4),
+                                                  policy=Policy(cost_aware=False)))
             calls, tokens = calls + st.target_calls, tokens + st.new_tokens
         per_call[w] = tokens / calls
     assert per_call[4] >= per_call[1], per_call
 
 
 def test_untrained_head_still_exact(m):
-    assert_parity(m["target"], REPETITIVE, ReDrafterAssistant(random_head(m["target"]), 4, 5))
+    assert_parity(m["target"], REPETITIVE,
+                  ReDrafterAssistant(random_head(m["target"]), settings=ReDrafterSettings(beam_width=4, beam_length=5)))
 
 
 def test_errors():
     target = models("llama")["target"]
     head = fit_head(target, "llama", steps=80)
-    a = ReDrafterAssistant(head, 4, 4)
+    a = ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=4, beam_length=4))
     with pytest.raises(ValueError, match="left padding"):                       # right padding is refused
         ours(target, torch.cat([REPETITIVE, REPETITIVE]), a,
              attention_mask=torch.tensor([[1] * 9, [1] * 8 + [0]]))
@@ -270,7 +289,7 @@ def test_errors():
         ours(target, REPETITIVE, ReDrafterAssistant(other_hidden))
     for bad in ({"beam_width": 0}, {"beam_length": 0}):
         with pytest.raises(ValueError, match="beam_width >= 1 and beam_length >= 1"):
-            ReDrafterAssistant(head, **bad)
+            ReDrafterAssistant(head, settings=ReDrafterSettings(**bad))
     with pytest.raises(TypeError, match="ReDrafterModel"):
         ReDrafterAssistant(tm.copy_model(target))
     # nothing half-installed: the same assistant works afterwards

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_cascade import Policy, ReDrafterAssistant, ReDrafterSettings
 from hf_cascade.core.payoff import VerifyCost
-from hf_cascade import ReDrafterAssistant
 from hf_cascade.redrafter import flat_tree
 from tests.redrafter_helpers import fit_head
 from tests.test_sampling import PROMPT, calibration, joint_test, passes, run_long, small  # noqa: F401  (fixture)
@@ -32,9 +32,11 @@ def head(small):
 
 
 SAMPLING = {
-    "flat": (dict(beam_width=3, beam_length=3, dedupe=False, verify_cost=None), {}),
-    "wide_temp": (dict(beam_width=6, beam_length=4, verify_cost=VerifyCost.flat()), {"temperature": 0.7}),   # the budget's path
-    "confident": (dict(beam_width=4, beam_length=4, min_confidence=0.2, verify_cost=None), {}),
+    "flat": (dict(settings=ReDrafterSettings(3, 3, dedupe=False), policy=Policy(cost_aware=False)), {}),
+    "wide_temp": (dict(settings=ReDrafterSettings(6, 4),
+                       policy=Policy(verify_cost=VerifyCost.flat())),  # the budget's path
+                  {"temperature": 0.7}),
+    "confident": (dict(settings=ReDrafterSettings(4, 4, min_confidence=0.2), policy=Policy(cost_aware=False)), {}),
 }
 
 
@@ -51,6 +53,10 @@ def test_per_step_calibration(small, head, name, free_drafts):
 
 
 def test_first_two_tokens_joint_distribution_flat_beams(small, head):
-    chi2, limit, tv = joint_test(small["target"], ReDrafterAssistant(head, 3, 2, dedupe=False), runs=600, seed=900,
+    chi2, limit, tv = joint_test(small["target"],
+                                 ReDrafterAssistant(head,
+                                                    settings=ReDrafterSettings(beam_width=3, beam_length=2,
+                                                                               dedupe=False)),
+                                 runs=600, seed=900,
                                  temperature=1.3)
     assert chi2 < limit, (chi2, limit, tv)

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from hf_cascade import ReDrafterConfig, ReDrafterModel
+from hf_cascade import Policy, ReDrafterConfig, ReDrafterModel, ReDrafterSettings
 from hf_cascade.heads.hub import load_head
 from hf_cascade.redrafter import ReDrafterAssistant
 from hf_cascade.training.loop import TrainConfig, make_batch, split_records
@@ -105,7 +105,8 @@ def test_reloaded_head_has_identical_logits_and_decodes_exactly(trained, target)
         assert torch.equal(reloaded(hidden_states=x, inputs_embeds=e).logits, head(hidden_states=x, inputs_embeds=e).logits)
     for prompt in (ids(1, 5, 9), ids(1, 50, 51, 52, 53)):
         expected = target.generate(prompt, do_sample=False, max_new_tokens=20)
-        a = ReDrafterAssistant(str(out), beam_width=4, beam_length=3, verify_cost=None)   # loads the head from its path
+        a = ReDrafterAssistant(str(out), settings=ReDrafterSettings(beam_width=4, beam_length=3),
+                               policy=Policy(cost_aware=False))   # loads the head from its path
         assert target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=a).tolist() == expected.tolist()
         assert a.last_stats.target_calls < 20
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_cascade import CascadeAssistant, CorpusNGrams, LossyLenientTarget, LossyTypicalAcceptance, MaxGram
+from hf_cascade import (CascadeAssistant, CascadeSettings, CorpusNGrams, LossyLenientTarget, LossyTypicalAcceptance,
+                        MaxGram, Policy)
 from hf_cascade.candidate import ChainDrafter
 from tests.sampling_stats import calibration, passes, pooled_chi2, processed_probs  # noqa: F401  (re-exported to other tests)
 from tests import tiny_models as tm
@@ -57,35 +58,45 @@ CORPUS = CorpusNGrams.fit([([1, 5, 6, 5, 6, 5, 7, 8, 9, 5, 6, 7], 1), ([3, 4, 5,
 
 #: The paper's cascade (fixed K-matrix lengths, largest drafter first): the configurations below exercise each
 #: review and verification path at every step; the defaults (``maxgram_first``, ``cost_aware``) are their own entry.
-PAPER = dict(maxgram_first=False, cost_aware=False)
 
 CONFIGS = {
     "maxgram": (lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3)]), None, {}),
     "maxgram_corpus": (
-        lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3, corpus=CORPUS, corpus_below=99)], **PAPER), None, {}),
+        lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3, corpus=CORPUS, corpus_below=99)],
+                                   policy=Policy.paper()), None, {}),
     "drafter+maxgram_l2": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0, **PAPER), "noisy", {}),
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+                                   settings=CascadeSettings(lenience=2.0), policy=Policy.paper()), "noisy", {}),
     "drafter+maxgram_l2_temp_topk": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=2.0, **PAPER), "noisy",
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+                                   settings=CascadeSettings(lenience=2.0), policy=Policy.paper()), "noisy",
         {"temperature": 1.5, "top_k": 6}),
     "maxgram_lenient_conf": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[3, 3], [0, 3]],
-                                   maxgram_lenience=3.0, min_confidence=0.5, **PAPER), "noisy", {}),
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+                                   settings=CascadeSettings(k_matrix=[[3, 3], [0, 3]], maxgram_lenience=3.0,
+                                                            min_confidence=0.5),
+                                   policy=Policy.paper()), "noisy", {}),
     "maxgram_first": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[2, 3], [0, 3]],
-                                   maxgram_first=True, min_confidence=0.3), "noisy", {}),
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+                                   settings=CascadeSettings(k_matrix=[[2, 3], [0, 3]],
+                                                            min_confidence=0.3)), "noisy", {}),
     "maxgram_first_drop_unsure": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[2, 3], [0, 3]],
-                                   maxgram_first=True, min_confidence=0.3, keep_unsure=False), "noisy", {}),
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+                                   settings=CascadeSettings(k_matrix=[[2, 3], [0, 3]], min_confidence=0.3,
+                                                            keep_unsure=False)), "noisy", {}),
     "maxgram_first_cost_aware": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], k_matrix=[[3, 3], [0, 3]],
-                                   maxgram_first=True, cost_aware=True), "noisy", {}),
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+                                   settings=CascadeSettings(k_matrix=[[3, 3], [0, 3]])), "noisy", {}),
     "maxgram_unreviewed": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)], maxgram_lenience=float("inf"),
-                                   **PAPER), "noisy", {}),
-    "drafter_alone": (lambda s: CascadeAssistant([s["noisy"]], k_matrix=[[3]], **PAPER), "noisy", {"temperature": 0.8}),
+        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+                                   settings=CascadeSettings(maxgram_lenience=float("inf")),
+                                   policy=Policy.paper()), "noisy", {}),
+    "drafter_alone": (lambda s: CascadeAssistant([s["noisy"]], settings=CascadeSettings(k_matrix=[[3]]),
+                                                 policy=Policy.paper()),
+                      "noisy", {"temperature": 0.8}),
     "two_drafters_l3": (
-        lambda s: CascadeAssistant([s["noisy2"], s["noisy"], MaxGram(adaptive=False, max_tokens=3)], lenience=3.0, **PAPER),
+        lambda s: CascadeAssistant([s["noisy2"], s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+                                   settings=CascadeSettings(lenience=3.0), policy=Policy.paper()),
         "noisy", {}),
 }
 
@@ -177,9 +188,9 @@ def test_lossy_rules_accept_every_draft(rule):
     drafter = tm.noisy_copy(target, noise=0.3)
     prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
     plain = _greedy(target, prompt)
-    strict = CascadeAssistant([drafter], k_matrix=[[3]], **PAPER)
+    strict = CascadeAssistant([drafter], settings=CascadeSettings(k_matrix=[[3]]), policy=Policy.paper())
     assert _greedy(target, prompt, strict).tolist() == plain.tolist()
-    lossy = CascadeAssistant([drafter], k_matrix=[[3]], **PAPER)
+    lossy = CascadeAssistant([drafter], settings=CascadeSettings(k_matrix=[[3]]), policy=Policy.paper())
     out = _greedy(target, prompt, lossy, [rule()])
     st = lossy.last_stats
     assert st.accepted_per_call == st.draft_len_per_call       # the target accepts every draft
@@ -194,14 +205,14 @@ def test_lossy_rules_change_nothing_with_drafter_equal_to_target(rule):
     target = tm.gemma3_target()
     prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
     plain = _greedy(target, prompt)
-    a = CascadeAssistant([tm.copy_model(target)], k_matrix=[[3]], **PAPER)
+    a = CascadeAssistant([tm.copy_model(target)], settings=CascadeSettings(k_matrix=[[3]]), policy=Policy.paper())
     assert _greedy(target, prompt, a, [rule()]).tolist() == plain.tolist()
     # without an assistant the rules see no draft and do nothing either
     assert _greedy(target, prompt, None, [rule()]).tolist() == plain.tolist()
 
 
 def test_lossy_rule_under_sampling_accepts_every_draft(small):
-    a = CascadeAssistant([small["noisy"]], k_matrix=[[3]], **PAPER)
+    a = CascadeAssistant([small["noisy"]], settings=CascadeSettings(k_matrix=[[3]]), policy=Policy.paper())
     torch.manual_seed(0)
     out = small["target"].generate(PROMPT, do_sample=True, max_new_tokens=30, assistant_model=a,
                                    logits_processor=[LossyLenientTarget(1e9)])

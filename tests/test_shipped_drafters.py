@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_cascade import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
+from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, GlideAssistant, GlideSettings,
+                        MaxGram,
+                        ReDrafterAssistant, ReDrafterSettings)
 from hf_cascade.heads.hub import load_head
 from tests.fresh_process import run_offline
 from tests.test_verify_linear import threads
@@ -103,7 +105,7 @@ def test_greedy_parity_with_gemma(gemma):
     ids = tok("Question: Write a short poem about the sea.\n\nAnswer:", return_tensors="pt").input_ids
     plain = model.generate(ids, do_sample=False, max_new_tokens=24)
     for assistant in (
-        CascadeAssistant([xs, MaxGram()], maxgram_first=True, min_confidence=0.4),
+        CascadeAssistant([xs, MaxGram()], settings=CascadeSettings(min_confidence=0.4)),
         CascadeAssistant([m, xs, MaxGram()]),
         DynamicWindowAssistant(xs, verifier_model=m),
     ):
@@ -120,8 +122,8 @@ def test_tree_heads_greedy_parity_with_gemma(gemma):
     plain = model.generate(ids, do_sample=False, max_new_tokens=24)
     glide = load_head(CARDS / "gemma-3-270m-glide-xs").eval()
     head = load_head(CARDS / "gemma-3-270m-redrafter-xs").eval()
-    for assistant in (GlideAssistant(glide, cape=True), GlideAssistant(glide, cape=False),
-                      ReDrafterAssistant(head, beam_width=4, beam_length=5)):
+    for assistant in (GlideAssistant(glide), GlideAssistant(glide, settings=GlideSettings.chain()),
+                      ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=4, beam_length=5))):
         out = model.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=assistant)
         assert out.tolist() == plain.tolist(), repr(assistant)
         stats = assistant.last_stats

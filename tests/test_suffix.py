@@ -36,9 +36,9 @@ def arctic():
 
 
 def suffix(**kwargs):
-    from hf_cascade.suffix import SuffixAssistant
+    from hf_cascade.suffix import SuffixAssistant, SuffixSettings
 
-    return SuffixAssistant(**kwargs)
+    return SuffixAssistant(settings=SuffixSettings(**kwargs))
 
 
 MODES = {"linear": {}, "tree": {"use_tree_spec": True, "max_spec_factor": 2.0}}

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import hf_cascade  # noqa: F401  (installs the generate hook)
-from hf_cascade import CascadeAssistant, DynamicWindowAssistant, MaxGram
+from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, DynamicWindowSettings, GlideSettings,
+                        MaxGram, ReDrafterSettings)
 from hf_cascade.bench import BenchConfig, markdown_report, parse_cost_models, run_benchmark, write_results
 from hf_cascade.bench.costs import build_costs, params_cost, parameter_count
 from hf_cascade.bench.methods import ECONOMIZE_RUNS_HERE, build_method
@@ -145,7 +146,7 @@ def _generate(model, tok, assistant, prompt=0, n=NEW_TOKENS):
 def test_cascade_counts_every_drafter_forward(tiny):
     model, draft, tok = tiny
     hook = _Hook(draft)
-    assistant = CascadeAssistant([draft, MaxGram()], k_matrix=[[2, 3], [0, 3]])
+    assistant = CascadeAssistant([draft, MaxGram()], settings=CascadeSettings(k_matrix=[[2, 3], [0, 3]]))
     _generate(model, tok, assistant)
     hook.handle.remove()
     s = assistant.last_stats
@@ -170,7 +171,7 @@ def test_hsddw_counts_draft_and_pre_verifier_forwards(tiny):
     model, draft, tok = tiny
     verifier = _llama(2, 2)
     hooks = _Hook(verifier), _Hook(draft)
-    assistant = DynamicWindowAssistant(draft, verifier, max_window=4)
+    assistant = DynamicWindowAssistant(draft, verifier, settings=DynamicWindowSettings(max_window=4))
     _generate(model, tok, assistant)
     for h in hooks:
         h.handle.remove()
@@ -184,7 +185,7 @@ def test_glide_counts_its_forwards(tiny):
     model, _, tok = tiny
     glide = echo_glide(model)
     hook = _Hook(glide)
-    assistant = GlideAssistant(glide, cape=True, draft_length=3)
+    assistant = GlideAssistant(glide, settings=GlideSettings(draft_length=3))
     _generate(model, tok, assistant)
     hook.handle.remove()
     lv, lookup = assistant.last_stats.levels                               # the model, then its lookup branch
@@ -197,7 +198,7 @@ def test_redrafter_counts_head_forwards_and_beam_rows(tiny, width):
     model, _, tok = tiny
     head = random_head(model)
     hook = _Hook(head.lm_head, rows_of_first_arg=True)                     # one LM-head call per beam step
-    assistant = ReDrafterAssistant(head, beam_width=width, beam_length=3)
+    assistant = ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=width, beam_length=3))
     _generate(model, tok, assistant)
     hook.handle.remove()
     s = assistant.last_stats

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_cascade
-from hf_cascade import MaxGram
+from hf_cascade import MaxGram, Policy
 from hf_cascade.backends.cpu import verify_head
 from hf_cascade.backends.cpu.kernels import KernelTuner
 from hf_cascade.backends.cpu.verify_head import VerificationHead, fast_verification_head
@@ -56,7 +56,8 @@ def test_greedy_parity_with_large_vocab_target():
     ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
     ref = target.generate(ids, max_new_tokens=24, do_sample=False)
     for fast in (True, False):
-        a = hf_cascade.CascadeAssistant([target, hf_cascade.MaxGram()], cpu_kernels=fast, cost_aware=False)
+        a = hf_cascade.CascadeAssistant([target, hf_cascade.MaxGram()], policy=Policy(cost_aware=False),
+                                        cpu_kernels=fast)
         out = target.generate(ids, max_new_tokens=24, do_sample=False, assistant_model=a)
         assert torch.equal(out, ref)
         assert a.last_stats.tokens_per_target_call > 2

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hf_cascade
-from hf_cascade import GlideAssistant, MaxGram
+from hf_cascade import CascadeSettings, GlideAssistant, MaxGram, Policy
 from hf_cascade.backends.cpu.kernels import PACKER, TUNER, KernelTuner
 from hf_cascade.backends.cpu.panel import PANEL
 from hf_cascade.backends.cpu.verify_linear import RowsLinear, fast_decoder_linears, fast_verification
@@ -127,8 +127,11 @@ def test_greedy_parity_on_two_threads(name, kernel, monkeypatch):
 
     monkeypatch.setattr(RowsLinear, "__call__", counting)
     monkeypatch.setattr(TUNER, "force", kernel)
-    assistants = [hf_cascade.CascadeAssistant([tm.noisy_copy(target), MaxGram()], k_matrix=[[2, 6], [0, 6]], cost_aware=False),
-                  GlideAssistant(echo_glide(target, 0.3), cape=True, verify_cost=None)]     # multi-row verifications
+    assistants = [hf_cascade.CascadeAssistant([tm.noisy_copy(target), MaxGram()],
+                                              settings=CascadeSettings(k_matrix=[[2, 6], [0, 6]]),
+                                              policy=Policy(cost_aware=False)),
+                  GlideAssistant(echo_glide(target, 0.3),
+                                 policy=Policy(cost_aware=False))]     # multi-row verifications
     with threads(2):
         for prompt in (ids(1, 5, 9), ids(1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39)):
             expected = target.generate(prompt, do_sample=False, max_new_tokens=32)

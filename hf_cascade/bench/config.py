@@ -23,7 +23,8 @@ DRAFT_FAMILY = {"cascade": "cascade", "hsddw": "hsddw", "hsddw-single": "hsddw",
 #: What kind of model each strategy drafts with: one shared ``--draft`` list can only serve strategies of one kind.
 DRAFT_KIND = {"cascade": "causal LM drafter", "hsddw": "causal LM drafter", "glide": "GLIDE head",
               "redrafter": "ReDrafter head"}
-#: Options of the cascade (``CascadeAssistant``'s keywords), passed only when set (see :meth:`BenchConfig.cascade_kwargs`).
+#: Options of the cascade, flat (``CascadeSettings``' fields, ``Policy``'s ``cost_aware``, ``maxgram_first`` for
+#: ``Policy.lookup``), passed only when set (see :meth:`BenchConfig.cascade_kwargs`).
 CASCADE_OPTIONS = ("k_matrix", "lenience", "maxgram_lenience", "min_confidence", "maxgram_first", "keep_unsure", "cost_aware")
 
 
@@ -46,15 +47,17 @@ class BenchConfig:
         baselines: baselines besides ours; ``"plain"`` is added when missing, a name that is also a strategy
             of the run is measured once, as the strategy.
         k_matrix / lenience / maxgram_lenience / min_confidence / maxgram_first / keep_unsure / cost_aware: the
-            cascade's options (:class:`~hf_cascade.CascadeAssistant`); they go to the ``cascade`` method, and to
+            cascade's options, flat (:class:`~hf_cascade.CascadeSettings`' fields; ``cost_aware`` and
+            ``maxgram_first`` are its :class:`~hf_cascade.Policy`'s ``cost_aware`` and ``lookup``); they go to the
+            ``cascade`` method, and to
             Max-Gram alone (``maxgram``, ``maxgram-hf-loop``) only in a run without the cascade (with the cascade
             Max-Gram alone is its reference and runs with its defaults). ``min_confidence`` is also
             ``ReDrafterAssistant``'s and ``GlideAssistant``'s, for every redrafter / glide method.
         draft_length / max_tree_nodes / min_expansion_prob: ``GlideAssistant``'s main-path length, tree-size cap and
             CAPE's expansion floor (glide methods).
-        verify_cost: ``GlideAssistant(verify_cost=VerifyCost.reference())`` (the reference CPU's profile) when true or
-            ``"reference"``, the profile :func:`~hf_cascade.measure.measure_verify_cost` measures on this
-            machine when ``"measure"`` (glide methods); false: not passed.
+        verify_cost: ``GlideAssistant(policy=Policy(verify_cost=VerifyCost.reference()))`` (the reference CPU's
+            profile) when true or ``"reference"``, the profile :func:`~hf_cascade.measure.measure_verify_cost`
+            measures on this machine when ``"measure"`` (glide methods); false: not passed.
         beam_width / beam_length: ``ReDrafterAssistant``'s beam search (redrafter methods).
         window: HSDDW's ``max_window`` and the fixed draft window of the ``hf-assisted-constant`` / ``-confidence``
             baselines (not set: HSDDW's default, and :data:`~hf_cascade.bench.methods.ASSISTED_WINDOW` for them).

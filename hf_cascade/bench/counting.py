@@ -137,7 +137,7 @@ def assistant_levels(assistant: Any) -> list | None:
         models = [m for m in (assistant.verifier_model, assistant.draft_model) if m is not None]
         return models + ([None] if assistant.lookup else [])                    # Max-Gram's lookup: no forwards
     if isinstance(assistant, GlideAssistant):                 # a lookup branch: a statistical level below
-        return [assistant.glide] + ([None] if assistant.settings.lookup else [])
+        return [assistant.glide] + ([None] if assistant.lookup else [])
     if isinstance(assistant, ReDrafterAssistant):
         return [assistant.head] + ([None] if assistant.lookup else [])
     if isinstance(assistant, MaxGramTreeAssistant):

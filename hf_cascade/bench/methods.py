@@ -21,13 +21,14 @@ import transformers
 from ..assistant import Assistant
 from ..backends import cpu_kernels_apply
 from ..compat import CACHE
-from ..cascade import CascadeAssistant
+from ..cascade import CascadeAssistant, CascadeSettings
+from ..core.payoff import VerifyCost
 from ..drafters import CorpusNGrams, MaxGram
 from ..drafters.neural import model_name
-from ..glide import GlideAssistant
-from ..core.payoff import VerifyCost
-from ..hsddw import DynamicWindowAssistant
-from ..redrafter import ReDrafterAssistant
+from ..glide import CapeSettings, GlideAssistant, GlideSettings
+from ..hsddw import DynamicWindowAssistant, DynamicWindowSettings
+from ..options import Policy
+from ..redrafter import ReDrafterAssistant, ReDrafterSettings
 from .counting import UNKNOWN, ForwardCounter, assistant_levels, economize_stats, transformers_loop_stats
 
 ECONOMIZE_VERSION = "0.3.2"
@@ -211,9 +212,9 @@ class Suffix(Ours):
 
     def __init__(self, name: str, model: Any, **settings):
         try:
-            from ..suffix import SuffixAssistant
+            from ..suffix import SuffixAssistant, SuffixSettings
 
-            assistant = SuffixAssistant(**settings)
+            assistant = SuffixAssistant(settings=SuffixSettings(**settings))
         except ImportError as exc:
             raise MethodUnavailable(f"baseline {name!r} needs ArcticInference's suffix trees: pip install arctic-inference "
                                     f"({exc})") from exc
@@ -287,22 +288,28 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict |
     strategy of :data:`~hf_cascade.bench.config.STRATEGIES`), with ``drafts`` the draft models of its strategy.
 
     Rule: an assistant gets only the options given here; everything else is its library default.
-    ``strategy_kwargs``: ``CascadeAssistant`` options of the ``cascade``; ``maxgram_kwargs`` those of Max-Gram
-    alone (``maxgram``, ``maxgram-hf-loop``); ``window``: HSDDW's ``max_window`` and the fixed window of the
-    ``hf-assisted-constant`` / ``-confidence`` baselines (``None``: HSDDW's default, :data:`ASSISTED_WINDOW` for
-    them); ``tree``: settings of the tree strategies (``draft_length``, ``max_tree_nodes``, ``min_confidence``,
-    ``min_expansion_prob``, ``verify_cost`` for GLIDE; ``beam_width``, ``beam_length``, ``min_confidence`` for
-    ReDrafter; a ``None`` value counts as not given); ``corpus``: the corpus n-grams of the cascade's Max-Gram
-    and of the ``maxgram-corpus`` baseline, ``maxgram_corpus`` those of Max-Gram alone."""
+    ``strategy_kwargs``: the cascade's options of the ``cascade``, flat (:func:`cascade_options`);
+    ``maxgram_kwargs`` those of Max-Gram alone (``maxgram``, ``maxgram-hf-loop``); ``window``: HSDDW's
+    ``max_window`` and the fixed window of the ``hf-assisted-constant`` / ``-confidence`` baselines (``None``:
+    HSDDW's default, :data:`ASSISTED_WINDOW` for them); ``tree``: settings of the tree strategies
+    (``draft_length``, ``max_tree_nodes``, ``min_confidence``, ``min_expansion_prob``, ``verify_cost`` for GLIDE;
+    ``beam_width``, ``beam_length``, ``min_confidence`` for ReDrafter; a ``None`` value counts as not given);
+    ``corpus``: the corpus n-grams of the cascade's Max-Gram and of the ``maxgram-corpus`` baseline,
+    ``maxgram_corpus`` those of Max-Gram alone."""
     tree = {k: v for k, v in (tree or {}).items() if v is not None}
-    cascade_kwargs, maxgram_kwargs = dict(strategy_kwargs or {}), dict(maxgram_kwargs or {})
-    glide = {k: tree[k] for k in ("draft_length", "max_tree_nodes", "min_confidence", "min_expansion_prob") if k in tree}
+    cascade_kwargs, maxgram_kwargs = cascade_options(strategy_kwargs or {}), cascade_options(maxgram_kwargs or {})
+    glide = {k: tree[k] for k in ("draft_length", "min_confidence") if k in tree}
+    cape = {new: tree[old] for old, new in (("max_tree_nodes", "max_nodes"), ("min_expansion_prob", "min_prob"))
+            if old in tree}
+    glide_options = {"settings": GlideSettings(**glide, cape=CapeSettings(**cape))} if glide or cape else {}
+    chain_options = {"settings": GlideSettings(**glide, cape=None)}
     cost = tree.get("verify_cost")
     if cost:                                      # True / "reference": the reference CPU's profile; or a measured one
-        glide["verify_cost"] = cost if isinstance(cost, VerifyCost) else VerifyCost.reference()
+        policy = Policy(verify_cost=cost if isinstance(cost, VerifyCost) else VerifyCost.reference())
+        glide_options, chain_options = {**glide_options, "policy": policy}, {**chain_options, "policy": policy}
     beams = {k: tree[k] for k in ("beam_width", "beam_length", "min_confidence") if k in tree}
     hf_drafts = [assisted_draft] if assisted_draft is not None else drafts
-    hsddw = {} if window is None else {"max_window": window}
+    hsddw = {} if window is None else {"settings": DynamicWindowSettings(max_window=window)}
     builders: dict[str, Callable[[], Method]] = {
         "plain": lambda: Method("plain", model, one_forward_per_token=True),
         "plain-kernels": lambda: PlainKernels("plain-kernels", model),
@@ -324,15 +331,18 @@ def build_method(name: str, model: Any, drafts: list, *, strategy_kwargs: dict |
         # HSDDW's one-draft-model form (Algorithm 1) beside the hierarchical one (--verifier), same run
         "hsddw-single": lambda: _hsddw("hsddw-single", model, drafts, None, hsddw),
         # HSDDW's draft models at every step the lookup leaves (cost_aware=False: the paper's, no payoff rule)
-        "hsddw-every-step": lambda: _hsddw("hsddw-every-step", model, drafts, verifier, {**hsddw, "cost_aware": False}),
+        "hsddw-every-step": lambda: _hsddw("hsddw-every-step", model, drafts, verifier,
+                                           {**hsddw, "policy": Policy(cost_aware=False)}),
         # GLIDE with the library's defaults (the strategy) and as a chain without CAPE (the paper's GLIDE alone)
-        "glide": lambda: _tree("glide", model, drafts, GlideAssistant, **glide),
-        "glide-chain": lambda: _tree("glide-chain", model, drafts, GlideAssistant, cape=False,
-                                     **{k: v for k, v in glide.items() if k != "min_expansion_prob"}),
+        "glide": lambda: _tree("glide", model, drafts, GlideAssistant, **glide_options),
+        "glide-chain": lambda: _tree("glide-chain", model, drafts, GlideAssistant, **chain_options),
         # ReDrafter: beams packed into a prefix tree (the strategy), beam width 1, and the beams verified flat
-        "redrafter": lambda: _tree("redrafter", model, drafts, ReDrafterAssistant, **beams),
-        "redrafter-w1": lambda: _tree("redrafter-w1", model, drafts, ReDrafterAssistant, **{**beams, "beam_width": 1}),
-        "redrafter-flat": lambda: _tree("redrafter-flat", model, drafts, ReDrafterAssistant, dedupe=False, **beams),
+        "redrafter": lambda: _tree("redrafter", model, drafts, ReDrafterAssistant,
+                                   **({"settings": ReDrafterSettings(**beams)} if beams else {})),
+        "redrafter-w1": lambda: _tree("redrafter-w1", model, drafts, ReDrafterAssistant,
+                                      settings=ReDrafterSettings(**{**beams, "beam_width": 1})),
+        "redrafter-flat": lambda: _tree("redrafter-flat", model, drafts, ReDrafterAssistant,
+                                        settings=ReDrafterSettings(**beams, dedupe=False)),
         # Token Recycling: the target's own earlier top-k candidates as a tree (no draft model)
         "recycling": lambda: Recycling("recycling", model),
         # SuffixDecoding (ArcticInference's suffix trees, vLLM's defaults): linear drafts as vLLM runs it, and trees
@@ -362,6 +372,17 @@ def _static(method: Method, name: str) -> Method:
     kwargs = method.extra_kwargs()
     method.extra_kwargs = lambda: {**kwargs, "cache_implementation": "static"}
     return method
+
+
+def cascade_options(flat: dict) -> dict:
+    """The cascade's options given flat (the bench's names: :class:`~hf_cascade.cascade.CascadeSettings`' fields,
+    ``cost_aware``, ``maxgram_first``) as ``CascadeAssistant``'s keywords; only what is given."""
+    flat = dict(flat)
+    policy = {"cost_aware": flat.pop("cost_aware")} if "cost_aware" in flat else {}
+    if "maxgram_first" in flat:
+        policy["lookup"] = flat.pop("maxgram_first")
+    options = {"settings": CascadeSettings(**flat)} if flat else {}
+    return {**options, "policy": Policy(**policy)} if policy else options
 
 
 def _in_transformers_loop(method: "Ours") -> "Ours":

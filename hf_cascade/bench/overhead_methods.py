@@ -28,7 +28,7 @@ METHODS = {
     "maxgram": "Max-Gram: CascadeAssistant([MaxGram()])",
     "cascade": "cascade: CascadeAssistant([drafter, MaxGram()])",
     "hsddw": "HSDDW: DynamicWindowAssistant(drafter)",
-    "glide": "GLIDE chain: GlideAssistant(head, cape=False)",
+    "glide": "GLIDE chain: GlideAssistant(head, settings=GlideSettings.chain())",
     "glide_cape": "GLIDE + CAPE: GlideAssistant(head)",
     "redrafter": "ReDrafter: ReDrafterAssistant(head)",
     "recycling": "Token Recycling: RecyclingAssistant()",
@@ -70,7 +70,7 @@ def build_methods(target, names: Sequence[str] | None = None, drafter=None, glid
     and ``cpu_kernels=False``; the drafters they need are built when not given: ``drafter`` (the target's first
     layer, :func:`~hf_cascade.bench.tiny.truncated_copy`), ``glide`` (:func:`~hf_cascade.bench.tiny.echo_glide`) and
     ``redrafter`` (:func:`~hf_cascade.bench.tiny.fit_head`, a few seconds of training)."""
-    from .. import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
+    from .. import CascadeAssistant, DynamicWindowAssistant, GlideAssistant, GlideSettings, MaxGram, ReDrafterAssistant
     from ..recycling import RecyclingAssistant
     from . import tiny
 
@@ -97,7 +97,7 @@ def build_methods(target, names: Sequence[str] | None = None, drafter=None, glid
         "maxgram": lambda: (CascadeAssistant([MaxGram()], **off), []),
         "cascade": lambda: (CascadeAssistant([drafter, MaxGram()], **off), _model_modules(drafter, target)),
         "hsddw": lambda: (DynamicWindowAssistant(drafter, **off), _model_modules(drafter, target)),
-        "glide": lambda: (GlideAssistant(glide, cape=False, **off), _model_modules(glide, target)),
+        "glide": lambda: (GlideAssistant(glide, settings=GlideSettings.chain(), **off), _model_modules(glide, target)),
         "glide_cape": lambda: (GlideAssistant(glide, **off), _model_modules(glide, target)),
         "redrafter": lambda: (ReDrafterAssistant(redrafter, **off),
                               _own_modules([redrafter, *redrafter.children()], target)),

@@ -3,5 +3,6 @@
 from .assistant import CascadeAssistant
 from .drafter import CascadeCandidateGenerator
 from .k_matrix import default_k_matrix, validate_k_matrix
+from .settings import CascadeSettings
 
-__all__ = ["CascadeAssistant", "CascadeCandidateGenerator", "default_k_matrix", "validate_k_matrix"]
+__all__ = ["CascadeAssistant", "CascadeCandidateGenerator", "CascadeSettings", "default_k_matrix", "validate_k_matrix"]

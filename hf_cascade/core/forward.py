@@ -201,7 +201,8 @@ def check_attention_backend(model: PreTrainedModel, tree_shaped: bool) -> None:
         f"attn_implementation={impl!r}, which does not apply a custom 4D tree mask (flash / paged / hub kernels "
         "read it as padding; flex_attention is not supported). Set attn_implementation='sdpa' (or 'eager') when "
         "loading the target, or call target.set_attn_implementation('sdpa'); or draft chains only "
-        "(e.g. GlideAssistant(cape=False), ReDrafterAssistant(beam_width=1)).")
+        "(e.g. GlideAssistant(head, settings=GlideSettings.chain()), "
+        "ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=1))).")
 
 
 def logit_cap(model: torch.nn.Module) -> float | None:

@@ -6,7 +6,7 @@ confidence-aware proposal expansion verified as a token tree (CAPE, Section 4.2,
   verification tree of an expanded proposal;
 * :mod:`.drafter` -- :class:`GlideDrafter`, one call's drafting step (glimpse, main path, CAPE, cache crop);
 * :mod:`.assistant` -- :class:`GlideAssistant` (``generate(assistant_model=...)``);
-* :mod:`.settings`, :mod:`.stats`, :mod:`.checks` -- :class:`GlideSettings`, :class:`GlideStats`,
+* :mod:`.settings`, :mod:`.stats`, :mod:`.checks` -- :class:`GlideSettings` (the draft's shape), :class:`GlideStats`,
   :func:`check_glide_matches` (a GLIDE built for this target).
 
 The draft model itself is :class:`hf_cascade.heads.GlideForCausalLM`; it is trained by

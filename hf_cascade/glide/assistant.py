@@ -3,20 +3,17 @@ token tree by :mod:`hf_cascade.core`; the step itself is :class:`~hf_cascade.gli
 
 from __future__ import annotations
 
-import os
-from dataclasses import fields, replace
+from dataclasses import fields
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..assistant import TreeAssistant
-from ..core.payoff import VerifyCost
 from ..core.stats import LevelStats, TreeStats
-from ..loading import load_pretrained
 from ..measure import bound_verify_cost
+from ..options import Loading, Policy, rejects_moved
 from ..placement import place_like
 from ..processors import split_processors
-from .cape import CapeSettings
 from .checks import check_glide_matches
 from .drafter import GlideDrafter
 from .settings import GlideSettings
@@ -32,36 +29,22 @@ class GlideAssistant(TreeAssistant):
             glide``), or the local directory or Hub repo id of one (hf_cascade's own classes, no remote code:
             :func:`hf_cascade.loading.load_pretrained`). A GLIDE with ``cross_attention=False`` (the paper's
             Vanilla Drafter baseline) works too: it drafts without reading the target's cache.
-        cape: expand the proposal with CAPE (a tree); ``False`` drafts a chain.
-        draft_length: main-path tokens per step (``gamma``).
-        cape_sizes / cape_thresholds: CAPE's ``S(p)`` (:class:`~hf_cascade.glide.cape.CapeSettings`; paper:
-            7/5/3/1 for ``p`` in (0,.3], (.3,.6], (.6,.8], (.8,1]).
-        max_tree_nodes: most tree nodes per verification (``None``: no cap; the paper's CAPE verifies <= 32).
-        min_confidence: stop the main path at the first token the draft gives probability below it (a
-            chain leaves that token out, CAPE verifies it with its expansion set unless its path is below
-            ``min_expansion_prob``); 0 = the paper's fixed ``draft_length``. Not in the paper; see
-            :class:`GlideSettings`.
-        min_expansion_prob: CAPE leaves out expansion tokens whose path the draft gives probability below it
-            (own probability x the main confidences above; 0 = the paper's ``S(p)`` sets in full; see
-            :class:`~hf_cascade.glide.cape.CapeSettings`).
-        verify_cost: a :class:`~hf_cascade.core.payoff.VerifyCost` (default ``VerifyCost()``: measured on the
-            target's device at the first call, cached per device kind; or a table, e.g. from
-            :func:`~hf_cascade.measure.measure_verify_cost`): each step drafts, and verifies, only what pays
-            for its cost on this hardware, with the draft's probabilities calibrated by the target's verdicts
-            (:class:`~hf_cascade.core.payoff.AdaptiveBudget`: whether to draft, how deep, which nodes). ``None``:
-            draft ``draft_length`` tokens and verify everything drafted, as the paper does. Not in the paper;
-            lossless either way.
-        lookup: with ``verify_cost``, join the sequence's own repeats (prompt lookup, frequency-ranked
-            continuations) to each tree as a branch estimated by its measured acceptance, also on steps where
-            the GLIDE does not draft (:mod:`hf_cascade.drafters.lookup_branch`; not in the paper: a drafter
-            trained on chat text guesses poorly where the answer copies the prompt). Under sampling, seeds
-            join a drawn main path as separate point-mass siblings (a drawn chain, ``cape=False``, goes alone);
-            ``False``: GLIDE's tree alone.
+        settings: the draft's shape (:class:`~hf_cascade.glide.settings.GlideSettings`: ``draft_length``, CAPE's
+            :class:`~hf_cascade.glide.cape.CapeSettings`, ``min_confidence``); default: the paper's GLIDE + CAPE,
+            ``GlideSettings.chain()``: GLIDE alone.
+        policy: beyond the paper (:class:`~hf_cascade.options.Policy`): by default each step drafts, and verifies,
+            only what pays for its cost on this hardware (the verification profile measured on the target's
+            device when the assistant binds, the draft's probabilities calibrated by the target's verdicts:
+            :class:`~hf_cascade.core.payoff.AdaptiveBudget`, whether to draft, how deep, which nodes), and the
+            sequence's own repeats (prompt lookup) join each tree as a branch rated by its measured acceptance,
+            also on steps where the GLIDE does not draft (:mod:`hf_cascade.drafters.lookup_branch`; under
+            sampling, seeds join a drawn main path as point-mass siblings, and a drawn chain goes alone).
+            ``Policy.paper()``: draft ``draft_length`` tokens and verify everything drafted, as the paper does.
+            Lossless either way.
         cpu_kernels: ``None`` (automatic), ``True`` or ``False``: see :mod:`hf_cascade.backends`.
-        revision, token, cache_dir, dtype, device_map: ``from_pretrained``'s options when ``glide_model`` is
-            a path or repo id (``dtype`` / ``device_map`` with a loaded model: ``ValueError``).
-        place_drafters: place the GLIDE like the target's input embeddings (device, dtype) at every call
-            (:func:`hf_cascade.placement.place_like`); ``False``: leave it (K/V then cross at every forward).
+        loading: :class:`~hf_cascade.options.Loading`: ``from_pretrained``'s options when ``glide_model`` is a path
+            or repo id, and whether the GLIDE is placed like the target's input embeddings (device, dtype) at every
+            call (``place=False``: its K/V then cross at every forward).
 
     Greedy outputs equal plain ``generate``; sampling is lossless (drawn or argmax main paths, see
     :mod:`hf_cascade.glide.drafter`). After each call ``assistant.last_stats`` is a :class:`GlideStats` (tokens
@@ -70,50 +53,40 @@ class GlideAssistant(TreeAssistant):
     Example::
 
         import hf_cascade
-        from hf_cascade.glide import GlideAssistant
-        a = GlideAssistant(hf_cascade.shipped("gemma-3-270m-glide-xs"), cape=True)   # or a Hub repo id
+        from hf_cascade.glide import GlideAssistant, GlideSettings
+        a = GlideAssistant(hf_cascade.shipped("gemma-3-270m-glide-xs"), settings=GlideSettings.chain())
         out = model.generate(ids, assistant_model=a, max_new_tokens=128)
         a.last_stats.tokens_per_target_call, a.last_stats.draft_forward_cost
     """
 
-    def __init__(self, glide_model, cape: bool = True, draft_length: int = 5,
-                 cape_sizes: tuple[int, ...] = (7, 5, 3, 1), cape_thresholds: tuple[float, ...] = (0.3, 0.6, 0.8),
-                 max_tree_nodes: int | None = None, min_confidence: float = 0.0, min_expansion_prob: float = 0.0,
-                 verify_cost: VerifyCost | None = VerifyCost(), cpu_kernels: bool | None = None, lookup: bool = True, *,
-                 revision: str | None = None,
-                 token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, dtype=None, device_map=None,
-                 place_drafters: bool = True):
-        if isinstance(glide_model, (str, os.PathLike, torch.nn.Module)):
-            glide_model = load_pretrained(glide_model, kind="glide_model", revision=revision, token=token,
-                                          cache_dir=cache_dir, dtype=dtype, device_map=device_map)
-        if not all(hasattr(glide_model, a) for a in ("target_kv", "tie_to_target", "to_draft_ids")):
-            raise TypeError(f"glide_model must be a GlideForCausalLM (or the path or repo id of one), "
-                            f"got {type(glide_model).__name__}")
-        cape_settings = (CapeSettings(tuple(cape_sizes), tuple(cape_thresholds), max_tree_nodes, float(min_expansion_prob))
-                         if cape else None)
-        if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
-            raise TypeError(f"verify_cost must be a hf_cascade.core.payoff.VerifyCost or None, got {type(verify_cost).__name__}")
-        self.settings = GlideSettings(int(draft_length), cape_settings, float(min_confidence), verify_cost,
-                                      bool(lookup) and verify_cost is not None)
+    @rejects_moved(GlideSettings, "cape", "draft_length", "min_confidence", loading=True, policy=True,
+                   **{old: f"settings=GlideSettings(cape=CapeSettings({new}=...))" for old, new in (
+                       ("cape_sizes", "sizes"), ("cape_thresholds", "thresholds"), ("max_tree_nodes", "max_nodes"),
+                       ("min_expansion_prob", "min_prob"))})
+    def __init__(self, glide_model, *, settings: GlideSettings | None = None, policy: Policy | None = None,
+                 cpu_kernels: bool | None = None, loading: Loading | None = None):
+        self.settings, self.policy, self.loading = GlideSettings.of(settings), Policy.of(policy), Loading.of(loading)
+        glide_model = self.loading.load(glide_model, "glide_model", "GlideForCausalLM",
+                                        needs=("target_kv", "tie_to_target", "to_draft_ids"))
+        self.lookup = self.policy.lookup and self.policy.cost_aware      # the lookup branch is cut by the cost rule
         self.glide = glide_model.eval()
         self.cpu_kernels = cpu_kernels
-        self.place_drafters = bool(place_drafters)
 
     def bind(self, target: PreTrainedModel) -> None:
-        """``place_drafters``: a float32 GLIDE on a bf16 target is cast once here, not the K/V at every forward; the
-        verification profile of ``VerifyCost()`` is measured here (once per device kind)."""
-        if self.place_drafters:
+        """Place the GLIDE like the target (``loading.place``: a float32 GLIDE on a bf16 target is cast once here,
+        not the K/V at every forward); the verification profile the cost rule uses, measured on the target's
+        device at the first call (:func:`~hf_cascade.measure.bound_verify_cost`)."""
+        if self.loading.place:
             place_like(self.glide, target)
-        self.bound_cost = bound_verify_cost(self.settings.verify_cost, target)
+        self.verify_cost = bound_verify_cost(self.policy, target)
 
     def new_drafter(self, target: PreTrainedModel, generation_config: GenerationConfig,
                     logits_processor: LogitsProcessorList, stats=None, target_tokenizer=None) -> GlideDrafter:
         check_glide_matches(self.glide, target)
         eos = generation_config.eos_token_id
         stop = [] if eos is None else [eos] if isinstance(eos, int) else list(torch.as_tensor(eos).flatten().tolist())
-        settings = replace(self.settings, verify_cost=self.bound_cost)
         processors = split_processors(logits_processor)[0] if generation_config.do_sample else None
-        return GlideDrafter(self.glide, settings, stop, processors)
+        return GlideDrafter(self.glide, self.settings, stop, processors, self.verify_cost, self.lookup)
 
     def finish(self, drafter: GlideDrafter, stats: TreeStats) -> GlideStats:
         """The call's (or a batch row's) statistics as a :class:`GlideStats`, with the drafter's records."""
@@ -125,7 +98,7 @@ class GlideAssistant(TreeAssistant):
             name=name, forward_calls=out.draft_forwards, forward_tokens=out.draft_tokens,
             proposals=len(out.main_lengths),
             tokens_proposed=sum(out.draft_len_per_call), tokens_accepted=sum(out.accepted_per_call))]
-        if self.settings.lookup:
+        if self.lookup:
             out.levels.append(drafter.lookup.level())
         return out
 

@@ -14,12 +14,12 @@ yet in the target's cache):
    previous step's bonus / accepted tokens and the root), then each main token; drafting stops after
    ``draft_length`` tokens, at the length budget, after an EOS token or (``min_confidence > 0``, not in
    the paper) at the first token the draft gives less than ``min_confidence``.
-3. **CAPE** (``cape=True``): at each step ``i`` the confidence ``p_i = max p_D`` picks ``K_i = S(p_i)``
+3. **CAPE** (``GlideSettings.cape``): at each step ``i`` the confidence ``p_i = max p_D`` picks ``K_i = S(p_i)``
    (:class:`~hf_cascade.glide.cape.CapeSettings`) and the ``K_i`` next-best tokens become leaves beside
-   ``x_{t+i}``; ``cape=False`` sends the main path alone (a chain).
-   **Hardware-aware size** (``verify_cost``, the default; not in the paper): draft at all, draft deeper, and
+   ``x_{t+i}``; without CAPE (``GlideSettings.chain()``) the main path goes alone (a chain).
+   **Hardware-aware size** (``Policy.cost_aware``, the default; not in the paper): draft at all, draft deeper, and
    verify each drafted node only when its calibrated chance of acceptance pays for its measured cost on the
-   running device (:mod:`hf_cascade.core.payoff.budget`; the paper's fixed shape with ``verify_cost=None``).
+   running device (:mod:`hf_cascade.core.payoff.budget`; the paper's fixed shape with ``Policy(cost_aware=False)``).
 4. After verification (:meth:`GlideDrafter.on_accept`) the draft cache is **cropped** (``Cache.crop``) to
    the verified tokens it already holds: the root and the accepted main-path tokens it fed. (With one draft
    layer their K/V do not depend on the glimpse at all; with more, the upper layers' K/V keep the view of
@@ -39,7 +39,7 @@ main path is verified in full (:mod:`hf_cascade.core.draws`, rules 1-3), so
 token distributed exactly as the target's processed distribution (temperature, top-k/p, penalties), whatever
 the draft proposes. Greedy decoding is exact by construction.
 
-The lookup branch (``lookup=True``, with ``verify_cost``; not in the paper): the sequence's own repeats join the
+The lookup branch (``Policy.lookup``, with the cost rule; not in the paper): the sequence's own repeats join the
 tree before the cost cut (:mod:`hf_cascade.drafters.lookup_branch`), also on steps where the draft does not run;
 beside a drawn main path they are separate point-mass siblings (never merged with a drawn node).
 """
@@ -52,7 +52,7 @@ from transformers import DynamicCache, LogitsProcessorList
 from ..compat import cache_kwargs
 from ..core.accept import path_list
 from ..core.draws import ProposalChoice, draw, tree_draft_probs, warped, warpers
-from ..core.payoff import AdaptiveBudget
+from ..core.payoff import AdaptiveBudget, VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
@@ -74,7 +74,8 @@ class GlideDrafter(TreeDrafter):
     reads_target_cache = True                        # cross-attends to the target's K/V (TreeStep.cache)
 
     def __init__(self, glide, settings: GlideSettings, stop_ids: list[int],
-                 processors: LogitsProcessorList | None = None):
+                 processors: LogitsProcessorList | None = None, verify_cost: VerifyCost | None = None,
+                 lookup: bool = False):
         self.glide, self.settings = glide, settings
         # sampling (``processors`` given): draw the main path from the warped q while that is accepted more often
         # than the argmax (core.draws); greedy: the argmax path
@@ -91,11 +92,11 @@ class GlideDrafter(TreeDrafter):
         self._checked = False
         self._device = next(glide.parameters()).device
         self._bounds = torch.tensor(self.choice.bounds, device=self._device) if self.choice is not None else None
-        # verify_cost: draft and verify what pays on this machine (core.payoff); None: the paper's fixed shape
-        self.budget = AdaptiveBudget(settings.verify_cost) if settings.verify_cost is not None else None
+        # verify_cost (measured): draft and verify what pays on this machine (core.payoff); None: the paper's shape
+        self.budget = AdaptiveBudget(verify_cost) if verify_cost is not None else None
         self._probs: list[float | None] = []         # draft probabilities of the verified tree's nodes (None: a seed)
         # lookup: the sequence's repeats join the tree (drafters.lookup_branch); its cut needs the budget
-        self.lookup = LookupBranch() if settings.lookup and self.budget is not None else None
+        self.lookup = LookupBranch() if lookup and self.budget is not None else None
 
     # -- helpers -----------------------------------------------------------------------------------
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ class GlideStats(TreeStats):
         main_accepted: accepted tokens that lie on the main path, per verification.
         expansion_accepted: verifications whose accepted path ends with an expansion token.
         skipped_drafts: steps that drafted nothing (no length budget left).
-        drafted_nodes: tree nodes drafted at each drafted step, before ``verify_cost`` chose what to verify
+        drafted_nodes: tree nodes drafted at each drafted step, before the cost rule chose what to verify
             (``tree_sizes`` holds the verified ones).
         drawn_drafts: drafted steps whose main path was drawn from ``q`` (sampling only,
             :mod:`hf_cascade.core.draws`); the others took the argmax.

@@ -57,12 +57,14 @@ _PROMPT = "Question: What is the capital of France?\\n\\nAnswer:"
 
 #: kind -> (import line, assistant line) of the usage snippet; ``{repo}`` is the head's repo id.
 _USES = {
-    "drafter": ("from hf_cascade import CascadeAssistant, MaxGram",
-                'assistant = CascadeAssistant([repo, MaxGram()], k_matrix=[[3, 10], [0, 10]])  # up to 3 drafter tokens'),
-    "glide": ("from hf_cascade import GlideAssistant",
-              'assistant = GlideAssistant(repo, cape=False)  # chains, no CAPE expansion'),
-    "redrafter": ("from hf_cascade import ReDrafterAssistant",
-                  'assistant = ReDrafterAssistant(repo, beam_width=2, beam_length={beam_length})'),
+    "drafter": ("from hf_cascade import CascadeAssistant, CascadeSettings, MaxGram",
+                ('k_matrix = [[3, 10], [0, 10]]  # up to 3 drafter tokens\n'
+                 'assistant = CascadeAssistant([repo, MaxGram()], settings=CascadeSettings(k_matrix=k_matrix))')),
+    "glide": ("from hf_cascade import GlideAssistant, GlideSettings",
+              'assistant = GlideAssistant(repo, settings=GlideSettings.chain())  # chains, no CAPE expansion'),
+    "redrafter": ("from hf_cascade import ReDrafterAssistant, ReDrafterSettings",
+                  ('beams = ReDrafterSettings(beam_width=2, beam_length={beam_length})\n'
+                   'assistant = ReDrafterAssistant(repo, settings=beams)')),
     "corpus": ("from hf_cascade import CascadeAssistant, CorpusNGrams, MaxGram",
                'assistant = CascadeAssistant([MaxGram(corpus=CorpusNGrams.load(repo))])'),
 }

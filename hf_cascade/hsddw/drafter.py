@@ -35,20 +35,20 @@ Deviations from the paper, all following the authors' code (``valexsyu/HSDDW``,
   We cap it at ``max_target_window`` (default ``5 * max_window``, i.e. 50 for the paper's K = 10).
 * Drafting also stops at an end-of-sequence token and at the length budget (``max_new_tokens``).
 * The target's own bonus token is transformers' verification step, as in Algorithm 1's code.
-* Not in the paper: with ``lookup=True`` (the default) each target step first asks Max-Gram prompt lookup
+* Not in the paper: with ``lookup`` (``Policy.lookup``, the default) each target step first asks Max-Gram prompt lookup
   (:class:`~hf_cascade.drafters.maxgram.MaxGram`, its adaptive lookahead learned per ``generate()`` call)
   for a continuation of the sequence from an earlier occurrence of its suffix. When it proposes tokens,
   they are the step's draft and no draft model runs: on prompts whose answer copies the prompt
   (extraction, translation) the neural windows alone are slower than plain decoding. Lossless: lookup
   tokens are deterministic, handed to the target as point masses (``q`` one-hot), and the thresholds
-  ``tau`` / ``tau2`` learn only from tokens the draft models drafted. ``lookup=False`` gives the
-  paper's drafter alone.
-* Not in the paper: with ``cost_aware=True`` (the default) the draft models run on a step only while they are
-  expected to pay (:class:`~hf_cascade.core.payoff.DrafterPayoff` at reach 1: their accepted tokens per
+  ``tau`` / ``tau2`` learn only from tokens the draft models drafted. Without ``lookup``
+  (``Policy(lookup=False)``): the paper's drafter alone.
+* Not in the paper: with ``cost_aware`` (``Policy.cost_aware``, the default) the draft models run on a step only
+  while they are expected to pay (:class:`~hf_cascade.core.payoff.DrafterPayoff` at reach 1: their accepted tokens per
   step against the time of their forwards plus the rows their window adds to the target's step, both measured
   in this call); otherwise the step is a plain one (no draft). A refused step still drafts every 8th time, so
   the estimate keeps learning. The windows themselves stay the paper's. It decides only what is drafted:
-  lossless. ``cost_aware=False``: the draft models draft at every step the lookup leaves, as in the paper.
+  lossless. Without it: the draft models draft at every step the lookup leaves, as in the paper.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ class DynamicWindowStats(GenerationStats):
         rejected_entropies2: ``H(q)`` of the pre-verifier's tokens the target rejected (``tau2``'s mean).
         lookup: whether the last level is the Max-Gram lookup's (a statistical level: no forwards).
         plain_steps: target steps with no draft because the draft models were not expected to pay
-            (``cost_aware``).
+            (``Policy.cost_aware``).
     """
 
     draft_windows: list[int] = field(default_factory=list)

@@ -25,7 +25,7 @@ class MaxGramTreeAssistant(TreeAssistant):
         a.last_stats.tokens_per_target_call, a.last_stats.tree_sizes
     """
 
-    def __init__(self, branches: int = 4, depth: int = 6, max_ngram: int = 8, min_ngram: int = 1,
+    def __init__(self, *, branches: int = 4, depth: int = 6, max_ngram: int = 8, min_ngram: int = 1,
                  max_scan: int = 16, cpu_kernels: bool | None = None):
         self.drafter = MaxGramTree(branches, depth, max_ngram, min_ngram, max_scan)
         self.cpu_kernels = cpu_kernels

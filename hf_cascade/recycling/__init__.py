@@ -5,11 +5,14 @@ with the sequence's repeats as seeds; no draft model.
 * :mod:`.candidates` -- :class:`RecycledCandidates` (the table), :class:`RecyclingShape`, the best-first expansion;
 * :mod:`.drafter` -- :class:`TokenRecycling`, one call's drafting step (what it keeps, and its deviations from the
   paper);
+* :mod:`.settings` -- :class:`RecyclingSettings` (the candidates, their seeds, ``hot_start``);
 * :mod:`.assistant` -- :class:`RecyclingAssistant` (``generate(assistant_model=...)``).
 """
 
 from .assistant import RecyclingAssistant
 from .candidates import Expansion, RecycledCandidates, RecyclingShape
 from .drafter import TokenRecycling
+from .settings import RecyclingSettings
 
-__all__ = ["Expansion", "RecycledCandidates", "RecyclingAssistant", "RecyclingShape", "TokenRecycling"]
+__all__ = ["Expansion", "RecycledCandidates", "RecyclingAssistant", "RecyclingSettings", "RecyclingShape",
+           "TokenRecycling"]

@@ -4,10 +4,12 @@ step itself is :class:`~hf_cascade.recycling.drafter.TokenRecycling`'s."""
 from __future__ import annotations
 
 from ..assistant import TreeAssistant
-from ..core.payoff import AdaptiveBudget, VerifyCost
+from ..core.payoff import AdaptiveBudget
 from ..measure import bound_verify_cost
-from .candidates import RecycledCandidates, RecyclingShape
+from ..options import Policy, rejects_moved
+from .candidates import RecycledCandidates
 from .drafter import TokenRecycling
+from .settings import RecyclingSettings
 
 
 class RecyclingAssistant(TreeAssistant):
@@ -15,16 +17,12 @@ class RecyclingAssistant(TreeAssistant):
     :mod:`hf_cascade.recycling.drafter`). Greedy output equals plain ``generate``; sampling is exact.
 
     Args:
-        top_k / max_nodes / max_depth: the candidate tree (:class:`RecyclingShape`).
-        verify_cost: a :class:`~hf_cascade.core.payoff.VerifyCost` (default ``VerifyCost()``: measured on the
-            target's device at first use): each step verifies only the candidates that pay for their rows
-            (:class:`~hf_cascade.core.payoff.AdaptiveBudget`); ``None``: the whole expanded tree.
-        max_ngram / max_matches: longest suffix match whose continuations join the candidates, and how many of
-            its most recent occurrences are counted (frequency-ranked; 1: Max-Gram's one continuation);
-            ``max_ngram=0``: none (the paper's table alone).
-        hot_start: keep the recycled candidates across the calls of this assistant with one target (see
-            :mod:`hf_cascade.recycling.drafter`; a different target, or :meth:`reset`, starts an empty table).
-            Default: one table per call.
+        settings: the candidates (:class:`~hf_cascade.recycling.settings.RecyclingSettings`: the tree's
+            :class:`~hf_cascade.recycling.candidates.RecyclingShape`, the repeats that seed it, ``hot_start``).
+        policy: beyond the paper (:class:`~hf_cascade.options.Policy`): by default each step verifies only the
+            candidates that pay for their rows (:class:`~hf_cascade.core.payoff.AdaptiveBudget`, with the
+            verification profile measured on the target's device when the assistant binds) and the sequence's
+            repeats seed the tree; ``Policy.paper()``: the whole expanded tree of the table alone.
         cpu_kernels: see :mod:`hf_cascade.backends`.
 
     Example::
@@ -33,26 +31,24 @@ class RecyclingAssistant(TreeAssistant):
         out = model.generate(ids, assistant_model=RecyclingAssistant(), do_sample=True, temperature=0.7)
     """
 
-    def __init__(self, top_k: int = 8, max_nodes: int = 32, max_depth: int = 8,
-                 max_ngram: int = 8, max_matches: int = 16, verify_cost: VerifyCost | None = VerifyCost(),
-                 hot_start: bool = False, cpu_kernels: bool | None = None):
-        if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
-            raise TypeError(f"verify_cost must be a hf_cascade.core.payoff.VerifyCost or None, got {type(verify_cost).__name__}")
-        self.shape = RecyclingShape(int(top_k), int(max_nodes), int(max_depth))
-        self.max_ngram, self.max_matches = int(max_ngram), int(max_matches)
-        self.verify_cost = verify_cost
-        self.hot_start = bool(hot_start)
+    @rejects_moved(RecyclingSettings, "max_ngram", "max_matches", "hot_start", policy=True,
+                   **{name: f"settings=RecyclingSettings(shape=RecyclingShape({name}=...))"
+                      for name in ("top_k", "max_nodes", "max_depth")})
+    def __init__(self, *, settings: RecyclingSettings | None = None, policy: Policy | None = None,
+                 cpu_kernels: bool | None = None):
+        self.settings, self.policy = RecyclingSettings.of(settings), Policy.of(policy)
         self.cpu_kernels = cpu_kernels
         self.reset()
 
     def reset(self) -> None:
         """Forget every recycled candidate."""
-        self.candidates = RecycledCandidates(self.shape.top_k)
+        self.candidates = RecycledCandidates(self.settings.shape.top_k)
         self._owner: tuple | None = None
 
     def bind(self, target) -> None:
-        """Measure the verification profile of ``VerifyCost()`` (once per device kind)."""
-        self.bound_cost = bound_verify_cost(self.verify_cost, target)
+        """The verification profile the cost rule uses, measured on the target's device at the first call
+        (:func:`~hf_cascade.measure.bound_verify_cost`)."""
+        self.verify_cost = bound_verify_cost(self.policy, target)
 
     def new_drafter(self, target, generation_config, logits_processor, stats=None, target_tokenizer=None) -> TokenRecycling:
         config = target.config.get_text_config()
@@ -60,11 +56,12 @@ class RecyclingAssistant(TreeAssistant):
             raise ValueError(f"RecyclingAssistant reads token ids as float32 (exact below 2**24); this target's "
                              f"vocabulary has {config.vocab_size} tokens")
         owner = (id(target), getattr(target.config, "_name_or_path", None), int(config.vocab_size))
-        if owner != self._owner or not self.hot_start:    # another target's candidates are not this one's
+        if owner != self._owner or not self.settings.hot_start:    # another target's candidates are not this one's
             self.reset()
             self._owner = owner
-        budget = AdaptiveBudget(self.bound_cost) if self.bound_cost is not None else None
-        return TokenRecycling(self.candidates, self.shape, budget, self.max_ngram, self.max_matches)
+        budget = AdaptiveBudget(self.verify_cost) if self.verify_cost is not None else None
+        seeds = self.settings.max_ngram if self.policy.lookup else 0
+        return TokenRecycling(self.candidates, self.settings.shape, budget, seeds, self.settings.max_matches)
 
 
 __all__ = ["RecyclingAssistant"]

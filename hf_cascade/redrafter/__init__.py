@@ -5,8 +5,8 @@ deduplicated into a token tree (dynamic tree attention) and verified in one targ
 * :mod:`.beam` -- :func:`beam_search` with the head, the packed / flat verification trees;
 * :mod:`.drafter` -- :class:`ReDrafterDrafter`, one call's drafting step (beam search, pack, cost cut);
 * :mod:`.assistant` -- :class:`ReDrafterAssistant` (``generate(assistant_model=...)``);
-* :mod:`.stats`, :mod:`.checks` -- :class:`ReDrafterStats`, :func:`check_head_matches` (a head built for this
-  target).
+* :mod:`.settings`, :mod:`.stats`, :mod:`.checks` -- :class:`ReDrafterSettings` (the beams' shape),
+  :class:`ReDrafterStats`, :func:`check_head_matches` (a head built for this target).
 
 The head itself is :class:`hf_cascade.heads.ReDrafterModel`; it is trained by
 :func:`hf_cascade.training.run_redrafter.train_redrafter`.
@@ -15,12 +15,14 @@ The head itself is :class:`hf_cascade.heads.ReDrafterModel`; it is trained by
 from .assistant import ReDrafterAssistant
 from .checks import check_head_matches
 from .drafter import ReDrafterDrafter
+from .settings import ReDrafterSettings
 from .stats import ReDrafterStats
 from .beam import beam_search, beams_tree, confident_prefix, flat_tree
 
 __all__ = [
     "ReDrafterAssistant",
     "ReDrafterDrafter",
+    "ReDrafterSettings",
     "ReDrafterStats",
     "beam_search",
     "beams_tree",

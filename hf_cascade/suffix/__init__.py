@@ -4,11 +4,13 @@ in hf_cascade's decoding core.
 
 * :mod:`.drafter` -- :class:`SuffixCandidateGenerator` (linear drafts) and :class:`SuffixTreeDrafter` (speculation
   trees): one ``generate()`` call as one request of the cache (how, and the deviations from vLLM);
-* :mod:`.assistant` -- :class:`SuffixAssistant` (``generate(assistant_model=...)``), its cache and vLLM's defaults.
+* :mod:`.settings` -- :class:`SuffixSettings` (vLLM's defaults);
+* :mod:`.assistant` -- :class:`SuffixAssistant` (``generate(assistant_model=...)``) and its cache.
 """
 
-from .assistant import INSTALL, VLLM_DEFAULTS, SuffixAssistant, suffix_cache_class
+from .assistant import INSTALL, SuffixAssistant, suffix_cache_class
 from .drafter import SuffixCandidateGenerator, SuffixTreeDrafter
+from .settings import SuffixSettings
 
-__all__ = ["INSTALL", "SuffixAssistant", "SuffixCandidateGenerator", "SuffixTreeDrafter", "VLLM_DEFAULTS",
+__all__ = ["INSTALL", "SuffixAssistant", "SuffixCandidateGenerator", "SuffixSettings", "SuffixTreeDrafter",
            "suffix_cache_class"]

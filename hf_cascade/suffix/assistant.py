@@ -10,14 +10,11 @@ from ..assistant import LinearAssistant
 from ..candidate import ChainDrafter
 from ..core.stats import GenerationStats
 from ..core.strategy import TreeDrafter
+from ..options import rejects_moved
 from .drafter import SuffixCandidateGenerator, SuffixTreeDrafter
+from .settings import SuffixSettings
 
 INSTALL = "pip install arctic-inference"
-
-#: vLLM's defaults (``SpeculativeConfig``: suffix_decoding_max_tree_depth, _max_cached_requests,
-#: _max_spec_factor, _min_token_prob; its docs' num_speculative_tokens for suffix decoding)
-VLLM_DEFAULTS = {"num_speculative_tokens": 32, "max_tree_depth": 24, "max_cached_requests": 10000,
-                 "max_spec_factor": 1.0, "min_token_prob": 0.1}
 
 
 def suffix_cache_class():
@@ -35,13 +32,7 @@ class SuffixAssistant(LinearAssistant):
     :mod:`hf_cascade.suffix.drafter`). Greedy outputs equal plain ``generate``; sampling is lossless.
 
     Args:
-        num_speculative_tokens: most draft tokens per step (vLLM: 32).
-        max_tree_depth: depth of the suffix trees; bounds match length plus draft length (vLLM: 24).
-        max_cached_requests: responses kept in the global tree, FIFO (vLLM: 10000; 0: no global tree,
-            each call then drafts from its own prompt and response only; -1: no limit).
-        max_spec_factor: a draft has at most ``max_spec_factor`` x the match length tokens (vLLM: 1.0).
-        min_token_prob: lowest frequency-estimated probability of a drafted token (vLLM: 0.1).
-        use_tree_spec: draft the cache's speculation trees (core only) instead of its best path (vLLM: False).
+        settings: :class:`~hf_cascade.suffix.settings.SuffixSettings` (default: vLLM's).
         cpu_kernels: the verification backend switch (see :class:`~hf_cascade.assistant.Assistant`).
 
     The global tree is the only state kept between calls (:attr:`cache`); :meth:`clear` empties it.
@@ -55,28 +46,19 @@ class SuffixAssistant(LinearAssistant):
         out = model.generate(ids, assistant_model=a, max_new_tokens=128)
     """
 
-    def __init__(self, num_speculative_tokens: int = 32, max_tree_depth: int = 24, max_cached_requests: int = 10000,
-                 max_spec_factor: float = 1.0, min_token_prob: float = 0.1, use_tree_spec: bool = False,
-                 cpu_kernels: bool | None = None):
+    @rejects_moved(SuffixSettings, "num_speculative_tokens", "max_tree_depth", "max_cached_requests",
+                   "max_spec_factor", "min_token_prob", "use_tree_spec")
+    def __init__(self, *, settings: SuffixSettings | None = None, cpu_kernels: bool | None = None):
         self._cache_class = suffix_cache_class()
-        if num_speculative_tokens < 1 or max_tree_depth < 1:
-            raise ValueError(f"SuffixAssistant needs num_speculative_tokens >= 1 and max_tree_depth >= 1, got "
-                             f"{num_speculative_tokens}, {max_tree_depth}.")
-        if max_spec_factor <= 0 or not 0.0 <= min_token_prob <= 1.0 or max_cached_requests < -1:
-            raise ValueError(f"SuffixAssistant needs max_spec_factor > 0, min_token_prob in [0, 1] and "
-                             f"max_cached_requests >= -1, got {max_spec_factor}, {min_token_prob}, {max_cached_requests}.")
-        self.num_speculative_tokens = int(num_speculative_tokens)
-        self.max_tree_depth = int(max_tree_depth)
-        self.max_cached_requests = int(max_cached_requests)
-        self.max_spec_factor = float(max_spec_factor)
-        self.min_token_prob = float(min_token_prob)
-        self.trees = bool(use_tree_spec)
+        self.settings = SuffixSettings.of(settings)
+        self.trees = self.settings.use_tree_spec
         self.cpu_kernels = cpu_kernels
         self._ids = itertools.count()
         self.cache = self._new_cache()
 
     def _new_cache(self):
-        return self._cache_class(max_tree_depth=self.max_tree_depth, max_cached_requests=self.max_cached_requests)
+        s = self.settings
+        return self._cache_class(max_tree_depth=s.max_tree_depth, max_cached_requests=s.max_cached_requests)
 
     def clear(self) -> None:
         """Forget every cached response (a fresh global tree)."""
@@ -114,8 +96,8 @@ class SuffixAssistant(LinearAssistant):
 
     def candidate_generator(self, *args, **kwargs) -> SuffixCandidateGenerator:
         if self.trees:
-            raise RuntimeError("SuffixAssistant(use_tree_spec=True) drafts token trees: it runs in hf_cascade's "
-                               "decoding core only (loop='core').")
+            raise RuntimeError("SuffixAssistant(settings=SuffixSettings(use_tree_spec=True)) drafts token trees: it "
+                               "runs in hf_cascade's decoding core only (loop='core').")
         return super().candidate_generator(*args, **kwargs)
 
     @contextmanager
@@ -128,9 +110,7 @@ class SuffixAssistant(LinearAssistant):
             self._stop_requests()
 
     def __repr__(self) -> str:
-        return (f"SuffixAssistant(num_speculative_tokens={self.num_speculative_tokens}, max_tree_depth={self.max_tree_depth}, "
-                f"max_cached_requests={self.max_cached_requests}, max_spec_factor={self.max_spec_factor}, "
-                f"min_token_prob={self.min_token_prob}, use_tree_spec={self.trees})")
+        return f"SuffixAssistant(settings={self.settings})"
 
 
-__all__ = ["INSTALL", "SuffixAssistant", "VLLM_DEFAULTS", "suffix_cache_class"]
+__all__ = ["INSTALL", "SuffixAssistant", "suffix_cache_class"]

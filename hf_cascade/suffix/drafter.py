@@ -65,9 +65,10 @@ class _Request:
             self.known = seq.shape[0]
         else:
             self.sync(seq)
-        context = seq[-a.max_tree_depth:].tolist()
-        return a.cache.speculate(self.id, context, max_spec_tokens=max_tokens, max_spec_factor=a.max_spec_factor,
-                                 min_token_prob=a.min_token_prob, use_tree_spec=tree)
+        context = seq[-a.settings.max_tree_depth:].tolist()
+        return a.cache.speculate(self.id, context, max_spec_tokens=max_tokens,
+                                 max_spec_factor=a.settings.max_spec_factor, min_token_prob=a.settings.min_token_prob,
+                                 use_tree_spec=tree)
 
     def sync(self, seq: torch.Tensor) -> None:
         """Append the tokens of ``seq`` the cache has not seen to the request's response."""
@@ -95,7 +96,7 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
     def __init__(self, target, generation_config, logits_processor, stats, assistant):
         super().__init__(target, generation_config, logits_processor, stats)
         self.request = _Request(assistant)
-        self.max_tokens = assistant.num_speculative_tokens
+        self.max_tokens = assistant.settings.num_speculative_tokens
         self.level = _level(stats)
 
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
@@ -115,7 +116,7 @@ class SuffixTreeDrafter(TreeDrafter):
 
     def __init__(self, assistant, stats: GenerationStats):
         self.request = _Request(assistant)
-        self.max_tokens = assistant.num_speculative_tokens
+        self.max_tokens = assistant.settings.num_speculative_tokens
         self.level = _level(stats)
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:

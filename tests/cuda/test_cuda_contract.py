@@ -5,7 +5,7 @@
   leak; binding leaves the drafters on the target's device in its dtype;
 * ``device_map="auto"`` (``from_pretrained``), and a target dispatched by accelerate across two devices
   (``cuda:0`` + ``cuda:1``, or ``cuda:0`` + CPU offload executed on ``cuda:0`` with one GPU);
-* drafters on another device than the target: left on the CPU (``place_drafters=False``; on ``cuda:1`` too
+* drafters on another device than the target: left on the CPU (``Loading(place=False)``; on ``cuda:1`` too
   with two GPUs), and the default, where binding moves them to the target;
 * flash attention (when ``flash_attn`` is installed): linear drafts (a chain needs no tree mask) keep parity,
   tree assistants refuse with a ValueError before any forward.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -140,12 +141,12 @@ def test_dispatched_across_devices(name, split_target):
 
 @pytest.mark.parametrize("name", WITH_MODELS)
 def test_drafters_left_where_the_user_put_them(name):
-    """``place_drafters=False``: fp32 drafters and heads stay on the CPU, the fp32 target runs on ``cuda:0``
+    """``Loading(place=False)``: fp32 drafters and heads stay on the CPU, the fp32 target runs on ``cuda:0``
     (what crosses devices is moved where it is used); outputs equal plain generate."""
     target = cuda_target("gemma3", torch.float32)
     kit = fresh_kit("gemma3", target)
     assistant = REGISTRY[name](kit)
-    assistant.place_drafters = False
+    assistant.loading = replace(assistant.loading, place=False)
     assert_greedy_parity(target, assistant, cases_of(("gemma3", "fp32"), target))
     assert_placed(models_used(assistant, kit), torch.device("cpu"), torch.float32)
 
@@ -153,13 +154,13 @@ def test_drafters_left_where_the_user_put_them(name):
 @pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")
 @pytest.mark.parametrize("name", WITH_MODELS)
 def test_drafters_on_another_gpu(name):
-    """``place_drafters=False`` with the drafters on ``cuda:1`` and the target on ``cuda:0``."""
+    """``Loading(place=False)`` with the drafters on ``cuda:1`` and the target on ``cuda:0``."""
     target = cuda_target("gemma3", torch.float32)
     kit = fresh_kit("gemma3", target)
     assistant = REGISTRY[name](kit)
     for m in models_used(assistant, kit):
         m.to("cuda:1")
-    assistant.place_drafters = False
+    assistant.loading = replace(assistant.loading, place=False)
     assert_greedy_parity(target, assistant, cases_of(("gemma3", "fp32"), target))
     assert_placed(models_used(assistant, kit), torch.device("cuda", 1), torch.float32)
 

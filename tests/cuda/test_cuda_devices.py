@@ -1,7 +1,7 @@
 """GPU bugs of issue 55 (CPU tests of the same rules: tests/test_devices.py, tests/test_parity.py):
 
-* flash attention with the documented chain workaround (``GlideAssistant(cape=False)``,
-  ``ReDrafterAssistant(beam_width=1)``) and the default ``VerifyCost()`` measured, not pinned: its measurement
+* flash attention with the documented chain workaround (``GlideSettings.chain()``,
+  ``ReDrafterSettings(beam_width=1)``) and the verification profile measured, not pinned: its measurement
   verifies chains, outputs equal plain ``generate`` (needs ``flash_attn``);
 * a target split over two GPUs with an untied head on ``cuda:1``: the rows of logits live on the ids' device
   (``cuda:0``), so ``repetition_penalty`` works, at batch 1 and in a batch (needs two GPUs);
@@ -20,7 +20,14 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
-from hf_cascade import CascadeAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
+from hf_cascade import (
+    CascadeAssistant,
+    GlideAssistant,
+    GlideSettings,
+    MaxGram,
+    ReDrafterAssistant,
+    ReDrafterSettings,
+)
 from tests.test_contract import REPETITIVE, base_kit, fresh_kit
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -37,7 +44,7 @@ def greedy(target, assistant=None, prompt=REPETITIVE, **kw):
 # -- flash attention: the chain workaround with the measured verification profile --------------------------
 
 @pytest.mark.skipif(not HAS_FLASH, reason="needs flash_attn")
-@pytest.mark.measured_costs                     # VerifyCost() measured as users get it (tests/conftest.py)
+@pytest.mark.measured_costs                     # the profile measured as users get it (tests/conftest.py)
 @pytest.mark.parametrize("kind", ["glide", "redrafter"])
 def test_flash_attention_chain_workaround_measures_chains(kind, monkeypatch):
     from hf_cascade import measure
@@ -46,8 +53,8 @@ def test_flash_attention_chain_workaround_measures_chains(kind, monkeypatch):
     target.set_attn_implementation("flash_attention_2")
     monkeypatch.setattr(measure, "_MEASURED", {})
     kit = fresh_kit("gemma3", target)
-    assistant = (GlideAssistant(kit.glide, cape=False) if kind == "glide"
-                 else ReDrafterAssistant(kit.head, beam_width=1))
+    assistant = (GlideAssistant(kit.glide, settings=GlideSettings.chain()) if kind == "glide"
+                 else ReDrafterAssistant(kit.head, settings=ReDrafterSettings(beam_width=1)))
     for kw in ({"max_new_tokens": 20}, {"max_new_tokens": 16, "repetition_penalty": 1.5}):
         assert greedy(target, assistant, **kw) == greedy(target, **kw), kw
     assert len(measure._MEASURED) == 1 and next(iter(measure._MEASURED))[-1] == "chains"
@@ -88,8 +95,9 @@ def test_rows_on_the_ids_device_across_two_gpus():
 @pytest.mark.parametrize("name", ["glide_cape", "redrafter", "drafter+maxgram"])
 def test_repetition_penalty_with_the_head_on_another_gpu(name, split_head, free_drafts):
     kit = fresh_kit("gemma3", split_head)
-    assistant = {"glide_cape": lambda: GlideAssistant(kit.glide, cape=True),
-                 "redrafter": lambda: ReDrafterAssistant(kit.head, beam_width=4, beam_length=4),
+    assistant = {"glide_cape": lambda: GlideAssistant(kit.glide),
+                 "redrafter": lambda: ReDrafterAssistant(kit.head,
+                                                         settings=ReDrafterSettings(beam_width=4, beam_length=4)),
                  "drafter+maxgram": lambda: CascadeAssistant([kit.drafter, MaxGram()])}[name]()
     kw = {"max_new_tokens": 16, "repetition_penalty": 1.5}
     assert greedy(split_head, assistant, **kw) == greedy(split_head, **kw)

@@ -47,8 +47,6 @@ class AdaptiveBudget:
 
     def __init__(self, cost: VerifyCost, explore_every: int = 8, prior_first: float = 0.5, prior_strength: float = 2.0,
                  decay: float = 0.8):
-        if cost.relative is None:
-            raise ValueError("AdaptiveBudget needs a measured VerifyCost (the assistant measures it when it binds)")
         self.profile = cost                    # the measured profile (its verification steps alone)
         self.cost = cost                       # in use: the profile's increments scaled to this call's steps
         self.scale = 1.0

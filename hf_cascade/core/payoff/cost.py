@@ -28,21 +28,18 @@ class VerifyCost:
 
     A node is verified when its expected return pays for what it adds to the step's cost *on the running
     hardware*, so the profile must be that hardware's: :func:`hf_cascade.measure.measure_verify_cost` measures it
-    (the assistants do when they bind, :class:`hf_cascade.options.Policy`); :meth:`flat` is a GPU far from its
-    compute bound, :meth:`reference` one measured CPU's profile.
+    (the assistants do when they bind, unless :class:`hf_cascade.options.Policy` gives one); :meth:`flat` is a GPU
+    far from its compute bound, :meth:`reference` one measured CPU's profile.
 
     Attributes:
         relative: ``relative[n]`` for ``n = 0 .. len - 1`` nodes (``relative[0] = 1``: the root alone, what a
             step of plain decoding costs), non-decreasing; larger ``n`` extend the mean slope of the table's
-            second half (a measured profile rises in steps, so its very last slope is often 0). ``None``:
-            measured on the target's device when the assistant binds (:func:`hf_cascade.measure.bound_verify_cost`).
+            second half (a measured profile rises in steps, so its very last slope is often 0).
     """
 
-    relative: tuple[float, ...] | None = None
+    relative: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if self.relative is None:
-            return
         rel = tuple(float(c) for c in self.relative)
         if len(rel) < 2:
             raise ValueError(f"VerifyCost needs the cost of at least 0 and 1 nodes, got {rel}")
@@ -64,8 +61,6 @@ class VerifyCost:
 
     def __call__(self, n: int) -> float:
         rel = self.relative
-        if rel is None:
-            raise RuntimeError("VerifyCost() is measured when the assistant binds to its target (hf_cascade.measure)")
         if n < len(rel):
             return rel[n]
         half = (len(rel) - 1) // 2
