@@ -5,7 +5,7 @@ Rules:
 
 * **batches** -- for each batch size ``B`` the run's prompts (those of the single-prompt runs, in their
   order) are cut into consecutive batches of ``B``; the last one holds the remainder and may be shorter.
-  Each prompt is encoded as for one prompt (:func:`~hf_cascade.bench.runner.encode`) and the batch is
+  Each prompt is encoded as for one prompt (:func:`~hf_cascade.bench.calls.encode`) and the batch is
   left-padded to its longest prompt with the tokenizer's pad token, else its EOS token: the ids and
   ``attention_mask`` of ``tokenizer(texts, padding=True)`` with ``tokenizer.padding_side = "left"``.
 * **methods** -- the methods of the single-prompt runs that ran, on the same batches, interleaved per
@@ -40,9 +40,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from .calls import encode, generation_kwargs, rotated, timed
 from .config import BenchConfig
 from .methods import Method
-from .runner import _timed, encode, generation_kwargs, rotated
 from .summary import KERNELS, paired
 
 _ASSISTED = "transformers' assisted generation runs batch size 1 only"
@@ -164,7 +164,7 @@ def _warm_up(active: dict[str, Method], batch: Batch, warm: dict, seed: int, err
     """One untimed ``generate`` per method on ``batch``; a method that fails it leaves this batch size."""
     for name in list(active):
         try:
-            _timed(active[name], batch.input_ids, batch.attention_mask, warm, seed)
+            timed(active[name], batch.input_ids, batch.attention_mask, warm, seed)
         except Exception as exc:  # a baseline that breaks must not stop the others
             if name == "plain":
                 raise
@@ -182,7 +182,7 @@ def _run_batch(active: dict[str, Method], batch: Batch, size: int, kwargs: dict,
     for order, name in enumerate(rotated(list(active), batch.index)):
         method = active[name]
         try:
-            out, stats, seconds = _timed(method, batch.input_ids, batch.attention_mask, kwargs, config.seed + batch.index)
+            out, stats, seconds = timed(method, batch.input_ids, batch.attention_mask, kwargs, config.seed + batch.index)
         except Exception as exc:
             if name == "plain":
                 raise

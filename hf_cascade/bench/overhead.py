@@ -47,6 +47,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .calls import rotated
 from .host_reads import READS, SCALAR_READS, ModuleTimer, ReadCounter, read_site
 from .overhead_compiled import SUFFIX, graph_breaks, is_compiled, ratios, timed_compiled, unique_graphs
 from .overhead_compiled import compiled_method as _compiled_method
@@ -57,11 +58,6 @@ from .overhead_methods import (COMPILED_LABEL, COMPILED_STRATEGY_LABEL, METHODS,
 from .overhead_report import COMPILED, environment, load_average, markdown, write
 
 # -- measuring ---------------------------------------------------------------------------------------------------
-
-def _rotated(names: list[str], i: int) -> list[str]:
-    k = i % len(names)
-    return names[k:] + names[:k]
-
 
 class _Settings:
     """Threads, CPU kernels and the drafting loops' read schedule for the measurement (restored on exit)."""
@@ -155,7 +151,7 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
         method, _, settings = _compiled_method(target, compile_backend, compile_mode, cache_len)
         compiled_info = {"settings": settings}
 
-    # warm-up: one untimed generate each (lazy imports, the verification cost profile VerifyCost() measures once)
+    # warm-up: one untimed generate each (lazy imports, the verification cost profile measured once)
     warm = min(16, new_tokens)
     for name in list(built):
         try:
@@ -199,7 +195,7 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
     try:
         for r in range(repeats):
             for p, ids in enumerate(inputs):
-                for name in _rotated(order, p + r):
+                for name in rotated(order, p + r):
                     rec = _timed_run(built[name], name, ids, new_tokens, compiled=is_compiled(name))
                     rec.update(prompt=p, repeat=r)
                     if name == "plain" and p not in reference:
@@ -226,8 +222,8 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
                      "greedy": True, "target": "hf_cascade.bench.tiny.llama_target() (vocab 96, 2 layers, hidden 32)",
                      "drafter": "truncated_copy(target, 1) (cascade, HSDDW)", "glide": "echo_glide(target) (cross 0.3)",
                      "redrafter": f"fit_head(target, steps={REDRAFTER_STEPS})",
-                     "cost_rules": "library defaults (measured VerifyCost(), AdaptiveBudget, DrafterPayoff; "
-                                   "nothing pinned)"},
+                     "cost_rules": "library defaults (Policy(): the measured VerifyCost, AdaptiveBudget, "
+                                   "DrafterPayoff; nothing pinned)"},
         "methods": {},
         "errors": errors,
         "compiled": compiled_info,

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..drafters.corpus import CorpusNGrams
+from .calls import encode, generation_kwargs, rotated, timed
 from .config import DRAFT_FAMILY, BenchConfig
 from .costs import build_costs
 from .methods import Method, MethodUnavailable, build_method
@@ -65,45 +66,6 @@ class BenchResult:
         if self.batched is not None:
             out["batched"] = self.batched
         return out
-
-
-def rotated(names: Sequence[str], i: int) -> list[str]:
-    """``names`` rotated left by ``i`` (the order methods run on prompt ``i``)."""
-    names = list(names)
-    if not names:
-        return names
-    k = i % len(names)
-    return names[k:] + names[:k]
-
-
-def generation_kwargs(config: BenchConfig, tokenizer: Any, max_new_tokens: int | None = None) -> dict:
-    """``generate`` keyword arguments shared by every method."""
-    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens or config.max_new_tokens, "do_sample": config.sampling}
-    if config.sampling:
-        kwargs["temperature"] = config.temperature
-    pad = getattr(tokenizer, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(tokenizer, "eos_token_id", None)
-    if pad is not None:
-        kwargs["pad_token_id"] = pad
-    return kwargs
-
-
-def encode(tokenizer: Any, prompt: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` of one prompt dict (its ``input_ids`` or its ``prompt`` text)."""
-    if prompt.get("input_ids") is not None:
-        ids = torch.as_tensor(prompt["input_ids"], dtype=torch.long).view(1, -1)
-    else:
-        ids = tokenizer(prompt["prompt"], return_tensors="pt").input_ids
-    return ids, torch.ones_like(ids)
-
-
-def _timed(method: Method, ids, mask, kwargs: dict, seed: int) -> tuple[torch.Tensor, dict | None, float]:
-    torch.manual_seed(seed)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out, stats = method.run(ids, mask, kwargs)
-    return out, stats, time.perf_counter() - t0
 
 
 def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, verifier: Any = None,
@@ -208,7 +170,7 @@ def run_benchmark(
     warm = generation_kwargs(config, tokenizer, max_new_tokens=config.warmup_tokens)
     for name in list(methods):
         try:
-            _timed(methods[name], first_ids, first_mask, warm, config.seed)
+            timed(methods[name], first_ids, first_mask, warm, config.seed)
         except Exception as exc:  # a baseline that breaks must not stop the others
             if name == "plain":
                 raise
@@ -238,7 +200,7 @@ def run_benchmark(
         prompt_records: list[dict] = []
         for position, name in enumerate(rotated(list(methods), i)):
             try:
-                out, stats, seconds = _timed(methods[name], ids, mask, kwargs, seed)
+                out, stats, seconds = timed(methods[name], ids, mask, kwargs, seed)
             except Exception as exc:
                 if name == "plain":
                     raise
