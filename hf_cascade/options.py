@@ -8,11 +8,10 @@ the rest is grouped here, one frozen dataclass per concern, shared where the con
 * :class:`Policy` -- what the assistants do beyond their papers so that drafting pays on the running machine (the
   rules of :mod:`hf_cascade.core.payoff`); :meth:`Policy.paper` is every paper's fixed shape.
 
-Every one, and each strategy's settings, is an :class:`Options`: ``XSettings.of(None)`` is the defaults.
-
 Each strategy's own settings are its folder's (``CascadeSettings``, ``DynamicWindowSettings``, ``GlideSettings``,
-``ReDrafterSettings``, ``RecyclingSettings``, ``SuffixSettings``). A keyword an assistant took before its options
-became data raises a ``TypeError`` that names the new place (:func:`rejects_moved`): no silent aliases.
+``ReDrafterSettings``, ``RecyclingSettings``, ``SuffixSettings``). All are :class:`Options` (``X.of(None)``: the
+defaults). A keyword an assistant took before its options became data raises a ``TypeError`` that names the new
+place (:func:`rejects_moved`): no silent aliases.
 """
 
 from __future__ import annotations
