@@ -31,8 +31,9 @@ from torch import nn
 __all__ = ["DEFER_READS", "accelerators", "defer_reads", "execution_device", "is_dispatched", "place_like",
            "synchronize", "target_device_dtype"]
 
-#: How drafting loops read the device: ``None`` (default) decides by device (:func:`defer_reads`); ``True`` /
-#: ``False`` force it (tests run the GPU schedule on a CPU).
+#: The accelerator schedule: drafting loops defer their reads and verification computes every row in one head call
+#: (:func:`hf_cascade.backends.default_session`). ``None`` (default) decides by device (:func:`defer_reads`); ``True`` /
+#: ``False`` force it (tests and ``bench --overhead`` run the GPU schedule on a CPU).
 DEFER_READS: bool | None = None
 
 

@@ -21,6 +21,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..placement import defer_reads
+
 ENV = "HF_CASCADE_CPU_KERNELS"
 
 
@@ -92,9 +94,11 @@ def wants_cpu_kernels(model, requested: bool | None) -> bool:
 
 def default_session(model) -> VerifySession:
     """The session without a backend: blocks of 4 rows on CPU (a head call over 1-4 rows costs about
-    one pass over its weight there), all rows at once elsewhere."""
+    one pass over its weight there), all rows at once elsewhere: on the accelerator schedule
+    (:func:`hf_cascade.placement.defer_reads`, which tests and the overhead bench force on a CPU)."""
     w = _weight(model)
-    return VerifySession("model", 4 if w is None or w.device.type in ("cpu", "meta") else None)
+    device = "cpu" if w is None or w.device.type == "meta" else w.device
+    return VerifySession("model", None if defer_reads(device) else 4)
 
 
 @contextmanager

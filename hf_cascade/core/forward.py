@@ -98,6 +98,10 @@ def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: To
     if cache.get_seq_length() != prefix_len:
         raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
     device = mask_device_dtype(model)[0]                          # where the token ids enter the model
+    if chain and not isinstance(last_token, torch.Tensor) and tree.host_tokens is not None:
+        # one path drafted on the host: its ids made on the device in one copy (the branch below otherwise)
+        ids = torch.tensor([[last_token, *tree.host_tokens]], dtype=torch.long, device=device)
+        return dict(input_ids=ids, **cache_kwargs(model, cache))
     if isinstance(last_token, torch.Tensor):
         last_token = last_token.reshape(()).to(tree.tokens.device)
     if chain:

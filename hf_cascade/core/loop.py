@@ -206,7 +206,7 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
         run.scores += tuple(rows[r][None] for r in src)
     if run.raw_logits is not None:
         run.raw_logits += tuple(rows.raw(r)[None] for r in src)
-    seq = torch.cat([row.seq, torch.tensor(new, dtype=row.seq.dtype, device=row.seq.device)])
+    seq = row.append(new)
     emitted, row.done = run.stopper.emitted(seq, L, new, run.scores)
     if emitted < len(new):                                             # a cut path: keep what was emitted
         if run.slots is not None:
@@ -244,10 +244,20 @@ class _Row:
     hidden: torch.Tensor | None = None
     step: int = 0
     done: bool = False
+    buffer: torch.Tensor | None = None          # seq is a view of it: a step writes its new tokens, copies nothing
 
     @property
     def length(self) -> int:
         return len(self.tokens)
+
+    def append(self, new: list[int]) -> torch.Tensor:
+        """``seq`` with the host ids ``new`` after it (``seq`` itself unchanged: a longer view of the buffer)."""
+        L, end = self.length, self.length + len(new)
+        if self.buffer is None or end > self.buffer.shape[0]:
+            self.buffer = torch.empty(max(2 * end, 64), dtype=self.seq.dtype, device=self.seq.device)
+            self.buffer[:L] = self.seq
+        self.buffer[L:end] = torch.tensor(new, dtype=self.seq.dtype)
+        return self.buffer[:end]
 
 
 class _Run:
@@ -285,6 +295,9 @@ class _Run:
             self.slots = StaticSlots(target, None if mine else given, capacity, self.fixed_shapes)
             self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
         self.row = _Row(seq, input_ids[0].tolist(), self.slots.cache if self.slots is not None else DynamicCache())
+        self.row.buffer = torch.empty(max(self.stopper.max_length, seq.shape[0]) + QUERY_BUCKETS[-1], dtype=seq.dtype,
+                                      device=device)
+        self.row.buffer[: seq.shape[0]] = seq
 
     def state(self) -> TreeStep:
         row = self.row
@@ -297,7 +310,7 @@ class _Run:
             self.streamer.end()
         if self.slots is not None:
             self.slots.show(None)                          # handed back: a plain static cache again
-        seq = self.row.seq[None]
+        seq = self.row.seq.clone()[None]                  # not a view of the run's buffer
         if self.cfg.return_dict_in_generate:
             return GenerateDecoderOnlyOutput(sequences=seq, scores=self.scores, logits=self.raw_logits,
                                              **{CACHE: self.row.cache})

@@ -80,7 +80,8 @@ class TreeRows:
         self.tree, self.seq, self.processors = tree, seq, processors
         self.hidden, self.head = hidden, head
         self.argmax_head = argmax_head if raw is None and len(processors) == 0 else None
-        self._raw: dict[int, torch.Tensor] = {} if raw is None else dict(enumerate(self._scores(raw)))
+        scores = self._scores(raw) if raw is not None else None
+        self._raw: dict[int, torch.Tensor] = {} if scores is None else dict(enumerate(scores.unbind(0)))
         self._processed: dict[int, torch.Tensor] = {}
         self.head_calls = 0                          # output-head calls made by this object
         if block_rows is not None and int(block_rows) < 1:
@@ -93,9 +94,12 @@ class TreeRows:
         self._first_child = first_child
         self._block: dict[int, list[int]] = {}       # row -> the rows computed in the same head call
         self._softmax: "_Softmax | None" = None
+        self._stored: tuple[list[int], torch.Tensor] | None = None
         self.known_argmax: dict[int, int] = {}       # processed argmax read already (a batched loop's one read)
         if raw is not None:
-            self._block = dict.fromkeys(range(n + 1), list(range(n + 1)))
+            every = list(range(n + 1))
+            self._block = dict.fromkeys(every, every)
+            self._stored = (every, scores)
 
     def __len__(self) -> int:
         return self.tree.num_nodes + 1
@@ -134,7 +138,10 @@ class TreeRows:
             return {row: self.known_argmax[row] for row in chain}
         self.raw(r)
         block = self._block.get(int(r), [int(r)])
-        best = torch.stack([self[row] for row in block]).argmax(dim=-1).tolist()
+        if not len(self.processors) and self._stored is not None and self._stored[0] is block:
+            best = self._stored[1].argmax(dim=-1).tolist()             # the head call's rows as they came
+        else:
+            best = torch.stack([self[row] for row in block]).argmax(dim=-1).tolist()
         return dict(zip(block, best))
 
     def softmax(self) -> "_Softmax":
@@ -172,9 +179,10 @@ class TreeRows:
     def store(self, chain: list[int], logits: torch.Tensor) -> None:
         """Raw logits ``[k, V]`` of the rows ``chain``, computed in one head call (kept as :meth:`_scores`)."""
         self.head_calls += 1
-        for row, values in zip(chain, self._scores(logits)):
-            self._raw[row] = values
-            self._block[row] = chain
+        scores = self._scores(logits)
+        self._stored = (chain, scores)                 # the last head call's rows together (argmax_block reads them)
+        self._raw.update(zip(chain, scores.unbind(0)))
+        self._block.update(dict.fromkeys(chain, chain))
 
     def store_argmax(self, chain: list[int], best: list[int], head_call: bool = True) -> None:
         """The processed argmax of the rows ``chain`` (host ints), from one screen call (``head_call``) or read from

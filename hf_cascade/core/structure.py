@@ -222,8 +222,17 @@ class TokenTree:
         drafter has them (then nothing of the tree is ever read from the device)."""
         tokens = torch.as_tensor(tokens).long().flatten()
         n = tokens.shape[0]
-        return cls(tokens, torch.arange(n, device=tokens.device) - 1, host_parents=tuple(range(-1, n - 1)),
-                   host_tokens=host_tokens)
+        if host_tokens is None:
+            return cls(tokens, torch.arange(-1, n - 1, device=tokens.device), host_parents=tuple(range(-1, n - 1)))
+        host_tokens = tuple(map(int, host_tokens))
+        if len(host_tokens) != n or (n and min(host_tokens) < 0):
+            raise ValueError(f"host_tokens must be {n} token ids >= 0, got {host_tokens}")
+        # a chain's structure is valid by construction: built without __post_init__'s checks (once per step)
+        tree = object.__new__(cls)
+        for name, value in (("tokens", tokens), ("parents", torch.arange(-1, n - 1, device=tokens.device)),
+                            ("host_parents", tuple(range(-1, n - 1))), ("host_tokens", host_tokens)):
+            object.__setattr__(tree, name, value)
+        return tree
 
     @classmethod
     def from_beams(cls, beams: torch.Tensor) -> tuple["TokenTree", torch.Tensor]:
