@@ -128,7 +128,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         for j in range(reviewer + 1, self.bottom + 1):                      # horizontal cascade
             produced, level = 0, self.levels[j]
             while produced < row[j] and len(out) < budget:
-                cur = torch.cat([seq, out.tokens])
+                cur = torch.cat([seq, out.tokens]) if len(out) else seq
                 cur_tokens = tokens + out.host if tokens is not None and out.host is not None else None
                 room = min(row[j] - produced, budget - len(out))
                 if isinstance(level, MaxGram):                             # statistical: all at once

@@ -66,38 +66,57 @@ def mask_device_dtype(model: PreTrainedModel) -> tuple[torch.device, torch.dtype
 
 
 def model_tree_mask(
-    model: PreTrainedModel, prefix_len: int, tree: TokenTree
+    model: PreTrainedModel, prefix_len: int, tree: TokenTree, where: tuple[torch.device, torch.dtype] | None = None
 ) -> torch.Tensor | dict[str, torch.Tensor]:
     """The ``attention_mask`` argument for ``model``: one additive ``[1, 1, n, prefix_len + n]``
-    tensor, or a dict per layer type when the model mixes full and sliding-window layers."""
-    device, dtype = mask_device_dtype(model)
+    tensor, or a dict per layer type when the model mixes full and sliding-window layers (``where``: its
+    :func:`mask_device_dtype`, when the caller keeps it)."""
+    device, dtype = where or mask_device_dtype(model)
     return per_layer_type(model, lambda window: tree_attention_mask(prefix_len, tree, dtype, device, window))
 
 
 def per_layer_type(model: PreTrainedModel, build):
     """``build(sliding_window)`` (``None``: full attention) for each kind of attention layer ``model`` has:
     one mask, or a dict ``{layer_type: mask}`` when it mixes full and sliding-window layers."""
-    config = model.config.get_text_config()
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
+    kinds = _layer_kinds(model.config)
+    masks = {kind: build(window) for kind, window in kinds.items()}
+    return masks if len(masks) > 1 else next(iter(masks.values()))
+
+
+_KINDS: dict[int, tuple] = {}        # id(config) -> (config, its layer kinds): read once per config, not per step
+
+
+def _layer_kinds(config) -> dict[str, int | None]:
+    """``{layer_type: sliding window or None}`` of the kinds of attention layers ``config`` describes (one kind,
+    ``_FULL``, when it names none)."""
+    known = _KINDS.get(id(config))
+    if known is not None and known[0] is config:
+        return known[1]
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
     if layer_types:
-        kinds = set(layer_types)
-        unknown = kinds - {_FULL, _SLIDING}
+        unknown = set(layer_types) - {_FULL, _SLIDING}
         if unknown:
             raise NotImplementedError(f"tree verification supports full and sliding-window attention layers, not {sorted(unknown)}")
-        masks = {kind: build(window if kind == _SLIDING else None) for kind in kinds}
-        return masks if len(masks) > 1 else next(iter(masks.values()))
-    if window is not None and getattr(config, "use_sliding_window", True):
-        return build(window)                                   # every layer windowed (Mistral-style)
-    return build(None)
+        kinds = {kind: (window if kind == _SLIDING else None) for kind in sorted(set(layer_types))}
+    elif window is not None and getattr(text, "use_sliding_window", True):
+        kinds = {_SLIDING: window}                             # every layer windowed (Mistral-style)
+    else:
+        kinds = {_FULL: None}
+    if len(_KINDS) > 64:
+        _KINDS.clear()
+    _KINDS[id(config)] = (config, kinds)
+    return kinds
 
 
 def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: TokenTree, last_token,
-                 chain: bool = False) -> dict:
+                 chain: bool = False, where: tuple[torch.device, torch.dtype] | None = None) -> dict:
     _check_cache(cache)
     if cache.get_seq_length() != prefix_len:
         raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
-    device = mask_device_dtype(model)[0]                          # where the token ids enter the model
+    where = where or mask_device_dtype(model)
+    device = where[0]                                             # where the token ids enter the model
     if chain and not isinstance(last_token, torch.Tensor) and tree.host_tokens is not None:
         # one path drafted on the host: its ids made on the device in one copy (the branch below otherwise)
         ids = torch.tensor([[last_token, *tree.host_tokens]], dtype=torch.long, device=device)
@@ -113,7 +132,7 @@ def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: To
     return dict(
         input_ids=full.tokens[None].to(device),
         position_ids=tree_position_ids(prefix_len, full).to(device),
-        attention_mask=model_tree_mask(model, prefix_len, full),
+        attention_mask=model_tree_mask(model, prefix_len, full, where),
         **cache_kwargs(model, cache),
     )
 
@@ -127,6 +146,7 @@ def verify_tree(
     last_token: int | torch.Tensor,
     hidden_only: bool = False,
     chain: bool = False,
+    where: tuple[torch.device, torch.dtype] | None = None,
 ) -> torch.Tensor:
     """Score a token tree in one forward.
 
@@ -143,6 +163,7 @@ def verify_tree(
             them into logits (see :mod:`hf_cascade.core.rows`).
         chain: the caller knows ``tree`` is one path (node ``i``'s parent is ``i - 1``): no tree mask
             and no position ids are passed, so the model's own causal masking applies.
+        where: ``model``'s :func:`mask_device_dtype`, when the caller keeps it (a loop asks once per call).
 
     Returns:
         ``[n + 1, V]`` raw logits: row 0 predicts the token after the root, row ``i + 1`` the token
@@ -150,7 +171,7 @@ def verify_tree(
         :func:`~hf_cascade.core.accept.sampling_tree_accept` take); ``[n + 1, H]`` hidden states
         with ``hidden_only``.
     """
-    inputs = _tree_inputs(model, cache, prefix_len, tree, last_token, chain)
+    inputs = _tree_inputs(model, cache, prefix_len, tree, last_token, chain, where)
     if hidden_only:
         return model.get_decoder()(**inputs).last_hidden_state[0]
     return model(**inputs).logits[0]
@@ -245,7 +266,7 @@ def output_head(model: PreTrainedModel):
     return logits
 
 
-def keep_path(cache: Cache, prefix_len: int, path_nodes: torch.Tensor) -> None:
+def keep_path(cache: Cache, prefix_len: int, path_nodes: torch.Tensor, total: int | None = None) -> None:
     """Keep the prefix, the root and the accepted ``path_nodes`` (``[m]`` node indices of the tree
     given to :func:`verify_tree`, root -> leaf), in place. Afterwards the cache holds
     ``prefix_len + 1 + m`` positions, the K/V of ``prefix + [root] + tree.tokens[path_nodes]``."""
@@ -255,7 +276,7 @@ def keep_path(cache: Cache, prefix_len: int, path_nodes: torch.Tensor) -> None:
     nodes = [int(i) for i in (path_nodes.tolist() if isinstance(path_nodes, torch.Tensor) else path_nodes)]
     keep = prefix_len + 1
     m = len(nodes)
-    total = cache.get_seq_length()
+    total = cache.get_seq_length() if total is None else total       # the caller's count, when it keeps one
     if m and keep + max(nodes) >= total:
         raise ValueError(f"path node {max(nodes)} is beyond the cache ({total} positions, prefix_len={prefix_len})")
     gathered = []

@@ -50,7 +50,7 @@ from ..compat import CACHE, cache_kwargs, given_cache
 from ..processors import split_processors
 from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
 from .compiled import call_compiles, user_compiled, verify_call
-from .forward import check_attention_backend, keep_path, output_head, verify_tree
+from .forward import check_attention_backend, keep_path, mask_device_dtype, output_head, verify_tree
 from .head_input import HeadInput, input_device, screen_heads
 from .rows import TreeRows
 from .static import QUERY_BUCKETS, StaticSlots, bucket, is_static, kept_capacity, static_inputs
@@ -147,11 +147,12 @@ def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     if run.slots is not None:
         return _verify_static(run, tree, linear)
     if run.head is not None:
-        hidden = verify_tree(run.target, row.cache, L - 1, tree, row.tokens[-1], hidden_only=True, chain=linear)
+        hidden = verify_tree(run.target, row.cache, L - 1, tree, row.tokens[-1], hidden_only=True, chain=linear,
+                             where=run.where)
         rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.row_head, block_rows=run.block_rows,
                         argmax_head=run.screen)
     else:
-        raw = verify_tree(run.target, row.cache, L - 1, tree, row.tokens[-1], chain=linear)
+        raw = verify_tree(run.target, row.cache, L - 1, tree, row.tokens[-1], chain=linear, where=run.where)
         hidden = run.head_input.rows()
         rows = TreeRows(tree, row.seq, run.processors, raw=raw)
     row.hidden = hidden
@@ -198,7 +199,7 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
     if run.slots is not None:
         run.slots.keep(1 + len(path), path)
     else:
-        keep_path(row.cache, L - 1, path)
+        keep_path(row.cache, L - 1, path, total=L + tree.num_nodes)
     node_tokens = tree.token_list if path else []
     new = [node_tokens[i] for i in path] + [int(acceptance.bonus)]
     src = [0] + [i + 1 for i in path]                                   # the row that produced each new token
@@ -206,7 +207,7 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
         run.scores += tuple(rows[r][None] for r in src)
     if run.raw_logits is not None:
         run.raw_logits += tuple(rows.raw(r)[None] for r in src)
-    seq = row.append(new)
+    seq = torch.cat([row.seq, torch.tensor(new, dtype=row.seq.dtype, device=row.seq.device)])
     emitted, row.done = run.stopper.emitted(seq, L, new, run.scores)
     if emitted < len(new):                                             # a cut path: keep what was emitted
         if run.slots is not None:
@@ -244,20 +245,10 @@ class _Row:
     hidden: torch.Tensor | None = None
     step: int = 0
     done: bool = False
-    buffer: torch.Tensor | None = None          # seq is a view of it: a step writes its new tokens, copies nothing
 
     @property
     def length(self) -> int:
         return len(self.tokens)
-
-    def append(self, new: list[int]) -> torch.Tensor:
-        """``seq`` with the host ids ``new`` after it (``seq`` itself unchanged: a longer view of the buffer)."""
-        L, end = self.length, self.length + len(new)
-        if self.buffer is None or end > self.buffer.shape[0]:
-            self.buffer = torch.empty(max(2 * end, 64), dtype=self.seq.dtype, device=self.seq.device)
-            self.buffer[:L] = self.seq
-        self.buffer[L:end] = torch.tensor(new, dtype=self.seq.dtype)
-        return self.buffer[:end]
 
 
 class _Run:
@@ -279,6 +270,7 @@ class _Run:
         self.screen = None                                 # the backend's argmax screen, where it applies (greedy)
         self.verify_seconds: float | None = None
         self.device = device = input_device(target, input_ids)
+        self.where = mask_device_dtype(target)             # the device and dtype of the target's inputs and masks
         seq = input_ids[0].to(device)
         self.slots = None                                  # a static cache's host bookkeeping (core/static.py)
         self.fixed_shapes = False                          # verification padded to query buckets (compiled)
@@ -295,9 +287,6 @@ class _Run:
             self.slots = StaticSlots(target, None if mine else given, capacity, self.fixed_shapes)
             self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
         self.row = _Row(seq, input_ids[0].tolist(), self.slots.cache if self.slots is not None else DynamicCache())
-        self.row.buffer = torch.empty(max(self.stopper.max_length, seq.shape[0]) + QUERY_BUCKETS[-1], dtype=seq.dtype,
-                                      device=device)
-        self.row.buffer[: seq.shape[0]] = seq
 
     def state(self) -> TreeStep:
         row = self.row
@@ -310,7 +299,7 @@ class _Run:
             self.streamer.end()
         if self.slots is not None:
             self.slots.show(None)                          # handed back: a plain static cache again
-        seq = self.row.seq.clone()[None]                  # not a view of the run's buffer
+        seq = self.row.seq[None]
         if self.cfg.return_dict_in_generate:
             return GenerateDecoderOnlyOutput(sequences=seq, scores=self.scores, logits=self.raw_logits,
                                              **{CACHE: self.row.cache})

@@ -144,6 +144,18 @@ class TreeRows:
             best = torch.stack([self[row] for row in block]).argmax(dim=-1).tolist()
         return dict(zip(block, best))
 
+    def block(self, rows: list[int]) -> torch.Tensor:
+        """``[k, V]``: the processed rows ``rows``; without processors, the rows of the last head call as they came
+        (no copy per row) where they hold them all."""
+        if not len(self.processors) and self._stored is not None:
+            chain, scores = self._stored
+            if rows == chain:
+                return scores
+            where = {r: i for i, r in enumerate(chain)}
+            if all(r in where for r in rows):
+                return scores.index_select(0, torch.tensor([where[r] for r in rows], device=scores.device))
+        return torch.stack([self[r] for r in rows])
+
     def softmax(self) -> "_Softmax":
         """A view whose ``[r]`` is the softmax of the processed row ``r`` (what sampling reads); one view per
         object, so a row's softmax is computed once (acceptance, then a drafter learning from the rows)."""
@@ -247,3 +259,14 @@ class _Softmax:
         if r not in self._cache:
             self._cache[r] = self.rows[r].softmax(dim=-1)
         return self._cache[r]
+
+    def stack(self, rows: list[int]) -> torch.Tensor:
+        """``[k, V]``: the softmax of the processed rows ``rows``; those not read yet in one call."""
+        missing = [r for r in rows if r not in self._cache]
+        if missing:
+            probs = self.rows.block(missing).softmax(dim=-1)
+            if len(missing) == len(rows):
+                self._cache.update(zip(missing, probs.unbind(0)))
+                return probs
+            self._cache.update(zip(missing, probs.unbind(0)))
+        return torch.stack([self._cache[r] for r in rows])

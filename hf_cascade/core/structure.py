@@ -123,10 +123,19 @@ class TokenTree:
 
     @cached_property
     def _ancestors(self) -> torch.Tensor:
-        """``[n, n]`` bool closure of the parent relation (reflexive), by repeated squaring:
-        ``A <- A | A @ A`` doubles the covered distance, so ``ceil(log2 n)`` products suffice."""
+        """``[n, n]`` bool closure of the parent relation (reflexive). Up to 64 nodes from the host structure:
+        each node's ancestors as the bits of one int (its parent's and its own), unpacked on the device (one copy
+        of ``n`` ints); larger trees by repeated squaring: ``A <- A | A @ A`` doubles the covered distance, so
+        ``ceil(log2 n)`` products suffice."""
         n = self.num_nodes
         device = self.parents.device
+        if n <= 64:
+            bits: list[int] = []
+            for i, p in enumerate(self.host_parents):
+                bits.append((bits[p] if p >= 0 else 0) | (1 << i))
+            signed = [b - (1 << 64) if b >= 1 << 63 else b for b in bits]                  # int64's bit 63
+            packed = torch.tensor(signed, dtype=torch.long, device=device)
+            return (packed[:, None] >> _shifts(device)[:n]).bitwise_and_(1).bool()
         idx = torch.arange(n, device=device)
         a = torch.zeros(n, n, dtype=torch.float32, device=device)
         a[idx, idx] = 1.0
@@ -183,12 +192,14 @@ class TokenTree:
     def with_root(self, token: int | torch.Tensor) -> "TokenTree":
         """The ``n + 1``-node tree whose node 0 is the root ``token`` (the last verified token) and
         whose node ``i + 1`` is this tree's node ``i``."""
-        root = torch.as_tensor(token, device=self.tokens.device).long().reshape(1)
-        host_t = None
+        host_p = (-1,) + tuple(p + 1 for p in self.host_parents)
         if self.host_tokens is not None and (not isinstance(token, torch.Tensor) or token.device.type == "cpu"):
             host_t = (int(token),) + self.host_tokens
-        return TokenTree(torch.cat([root, self.tokens]), torch.cat([root.new_full((1,), -1), self.parents + 1]),
-                         host_parents=(-1,) + tuple(p + 1 for p in self.host_parents), host_tokens=host_t)
+            both = torch.tensor([host_t, host_p], dtype=torch.long, device=self.tokens.device)
+            return TokenTree._unchecked(both[0], both[1], host_p, host_t)
+        root = torch.as_tensor(token, device=self.tokens.device).long().reshape(1)
+        return TokenTree._unchecked(torch.cat([root, self.tokens]), torch.cat([root.new_full((1,), -1), self.parents + 1]),
+                                    host_p, None)
 
     def select(self, keep: torch.Tensor) -> "TokenTree":
         """The subtree of the nodes where ``keep`` (``[n]`` bool, a tensor or host bools) is true, renumbered in node order.
@@ -210,10 +221,12 @@ class TokenTree:
         new_index = {old: new for new, old in enumerate(kept)}
         new_parents = [new_index[parents[i]] if parents[i] >= 0 else -1 for i in kept]
         device = self.tokens.device
-        host_t = tuple(self.host_tokens[i] for i in kept) if self.host_tokens is not None else None
-        return TokenTree(self.tokens.index_select(0, torch.tensor(kept, dtype=torch.long, device=device)),
-                         torch.tensor(new_parents, dtype=torch.long, device=device),
-                         host_parents=new_parents, host_tokens=host_t)
+        if self.host_tokens is not None:                            # host values: the tensors in one copy, no check
+            host_t = tuple(self.host_tokens[i] for i in kept)
+            both = torch.tensor([host_t, new_parents], dtype=torch.long, device=device).reshape(2, len(kept))
+            return TokenTree._unchecked(both[0], both[1], tuple(new_parents), host_t)
+        return TokenTree._unchecked(self.tokens.index_select(0, torch.tensor(kept, dtype=torch.long, device=device)),
+                                    torch.tensor(new_parents, dtype=torch.long, device=device), tuple(new_parents), None)
 
     # -- builders -------------------------------------------------------------------------------
     @classmethod
@@ -227,10 +240,34 @@ class TokenTree:
         host_tokens = tuple(map(int, host_tokens))
         if len(host_tokens) != n or (n and min(host_tokens) < 0):
             raise ValueError(f"host_tokens must be {n} token ids >= 0, got {host_tokens}")
-        # a chain's structure is valid by construction: built without __post_init__'s checks (once per step)
+        return cls._unchecked(tokens, torch.arange(-1, n - 1, device=tokens.device), tuple(range(-1, n - 1)), host_tokens)
+
+    @classmethod
+    def from_host(cls, tokens: Sequence[int], parents: Sequence[int],
+                  device: torch.device | str | None = None) -> "TokenTree":
+        """A tree from host lists (checked on the host as :class:`TokenTree` checks them), its tensors made on
+        ``device`` in one copy: the builder of drafters that expand on the host."""
+        host_t, host_p = tuple(map(int, tokens)), tuple(map(int, parents))
+        if len(host_t) != len(host_p):
+            raise ValueError(f"tokens ({len(host_t)}) and parents ({len(host_p)}) must have the same length")
+        if host_t and min(host_t) < 0:
+            raise ValueError("tokens must be >= 0")
+        for i, p in enumerate(host_p):
+            if p < -1 or p >= i:
+                raise ValueError(f"node {i} has parent {p}: parents must precede their children "
+                                 "(-1 <= parents[i] < i, with -1 meaning the root)")
+        both = torch.tensor([host_t, host_p], dtype=torch.long, device=device) if host_t else \
+            torch.empty(2, 0, dtype=torch.long, device=device)
+        return cls._unchecked(both[0], both[1], host_p, host_t)
+
+    @classmethod
+    def _unchecked(cls, tokens: torch.Tensor, parents: torch.Tensor, host_parents: tuple[int, ...],
+                   host_tokens: tuple[int, ...] | None) -> "TokenTree":
+        """A tree whose fields are valid by construction (built from a valid tree or checked on the host): no
+        check per node and no conversion (a tree is built at every step)."""
         tree = object.__new__(cls)
-        for name, value in (("tokens", tokens), ("parents", torch.arange(-1, n - 1, device=tokens.device)),
-                            ("host_parents", tuple(range(-1, n - 1))), ("host_tokens", host_tokens)):
+        for name, value in (("tokens", tokens), ("parents", parents), ("host_parents", host_parents),
+                            ("host_tokens", host_tokens)):
             object.__setattr__(tree, name, value)
         return tree
 
@@ -292,8 +329,18 @@ class TokenTree:
                 x = keep
             tokens += x
             parents += [t - 1] * len(x)
-        return cls(torch.tensor(tokens, dtype=torch.long, device=device),
-                   torch.tensor(parents, dtype=torch.long, device=device), host_parents=parents, host_tokens=tokens)
+        return cls.from_host(tokens, parents, device)
+
+
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _shifts(device: torch.device) -> torch.Tensor:
+    """``arange(64)`` on ``device`` (made once per device: the ancestor bits' positions)."""
+    shifts = _SHIFTS.get(device)
+    if shifts is None:
+        shifts = _SHIFTS[device] = torch.arange(64, device=device)
+    return shifts
 
 
 def _host_lists(main, expansions) -> tuple[list[int], list[list[int]]]:
@@ -338,8 +385,7 @@ def pack_beams(beams: torch.Tensor, rows: list[list[int]] | None = None) -> tupl
                 tokens.append(rows[i][j])
                 parents.append(beam_to_node[i][j - 1] if j else -1)
     device = beams.device
-    tree = TokenTree(torch.tensor(tokens, dtype=torch.long, device=device),
-                     torch.tensor(parents, dtype=torch.long, device=device), host_parents=parents, host_tokens=tokens)
+    tree = TokenTree.from_host(tokens, parents, device)
     return tree, torch.tensor(beam_to_node, dtype=torch.long, device=device), beam_to_node
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections import deque
 
-import torch
 
 from ..core.accept import path_list
 from ..core.draws import keep_drawn
@@ -88,9 +87,7 @@ class LookupBranch:
                 todo.append((child, i))
         if len(host_tokens) > n:
             device = tree.tokens.device
-            tree = TokenTree(torch.tensor(host_tokens, dtype=torch.long, device=device),
-                             torch.tensor(host_parents, dtype=torch.long, device=device),
-                             host_parents=host_parents, host_tokens=host_tokens)
+            tree = TokenTree.from_host(host_tokens, host_parents, device)
         return tree, estimates, from_model, shares
 
     def cut(self, budget, tree: TokenTree, probs: list[float], state, linear: bool = False,

@@ -43,11 +43,13 @@ class RecycledCandidates:
         computed = sorted(r for r in rows.computed() if r < len(row_tokens))
         if not computed:
             return
-        softmax = rows.softmax()                           # the view acceptance read (sampling): rows not recomputed
-        probs = torch.stack([softmax[r] for r in computed])
+        probs = rows.softmax().stack(computed)             # the view acceptance read (sampling): rows not recomputed
         values, index = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
         host = torch.stack([values.float(), index.float()]).tolist()    # one read; float32 ids exact below 2**24
         for r, vals, ids in zip(computed, host[0], host[1]):
+            if vals[-1] > 0.0:                             # sorted: every probability positive (the usual case)
+                self.table[row_tokens[r]] = (list(map(int, ids)), vals)
+                continue
             kept = [(int(i), v) for i, v in zip(ids, vals) if v > 0.0]
             self.table[row_tokens[r]] = ([i for i, _ in kept], [v for _, v in kept])
 

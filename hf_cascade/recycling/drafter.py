@@ -95,9 +95,7 @@ class TokenRecycling(TreeDrafter):
             seeds = self._seeds(tokens_so_far, depth)
             found = self.candidates.expand(root, self.shape, depth, seeds, self.seed_rates.rate(self._bucket), self.calibration)
         device = seq.device
-        tree = TokenTree(torch.tensor(found.tokens, dtype=torch.long, device=device),
-                         torch.tensor(found.parents, dtype=torch.long, device=device),
-                         host_parents=found.parents, host_tokens=found.tokens)
+        tree = TokenTree.from_host(found.tokens, found.parents, device)
         if self.budget is not None and tree.num_nodes:
             keep = self.budget.keep(tree, found.estimates)
             tree = tree.select(keep)                                     # host bools: no read

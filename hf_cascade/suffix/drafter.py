@@ -124,9 +124,7 @@ class SuffixTreeDrafter(TreeDrafter):
             return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
         d = self.request.speculate(seq, self.max_tokens, tree=True)        # the core prunes it to the budget
         tokens, parents = list(d.token_ids), list(d.parents)
-        tree = TokenTree(torch.tensor(tokens, dtype=torch.long, device=seq.device),
-                         torch.tensor(parents, dtype=torch.long, device=seq.device),
-                         host_parents=parents, host_tokens=tokens)
+        tree = TokenTree.from_host(tokens, parents, seq.device)
         return tree, None
 
     def on_accept(self, tree: TokenTree, acceptance: TreeAcceptance, state: TreeStep) -> None:
