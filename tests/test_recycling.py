@@ -48,6 +48,58 @@ def test_expand_merges_a_seed_path():
     assert got.tokens.count(3) == 1                                    # the table's 3 and the seed's 3: one node
 
 
+def _expand_every_child(table, root, shape, depth, seed, seed_estimate, estimate):
+    """The expansion by its definition: every child of an expanded node enters one heap (ties by push order); a
+    seed path's token ``i`` is a child of the seed token ``i - 1`` (share 1)."""
+    import heapq
+    heap, out, count = [], ([], [], [], []), 0
+
+    def push(parent, token, path, level, at):
+        nonlocal count
+        if level >= depth:
+            return
+        kids, probs = table.get(token, ((), ()))
+        seeds = [seed[at + 1]] if at is not None and at + 1 < len(seed) else []
+        for child, p in zip(kids, probs):
+            if child not in seeds:
+                count += 1
+                heapq.heappush(heap, (-path * estimate(p), count, parent, child, level, p, estimate(p), None))
+        for child in seeds:
+            p = dict(zip(kids, probs)).get(child, 0.0)
+            count += 1
+            e = max(seed_estimate, estimate(p))
+            heapq.heappush(heap, (-path * e, count, parent, child, level, p, e, at + 1))
+
+    push(-1, root, 1.0, 0, -1)
+    while heap and len(out[0]) < shape.max_nodes:
+        neg, _, parent, token, level, p, e, at = heapq.heappop(heap)
+        for values, v in zip(out, (token, parent, p, e)):
+            values.append(v)
+        push(len(out[0]) - 1, token, -neg, level + 1, at)
+    return out
+
+
+def test_expand_equals_the_expansion_with_every_child_queued():
+    """The heap holds one child per expanded node (its siblings wait in order): the same nodes in the same order as
+    queueing every child, seeds and ties included."""
+    import random
+    rng = random.Random(0)
+    for _ in range(400):
+        vocab, k = rng.choice([5, 12, 40]), rng.choice([2, 4, 8])
+        cands = RecycledCandidates(k)
+        for t in range(vocab):
+            if rng.random() < 0.8:
+                ids = rng.sample(range(vocab), min(k, vocab))
+                cands.table[t] = (ids, sorted((rng.choice([0.5, 0.25, 0.1, rng.random()]) for _ in ids), reverse=True))
+        shape = RecyclingShape(k, rng.choice([4, 16, 32]), rng.choice([2, 4, 8]))
+        seed = [rng.randrange(vocab) for _ in range(rng.randint(0, 5))]
+        estimate = rng.choice([lambda p: p, lambda p: min(1.0, 1.3 * p), lambda p: 0.3 if p < 0.2 else p])
+        root = rng.randrange(vocab)
+        got = cands.expand(root, shape, shape.max_depth, seed, 0.5, estimate)
+        want = _expand_every_child(cands.table, root, shape, shape.max_depth, seed, 0.5, estimate)
+        assert (got.tokens, got.parents, got.probs, got.estimates) == want
+
+
 def test_record_keeps_the_computed_rows_top_k():
     V = 6
     tree = TokenTree(torch.tensor([4, 5]), torch.tensor([-1, 0]))

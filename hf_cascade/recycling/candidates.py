@@ -66,7 +66,10 @@ class RecycledCandidates:
         seeded = seed_estimate if callable(seed_estimate) else (lambda share: seed_estimate * share)
         trie = seed if isinstance(seed, SeedTrie) else SeedTrie.path(list(seed or []))
         out = Expansion([], [], [], [], [], [])
-        heap: list[tuple] = []
+        # the heap holds, per expanded node, only its best child not taken yet (its siblings wait in `groups`, in
+        # order): the same pops as pushing every child, since a node's later children never come before its best
+        heap: list[tuple[float, int, int, int]] = []       # (-path estimate, count, group, position in it)
+        groups: list[list[tuple]] = []
         count = 0
 
         def push(parent: int, token: int, path: float, level: int, at: int | None) -> None:
@@ -78,21 +81,30 @@ class RecycledCandidates:
             kids, kid_probs = self.table.get(token, ((), ()))
             seeds = trie.children.get(at, []) if at is not None else []
             seeded_tokens = {t for t, _, _ in seeds}
+            group = []
             for child, p in zip(kids, kid_probs):
                 if child not in seeded_tokens:
                     count += 1
                     e = estimate(p)
-                    heapq.heappush(heap, (-path * e, count, parent, child, level, p, e, 0.0, None))
+                    group.append((-path * e, count, parent, child, level, p, e, 0.0, None))
             recycled = dict(zip(kids, kid_probs)) if seeds else {}
             for child, share, node in seeds:
                 p = recycled.get(child, 0.0)
                 e = max(seeded(share), estimate(p))
                 count += 1
-                heapq.heappush(heap, (-path * e, count, parent, child, level, p, e, share, node))
+                group.append((-path * e, count, parent, child, level, p, e, share, node))
+            if group:
+                group.sort(key=lambda entry: entry[:2])     # (key, count): unique
+                groups.append(group)
+                heapq.heappush(heap, (group[0][0], group[0][1], len(groups) - 1, 0))
 
         push(-1, root, 1.0, 0, -1)
         while heap and len(out.tokens) < shape.max_nodes:
-            neg, _, parent, token, level, p, e, share, at = heapq.heappop(heap)
+            _, _, g, i = heapq.heappop(heap)
+            group = groups[g]
+            if i + 1 < len(group):                          # its next sibling takes its place
+                heapq.heappush(heap, (group[i + 1][0], group[i + 1][1], g, i + 1))
+            neg, _, parent, token, level, p, e, share, at = group[i]
             out.tokens.append(token)
             out.parents.append(parent)
             out.probs.append(p)
