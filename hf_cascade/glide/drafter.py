@@ -64,7 +64,7 @@ from .stats import GlideStats
 
 
 def _empty(seq: torch.Tensor) -> TokenTree:
-    return TokenTree(seq.new_zeros(0), seq.new_zeros(0))
+    return TokenTree.from_host((), (), seq.device)
 
 
 class GlideDrafter(TreeDrafter):

@@ -62,7 +62,7 @@ def beam_search(
     """
     if width < 1 or length < 1:
         raise ValueError(f"beam search needs width >= 1 and length >= 1, got width={width}, length={length}")
-    dtype, device = head.dtype, head.device
+    device, dtype = _device_dtype(head)
     x = hidden.reshape(1, -1).to(device=device, dtype=dtype)                          # [1, H]
     last = torch.as_tensor(root, device=device).reshape(1).long()                     # [b = 1]
     state = head.init_state(x)                                                        # [1, H] (s_0 = 0)
@@ -176,5 +176,15 @@ def confident_prefix(logp: torch.Tensor, min_confidence: float) -> torch.Tensor:
     return ok.long().cumprod(dim=1).bool()
 
 
+def _device_dtype(head) -> tuple[torch.device, torch.dtype]:
+    """The head's device and floating dtype from its first floating parameter (``PreTrainedModel.dtype`` and
+    ``.device`` walk every parameter: a cost per draft)."""
+    for p in head.parameters():
+        if p.is_floating_point():
+            return p.device, p.dtype
+    return head.device, head.dtype
+
+
 __all__ = ["beam_rows", "beam_search", "beams_tree", "confident_prefix", "flat_tree", "kept_nodes", "node_probabilities",
            "pack", "prune", "read_beams"]
+

@@ -73,7 +73,7 @@ class ReDrafterDrafter(TreeDrafter):
         """``w`` beams of ``min(L, budget)`` tokens after ``seq[-1]``, packed into a tree;
         ``draft_probs = None`` (beam search is deterministic given ``seq``)."""
         length = min(self.beam_length, state.budget)
-        empty = TokenTree(seq.new_zeros(0), seq.new_zeros(0))
+        empty = TokenTree.from_host((), (), seq.device)
         if state.last_hidden is None or length < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped += 1
             return self._joined(empty, [], state), None
