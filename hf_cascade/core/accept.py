@@ -157,9 +157,9 @@ def sampling_tree_accept(
             (top-k expansions, beam search, CAPE: a function of the context, no randomness).
         generator: optional ``torch.Generator`` for the uniforms and the final draw.
         batched: how the device is read. ``False``: child by child, a uniform drawn only when a child is
-            tried (several host reads per child; free on a CPU). ``True``: two reads in all where every node
-            with stochastic children has one child (:func:`_walk_gathered`: point-mass siblings, and chains);
-            otherwise one transfer per node on the walk (the residuals after rejecting each child in turn
+            tried (several host reads per child; free on a CPU). ``True``: two reads in all where every node's
+            children after its first are point masses (:func:`_walk_gathered`: chains, point-mass siblings, a drawn
+            child with point-mass siblings); otherwise one transfer per node on the walk (the residuals after rejecting each child in turn
             computed on the device, one uniform per child read with the acceptance probabilities). Uniforms
             are drawn for every child, so the random stream differs from ``False``'s; the law is the same.
             ``None`` (default): ``False`` on a CPU, ``True`` elsewhere.
@@ -230,15 +230,19 @@ def _residual(r: torch.Tensor, x: int, q: torch.Tensor | None) -> torch.Tensor:
 def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> TreeAcceptance | None:
     """The walk of :func:`_try_in_turn` reading the device twice: once for every node's uniform, its target
     probability at its parent's row and its draft probability (one gather), once for the bonus token. ``None``
-    where a node has several stochastic children (their residuals depend on one another: :func:`_try_batched`).
+    where a node's siblings after its first child are not all point masses (their residuals depend on one another
+    in ways a gather does not give: :func:`_try_batched`).
 
-    Point-mass siblings need nothing but ``p(x_i)`` at their parent's row: after rejecting ``x_1 .. x_{i-1}``
-    the residual is ``p`` without those tokens, renormalised, so ``r_{i-1}(x_i) = p(x_i) / (1 - sum of the
-    distinct earlier p(x_j))`` (``0`` for a repeated token). A lone stochastic child needs ``p(x) / q(x)``.
-    The bonus is drawn from the residual at the node where the walk stops (:func:`_try_in_turn`'s)."""
+    Point-mass siblings need nothing but ``r(x_i)`` of the residual ``r`` they are tried against: after rejecting
+    ``x_1 .. x_{i-1}`` the residual is ``r`` without those tokens, renormalised, so ``r_{i-1}(x_i) = r(x_i) / (1 - sum
+    of the distinct earlier r(x_j))`` (``0`` for a repeated token). A first child drawn from ``q`` needs ``p(x) / q(x)``;
+    after its rejection the residual is ``max(0, p - q) / mass`` (``p`` where ``mass`` vanishes, as :func:`_residual`),
+    so its point-mass siblings (GLIDE's CAPE expansions beside a drawn main token, seeds) are tried against that:
+    ``max(0, p(x_i) - q(x_i))`` and ``mass`` come in the same gather. The bonus is drawn from the residual at the node
+    where the walk stops (:func:`_try_in_turn`'s)."""
     children, tokens = _children(tree), tree.token_list
     n = tree.num_nodes
-    if n == 0 or (draft_probs is not None and any(len(kids) > 1 for kids in children)):
+    if n == 0:
         return None
     parent_rows = [p + 1 for p in tree.parent_list]
     needed = sorted(set(parent_rows))
@@ -246,44 +250,67 @@ def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> Tre
     device = stacked.device
     where = {r: i for i, r in enumerate(needed)}
     token_index = torch.tensor(tokens, dtype=torch.long, device=device)
-    p_x = stacked[torch.tensor([where[r] for r in parent_rows], device=device), token_index]
+    parent_index = torch.tensor([where[r] for r in parent_rows], device=device)
+    p_x = stacked[parent_index, token_index]
+    u = torch.rand(n, generator=generator, device=device)
+    firsts = [kids[0] for kids in children if len(kids) > 1] if draft_probs is not None else []
     if draft_probs is None:
-        q_x = torch.ones_like(p_x)
+        parts = [u, p_x, torch.ones_like(p_x)]
     else:
         q = draft_probs.to(device)
-        q_x = q[torch.arange(n, device=device), token_index].float()
-    u = torch.rand(n, generator=generator, device=device)
-    uniforms, ps, qs = torch.stack([u, p_x, q_x]).tolist()                                # the one read
+        parts = [u, p_x, q[torch.arange(n, device=device), token_index].float()]
+    after: dict[int, int] = {}                             # a later sibling -> its first sibling's index in `firsts`
+    if firsts:
+        for f, first in enumerate(firsts):
+            for c in children[parent_rows[first]][1:]:
+                after[c] = f
+        first_index = torch.tensor(firsts, dtype=torch.long, device=device)
+        residual = (stacked[parent_index[first_index]] - q[first_index].float()).clamp_min(0.0)  # [F, V]
+        later = list(after)
+        parts += [residual.sum(dim=-1),
+                  residual[torch.tensor([after[c] for c in later], device=device), token_index[later]]]
+    values = torch.cat(parts).tolist()                                                    # the one read
+    uniforms, ps, qs = values[:n], values[n:2 * n], values[2 * n:3 * n]
+    masses = values[3 * n:3 * n + len(firsts)]
+    behind = dict(zip(list(after), values[3 * n + len(firsts):]))                         # max(0, p(x) - q_first(x))
+    if any(qs[c] != 1.0 for c in after):                  # a later sibling that is not a point mass
+        return None
     path: list[int] = []
     row, removed, rejected = 0, {}, None
     while True:
         removed, rejected, accepted = {}, None, None
-        for c in children[row]:
+        kids = children[row]
+        for i, c in enumerate(kids):
             x = tokens[c]
-            if draft_probs is None:
-                left = 1.0 - sum(removed.values())
-                if x not in removed and left > 0.0 and uniforms[c] < ps[c] / left:
-                    accepted = c
-                    break
-                removed.setdefault(x, ps[c])
-            else:
+            if draft_probs is not None and i == 0:          # a draw from q: p(x) / q(x)
                 if qs[c] <= 0.0:
                     raise ValueError(f"node {c}'s token {x} has probability 0 under its draft distribution")
                 if uniforms[c] < ps[c] / qs[c]:
                     accepted = c
                     break
                 rejected = c
+                continue
+            if rejected is None:                              # point masses against p
+                rx = ps[c]
+            else:                                             # point masses against the first child's residual
+                mass = masses[after[c]]
+                rx = behind[c] / mass if mass > 1e-12 else ps[c]
+            left = 1.0 - sum(removed.values())
+            if x not in removed and left > 0.0 and uniforms[c] < rx / left:
+                accepted = c
+                break
+            removed.setdefault(x, rx)
         if accepted is None:
             break
         path.append(accepted)
         row = accepted + 1
     r = target_probs[row].float()
+    if rejected is not None:
+        r = _residual(r, tokens[rejected], draft_probs[rejected].to(r.device).float())
     if removed:
         r = r.clone()
         r[torch.tensor(list(removed), dtype=torch.long, device=r.device)] = 0.0
         r = r / r.sum()
-    elif rejected is not None:
-        r = _residual(r, tokens[rejected], draft_probs[rejected].to(r.device).float())
     bonus = int(categorical(r, generator))                                                  # the second read
     return TreeAcceptance(torch.tensor(path, dtype=torch.long, device="cpu"), bonus, tuple(path))
 
