@@ -207,3 +207,16 @@ def test_drafter_payoff_values_a_token_at_the_generations_rate():
             pay.observe_consult(1.0, 0.005)
             pay.observe_verdict(1 if _ % 4 == 0 else 0, emitted, 0.045)   # g about 0.3
     assert slow.worth(1.0) and not fast.worth(1.0)
+
+
+def test_frozen_calibration_gives_the_same_values_until_the_next_verdict():
+    import random
+    rng = random.Random(0)
+    cal = AcceptanceCalibration()
+    for _ in range(50):
+        cal.observe(rng.random(), rng.random() < 0.5)
+    frozen = cal.frozen()
+    probs = [0.0, 0.2, 0.5, 0.9, 1.0, 1.2] + [rng.random() for _ in range(200)]
+    assert [frozen(p) for p in probs] == [cal(p) for p in probs]                 # equal floats, not close ones
+    cal.observe(0.95, False)
+    assert frozen(0.95) != cal(0.95)                                             # a snapshot: the verdict is not in it

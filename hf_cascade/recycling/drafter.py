@@ -93,7 +93,8 @@ class TokenRecycling(TreeDrafter):
         found = Expansion([], [], [], [], [], [])
         if depth > 0:
             seeds = self._seeds(tokens_so_far, depth)
-            found = self.candidates.expand(root, self.shape, depth, seeds, self.seed_rates.rate(self._bucket), self.calibration)
+            found = self.candidates.expand(root, self.shape, depth, seeds, self.seed_rates.rate(self._bucket),
+                                             self.calibration.frozen())
         device = seq.device
         tree = TokenTree.from_host(found.tokens, found.parents, device)
         if self.budget is not None and tree.num_nodes:

@@ -45,6 +45,17 @@ class AcceptanceCalibration:
     def __call__(self, p: float) -> float:
         return min(0.999, p * self.ratio(self._bin(p)))
 
+    def frozen(self):
+        """``a`` as it stands, a function of ``p`` giving the values this object gives until its next
+        :meth:`observe`, its bins' ratios computed once (for a caller asking for many ``p`` between two verdicts)."""
+        pooled = self._pooled()
+        ratios = [self.ratio(b, pooled) for b in range(len(self._hits))]
+        edges, last = self.edges, len(ratios) - 1
+
+        def a(p: float) -> float:
+            return min(0.999, p * ratios[min(max(bisect.bisect_right(edges, p) - 1, 0), last)])
+        return a
+
     def observe(self, p: float, accepted: bool) -> None:
         """A token the drafter gave probability ``p`` was reached by the target's review and accepted or not."""
         b = self._bin(p)
