@@ -21,9 +21,10 @@ The core runs the target with its own kernels on any device; optional verificati
 
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
 from .attention import tree_allowed, tree_attention_mask, tree_position_ids
+from .beams import get_prefix_match, unpack
 from .forward import keep_path, model_tree_mask, verify_tree
 from .payoff import VerifyCost
-from .structure import TokenTree, get_prefix_match, unpack
+from .structure import TokenTree
 
 __all__ = [
     "TokenTree",

@@ -10,8 +10,8 @@ Builders:
 
 * :meth:`TokenTree.from_beams` -- ReDrafter's *dynamic tree attention* (Cheng et al., 2024,
   "Recurrent Drafter", §2 and Listing 1): the ``w`` beams of length ``L`` share prefixes; they are
-  deduplicated with tensor ops only (:func:`get_prefix_match`), packed into unique nodes, and per-node
-  results map back to beams with :func:`unpack`.
+  deduplicated with tensor ops only (:func:`~hf_cascade.core.beams.get_prefix_match`), packed into unique nodes, and per-node
+  results map back to beams with :func:`~hf_cascade.core.beams.unpack`.
 * :meth:`TokenTree.from_expansions` -- GLIDE's *CAPE* (Du et al., 2024, "GLIDE with a CAPE", §4.2 and
   Appendix A, Algorithm 2): a main draft path plus, at each step ``t``, expansion tokens that are
   siblings of ``main[t]`` and leaves of the tree.
@@ -363,7 +363,7 @@ def pack_beams(beams: torch.Tensor, rows: list[list[int]] | None = None) -> tupl
     """:meth:`TokenTree.from_beams` with the host copy of ``beam_to_node`` too: ``(tree, beam_to_node [w, L],
     beam_to_node as lists)``. The beams are read once (not at all when ``rows``, their host copy, is given); the
     packing runs on the host (``w * L`` small), node order and values those of Listing 1's tensor ops
-    (:func:`get_prefix_match`)."""
+    (:func:`~hf_cascade.core.beams.get_prefix_match`)."""
     beams = torch.as_tensor(beams)
     if beams.ndim != 2 or beams.shape[0] == 0:
         raise ValueError(f"beams must be [w, L] with w >= 1, got shape {tuple(beams.shape)}")
@@ -387,36 +387,3 @@ def pack_beams(beams: torch.Tensor, rows: list[list[int]] | None = None) -> tupl
     device = beams.device
     tree = TokenTree.from_host(tokens, parents, device)
     return tree, torch.tensor(beam_to_node, dtype=torch.long, device=device), beam_to_node
-
-
-def get_prefix_match(beams: torch.Tensor) -> torch.Tensor:
-    """ReDrafter Listing 1 (Cheng et al., 2024): ``[w, L] -> [w, L]``.
-
-    ``prefix_match[i, j] = k``: ``k`` is the smallest beam index with ``beams[k, :j + 1] ==
-    beams[i, :j + 1]`` (so ``k <= i``). Paper example::
-
-        beams = [[91, 92, 93, 95],         prefix_match = [[0, 0, 0, 0],
-                 [91, 92, 94, 96],                         [0, 0, 1, 1],
-                 [91, 92, 93, 97]]                         [0, 0, 0, 2]]
-
-    Same steps as the listing: token matches between beams, ``cumsum`` along positions equal to
-    ``1..L`` marks matching prefixes, ``argmax`` over the other beam picks the first one. (The
-    listing's broadcast ``beams[:, :, None] == beams[:, None, :]`` is written for a batched
-    ``[b, w, L]`` input, as in the reference ``_dedup_prefix``; for ``[w, L]`` the pairwise beam
-    comparison is ``beams[:, None, :] == beams[None, :, :]``.)
-    """
-    beams = torch.as_tensor(beams)
-    if beams.ndim != 2:
-        raise ValueError(f"beams must be [w, L], got shape {tuple(beams.shape)}")
-    L = beams.shape[1]
-    beam_index = torch.arange(1, L + 1, device=beams.device)
-    matches = beams[:, None, :] == beams[None, :, :]                              # [w, w, L]
-    seq_matches = torch.cumsum(matches.long(), dim=2) == beam_index[None, None, :]  # [w, w, L]
-    # torch.argmax returns the first maximal index: the smallest beam sharing the prefix.
-    return torch.argmax(seq_matches.long(), dim=1)                                 # [w, L]
-
-
-def unpack(node_values: torch.Tensor, beam_to_node: torch.Tensor) -> torch.Tensor:
-    """Per-node results ``[n, ...]`` back to the beams' layout ``[w, L, ...]`` (ReDrafter's
-    ``unpack``): ``out[i, j] = node_values[beam_to_node[i, j]]``."""
-    return node_values[beam_to_node.to(node_values.device)]
