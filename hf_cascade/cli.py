@@ -87,6 +87,14 @@ def _add_distill(sub) -> None:
     p.add_argument("--target", default=None, help="target model (as for bench; default Gemma-3-270M)")
     p.add_argument("--prompts", action="extend", nargs="+", default=None, metavar="FILE",
                    help="JSONL prompt files (fields turns / instruction / question / prompt / text)")
+    p.add_argument("--dataset", default=None, metavar="ID_OR_PATH",
+                   help="a `datasets` dataset instead: Hub id, save_to_disk folder or data file (chats: first user "
+                        "turn; default without shared/data/train_prompts: HuggingFaceH4/ultrachat_200k)")
+    p.add_argument("--split", default=None, help="the dataset's split (default: its only one, or 'train')")
+    p.add_argument("--field", default=None, help="the rows' prompt field (default: found from the layout)")
+    p.add_argument("--prompt-format", choices=("plain", "chat"), default=None,
+                   help="plain: the package's completion template; chat: the tokenizer's chat template "
+                        "(default: chat for --dataset when the tokenizer has one, else plain)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="response length cap (default 128)")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batched generate (default 16)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="stop once N prompts are stored")
@@ -98,14 +106,18 @@ def run_distill(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .bench.loading import load_model
-    from .training import DistillConfig, distill, training_prompts
+    from .data import PROMPT_FORMAT
+    from .training import DistillConfig, distill
+    from .training.sources import CHAT, distill_prompts
 
     _set_threads(args)
-    prompts = training_prompts(args.prompts)
+    prompts, dataset = distill_prompts(args.prompts, args.dataset, args.split, args.field, args.limit, _log)
     _log(f"{len(prompts)} training prompts (Spec-Bench questions excluded); loading target {args.target or 'default'}")
     model, tokenizer = load_model(args.target)
+    chat = args.prompt_format == "chat" or (args.prompt_format is None and dataset
+                                             and bool(getattr(tokenizer, "chat_template", None)))
     cfg = DistillConfig(Path(args.out), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                        hidden_states=args.hidden_states, limit=args.limit)
+                        hidden_states=args.hidden_states, limit=args.limit, prompt_format=CHAT if chat else PROMPT_FORMAT)
     store = distill(model, tokenizer, cfg, prompts, target_name=args.target or "default",
                     progress=not args.no_progress)
     print(f"{len(store)} sequences, {store.num_tokens} tokens in {args.out}")

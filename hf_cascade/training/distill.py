@@ -14,26 +14,19 @@ differ from an unbatched greedy ``generate``; that does not matter for training 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..data import PROMPT_FORMAT, find_shared_data, format_prompt, load_specbench, read_prompts_jsonl
+from ..data import PROMPT_FORMAT, format_prompt
+from .sources import Prompt, training_prompts
 from .store import DistillStore
 
-DEFAULT_FILES = ("alpaca_seed_tasks.jsonl", "vicuna_bench_question.jsonl", "gsm8k_train.jsonl")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    id: str        # "<source>:<line index>", stable across runs (resuming relies on it)
-    source: str
-    text: str      # raw question; templated with the prompt format before tokenizing
+__all__ = ["DistillConfig", "Prompt", "distill", "prompt_ids", "training_prompts"]
 
 
 @dataclass
@@ -41,41 +34,23 @@ class DistillConfig:
     out: Path
     max_new_tokens: int = 128
     batch_size: int = 16
-    prompt_format: str = PROMPT_FORMAT
+    prompt_format: str = PROMPT_FORMAT   # a template with {question}, or "chat": the tokenizer's chat template
     hidden_states: bool = False
     limit: int | None = None          # stop after this many stored prompts in total
 
 
-def _normalize(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip().lower()
-
-
-def training_prompts(paths: Sequence[str | Path] | None = None, exclude_benchmark: bool = True) -> list[Prompt]:
-    """Prompts from JSONL files (default: Alpaca seed tasks, Vicuna bench, GSM8K train in
-    ``shared/data/train_prompts``), interleaved round-robin across files so that any prefix of a
-    distillation run covers every source; Spec-Bench questions removed."""
-    if paths is None:
-        base = find_shared_data("shared/data/train_prompts", "HF_CASCADE_TRAIN_PROMPTS")
-        paths = [base / f for f in DEFAULT_FILES if (base / f).is_file()]
-    per_file = []
-    for p in paths:
-        p = Path(p)
-        per_file.append([Prompt(f"{p.stem}:{i}", p.stem, t) for i, t in enumerate(read_prompts_jsonl(p))])
-    banned: set[str] = set()
-    if exclude_benchmark:
-        try:
-            banned = {_normalize(item["turns"][0]) for item in load_specbench(per_category=None)}
-        except FileNotFoundError:
-            pass
-    out, seen = [], set()
-    for i in range(max((len(f) for f in per_file), default=0)):
-        for prompts in per_file:
-            if i < len(prompts):
-                key = _normalize(prompts[i].text)
-                if key not in banned and key not in seen:
-                    seen.add(key)
-                    out.append(prompts[i])
-    return out
+def prompt_ids(prompt: Prompt, tokenizer, prompt_format: str) -> list[int]:
+    """Token ids of a prompt: ``prompt_format`` filled with its text, or, for ``"chat"``
+    (:data:`~.sources.CHAT`), its messages (a user turn of its text if it has none) through the
+    tokenizer's chat template with the generation prompt (the template writes the special tokens)."""
+    if prompt_format != "chat":
+        return tokenizer(format_prompt(prompt.text, prompt_format)).input_ids
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"prompt format 'chat' needs a tokenizer with a chat template; {type(tokenizer).__name__} "
+                         "has none: use the plain template (--prompt-format plain)")
+    messages = list(prompt.messages or ({"role": "user", "content": prompt.text},))
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 def _batches(todo: list[Prompt], tokenizer, cfg: DistillConfig) -> Iterator[tuple[list[Prompt], list[list[int]]]]:
@@ -83,7 +58,7 @@ def _batches(todo: list[Prompt], tokenizer, cfg: DistillConfig) -> Iterator[tupl
     window = cfg.batch_size * 8
     for start in range(0, len(todo), window):
         chunk = todo[start : start + window]
-        ids = [tokenizer(format_prompt(p.text, cfg.prompt_format)).input_ids for p in chunk]
+        ids = [prompt_ids(p, tokenizer, cfg.prompt_format) for p in chunk]
         order = sorted(range(len(chunk)), key=lambda i: len(ids[i]))
         for b in range(0, len(order), cfg.batch_size):
             sel = order[b : b + cfg.batch_size]
