@@ -201,6 +201,33 @@ def test_static_refuses_a_filled_cache():
                         assistant_model=CascadeAssistant([MaxGram()]), **{hf_cascade.compat.CACHE: cache})
 
 
+def test_static_takes_an_early_initialised_cache():
+    """A StaticCache initialised in advance (``early_initialization``, as export and CUDA-graph recipes do) but never
+    written is empty, not filled: the call runs on it, at batch 1 and for a batch, with plain static ``generate``'s
+    output; once written it is refused."""
+    target = setting_target("llama-sdpa")
+    text = target.config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+
+    def early(batch_size):
+        cache = StaticCache(config=target.config, max_cache_len=64)
+        cache.early_initialization(batch_size, text.num_key_value_heads, head_dim, target.dtype, target.device)
+        assert all(layer.is_initialized for layer in cache.layers)
+        return cache
+
+    batch = torch.tensor([[1, 5, 6, 7, 5, 6, 7], [0, 0, 1, 9, 10, 9, 10]])
+    for prompt, mask in ((REPETITIVE, None), (batch, (batch != 0).long())):
+        kwargs = dict(do_sample=False, max_new_tokens=12, attention_mask=mask)
+        plain = target.generate(prompt, **kwargs, **{hf_cascade.compat.CACHE: early(prompt.shape[0])})
+        cache = early(prompt.shape[0])
+        out = target.generate(prompt, **kwargs, assistant_model=CascadeAssistant([MaxGram()]),
+                              **{hf_cascade.compat.CACHE: cache})
+        assert torch.equal(out, plain)
+        with pytest.raises(ValueError, match="filled StaticCache"):
+            target.generate(prompt, **kwargs, assistant_model=CascadeAssistant([MaxGram()]),
+                            **{hf_cascade.compat.CACHE: cache})
+
+
 def test_eager_static_attention_sees_the_prefix_and_the_queries_only():
     """Eager (not compiled), the core's static layers hand attention the verified prefix and the forward's own
     queries, not the whole buffer; handed back to the user, the cache is a plain static one again."""

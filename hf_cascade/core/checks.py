@@ -8,7 +8,7 @@ from transformers.generation import GenerationMode
 
 from ..compat import given_cache
 from ..processors import DraftAwareProcessor
-from .static import is_static, static_rollback_supported
+from .static import is_filled, is_static, static_rollback_supported
 
 # model_kwargs that generate() prepares and the core may ignore
 _IGNORED_KWARGS = {"attention_mask", "position_ids", "cache_position", "logits_to_keep", "past_key_values", "cache", "use_cache"}
@@ -56,7 +56,7 @@ def check_supported(target, input_ids: torch.Tensor, generation_config: Generati
         _check_static()
     if isinstance(cache, DynamicCache) and cache.get_seq_length() > 0:
         raise ValueError("hf_cascade assistants start from the prompt: a prefilled cache is not supported.")
-    if is_static(cache) and any(getattr(layer, "is_initialized", False) for layer in cache.layers):
+    if is_static(cache) and is_filled(cache):
         raise ValueError("hf_cascade assistants start from the prompt: a filled StaticCache is not supported "
                          "(pass a new one).")
     positions = model_kwargs.get("position_ids")

@@ -54,6 +54,12 @@ def is_static(cache) -> bool:
                 and all(isinstance(layer, StaticLayer) for layer in layers))
 
 
+def is_filled(cache) -> bool:
+    """Whether a static cache holds tokens. A layer initialised in advance (``StaticCache.early_initialization``, as
+    export and CUDA-graph recipes do) but never written is not filled. One device read, once per call."""
+    return any(getattr(layer, "is_initialized", False) for layer in cache.layers) and int(cache.get_seq_length()) > 0
+
+
 _CAPACITY: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
 
 
@@ -118,7 +124,7 @@ class StaticSlots:
 
     def __init__(self, target, given: Cache | None, capacity: int, fixed_shapes: bool = True):
         if given is not None:
-            if any(getattr(layer, "is_initialized", False) for layer in given.layers):
+            if is_filled(given):
                 raise ValueError("hf_cascade assistants start from the prompt: a filled StaticCache is not supported "
                                  "(pass a new one).")
             full = [layer.max_cache_len for layer in given.layers if not getattr(layer, "is_sliding", False)]
@@ -131,8 +137,8 @@ class StaticSlots:
         for i, layer in enumerate(layers):                       # unfilled: nothing is lost
             if not fixed_shapes:                                 # eager: attention over the visible columns only
                 layers[i] = _VisibleStaticLayer(max_cache_len=capacity)
-            elif getattr(layer, "is_sliding", False) or layer.max_cache_len != capacity:
-                layers[i] = StaticLayer(max_cache_len=capacity)
+            elif getattr(layer, "is_sliding", False) or layer.max_cache_len != capacity or layer.is_initialized:
+                layers[i] = StaticLayer(max_cache_len=capacity)     # an early-initialised layer: the call's own shapes
         self.fixed_shapes = fixed_shapes
         self.capacity = capacity
         self.length = 0                          # columns holding verified tokens' K/V (the host's count)
