@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 import hf_cascade  # noqa: E402,F401  (installs the generate hook)
 from hf_cascade.bench import BenchConfig, markdown_report, run_benchmark, write_results  # noqa: E402
 from hf_cascade.bench.calls import rotated  # noqa: E402
-from hf_cascade.bench.methods import ECONOMIZE_RUNS_HERE  # noqa: E402
+from hf_cascade.bench.peers import ECONOMIZE_RUNS_HERE  # noqa: E402
 from hf_cascade.bench.summary import paired  # noqa: E402
 from hf_cascade.cli import bench_config, build_parser  # noqa: E402
 

@@ -11,7 +11,8 @@ from tests.test_bench import NEW_TOKENS, PROMPTS, _llama, tiny  # noqa: F401  (t
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 from hf_cascade.bench import BenchConfig, markdown_report, run_benchmark, write_results  # noqa: E402
-from hf_cascade.bench.methods import ASSISTED_WINDOW, assisted_settings, build_method  # noqa: E402
+from hf_cascade.bench.build import build_method  # noqa: E402
+from hf_cascade.bench.peers import ASSISTED_WINDOW, assisted_settings  # noqa: E402
 from hf_cascade.cli import bench_config, build_parser  # noqa: E402
 
 BASELINES = ["plain", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence"]

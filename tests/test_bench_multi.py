@@ -16,7 +16,7 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 from hf_cascade import CascadeSettings, DynamicWindowSettings, GlideSettings, Policy, ReDrafterSettings
 from hf_cascade.bench import BenchConfig, BenchResult, markdown_report, run_benchmark, write_results  # noqa: E402
-from hf_cascade.bench import loading, methods as bench_methods  # noqa: E402
+from hf_cascade.bench import build as bench_methods, loading  # noqa: E402
 from hf_cascade.bench.config import STRATEGIES, parse_drafts, parse_strategies  # noqa: E402
 from hf_cascade.bench.report import below_kernels, markdown_kernels  # noqa: E402
 from hf_cascade.bench.runner import _build_methods  # noqa: E402

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
-from hf_cascade.bench.methods import MethodUnavailable, build_method
+from hf_cascade.bench.build import build_method
+from hf_cascade.bench.methods import MethodUnavailable
 from tests import tiny_models as tm
 from tests.contract_registry import offloaded, with_attention
 from tests.test_contract import (ASCENDING, REPETITIVE, FakeClock, assert_exact_sampling, assert_greedy_parity,

@@ -16,7 +16,8 @@ from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistan
                         MaxGram, ReDrafterSettings)
 from hf_cascade.bench import BenchConfig, markdown_report, parse_cost_models, run_benchmark, write_results
 from hf_cascade.bench.costs import build_costs, params_cost, parameter_count
-from hf_cascade.bench.methods import ECONOMIZE_RUNS_HERE, build_method
+from hf_cascade.bench.build import build_method
+from hf_cascade.bench.peers import ECONOMIZE_RUNS_HERE
 from hf_cascade.bench.counting import assistant_levels
 from hf_cascade.bench.swi import (STATISTICAL, Costs, DrafterCost, flat_target, group_swi, plain_time, record_times,
                                   standardized_time, swi)

@@ -60,7 +60,7 @@ class BenchConfig:
             measures on this machine when ``"measure"`` (glide methods); false: not passed.
         beam_width / beam_length: ``ReDrafterAssistant``'s beam search (redrafter methods).
         window: HSDDW's ``max_window`` and the fixed draft window of the ``hf-assisted-constant`` / ``-confidence``
-            baselines (not set: HSDDW's default, and :data:`~hf_cascade.bench.methods.ASSISTED_WINDOW` for them).
+            baselines (not set: HSDDW's default, and :data:`~hf_cascade.bench.peers.ASSISTED_WINDOW` for them).
         max_new_tokens: tokens generated per prompt.
         sampling: ``do_sample=True`` with ``temperature`` (default: greedy).
         temperature: sampling temperature.
@@ -188,7 +188,7 @@ class BenchConfig:
 
     @property
     def tree(self) -> dict:
-        """Settings of the tree strategies that are set (see :func:`~hf_cascade.bench.methods.build_method`)."""
+        """Settings of the tree strategies that are set (see :func:`~hf_cascade.bench.build.build_method`)."""
         values = {"draft_length": self.draft_length, "max_tree_nodes": self.max_tree_nodes,
                   "beam_width": self.beam_width, "beam_length": self.beam_length, "min_confidence": self.min_confidence,
                   "min_expansion_prob": self.min_expansion_prob, "verify_cost": self.verify_cost or None}

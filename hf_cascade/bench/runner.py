@@ -22,7 +22,8 @@ from ..drafters.corpus import CorpusNGrams
 from .calls import encode, generation_kwargs, rotated, timed
 from .config import DRAFT_FAMILY, BenchConfig
 from .costs import build_costs
-from .methods import Method, MethodUnavailable, build_method
+from .build import build_method
+from .methods import Method, MethodUnavailable
 from .summary import summarize
 from .swi import record_times
 
