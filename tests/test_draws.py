@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
@@ -121,3 +122,21 @@ def test_categorical_draws_with_the_entries_probabilities():
     assert torch.allclose(counts / 6000, probs, atol=0.025)               # > 3.5 sigma of each binomial
     assert int(categorical(torch.tensor([0.0, 0.0, 2.0, 0.0]))) == 2     # any positive total; a single mass
     assert categorical(probs).dim() == 0
+
+
+def test_proposal_choice_deferred_measures_settle_to_the_same_rates():
+    """``observe(defer=True)`` keeps the measure on the device; :meth:`settle` with the values the caller read
+    leaves the rates exactly where reading at once does (the accelerator schedule folds them into the next draft's
+    read)."""
+    torch.manual_seed(3)
+    now, later = ProposalChoice(decay=0.5), ProposalChoice(decay=0.5)
+    steps = [(torch.rand(6).softmax(-1), torch.rand(6).softmax(-1), c) for c in (0.2, 0.9, 0.5)]
+    for p, q, c in steps:
+        now.observe(p, q, siblings=1, confidence=c)
+        later.observe(p, q, siblings=1, confidence=c, defer=True)
+    assert later.rate != now.rate and later.pending().shape == (6,)
+    later.settle(later.pending().tolist())
+    assert later.rate == now.rate and later.pending() is None
+    later.observe(*steps[0][:2], defer=True)
+    with pytest.raises(ValueError, match="3 values for 1 pending"):
+        later.settle([0.1, 0.2, 0.3])

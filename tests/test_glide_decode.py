@@ -68,6 +68,26 @@ def test_expansion_sets_golden():
             CapeSettings(min_prob=bad)
 
 
+def test_expansion_read_is_the_sets_and_its_first_rows_are_the_first_rows_sets():
+    """The folded read (:func:`expansion_read` + :func:`parse_expansions`, what the accelerator schedule reads with the
+    main path) gives :func:`expansion_sets`' sets, and the sets of the first ``m`` of ``k`` rows are those computed
+    from the first ``m`` rows alone (a row's set depends on the rows before it only: its path-probability floor)."""
+    from hf_cascade.glide.cape import expansion_read, parse_expansions
+
+    probs = T([[0.05, 0.50, 0.10, 0.20, 0.15], [0.02, 0.03, 0.90, 0.04, 0.01], [0.30, 0.25, 0.20, 0.15, 0.10]])
+    main = probs.argmax(-1)
+    sizes = CapeSettings().expansion_sizes(probs.max(-1).values)
+    for min_prob in (0.0, 0.085):
+        flat, layout = expansion_read(probs, main, sizes, min_prob, max_size=7, to_target=lambda x: x + 100)
+        sets, set_probs, targets = parse_expansions(flat.tolist(), layout)
+        assert sets == [x.tolist() for x in expansion_sets(probs, main, sizes, min_prob)]
+        assert targets == [[t + 100 for t in x] for x in sets]
+        assert set_probs == [[probs[i, t].item() for t in x] for i, x in enumerate(sets)]
+        for m in (1, 2):
+            first, layout_m = expansion_read(probs[:m], main[:m], sizes[:m], min_prob, max_size=7)
+            assert parse_expansions(flat.tolist(), layout, rows=m)[0] == parse_expansions(first.tolist(), layout_m)[0]
+
+
 def test_cape_verification_input_golden():
     """Algorithms 1-2 on a hand-made proposal: main path [a b c] (draft ids 1 2 3, target id = draft id + 20)
     with S(p) = 2 / 0 / 1 for p in (0,.5] (.5,.8] (.8,1]: X_0 = {d e}, X_1 = {}, X_2 = {f}. The verified

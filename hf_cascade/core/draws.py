@@ -121,6 +121,7 @@ class ProposalChoice:
     def __init__(self, bounds: tuple[float, ...] = (0.3, 0.6, 0.8), decay: float = 0.95):
         self.bounds, self.decay = tuple(float(b) for b in bounds), float(decay)
         self.rate: list[dict[str, float | None]] = [{"argmax": None, "draw": None} for _ in range(len(bounds) + 1)]
+        self._pending: list[tuple[torch.Tensor, int]] = []        # deferred observations: (device pair, bucket)
 
     def bucket(self, confidence: float) -> int:
         """The bucket of a confidence (``(0, b_0]`` is 0, ``(b_0, b_1]`` is 1, ...)."""
@@ -139,11 +140,14 @@ class ProposalChoice:
         return torch.tensor([_ahead(r) for r in self.rate], dtype=torch.bool, device=device)
 
     def observe(self, p: torch.Tensor, q: torch.Tensor, columns: torch.Tensor | None = None, siblings: int = 0,
-                confidence: float | None = None) -> None:
+                confidence: float | None = None, defer: bool = False) -> None:
         """One drafted step: ``p`` ``[V]`` the target's processed distribution at the draft's first position,
         ``q`` ``[N]`` the drafter's (warped) distribution there, ``columns`` ``[N]`` its columns' target ids
         (``None``: ``N = V``), ``siblings`` the deterministic siblings of the first level, ``confidence`` the
-        drafter's (unwarped) ``max q`` there, its bucket (``None``: the last). One device read."""
+        drafter's (unwarped) ``max q`` there, its bucket (``None``: the last). One device read, or none with
+        ``defer``: the measure stays on the device until the drafter's next read carries it (:meth:`pending`,
+        :meth:`settle`), so the choice at a step uses the measures up to the step before the last. The choice
+        only ever reads earlier steps, so what is drawn stays exact either way (rule 2)."""
         p = p.float() if columns is None else p.float().index_select(0, columns.to(p.device))
         q = q.to(p.device).float()
         k = max(0, min(int(siblings), q.shape[0] - 1))
@@ -154,8 +158,26 @@ class ProposalChoice:
         excess = (q - p).clamp_min(0.0)                                          # rejection weight of each draw
         outside = excess.sum() - excess[top].sum()                               # d: draws outside T
         drawn = overlap + (1.0 - overlap) * residual[top].sum() - outside * residual[top[-1]]
-        argmax, drawn = torch.stack([p[top].sum(), drawn]).tolist()
-        rate = self.rate[self.bucket(confidence) if confidence is not None else -1]
+        pair, bucket = torch.stack([p[top].sum(), drawn]).double(), self.bucket(confidence) if confidence is not None else -1
+        if defer:
+            self._pending.append((pair, bucket))
+        else:
+            self._update(bucket, *pair.tolist())
+
+    def pending(self) -> torch.Tensor | None:
+        """The deferred measures, ``[2 * n]`` float64 on the device, for the caller's next read (``None``: none)."""
+        return torch.cat([pair for pair, _ in self._pending]) if self._pending else None
+
+    def settle(self, values: list[float]) -> None:
+        """Apply the deferred measures, read by the caller as ``values`` (:meth:`pending`'s, in its order)."""
+        if len(values) != 2 * len(self._pending):
+            raise ValueError(f"{len(values)} values for {len(self._pending)} pending measures")
+        for i, (_, bucket) in enumerate(self._pending):
+            self._update(bucket, values[2 * i], values[2 * i + 1])
+        self._pending = []
+
+    def _update(self, bucket: int, argmax: float, drawn: float) -> None:
+        rate = self.rate[bucket]
         for name, value in (("argmax", argmax), ("draw", drawn)):
             old = rate[name]
             rate[name] = value if old is None else self.decay * old + (1 - self.decay) * value

@@ -109,6 +109,16 @@ def _read_expansions(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tenso
                      max_size: int | None = None, to_target=None) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
     """:func:`expansion_lists`, with each set's draft probabilities and target ids (``to_target`` applied on the
     device; the draft ids when ``None``), all in the one read (ids are exact in float64)."""
+    flat, layout = expansion_read(probs, main, sizes, min_prob, max_size, to_target)
+    return parse_expansions(flat.tolist(), layout)                               # the one read
+
+
+def expansion_read(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
+                   max_size: int | None = None, to_target=None) -> tuple[torch.Tensor, tuple]:
+    """The expansion sets of :func:`_read_expansions` as one float64 tensor still on the device, and its layout for
+    :func:`parse_expansions`: a caller may read it together with what it reads anyway. Row ``i``'s set depends on
+    rows ``0 .. i`` only (its size and its path-probability floor), so the first ``m`` sets of ``k`` rows are those
+    of the first ``m`` rows."""
     k, n = probs.shape
     if main.shape != (k,) or sizes.shape != (k,):
         raise ValueError(f"main and sizes must be [k] = [{k}], got {tuple(main.shape)} and {tuple(sizes.shape)}")
@@ -122,13 +132,20 @@ def _read_expansions(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tenso
     ok = top_p * reach[:, None] >= min_prob                                      # [k, width] path prob >= floor
     mapped = top if to_target is None else to_target(top.flatten()).reshape(top.shape).to(probs.device)
     parts = [top.flatten(), ok.flatten(), sizes, main, mapped.flatten(), top_p.flatten()]
-    flat = torch.cat([x.double() for x in parts]).tolist()                       # the one read
+    return torch.cat([x.double() for x in parts]), (k, n, width, min_prob)
+
+
+def parse_expansions(flat: Sequence[float], layout: tuple, rows: int | None = None,
+                     ) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
+    """The host lists of :func:`expansion_read`'s tensor (read by the caller): the sets of the first ``rows`` rows
+    (all by default), their draft probabilities and their target ids."""
+    k, n, width, min_prob = layout
     kw = k * width
     top_h, ok_h = flat[:kw], flat[kw:2 * kw]
     sizes_h, main_h = flat[2 * kw:2 * kw + k], flat[2 * kw + k:2 * kw + 2 * k]
     mapped_h, p_h = flat[2 * kw + 2 * k:3 * kw + 2 * k], flat[3 * kw + 2 * k:]
     sets, set_probs, set_targets = [], [], []
-    for i in range(k):
+    for i in range(k if rows is None else min(rows, k)):
         row = [j for j in range(i * width, (i + 1) * width) if top_h[j] != main_h[i]][: min(int(sizes_h[i]), n - 1)]
         row = [j for j in row if ok_h[j] or min_prob <= 0]
         sets.append([int(top_h[j]) for j in row])
@@ -159,7 +176,7 @@ def cape_tree(main: torch.Tensor, expansions: Sequence[torch.Tensor], device=Non
 
 def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettings | None,
                       to_target=None, main_target=None, device=None, main_probs: list[float] | None = None,
-                      ) -> tuple[TokenTree, list[torch.Tensor], list[float]]:
+                      read: tuple | None = None) -> tuple[TokenTree, list[torch.Tensor], list[float]]:
     """Algorithm 1 end to end: the draft's ``[k, N]`` distributions along its main path ``main`` (``[k]``,
     normally the rows' argmax) -> the verification tree, the expansion sets (``to_target`` maps draft ids
     to target ids, e.g. through a reduced vocabulary; identity when ``None``) and, as host floats, the draft's
@@ -167,7 +184,8 @@ def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSet
     the chain ``main``. ``main_target`` / ``main_probs``: the main path's target ids / probabilities when the
     caller has them on the host; ``device``: where the tree goes (default ``probs``' device). Reads the device
     once (the sets, their target ids and probabilities together), and not at all for a chain whose
-    ``main_target`` and ``main_probs`` are given."""
+    ``main_target`` and ``main_probs`` are given, nor when ``read`` holds the sets already read
+    (:func:`parse_expansions` of the rows' :func:`expansion_read`, at least ``k`` rows of them)."""
     device = probs.device if device is None else device
     main = main.to(probs.device)
     main_t = list(main_target) if main_target is not None else (to_target or (lambda x: x))(main)
@@ -175,9 +193,12 @@ def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSet
     main_p = list(main_probs) if main_probs is not None else conf.double().tolist()
     if settings is None:
         return TokenTree.from_expansions(main_t, [[] for _ in range(main.shape[0])], device=device), [], main_p
-    bound = settings.max_size if defer_reads(probs.device) else None            # CPU: reads are free, exact width
-    sets, set_probs, set_targets = _read_expansions(probs, main, settings.expansion_sizes(conf), settings.min_prob,
-                                                    bound, to_target)
+    if read is not None:
+        sets, set_probs, set_targets = (x[: main.shape[0]] for x in read)
+    else:
+        bound = settings.max_size if defer_reads(probs.device) else None        # CPU: reads are free, exact width
+        sets, set_probs, set_targets = _read_expansions(probs, main, settings.expansion_sizes(conf), settings.min_prob,
+                                                        bound, to_target)
     capped = cap_expansions([torch.tensor(x, dtype=torch.long) for x in sets], main.shape[0], settings.max_nodes)
     keep = [len(x) for x in capped]
     expansions = [t[:c] for t, c in zip(set_targets, keep)]
@@ -188,4 +209,5 @@ def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSet
     return tree, [torch.tensor(x, dtype=torch.long, device=device) for x in expansions], node_probs
 
 
-__all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_proposal", "expansion_lists", "expansion_sets"]
+__all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_proposal", "expansion_lists", "expansion_read",
+           "expansion_sets", "parse_expansions"]

@@ -58,7 +58,7 @@ from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
 from ..drafters.maxgram import common_prefix
 from ..placement import defer_reads
-from .cape import expanded_proposal
+from .cape import expanded_proposal, expansion_read, parse_expansions
 from .settings import GlideSettings
 from .stats import GlideStats
 
@@ -178,9 +178,9 @@ class GlideDrafter(TreeDrafter):
                 if self._main_length(p_best, target_ids, k)[1]:
                     break
             ids = token.reshape(1).to(self._device)
-        if defer:
-            read = torch.stack([torch.stack(tops).double(), torch.stack(tokens).double()]).tolist()   # one read
-            p_best, target_ids = read[0], [int(t) for t in read[1]]
+        read_sets = None
+        if defer:                                          # one read: the main path, CAPE's sets, the last measures
+            p_best, target_ids, read_sets = self._read_draft(rows, bests, tops, tokens)
         if self.budget is not None:
             self.budget.end_draft()
         m = self._main_length(p_best, target_ids, k)[0]
@@ -199,7 +199,7 @@ class GlideDrafter(TreeDrafter):
         # token's probability; rule 2 of core.draws)
         tree, expansions, node_probs = expanded_proposal(probs, main_d, self.settings.cape, self._to_target,
                                                          main_target=self._main, device=seq.device,
-                                                         main_probs=p_best[:m])
+                                                         main_probs=p_best[:m], read=read_sets)
         self.record.expansion_sizes.append([len(x) for x in expansions])
         self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
         self.record.drafted_nodes.append(tree.num_nodes)
@@ -211,6 +211,28 @@ class GlideDrafter(TreeDrafter):
             return tree, None
         self.record.drawn_drafts += 1
         return tree, tree_draft_probs(tree, torch.stack(qs[:m]), self.glide.config.vocab_size, self._columns)
+
+    def _read_draft(self, rows, bests, tops, tokens) -> tuple[list[float], list[int], tuple | None]:
+        """The accelerator schedule's one read of a draft: each drafted step's confidence and target id, CAPE's
+        expansion sets of every drafted row (the kept main path's are the first rows': a row's set depends on the
+        rows before it only, :func:`~hf_cascade.glide.cape.expansion_read`) and the proposal choice's pending
+        measures. ``(p_best, target_ids, sets or None)``."""
+        n, cape = len(tops), self.settings.cape
+        parts, layout = [torch.stack(tops).double(), torch.stack(tokens).double()], None
+        if cape is not None:
+            probs, main = torch.stack(rows), torch.stack(bests)
+            sizes = cape.expansion_sizes(probs.gather(1, main[:, None])[:, 0])
+            flat, layout = expansion_read(probs, main, sizes, cape.min_prob, cape.max_size, self._to_target)
+            parts.append(flat)
+        pending = self.choice.pending() if self.choice is not None else None
+        if pending is not None:
+            parts.append(pending.to(parts[0].device))
+        values = torch.cat(parts).tolist()                                          # the one read
+        end = len(values) - (pending.shape[0] if pending is not None else 0)
+        if pending is not None:
+            self.choice.settle(values[end:])
+        sets = parse_expansions(values[2 * n:end], layout) if layout is not None else None
+        return values[:n], [int(t) for t in values[n:2 * n]], sets
 
     def _joined(self, tree: TokenTree, probs: list[float], state: TreeStep, drawn: int = 0) -> TokenTree:
         """``tree`` (the draft's probabilities ``probs``; its first ``drawn`` nodes drawn from ``q``) with the
@@ -248,7 +270,8 @@ class GlideDrafter(TreeDrafter):
         if self.choice is not None and self._root_logits is not None and state.rows is not None:
             first = sum(1 for parent in tree.host_parents if parent < 0)          # the first level's nodes
             self.choice.observe(state.rows.softmax()[0], warped(self.warpers, self._root_logits), self._columns,
-                                siblings=max(first - 1, 0), confidence=self._root_confidence)
+                                siblings=max(first - 1, 0), confidence=self._root_confidence,
+                                defer=defer_reads(self._device))     # read with the next draft
         self._root_logits = None
         if self._root_len is None:
             return
