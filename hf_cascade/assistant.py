@@ -91,7 +91,10 @@ class Assistant:
         stats = self.new_stats()
         self.last_stats = stats
         drafter = self.new_drafter(target, generation_config, processors, stats, target_tokenizer)
-        kernels = False if call_compiles(target, model_kwargs, generation_config) else self.cpu_kernels
+        compiled = call_compiles(target, model_kwargs, generation_config)
+        if compiled and hasattr(drafter, "compile_forwards"):
+            drafter.compile_forwards(getattr(generation_config, "compile_config", None))
+        kernels = False if compiled else self.cpu_kernels
         try:
             with verification_session(target, kernels) as session:
                 return speculative_decode(target, drafter, input_ids, processors, stopping_criteria, generation_config,
@@ -107,7 +110,11 @@ class Assistant:
         self.last_stats = stats
         drafters = [self.new_drafter(target, generation_config, row_processors(processors, b, padded=False), s,
                                      target_tokenizer) for b, s in enumerate(stats.rows)]
-        kernels = False if call_compiles(target, model_kwargs or {}, generation_config) else self.cpu_kernels
+        compiled = call_compiles(target, model_kwargs or {}, generation_config)
+        for drafter in drafters if compiled else ():
+            if hasattr(drafter, "compile_forwards"):
+                drafter.compile_forwards(getattr(generation_config, "compile_config", None))
+        kernels = False if compiled else self.cpu_kernels
         try:
             with verification_session(target, kernels) as session:
                 return speculative_decode_batch(target, drafters, input_ids, attention_mask, processors,

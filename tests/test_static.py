@@ -245,3 +245,29 @@ def test_eager_static_attention_sees_the_prefix_and_the_queries_only():
     out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=12, cache_implementation="static",
                           return_dict_in_generate=True, assistant_model=CascadeAssistant([MaxGram()]))
     assert all(getattr(layer, "visible", None) is None for layer in getattr(out, hf_cascade.compat.CACHE).layers)
+
+
+def test_compiled_verification_compiles_its_shapes_beyond_a_shared_recompile_limit():
+    """dynamo keeps ``recompile_limit`` graphs per code object and then runs eagerly without an error; the decoder's
+    ``forward`` is shared by transformers' compiled plain decoding and every batch size's query buckets. The core's
+    compiled decoder compiles each of its own shapes anyway (here: a limit of 3, strict, and 6 shapes), with the
+    eager decoder's outputs; a known shape runs within the user's limit, which is left as it was."""
+    import torch._dynamo
+    from transformers import CompileConfig
+
+    from hf_cascade.core.compiled import compiled_decoder
+
+    decoder = copy.deepcopy(setting_target("llama-sdpa")).get_decoder()
+    call = compiled_decoder(decoder, CompileConfig(backend="aot_eager", mode=None))
+    torch._dynamo.reset()
+    shapes = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=3):
+        for rows, queries in shapes + shapes:
+            x = torch.arange(1, 1 + rows * queries).reshape(rows, queries) % 60 + 3
+            out = call(input_ids=x, use_cache=False).last_hidden_state
+            torch.testing.assert_close(out, decoder(input_ids=x, use_cache=False).last_hidden_state)
+        assert torch._dynamo.config.recompile_limit == 3
+        with pytest.raises(Exception, match="recompile_limit|cache_size_limit"):       # the limit it overcomes
+            plain = torch.compile(decoder.__call__, backend="aot_eager", dynamic=False)
+            for rows, queries in shapes:
+                plain(input_ids=torch.full((rows, queries + 8), 5), use_cache=False)

@@ -71,6 +71,23 @@ def test_second_compiled_pass_bf16(free_drafts):
     assert all("first divergence" in t for t in ties)
 
 
+def test_redrafter_beam_search_compiles_where_verification_does(free_drafts):
+    """Compiled (fp32 Llama): ReDrafter's beam search runs as the head's compiled graphs (``compiled_draft``, one per
+    width and length), outputs identical to plain compiled ``generate``, a second pass compiles nothing; eager, the
+    search stays eager."""
+    target = copy.deepcopy(setting_target("llama-sdpa"))
+    assistant = registry_assistant("redrafter", fresh_kit("llama", target))
+    head = assistant.head
+    compiled._DRAFTS.pop(head, None)
+    assert check_static_parity(target, assistant, static_cases(target, target_settings("eager", target)), True) == []
+    assert head not in compiled._DRAFTS
+    with strict_recompiles(recompile_limit=4 * default_recompile_limit()):     # the module's targets share frames
+        cases = static_cases(target, target_settings("compiled", target))
+        assert check_second_pass(target, assistant, cases, exact=True) == []
+    (_, search), = compiled._DRAFTS[head].values()
+    assert search.seen and all(width == assistant.settings.beam_width for _, width, _ in search.seen)
+
+
 @pytest.mark.parametrize("sized", [True, False], ids=["max_cache_len", "per_call_length"])
 def test_one_target_every_strategy(sized, free_drafts):
     """A user's process on the CPU (tests/cuda runs it on a GPU): dynamo reset, one bf16 target, every registry

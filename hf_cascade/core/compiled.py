@@ -73,9 +73,63 @@ def compiled_decoder(decoder: torch.nn.Module, compile_config):
     kept = _COMPILED.get(decoder)
     if kept is not None and kept[0] == options:
         return kept[1]
-    compiled = torch.compile(decoder.__call__, **options)
+    compiled = WithinLimit(torch.compile(decoder.__call__, **options))
     _COMPILED[decoder] = (options, compiled)
     return compiled
+
+
+_DRAFTS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple[dict, object]]]" = weakref.WeakKeyDictionary()
+
+
+def compiled_draft(owner: torch.nn.Module, fn, compile_config, key):
+    """``fn``, a drafter's forward passes over ``owner``'s weights (ReDrafter's beam search), compiled with the call's
+    :class:`~transformers.CompileConfig` and kept per owner and configuration across calls; ``key(args, kwargs)``: what
+    makes one of its graphs (its shapes and the ints it unrolls), for :class:`WithinLimit`. A drafter compiles where
+    the target's verification does (:func:`call_compiles`): the same rule, so a call that runs compiled runs its
+    drafter compiled too."""
+    from transformers import CompileConfig
+
+    options = (compile_config or CompileConfig()).to_dict()
+    kept = _DRAFTS.setdefault(owner, {})
+    entry = kept.get(fn.__qualname__)
+    if entry is not None and entry[0] == options:
+        return entry[1]
+    compiled = WithinLimit(torch.compile(fn, **options), key)
+    kept[fn.__qualname__] = (options, compiled)
+    return compiled
+
+
+def _decoder_key(args, kwargs) -> tuple:
+    ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+    return (tuple(ids.shape) if ids is not None else None, mask is not None,
+            id(kwargs.get(CACHE, kwargs.get("past_key_values"))))
+
+
+class WithinLimit:
+    """A compiled decoder call that compiles each of its own shapes whatever else shares dynamo's recompile limit.
+
+    dynamo keeps at most ``recompile_limit`` graphs (8 by default) per code object, and then runs the frame eagerly
+    without an error. Every compiled call of one model class shares the decoder's ``forward`` code: transformers'
+    compiled plain decoding, and verification's query buckets (:data:`~hf_cascade.core.static.QUERY_BUCKETS`) for
+    each batch size and cache. A process that runs batch 1 and batch B would otherwise fall back to eager
+    verification after its eighth graph, silently. So a call with a shape not seen before (input ids' shape, tree
+    mask or none, cache) runs with the limit raised by the number of shapes this decoder has compiled; a known shape
+    runs as is (one set lookup). The user's own setting stays the base and is restored after the call. ``key(args,
+    kwargs)``: what makes a shape (default: the decoder's, above)."""
+
+    def __init__(self, call, key=_decoder_key):
+        self.call, self.key, self.seen = call, key, set()
+
+    def __call__(self, *args, **kwargs):
+        key = self.key(args, kwargs)
+        if key in self.seen:
+            return self.call(*args, **kwargs)
+        from torch._dynamo import config
+
+        self.seen.add(key)
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"   # torch < 2.7
+        with config.patch(**{name: getattr(config, name) + len(self.seen)}):
+            return self.call(*args, **kwargs)
 
 
 def verify_call(target, cache, generation_config):
@@ -89,4 +143,4 @@ def verify_call(target, cache, generation_config):
     return decoder, False
 
 
-__all__ = ["call_compiles", "compiled_decoder", "compiles", "user_compiled", "verify_call"]
+__all__ = ["WithinLimit", "call_compiles", "compiled_decoder", "compiled_draft", "compiles", "user_compiled", "verify_call"]

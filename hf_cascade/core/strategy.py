@@ -91,6 +91,11 @@ class TreeDrafter(ABC):
         a wrong ``draft_probs`` breaks losslessness. An empty tree makes the step a plain decoding step.
         """
 
+    def compile_forwards(self, compile_config) -> None:
+        """Optional: this call's verification runs compiled (``compile_config``: the call's
+        :class:`~transformers.CompileConfig`, ``None`` for its defaults); a drafter compiles its own forwards the same
+        way (:func:`~hf_cascade.core.compiled.compiled_draft`). Default: they stay eager."""
+
     def reach(self, tree: TokenTree) -> list[float] | None:
         """Optional: the drafter's estimate, for its last draft ``tree`` (as returned by :meth:`draft_tree`, then
         pruned), of the probability that the target accepts at least ``k`` of its tokens, for ``k = 1 .. depth``

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.compiled import compiled_draft
 from ..core.payoff import AdaptiveBudget, VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
@@ -68,6 +69,12 @@ class ReDrafterDrafter(TreeDrafter):
         self.min_confidence = float(min_confidence)
         self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
         self.record = _BeamRecord()
+        self.search = beam_search                    # compiled where verification is (compile_forwards)
+
+    def compile_forwards(self, compile_config) -> None:
+        """The beam search as one compiled graph per (width, length): on an accelerator its ``L`` head steps, top-k
+        and gathers are launch-bound, as verification is."""
+        self.search = compiled_draft(self.head, beam_search, compile_config, _search_key)
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
         """``w`` beams of ``min(L, budget)`` tokens after ``seq[-1]``, packed into a tree;
@@ -79,8 +86,10 @@ class ReDrafterDrafter(TreeDrafter):
             return self._joined(empty, [], state), None
         if self.budget is not None:
             self.budget.start_draft()
-        beams, _, logp = beam_search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, length,
+        beams, _, logp = self.search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, length,
                                      token_logp=True)                                  # [w', L'] each
+        if self.search is not beam_search:                 # a CUDA graph's outputs are overwritten by its next run
+            beams, logp = beams.clone(), logp.clone()
         rows = beam_rows(self.beam_width, length, int(self.head.draft_vocab_size))
         self.record.forwards += len(rows)                                             # one head forward per step
         self.record.rows += sum(rows)
@@ -116,6 +125,11 @@ class ReDrafterDrafter(TreeDrafter):
         if self.budget is not None:
             observe_verdict(self.budget, self.lookup, tree, self._probs, acceptance, state)
             self._probs = []
+
+
+def _search_key(args, kwargs) -> tuple:
+    """What makes one graph of the compiled beam search: the hidden state's shape, the width and the length."""
+    return tuple(args[1].shape), args[4], args[5]
 
 
 __all__ = ["ReDrafterDrafter"]
