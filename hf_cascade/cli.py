@@ -208,6 +208,9 @@ def _add_train(sub) -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-records", type=int, default=48)
+    p.add_argument("--measure-prompts", type=int, default=8, metavar="N",
+                   help="after training, greedy generate with the saved head on N held-out prompts: tokens per target "
+                        "call and parity with plain generate, into trainer_state.json and the card (0: skip)")
     p.add_argument("--seed", type=int, default=0)
     _add_run_options(p)
 
@@ -260,6 +263,13 @@ def run_train(args: argparse.Namespace) -> int:
     _, state = train_fn(target, args.data, cfg, spec, target_name=args.target or "gemma-3-270m",
                         progress=not args.no_progress, **extra)
     print(f"saved {args.out} (step {state.step}); best held-out acceptance: {state.best}")
+    if args.measure_prompts > 0:
+        from .training.heldout import measure_generation, record_generation
+
+        measured = measure_generation(target, args.out, args.head, args.data, args.eval_records, args.measure_prompts,
+                                      progress=not args.no_progress)
+        record_generation(args.out, measured)
+        print(f"held-out generate: {measured}")
     return 0
 
 

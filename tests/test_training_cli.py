@@ -58,6 +58,11 @@ def test_cli_trains_every_head(head, flags, expected, distilled, target, tmp_pat
     assert {k: config.get(k) for k in expected} == expected and config["auto_map"]
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["config"]["steps"] == 2 and state["best"] is not None
+    # then greedy generate with the saved head, loaded from its folder, on the held-out prompts: lossless, measured
+    generation = state["generation"]
+    assert generation["prompts"] == 2 and generation["identical"] == 1.0 and generation["tokens_per_call"] >= 1.0
+    card = (out / "README.md").read_text()
+    assert card.count("## Measured in generate (held-out prompts)") == 1 and "| 100% |" in card
 
 
 def test_cli_train_vanilla_missing_data_fails_before_loading_the_target(tmp_path, capsys, no_target_load):
