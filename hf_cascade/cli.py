@@ -264,7 +264,7 @@ def run_train(args: argparse.Namespace) -> int:
                         progress=not args.no_progress, **extra)
     print(f"saved {args.out} (step {state.step}); best held-out acceptance: {state.best}")
     if args.measure_prompts > 0:
-        from .training.heldout import measure_generation, record_generation
+        from .bench.heldout import measure_generation, record_generation
 
         measured = measure_generation(target, args.out, args.head, args.data, args.eval_records, args.measure_prompts,
                                       progress=not args.no_progress)

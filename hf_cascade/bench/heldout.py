@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .loop import split_records
-from .store import DistillStore
+from ..training.loop import split_records
+from ..training.store import DistillStore
 
 __all__ = ["measure_generation", "record_generation"]
 
@@ -28,7 +28,10 @@ _SECTION = "## Measured in generate (held-out prompts)"
 
 
 def _assistant(kind: str, head):
-    from .. import CascadeAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
+    from ..cascade import CascadeAssistant
+    from ..drafters import MaxGram
+    from ..glide import GlideAssistant
+    from ..redrafter import ReDrafterAssistant
 
     makers = {"vanilla": lambda h: CascadeAssistant([h, MaxGram()]), "glide": GlideAssistant,
               "redrafter": ReDrafterAssistant}
