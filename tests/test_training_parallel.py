@@ -1,0 +1,191 @@
+"""Training on accelerate (hf_cascade.training.loop / .accel / .batches): one process reproduces the loss
+curve of the loop before accelerate (golden values), the global batch splits over processes and micro-batches,
+an interrupted run resumes to the same end, and a 2-process CPU run (``accelerate launch --num_processes 2
+--cpu``, gloo), interrupted and resumed, follows the 1-process run of the same total batch; ``distill`` in 2
+processes shards its prompts and merges them into one store."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hf_cascade.training.run as run
+from hf_cascade.training import DistillConfig, DistillStore
+from hf_cascade.training.batches import BatchStream, make_batch
+from hf_cascade.training.loop import TrainConfig
+from hf_cascade.training.run import PRESETS, train_vanilla
+from hf_cascade.training.run_glide import GlideSpec, train_glide
+from hf_cascade.training.run_redrafter import ReDrafterSpec, train_redrafter
+from tests import tiny_models as tm
+from tests.launch_train import Interrupted, failing_at
+from tests.test_training import PROMPTS, SPEC, distilled, target  # noqa: F401  (fixtures: tiny target + store)
+from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+GLIDE = GlideSpec(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                  draft_vocab_size=64)
+REDRAFTER = ReDrafterSpec(exit_dim=24, num_draft_layers=1, draft_vocab_size=64, beam_length=3)
+
+# Recorded with the loop before it ran on accelerate (commit cf72632), on the `distilled` fixture's store:
+# TrainConfig(steps=6, batch_size=2, eval_every=3, eval_records=2, max_len=64, lr=5e-2, warmup=1), seed 0.
+GOLDEN = {
+    "vanilla": [4.158161163330078, 3.8807730674743652, 3.6428842544555664, 3.0281715393066406, 2.509669780731201,
+                3.333343744277954],
+    "glide": [4.176150798797607, 4.010047435760498, 4.044524669647217, 3.2566137313842773, 2.83774995803833,
+              3.1534600257873535],
+    "redrafter": [12.4746732711792, 12.14712142944336, 10.11429214477539, 6.237914562225342, 5.755622863769531,
+                  10.958134651184082],
+}
+
+
+def _cfg(out, **kw) -> TrainConfig:
+    return TrainConfig(out, **{"steps": 6, "batch_size": 2, "eval_every": 3, "eval_records": 2, "max_len": 64,
+                               "lr": 5e-2, "warmup": 1, **kw})
+
+
+def _losses(state) -> list[float]:
+    return [h["loss"] for h in state.history if "loss" in h]
+
+
+@pytest.mark.parametrize("head, fn, spec", [("vanilla", train_vanilla, SPEC), ("glide", train_glide, GLIDE),
+                                            ("redrafter", train_redrafter, REDRAFTER)])
+def test_one_process_reproduces_the_loss_curve_before_accelerate(head, fn, spec, distilled, target, tmp_path):
+    torch.manual_seed(0)
+    _, state = fn(target, distilled[2].out, _cfg(tmp_path / head), spec, target_name="tiny", command="x",
+                  progress=False)
+    assert _losses(state) == pytest.approx(GOLDEN[head], rel=1e-5, abs=1e-6)
+
+
+def test_batch_stream_skips_and_shares(distilled):
+    store = distilled[3]
+    stream = BatchStream(store, list(range(6)), 4, 64, 0.1, seed=3)
+    taken = [next(stream) for _ in range(5)]                     # 6 records, batches of 4: one per epoch
+    assert all(len(b) == len(set(b)) == 4 for b in taken) and stream.position == 5
+    again = BatchStream(store, list(range(6)), 4, 64, 0.1, seed=3)
+    again.skip(3)
+    assert again.position == 3 and [next(again), next(again)] == taken[3:]
+    index = [10, 11, 12, 13, 14, 15, 16, 17]
+    assert BatchStream.share(index, 0, 2, 2) == [[10, 11], [12, 13]]
+    assert BatchStream.share(index, 1, 2, 2) == [[14, 15], [16, 17]]
+    assert BatchStream.share(index, 0, 1, 1) == [index]
+    with pytest.raises(ValueError, match="does not split into 3 process"):
+        BatchStream.share(index, 0, 3, 1)
+    with pytest.raises(ValueError, match="cannot fill a batch of 7"):
+        BatchStream(store, list(range(6)), 7, 64, 0.1)
+    b = make_batch(store, [0, 1], 64, 0.1)
+    assert b.to("cpu") is b and b.to(torch.device("cpu")).input_ids is b.input_ids
+
+
+def test_grad_accum_splits_the_same_batch(distilled, target, tmp_path):
+    """Two micro-batches of one sequence train on the step's two sequences: the curve stays close to one
+    batch of two (the mean of the halves' weighted means, not the whole batch's)."""
+    torch.manual_seed(0)
+    _, state = train_vanilla(target, distilled[2].out, _cfg(tmp_path / "acc", grad_accum=2), SPEC, command="x",
+                             progress=False)
+    losses = _losses(state)
+    assert losses[0] == pytest.approx(GOLDEN["vanilla"][0], rel=0.05) and losses != GOLDEN["vanilla"]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    with pytest.raises(ValueError, match="multiple of 1 process"):
+        train_vanilla(target, distilled[2].out, _cfg(tmp_path / "bad", batch_size=3, grad_accum=2), SPEC,
+                      command="x", progress=False)
+
+
+def test_interrupted_run_resumes_to_the_same_end(distilled, target, tmp_path, monkeypatch):
+    out_a, out_b = tmp_path / "whole", tmp_path / "cut"
+    torch.manual_seed(0)
+    whole, state = train_vanilla(target, distilled[2].out, _cfg(out_a, checkpoint_every=2), SPEC, command="x",
+                                 progress=False)
+    assert not (out_a / "checkpoint").exists()                   # removed when the run finished
+    with monkeypatch.context() as m:
+        m.setattr(run, "vanilla_loss", failing_at(5, run.vanilla_loss))
+        torch.manual_seed(0)
+        with pytest.raises(Interrupted):
+            train_vanilla(target, distilled[2].out, _cfg(out_b, checkpoint_every=2), SPEC, command="x",
+                          progress=False)
+    assert (out_b / "checkpoint").is_dir() and not (out_b / "checkpoint.tmp").exists()
+    torch.manual_seed(1)                                         # another init: the checkpoint's weights win
+    resumed, again = train_vanilla(target, distilled[2].out, _cfg(out_b, checkpoint_every=2, resume=True), SPEC,
+                                   command="x", progress=False)
+    assert _losses(again) == _losses(state) and again.best == state.best
+    assert [h["step"] for h in again.history if "eval" in h] == [3, 6]
+    for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert not (out_b / "checkpoint").exists()
+    with pytest.raises(ValueError, match="no checkpoint in"):
+        train_vanilla(target, distilled[2].out, _cfg(out_b, resume=True), SPEC, command="x", progress=False)
+
+
+def _launch(script_args: list[str], tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "ACCELERATE_USE_CPU": "true"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "tests" / "launch_train.py"), *script_args]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_two_processes_interrupted_and_resumed_follow_one_process(distilled, target, tmp_path):
+    """``accelerate launch --num_processes 2 --cpu``: each process trains on its half of every batch of 2;
+    interrupted at step 5 (after the checkpoint of step 4) and resumed, the run ends as the 1-process run of
+    the same total batch in two micro-batches (the same mean of the halves' gradients) does."""
+    tiny = tmp_path / "tiny"
+    target.save_pretrained(tiny)
+    tm.word_tokenizer().save_pretrained(tiny)
+    out = tmp_path / "two"
+    argv = ["train", "vanilla", "--target", str(tiny), "--data", str(distilled[2].out), "--out", str(out),
+            "--preset", "xs", "--draft-vocab", "64", "--steps", "6", "--batch-size", "2", "--max-len", "64",
+            "--lr", "5e-2", "--eval-every", "3", "--eval-records", "2", "--checkpoint-every", "2", "--no-progress"]
+    cut = _launch(["--fail-at-call", "5", *argv], tmp_path)
+    assert cut.returncode != 0 and "interrupted at loss call 5" in cut.stderr, cut.stderr[-3000:]
+    assert (out / "checkpoint" / "random_states_1.pkl").is_file()
+    resumed = _launch([*argv, "--resume"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count("saved ") == 1                   # the main process reports
+    two = json.loads((out / "trainer_state.json").read_text())
+    assert two["step"] == 6 and not (out / "checkpoint").exists()
+
+    torch.manual_seed(0)                                         # the CLI's --seed 0 (warmup: its default, 30)
+    spec = dataclasses.replace(PRESETS["xs"], draft_vocab_size=64)
+    _, one = train_vanilla(target, distilled[2].out, _cfg(tmp_path / "one", grad_accum=2, warmup=30), spec,
+                           target_name=str(tiny), command="x", progress=False)
+    assert [h["loss"] for h in two["history"] if "loss" in h] == pytest.approx(_losses(one), rel=1e-4)
+    evals = [h["eval"]["alpha"] for h in two["history"] if "eval" in h]
+    assert evals == pytest.approx([h["eval"]["alpha"] for h in one.history if "eval" in h], abs=1e-6)
+
+
+def test_distill_in_two_processes_merges_disjoint_shards(distilled, tmp_path):
+    """Prompts shard over the processes; the parts merge into one store holding every prompt once; a part an
+    interrupted run left behind is merged first (its prompt is not generated again)."""
+    from hf_cascade.data import PROMPT_FORMAT, format_prompt
+
+    tok = distilled[1]
+    tiny = tmp_path / "tiny"
+    tm.llama_target().save_pretrained(tiny)
+    tok.save_pretrained(tiny)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question": p.text}) + "\n" for p in PROMPTS))
+    out = tmp_path / "two"
+    meta = {"target": str(tiny), "prompt_format": PROMPT_FORMAT, "max_new_tokens": 12, "hidden_size": 0,
+            "vocab_size": tm.VOCAB}
+    left = DistillStore.create_or_resume(out / "parts" / "part-7", meta)
+    left.append("p:0", "p", [1, 5, 9], [6, 7], False)
+    argv = ["distill", "--target", str(tiny), "--out", str(out), "--prompts", str(prompts), "--max-new-tokens", "12",
+            "--batch-size", "3", "--no-progress"]
+    done = _launch(argv, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("sequences,") == 1                  # the main process reports
+    two = DistillStore.open(out)
+    assert sorted(r.id for r in two.records) == sorted(f"p:{i}" for i in range(len(PROMPTS)))
+    assert not list((out / "parts").glob("part-*"))
+    assert two.sequence(0)[0].tolist() == [1, 5, 9, 6, 7]       # merged from the leftover part, not regenerated
+    for i, r in enumerate(two.records[1:], start=1):
+        seq, plen = two.sequence(i)
+        text = PROMPTS[int(r.id.split(":")[1])].text
+        assert seq[:plen].tolist() == tok(format_prompt(text, PROMPT_FORMAT)).input_ids and len(seq) > plen
