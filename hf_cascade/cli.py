@@ -11,6 +11,7 @@ Only this module and :mod:`hf_cascade.demo` print; the library returns data.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -298,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _log(msg: str) -> None:
+    if os.environ.get("RANK", "0") != "0":      # one line per run from a launched run's processes
+        return
     print(f"[hf-cascade] {msg}", file=sys.stderr, flush=True)
 
 

@@ -6,6 +6,7 @@ processes shards its prompts and merges them into one store."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -160,9 +161,11 @@ def test_two_processes_interrupted_and_resumed_follow_one_process(distilled, tar
     assert evals == pytest.approx([h["eval"]["alpha"] for h in one.history if "eval" in h], abs=1e-6)
 
 
-def test_distill_in_two_processes_merges_disjoint_shards(distilled, tmp_path):
-    """Prompts shard over the processes; the parts merge into one store holding every prompt once; a part an
-    interrupted run left behind is merged first (its prompt is not generated again)."""
+def test_distill_in_two_processes_merges_disjoint_shards(distilled, tmp_path, capfd, monkeypatch):
+    """``hf-cascade distill --num-processes 2`` (the launch it starts: ``accelerate launch --multi_gpu``, gloo on
+    the CPU): prompts shard over the processes; the parts merge into one store holding every prompt once; a
+    part an interrupted run left behind is merged first (its prompt is not generated again)."""
+    from hf_cascade.cli import main
     from hf_cascade.data import PROMPT_FORMAT, format_prompt
 
     tok = distilled[1]
@@ -177,15 +180,101 @@ def test_distill_in_two_processes_merges_disjoint_shards(distilled, tmp_path):
     left = DistillStore.create_or_resume(out / "parts" / "part-7", meta)
     left.append("p:0", "p", [1, 5, 9], [6, 7], False)
     argv = ["distill", "--target", str(tiny), "--out", str(out), "--prompts", str(prompts), "--max-new-tokens", "12",
-            "--batch-size", "3", "--no-progress"]
-    done = _launch(argv, tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("sequences,") == 1                  # the main process reports
+            "--batch-size", "3", "--no-progress", "--num-processes", "2"]
+    for name, value in (("PYTHONPATH", str(ROOT)), ("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"),
+                        ("ACCELERATE_USE_CPU", "true")):
+        monkeypatch.setenv(name, value)
+    code = main(argv)
+    printed = capfd.readouterr()
+    assert code == 0, printed.err[-3000:]
+    assert printed.out.count("sequences,") == 1 and printed.err.count("loading target") == 1   # the main process
     two = DistillStore.open(out)
     assert sorted(r.id for r in two.records) == sorted(f"p:{i}" for i in range(len(PROMPTS)))
-    assert not list((out / "parts").glob("part-*"))
+    assert not (out / "parts").exists()
     assert two.sequence(0)[0].tolist() == [1, 5, 9, 6, 7]       # merged from the leftover part, not regenerated
     for i, r in enumerate(two.records[1:], start=1):
         seq, plen = two.sequence(i)
         text = PROMPTS[int(r.id.split(":")[1])].text
         assert seq[:plen].tolist() == tok(format_prompt(text, PROMPT_FORMAT)).input_ids and len(seq) > plen
+
+
+@pytest.mark.parametrize("head, flags", [("vanilla", ["--preset", "xs"]), ("glide", ["--target-layers", "0"]),
+                                         ("redrafter", ["--preset", "xs"])])
+def test_cli_bf16_with_the_target_on_a_device_map(head, flags, distilled, target, tmp_path, monkeypatch):
+    """The CPU side of tests/cuda/test_cuda_training.py: ``--target-device-map auto`` loads the target with
+    ``device_map="auto"``, ``--mixed-precision bf16`` autocasts
+    the steps (the loss differs from float32's, a little), ``--grad-accum`` splits the batch."""
+    import hf_cascade.bench.loading as loading
+    from hf_cascade.cli import main
+
+    tiny = tmp_path / "tiny"
+    target.save_pretrained(tiny)
+    tm.word_tokenizer().save_pretrained(tiny)
+    placed = {}
+    real = loading.load_model
+
+    def load(spec, **kw):
+        model, tok = real(spec, **kw)
+        placed.update(kw)
+        return model, tok
+
+    monkeypatch.setattr(loading, "load_model", load)
+    curves = {}
+    for precision in ("bf16", "no"):
+        out = tmp_path / precision
+        argv = ["train", head, *flags, "--target", str(tiny), "--data", str(distilled[2].out), "--out", str(out),
+                "--steps", "4", "--batch-size", "4", "--grad-accum", "2", "--max-len", "48", "--eval-every", "4",
+                "--eval-records", "2", "--draft-vocab", "64", "--mixed-precision", precision, "--no-progress",
+                "--target-device-map", "auto"]
+        assert main(argv) == 0
+        assert placed["device_map"] == "auto"                   # (on a CPU-only machine: all of it on the CPU)
+        state = json.loads((out / "trainer_state.json").read_text())
+        curves[precision] = [h["loss"] for h in state["history"] if "loss" in h]
+        assert state["config"]["mixed_precision"] == precision and state["config"]["grad_accum"] == 2
+    assert curves["bf16"] != curves["no"] and curves["bf16"] == pytest.approx(curves["no"], rel=0.05)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--grad-accum", "3"], "must be a multiple of 1 process(es) x --grad-accum 3"),
+    (["--grad-accum", "0"], "gradient accumulation must be >= 1"),
+    (["--target-device-map", "everywhere"], "--target-device-map must be one of auto"),
+    (["--num-processes", "0"], "--num-processes must be >= 1"),
+    (["--resume"], "--resume: no checkpoint in"),
+])
+def test_cli_rejects_bad_process_options_before_loading_the_target(flags, message, distilled, tmp_path, capsys,
+                                                                   monkeypatch):
+    import hf_cascade.bench.loading as loading
+    from hf_cascade.cli import main
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the target was loaded"))
+    argv = ["train", "vanilla", "--data", str(distilled[2].out), "--out", str(tmp_path / "o"), "--batch-size", "4",
+            *flags]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_mapped_target_stays_and_the_head_goes_to_its_output_device(target):
+    """A target placed by a ``device_map`` (here: its parameters on the ``meta`` device, as if on another GPU)
+    is not moved; the head trains where the target's output layer is. Unmapped: this process's device."""
+    from hf_cascade.training.accel import head_device, place_target
+
+    assert place_target(target) is target and head_device(target) == torch.device("cpu")
+    mapped = copy.deepcopy(target).to("meta")
+    mapped.hf_device_map = {"": "meta"}
+    place_target(mapped)
+    assert {p.device.type for p in mapped.parameters()} == {"meta"} and head_device(mapped).type == "meta"
+    assert not any(p.requires_grad for p in mapped.parameters())
+
+
+def test_device_map_needs_one_process():
+    import argparse
+
+    from hf_cascade.training.launch import _without_num_processes, check_processes, device_map
+
+    args = argparse.Namespace(num_processes=1, target_device_map="auto")
+    check_processes(args, 1)
+    with pytest.raises(ValueError, match="each hold a whole target: run one process"):
+        check_processes(args, 2)
+    assert device_map('{"": "cpu"}') == {"": "cpu"} and device_map(None) is None
+    assert _without_num_processes(["train", "--num-processes", "2", "--steps", "3", "--num-processes=4"]) == [
+        "train", "--steps", "3"]

@@ -165,6 +165,8 @@ def _distill_shared(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt]
         for part in sorted(parts.glob("part-*"), key=lambda p: int(p.name.split("-")[1])):
             store.absorb(DistillStore.create_or_resume(part, meta))
             shutil.rmtree(part)
+        if parts.is_dir() and not any(parts.iterdir()):
+            parts.rmdir()
 
     if state.is_main_process:
         merge()

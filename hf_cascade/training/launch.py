@@ -1,8 +1,8 @@
 """The processes and placement options of ``hf-cascade distill`` and ``hf-cascade train`` (parsing only:
 what they do is in :mod:`.accel`, :mod:`.loop` and :mod:`.distill`).
 
-``--num-processes N`` (N > 1) starts the same command under ``accelerate launch --num_processes N`` (with
-``--cpu`` on a machine without CUDA) and waits for it; a command already started by ``accelerate launch`` or
+``--num-processes N`` (N > 1) starts the same command under ``accelerate launch --multi_gpu --num_processes N``
+(``ACCELERATE_USE_CPU=true`` without CUDA: gloo processes on the CPU) and waits for it; a command already started by ``accelerate launch`` or
 ``torchrun`` ignores it. ``--target-device-map`` loads the frozen target with ``from_pretrained``'s
 ``device_map`` (``auto``, ``balanced``, ``sequential``, ``cpu`` or a JSON object of module -> device), one
 process only: a data-parallel process holds a whole target on its own device.
