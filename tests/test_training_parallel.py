@@ -120,8 +120,32 @@ def test_interrupted_run_resumes_to_the_same_end(distilled, target, tmp_path, mo
     for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name
     assert not (out_b / "checkpoint").exists()
+    with monkeypatch.context() as m:                             # cut again, resumed with another schedule
+        m.setattr(run, "vanilla_loss", failing_at(3, run.vanilla_loss))
+        with pytest.raises(Interrupted):
+            train_vanilla(target, distilled[2].out, _cfg(out_b, checkpoint_every=2), SPEC, command="x",
+                          progress=False)
+    with pytest.raises(ValueError, match=r"other settings \(checkpoint, now\): \{'steps': \(6, 8\)\}"):
+        train_vanilla(target, distilled[2].out, _cfg(out_b, checkpoint_every=2, resume=True, steps=8), SPEC,
+                      command="x", progress=False)
     with pytest.raises(ValueError, match="no checkpoint in"):
-        train_vanilla(target, distilled[2].out, _cfg(out_b, resume=True), SPEC, command="x", progress=False)
+        train_vanilla(target, distilled[2].out, _cfg(tmp_path / "none", resume=True), SPEC, command="x",
+                      progress=False)
+
+
+def test_fsdp_and_deepspeed_configs_are_refused(monkeypatch):
+    import accelerate
+    from accelerate.utils import DistributedType
+
+    from hf_cascade.training.accel import accelerator
+
+    class Fake:
+        def __init__(self, **kw):
+            self.distributed_type = DistributedType.FSDP
+
+    monkeypatch.setattr(accelerate, "Accelerator", Fake)
+    with pytest.raises(ValueError, match="config asks for FSDP: hf-cascade trains heads data parallel"):
+        accelerator()
 
 
 def _launch(script_args: list[str], tmp_path) -> subprocess.CompletedProcess:

@@ -1,8 +1,9 @@
 """Where training runs: processes, devices, precision and resumable checkpoints, on ``accelerate``.
 
-* Processes: one by default; ``accelerate launch --num_processes N -m hf_cascade.cli train ...`` (or
-  ``hf-cascade train --num-processes N``) starts ``N`` data-parallel processes (DDP; gloo on CPU, NCCL on
-  GPUs; FSDP where accelerate's config asks for it). Every process holds the frozen target and the head.
+* Processes: one by default; ``accelerate launch --multi_gpu --num_processes N -m hf_cascade.cli train ...``
+  (or ``torchrun``, or ``hf-cascade train --num-processes N``) starts ``N`` data-parallel processes (DDP; gloo
+  on CPUs, NCCL on GPUs). Every process holds the frozen target and the head. FSDP and DeepSpeed configs are
+  refused (:func:`accelerator`): the head is small and the frozen target has no optimizer state to shard.
 * Devices: the target goes to the process's device (:func:`place_target`) unless it was loaded with a
   ``device_map`` (sharded or offloaded); the head goes where its inputs are: the process's device, or for a
   mapped target the device of the target's output layer (:func:`head_device`).
@@ -48,8 +49,14 @@ def accelerator():
     from accelerate import Accelerator, DistributedDataParallelKwargs
 
     process_state()
-    return Accelerator(mixed_precision="no", cpu=_cpu(),
-                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    acc = Accelerator(mixed_precision="no", cpu=_cpu(),
+                      kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    kind = acc.distributed_type.value
+    if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        raise ValueError(f"accelerate's config asks for {kind}: hf-cascade trains heads data parallel (DDP). A head "
+                         "is small (<= 25 MB here) and the target, frozen, is never sharded by the optimizer; "
+                         "place a target too large for one device with --target-device-map")
+    return acc
 
 
 def num_processes() -> int:

@@ -107,10 +107,15 @@ def train(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, cfg))
     autocast, scaler = accel.precision(cfg.mixed_precision, device)
     step_module = acc.prepare(_Step(model, loss_fn), device_placement=[False])
-    done = accel.Progress(step=0, batches=0, seconds=0.0, history=[], best=None)
+    run = _run_settings(cfg)
+    done = accel.Progress(step=0, batches=0, seconds=0.0, history=[], best=None, run=run)
     acc.register_for_checkpointing(opt, sched, done, *([scaler] if scaler is not None else []))
     if cfg.resume:
         accel.load_checkpoint(acc, Path(cfg.out))
+        changed = {k: (v, run.get(k)) for k, v in done.state.get("run", {}).items() if run.get(k) != v}
+        if changed:
+            raise ValueError(f"--resume: the checkpoint in {cfg.out} was written by a run with other settings "
+                             f"(checkpoint, now): {changed}")
         stream.skip(done.state["batches"] - stream.position)
     state = TrainState(done.state["step"], done.state["seconds"], list(done.state["history"]), done.state["best"])
     bar = tqdm(total=cfg.steps, initial=state.step, desc="train", unit="step", disable=not (progress and acc.is_main_process))
@@ -159,13 +164,22 @@ def train(
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             state.seconds = time.perf_counter() - t0
             done.state = {"step": step, "batches": stream.position, "seconds": state.seconds,
-                          "history": state.history, "best": state.best}
+                          "history": state.history, "best": state.best, "run": run}
             accel.save_checkpoint(acc, Path(cfg.out))
     bar.close()
     if cfg.checkpoint_every or cfg.resume:
         accel.remove_checkpoint(acc, Path(cfg.out))
     model.eval()
     return state
+
+
+def _run_settings(cfg: TrainConfig) -> dict:
+    """What a resumed run must share with the run that wrote its checkpoint to end where it would have (the
+    micro-batches and the precision may change; the batches and the schedule may not; the number of processes
+    is checked with the checkpoint's RNG states, :func:`.accel.load_checkpoint`)."""
+    keep = ("steps", "batch_size", "max_len", "lr", "warmup", "weight_decay", "grad_clip", "eval_records",
+            "prompt_weight", "seed")
+    return {k: getattr(cfg, k) for k in keep}
 
 
 def _mean_over_parts(acc, logged: list[list[float]]) -> list[float]:
