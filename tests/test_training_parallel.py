@@ -23,8 +23,8 @@ from hf_cascade.training import DistillConfig, DistillStore
 from hf_cascade.training.batches import BatchStream, make_batch
 from hf_cascade.training.loop import TrainConfig
 from hf_cascade.training.run import PRESETS, train_vanilla
-from hf_cascade.training.run_glide import GlideSpec, train_glide
-from hf_cascade.training.run_redrafter import ReDrafterSpec, train_redrafter
+from hf_cascade.training.run_glide import GLIDE_PRESETS, GlideSpec, train_glide
+from hf_cascade.training.run_redrafter import PRESETS as REDRAFTER_PRESETS, ReDrafterSpec, train_redrafter
 from tests import tiny_models as tm
 from tests.launch_train import Interrupted, failing_at
 from tests.test_training import PROMPTS, SPEC, distilled, target  # noqa: F401  (fixtures: tiny target + store)
@@ -156,33 +156,46 @@ def _launch(script_args: list[str], tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
+TWO = {"vanilla": ["--preset", "xs"], "glide": ["--target-layers", "0"], "redrafter": ["--preset", "xs"]}
+
+
 def test_two_processes_interrupted_and_resumed_follow_one_process(distilled, target, tmp_path):
-    """``accelerate launch --num_processes 2 --cpu``: each process trains on its half of every batch of 2;
-    interrupted at step 5 (after the checkpoint of step 4) and resumed, the run ends as the 1-process run of
-    the same total batch in two micro-batches (the same mean of the halves' gradients) does."""
+    """``accelerate launch --multi_gpu --num_processes 2`` on the CPU (gloo): for every head, each process trains
+    on its half of every batch of 2; interrupted at step 5 (after the checkpoint of step 4) and resumed, the run
+    ends as the 1-process run of the same total batch in two micro-batches (the same mean of the halves'
+    gradients) does. All heads run in one launch (one process start-up) each time."""
     tiny = tmp_path / "tiny"
     target.save_pretrained(tiny)
     tm.word_tokenizer().save_pretrained(tiny)
-    out = tmp_path / "two"
-    argv = ["train", "vanilla", "--target", str(tiny), "--data", str(distilled[2].out), "--out", str(out),
-            "--preset", "xs", "--draft-vocab", "64", "--steps", "6", "--batch-size", "2", "--max-len", "64",
-            "--lr", "5e-2", "--eval-every", "3", "--eval-records", "2", "--checkpoint-every", "2", "--no-progress"]
-    cut = _launch(["--fail-at-call", "5", *argv], tmp_path)
-    assert cut.returncode != 0 and "interrupted at loss call 5" in cut.stderr, cut.stderr[-3000:]
-    assert (out / "checkpoint" / "random_states_1.pkl").is_file()
-    resumed = _launch([*argv, "--resume"], tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert resumed.stdout.count("saved ") == 1                   # the main process reports
-    two = json.loads((out / "trainer_state.json").read_text())
-    assert two["step"] == 6 and not (out / "checkpoint").exists()
 
-    torch.manual_seed(0)                                         # the CLI's --seed 0 (warmup: its default, 30)
-    spec = dataclasses.replace(PRESETS["xs"], draft_vocab_size=64)
-    _, one = train_vanilla(target, distilled[2].out, _cfg(tmp_path / "one", grad_accum=2, warmup=30), spec,
-                           target_name=str(tiny), command="x", progress=False)
-    assert [h["loss"] for h in two["history"] if "loss" in h] == pytest.approx(_losses(one), rel=1e-4)
-    evals = [h["eval"]["alpha"] for h in two["history"] if "eval" in h]
-    assert evals == pytest.approx([h["eval"]["alpha"] for h in one.history if "eval" in h], abs=1e-6)
+    def argv(head):
+        return ["train", head, *TWO[head], "--target", str(tiny), "--data", str(distilled[2].out), "--out",
+                str(tmp_path / head), "--draft-vocab", "64", "--steps", "6", "--batch-size", "2", "--max-len", "64",
+                "--lr", "5e-2", "--eval-every", "3", "--eval-records", "2", "--checkpoint-every", "2", "--no-progress"]
+
+    def joined(extra):
+        return [a for head in TWO for a in [":::", *argv(head), *extra]][1:]
+
+    cut = _launch(["--fail-at-call", "5", *joined([])], tmp_path)
+    assert cut.returncode != 0, cut.stderr[-3000:]
+    for head in TWO:
+        assert f"{head}: interrupted at loss call 5" in cut.stderr, cut.stderr[-3000:]
+        assert (tmp_path / head / "checkpoint" / "random_states_1.pkl").is_file()
+    resumed = _launch(joined(["--resume"]), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count("saved ") == 3                   # the main process reports, once a head
+    specs = {"vanilla": dataclasses.replace(PRESETS["xs"], draft_vocab_size=64),
+             "glide": dataclasses.replace(GLIDE_PRESETS["xs"], draft_vocab_size=64, target_layer_ids=(0,)),
+             "redrafter": dataclasses.replace(REDRAFTER_PRESETS["xs"], draft_vocab_size=64)}
+    for head, fn in (("vanilla", train_vanilla), ("glide", train_glide), ("redrafter", train_redrafter)):
+        two = json.loads((tmp_path / head / "trainer_state.json").read_text())
+        assert two["step"] == 6 and not (tmp_path / head / "checkpoint").exists()
+        torch.manual_seed(0)                                     # the CLI's --seed 0 (warmup: its default, 30)
+        _, one = fn(target, distilled[2].out, _cfg(tmp_path / f"one-{head}", grad_accum=2, warmup=30), specs[head],
+                    target_name=str(tiny), command="x", progress=False)
+        assert [h["loss"] for h in two["history"] if "loss" in h] == pytest.approx(_losses(one), rel=1e-4), head
+        evals = [h["eval"]["alpha"] for h in two["history"] if "eval" in h]
+        assert evals == pytest.approx([h["eval"]["alpha"] for h in one.history if "eval" in h], abs=1e-6), head
 
 
 def test_distill_in_two_processes_merges_disjoint_shards(distilled, tmp_path, capfd, monkeypatch):
