@@ -314,12 +314,12 @@ def run_bench(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if getattr(args, "num_processes", 1) > 1:
-        from .training.launch import launched, relaunch
-
-        if not launched():
-            return relaunch(argv, args.num_processes)
     try:
+        if getattr(args, "num_processes", 1) > 1:
+            from .training.launch import launched, relaunch
+
+            if not launched():
+                return relaunch(argv, args)
         if args.command == "bench":
             return run_bench(args)
         if args.command == "cards":

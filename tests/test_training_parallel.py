@@ -189,7 +189,7 @@ def test_two_processes_interrupted_and_resumed_follow_one_process(distilled, tar
              "redrafter": dataclasses.replace(REDRAFTER_PRESETS["xs"], draft_vocab_size=64)}
     for head, fn in (("vanilla", train_vanilla), ("glide", train_glide), ("redrafter", train_redrafter)):
         two = json.loads((tmp_path / head / "trainer_state.json").read_text())
-        assert two["step"] == 6 and not (tmp_path / head / "checkpoint").exists()
+        assert two["step"] == 6 and two["processes"] == 2 and not (tmp_path / head / "checkpoint").exists()
         torch.manual_seed(0)                                     # the CLI's --seed 0 (warmup: its default, 30)
         _, one = fn(target, distilled[2].out, _cfg(tmp_path / f"one-{head}", grad_accum=2, warmup=30), specs[head],
                     target_name=str(tiny), command="x", progress=False)
@@ -239,7 +239,7 @@ def test_distill_in_two_processes_merges_disjoint_shards(distilled, tmp_path, ca
                                          ("redrafter", ["--preset", "xs"])])
 def test_cli_bf16_with_the_target_on_a_device_map(head, flags, distilled, target, tmp_path, monkeypatch):
     """The CPU side of tests/cuda/test_cuda_training.py: ``--target-device-map auto`` loads the target with
-    ``device_map="auto"``, ``--mixed-precision bf16`` autocasts
+    ``device_map="auto"``, ``--mixed-precision bf16|fp16`` autocasts
     the steps (the loss differs from float32's, a little), ``--grad-accum`` splits the batch."""
     import hf_cascade.bench.loading as loading
     from hf_cascade.cli import main
@@ -257,7 +257,7 @@ def test_cli_bf16_with_the_target_on_a_device_map(head, flags, distilled, target
 
     monkeypatch.setattr(loading, "load_model", load)
     curves = {}
-    for precision in ("bf16", "no"):
+    for precision in ("bf16", "fp16", "no"):
         out = tmp_path / precision
         argv = ["train", head, *flags, "--target", str(tiny), "--data", str(distilled[2].out), "--out", str(out),
                 "--steps", "4", "--batch-size", "4", "--grad-accum", "2", "--max-len", "48", "--eval-every", "4",
@@ -268,7 +268,8 @@ def test_cli_bf16_with_the_target_on_a_device_map(head, flags, distilled, target
         state = json.loads((out / "trainer_state.json").read_text())
         curves[precision] = [h["loss"] for h in state["history"] if "loss" in h]
         assert state["config"]["mixed_precision"] == precision and state["config"]["grad_accum"] == 2
-    assert curves["bf16"] != curves["no"] and curves["bf16"] == pytest.approx(curves["no"], rel=0.05)
+    for half in ("bf16", "fp16"):                               # fp16: with the gradient scaler
+        assert curves[half] != curves["no"] and curves[half] == pytest.approx(curves["no"], rel=0.05), half
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -277,6 +278,8 @@ def test_cli_bf16_with_the_target_on_a_device_map(head, flags, distilled, target
     (["--target-device-map", "everywhere"], "--target-device-map must be one of auto"),
     (["--num-processes", "0"], "--num-processes must be >= 1"),
     (["--resume"], "--resume: no checkpoint in"),
+    (["--num-processes", "3"], "--batch-size 4 (sequences per step, all processes together) must be a multiple of 3"),
+    (["--num-processes", "2", "--target-device-map", "auto"], "each hold a whole target: run one process"),
 ])
 def test_cli_rejects_bad_process_options_before_loading_the_target(flags, message, distilled, tmp_path, capsys,
                                                                    monkeypatch):

@@ -70,9 +70,17 @@ def check_processes(args: argparse.Namespace, processes: int) -> None:
     device_map(args.target_device_map)
 
 
-def relaunch(argv: list[str], processes: int) -> int:
-    """Run ``hf-cascade argv`` under ``accelerate launch --num_processes processes``; its exit code."""
+def relaunch(argv: list[str], args: argparse.Namespace) -> int:
+    """Run ``hf-cascade argv`` under ``accelerate launch --num_processes args.num_processes`` (after checking
+    what can be checked before the processes start); its exit code."""
     import torch
+
+    from .accel import check_layout
+
+    processes = args.num_processes
+    check_processes(args, processes)
+    if args.command == "train":
+        check_layout(args.batch_size, args.grad_accum, args.mixed_precision, processes)
 
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",

@@ -195,8 +195,8 @@ def write_state(state: TrainState, cfg: TrainConfig, out: Path, extra: dict | No
     """``trainer_state.json`` and ``training_curve.png`` (if matplotlib is installed) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     cfg_d = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
-    doc = {"config": cfg_d, "step": state.step, "seconds": round(state.seconds, 1), "best": state.best,
-           "history": state.history, **(extra or {})}
+    doc = {"config": cfg_d, "processes": accel.num_processes(), "step": state.step, "seconds": round(state.seconds, 1),
+           "best": state.best, "history": state.history, **(extra or {})}
     (out / "trainer_state.json").write_text(json.dumps(doc, indent=1) + "\n")
     try:
         import matplotlib
