@@ -1,8 +1,10 @@
 """Training on accelerate (hf_cascade.training.loop / .accel / .batches): one process reproduces the loss
 curve of the loop before accelerate (golden values), the global batch splits over processes and micro-batches,
-an interrupted run resumes to the same end, and a 2-process CPU run (``accelerate launch --num_processes 2
---cpu``, gloo), interrupted and resumed, follows the 1-process run of the same total batch; ``distill`` in 2
-processes shards its prompts and merges them into one store."""
+an interrupted run resumes to the same end, and a 2-process CPU run (``accelerate launch --multi_gpu
+--num_processes 2`` with ``ACCELERATE_USE_CPU``: gloo; accelerate's own ``--cpu`` launch flag starts a single
+process), interrupted and resumed, follows the 1-process run of the same total batch; ``distill`` in 2 processes
+shards its prompts and merges them into one store; bf16 / fp16, ``--grad-accum`` and ``--target-device-map``
+through the command line."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 import hf_cascade.training.run as run
-from hf_cascade.training import DistillConfig, DistillStore
+from hf_cascade.training import DistillStore
 from hf_cascade.training.batches import BatchStream, make_batch
 from hf_cascade.training.loop import TrainConfig
 from hf_cascade.training.run import PRESETS, train_vanilla
