@@ -11,6 +11,7 @@ Only this module and :mod:`hf_cascade.demo` print; the library returns data.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -99,28 +100,37 @@ def _add_distill(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batched generate (default 16)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="stop once N prompts are stored")
     p.add_argument("--hidden-states", action="store_true", help="also store the target's last hidden states")
+    from .training.launch import add_process_options
+
+    add_process_options(p)   # several processes: disjoint prompt shards, merged into one store
     _add_run_options(p)
 
 
 def run_distill(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .bench.loading import load_model
     from .data import PROMPT_FORMAT
     from .training import DistillConfig, distill
+    from .training.accel import num_processes, place_target
+    from .training.launch import check_processes, device_map
     from .training.sources import CHAT, distill_prompts
 
+    check_processes(args, num_processes())
     _set_threads(args)
     prompts, dataset = distill_prompts(args.prompts, args.dataset, args.split, args.field, args.limit, _log)
     _log(f"{len(prompts)} training prompts (Spec-Bench questions excluded); loading target {args.target or 'default'}")
-    model, tokenizer = load_model(args.target)
+    model, tokenizer = _load_target(args.target, device_map(args.target_device_map))
+    place_target(model)
     chat = args.prompt_format == "chat" or (args.prompt_format is None and dataset
                                              and bool(getattr(tokenizer, "chat_template", None)))
     cfg = DistillConfig(Path(args.out), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                         hidden_states=args.hidden_states, limit=args.limit, prompt_format=CHAT if chat else PROMPT_FORMAT)
     store = distill(model, tokenizer, cfg, prompts, target_name=args.target or "default",
                     progress=not args.no_progress)
-    print(f"{len(store)} sequences, {store.num_tokens} tokens in {args.out}")
+    from .training.accel import is_main_process
+
+    if is_main_process():
+        print(f"{len(store)} sequences, {store.num_tokens} tokens in {args.out}")
     return 0
 
 
@@ -203,7 +213,7 @@ def _add_train(sub) -> None:
                    help="vanilla: also distil the target's top-K next-token distribution at every position (one "
                    "teacher-forced pass over --data, cached there; 0 = greedy tokens only)")
     p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per step, all processes together (default 16)")
     p.add_argument("--max-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--eval-every", type=int, default=100)
@@ -212,6 +222,9 @@ def _add_train(sub) -> None:
                    help="after training, greedy generate with the saved head on N held-out prompts: tokens per target "
                         "call and parity with plain generate, into trainer_state.json and the card (0: skip)")
     p.add_argument("--seed", type=int, default=0)
+    from .training.launch import add_train_options
+
+    add_train_options(p)
     _add_run_options(p)
 
 
@@ -229,7 +242,10 @@ def run_train(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
-    from .bench.loading import load_model
+    import torch
+
+    from .training.accel import check_layout, is_main_process, num_processes, place_target
+    from .training.launch import check_processes, device_map
     from .training.loop import TrainConfig
     from .training.store import DistillStore
 
@@ -243,6 +259,9 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError("--target-layers applies to `train glide` only")
     if args.soft_labels and args.head != "vanilla":
         raise ValueError("--soft-labels applies to `train vanilla` only")
+    processes = num_processes()
+    check_processes(args, processes)
+    check_layout(args.batch_size, args.grad_accum, args.mixed_precision, processes)
     _set_threads(args)
     spec = presets[preset]
     if args.draft_vocab:
@@ -253,24 +272,39 @@ def run_train(args: argparse.Namespace) -> int:
                              f"got {len(args.target_layers)}")
         spec = dataclasses.replace(spec, target_layer_ids=tuple(args.target_layers))
     cfg = TrainConfig(Path(args.out), steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
-                      eval_every=args.eval_every, eval_records=args.eval_records, seed=args.seed)
+                      eval_every=args.eval_every, eval_records=args.eval_records, seed=args.seed,
+                      grad_accum=args.grad_accum, mixed_precision=args.mixed_precision,
+                      checkpoint_every=args.checkpoint_every, resume=args.resume)
     DistillStore.open(args.data)  # a missing / foreign --data fails here, before the (slow) target load
+    if args.resume and not (Path(args.out) / "checkpoint").is_dir():
+        raise ValueError(f"--resume: no checkpoint in {Path(args.out) / 'checkpoint'} (written every --checkpoint-every "
+                         "steps); run without --resume to start over")
     _log(f"loading target {args.target or 'default (Gemma-3-270M)'}")
-    target, _ = load_model(args.target)
+    target, _ = _load_target(args.target, device_map(args.target_device_map))
+    place_target(target)
+    torch.manual_seed(args.seed)    # the head's initialisation (every process builds the same one)
     extra = {"cross_attention": False} if args.no_cross_attention else {}
     if args.soft_labels:
         extra["soft_labels"] = args.soft_labels
     _, state = train_fn(target, args.data, cfg, spec, target_name=args.target or "gemma-3-270m",
                         progress=not args.no_progress, **extra)
-    print(f"saved {args.out} (step {state.step}); best held-out acceptance: {state.best}")
-    if args.measure_prompts > 0:
-        from .bench.heldout import measure_generation, record_generation
+    if is_main_process():               # it evaluates and saves
+        print(f"saved {args.out} (step {state.step}); best held-out acceptance: {state.best}")
+        if args.measure_prompts > 0:        # then what the saved head does in generate (main process only)
+            from .bench.heldout import measure_generation, record_generation
 
-        measured = measure_generation(target, args.out, args.head, args.data, args.eval_records, args.measure_prompts,
-                                      progress=not args.no_progress)
-        record_generation(args.out, measured)
-        print(f"held-out generate: {measured}")
+            measured = measure_generation(target, args.out, args.head, args.data, args.eval_records,
+                                          args.measure_prompts, progress=not args.no_progress)
+            record_generation(args.out, measured)
+            print(f"held-out generate: {measured}")
     return 0
+
+
+def _load_target(spec, device_map):
+    """``load_model(spec)``, with ``device_map`` only when one is asked for."""
+    from .bench.loading import load_model
+
+    return load_model(spec) if device_map is None else load_model(spec, device_map=device_map)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _log(msg: str) -> None:
+    if os.environ.get("RANK", "0") != "0":      # one line per run from a launched run's processes
+        return
     print(f"[hf-cascade] {msg}", file=sys.stderr, flush=True)
 
 
@@ -298,8 +334,14 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "num_processes", 1) > 1:
+            from .training.launch import launched, relaunch
+
+            if not launched():
+                return relaunch(argv, args)
         if args.command == "bench":
             return run_bench(args)
         if args.command == "cards":

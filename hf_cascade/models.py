@@ -142,12 +142,14 @@ def gguf_to_hf_dir(gguf: str | Path, out_dir: str | Path, progress: bool = True)
     return out
 
 
-def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a local HF directory, model in eval mode."""
+def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32, device_map=None) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from a local HF directory, model in eval mode (``device_map``: as
+    ``from_pretrained``'s, e.g. ``"auto"``; ``None`` loads on the CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    placed = {"device_map": device_map} if device_map is not None else {}
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **placed)
     return model.eval(), tok
 
 
@@ -198,10 +200,10 @@ def ensure_gemma3_270m(cache: str | Path | None = None, progress: bool = True) -
 
 
 def load_default_target(
-    dtype: torch.dtype = torch.float32, cache: str | Path | None = None
+    dtype: torch.dtype = torch.float32, cache: str | Path | None = None, device_map=None
 ) -> tuple[Any, Any]:
     """Load the default target model, Gemma-3-270M (base), as ``(model, tokenizer)``."""
-    return load_hf_dir(ensure_gemma3_270m(cache), dtype=dtype)
+    return load_hf_dir(ensure_gemma3_270m(cache), dtype=dtype, device_map=device_map)
 
 
 def smollm2_gguf_path() -> Path:
@@ -231,7 +233,7 @@ def ensure_smollm2(cache: str | Path | None = None, progress: bool = True) -> Pa
 
 
 def load_smollm2(
-    dtype: torch.dtype = torch.float32, cache: str | Path | None = None
+    dtype: torch.dtype = torch.float32, cache: str | Path | None = None, device_map=None
 ) -> tuple[Any, Any]:
     """Load SmolLM2-135M-Instruct (Llama family, has a chat template) as ``(model, tokenizer)``."""
-    return load_hf_dir(ensure_smollm2(cache), dtype=dtype)
+    return load_hf_dir(ensure_smollm2(cache), dtype=dtype, device_map=device_map)

@@ -14,6 +14,7 @@ differ from an unbatched greedy ``generate``; that does not matter for training 
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -92,39 +93,87 @@ def _generate(target, input_ids, mask, cfg: DistillConfig, eos_ids: set[int]):
 def _hidden_states(target, seqs: list[list[int]], pad_id: int) -> list[np.ndarray]:
     """The target's last hidden state at every position of each sequence (teacher forcing)."""
     input_ids, mask = _left_pad(seqs, pad_id)
-    out = target(input_ids=input_ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)
-    last = out.hidden_states[-1].float()                                     # [B, T, H]
+    device = target.get_input_embeddings().weight.device
+    out = target(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
+                 logits_to_keep=1)
+    last = out.hidden_states[-1].float().cpu()                               # [B, T, H]
     return [last[i, input_ids.shape[1] - len(s):].numpy() for i, s in enumerate(seqs)]
 
 
 def distill(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt] | None = None,
             target_name: str = "", progress: bool = True) -> DistillStore:
-    """Run (or resume) a distillation into ``cfg.out``; returns the store."""
-    from ..backends import verification_session      # the CPU kernels only where the switch engages them
+    """Run (or resume) a distillation into ``cfg.out``; returns the store.
+
+    Launched in several processes (``accelerate launch``), each process generates a disjoint share of the
+    prompts still to do (every ``N``-th) into ``cfg.out/parts/part-<rank>``, and the main process merges the
+    parts into the store, in rank order, when all are done; parts an interrupted run left behind are merged
+    first, so a run resumes with any number of processes."""
+    from .accel import num_processes
 
     prompts = training_prompts() if prompts is None else prompts
     hidden_size = int(target.config.get_text_config().hidden_size) if cfg.hidden_states else 0
     meta = {"target": target_name, "prompt_format": cfg.prompt_format, "max_new_tokens": cfg.max_new_tokens,
             "hidden_size": hidden_size, "vocab_size": int(target.config.get_text_config().vocab_size)}
+    if num_processes() > 1:
+        return _distill_shared(target, tokenizer, cfg, prompts, meta, progress)
     store = DistillStore.create_or_resume(cfg.out, meta)
+    _fill(store, _todo(store, prompts, cfg), target, tokenizer, cfg, progress)
+    return store
+
+
+def _todo(store: DistillStore, prompts: list[Prompt], cfg: DistillConfig) -> list[Prompt]:
     done = store.done_ids()
     todo = [p for p in prompts if p.id not in done]
-    if cfg.limit is not None:
-        todo = todo[: max(0, cfg.limit - len(store))]
+    return todo if cfg.limit is None else todo[: max(0, cfg.limit - len(store))]
+
+
+def _distill_shared(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt], meta: dict,
+                    progress: bool) -> DistillStore:
+    """:func:`distill` in one of several processes (see there)."""
+    from .accel import process_state
+
+    state = process_state()
+    parts = Path(cfg.out) / "parts"
+
+    def merge() -> None:
+        store = DistillStore.create_or_resume(cfg.out, meta)
+        for part in sorted(parts.glob("part-*"), key=lambda p: int(p.name.split("-")[1])):
+            store.absorb(DistillStore.create_or_resume(part, meta))
+            shutil.rmtree(part)
+        if parts.is_dir() and not any(parts.iterdir()):
+            parts.rmdir()
+
+    if state.is_main_process:
+        merge()
+    state.wait_for_everyone()
+    todo = _todo(DistillStore.open(cfg.out), prompts, cfg)[state.process_index :: state.num_processes]
+    part = DistillStore.create_or_resume(parts / f"part-{state.process_index}", meta)
+    _fill(part, todo, target, tokenizer, cfg, progress and state.is_main_process)
+    state.wait_for_everyone()
+    if state.is_main_process:
+        merge()
+    state.wait_for_everyone()
+    return DistillStore.open(cfg.out)
+
+
+def _fill(store: DistillStore, todo: list[Prompt], target, tokenizer, cfg: DistillConfig, progress: bool) -> None:
+    """Generate the target's responses to ``todo`` in batches and append them to ``store``."""
+    from ..backends import verification_session      # the CPU kernels only where the switch engages them
+
     eos = target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     pad_id = int(target.generation_config.pad_token_id or 0)
+    device = target.get_input_embeddings().weight.device
     bar = tqdm(total=len(todo), desc="distill", unit="prompt", disable=not progress)
     new_tokens = 0
     with verification_session(target):                   # batched rows: faster with the CPU kernels
         for batch, ids in _batches(todo, tokenizer, cfg):
-            input_ids, mask = _left_pad(ids, pad_id)
+            input_ids, mask = (t.to(device) for t in _left_pad(ids, pad_id))
             responses, flags = _generate(target, input_ids, mask, cfg, eos_ids)
-            hidden = _hidden_states(target, [p + r for p, r in zip(ids, responses)], pad_id) if hidden_size else None
+            hidden = _hidden_states(target, [p + r for p, r in zip(ids, responses)], pad_id) if store.hidden_size else None
             for i, (p, r) in enumerate(zip(ids, responses)):
                 store.append(batch[i].id, batch[i].source, p, r, flags[i], None if hidden is None else hidden[i])
                 new_tokens += len(r)
             bar.update(len(batch))
             bar.set_postfix(stored=len(store), new_tokens=new_tokens)
     bar.close()
-    return store

@@ -41,7 +41,8 @@ def target_kv_batch(model: GlideForCausalLM, target, batch: Batch) -> list | Non
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(target.forward).parameters else {}
     out = target(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=True, **kwargs)
     target.train(was_training)
-    kv = [(k.detach(), v.detach()) for k, v in model.target_kv(output_cache(out))]
+    dev = model.device                                           # a device-mapped target's layer may sit elsewhere
+    kv = [(k.detach().to(dev), v.detach().to(dev)) for k, v in model.target_kv(output_cache(out))]
     t = batch.input_ids.shape[1]
     for k, _ in kv:
         if k.shape[-2] != t:

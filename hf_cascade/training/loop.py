@@ -10,30 +10,39 @@ clipping, a progress bar, periodic held-out evaluation, Hub-layout checkpoints, 
 
 The target is frozen: heads that need it close over it in ``loss_fn`` and never hand its
 parameters to the optimizer.
+
+Runs on ``accelerate`` (:mod:`.accel`): a step trains on one global batch of ``batch_size`` sequences,
+split evenly over the processes and, within a process, over ``grad_accum`` micro-batches; the
+gradient is the mean of the parts' gradients (of their weighted-mean losses), so one process with
+``grad_accum = 1`` is the single-process loop unchanged, and ``N`` processes or micro-batches train
+on the same sequences per step. Evaluation, saving and the progress bar run on the main process only;
+the logged loss and metrics are means over the parts. ``checkpoint_every = K`` writes a resumable
+checkpoint every ``K`` steps (``out/checkpoint``, removed when the run finishes); ``resume`` continues
+from it to the same end as an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .store import DistillStore
+from . import accel
+from .batches import Batch, BatchIterator, BatchStream, iterate_batches, make_batch, split_records  # noqa: F401
 
 
 @dataclass
 class TrainConfig:
     out: Path
     steps: int = 600
-    batch_size: int = 16          # sequences per step
+    batch_size: int = 16          # sequences per step, all processes together
     max_len: int = 256            # tokens per sequence (longer ones are cut at the end)
     lr: float = 2e-3
     warmup: int = 30
@@ -43,20 +52,10 @@ class TrainConfig:
     eval_records: int = 48        # held-out sequences (never trained on)
     prompt_weight: float = 0.1    # loss weight of prompt positions (responses weigh 1)
     seed: int = 0
-
-
-@dataclass
-class Batch:
-    """Right-padded sequences. ``input_ids``: ``[B, T]``; ``weights``: ``[B, T]``, the loss weight of
-    predicting ``input_ids[:, t]`` from the tokens before it (0 at padding and at t = 0);
-    ``attention_mask``: ``[B, T]``; ``index``: the store records, for heads that read hidden states;
-    ``response``: ``[B, T]`` bool, True where ``input_ids[:, t]`` is a token of the target's response."""
-
-    input_ids: torch.Tensor
-    weights: torch.Tensor
-    attention_mask: torch.Tensor
-    index: list[int]
-    response: torch.Tensor | None = None
+    grad_accum: int = 1           # micro-batches per process and step (the batch per step stays batch_size)
+    mixed_precision: str = "no"   # "no", "bf16" or "fp16" (autocast, float32 weights)
+    checkpoint_every: int = 0     # steps between resumable checkpoints in out/checkpoint (0: none)
+    resume: bool = False          # continue from out/checkpoint
 
 
 @dataclass
@@ -67,41 +66,6 @@ class TrainState:
     best: dict | None = None
 
 
-def split_records(store: DistillStore, eval_records: int) -> tuple[list[int], list[int]]:
-    """Deterministic train / held-out split by a hash of the record ids: the same set of records
-    gives the same split whatever their order in the store (a resumed distillation splits like an
-    uninterrupted one). Adding records may move earlier held-out records into training."""
-    keyed = sorted(range(len(store)), key=lambda i: zlib.crc32(store.records[i].id.encode()))
-    held = set(keyed[: min(eval_records, max(0, len(store) - 1))])
-    return [i for i in range(len(store)) if i not in held], sorted(held)
-
-
-def make_batch(store: DistillStore, index: list[int], max_len: int, prompt_weight: float, pad_id: int = 0) -> Batch:
-    seqs = [store.sequence(i) for i in index]
-    width = min(max_len, max(len(s) for s, _ in seqs))
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    weights = torch.zeros(len(seqs), width)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    response = torch.zeros(len(seqs), width, dtype=torch.bool)
-    for b, (s, plen) in enumerate(seqs):
-        n = min(width, len(s))
-        ids[b, :n] = torch.from_numpy(s[:n].astype(np.int64))
-        mask[b, :n] = 1
-        weights[b, 1:n] = prompt_weight
-        weights[b, max(1, plen):n] = 1.0
-        response[b, max(1, plen):n] = True
-    return Batch(ids, weights, mask, list(index), response)
-
-
-def iterate_batches(store: DistillStore, train_idx: list[int], cfg: TrainConfig) -> Iterator[Batch]:
-    """Endless shuffled batches (epoch after epoch)."""
-    rng = np.random.default_rng(cfg.seed)
-    while True:
-        order = rng.permutation(train_idx)
-        for s in range(0, len(order) - cfg.batch_size + 1, cfg.batch_size):
-            yield make_batch(store, order[s : s + cfg.batch_size].tolist(), cfg.max_len, cfg.prompt_weight)
-
-
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup:
         return (step + 1) / cfg.warmup
@@ -109,58 +73,130 @@ def _lr_factor(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+class _Step(torch.nn.Module):
+    """The head and its loss as one module: what DDP wraps, so every head method the loss calls runs
+    inside the wrapped forward (gradients are synchronised whatever the loss reads of the head)."""
+
+    def __init__(self, head: torch.nn.Module, loss_fn: Callable):
+        super().__init__()
+        self.head, self.loss_fn = head, loss_fn
+
+    def forward(self, batch: Batch):
+        return self.loss_fn(self.head, batch)
+
+
 def train(
     model: torch.nn.Module,
-    batches: Iterator[Batch],
+    batches: BatchIterator,
     loss_fn: Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, dict]],
     eval_fn: Callable[[torch.nn.Module], dict],
     save_fn: Callable[[torch.nn.Module, TrainState], None],
     cfg: TrainConfig,
     progress: bool = True,
 ) -> TrainState:
-    """Train ``model`` for ``cfg.steps`` steps; evaluate and save every ``cfg.eval_every`` steps and
-    at the end (the saved checkpoint is always the latest one; ``state.best`` records the best eval)."""
+    """Train ``model`` for ``cfg.steps`` steps on ``batches`` (:func:`iterate_batches`); evaluate and save
+    every ``cfg.eval_every`` steps and at the end (the saved checkpoint is always the latest one;
+    ``state.best`` records the best eval). In every process of a launched run (see the module docstring)."""
+    acc = accel.accelerator()
+    world, rank, device = acc.num_processes, acc.process_index, next(model.parameters()).device
+    accel.check_layout(cfg.batch_size, cfg.grad_accum, cfg.mixed_precision, world)
+    stream = batches.stream
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, cfg))
-    state = TrainState()
-    bar = tqdm(total=cfg.steps, desc="train", unit="step", disable=not progress)
-    t0 = time.perf_counter()
-    for step in range(1, cfg.steps + 1):
+    autocast, scaler = accel.precision(cfg.mixed_precision, device)
+    step_module = acc.prepare(_Step(model, loss_fn), device_placement=[False])
+    run = _run_settings(cfg)
+    done = accel.Progress(step=0, batches=0, seconds=0.0, history=[], best=None, run=run)
+    acc.register_for_checkpointing(opt, sched, done, *([scaler] if scaler is not None else []))
+    if cfg.resume:
+        accel.load_checkpoint(acc, Path(cfg.out))
+        changed = {k: (v, run.get(k)) for k, v in done.state.get("run", {}).items() if run.get(k) != v}
+        if changed:
+            raise ValueError(f"--resume: the checkpoint in {cfg.out} was written by a run with other settings "
+                             f"(checkpoint, now): {changed}")
+        stream.skip(done.state["batches"] - stream.position)
+    state = TrainState(done.state["step"], done.state["seconds"], list(done.state["history"]), done.state["best"])
+    bar = tqdm(total=cfg.steps, initial=state.step, desc="train", unit="step", disable=not (progress and acc.is_main_process))
+    t0 = time.perf_counter() - state.seconds
+    for step in range(state.step + 1, cfg.steps + 1):
         model.train()
-        loss, metrics = loss_fn(model, next(batches))
+        parts = stream.share(next(stream), rank, world, cfg.grad_accum)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        logged = []
+        for m, index in enumerate(parts):
+            sync = acc.no_sync(step_module) if m < len(parts) - 1 else contextlib.nullcontext()
+            with sync:
+                with autocast():
+                    loss, metrics = step_module(stream.batch(index).to(device))
+                scaled = loss / len(parts)
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            logged.append([loss.item(), *metrics.values()])
+        if scaler is not None:
+            scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         sched.step()
         state.step = step
-        loss_value = loss.item()
-        state.history.append({"step": step, "loss": loss_value, "lr": sched.get_last_lr()[0], **metrics})
+        values = _mean_over_parts(acc, logged)
+        loss_value = values[0]
+        state.history.append({"step": step, "loss": loss_value, "lr": sched.get_last_lr()[0],
+                              **dict(zip(metrics, values[1:]))})
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}")
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            model.eval()
-            with torch.no_grad():
-                ev = eval_fn(model)
-            state.history.append({"step": step, "eval": ev})
-            if state.best is None or ev.get("alpha", 0) >= state.best.get("alpha", 0):
-                state.best = {"step": step, **ev}
+            if acc.is_main_process:
+                model.eval()
+                with torch.no_grad():
+                    ev = eval_fn(model)
+                state.history.append({"step": step, "eval": ev})
+                if state.best is None or ev.get("alpha", 0) >= state.best.get("alpha", 0):
+                    state.best = {"step": step, **ev}
+                state.seconds = time.perf_counter() - t0
+                save_fn(model, state)
+                bar.set_postfix(loss=f"{loss_value:.3f}", alpha=f"{ev.get('alpha', float('nan')):.3f}")
+            acc.wait_for_everyone()
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             state.seconds = time.perf_counter() - t0
-            save_fn(model, state)
-            bar.set_postfix(loss=f"{loss_value:.3f}", alpha=f"{ev.get('alpha', float('nan')):.3f}")
+            done.state = {"step": step, "batches": stream.position, "seconds": state.seconds,
+                          "history": state.history, "best": state.best, "run": run}
+            accel.save_checkpoint(acc, Path(cfg.out))
     bar.close()
+    if cfg.checkpoint_every or cfg.resume:
+        accel.remove_checkpoint(acc, Path(cfg.out))
     model.eval()
     return state
+
+
+def _run_settings(cfg: TrainConfig) -> dict:
+    """What a resumed run must share with the run that wrote its checkpoint to end where it would have (the
+    micro-batches and the precision may change; the batches and the schedule may not; the number of processes
+    is checked with the checkpoint's RNG states, :func:`.accel.load_checkpoint`)."""
+    keep = ("steps", "batch_size", "max_len", "lr", "warmup", "weight_decay", "grad_clip", "eval_records",
+            "prompt_weight", "seed")
+    return {k: getattr(cfg, k) for k in keep}
+
+
+def _mean_over_parts(acc, logged: list[list[float]]) -> list[float]:
+    """The loss and metrics of a step: means over the micro-batches, then over the processes (exact
+    with one of each)."""
+    local = [sum(col) / len(logged) for col in zip(*logged)]
+    if acc.num_processes == 1:
+        return local
+    return (acc.reduce(torch.tensor(local, dtype=torch.float64, device=acc.device), "mean")).tolist()
 
 
 def write_state(state: TrainState, cfg: TrainConfig, out: Path, extra: dict | None = None) -> None:
     """``trainer_state.json`` and ``training_curve.png`` (if matplotlib is installed) in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     cfg_d = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
-    doc = {"config": cfg_d, "step": state.step, "seconds": round(state.seconds, 1), "best": state.best,
-           "history": state.history, **(extra or {})}
+    doc = {"config": cfg_d, "processes": accel.num_processes(), "step": state.step, "seconds": round(state.seconds, 1),
+           "best": state.best, "history": state.history, **(extra or {})}
     (out / "trainer_state.json").write_text(json.dumps(doc, indent=1) + "\n")
     try:
         import matplotlib

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
+from .accel import head_device, is_main_process, main_process_first
 from .loop import TrainConfig, TrainState, iterate_batches, split_records, train, write_state
 from .soft_labels import compute_soft_labels
 from .store import DistillStore
@@ -35,9 +36,13 @@ def train_vanilla(target, data: str | Path, cfg: TrainConfig, spec: VanillaSpec,
     if store.meta.get("vocab_size") not in (None, int(target.config.get_text_config().vocab_size)):
         raise ValueError(f"{data} was distilled from a target with vocab_size {store.meta['vocab_size']}")
     model, facts = build_vanilla(target, store, spec, target_name)
+    model.to(head_device(target))
     loss_fn = vanilla_loss
     if soft_labels:
-        soft = SoftTerm(compute_soft_labels(target, store, model.vocab_subset, soft_labels, progress=progress), store)
+        with main_process_first():      # one process computes the table into the store, the others read it
+            table = compute_soft_labels(target, store, model.vocab_subset.cpu(), soft_labels,
+                                        progress=progress and is_main_process())
+        soft = SoftTerm(table, store)
         facts["soft_labels"] = soft_labels
 
         def loss_fn(m, batch):
@@ -55,7 +60,7 @@ def train_vanilla(target, data: str | Path, cfg: TrainConfig, spec: VanillaSpec,
         if state.best is not None and state.best["step"] == state.step:   # keep the best held-out checkpoint
             save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline, hub_repo_id(cfg.out)))
 
-    baseline = eval_fn(model.eval())
+    baseline = eval_fn(model.eval()) if is_main_process() else None
     state = train(model, iterate_batches(store, train_idx, cfg), loss_fn, eval_fn, save_fn, cfg, progress)
     return model, state
 

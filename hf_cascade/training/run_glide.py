@@ -36,6 +36,7 @@ from ..heads import GlideConfig, GlideForCausalLM
 from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
 from .glide import TargetKVMemo, glide_acceptance, glide_loss
+from .accel import head_device, is_main_process
 from .loop import TrainConfig, TrainState, iterate_batches, split_records, train, write_state
 from .run import _data_facts, _f
 from .store import DistillStore
@@ -111,7 +112,7 @@ def train_glide(target, data: str | Path, cfg: TrainConfig, spec: GlideSpec, tar
         raise ValueError(f"{data} was distilled from a target with vocab_size {store.meta['vocab_size']}")
     target.eval().requires_grad_(False)
     model, facts = build_glide(target, store, spec, target_name, cross_attention)
-    model.to(target.device)
+    model.to(head_device(target))
     train_idx, eval_idx = split_records(store, cfg.eval_records)
     command = command or "hf-cascade " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     memo = TargetKVMemo(model, target, kv_cache_bytes)
@@ -132,8 +133,9 @@ def train_glide(target, data: str | Path, cfg: TrainConfig, spec: GlideSpec, tar
         if state.best is not None and state.best["step"] == state.step:   # keep the best held-out checkpoint
             save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline, hub_repo_id(cfg.out)))
 
-    with torch.no_grad():
-        baseline = eval_fn(model.eval())
+    if is_main_process():
+        with torch.no_grad():
+            baseline = eval_fn(model.eval())
     state = train(model, iterate_batches(store, train_idx, cfg), loss_fn, eval_fn, save_fn, cfg, progress)
     return model, state
 

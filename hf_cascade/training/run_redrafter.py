@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from ..heads import ReDrafterConfig, ReDrafterModel
 from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
+from .accel import head_device, is_main_process
 from .loop import TrainConfig, TrainState, iterate_batches, make_batch, split_records, train, write_state
 from .redrafter import redrafter_acceptance, redrafter_loss, target_context
 from .run import _data_facts, _f
@@ -152,6 +153,7 @@ def train_redrafter(target, data: str | Path, cfg: TrainConfig, spec: ReDrafterS
     if store.hidden_size and store.hidden_size != int(tc.hidden_size):
         raise ValueError(f"{data} holds hidden states of size {store.hidden_size}, the target's are {tc.hidden_size}")
     head, facts = build_redrafter(target, store, spec, target_name)
+    head.to(head_device(target))
     train_idx, eval_idx = split_records(store, cfg.eval_records)
     command = command or "hf-cascade " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     L = spec.beam_length
@@ -181,7 +183,7 @@ def train_redrafter(target, data: str | Path, cfg: TrainConfig, spec: ReDrafterS
         if state.best is not None and state.best["step"] == state.step:   # keep the best held-out checkpoint
             save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline, hub_repo_id(cfg.out)))
 
-    baseline = eval_fn(head.eval())
+    baseline = eval_fn(head.eval()) if is_main_process() else None
     state = train(head, iterate_batches(store, train_idx, cfg), loss_fn, eval_fn, save_fn, cfg, progress)
     return head, state
 

@@ -111,6 +111,20 @@ class DistillStore:
         self.records.append(rec)
         return rec
 
+    def absorb(self, part: "DistillStore") -> int:
+        """Append the records of ``part`` (a store with the same settings) that this store lacks, in
+        ``part``'s order; returns how many. Merging a part again after an interrupted merge adds the rest."""
+        have = self.done_ids()
+        added = 0
+        for i, r in enumerate(part.records):
+            if r.id in have:
+                continue
+            seq, plen = part.sequence(i)
+            hidden = np.asarray(part.hidden()[r.offset : r.offset + r.length]) if self.hidden_size else None
+            self.append(r.id, r.source, seq[:plen], seq[plen:], r.eos, hidden)
+            added += 1
+        return added
+
     # -- reading -----------------------------------------------------------------------------
     @property
     def num_tokens(self) -> int:

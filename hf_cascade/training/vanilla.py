@@ -119,7 +119,7 @@ def vanilla_loss(model: CascadeDrafterForCausalLM, batch: Batch, soft: SoftTerm 
     hard = (ce * w).sum() / w.sum().clamp_min(1.0)
     if soft is None:
         return hard, {}
-    ids, logp = soft.labels.rows(soft.store, batch.index, batch.input_ids.shape[1])    # [B, T, K] each
+    ids, logp = (t.to(logits.device) for t in soft.labels.rows(soft.store, batch.index, batch.input_ids.shape[1]))
     sce = soft_cross_entropy(logits[:, :-1], ids[:, :-1], logp[:, :-1])               # [B, T-1]
     ws = batch.attention_mask[:, 1:].float() * torch.where(batch.response[:, 1:], 1.0, soft.prompt_weight)
     soft_loss = (sce * ws).sum() / ws.sum().clamp_min(1.0)
@@ -136,11 +136,11 @@ def greedy_acceptance(model, store: DistillStore, index: list[int], batch_size: 
     capped at ``k``)."""
     hits: list[np.ndarray] = []
     for s in range(0, len(index), batch_size):
-        b = make_batch(store, index[s : s + batch_size], max_len, prompt_weight=0.0)
+        b = make_batch(store, index[s : s + batch_size], max_len, prompt_weight=0.0).to(model.device)
         logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, full_vocab=False).logits  # [B, T, N]
         pred = model.vocab_subset[logits[:, :-1].argmax(-1)]                              # [B, T-1] target ids
-        ok = (pred == b.input_ids[:, 1:]).numpy()
-        resp = (b.weights[:, 1:] > 0).numpy()
+        ok = (pred == b.input_ids[:, 1:]).cpu().numpy()
+        resp = (b.weights[:, 1:] > 0).cpu().numpy()
         for r in range(ok.shape[0]):
             hits.append(ok[r][resp[r]])
     flat = np.concatenate(hits) if hits else np.zeros(0, dtype=bool)

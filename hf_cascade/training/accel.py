@@ -1,0 +1,173 @@
+"""Where training runs: processes, devices, precision and resumable checkpoints, on ``accelerate``.
+
+* Processes: one by default; ``accelerate launch --multi_gpu --num_processes N -m hf_cascade.cli train ...``
+  (or ``torchrun``, or ``hf-cascade train --num-processes N``) starts ``N`` data-parallel processes (DDP; gloo
+  on CPUs, NCCL on GPUs). Every process holds the frozen target and the head. FSDP and DeepSpeed configs are
+  refused (:func:`accelerator`): the head is small and the frozen target has no optimizer state to shard.
+* Devices: the target goes to the process's device (:func:`place_target`) unless it was loaded with a
+  ``device_map`` (sharded or offloaded); the head goes where its inputs are: the process's device, or for a
+  mapped target the device of the target's output layer (:func:`head_device`).
+* Precision: ``"bf16"`` / ``"fp16"`` run the step (the head's forward and the target's) under
+  ``torch.autocast`` with float32 weights, fp16 with a gradient scaler (:func:`precision`). It is applied here
+  rather than through ``Accelerator(mixed_precision=...)`` because accelerate fixes that once per process,
+  and a library may train several heads in one process.
+* Checkpoints (:func:`save_checkpoint` / :func:`load_checkpoint`): ``accelerate``'s ``save_state`` of the
+  head, the optimizer, the scheduler, the scaler, every process's RNG states and the run's progress (data
+  position, history), written to a temporary folder and renamed, so an interrupt never leaves a torn one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+import torch
+
+PRECISIONS = ("no", "bf16", "fp16")
+CHECKPOINT = "checkpoint"
+
+
+def _cpu() -> bool:
+    """Run on the CPU: no CUDA device, or ``ACCELERATE_USE_CPU`` set (``accelerate launch --cpu``)."""
+    from accelerate.utils import parse_flag_from_env
+
+    return parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
+
+
+def process_state():
+    """accelerate's ``PartialState`` of this process. On the CPU it is asked for explicitly: accelerate makes
+    processes started by a launcher one gloo group only then (otherwise each would train alone)."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=_cpu())
+
+
+def accelerator():
+    """An ``accelerate.Accelerator`` for this process (the launcher's settings; one process when not
+    launched); DDP may leave parameters unused by a step (a head's optional parts)."""
+    from accelerate import Accelerator, DistributedDataParallelKwargs
+
+    process_state()
+    acc = Accelerator(mixed_precision="no", cpu=_cpu(),
+                      kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    kind = acc.distributed_type.value
+    if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+        raise ValueError(f"accelerate's config asks for {kind}: hf-cascade trains heads data parallel (DDP). A head "
+                         "is small (<= 25 MB here) and the target, frozen, is never sharded by the optimizer; "
+                         "place a target too large for one device with --target-device-map")
+    return acc
+
+
+def num_processes() -> int:
+    """The number of processes of this run (1 when not launched by accelerate / torchrun)."""
+    return process_state().num_processes
+
+
+def is_main_process() -> bool:
+    return process_state().is_main_process
+
+
+def main_process_first():
+    """A context in which the main process runs first and the others after it (files one process writes and
+    all read, e.g. soft labels); a plain context with one process."""
+    state = process_state()
+    return state.main_process_first() if state.num_processes > 1 else contextlib.nullcontext()
+
+
+def place_target(target) -> torch.nn.Module:
+    """Move the frozen ``target`` to this process's device unless it was loaded with a ``device_map``
+    (then it stays where the map put it); eval mode, no gradients."""
+    if not getattr(target, "hf_device_map", None):
+        target.to(process_state().device)
+    return target.eval().requires_grad_(False)
+
+
+def head_device(target) -> torch.device:
+    """Where a head trains: the device of the target's output layer when the target is placed by a
+    ``device_map`` (its hidden states and logits end there), else this process's device."""
+    if getattr(target, "hf_device_map", None):
+        return target.get_output_embeddings().weight.device
+    return process_state().device
+
+
+def check_layout(batch_size: int, grad_accum: int, mixed_precision: str, processes: int | None = None) -> None:
+    """``ValueError`` unless ``batch_size`` sequences split into the processes x ``grad_accum`` micro-batches
+    and ``mixed_precision`` is one of :data:`PRECISIONS`."""
+    if mixed_precision not in PRECISIONS:
+        raise ValueError(f"mixed precision must be one of {', '.join(PRECISIONS)}, got {mixed_precision!r}")
+    if grad_accum < 1:
+        raise ValueError(f"gradient accumulation must be >= 1 micro-batch, got {grad_accum}")
+    world = num_processes() if processes is None else processes
+    if batch_size % (world * grad_accum):
+        raise ValueError(f"--batch-size {batch_size} (sequences per step, all processes together) must be a multiple "
+                         f"of {world} process(es) x --grad-accum {grad_accum}")
+
+
+def precision(mixed_precision: str, device: torch.device):
+    """``(autocast context factory, GradScaler or None)`` for ``"no"``, ``"bf16"`` or ``"fp16"``."""
+    if mixed_precision == "no":
+        return contextlib.nullcontext, None
+    dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler(device.type) if mixed_precision == "fp16" else None
+    return (lambda: torch.autocast(device.type, dtype=dtype)), scaler
+
+
+class Progress:
+    """The run's position as a checkpointable object: the last finished step, the data position (global
+    batches taken), the history, the best evaluation and the seconds trained."""
+
+    def __init__(self, **state):
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = dict(state)
+
+
+def save_checkpoint(acc, out: Path) -> Path:
+    """``acc.save_state`` into ``out/checkpoint`` (through ``out/checkpoint.tmp`` and a rename); every
+    process calls it. Returns the folder."""
+    final, tmp = out / CHECKPOINT, out / (CHECKPOINT + ".tmp")
+    if acc.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    acc.wait_for_everyone()
+    acc.save_state(str(tmp))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        old = out / (CHECKPOINT + ".old")
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(acc, out: Path) -> None:
+    """Restore what :func:`save_checkpoint` wrote into the objects registered with ``acc``;
+    ``ValueError`` when ``out`` holds none."""
+    path = out / CHECKPOINT
+    saved = len(list(path.glob("random_states_*.pkl")))
+    if not saved:
+        raise ValueError(f"--resume: no checkpoint in {path} (written every --checkpoint-every steps); run without "
+                         "--resume to start over")
+    if saved != acc.num_processes:
+        raise ValueError(f"--resume: {path} was written by {saved} process(es); resume it with as many, not "
+                         f"{acc.num_processes}")
+    acc.load_state(str(path))
+
+
+def remove_checkpoint(acc, out: Path) -> None:
+    """Delete ``out/checkpoint`` (a finished run keeps only its Hub-layout head and training state)."""
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        shutil.rmtree(out / CHECKPOINT, ignore_errors=True)
+
+
+__all__ = ["PRECISIONS", "Progress", "accelerator", "check_layout", "head_device", "is_main_process",
+           "load_checkpoint", "main_process_first", "num_processes", "place_target", "precision",
+           "remove_checkpoint", "save_checkpoint"]
