@@ -100,6 +100,9 @@ def _add_distill(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batched generate (default 16)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="stop once N prompts are stored")
     p.add_argument("--hidden-states", action="store_true", help="also store the target's last hidden states")
+    p.add_argument("--no-speculative", dest="speculative", action="store_false",
+                   help="plain batched generate (default: the package's batched speculative decoding with Max-Gram "
+                        "drafts, drafting only where its gate expects a gain; greedy either way)")
     from .training.launch import add_process_options
 
     add_process_options(p)   # several processes: disjoint prompt shards, merged into one store
@@ -124,7 +127,8 @@ def run_distill(args: argparse.Namespace) -> int:
     chat = args.prompt_format == "chat" or (args.prompt_format is None and dataset
                                              and bool(getattr(tokenizer, "chat_template", None)))
     cfg = DistillConfig(Path(args.out), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                        hidden_states=args.hidden_states, limit=args.limit, prompt_format=CHAT if chat else PROMPT_FORMAT)
+                        hidden_states=args.hidden_states, limit=args.limit, prompt_format=CHAT if chat else PROMPT_FORMAT,
+                        speculative=args.speculative)
     store = distill(model, tokenizer, cfg, prompts, target_name=args.target or "default",
                     progress=not args.no_progress)
     from .training.accel import is_main_process

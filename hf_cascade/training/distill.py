@@ -7,9 +7,16 @@ generates greedily (batched, left padding), and prompt + response go into a
 :class:`~hf_cascade.training.store.DistillStore`. Optionally the target's last hidden state at every
 position is stored too (one extra teacher-forced forward per batch).
 
+The batches run through the package's own batched speculative decoding with Max-Gram drafts
+(``speculative=True``, the default): greedy, so the responses are the target's own (the contract the core
+is tested to), and the batch core drafts only at the steps where its gate expects drafting to pay
+(:mod:`hf_cascade.core.batch`), so a batch whose rows repeat nothing decodes as plain ``generate`` would.
+``speculative=False`` runs plain batched ``generate``.
+
 Spec-Bench, the benchmark, is never used: prompts whose text is one of its questions are dropped.
-Batching changes the target's floating-point sums slightly (padding), so a rare response may
-differ from an unbatched greedy ``generate``; that does not matter for training data.
+Batching changes the target's floating-point sums slightly (padding, and the number of rows a forward
+verifies), so a rare response may differ from an unbatched greedy ``generate``; that does not matter for
+training data.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ class DistillConfig:
     prompt_format: str = PROMPT_FORMAT   # a template with {question}, or "chat": the tokenizer's chat template
     hidden_states: bool = False
     limit: int | None = None          # stop after this many stored prompts in total
+    speculative: bool = True          # batches through the package's batched speculative decoding (Max-Gram)
 
 
 def prompt_ids(prompt: Prompt, tokenizer, prompt_format: str) -> list[int]:
@@ -79,8 +87,14 @@ def _left_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 @torch.no_grad()
 def _generate(target, input_ids, mask, cfg: DistillConfig, eos_ids: set[int]):
     """Greedy responses ``list[list[int]]`` (cut after the first EOS) and EOS flags."""
+    assisted = {}
+    if cfg.speculative:
+        from ..cascade import CascadeAssistant
+        from ..drafters import MaxGram
+
+        assisted = {"assistant_model": CascadeAssistant([MaxGram()])}
     out = target.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens,
-                          do_sample=False, pad_token_id=int(target.generation_config.pad_token_id or 0))
+                          do_sample=False, pad_token_id=int(target.generation_config.pad_token_id or 0), **assisted)
     responses, eos = [], []
     for row in out[:, input_ids.shape[1]:].tolist():
         cut = next((i for i, t in enumerate(row) if t in eos_ids), None)
