@@ -22,6 +22,7 @@ training data.
 from __future__ import annotations
 
 import shutil
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -180,14 +181,17 @@ def _fill(store: DistillStore, todo: list[Prompt], target, tokenizer, cfg: Disti
     device = target.get_input_embeddings().weight.device
     bar = tqdm(total=len(todo), desc="distill", unit="prompt", disable=not progress)
     new_tokens = 0
-    with verification_session(target):                   # batched rows: faster with the CPU kernels
-        for batch, ids in _batches(todo, tokenizer, cfg):
-            input_ids, mask = (t.to(device) for t in _left_pad(ids, pad_id))
+    for batch, ids in _batches(todo, tokenizer, cfg):
+        input_ids, mask = (t.to(device) for t in _left_pad(ids, pad_id))
+        with nullcontext() if cfg.speculative else verification_session(target):   # an assistant brings its own
             responses, flags = _generate(target, input_ids, mask, cfg, eos_ids)
-            hidden = _hidden_states(target, [p + r for p, r in zip(ids, responses)], pad_id) if store.hidden_size else None
-            for i, (p, r) in enumerate(zip(ids, responses)):
-                store.append(batch[i].id, batch[i].source, p, r, flags[i], None if hidden is None else hidden[i])
-                new_tokens += len(r)
-            bar.update(len(batch))
-            bar.set_postfix(stored=len(store), new_tokens=new_tokens)
+        hidden = None
+        if store.hidden_size:
+            with verification_session(target):           # batched rows: faster with the CPU kernels
+                hidden = _hidden_states(target, [p + r for p, r in zip(ids, responses)], pad_id)
+        for i, (p, r) in enumerate(zip(ids, responses)):
+            store.append(batch[i].id, batch[i].source, p, r, flags[i], None if hidden is None else hidden[i])
+            new_tokens += len(r)
+        bar.update(len(batch))
+        bar.set_postfix(stored=len(store), new_tokens=new_tokens)
     bar.close()
