@@ -55,11 +55,10 @@ from .batch_state import COMPACT_SHARE, BatchRun
 from .forward import check_attention_backend
 from .head_input import screen_heads
 from .payoff.gate import lagging_rows
-from .phases import accept_row, checked_head, emit, keep_last
+from .phases import accept_row, checked_head, draft_row, emit, keep_last
 from .rows import TreeRows, first_blocks
 from .static_batch import fit_room
 from .stats import BatchStats
-from .stopping import prune_tree
 from .strategy import TreeDrafter
 from .structure import TokenTree
 
@@ -241,11 +240,10 @@ def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = Non
     elif limit is not None:
         state.budget = min(state.budget, limit)
     started = time.perf_counter()
-    tree, q = row.drafter.draft_tree(state.seq, state)
+    tree, q = draft_row(row, state)
     if allowed and state.budget > 0:
         seconds = time.perf_counter() - started
         row.draft_seconds = seconds if row.draft_seconds is None else (row.draft_seconds + seconds) / 2
-    tree, q = prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
     if not allowed:
         return tree, q
     widths = [w for w in (run.gate.width, limit) if w is not None]

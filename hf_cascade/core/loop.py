@@ -27,16 +27,16 @@ prompt has one token, verification computes every row with the full model.
 Host and device: token ids, the tree's structure and the statistics are host values; each step reads
 the device a bounded number of times, not once per drafted token, and nothing that grows with the
 sequence or per cache layer. The sequence is kept on the host beside the device tensor
-(:attr:`Row.tokens <hf_cascade.core.phases.Row.tokens>`, handed to drafters as :attr:`TreeStep.tokens`); the root enters verification as a
-host int; acceptance returns its path on the host (:attr:`TreeAcceptance.nodes`), which the cache update,
-the statistics and the drafters' feedback share; pruning decides on the tree's host structure. A drafter
-that drafts on the host (Max-Gram) hands its tokens over on the host too: its greedy chain step then reads
-the device only for the argmax of the rows acceptance walks (once per target call where every row is
-computed in one head call, as on an accelerator; once per block of rows on the CPU session). The state of
-the sequence is a :class:`~hf_cascade.core.phases.Row`, as each row of a batch is: the work each phase does for a
-row (acceptance, emitting the tokens, the prefill's check of the head, the drafter's view) is
-:mod:`hf_cascade.core.phases`, which both loops call; what differs at batch 1 (verification without a batch mask,
-a dense cache kept in place) and why is in that module's docstring.
+(:attr:`Row.tokens <hf_cascade.core.phases.Row.tokens>`, handed to drafters as :attr:`TreeStep.tokens`); the
+root enters verification as a host int; acceptance returns its path on the host (:attr:`TreeAcceptance.nodes`),
+which the cache update, the statistics and the drafters' feedback share; pruning decides on the tree's host
+structure. A drafter that drafts on the host (Max-Gram) hands its tokens over on the host too: its greedy chain step
+then reads the device only for the argmax of the rows acceptance walks (once per target call where every row is
+computed in one head call, as on an accelerator; once per block of rows on the CPU session). The state of the
+sequence is a :class:`~hf_cascade.core.phases.Row`, as each row of a batch is: the work each phase does for a row
+(acceptance, emitting the tokens, the prefill's check of the head, the drafter's view) is
+:mod:`hf_cascade.core.phases`, which both loops call; what differs at batch 1 (verification without a batch mask, a
+dense cache kept in place) and why is in that module's docstring.
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ from .accept import TreeAcceptance
 from .compiled import user_compiled, verify_call
 from .forward import check_attention_backend, keep_path, mask_device_dtype, verify_tree
 from .head_input import HeadInput, input_device, screen_heads
-from .phases import Row, accept_row, checked_head, emit, keep_last
+from .phases import Row, accept_row, checked_head, draft_row, emit, keep_last
 from .rows import TreeRows
 from .static import bucket, static_inputs
 from .static_batch import open_slots
 from .stats import GenerationStats, PhaseTimer
-from .stopping import Stopper, prune_tree
+from .stopping import Stopper
 from .strategy import TreeDrafter, TreeStep
 from .structure import TokenTree
 
@@ -95,7 +95,7 @@ def speculative_decode(
         while not run.done:
             state = run.state()
             with run.timer("draft"):
-                tree, q = draft(run, drafter, state)
+                tree, q = draft(run, state)
             started = time.perf_counter()
             with run.timer("verify"):
                 rows = verify(run, tree, drafter.linear)
@@ -117,7 +117,8 @@ def prefill(run: "_Run") -> None:
         return
     if run.slots is not None:
         run.slots.show(tokens.numel())
-    logits = run.target(input_ids=tokens[None], **cache_kwargs(run.target, run.cache), **keep_last(run.target)).logits[0, -1]
+    logits = run.target(input_ids=tokens[None], **cache_kwargs(run.target, run.cache),
+                        **keep_last(run.target)).logits[0, -1]
     run.stats.prefill_calls += 1
     if run.slots is not None:
         run.slots.length = run.slots.written = tokens.numel()
@@ -128,10 +129,10 @@ def prefill(run: "_Run") -> None:
     row.last_hidden = hidden[-1]
 
 
-def draft(run: "_Run", drafter: TreeDrafter, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
-    """The strategy's draft, pruned to what can be emitted (depth budget, nothing below an EOS)."""
-    tree, q = drafter.draft_tree(state.seq, state)
-    tree, q = prune_tree(tree, q, state.budget, run.row.stopper.stop_set)
+def draft(run: "_Run", state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
+    """The strategy's draft, pruned to what can be emitted (:func:`~hf_cascade.core.phases.draft_row`: depth budget,
+    nothing below an EOS) and to a user's static cache's room."""
+    tree, q = draft_row(run.row, state)
     if run.slots is not None and tree.num_nodes >= run.slots.room():   # a user's static cache: no room past it
         tree, q = _first_nodes(tree, q, run.slots.room() - 1)
     if run.target_rules:                                   # lossy rules compare the target's rows with the draft
@@ -212,8 +213,8 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
 # -- the loop's state ----------------------------------------------------------------------------------
 
 class _Run:
-    """One ``generate()`` call: the target, the generation's settings and outputs, its :class:`~hf_cascade.core.phases.Row`
-    and the target's cache (dense: no padding, no holes)."""
+    """One ``generate()`` call: the target, the generation's settings and outputs, its row
+    (:class:`~hf_cascade.core.phases.Row`) and the target's cache (dense: no padding, no holes)."""
 
     def __init__(self, target, input_ids, logits_processor, stopping_criteria, cfg, stats, streamer, block_rows,
                  given=None, drafter=None):

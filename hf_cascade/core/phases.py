@@ -4,7 +4,8 @@ row). A row is a :class:`Row` in both; at batch 1 it has no padding (``pad == 0`
 
 * **prefill** -- :func:`keep_last` (the target computes the last position's logits only) and :func:`checked_head`
   (the core's output head, where it reproduces the model's logits on the prompt).
-* **draft** -- :meth:`Row.step_state`: what the row's drafter sees (:class:`~hf_cascade.core.strategy.TreeStep`).
+* **draft** -- :meth:`Row.step_state`: what the row's drafter sees (:class:`~hf_cascade.core.strategy.TreeStep`);
+  :func:`draft_row`: its draft, pruned to what the row can emit.
 * **accept** -- :func:`accept_row`: greedy, or exact speculative sampling.
 * **update** -- :func:`emit`: the accepted path's tokens and the bonus token, emitted up to where plain decoding
   stops; the row's sequence, scores, logits, last hidden state and statistics.
@@ -39,7 +40,7 @@ from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree
 from .forward import output_head
 from .outputs import record_rows
 from .rows import TreeRows
-from .stopping import Stopper
+from .stopping import Stopper, prune_tree
 from .strategy import TreeDrafter, TreeStep
 from .structure import TokenTree
 
@@ -84,6 +85,13 @@ class Row:
         return TreeStep(self.seq, cache, self.last_hidden, budget=max(self.stopper.max_length - self.width - 1, 0),
                         step=self.step, tokens=self.tokens, verify_seconds=verify_seconds if later else None,
                         verify_nodes=verify_nodes if later else None)
+
+
+def draft_row(row: Row, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
+    """The row's drafter's tree for ``state``, pruned to what the row can emit (depth below ``state.budget``,
+    nothing below a stop token: :func:`~hf_cascade.core.stopping.prune_tree`)."""
+    tree, q = row.drafter.draft_tree(state.seq, state)
+    return prune_tree(tree, q, state.budget, row.stopper.stop_set)
 
 
 def keep_last(target) -> dict:
@@ -146,4 +154,4 @@ def emit(row: Row, tree: TokenTree, acceptance: TreeAcceptance, rows: TreeRows, 
     return Emitted(path, new, src, count, finished)
 
 
-__all__ = ["Emitted", "Row", "accept_row", "checked_head", "emit", "keep_last"]
+__all__ = ["Emitted", "Row", "accept_row", "checked_head", "draft_row", "emit", "keep_last"]
