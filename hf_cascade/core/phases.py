@@ -25,6 +25,12 @@ What still differs between the loops, and why (each loop's docstring has the det
   :class:`~hf_cascade.core.payoff.DraftGate` picks the rows that draft and how wide (rows ahead ride along).
 * **outputs** -- one row streams and returns its cache; a batch pads rows to the longest and computes the tail
   scores of rows that stopped early (:mod:`hf_cascade.core.outputs`).
+
+So one row does not run yet as a batch of one: the batch's verification builds its positions and mask on the host at
+every step, and its cache update gathers columns, where a single dense row needs neither. The way to one loop is a
+batch whose verification and cache update, at one row without padding or holes, are batch 1's (:func:`verify_tree
+<hf_cascade.core.forward.verify_tree>`, :func:`keep_path <hf_cascade.core.forward.keep_path>`), and whose draft
+gate (which takes plain steps to measure them) leaves a lone row's drafter to its own policy, as batch 1 does.
 """
 
 from __future__ import annotations
