@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
-from hf_cascade.core import batch as core_batch
 from tests.contract_registry import REGISTRY, base_kit, fresh_kit, input_device
 from tests.sampling_stats import calibration, passes
 from tests.test_batch import left_pad, registry_assistant
-from tests.test_contract import JPROMPT, SAMPLING_KW, SPROMPT, V, FakeClock, binned_chi2, exact_first_three
+from tests.test_contract import (JPROMPT, SAMPLING_KW, SPROMPT, V, FakeClock, binned_chi2, exact_first_three,
+                                 lie_about_q)
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 
@@ -111,18 +111,9 @@ def test_exact_sampling_per_row(name, monkeypatch, free_drafts, open_gate):
     assert_exact_batch_sampling(target, lambda: registry_assistant(name, kit))
 
 
-def lie_about_q(monkeypatch):
-    """A broken batched sampler: every row's acceptance is told its draft was drawn from a uniform ``q``."""
-    honest = core_batch.sampling_tree_accept
-
-    def lying(tree, target_probs, draft_probs=None, generator=None):
-        return honest(tree, target_probs, torch.full((tree.num_nodes, V), 1.0 / V), generator)
-
-    monkeypatch.setattr(core_batch, "sampling_tree_accept", lying)
-
-
 def test_exact_sampling_detects_a_wrong_q(monkeypatch, open_gate):
-    """Negative control: the same tests, same runs and seeds, fail for a batched sampler that lies about ``q``."""
+    """Negative control: the same tests, same runs and seeds, fail for a batched sampler that lies about ``q`` (the
+    core's acceptance, :mod:`hf_cascade.core.phases`, which every row of a batch calls)."""
     lie_about_q(monkeypatch)
     monkeypatch.setattr(time, "perf_counter", FakeClock())
     target = base_kit("small").target

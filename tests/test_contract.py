@@ -277,15 +277,16 @@ def test_exact_sampling(name, monkeypatch):
 
 
 def lie_about_q(monkeypatch):
-    """A broken sampler: the core's acceptance is told every draft was drawn from a uniform ``q``."""
-    from hf_cascade.core import loop
+    """A broken sampler: the core's acceptance (both loops': :mod:`hf_cascade.core.phases`) is told every draft was
+    drawn from a uniform ``q``."""
+    from hf_cascade.core import phases
 
-    honest = loop.sampling_tree_accept
+    honest = phases.sampling_tree_accept
 
     def lying(tree, target_probs, draft_probs=None, generator=None, **kwargs):
         return honest(tree, target_probs, torch.full((tree.num_nodes, V), 1.0 / V), generator, **kwargs)
 
-    monkeypatch.setattr(loop, "sampling_tree_accept", lying)
+    monkeypatch.setattr(phases, "sampling_tree_accept", lying)
 
 
 @pytest.mark.parametrize("name", ["maxgram", "maxgram_tree", "recycling"])

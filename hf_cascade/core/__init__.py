@@ -1,6 +1,8 @@
 """The decoding core shared by every strategy: draft -> verify -> accept -> update.
 
-* :mod:`.loop` -- :func:`~.loop.speculative_decode`, the one loop (each step a named function);
+* :mod:`.loop` -- :func:`~.loop.speculative_decode`, the loop for one row (each step a named function);
+  :mod:`.batch` -- :func:`~.batch.speculative_decode_batch`, the same steps over a left-padded batch;
+  :mod:`.phases` -- each step's work for one row, which both call (and what still differs between them);
 * :mod:`.strategy` -- the drafter contract (:class:`~.strategy.TreeDrafter`, :class:`~.strategy.TreeStep`);
 * :mod:`.structure` -- :class:`TokenTree` (a linear draft is a tree with one path) and its builders;
 * :mod:`.forward` -- one target forward over a draft, and keeping the accepted path in the KV cache;

@@ -1,8 +1,9 @@
 """Batched speculative decoding: a left-padded batch of ``B`` rows, each drafting on its own, one target
 forward verifying every row's draft per step.
 
-The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify -> accept -> update), over rows,
-after the **prefill** of every row's prompt: the padded block in one forward as plain batched ``generate`` runs it,
+The loop is :func:`~hf_cascade.core.loop.speculative_decode`'s (draft -> verify -> accept -> update), over rows
+(each row's share of a step is batch 1's, :mod:`hf_cascade.core.phases`, which also says what differs), after the
+**prefill** of every row's prompt: the padded block in one forward as plain batched ``generate`` runs it,
 or one forward per row where padding is at least half of that block (:func:`prefill`: the same cache, without
 the work on padding, which in a batch of ragged prompts can be most of the prefill).
 
@@ -43,23 +44,21 @@ batched ``generate`` returns it; ``output_scores`` / ``output_logits`` as plain'
 
 from __future__ import annotations
 
-import inspect
 import time
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..compat import cache_kwargs, given_cache
-from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
+from .accept import TreeAcceptance
 from .batch_state import COMPACT_SHARE, BatchRun
-from .forward import check_attention_backend, output_head
-from .payoff.gate import lagging_rows
+from .forward import check_attention_backend
 from .head_input import screen_heads
-from .outputs import record_rows
+from .payoff.gate import lagging_rows
+from .phases import accept_row, checked_head, draft_row, emit, keep_last
 from .rows import TreeRows, first_blocks
 from .static_batch import fit_room
 from .stats import BatchStats
-from .stopping import prune_tree
 from .strategy import TreeDrafter
 from .structure import TokenTree
 
@@ -134,11 +133,9 @@ def prefill(run: "BatchRun") -> None:
     real_last = [b for b, row in enumerate(run.rows) if row.length > 1]
     if hidden is None or not real_last:
         return
-    head = None if run.full_forward else output_head(run.target)   # a user's compiled forward verifies: not bypassed
-    if head is not None:
+    if not run.full_forward:                                       # a user's compiled forward verifies: not bypassed
         index = torch.tensor(real_last, device=hidden.device)
-        if torch.allclose(head(hidden[index]).float(), last[index.to(last.device)].float(), rtol=1e-4, atol=1e-4):
-            run.head = head
+        run.head = checked_head(run.target, hidden[index], last[index.to(last.device)])
     for b in real_last:
         run.rows[b].last_hidden = hidden[b]
 
@@ -151,10 +148,6 @@ def prefill_by_row(lengths: list[int], width: int) -> bool:
     return len(lengths) > 1 and 2 * sum(lengths) <= len(lengths) * width
 
 
-def _keep_last(run: "BatchRun") -> dict:
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
-
-
 def _prefill_padded(run: "BatchRun", query: torch.Tensor):
     """The padded block in one forward: ``(last logits [B, V], head inputs [B, H] or None)``."""
     width = query.shape[1]
@@ -165,7 +158,7 @@ def _prefill_padded(run: "BatchRun", query: torch.Tensor):
     columns = run.static.show(len(run.rows), width) if run.static is not None else None
     logits = run.target(input_ids=ids, position_ids=query.clamp(min=0),
                         attention_mask=run.mask(empty, query, ancestors, columns),
-                        **cache_kwargs(run.target, run.cache), **_keep_last(run)).logits[:, -1]
+                        **cache_kwargs(run.target, run.cache), **keep_last(run.target)).logits[:, -1]
     run.stats.prefill_calls += 1
     if run.static is not None:
         run.static.prefilled(width)
@@ -190,7 +183,7 @@ def _prefill_rows(run: "BatchRun", width: int):
         cache = DynamicCache()
         out = run.target(input_ids=row.full[row.pad: row.pad + n][None], position_ids=query,
                          attention_mask=run.mask(empty, query, causal), **cache_kwargs(run.target, cache),
-                         **_keep_last(run))
+                         **keep_last(run.target))
         run.stats.prefill_calls += 1
         rows = run.head_input.rows()
         caches.append(cache)
@@ -247,11 +240,10 @@ def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = Non
     elif limit is not None:
         state.budget = min(state.budget, limit)
     started = time.perf_counter()
-    tree, q = row.drafter.draft_tree(state.seq, state)
+    tree, q = draft_row(row, state)
     if allowed and state.budget > 0:
         seconds = time.perf_counter() - started
         row.draft_seconds = seconds if row.draft_seconds is None else (row.draft_seconds + seconds) / 2
-    tree, q = prune_tree(tree, q, state.budget, row.stopper.stop_tensor)
     if not allowed:
         return tree, q
     widths = [w for w in (run.gate.width, limit) if w is not None]
@@ -339,10 +331,8 @@ def verify(run: "BatchRun", drafts) -> list[TreeRows]:
 
 
 def accept(run: "BatchRun", drafts, rows: list[TreeRows]) -> list[TreeAcceptance]:
-    """Each row's acceptance, exactly as at batch 1 (:func:`hf_cascade.core.loop.accept`)."""
-    if run.cfg.do_sample:
-        return [sampling_tree_accept(tree, r.softmax(), q) for (tree, q), r in zip(drafts, rows)]
-    return [greedy_tree_accept(tree, r) for (tree, _), r in zip(drafts, rows)]
+    """Each row's acceptance, exactly as at batch 1 (:func:`~hf_cascade.core.phases.accept_row`)."""
+    return [accept_row(run.cfg.do_sample, tree, r, q) for (tree, q), r in zip(drafts, rows)]
 
 
 def update(run: "BatchRun", drafts, rows: list[TreeRows], acceptances: list[TreeAcceptance]) -> list[int]:
@@ -351,22 +341,10 @@ def update(run: "BatchRun", drafts, rows: list[TreeRows], acceptances: list[Tree
     tokens each row of the step emitted."""
     kept, done = [], []
     for b, (row, (tree, _), r, acc) in enumerate(zip(run.rows, drafts, rows, acceptances)):
-        path = path_list(acc)
-        new = [tree.token_list[i] for i in path] + [int(acc.bonus)]
-        src = [0] + [i + 1 for i in path]                                   # the column that produced each token
-        appended = torch.cat([row.full, torch.tensor(new, dtype=row.full.dtype, device=row.full.device)])
-        scores, logits = record_rows(run.scores is not None, run.raw_logits is not None, r, src)
-        seen = tuple(row.scores + scores) if scores is not None else None       # criteria see the new tokens' rows
-        emitted, finished = row.stopper.emitted(appended, row.width, new, seen)
-        row.scores += (scores or [])[:emitted]
-        row.logits += (logits or [])[:emitted]
-        row.full, row.tokens = appended[: row.width + emitted], row.tokens + new[:emitted]
-        row.last_hidden = run.hidden[b, src[emitted - 1]] if run.hidden is not None else None
-        row.stats.record_step(tree.num_nodes, *tree.shape(row.drafter.linear), path, emitted, r.rows_computed,
-                              max(r.head_calls, 1))
-        row.step += 1
-        kept.append(src[:emitted])
-        if finished:
+        out = emit(row, tree, acc, r, run.hidden[b] if run.hidden is not None else None, run.scores is not None,
+                   run.raw_logits is not None)
+        kept.append(out.src[: out.count])                                   # the block's columns of its tokens
+        if out.finished:
             done.append(b)
     run.keep(kept)
     for b, ((tree, _), acc, r) in enumerate(zip(drafts, acceptances, rows)):

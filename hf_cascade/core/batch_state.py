@@ -6,8 +6,6 @@ Kept apart from the loop's steps so that each reads on its own; nothing here dec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -19,47 +17,14 @@ from .forward import mask_device_dtype, per_layer_type
 from .head_input import HeadInput, input_device
 from .outputs import batch_outputs
 from .payoff.gate import DraftGate
-from .static import is_static
-from .static_batch import StaticBatch
+from .phases import Row
+from .static_batch import StaticBatch, open_slots
 from .stats import PhaseTimer
 from .stopping import Stopper
-from .strategy import TreeDrafter, TreeStep
+from .strategy import TreeStep
 
 #: compact the cache when columns a row does not own (padding, holes) exceed this share of it
 COMPACT_SHARE = 1 / 3
-
-
-@dataclass
-class BatchRow:
-    """One row: its padded sequence on the device, its own tokens on the host, its drafter and stopper, and
-    the cache columns it owns (ascending; their positions are ``0 .. length - 2``)."""
-
-    index: int
-    pad: int
-    full: torch.Tensor
-    tokens: list[int]
-    drafter: TreeDrafter
-    stopper: Stopper
-    stats: object
-    processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)
-    cols: list[int] = field(default_factory=list)
-    last_hidden: torch.Tensor | None = None
-    step: int = 0
-    draft_seconds: float | None = None                                 # its drafter's wall time per draft
-    scores: list[torch.Tensor] = field(default_factory=list)           # [1, V] per emitted token, when asked for
-    logits: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def width(self) -> int:
-        return self.pad + len(self.tokens)
-
-    @property
-    def seq(self) -> torch.Tensor:
-        return self.full[self.pad:]
 
 
 class BatchRun:
@@ -89,18 +54,17 @@ class BatchRun:
         self.rows = []
         for b, (tokens, m) in enumerate(zip(host, mask)):
             p = m.index(1)
-            self.rows.append(BatchRow(b, p, ids[b], tokens[p:], drafters[b], Stopper(cfg, stopping_criteria), stats.rows[b],
+            self.rows.append(Row(b, p, ids[b], tokens[p:], drafters[b], Stopper(cfg, stopping_criteria), stats.rows[b],
                                   row_processors(self.processors, b)))
         if self.pad_id is None:
             self.pad_id = 0                              # fills padded queries only; checked again in result()
             self._need_pad = True
         else:
             self._need_pad = False
-        self.finished: list[BatchRow] = []
+        self.finished: list[Row] = []
         self.gate = DraftGate()
-        self.static = None                               # a static cache's bookkeeping (core/static_batch.py)
-        if getattr(cfg, "cache_implementation", None) == "static" or is_static(given):
-            self.static = StaticBatch(target, cfg, given, len(self.rows))
+        slots = open_slots(target, cfg, given)           # a static cache's bookkeeping (core/static_batch.py)
+        self.static = StaticBatch(slots, len(self.rows)) if slots is not None else None
         self.cache = self.static.cache if self.static is not None else DynamicCache()
         # what verifies: the decoder (eager or compiled), or the user's compiled forward (full logits, never bypassed)
         self.call, self.full_forward = verify_call(target, self.cache, cfg)
@@ -122,9 +86,7 @@ class BatchRun:
         the target's cache, and only where it may draft (``cache``: ``on_accept`` reads none)."""
         row = self.rows[b]
         cache = self.row_cache(b) if cache and getattr(row.drafter, "reads_target_cache", False) else None
-        return TreeStep(row.seq, cache, row.last_hidden, budget=max(row.stopper.max_length - row.width - 1, 0),
-                        step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None,
-                        verify_nodes=self.verify_nodes if row.step > 1 else None)
+        return row.step_state(cache, self.verify_seconds, self.verify_nodes)
 
     def row_cache(self, b: int) -> DynamicCache:
         """Row ``b``'s K/V alone, as a batch-1 ``DynamicCache`` (a copy of the columns it owns)."""
@@ -226,4 +188,4 @@ class BatchRun:
         return sequences
 
 
-__all__ = ["COMPACT_SHARE", "BatchRow", "BatchRun"]
+__all__ = ["COMPACT_SHARE", "BatchRun"]

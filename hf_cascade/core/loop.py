@@ -27,20 +27,21 @@ prompt has one token, verification computes every row with the full model.
 Host and device: token ids, the tree's structure and the statistics are host values; each step reads
 the device a bounded number of times, not once per drafted token, and nothing that grows with the
 sequence or per cache layer. The sequence is kept on the host beside the device tensor
-(:attr:`_Row.tokens`, handed to drafters as :attr:`TreeStep.tokens`); the root enters verification as a
-host int; acceptance returns its path on the host (:attr:`TreeAcceptance.nodes`), which the cache update,
-the statistics and the drafters' feedback share; pruning decides on the tree's host structure. A drafter
-that drafts on the host (Max-Gram) hands its tokens over on the host too: its greedy chain step then reads
-the device only for the argmax of the rows acceptance walks (once per target call where every row is
-computed in one head call, as on an accelerator; once per block of rows on the CPU session). The state of
-the sequence lives in :class:`_Row` (one per batch row).
+(:attr:`Row.tokens <hf_cascade.core.phases.Row.tokens>`, handed to drafters as :attr:`TreeStep.tokens`); the
+root enters verification as a host int; acceptance returns its path on the host (:attr:`TreeAcceptance.nodes`),
+which the cache update, the statistics and the drafters' feedback share; pruning decides on the tree's host
+structure. A drafter that drafts on the host (Max-Gram) hands its tokens over on the host too: its greedy chain step
+then reads the device only for the argmax of the rows acceptance walks (once per target call where every row is
+computed in one head call, as on an accelerator; once per block of rows on the CPU session). The state of the
+sequence is a :class:`~hf_cascade.core.phases.Row`, as each row of a batch is: the work each phase does for a row
+(acceptance, emitting the tokens, the prefill's check of the head, the drafter's view) is
+:mod:`hf_cascade.core.phases`, which both loops call; what differs at batch 1 (verification without a batch mask, a
+dense cache kept in place) and why is in that module's docstring.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
@@ -48,14 +49,16 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..compat import CACHE, cache_kwargs, given_cache
 from ..processors import split_processors
-from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
-from .compiled import call_compiles, user_compiled, verify_call
-from .forward import check_attention_backend, keep_path, mask_device_dtype, output_head, verify_tree
+from .accept import TreeAcceptance
+from .compiled import user_compiled, verify_call
+from .forward import check_attention_backend, keep_path, mask_device_dtype, verify_tree
 from .head_input import HeadInput, input_device, screen_heads
+from .phases import Row, accept_row, checked_head, draft_row, emit, keep_last
 from .rows import TreeRows
-from .static import QUERY_BUCKETS, StaticSlots, bucket, is_static, kept_capacity, static_inputs
+from .static import bucket, static_inputs
+from .static_batch import open_slots
 from .stats import GenerationStats, PhaseTimer
-from .stopping import Stopper, prune_tree
+from .stopping import Stopper
 from .strategy import TreeDrafter, TreeStep
 from .structure import TokenTree
 
@@ -82,17 +85,17 @@ def speculative_decode(
     path, :mod:`hf_cascade.core.static`)."""
     check_attention_backend(target, tree_shaped=not drafter.linear)      # before any forward
     run = _Run(target, input_ids, logits_processor, stopping_criteria, generation_config, stats, streamer, block_rows,
-               given_cache(model_kwargs or {}))
+               given_cache(model_kwargs or {}), drafter)
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
         heads = screen_heads(run, [drafter], argmax_screen)
         if heads is not None:
             run.row_head, run.screen = heads(run.block_rows or 1)
-        while not run.row.done:
+        while not run.done:
             state = run.state()
             with run.timer("draft"):
-                tree, q = draft(run, drafter, state)
+                tree, q = draft(run, state)
             started = time.perf_counter()
             with run.timer("verify"):
                 rows = verify(run, tree, drafter.linear)
@@ -112,26 +115,24 @@ def prefill(run: "_Run") -> None:
     tokens = row.seq[:-1]
     if tokens.numel() == 0:
         return
-    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(run.target.forward).parameters else {}
     if run.slots is not None:
         run.slots.show(tokens.numel())
-    logits = run.target(input_ids=tokens[None], **cache_kwargs(run.target, row.cache), **kwargs).logits[0, -1]
+    logits = run.target(input_ids=tokens[None], **cache_kwargs(run.target, run.cache),
+                        **keep_last(run.target)).logits[0, -1]
     run.stats.prefill_calls += 1
     if run.slots is not None:
         run.slots.length = run.slots.written = tokens.numel()
     hidden = run.head_input.rows()
     if hidden is None or user_compiled(run.target):       # the user's compiled forward verifies: never bypassed
         return
-    head = output_head(run.target)
-    if head is not None and torch.allclose(head(hidden[-1:])[0].float(), logits.float(), rtol=1e-4, atol=1e-4):
-        run.head = run.row_head = head
+    run.head = run.row_head = checked_head(run.target, hidden[-1:], logits[None])
     row.last_hidden = hidden[-1]
 
 
-def draft(run: "_Run", drafter: TreeDrafter, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
-    """The strategy's draft, pruned to what can be emitted (depth budget, nothing below an EOS)."""
-    tree, q = drafter.draft_tree(state.seq, state)
-    tree, q = prune_tree(tree, q, state.budget, run.stopper.stop_set)
+def draft(run: "_Run", state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
+    """The strategy's draft, pruned to what can be emitted (:func:`~hf_cascade.core.phases.draft_row`: depth budget,
+    nothing below an EOS) and to a user's static cache's room."""
+    tree, q = draft_row(run.row, state)
     if run.slots is not None and tree.num_nodes >= run.slots.room():   # a user's static cache: no room past it
         tree, q = _first_nodes(tree, q, run.slots.room() - 1)
     if run.target_rules:                                   # lossy rules compare the target's rows with the draft
@@ -147,15 +148,15 @@ def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     if run.slots is not None:
         return _verify_static(run, tree, linear)
     if run.head is not None:
-        hidden = verify_tree(run.target, row.cache, L - 1, tree, row.tokens[-1], hidden_only=True, chain=linear,
+        hidden = verify_tree(run.target, run.cache, L - 1, tree, row.tokens[-1], hidden_only=True, chain=linear,
                              where=run.where)
         rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.row_head, block_rows=run.block_rows,
                         argmax_head=run.screen)
     else:
-        raw = verify_tree(run.target, row.cache, L - 1, tree, row.tokens[-1], chain=linear, where=run.where)
+        raw = verify_tree(run.target, run.cache, L - 1, tree, row.tokens[-1], chain=linear, where=run.where)
         hidden = run.head_input.rows()
         rows = TreeRows(tree, row.seq, run.processors, raw=raw)
-    row.hidden = hidden
+    run.hidden = hidden
     return rows
 
 
@@ -174,58 +175,36 @@ def _verify_static(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     slots.wrote(queries)
     if full:
         hidden = run.head_input.rows()
-        row.hidden = hidden[: n + 1] if hidden is not None else None
+        run.hidden = hidden[: n + 1] if hidden is not None else None
         return TreeRows(tree, row.seq, run.processors, raw=out.logits[0, : n + 1].clone())   # CUDA graphs reuse it
-    row.hidden = out.last_hidden_state[0, : n + 1].clone()     # a CUDA graph's output is overwritten by its next run
-    return TreeRows(tree, row.seq, run.processors, hidden=row.hidden, head=run.row_head, block_rows=run.block_rows,
+    run.hidden = out.last_hidden_state[0, : n + 1].clone()     # a CUDA graph's output is overwritten by its next run
+    return TreeRows(tree, row.seq, run.processors, hidden=run.hidden, head=run.row_head, block_rows=run.block_rows,
                     argmax_head=run.screen)
 
 
 def accept(run: "_Run", tree: TokenTree, rows: TreeRows, q: torch.Tensor | None) -> TreeAcceptance:
-    """Greedy: the longest path the target's argmax agrees with. Sampling: recursive rejection sampling
-    (exact for any ``q``, point masses included)."""
-    if run.cfg.do_sample:
-        # where every row is computed in one head call (an accelerator's session), acceptance reads the device twice
-        return sampling_tree_accept(tree, rows.softmax(), q, batched=True if run.block_rows is None else None)
-    return greedy_tree_accept(tree, rows)
+    """:func:`~hf_cascade.core.phases.accept_row`; sampling where every row is computed in one head call (an
+    accelerator's session) reads the device twice (``batched``)."""
+    return accept_row(run.cfg.do_sample, tree, rows, q, batched=True if run.block_rows is None else None)
 
 
 def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, acceptance: TreeAcceptance) -> None:
     """Keep the accepted path, emit its tokens and the bonus token up to where plain decoding stops,
     record statistics, give the drafter its feedback."""
-    row = run.row
-    L = row.length
-    path = path_list(acceptance)                                        # host ints: no read
+    row, L = run.row, run.row.length
+    out = emit(row, tree, acceptance, rows, run.hidden, run.scores is not None, run.raw_logits is not None)
     if run.slots is not None:
-        run.slots.keep(1 + len(path), path)
+        run.slots.keep(1 + len(out.path), out.path)
     else:
-        keep_path(row.cache, L - 1, path, total=L + tree.num_nodes)
-    node_tokens = tree.token_list if path else []
-    new = [node_tokens[i] for i in path] + [int(acceptance.bonus)]
-    src = [0] + [i + 1 for i in path]                                   # the row that produced each new token
-    if run.scores is not None:
-        run.scores += tuple(rows[r][None] for r in src)
-    if run.raw_logits is not None:
-        run.raw_logits += tuple(rows.raw(r)[None] for r in src)
-    seq = torch.cat([row.seq, torch.tensor(new, dtype=row.seq.dtype, device=row.seq.device)])
-    emitted, row.done = run.stopper.emitted(seq, L, new, run.scores)
-    if emitted < len(new):                                             # a cut path: keep what was emitted
+        keep_path(run.cache, L - 1, out.path, total=L + tree.num_nodes)
+    if out.count < len(out.new):                                       # a cut path: keep what was emitted
         if run.slots is not None:
-            run.slots.drop(len(new) - emitted)
+            run.slots.drop(len(out.new) - out.count)
         else:
-            row.cache.crop(-(len(new) - emitted))
-        seq = seq[: L + emitted]
-        if run.scores is not None:
-            run.scores = run.scores[: len(run.scores) - (len(new) - emitted)]
-        if run.raw_logits is not None:
-            run.raw_logits = run.raw_logits[: len(run.raw_logits) - (len(new) - emitted)]
-    row.seq, row.tokens = seq, row.tokens + new[:emitted]
+            run.cache.crop(-(len(out.new) - out.count))
+    run.done = out.finished
     if run.streamer is not None:
-        run.streamer.put(torch.tensor([new[:emitted]]))
-    row.last_hidden = row.hidden[src[emitted - 1]] if row.hidden is not None else None
-    depth, leaves = tree.shape(drafter.linear)
-    run.stats.record_step(tree.num_nodes, depth, leaves, path, emitted, rows.rows_computed, max(rows.head_calls, 1))
-    row.step += 1
+        run.streamer.put(torch.tensor([out.new[: out.count]]))
     state = run.state()
     state.rows = rows
     drafter.on_accept(tree, acceptance, state)
@@ -233,66 +212,38 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, a
 
 # -- the loop's state ----------------------------------------------------------------------------------
 
-@dataclass
-class _Row:
-    """One sequence's state: its tokens (device tensor and host list), the target's cache, the hidden
-    state that produced its last token, the last verification's hidden states."""
-
-    seq: torch.Tensor
-    tokens: list[int]
-    cache: DynamicCache
-    last_hidden: torch.Tensor | None = None
-    hidden: torch.Tensor | None = None
-    step: int = 0
-    done: bool = False
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-
 class _Run:
-    """One ``generate()`` call: the target, the generation's settings and outputs, the rows."""
+    """One ``generate()`` call: the target, the generation's settings and outputs, its row
+    (:class:`~hf_cascade.core.phases.Row`) and the target's cache (dense: no padding, no holes)."""
 
     def __init__(self, target, input_ids, logits_processor, stopping_criteria, cfg, stats, streamer, block_rows,
-                 given=None):
+                 given=None, drafter=None):
         self.target, self.cfg, self.stats, self.streamer = target, cfg, stats, streamer
         self.processors = logits_processor or LogitsProcessorList()
         self.target_rules = split_processors(self.processors)[1]
-        self.stopper = Stopper(cfg, stopping_criteria)
         self.block_rows = block_rows
         self.timer = PhaseTimer(stats, target)
-        self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None
+        self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None     # None: not asked for
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = HeadInput(target)
         self.head = None                                   # the core's output head, once prefill validated it
         self.row_head = None                               # what computes rows: the head, or the backend's screen
         self.screen = None                                 # the backend's argmax screen, where it applies (greedy)
+        self.hidden: torch.Tensor | None = None            # the last verification's hidden states
         self.verify_seconds: float | None = None
+        self.done = False
         self.device = device = input_device(target, input_ids)
         self.where = mask_device_dtype(target)             # the device and dtype of the target's inputs and masks
-        seq = input_ids[0].to(device)
-        self.slots = None                                  # a static cache's host bookkeeping (core/static.py)
-        self.fixed_shapes = False                          # verification padded to query buckets (compiled)
-        # cache_implementation="static": generate built a cache sized for plain decoding (not filled yet); the core
-        # sizes its own, with room for the last bucket of drafts (max_cache_len: one size for every prompt). Compiled,
-        # it keeps the largest size per target (one shape across calls) and pads queries to buckets; eager, neither
-        # (padding and unused columns are work a forward does for nothing)
-        mine = getattr(cfg, "cache_implementation", None) == "static"
-        if mine or is_static(given):
-            self.fixed_shapes = user_compiled(target) or call_compiles(target, {CACHE: given}, cfg)
-            capacity = max(getattr(cfg, "max_cache_len", None) or 0, cfg.max_length) + QUERY_BUCKETS[-1]
-            if self.fixed_shapes:
-                capacity = kept_capacity(target, capacity)
-            self.slots = StaticSlots(target, None if mine else given, capacity, self.fixed_shapes)
+        self.slots = open_slots(target, cfg, given)        # a static cache's host bookkeeping (core/static.py)
+        self.fixed_shapes = self.slots is not None and self.slots.fixed_shapes   # queries padded to buckets (compiled)
+        if self.slots is not None:
             self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
-        self.row = _Row(seq, input_ids[0].tolist(), self.slots.cache if self.slots is not None else DynamicCache())
+        self.cache = self.slots.cache if self.slots is not None else DynamicCache()
+        self.row = Row(0, 0, input_ids[0].to(device), input_ids[0].tolist(), drafter, Stopper(cfg, stopping_criteria),
+                       stats, self.processors)
 
     def state(self) -> TreeStep:
-        row = self.row
-        cache = self.slots.view() if self.slots is not None else row.cache
-        return TreeStep(row.seq, cache, row.last_hidden, budget=max(self.stopper.max_length - row.length - 1, 0),
-                        step=row.step, tokens=row.tokens, verify_seconds=self.verify_seconds if row.step > 1 else None)
+        return self.row.step_state(self.slots.view() if self.slots is not None else self.cache, self.verify_seconds)
 
     def result(self):
         if self.streamer is not None:
@@ -301,8 +252,9 @@ class _Run:
             self.slots.show(None)                          # handed back: a plain static cache again
         seq = self.row.seq[None]
         if self.cfg.return_dict_in_generate:
-            return GenerateDecoderOnlyOutput(sequences=seq, scores=self.scores, logits=self.raw_logits,
-                                             **{CACHE: self.row.cache})
+            scores = tuple(self.row.scores) if self.scores is not None else None
+            logits = tuple(self.row.logits) if self.raw_logits is not None else None
+            return GenerateDecoderOnlyOutput(sequences=seq, scores=scores, logits=logits, **{CACHE: self.cache})
         return seq
 
 

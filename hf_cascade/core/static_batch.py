@@ -28,15 +28,27 @@ from .compiled import call_compiles, user_compiled
 from .static import StaticSlots, bucket, call_capacity, is_static
 
 
-class StaticBatch:
-    """The static cache of a batch of ``batch`` rows (``given``: the user's ``StaticCache`` or the one ``generate``
-    prepared, which the core replaces by its own as at batch 1); ``length`` is the columns in use (``T``)."""
+def open_slots(target, cfg, given) -> StaticSlots | None:
+    """The static cache the core verifies in, for one row or a batch, where the call asks for one
+    (``cache_implementation="static"``: ``generate`` built a cache sized for plain decoding, not filled yet, and
+    the core builds its own; or ``given``, the user's ``StaticCache``); ``None`` for a dynamic cache. Its capacity has
+    room for the last bucket of drafts (:func:`~hf_cascade.core.static.call_capacity`). Compiled (or a user's
+    compiled forward), shapes are fixed: the largest capacity per target, queries padded to buckets; eager, neither
+    (padding and unused columns are work a forward does for nothing)."""
+    mine = getattr(cfg, "cache_implementation", None) == "static"
+    if not (mine or is_static(given)):
+        return None
+    fixed = user_compiled(target) or call_compiles(target, {CACHE: given}, cfg)
+    return StaticSlots(target, None if mine else given, call_capacity(target, cfg, fixed), fixed)
 
-    def __init__(self, target, cfg, given, batch: int):
-        self.fixed_shapes = user_compiled(target) or call_compiles(target, {CACHE: given}, cfg)
-        user = given if is_static(given) and getattr(cfg, "cache_implementation", None) != "static" else None
-        self.slots = StaticSlots(target, user, call_capacity(target, cfg, self.fixed_shapes), self.fixed_shapes)
-        self.cache, self.capacity, self.batch = self.slots.cache, self.slots.capacity, batch
+
+class StaticBatch:
+    """The static cache of a batch of ``batch`` rows, in ``slots`` (:func:`open_slots`); ``length`` is the columns in
+    use (``T``)."""
+
+    def __init__(self, slots: StaticSlots, batch: int):
+        self.slots, self.fixed_shapes = slots, slots.fixed_shapes
+        self.cache, self.capacity, self.batch = slots.cache, slots.capacity, batch
         self.live = batch                          # rows still running: the buffers' first rows
         self.width = 0                             # the columns the next forward's attention sees
 
