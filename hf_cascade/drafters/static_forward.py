@@ -22,6 +22,7 @@ emitted token either way.
 from __future__ import annotations
 
 import torch
+from transformers import CompileConfig
 
 from ..compat import cache_kwargs
 from ..core.compiled import compiled_draft
@@ -33,14 +34,15 @@ class StaticDraftForward:
 
     ``fn(model, input_ids [1, Q], positions [Q], rows [r] | None, **kwargs)``: the drafter's forward as a function of
     the model (compiled once per model and configuration), returning logits of ``rows`` (``None``: every query);
-    ``capacity``: the columns the call needs (its longest sequence); ``cache``: an unfilled static cache to use
-    (``None``: a :class:`~transformers.StaticCache` of ``model``'s configuration)."""
+    ``capacity``: the columns the call needs (its longest sequence)."""
 
-    def __init__(self, model: torch.nn.Module, fn, compile_config, capacity: int, cache=None):
+    def __init__(self, model: torch.nn.Module, fn, compile_config, capacity: int):
         self.model = model
-        self.slots = StaticSlots(model, cache, kept_capacity(model, capacity + QUERY_BUCKETS[-1]))
+        self.slots = StaticSlots(model, None, kept_capacity(model, capacity + QUERY_BUCKETS[-1]))
         self.call = compiled_draft(model, fn, compile_config, _forward_key)
         self.kwargs = cache_kwargs(model, self.slots.cache)
+        # CUDA graphs (reduce-overhead) overwrite a graph's outputs at its next run: the caller gets a copy
+        self.copies = (compile_config or CompileConfig()).mode == "reduce-overhead"
 
     @property
     def length(self) -> int:
@@ -66,7 +68,7 @@ class StaticDraftForward:
             logits = self.call(self.model, chunk[None], positions, rows, **self.kwargs, **kwargs)
             self.slots.wrote(queries)
             self.slots.keep(n, [])
-            out.append(logits if last else logits[:, :n])
+            out.append((logits.clone() if self.copies else logits) if last else logits[:, :n])
         return out[-1] if last else torch.cat(out, dim=1)
 
 
