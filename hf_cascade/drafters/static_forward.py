@@ -1,4 +1,4 @@
-"""A drafter model's forwards compiled, where the call's verification is (:func:`~hf_cascade.core.compiled.call_compiles`).
+"""A drafter model's forwards compiled where the call's verification is (:func:`~hf_cascade.core.compiled.call_compiles`).
 
 A drafter that keeps its own KV cache across draft steps (:class:`~hf_cascade.drafters.neural.NeuralLevel`, GLIDE's
 draft layer) runs, in a compiled call, :class:`StaticDraftForward`: its forward through ``torch.compile`` with the
@@ -75,9 +75,9 @@ class StaticDraftForward:
 def _forward_key(args, kwargs) -> tuple:
     """What makes one graph of a compiled draft forward: the padded input's shape, the rows kept, the cache and which
     keyword arguments are given."""
-    rows = args[3]
+    rows, given = args[3], tuple(sorted(k for k, v in kwargs.items() if v is not None))
     return (tuple(args[1].shape), None if rows is None else tuple(rows.shape),
-            id(kwargs.get("cache", kwargs.get("past_key_values"))), tuple(sorted(k for k, v in kwargs.items() if v is not None)))
+            id(kwargs.get("cache", kwargs.get("past_key_values"))), given)
 
 
 __all__ = ["StaticDraftForward"]

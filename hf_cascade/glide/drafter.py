@@ -43,8 +43,9 @@ Compiled calls (:meth:`GlideDrafter.compile_forwards`, where the call's verifica
 cache; not in the paper): the draft forward runs through ``torch.compile`` over a static draft cache with padded
 catch-up tokens (:class:`~hf_cascade.drafters.static_forward.StaticDraftForward`), and the glimpse reads the
 target's static cache whole, its fixed buffers, with a mask: a query at sequence index ``i`` sees the entries
-``k < min(i, L - 1)``, the same entries as above (the columns past them hold rejected drafts). A target compiled by
-the user over a dynamic cache keeps the eager draft (its cache grows every step: no fixed shape to read).
+``k < min(i, L - 1)``, the same entries as above (the columns past them hold rejected drafts). Where the cache the
+draft reads is not static (a target the user compiled over a dynamic cache; a batch row's copy) the draft stays
+eager: that cache grows every step, no fixed shape to read.
 
 The lookup branch (``Policy.lookup``, with the cost rule; not in the paper): the sequence's own repeats join the
 tree before the cost cut (:mod:`hf_cascade.drafters.lookup_branch`), also on steps where the draft does not run;
