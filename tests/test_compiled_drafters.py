@@ -21,16 +21,17 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 pytestmark = pytest.mark.skipif(not static_rollback_supported(), reason="static caches need transformers >= 5")
 
 SETTING = "llama-sdpa"
+#: one cache length for the module (every test's graphs are of one cache shape), room for the long generation
+CACHE_LEN = 160
 _CASES: dict = {}
 
 
-def whole_graph_settings(max_cache_len: int | None = None) -> dict:
+def whole_graph_settings() -> dict:
     """The compiled settings (:func:`static_settings`) with ``fullgraph``: a graph break raises instead of running
     part of a forward eagerly."""
     config = compile_config("cpu")
     config.fullgraph = True
-    settings = static_settings("compiled", "cpu", **({} if max_cache_len is None else {"max_cache_len": max_cache_len}))
-    return {**settings, "compile_config": config}
+    return {**static_settings("compiled", "cpu", max_cache_len=CACHE_LEN), "compile_config": config}
 
 
 def cases():
@@ -80,7 +81,7 @@ def test_no_recompile_over_a_long_generation(free_drafts, open_gate):
     """After a warm-up generation, a long one from another prompt (drafts accepted in part, catch-up forwards of
     varying lengths) compiles nothing, for a chain drafter model and GLIDE+CAPE, with outputs identical to plain."""
     target = setting_target(SETTING)
-    settings = whole_graph_settings(max_cache_len=160)
+    settings = whole_graph_settings()
     kit = fresh_kit("llama", target)
     for name in ("drafter+maxgram", "glide_cape"):
         assistant = REGISTRY[name](kit)

@@ -247,6 +247,6 @@ def ratios(methods: dict[str, dict]) -> None:
         s["speedup"] = wall / s["wall_ms_per_token"] if wall and s["wall_ms_per_token"] else None
 
 
-__all__ = ["SUFFIX", "TimedCompiledCall", "TimedCompiledDecoder", "TimedCompiledDrafts", "compile_config", "compiled_method",
-           "compiled_strategies", "decoder_compiled", "draft_timer", "graph_breaks", "is_compiled", "ratios", "timed_compiled", "unique_graphs",
-           "warm_up"]
+__all__ = ["SUFFIX", "TimedCompiledCall", "TimedCompiledDecoder", "TimedCompiledDrafts", "compile_config",
+           "compiled_method", "compiled_strategies", "decoder_compiled", "draft_timer", "graph_breaks", "is_compiled",
+           "ratios", "timed_compiled", "unique_graphs", "warm_up"]

@@ -32,6 +32,7 @@ from ..compat import cache_kwargs
 from ..placement import defer_reads, synchronize
 from ..processors import process_positions
 from ..core.categorical import categorical
+from ..core.static import static_rollback_supported
 from ..core.stats import LevelStats
 from ..core.payoff import ExpectedGainRule
 from .maxgram import common_prefix
@@ -115,7 +116,8 @@ class NeuralLevel:
     def compile_forwards(self, compile_config, capacity: int) -> None:
         """Run this call's forwards compiled with ``compile_config`` over a static cache of at least ``capacity``
         columns (the call's longest sequence), in place of the ``DynamicCache``."""
-        self.compiled = StaticDraftForward(self.model, _lm_forward, compile_config, capacity)
+        if static_rollback_supported():                 # static layers that roll back (transformers >= 5)
+            self.compiled = StaticDraftForward(self.model, _lm_forward, compile_config, capacity)
 
     # -- scoring -----------------------------------------------------------------------------
     @torch.no_grad()
