@@ -1,4 +1,4 @@
-"""A drafter model's forwards compiled where the call's verification is (:func:`~hf_cascade.core.compiled.call_compiles`).
+"""A drafter model's forwards compiled where verification is (:func:`~hf_cascade.core.compiled.call_compiles`).
 
 A drafter that keeps its own KV cache across draft steps (:class:`~hf_cascade.drafters.neural.NeuralLevel`, GLIDE's
 draft layer) runs, in a compiled call, :class:`StaticDraftForward`: its forward through ``torch.compile`` with the
@@ -10,8 +10,10 @@ configuration across calls), over a bounded set of shapes, so that once they hav
   is kept on the host, and a rollback lowers it (``crop``) without reading the device.
 * **new tokens are padded to a query bucket** (:data:`~hf_cascade.core.static.QUERY_BUCKETS`), written after the
   real ones at the next positions (the padding repeats the last token): no real query sees them (the causal mask),
-  and the cache's length is set back past the real ones only. More new tokens than the last bucket (a long prompt's
-  first forward) go in chunks of the last bucket.
+  and the cache's length is set back past the real ones only. More new tokens than the last bucket go in chunks of
+  the last bucket.
+* **the first forward of a call runs eagerly** over the same static cache, as the target's prefill does: its length
+  is the prompt's, and its cache is not yet allocated, a shape no later forward has.
 * **positions are tensors**, and the rows of logits kept are an index tensor (the last real query's) or all of them.
 
 The arithmetic is the eager forward's over the same keys (the mask hides the other columns), so a drafter proposes
@@ -37,7 +39,7 @@ class StaticDraftForward:
     ``capacity``: the columns the call needs (its longest sequence)."""
 
     def __init__(self, model: torch.nn.Module, fn, compile_config, capacity: int):
-        self.model = model
+        self.model, self.fn = model, fn
         self.slots = StaticSlots(model, None, kept_capacity(model, capacity + QUERY_BUCKETS[-1]))
         self.call = compiled_draft(model, fn, compile_config, _forward_key)
         self.kwargs = cache_kwargs(model, self.slots.cache)
@@ -56,6 +58,13 @@ class StaticDraftForward:
     def __call__(self, ids: torch.Tensor, last: bool, **kwargs) -> torch.Tensor:
         """Logits ``[1, 1 | n, V]`` (``last``: the last token's row only) of the ``n`` tokens ``ids`` (``[n]`` on the
         model's device) written after the cached ones."""
+        if self.slots.length == 0:                       # the prompt: eager (see the module docstring)
+            n = ids.shape[0]
+            rows = torch.tensor([n - 1], device=ids.device) if last else None
+            logits = self.fn(self.model, ids[None], torch.arange(n, device=ids.device), rows, **self.kwargs, **kwargs)
+            self.slots.wrote(n)
+            self.slots.keep(n, [])
+            return logits
         out, end = [], ids.shape[0]
         for start in range(0, end, QUERY_BUCKETS[-1]):
             chunk = ids[start: start + QUERY_BUCKETS[-1]]
