@@ -2,7 +2,8 @@
 :class:`~hf_cascade.drafters.neural.NeuralLevel` and GLIDE's draft forward run through ``torch.compile`` over a static
 draft cache (:class:`~hf_cascade.drafters.static_forward.StaticDraftForward`) with the call's ``CompileConfig``: greedy
 outputs identical to plain compiled ``generate``, nothing recompiled after warm-up, the forward compiled whole
-(``fullgraph``: no silent eager fallback), and eager calls keep their eager drafts."""
+(``fullgraph``: no silent eager fallback), and eager calls keep their eager drafts. The cascade is the registry's
+``lenience3`` (a fixed Max-Gram lookahead: its drafts do not depend on measured times, which a compile inflates)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def dynamo_entries(fn_name: str) -> int:
     return len(_debug_get_cache_entry_list(fn.__code__))
 
 
-@pytest.mark.parametrize("name", ["drafter+maxgram", "hsddw", "glide", "glide_cape"])
+@pytest.mark.parametrize("name", ["lenience3", "hsddw", "glide", "glide_cape"])
 def test_drafter_forwards_compile_where_verification_does(name, free_drafts, open_gate):
     """Eager static: the drafter models stay eager. Compiled: each drafter model's forward ran as compiled graphs
     (kept per model; fullgraph), outputs identical to plain compiled ``generate``, a second pass compiles nothing."""
@@ -83,7 +84,7 @@ def test_no_recompile_over_a_long_generation(free_drafts, open_gate):
     target = setting_target(SETTING)
     settings = whole_graph_settings()
     kit = fresh_kit("llama", target)
-    for name in ("drafter+maxgram", "glide_cape"):
+    for name in ("lenience3", "glide_cape"):
         assistant = REGISTRY[name](kit)
         with strict_recompiles(recompile_limit=4 * default_recompile_limit()):
             target.generate(REPETITIVE, do_sample=False, assistant_model=assistant, max_new_tokens=40, **settings)
