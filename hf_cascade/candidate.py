@@ -62,6 +62,8 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         self.target = target
         self.do_sample = bool(generation_config.do_sample)
         self.max_length = int(generation_config.max_length)
+        # the longest sequence a static cache of this call holds (compiled drafter forwards size theirs by it)
+        self.max_cache_len = max(getattr(generation_config, "max_cache_len", None) or 0, self.max_length)
         self.vocab_size = output_vocab_size(target)
         self.processors, self.target_rules = split_processors(logits_processor)
         self.stop_ids, stop_tensor = stop_token_ids(generation_config)
@@ -86,6 +88,16 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
     def on_target_review(self, seq: torch.Tensor, num_proposed: int, num_accepted: int, verify_seconds: float | None) -> None:
         """Feedback after the target reviewed the last draft (``seq`` now includes its output).
         ``verify_seconds`` is ``None`` for the first call, whose time is dominated by the prompt's prefill."""
+
+    def neural_levels(self) -> list:
+        """The :class:`~hf_cascade.drafters.neural.NeuralLevel` s this generator drafts with (default: none)."""
+        return []
+
+    def compile_forwards(self, compile_config) -> None:
+        """This call's verification runs compiled (:func:`~hf_cascade.core.compiled.call_compiles`): so do the
+        forwards of its drafter models (:meth:`neural_levels`), over static caches as long as the target's."""
+        for level in self.neural_levels():
+            level.compile_forwards(compile_config, self.max_cache_len)
 
     # -- transformers' CandidateGenerator contract --------------------------------------------
     def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
@@ -150,6 +162,9 @@ class ChainDrafter(TreeDrafter):
         finally:
             self.generator._host_seq = None
         return TokenTree.chain(d.tokens, host_tokens=d.host_tokens), (d.dists if self.generator.do_sample else None)
+
+    def compile_forwards(self, compile_config) -> None:
+        self.generator.compile_forwards(compile_config)
 
     def reach(self, tree: TokenTree) -> list[float] | None:
         """``P(at least k accepted)``: the products of the generator's per-token acceptance estimates, where it

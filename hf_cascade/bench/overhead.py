@@ -49,7 +49,7 @@ import torch
 
 from .calls import rotated
 from .host_reads import READS, SCALAR_READS, ModuleTimer, ReadCounter, read_site
-from .overhead_compiled import SUFFIX, graph_breaks, is_compiled, ratios, timed_compiled, unique_graphs
+from .overhead_compiled import SUFFIX, draft_timer, graph_breaks, is_compiled, ratios, timed_compiled, unique_graphs
 from .overhead_compiled import compiled_method as _compiled_method
 from .overhead_compiled import compiled_strategies as _compiled_strategies
 from .overhead_compiled import warm_up as _warm_up_compiled
@@ -244,8 +244,8 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
 
 def _timed_run(method: OverheadMethod, name: str, ids, new_tokens: int, compiled: bool = False) -> dict:
     forward = ModuleTimer([method.model.get_decoder()])
-    draft = ModuleTimer(method.draft_modules)
-    with forward, draft, timed_compiled(method.model, forward, compiled):
+    draft, compiled_drafts = draft_timer(method, compiled)
+    with forward, draft, compiled_drafts, timed_compiled(method.model, forward, compiled):
         t0 = time.perf_counter()
         out = method.run(ids, new_tokens)
         wall = time.perf_counter() - t0

@@ -13,7 +13,9 @@
 
 Forward hooks on the decoder are not a reliable clock inside a compiled graph, so both wrappers mark the time inside
 the compiled callable as target forward time by hand (:meth:`~hf_cascade.bench.host_reads.ModuleTimer.enter` /
-``exit``; a decoder hook that does run inside is nested and not counted twice).
+``exit``; a decoder hook that does run inside is nested and not counted twice). A drafter model whose forwards a
+compiled call compiles too (:func:`~hf_cascade.core.compiled.compiled_draft`) is timed the same way
+(:class:`TimedCompiledDrafts`), without hooks: a hook on a module inside a compiled graph would recompile it.
 
 A compiled strategy's row is compared with compiled plain: its host time per target call over compiled plain's host
 time per token, its wall time per token against compiled plain's (:func:`ratios`).
@@ -143,6 +145,38 @@ class TimedCompiledCall:
             self.model._compiled_call = self.inner
 
 
+def draft_timer(method: OverheadMethod, compiled: bool) -> tuple[ModuleTimer, contextlib.AbstractContextManager]:
+    """The timer of ``method``'s drafter forwards and what times them: forward hooks on its draft modules, but for
+    those whose forwards a compiled run compiled (:class:`TimedCompiledDrafts`)."""
+    from ..core.compiled import _DRAFTS
+
+    kept = [m for m in method.draft_modules if compiled and _DRAFTS.get(m)]
+    timer = ModuleTimer([m for m in method.draft_modules if not any(m is k for k in kept)])
+    return timer, (TimedCompiledDrafts(kept, timer) if kept else contextlib.nullcontext())
+
+
+class TimedCompiledDrafts:
+    """Wraps the compiled draft forwards kept for ``modules`` (``hf_cascade.core.compiled._DRAFTS``) so the time
+    inside them counts as drafter forward time of ``timer``; the kept entries are restored on exit. A call starting
+    inside the block takes the wrappers (``compiled_draft`` returns the kept callable)."""
+
+    def __init__(self, modules, timer: ModuleTimer):
+        from ..core.compiled import _DRAFTS
+
+        self.timer = timer
+        self.entries = [(_DRAFTS[m], dict(_DRAFTS[m])) for m in modules]
+
+    def __enter__(self):
+        for kept, entries in self.entries:
+            for name, (options, inner) in entries.items():
+                kept[name] = (options, _timed(inner, self.timer))
+        return self
+
+    def __exit__(self, *exc):
+        for kept, entries in self.entries:
+            kept.update(entries)
+
+
 class TimedCompiledDecoder:
     """Wraps the core's compiled decoder of ``model`` (``hf_cascade.core.compiled._COMPILED[decoder]``, kept
     across calls) so the time inside it counts as forward time of ``timer``; the kept entry is restored on exit.
@@ -213,6 +247,6 @@ def ratios(methods: dict[str, dict]) -> None:
         s["speedup"] = wall / s["wall_ms_per_token"] if wall and s["wall_ms_per_token"] else None
 
 
-__all__ = ["SUFFIX", "TimedCompiledCall", "TimedCompiledDecoder", "compile_config", "compiled_method",
-           "compiled_strategies", "decoder_compiled", "graph_breaks", "is_compiled", "ratios", "timed_compiled", "unique_graphs",
-           "warm_up"]
+__all__ = ["SUFFIX", "TimedCompiledCall", "TimedCompiledDecoder", "TimedCompiledDrafts", "compile_config",
+           "compiled_method", "compiled_strategies", "decoder_compiled", "draft_timer", "graph_breaks", "is_compiled",
+           "ratios", "timed_compiled", "unique_graphs", "warm_up"]

@@ -113,6 +113,9 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         self._pending: _Drafted | None = None
 
     # -- draft ---------------------------------------------------------------------------------
+    def neural_levels(self) -> list[NeuralLevel]:
+        return [level for level in self.levels if isinstance(level, NeuralLevel)]
+
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
         d = self._cascade(TARGET, seq, budget, self.host_seq(seq))
         self._pending = d

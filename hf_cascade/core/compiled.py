@@ -82,11 +82,11 @@ _DRAFTS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple[dict, objec
 
 
 def compiled_draft(owner: torch.nn.Module, fn, compile_config, key):
-    """``fn``, a drafter's forward passes over ``owner``'s weights (ReDrafter's beam search), compiled with the call's
-    :class:`~transformers.CompileConfig` and kept per owner and configuration across calls; ``key(args, kwargs)``: what
-    makes one of its graphs (its shapes and the ints it unrolls), for :class:`WithinLimit`. A drafter compiles where
-    the target's verification does (:func:`call_compiles`): the same rule, so a call that runs compiled runs its
-    drafter compiled too."""
+    """``fn``, a drafter's forward passes over ``owner``'s weights (ReDrafter's beam search, a drafter model's forward
+    over its static cache), compiled with the call's :class:`~transformers.CompileConfig` and kept per owner and
+    configuration across calls; ``key(args, kwargs)``: what makes one of its graphs (its shapes and the ints it
+    unrolls), for :class:`WithinLimit`. A drafter compiles where the target's verification does
+    (:func:`call_compiles`): the same rule, so a call that runs compiled runs its drafter compiled too."""
     from transformers import CompileConfig
 
     options = (compile_config or CompileConfig()).to_dict()

@@ -190,7 +190,9 @@ class StaticSlots:
 
 class StaticView:
     """A static cache's verified prefix, read-only, in the shape of a ``DynamicCache``'s: ``layers[i].keys`` and
-    ``.values`` are views of the first ``length`` columns; ``get_seq_length()`` is a host int (no device read)."""
+    ``.values`` are views of the first ``length`` columns; ``get_seq_length()`` is a host int (no device read).
+    :attr:`full` is the static cache itself, for a compiled drafter that reads its fixed buffers with a mask (columns
+    past ``length`` hold rejected drafts)."""
 
     class _Layer:
         def __init__(self, layer, length: int):
@@ -199,6 +201,10 @@ class StaticView:
 
     def __init__(self, cache: Cache, length: int):
         self._cache, self._length = cache, length
+
+    @property
+    def full(self) -> Cache:
+        return self._cache
 
     @property
     def layers(self) -> list:

@@ -13,6 +13,10 @@ feeding each drawn token straight back, and reads them once (:meth:`NeuralLevel.
 stop rules then cut the draft on the host (same tokens; the cache keeps the extra positions until the next
 rollback). Forwards whose time decides something (a review's, for the lookahead's cost model) synchronise
 the device around the clock reads (``timed=True``).
+
+Compiled calls (:meth:`NeuralLevel.compile_forwards`, where the call's verification is compiled): the forwards run
+through ``torch.compile`` over a static cache with padded query counts
+(:class:`~hf_cascade.drafters.static_forward.StaticDraftForward`); the same tokens are fed, the same rows drawn.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from ..compat import cache_kwargs
 from ..placement import defer_reads, synchronize
 from ..processors import process_positions
 from ..core.categorical import categorical
+from ..core.static import static_rollback_supported
 from ..core.stats import LevelStats
 from ..core.payoff import ExpectedGainRule
 from .maxgram import common_prefix
+from .static_forward import StaticDraftForward
 
 # Vocabularies whose sizes differ by at most this many rows are treated as padded copies of each
 # other (e.g. 151936 vs 152064), provided their special tokens agree.
@@ -105,6 +111,13 @@ class NeuralLevel:
         # hf_cascade's own drafters predict over a reduced vocabulary and can return those logits only
         self._reduced = getattr(model.config, "draft_vocab_size", None) is not None and hasattr(model, "vocab_subset")
         self._subset: list[int] = model.vocab_subset.tolist() if self._reduced else []   # [N] target ids
+        self.compiled: StaticDraftForward | None = None   # compiled calls: forwards over a static cache
+
+    def compile_forwards(self, compile_config, capacity: int) -> None:
+        """Run this call's forwards compiled with ``compile_config`` over a static cache of at least ``capacity``
+        columns (the call's longest sequence), in place of the ``DynamicCache``."""
+        if static_rollback_supported():                 # static layers that roll back (transformers >= 5)
+            self.compiled = StaticDraftForward(self.model, _lm_forward, compile_config, capacity)
 
     # -- scoring -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -160,14 +173,14 @@ class NeuralLevel:
         toks, probs, rows = [], [], []
         for _ in range(k):
             t0 = time.perf_counter()
-            out = self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=1, **kwargs)
+            last = self._last_logits(new, **kwargs)                            # [1, 1, V_d]
             self._count_forward(t0, new.shape[1])
             if reduced:
-                q = out.logits[0, -1].float().softmax(dim=-1)                  # [N]
+                q = last[0, -1].float().softmax(dim=-1)                        # [N]
                 j = q.argmax()
                 tok, q_tok = self.model.vocab_subset[j], q[j]
             else:
-                logits = self._to_target_vocab(out.logits[:, -1:, :].float())  # [1, 1, V]
+                logits = self._to_target_vocab(last.float())                     # [1, 1, V]
                 s = process_positions(self.processors, cur[None], logits, cur.shape[0])[0, -1]
                 q = s.softmax(dim=-1)
                 tok = categorical(q) if do_sample else s.argmax()
@@ -195,12 +208,22 @@ class NeuralLevel:
         if timed:
             synchronize(self.device)
         t0 = time.perf_counter()
-        out = self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed, **kwargs)
+        if self.compiled is None:
+            logits = self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed,
+                                **kwargs).logits
+        else:
+            logits = self.compiled(new[0], needed == 1, **kwargs)
         if timed:
             synchronize(self.device)
         self._count_forward(t0, new.shape[1])
         self.cached = list(ids)
-        return out.logits[:, -needed:, :]
+        return logits[:, -needed:, :]
+
+    def _last_logits(self, new: torch.Tensor, **kwargs) -> torch.Tensor:
+        """The logits ``[1, 1, V_d]`` of the last of ``new`` (``[1, n]``) after the cached tokens."""
+        if self.compiled is not None:
+            return self.compiled(new[0], True, **kwargs)
+        return self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=1, **kwargs).logits
 
     def _count_forward(self, t0: float, tokens: int) -> None:
         self.last_forward_seconds = time.perf_counter() - t0
@@ -219,6 +242,11 @@ class NeuralLevel:
 
     def _rollback(self, length: int) -> None:
         """Drop cached K/V beyond ``length`` tokens (``Cache.crop`` with a negative count)."""
+        if self.compiled is not None:
+            if self.compiled.length > length:
+                self.compiled.rollback(length)
+            del self.cached[length:]
+            return
         extra = self.cache.get_seq_length() - length
         if extra > 0:
             self.cache.crop(-extra)
@@ -324,6 +352,13 @@ class NeuralLevel:
                 kept = torch.where(q >= floor, q, torch.zeros_like(q))       # [V]
                 dist = kept / kept.sum()
         return int(tok), float(q_tok), dist
+
+
+def _lm_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None, **kwargs):
+    """A causal LM's logits of ``rows`` (``None``: every query) for ``input_ids`` at ``positions``: what
+    :class:`~hf_cascade.drafters.static_forward.StaticDraftForward` compiles."""
+    return model(input_ids=input_ids, position_ids=positions[None], logits_to_keep=0 if rows is None else rows,
+                 **kwargs).logits
 
 
 def _as_float32(x: float) -> float:

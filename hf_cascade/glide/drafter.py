@@ -39,6 +39,14 @@ main path is verified in full (:mod:`hf_cascade.core.draws`, rules 1-3), so
 token distributed exactly as the target's processed distribution (temperature, top-k/p, penalties), whatever
 the draft proposes. Greedy decoding is exact by construction.
 
+Compiled calls (:meth:`GlideDrafter.compile_forwards`, where the call's verification is compiled over a static
+cache; not in the paper): the draft forward runs through ``torch.compile`` over a static draft cache with padded
+catch-up tokens (:class:`~hf_cascade.drafters.static_forward.StaticDraftForward`), and the glimpse reads the
+target's static cache whole, its fixed buffers, with a mask: a query at sequence index ``i`` sees the entries
+``k < min(i, L - 1)``, the same entries as above (the columns past them hold rejected drafts). Where the cache the
+draft reads is not static (a target the user compiled over a dynamic cache; a batch row's copy) the draft stays
+eager: that cache grows every step, no fixed shape to read.
+
 The lookup branch (``Policy.lookup``, with the cost rule; not in the paper): the sequence's own repeats join the
 tree before the cost cut (:mod:`hf_cascade.drafters.lookup_branch`), also on steps where the draft does not run;
 beside a drawn main path they are separate point-mass siblings (never merged with a drawn node).
@@ -57,6 +65,7 @@ from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
 from ..drafters.maxgram import common_prefix
+from ..drafters.static_forward import StaticDraftForward
 from ..placement import defer_reads
 from .cape import expanded_proposal, expansion_read, parse_expansions
 from .settings import GlideSettings
@@ -97,6 +106,25 @@ class GlideDrafter(TreeDrafter):
         self._probs: list[float | None] = []         # draft probabilities of the verified tree's nodes (None: a seed)
         # lookup: the sequence's repeats join the tree (drafters.lookup_branch); its cut needs the budget
         self.lookup = LookupBranch() if lookup and self.budget is not None else None
+        self._compile: tuple | None = None               # (the call's CompileConfig,) once compile_forwards asked
+        self.compiled: StaticDraftForward | None = None  # compiled calls: the draft forward over a static cache
+
+    def compile_forwards(self, compile_config) -> None:
+        """Run the draft forward compiled with ``compile_config`` over a static draft cache, from the first draft on,
+        when the target's cache is static (see the module docstring)."""
+        self._compile = (compile_config,)
+
+    def _start_compiled(self, state: TreeStep) -> None:
+        """At the first draft: the compiled draft forward, when asked for and the target's cache is static."""
+        full = getattr(state.cache, "full", None)
+        if self._compile is not None and self.compiled is None and full is not None:
+            capacity = max(int(layer.max_cache_len) for layer in full.layers)
+            self.compiled = StaticDraftForward(self.glide, _glide_forward, self._compile[0], capacity)
+        self._compile = None
+
+    def _draft_length(self) -> int:
+        """Tokens whose K/V the draft cache holds (a host count)."""
+        return self.compiled.length if self.compiled is not None else self.cache.get_seq_length()
 
     # -- helpers -----------------------------------------------------------------------------------
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -112,18 +140,20 @@ class GlideDrafter(TreeDrafter):
         tensors), or ``None`` (no cross-attention, or nothing cached yet)."""
         if not self.glide.config.cross_attention or state.cache.get_seq_length() == 0:
             return None
-        kv = self.glide.target_kv(state.cache)
+        cache = state.cache.full if self.compiled is not None else state.cache     # compiled: the fixed buffers
+        kv = self.glide.target_kv(cache)
+        columns = kv[0][0].shape[-2] if self.compiled is not None else state.seq.shape[0] - 1
         if not self._checked:
             c = self.glide.config
             layers = c.target_layer_ids or [f"N_T - {len(kv) - m}" for m in range(len(kv))]
             for (k, v), layer in zip(kv, layers):
                 ok = (k.dim() == 4 and k.shape == v.shape and k.shape[-1] == c.target_head_dim
                       and c.target_num_attention_heads % k.shape[1] == 0
-                      and k.shape[-2] == state.seq.shape[0] - 1)
+                      and k.shape[-2] == columns)
                 if not ok:
                     raise ValueError(
                         f"the target's cached K/V of layer {layer} have shape {tuple(k.shape)}; this GLIDE expects "
-                        f"[1, kv_heads | {c.target_num_attention_heads}, {state.seq.shape[0] - 1}, "
+                        f"[1, kv_heads | {c.target_num_attention_heads}, {columns}, "
                         f"{c.target_head_dim}] (a target of another geometry?)")
             self._checked = True
         return kv
@@ -140,11 +170,14 @@ class GlideDrafter(TreeDrafter):
             self.record.skipped_drafts += 1
             return self._joined(_empty(seq), [], state), None
         length = seq.shape[0]
-        past = self.cache.get_seq_length()
+        self._start_compiled(state)
+        past = self._draft_length()
         if past >= length:
             raise RuntimeError(f"the draft cache holds {past} tokens but only {length} are verified")
         kv = self._glimpse(state)
         ids = seq[past:].to(self._device)                                           # catch-up tokens + root
+        # compiled: the glimpse's mask reads the target's verified entries (L - 1) as a tensor (no recompile)
+        seen = torch.tensor(length - 1, device=self._device) if self.compiled is not None and kv is not None else None
         # sampling: which confidence buckets draw (core.draws.ProposalChoice); None: the argmax path
         table = self.choice.table(self._device) if self.choice is not None else None
         drawn = table is not None
@@ -154,13 +187,15 @@ class GlideDrafter(TreeDrafter):
         if self.budget is not None:
             self.budget.start_draft()
         for t in range(k):
-            out = self.glide(input_ids=ids[None], **cache_kwargs(self.glide, self.cache), target_key_values=kv,
-                             full_vocab=False, logits_to_keep=1)
+            if self.compiled is None:
+                logits = self.glide(input_ids=ids[None], **cache_kwargs(self.glide, self.cache), target_key_values=kv,
+                                    full_vocab=False, logits_to_keep=1).logits[0, -1]
+            else:
+                logits = self.compiled(ids, True, target_key_values=kv, seen=seen)[0, -1]
             self.record.draft_forwards += 1
             self.record.draft_tokens += ids.shape[0]
             if self.budget is not None:
                 self.budget.count_forward()
-            logits = out.logits[0, -1]
             p = logits.float().softmax(-1)                                          # [N] draft distribution
             best = pick = p.argmax()
             if t == 0 and self.choice is not None:
@@ -283,9 +318,29 @@ class GlideDrafter(TreeDrafter):
         fed = self._main[:-1]                                                       # the last main token is never fed
         emitted = state.tokens[length:] if getattr(state, "tokens", None) is not None else state.seq[length:].tolist()
         keep = length + common_prefix(emitted, fed)
-        extra = self.cache.get_seq_length() - min(keep, state.seq.shape[0] - 1)
+        keep = min(keep, state.seq.shape[0] - 1)
+        if self.compiled is not None:
+            if self.compiled.length > keep:
+                self.compiled.rollback(keep)
+            return
+        extra = self.cache.get_seq_length() - keep
         if extra > 0:
             self.cache.crop(-extra)                  # negative: remove ``extra`` positions (4.57 and 5.x)
+
+
+def _glide_forward(glide, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None,
+                   target_key_values=None, seen: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+    """The draft's logits over its own vocabulary of ``rows`` (``None``: every query) for ``input_ids`` at sequence
+    indices ``positions``, glimpsing the target's static cache ``target_key_values`` (its fixed buffers) through the
+    decoding mask: a query at index ``i`` sees the entries ``k < min(i, seen)``. What
+    :class:`~hf_cascade.drafters.static_forward.StaticDraftForward` compiles."""
+    mask = None
+    if target_key_values is not None:
+        columns = torch.arange(target_key_values[0][0].shape[-2], device=positions.device)
+        mask = columns[None, :] < torch.minimum(positions, seen)[:, None]                       # [Q, C]
+    return glide(input_ids=input_ids, cache_position=positions, target_key_values=target_key_values,
+                 cross_attention_mask=mask, full_vocab=False, logits_to_keep=0 if rows is None else rows,
+                 **kwargs).logits
 
 
 __all__ = ["GlideDrafter"]

@@ -163,6 +163,9 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
         self._step_cost = CostModel(prior_step=0.0, prior_slope=0.0)
         self._consulted: float | None = None           # seconds the draft models took for the pending draft
 
+    def neural_levels(self) -> list[NeuralLevel]:
+        return [level for level in (self.pre, self.small) if level is not None]
+
     # -- draft ---------------------------------------------------------------------------------
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
         self._lookup, self._pending, self._consulted = None, torch.zeros(0, device="cpu"), None

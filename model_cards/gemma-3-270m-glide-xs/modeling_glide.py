@@ -102,6 +102,15 @@ def _cache_layers(cache) -> list:
     return [(kv[0], kv[1]) for kv in cache]
 
 
+def _static_columns(cache) -> int | None:
+    """The columns of a static cache (fixed buffers written at its length, as transformers' ``StaticLayer``), which
+    self-attention then spans (the mask hides the columns past each query); ``None`` for any other cache."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(getattr(layer, "is_compileable", False) for layer in layers):
+        return None
+    return max(int(layer.max_cache_len) for layer in layers)
+
+
 def _device_of(module: nn.Module, default: torch.Tensor) -> torch.device:
     """Where ``module`` takes its input: its weight's device (``default``'s when offloaded: accelerate's hook
     moves the input)."""
@@ -243,7 +252,8 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         """Args (``B`` batch, ``T`` new tokens, ``P`` cached draft tokens, ``S`` target cache length):
             input_ids: ``[B, T]`` TARGET ids (or ``inputs_embeds`` ``[B, T, H]``).
             attention_mask: ``[B, P + T]`` 1/0 padding mask (its first ``S`` columns also mask target entries).
-            past_key_values: the draft's own self-attention ``DynamicCache`` (created when ``use_cache``).
+            past_key_values: the draft's own self-attention ``DynamicCache`` (created when ``use_cache``), or a
+                static cache (fixed buffers: attention spans them all, the mask hiding what is past each query).
             target_key_values: the target's cached K/V (ignored when ``config.cross_attention`` is False): a list
                 of ``N_D`` pairs ``(k, v)``, one per draft layer, each ``[B, kv_heads_T, S, d_k]`` post-rotary; or the
                 target's whole cache (a transformers Cache or per-layer pairs), from which layers ``l = N_T - N_D + m``
@@ -267,19 +277,24 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             use_cache = past_key_values is not None
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if cache_position is None:
-            cache_position = torch.arange(past, past + t, device=device)                   # [T]
+        width = _static_columns(past_key_values)          # a static cache: attention over its fixed buffers
+        if width is None:
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            width = past + t
+            if cache_position is None:
+                cache_position = torch.arange(past, past + t, device=device)               # [T]
+        elif cache_position is None:                      # the static cache's length, as a tensor
+            cache_position = torch.arange(t, device=device) + past_key_values.get_seq_length()
         if position_ids is None:
             position_ids = cache_position[None].expand(b, t)                               # [B, T]
 
         # self-attention: key j visible to query i iff j <= cache_position[i] and not padding
-        keys = torch.arange(past + t, device=device)
+        keys = torch.arange(width, device=device)
         self_allowed = (keys[None, :] <= cache_position[:, None])[None, None]              # [1, 1, T, P+T]
         if attention_mask is not None:
             if attention_mask.dim() != 2:
                 raise ValueError("attention_mask must be a [B, P + T] padding mask.")
-            pad = attention_mask[:, -(past + t):].bool().to(device)                         # [B, P+T]
+            pad = attention_mask[:, -width:].bool().to(device)                              # [B, P+T]
             self_allowed = self_allowed & pad[:, None, None, :]
             self_allowed = self_allowed | (keys[None, :] == cache_position[:, None])[None, None]  # padded rows: self only
 

@@ -1,0 +1,92 @@
+"""A drafter model's forwards compiled where verification is (:func:`~hf_cascade.core.compiled.call_compiles`).
+
+A drafter that keeps its own KV cache across draft steps (:class:`~hf_cascade.drafters.neural.NeuralLevel`, GLIDE's
+draft layer) runs, in a compiled call, :class:`StaticDraftForward`: its forward through ``torch.compile`` with the
+call's :class:`~transformers.CompileConfig` (:func:`~hf_cascade.core.compiled.compiled_draft`, kept per model and
+configuration across calls), over a bounded set of shapes, so that once they have been seen nothing recompiles:
+
+* **the cache is static** (:class:`~hf_cascade.core.static.StaticSlots`: fixed buffers, every layer full) with the
+  largest capacity built for this model in the process (:func:`~hf_cascade.core.static.kept_capacity`); its length
+  is kept on the host, and a rollback lowers it (``crop``) without reading the device.
+* **new tokens are padded to a query bucket** (:data:`~hf_cascade.core.static.QUERY_BUCKETS`), written after the
+  real ones at the next positions (the padding repeats the last token): no real query sees them (the causal mask),
+  and the cache's length is set back past the real ones only. More new tokens than the last bucket go in chunks of
+  the last bucket.
+* **the first forward of a call runs eagerly** over the same static cache, as the target's prefill does: its length
+  is the prompt's, and its cache is not yet allocated, a shape no later forward has.
+* **positions are tensors**, and the rows of logits kept are an index tensor (the last real query's) or all of them.
+
+The arithmetic is the eager forward's over the same keys (the mask hides the other columns), so a drafter proposes
+the same tokens from the same distributions up to floating-point summation order; verification decides every
+emitted token either way.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import CompileConfig
+
+from ..compat import cache_kwargs
+from ..core.compiled import compiled_draft
+from ..core.static import QUERY_BUCKETS, StaticSlots, bucket, kept_capacity
+
+
+class StaticDraftForward:
+    """One call's compiled forwards of a drafter ``model`` over a static cache (see the module docstring).
+
+    ``fn(model, input_ids [1, Q], positions [Q], rows [r] | None, **kwargs)``: the drafter's forward as a function of
+    the model (compiled once per model and configuration), returning logits of ``rows`` (``None``: every query);
+    ``capacity``: the columns the call needs (its longest sequence)."""
+
+    def __init__(self, model: torch.nn.Module, fn, compile_config, capacity: int):
+        self.model, self.fn = model, fn
+        self.slots = StaticSlots(model, None, kept_capacity(model, capacity + QUERY_BUCKETS[-1]))
+        self.call = compiled_draft(model, fn, compile_config, _forward_key)
+        self.kwargs = cache_kwargs(model, self.slots.cache)
+        # CUDA graphs (reduce-overhead) overwrite a graph's outputs at its next run: the caller gets a copy
+        self.copies = (compile_config or CompileConfig()).mode == "reduce-overhead"
+
+    @property
+    def length(self) -> int:
+        """Tokens whose K/V the cache holds (a host count)."""
+        return self.slots.length
+
+    def rollback(self, length: int) -> None:
+        """Keep the first ``length`` tokens' K/V only."""
+        self.slots.drop(self.slots.length - length)
+
+    def __call__(self, ids: torch.Tensor, last: bool, **kwargs) -> torch.Tensor:
+        """Logits ``[1, 1 | n, V]`` (``last``: the last token's row only) of the ``n`` tokens ``ids`` (``[n]`` on the
+        model's device) written after the cached ones."""
+        if self.slots.length == 0:                       # the prompt: eager (see the module docstring)
+            n = ids.shape[0]
+            rows = torch.tensor([n - 1], device=ids.device) if last else None
+            logits = self.fn(self.model, ids[None], torch.arange(n, device=ids.device), rows, **self.kwargs, **kwargs)
+            self.slots.wrote(n)
+            self.slots.keep(n, [])
+            return logits
+        out, end = [], ids.shape[0]
+        for start in range(0, end, QUERY_BUCKETS[-1]):
+            chunk = ids[start: start + QUERY_BUCKETS[-1]]
+            n = chunk.shape[0]
+            queries = bucket(n, self.slots.room())
+            if queries > n:
+                chunk = torch.cat([chunk, chunk[-1:].expand(queries - n)])
+            positions = torch.arange(queries, device=ids.device) + self.slots.length
+            rows = torch.tensor([n - 1], device=ids.device) if last else None
+            logits = self.call(self.model, chunk[None], positions, rows, **self.kwargs, **kwargs)
+            self.slots.wrote(queries)
+            self.slots.keep(n, [])
+            out.append((logits.clone() if self.copies else logits) if last else logits[:, :n])
+        return out[-1] if last else torch.cat(out, dim=1)
+
+
+def _forward_key(args, kwargs) -> tuple:
+    """What makes one graph of a compiled draft forward: the padded input's shape, the rows kept, the cache and which
+    keyword arguments are given."""
+    rows, given = args[3], tuple(sorted(k for k, v in kwargs.items() if v is not None))
+    return (tuple(args[1].shape), None if rows is None else tuple(rows.shape),
+            id(kwargs.get("cache", kwargs.get("past_key_values"))), given)
+
+
+__all__ = ["StaticDraftForward"]
