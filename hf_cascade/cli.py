@@ -109,6 +109,13 @@ def _add_distill(sub) -> None:
     _add_run_options(p)
 
 
+def _maxgram_assistant():
+    """``distill``'s assistant: Max-Gram drafts in the batched core, which drafts only where its gate expects a gain."""
+    from . import CascadeAssistant, MaxGram
+
+    return CascadeAssistant([MaxGram()])
+
+
 def run_distill(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -128,7 +135,7 @@ def run_distill(args: argparse.Namespace) -> int:
                                              and bool(getattr(tokenizer, "chat_template", None)))
     cfg = DistillConfig(Path(args.out), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                         hidden_states=args.hidden_states, limit=args.limit, prompt_format=CHAT if chat else PROMPT_FORMAT,
-                        speculative=args.speculative)
+                        assistant=_maxgram_assistant if args.speculative else None)
     store = distill(model, tokenizer, cfg, prompts, target_name=args.target or "default",
                     progress=not args.no_progress)
     from .training.accel import is_main_process

@@ -7,11 +7,12 @@ generates greedily (batched, left padding), and prompt + response go into a
 :class:`~hf_cascade.training.store.DistillStore`. Optionally the target's last hidden state at every
 position is stored too (one extra teacher-forced forward per batch).
 
-The batches run through the package's own batched speculative decoding with Max-Gram drafts
-(``speculative=True``, the default): greedy, so the responses are the target's own (the contract the core
-is tested to), and the batch core drafts only at the steps where its gate expects drafting to pay
-(:mod:`hf_cascade.core.batch`), so a batch whose rows repeat nothing decodes as plain ``generate`` would.
-``speculative=False`` runs plain batched ``generate``.
+With ``assistant`` (a function returning an assistant; ``hf-cascade distill`` gives
+``CascadeAssistant([MaxGram()])`` unless ``--no-speculative``) the batches run through the package's batched
+speculative decoding: greedy, so the responses are the target's own (the contract the core is tested to), and
+the batch core drafts only at the steps where its gate expects drafting to pay (:mod:`hf_cascade.core.batch`),
+so a batch whose rows repeat nothing decodes as plain ``generate`` would. Without one, plain batched
+``generate``. (A function, not a default here: training sits below the strategies and imports none of them.)
 
 Spec-Bench, the benchmark, is never used: prompts whose text is one of its questions are dropped.
 Batching changes the target's floating-point sums slightly (padding, and the number of rows a forward
@@ -25,7 +26,7 @@ import shutil
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ class DistillConfig:
     prompt_format: str = PROMPT_FORMAT   # a template with {question}, or "chat": the tokenizer's chat template
     hidden_states: bool = False
     limit: int | None = None          # stop after this many stored prompts in total
-    speculative: bool = True          # batches through the package's batched speculative decoding (Max-Gram)
+    assistant: Callable[[], Any] | None = None   # a new assistant per batch (speculative batches); None: plain
 
 
 def prompt_ids(prompt: Prompt, tokenizer, prompt_format: str) -> list[int]:
@@ -88,12 +89,7 @@ def _left_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 @torch.no_grad()
 def _generate(target, input_ids, mask, cfg: DistillConfig, eos_ids: set[int]):
     """Greedy responses ``list[list[int]]`` (cut after the first EOS) and EOS flags."""
-    assisted = {}
-    if cfg.speculative:
-        from ..cascade import CascadeAssistant
-        from ..drafters import MaxGram
-
-        assisted = {"assistant_model": CascadeAssistant([MaxGram()])}
+    assisted = {} if cfg.assistant is None else {"assistant_model": cfg.assistant()}
     out = target.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens,
                           do_sample=False, pad_token_id=int(target.generation_config.pad_token_id or 0), **assisted)
     responses, eos = [], []
@@ -183,7 +179,7 @@ def _fill(store: DistillStore, todo: list[Prompt], target, tokenizer, cfg: Disti
     new_tokens = 0
     for batch, ids in _batches(todo, tokenizer, cfg):
         input_ids, mask = (t.to(device) for t in _left_pad(ids, pad_id))
-        with nullcontext() if cfg.speculative else verification_session(target):   # an assistant brings its own
+        with nullcontext() if cfg.assistant is not None else verification_session(target):   # an assistant brings its own
             responses, flags = _generate(target, input_ids, mask, cfg, eos_ids)
         hidden = None
         if store.hidden_size:
