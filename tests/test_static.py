@@ -271,3 +271,19 @@ def test_compiled_verification_compiles_its_shapes_beyond_a_shared_recompile_lim
             plain = torch.compile(decoder.__call__, backend="aot_eager", dynamic=False)
             for rows, queries in shapes:
                 plain(input_ids=torch.full((rows, queries + 8), 5), use_cache=False)
+
+
+@pytest.mark.parametrize("parents, queries", [((), 1), ((-1, 0, 1), 4), ((-1, 0, 1, 2, 0, 4, 1, 6), 16),
+                                              ((-1, -1, 1, 1), 8), (tuple(range(-1, 70)), 72)])
+def test_query_ancestors_golden(parents, queries):
+    """The verification's query closure ``[root, nodes, padding]`` from host bits equals the row-by-row closure:
+    the root an ancestor of every node, each node its parent's ancestors and itself, padding itself only."""
+    from hf_cascade.core.static import _query_ancestors
+
+    expected = torch.eye(queries, dtype=torch.bool)
+    for i, p in enumerate(parents, start=1):
+        expected[i] |= expected[p + 1]
+    assert torch.equal(_query_ancestors(parents, queries, torch.device("cpu")), expected)
+    chain = _query_ancestors((-1, 0, 1), 4, torch.device("cpu"))
+    assert chain.tolist() == [[True, False, False, False], [True, True, False, False], [True, True, True, False],
+                              [True, True, True, True]]

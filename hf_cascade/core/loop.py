@@ -168,7 +168,8 @@ def _verify_static(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     queries = bucket(n + 1, slots.room()) if run.fixed_shapes else n + 1
     width = slots.capacity if run.fixed_shapes else slots.length + queries        # the columns attention sees
     slots.show(width)
-    inputs = static_inputs(run.target, slots.length, tree, row.tokens[-1], queries, linear, width, run.device)
+    inputs = static_inputs(run.target, slots.length, tree, row.tokens[-1], queries, linear, width, run.device,
+                           run.where)
     full = run.head is None or run.full_forward
     call = run.target if run.head is None else run.call
     out = call(**inputs, **cache_kwargs(run.target, slots.cache))
