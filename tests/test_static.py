@@ -152,6 +152,21 @@ def test_max_cache_len_sizes_the_cache_once(free_drafts):
     assert unique_graphs() == before
 
 
+def test_compiled_redrafter_ends_generations_without_new_graphs(free_drafts):
+    """Compiled, ReDrafter's beam search runs at its full length and cuts the beams where fewer tokens may still be
+    emitted, so a generation whose last step has room for 1, 2 or 3 tokens compiles nothing new after warm-up."""
+    target = static_target(setting_target("llama-sdpa"), compiled=True)       # a fresh copy: its own graphs
+    assistant = REGISTRY["redrafter"](fresh_kit("llama", target))             # beam length 4
+    plain = copy.deepcopy(setting_target("llama-sdpa"))
+    for i, new_tokens in enumerate((24, 21, 22, 23, 25)):
+        out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=new_tokens, max_cache_len=64,
+                              assistant_model=assistant)
+        assert out.tolist() == plain.generate(REPETITIVE, do_sample=False, max_new_tokens=new_tokens).tolist()
+        if i == 0:
+            before = unique_graphs()
+    assert unique_graphs() == before
+
+
 def test_core_sized_cache_honours_max_cache_len():
     """Where the core builds its static cache, its capacity is ``max_cache_len`` (else ``max_length``) plus the last
     query bucket; compiled, never less than the largest it built for the same target before (one cache shape for

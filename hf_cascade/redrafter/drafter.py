@@ -72,8 +72,9 @@ class ReDrafterDrafter(TreeDrafter):
         self.search = beam_search                    # compiled where verification is (compile_forwards)
 
     def compile_forwards(self, compile_config) -> None:
-        """The beam search as one compiled graph per (width, length): on an accelerator its ``L`` head steps, top-k
-        and gathers are launch-bound, as verification is."""
+        """The beam search as one compiled graph per width (always the full length; :meth:`draft_tree` cuts the beams
+        where fewer tokens may still be emitted): on an accelerator its ``L`` head steps, top-k and gathers are
+        launch-bound, as verification is."""
         self.search = compiled_draft(self.head, beam_search, compile_config, _search_key)
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
@@ -86,11 +87,14 @@ class ReDrafterDrafter(TreeDrafter):
             return self._joined(empty, [], state), None
         if self.budget is not None:
             self.budget.start_draft()
-        beams, _, logp = self.search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, length,
+        # compiled: always the full length, one graph per width, and the beams cut to ``length`` (only the last
+        # steps of a generation ask for fewer tokens: a graph per length would compile there, mid-generation)
+        searched = length if self.search is beam_search else self.beam_length
+        beams, _, logp = self.search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, searched,
                                      token_logp=True)                                  # [w', L'] each
         if self.search is not beam_search:                 # a CUDA graph's outputs are overwritten by its next run
-            beams, logp = beams.clone(), logp.clone()
-        rows = beam_rows(self.beam_width, length, int(self.head.draft_vocab_size))
+            beams, logp = beams[:, :length].clone(), logp[:, :length].clone()
+        rows = beam_rows(self.beam_width, searched, int(self.head.draft_vocab_size))
         self.record.forwards += len(rows)                                             # one head forward per step
         self.record.rows += sum(rows)
         beams = beams.to(seq.device)
@@ -104,7 +108,7 @@ class ReDrafterDrafter(TreeDrafter):
             tree = tree.select(keep)
             probs = [p for p, k in zip(probs, keep) if k] if probs is not None else None
         if self.budget is not None:
-            self.budget.count_forward(length)                  # one batched head step per beam position
+            self.budget.count_forward(searched)                # one batched head step per beam position
             self.budget.end_draft()
             if self.lookup is not None:
                 tree = self._joined(tree, probs, state)
