@@ -91,9 +91,7 @@ class Assistant:
         stats = self.new_stats()
         self.last_stats = stats
         drafter = self.new_drafter(target, generation_config, processors, stats, target_tokenizer)
-        compiled = call_compiles(target, model_kwargs, generation_config)
-        if compiled and hasattr(drafter, "compile_forwards"):
-            drafter.compile_forwards(getattr(generation_config, "compile_config", None))
+        compiled = _compile_drafters([drafter], target, model_kwargs, generation_config)
         kernels = False if compiled else self.cpu_kernels
         try:
             with verification_session(target, kernels) as session:
@@ -110,10 +108,7 @@ class Assistant:
         self.last_stats = stats
         drafters = [self.new_drafter(target, generation_config, row_processors(processors, b, padded=False), s,
                                      target_tokenizer) for b, s in enumerate(stats.rows)]
-        compiled = call_compiles(target, model_kwargs or {}, generation_config)
-        for drafter in drafters if compiled else ():
-            if hasattr(drafter, "compile_forwards"):
-                drafter.compile_forwards(getattr(generation_config, "compile_config", None))
+        compiled = _compile_drafters(drafters, target, model_kwargs or {}, generation_config)
         kernels = False if compiled else self.cpu_kernels
         try:
             with verification_session(target, kernels) as session:
@@ -126,6 +121,17 @@ class Assistant:
     def target_session(self, target: PreTrainedModel):
         """The verification backend for one call (see :mod:`hf_cascade.backends`)."""
         return verification_session(target, self.cpu_kernels)
+
+
+def _compile_drafters(drafters, target, model_kwargs: dict, generation_config) -> bool:
+    """Whether this call's verification runs compiled (:func:`~hf_cascade.core.compiled.call_compiles`); if so, the
+    drafters' own forwards compile with the call's ``CompileConfig`` (``compile_forwards``, where a drafter has them).
+    The CPU kernels then stay off: compiling is what replaces them."""
+    compiled = call_compiles(target, model_kwargs, generation_config)
+    for drafter in drafters if compiled else ():
+        if hasattr(drafter, "compile_forwards"):
+            drafter.compile_forwards(getattr(generation_config, "compile_config", None))
+    return compiled
 
 
 class TreeAssistant(Assistant):
