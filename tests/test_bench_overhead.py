@@ -120,6 +120,19 @@ def test_compiled_strategies_rows():
     assert row["label"] in report and "(vs compiled plain)" in report and "Compiled strategies (" in report
 
 
+def test_strategy_and_baselines_choose_the_methods(tmp_path):
+    """``--strategy`` and ``--baselines`` name what ``--overhead`` measures, in the bench's names (``glide``: GLIDE +
+    CAPE; ``glide-chain``: its chain), plain always; a baseline it cannot measure is an error naming those it can."""
+    out = tmp_path / "overhead"
+    code = main(["bench", "--overhead", "--strategy", "maxgram,glide", "--baselines", "glide-chain", "--new-tokens",
+                 "8", "--prompts", "1", "--repeats", "1", "--no-compile", "--no-progress", "--out", str(out)])
+    assert code == 0
+    methods = json.loads((out / "results.json").read_text())["methods"]
+    assert list(methods) == ["plain", "maxgram", "glide", "glide-chain"]
+    assert methods["glide"]["label"].startswith("GLIDE + CAPE") and methods["glide-chain"]["label"].startswith("GLIDE chain")
+    assert main(["bench", "--overhead", "--strategy", "maxgram", "--baselines", "suffix", "--no-compile"]) == 2
+
+
 def test_compiled_strategies_need_compile(capsys):
     assert main(["bench", "--overhead", "--compiled-strategies", "--no-compile", "--no-progress"]) == 2
     assert "drop --no-compile" in capsys.readouterr().err

@@ -30,12 +30,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of ``hf-cascade bench`` (every assistant option defaults to ``None``: not set)."""
     p.add_argument("--target", default=None,
                    help="target model: default (embedded Gemma-3-270M), smollm2, a local HF directory, a Hub repo id, or gguf:PATH")
-    p.add_argument("--strategy", default="maxgram", metavar="NAMES", type=_strategies,
+    p.add_argument("--strategy", default=None, metavar="NAMES", type=_strategies,
                    help="a comma list of maxgram,cascade,hsddw,glide,redrafter,recycling or all, measured in one interleaved run, "
                         "each with its library defaults unless options below are given: maxgram = CascadeAssistant([MaxGram()]); "
                         "cascade = CascadeAssistant([*drafts, MaxGram()]); hsddw = DynamicWindowAssistant(first draft, --verifier); "
                         "glide = GlideAssistant(head); redrafter = ReDrafterAssistant(head); recycling = RecyclingAssistant() "
-                        "(default maxgram)")
+                        "(default maxgram; with --overhead: every strategy)")
     p.add_argument("--draft", action="extend", nargs="+", default=[], metavar="[NAME=]PATH",
                    help="draft model(s), largest first (HF directory, Hub repo id, gguf:PATH, smollm2, self:N = the target's first N "
                         "layers). NAME=PATH gives strategy NAME its own (cascade=, hsddw=, glide=, redrafter=; repeat for several); "
@@ -115,7 +115,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                              "plain generate, transformers' prompt lookup and plain generate compiled with a static cache")
     o.add_argument("--overhead", action="store_true",
                    help="run the overhead measurement instead of the Spec-Bench comparison (uses --out, --prompts N, "
-                        "--new-tokens, --repeats, --threads (default 1), --no-progress)")
+                        "--new-tokens, --repeats, --threads (default 1), --no-progress; --strategy NAMES and --baselines "
+                        "pld,glide-chain measure those and plain only)")
     o.add_argument("--new-tokens", type=int, default=128, metavar="N", help="--overhead: new tokens per prompt (default 128)")
     o.add_argument("--repeats", type=int, default=3, metavar="N",
                    help="--overhead: timed rounds over the prompts; per prompt the fastest counts (default 3)")
@@ -151,7 +152,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
     """The :class:`~hf_cascade.bench.BenchConfig` of parsed ``bench`` arguments."""
     shared, per_strategy = parse_drafts(args.draft)
     return BenchConfig(
-        strategy=args.strategy,
+        strategy=args.strategy or "maxgram",
         baselines=parse_baselines(args.baselines),
         k_matrix=parse_k_matrix(args.k_matrix),
         lenience=args.lenience,

@@ -48,6 +48,7 @@ from typing import Callable, Sequence
 import torch
 
 from .calls import rotated
+from .config import STRATEGIES
 from .host_reads import READS, SCALAR_READS, ModuleTimer, ReadCounter, read_site
 from .overhead_compiled import SUFFIX, draft_timer, graph_breaks, is_compiled, ratios, timed_compiled, unique_graphs
 from .overhead_compiled import compiled_method as _compiled_method
@@ -322,6 +323,19 @@ def _summary(name: str, records: list[dict], counts: dict) -> dict:
     }
 
 
+def _chosen(args) -> list[str] | None:
+    """The methods ``--strategy`` and ``--baselines`` name (the bench's names: ``glide`` is GLIDE + CAPE, ``glide-chain``
+    its chain); ``None`` (every method) when ``--strategy`` is not given."""
+    if getattr(args, "strategy", None) is None:
+        return None
+    baselines = [b.strip() for b in (getattr(args, "baselines", None) or "").split(",") if b.strip()]
+    unknown = [b for b in baselines if b not in METHODS]
+    if unknown:
+        raise ValueError(f"--baselines with --overhead: {', '.join(unknown)} not measured there; choose from "
+                         f"{', '.join(m for m in METHODS if m not in STRATEGIES)}")
+    return list(dict.fromkeys(["plain", *args.strategy.split(","), *baselines]))
+
+
 def run(args, log: Callable[[str], None] = print) -> int:
     """``hf-cascade bench --overhead``: measure, write ``--out`` (default ``bench_overhead``), print the report."""
     prompts = 4
@@ -332,7 +346,7 @@ def run(args, log: Callable[[str], None] = print) -> int:
             raise ValueError(f"--prompts with --overhead is a number of prompts (1 to {len(PROMPT_TOKENS)}), "
                              f"got {args.prompts!r}") from None
     result = measure_overhead(new_tokens=args.new_tokens, prompts=prompts, repeats=args.repeats,
-                              threads=args.threads or 1, compile=not args.no_compile,
+                              threads=args.threads or 1, compile=not args.no_compile, methods=_chosen(args),
                               compile_backend=args.compile_backend, progress=not args.no_progress, log=log,
                               compiled_strategies=getattr(args, "compiled_strategies", False))
     paths = write(result, args.out or "bench_overhead")

@@ -28,8 +28,8 @@ METHODS = {
     "maxgram": "Max-Gram: CascadeAssistant([MaxGram()])",
     "cascade": "cascade: CascadeAssistant([drafter, MaxGram()])",
     "hsddw": "HSDDW: DynamicWindowAssistant(drafter)",
-    "glide": "GLIDE chain: GlideAssistant(head, settings=GlideSettings.chain())",
-    "glide_cape": "GLIDE + CAPE: GlideAssistant(head)",
+    "glide": "GLIDE + CAPE: GlideAssistant(head)",
+    "glide-chain": "GLIDE chain: GlideAssistant(head, settings=GlideSettings.chain())",
     "redrafter": "ReDrafter: ReDrafterAssistant(head)",
     "recycling": "Token Recycling: RecyclingAssistant()",
 }
@@ -77,7 +77,7 @@ def build_methods(target, names: Sequence[str] | None = None, drafter=None, glid
     names = list(names or METHODS)
     if {"cascade", "hsddw"} & set(names) and drafter is None:
         drafter = tiny.truncated_copy(target, 1)
-    if {"glide", "glide_cape"} & set(names) and glide is None:
+    if {"glide", "glide-chain"} & set(names) and glide is None:
         glide = tiny.echo_glide(target)
     if "redrafter" in names and redrafter is None:
         redrafter = tiny.fit_head(target, "overhead", steps=REDRAFTER_STEPS)
@@ -97,8 +97,9 @@ def build_methods(target, names: Sequence[str] | None = None, drafter=None, glid
         "maxgram": lambda: (CascadeAssistant([MaxGram()], **off), []),
         "cascade": lambda: (CascadeAssistant([drafter, MaxGram()], **off), _model_modules(drafter, target)),
         "hsddw": lambda: (DynamicWindowAssistant(drafter, **off), _model_modules(drafter, target)),
-        "glide": lambda: (GlideAssistant(glide, settings=GlideSettings.chain(), **off), _model_modules(glide, target)),
-        "glide_cape": lambda: (GlideAssistant(glide, **off), _model_modules(glide, target)),
+        "glide": lambda: (GlideAssistant(glide, **off), _model_modules(glide, target)),
+        "glide-chain": lambda: (GlideAssistant(glide, settings=GlideSettings.chain(), **off),
+                                _model_modules(glide, target)),
         "redrafter": lambda: (ReDrafterAssistant(redrafter, **off),
                               _own_modules([redrafter, *redrafter.children()], target)),
         "recycling": lambda: (RecyclingAssistant(**off), []),
