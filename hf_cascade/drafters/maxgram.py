@@ -82,7 +82,9 @@ def follow(tokens: list[int], end: int, k: int) -> list[int]:
     into the end of the sequence the text is repeating with period ``len(tokens) - 1 - end``, so the
     continuation wraps around that period."""
     period = len(tokens) - 1 - end
-    return [tokens[end + 1 + i % period] for i in range(k)]
+    if period >= k:
+        return list(tokens[end + 1:end + 1 + k])
+    return list(tokens[end + 1:] * (k // period + 1))[:k]        # the period repeated
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
