@@ -67,9 +67,13 @@ def suffix_occurrences(tokens: list[int], max_ngram: int, max_matches: int) -> t
             i = rev.index(rev[0], i + 1)   # the next earlier occurrence of the last token
         except ValueError:
             break
-        m, limit = 1, min(n, length - i)   # the match cannot reach before the sequence's start
-        while m < limit and rev[i + m] == rev[m]:
-            m += 1
+        limit = min(n, length - i)         # the match cannot reach before the sequence's start
+        if rev[i:i + limit] == rev[:limit]:
+            m = limit                      # the whole span matches (one comparison in C)
+        else:
+            m = 1
+            while rev[i + m] == rev[m]:    # stops before limit: the spans differ
+                m += 1
         if m > best:                       # strictly longer: the earlier ends were of a shorter match
             best, ends = m, []
         if m == best and len(ends) < max_matches:
