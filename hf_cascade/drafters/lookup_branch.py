@@ -64,20 +64,21 @@ class LookupBranch:
         (the model's nodes first, unchanged). ``merge=False``: every seed is a new node, none shares a model
         node (a tree with drawn nodes: whether a seed and a drawn node coincide depends on the draw)."""
         host_tokens, host_parents, estimates, from_model, shares = self._merged(tree, estimates, tokens, depth, merge)
-        if len(host_tokens) > tree.num_nodes:
+        if host_tokens is not None and len(host_tokens) > tree.num_nodes:
             tree = TokenTree.from_host(host_tokens, host_parents, tree.tokens.device)
         return tree, estimates, from_model, shares
 
     def _merged(self, tree: TokenTree, estimates: list[float], tokens: list[int], depth: int, merge: bool
-                ) -> tuple[list[int], list[int], list[float], list[bool], list[float]]:
-        """:meth:`join` on the host: the merged tree as host lists of tokens and parents, and the node lists."""
+                ) -> tuple[list[int] | None, list[int], list[float], list[bool], list[float]]:
+        """:meth:`join` on the host: the merged tree as host lists of tokens (``None``: no seed joined, ``tree``
+        as it is) and parents, and the node lists."""
         depth = min(self.depth, depth)
         trie = suffix_continuations(tokens, self.max_ngram, depth, self.max_matches) if depth > 0 else None
         n = tree.num_nodes
-        host_tokens, host_parents = list(tree.token_list), list(tree.host_parents)
         estimates, from_model, shares = list(estimates), [True] * n, [0.0] * n
-        if trie is None or not trie.children:
-            return host_tokens, host_parents, estimates, from_model, shares
+        if trie is None or not trie.children:                      # no seed: the tree's tokens are not read
+            return None, list(tree.host_parents), estimates, from_model, shares
+        host_tokens, host_parents = list(tree.token_list), list(tree.host_parents)
         self._bucket = SeedRates.bucket(trie.match)
         rate = self.rates.rate(self._bucket)
         below = {(p, t): i for i, (p, t) in enumerate(zip(host_parents, host_tokens))} if merge else {}
@@ -122,22 +123,25 @@ class LookupBranch:
         estimates = [budget.calibrated(p) for p in probs]
         host_tokens, parents, estimates, from_model, shares = self._merged(tree, estimates, tokens, depth, not drawn)
         node_probs = [probs[i] if model else None for i, model in enumerate(from_model)]
-        nodes = list(range(len(parents)))
+        nodes, sub = list(range(len(parents))), parents             # the merged tree's nodes still in, their parents
         if linear and nodes:                                        # one path: the best one
             nodes = _path_nodes(parents, estimates)
-            parents, estimates = _renumbered(parents, nodes), [estimates[i] for i in nodes]
-            host_tokens, node_probs, shares = ([v[i] for i in nodes] for v in (host_tokens, node_probs, shares))
+            sub = _renumbered(parents, nodes)
         if not nodes:
             self._shares = []
             return tree, []
-        keep = keep_drawn(budget.keep(_Merged(tuple(parents), tuple(host_tokens)), estimates), drawn)
-        nodes = [i for i, k in enumerate(keep) if k]
+        keep = keep_drawn(budget.keep(_Merged(tuple(sub)), [estimates[i] for i in nodes]), drawn)
+        nodes = [i for i, k in zip(nodes, keep) if k]
         node_probs, self._shares = [node_probs[i] for i in nodes], [shares[i] for i in nodes]
-        kept = TokenTree.from_host([host_tokens[i] for i in nodes], _renumbered(parents, nodes), tree.tokens.device)
+        if host_tokens is None:                                     # the model's tree alone: cut as it is
+            kept = set(nodes)
+            tree = tree.select([i in kept for i in range(tree.num_nodes)])
+        else:
+            tree = TokenTree.from_host([host_tokens[i] for i in nodes], _renumbered(parents, nodes), tree.tokens.device)
         seeds = sum(1 for s in self._shares if s > 0)
         self.steps += int(seeds > 0)
         self.proposed += seeds
-        return kept, node_probs
+        return tree, node_probs
 
     def observe(self, tree: TokenTree, path: list[int]) -> None:
         """The target's verdict on the last selected tree (accepted node indices ``path``): learn the seeds'
@@ -174,7 +178,6 @@ class _Merged(NamedTuple):
     """A merged tree still on the host, as a budget's rule 3 reads a tree (its host structure)."""
 
     host_parents: tuple[int, ...]
-    token_list: tuple[int, ...]
 
     @property
     def num_nodes(self) -> int:
