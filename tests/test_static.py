@@ -293,7 +293,7 @@ def test_compiled_verification_compiles_its_shapes_beyond_a_shared_recompile_lim
 def test_query_ancestors_golden(parents, queries):
     """The verification's query closure ``[root, nodes, padding]`` from host bits equals the row-by-row closure:
     the root an ancestor of every node, each node its parent's ancestors and itself, padding itself only."""
-    from hf_cascade.core.static import _query_ancestors
+    from hf_cascade.core.attention import query_ancestors as _query_ancestors
 
     expected = torch.eye(queries, dtype=torch.bool)
     for i, p in enumerate(parents, start=1):

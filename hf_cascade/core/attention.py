@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .structure import TokenTree
+from .structure import TokenTree, _shifts
 
 
 def tree_allowed(prefix_len: int, tree: TokenTree, sliding_window: int | None = None) -> torch.Tensor:
@@ -51,6 +51,67 @@ def tree_attention_mask(
 def tree_position_ids(prefix_len: int, tree: TokenTree) -> torch.Tensor:
     """``[1, n]`` LongTensor: ``prefix_len + depth[i]``."""
     return (prefix_len + tree.position_offsets())[None]
+
+
+def tree_queries(prefix_len: int, root: int, tree: TokenTree, queries: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The queries ``[root, nodes, padding]`` of one tree's verification, from its host structure: ``input_ids``
+    ``[1, Q]`` (padding repeats the root), ``position_ids`` ``[1, Q]`` (the root at ``prefix_len``, node ``i`` at
+    ``prefix_len + 1 + depth[i]``, padding at 0) and their closure (:func:`query_ancestors`), in three copies."""
+    n = tree.num_nodes
+    pad = queries - n - 1
+    ids = torch.tensor([[root, *tree.token_list] + [root] * pad], dtype=torch.long, device=device)
+    positions = torch.tensor([[prefix_len] + [prefix_len + 1 + d for d in tree.depth_list] + [0] * pad],
+                             dtype=torch.long, device=device)
+    return ids, positions, query_ancestors(tree.parent_list, queries, device)
+
+
+def query_ancestors(parents: tuple[int, ...], queries: int, device: torch.device) -> torch.Tensor:
+    """``[Q, Q]`` bool over the queries ``[root, nodes, padding]``: each query's ancestors and itself (the root is
+    every node's ancestor; a padding query sees itself only). Up to 64 queries: each row's bits as one host int,
+    unpacked on the device (one copy); more, row by row. The closure of a structure seen recently is shared (trees
+    repeat their shapes from step to step): read it, never write it."""
+    key = (parents, queries, device)
+    known = _CLOSURES.get(key)
+    if known is not None:
+        return known
+    rows = [1]                                                          # the root: itself
+    for i, p in enumerate(parents):                                     # parents precede children
+        rows.append(rows[p + 1] | (1 << (i + 1)))
+    rows += [1 << j for j in range(len(rows), queries)]
+    if queries <= 64:
+        signed = [b - (1 << 64) if b >= 1 << 63 else b for b in rows]  # int64's bit 63
+        packed = torch.tensor(signed, dtype=torch.long, device=device)
+        closure = (packed[:, None] >> _shifts(device)[:queries]).bitwise_and_(1).bool()
+    else:
+        closure = torch.tensor([[(b >> j) & 1 for j in range(queries)] for b in rows], dtype=torch.bool, device=device)
+    if len(_CLOSURES) >= 512:
+        _CLOSURES.clear()
+    _CLOSURES[key] = closure
+    return closure
+
+
+_CLOSURES: dict[tuple, torch.Tensor] = {}       # (parents, queries, device) -> query_ancestors' closure
+
+
+def query_tree_mask(prefix_len: int, real: int, positions: torch.Tensor, ancestors: torch.Tensor, columns: int,
+                    dtype: torch.dtype, sliding_window: int | None = None) -> torch.Tensor:
+    """Additive ``[1, 1, Q, columns]`` mask of the queries of :func:`tree_queries` (the first ``real`` of them the
+    root and the nodes, the rest padding), written at columns ``prefix_len ..`` after a dense prefix: a real query
+    attends to the prefix and to its ancestors and itself, a padding query to itself only, nothing attends to the
+    columns past the queries; with ``sliding_window`` ``W``, only to keys fewer than ``W`` positions behind it.
+    Built in place over a filled tensor (the same values as :func:`batch_tree_allowed` and :func:`additive`)."""
+    queries = ancestors.shape[0]
+    low = torch.finfo(dtype).min
+    mask = torch.full((1, 1, queries, columns), low, dtype=dtype, device=ancestors.device)
+    mask[0, 0, :real, :prefix_len] = 0.0
+    mask[0, 0, :, prefix_len:prefix_len + queries].masked_fill_(ancestors, 0.0)
+    if sliding_window is not None:
+        query_pos = positions[0]
+        keys = torch.cat([torch.arange(prefix_len, device=query_pos.device), query_pos])      # [prefix_len + Q]
+        far = (query_pos[:, None] - keys[None, :]) >= sliding_window
+        mask[0, 0, :, :prefix_len + queries].masked_fill_(far, low)
+    return mask
 
 
 def batch_tree_allowed(past_pos: torch.Tensor, query_pos: torch.Tensor, ancestors: torch.Tensor,

@@ -30,7 +30,7 @@ from transformers import Cache, PreTrainedModel
 
 from ..compat import cache_kwargs
 from ..placement import target_device_dtype
-from .attention import tree_attention_mask, tree_position_ids
+from .attention import query_tree_mask, tree_attention_mask, tree_position_ids, tree_queries
 from .structure import TokenTree
 
 _SLIDING = "sliding_attention"
@@ -121,6 +121,13 @@ def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: To
         # one path drafted on the host: its ids made on the device in one copy (the branch below otherwise)
         ids = torch.tensor([[last_token, *tree.host_tokens]], dtype=torch.long, device=device)
         return dict(input_ids=ids, **cache_kwargs(model, cache))
+    if not chain and not isinstance(last_token, torch.Tensor):
+        # a host int root: the queries and their mask from the tree's host structure (no tree with the root)
+        real = tree.num_nodes + 1
+        ids, positions, ancestors = tree_queries(prefix_len, int(last_token), tree, real, device)
+        mask = per_layer_type(model, lambda window: query_tree_mask(prefix_len, real, positions, ancestors,
+                                                                     prefix_len + real, where[1], window))
+        return dict(input_ids=ids, position_ids=positions, attention_mask=mask, **cache_kwargs(model, cache))
     if isinstance(last_token, torch.Tensor):
         last_token = last_token.reshape(()).to(tree.tokens.device)
     if chain:

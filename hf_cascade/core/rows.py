@@ -81,7 +81,8 @@ class TreeRows:
         self.hidden, self.head = hidden, head
         self.argmax_head = argmax_head if raw is None and len(processors) == 0 else None
         scores = self._scores(raw) if raw is not None else None
-        self._raw: dict[int, torch.Tensor] = {} if scores is None else dict(enumerate(scores.unbind(0)))
+        # row -> (the head call's [k, V] raw logits holding it, its index there): a row is viewed when read
+        self._raw: dict[int, tuple[torch.Tensor, int]] = {} if scores is None else {r: (scores, r) for r in range(n + 1)}
         self._processed: dict[int, torch.Tensor] = {}
         self.head_calls = 0                          # output-head calls made by this object
         if block_rows is not None and int(block_rows) < 1:
@@ -117,7 +118,8 @@ class TreeRows:
         """``[V]`` the raw logits of row ``r``."""
         if r not in self._raw:
             self._compute_chain(r)
-        return self._raw[r]
+        scores, i = self._raw[r]
+        return scores[i]
 
     def __getitem__(self, r: int) -> torch.Tensor:
         """``[V]`` the processed logits of row ``r``."""
@@ -165,6 +167,9 @@ class TreeRows:
 
     def _compute_chain(self, r: int) -> None:
         chain = self.plan(r)
+        if chain == list(range(len(self))) and self.hidden.is_contiguous():             # every row, in order
+            self.store(chain, self.head(self.hidden))
+            return
         index = torch.tensor(chain, device=self.hidden.device)
         self.store(chain, self.head(self.hidden.index_select(0, index)))                   # [k, V]
 
@@ -193,7 +198,7 @@ class TreeRows:
         self.head_calls += 1
         scores = self._scores(logits)
         self._stored = (chain, scores)                 # the last head call's rows together (argmax_block reads them)
-        self._raw.update(zip(chain, scores.unbind(0)))
+        self._raw.update((r, (scores, i)) for i, r in enumerate(chain))
         self._block.update(dict.fromkeys(chain, chain))
 
     def store_argmax(self, chain: list[int], best: list[int], head_call: bool = True) -> None:

@@ -28,7 +28,7 @@ import weakref
 import torch
 from transformers import Cache
 
-from .attention import additive, batch_tree_allowed
+from .attention import query_tree_mask, tree_queries
 from .forward import mask_device_dtype, per_layer_type
 from .structure import TokenTree
 
@@ -220,41 +220,17 @@ def static_inputs(model, prefix_len: int, tree: TokenTree, root: int, queries: i
     ``queries`` rows, written at columns ``prefix_len ..`` of a static cache whose first ``capacity`` columns
     attention sees (all of them when compiled; eager, the prefix and the queries). ``where``: the mask's device and
     dtype (:func:`~hf_cascade.core.forward.mask_device_dtype`), when the caller keeps them."""
-    n = tree.num_nodes
-    pad = queries - n - 1
-    tokens = [root, *tree.token_list] + [root] * pad                    # host ints: no read
-    ids = torch.tensor([tokens], dtype=torch.long, device=device)
     if chain:
+        tokens = [root, *tree.token_list] + [root] * (queries - tree.num_nodes - 1)     # host ints: no read
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)
         positions = torch.arange(prefix_len, prefix_len + queries, dtype=torch.long, device=device)[None]
         return dict(input_ids=ids, position_ids=positions)
-    query = [prefix_len] + [prefix_len + d + 1 for d in tree.depth_list] + [-1] * pad
-    ancestors = _query_ancestors(tree.parent_list, queries, device)        # [Q, Q] from the host structure
-    query_pos = torch.tensor([query], dtype=torch.long, device=device)
-    past = torch.arange(prefix_len, dtype=torch.long, device=device)[None]
+    ids, positions, ancestors = tree_queries(prefix_len, root, tree, queries, device)  # from the host structure
     dtype = (where or mask_device_dtype(model))[1]
-    spare = capacity - prefix_len - queries
-
-    def mask(window):
-        allowed = batch_tree_allowed(past, query_pos, ancestors[None], window)
-        allowed = torch.cat([allowed, allowed.new_zeros(1, queries, spare)], dim=-1)
-        return additive(allowed, dtype)
-
-    return dict(input_ids=ids, position_ids=query_pos.clamp(min=0), attention_mask=per_layer_type(model, mask))
-
-
-def _query_ancestors(parents: tuple[int, ...], queries: int, device: torch.device) -> torch.Tensor:
-    """``[Q, Q]`` bool over the queries ``[root, nodes, padding]``: each query's ancestors and itself (the root is
-    every node's ancestor; a padding query sees itself only). Up to 64 queries: each row's bits as one host int,
-    unpacked on the device (one copy); more, row by row."""
-    rows = [1]                                                          # the root: itself
-    for i, p in enumerate(parents):                                     # parents precede children
-        rows.append(rows[p + 1] | (1 << (i + 1)))
-    rows += [1 << j for j in range(len(rows), queries)]
-    if queries <= 64:
-        signed = [b - (1 << 64) if b >= 1 << 63 else b for b in rows]  # int64's bit 63
-        packed = torch.tensor(signed, dtype=torch.long, device=device)
-        return (packed[:, None] >> torch.arange(queries, device=device)).bitwise_and_(1).bool()
-    return torch.tensor([[(b >> j) & 1 for j in range(queries)] for b in rows], dtype=torch.bool, device=device)
+    real = tree.num_nodes + 1
+    mask = per_layer_type(model, lambda window: query_tree_mask(prefix_len, real, positions, ancestors, capacity,
+                                                                 dtype, window))
+    return dict(input_ids=ids, position_ids=positions, attention_mask=mask)
 
 
 __all__ = ["QUERY_BUCKETS", "StaticSlots", "StaticView", "bucket", "call_capacity", "is_static", "kept_capacity",

@@ -53,17 +53,21 @@ def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matc
     trie = SeedTrie(m)
     if not ends or depth < 1:
         return trie
+    seen: dict[tuple[int, ...], int] = {}                  # continuation -> its occurrences, in order of first sight
+    for end in ends:                                       # most recent first: ties keep that order
+        continuation = tuple(follow(tokens, end, depth))
+        seen[continuation] = seen.get(continuation, 0) + 1
     kids_of: dict[int, dict[int, int]] = {}                # node -> token -> child id (in order of first sight)
     through: list[int] = []                                # child id -> occurrences through it
-    for end in ends:                                       # most recent first: ties keep that order
+    for continuation, count in seen.items():               # a repeated continuation walked once
         node = -1
-        for token in follow(tokens, end, depth):
+        for token in continuation:
             kids = kids_of.setdefault(node, {})
             if token not in kids:
                 kids[token] = len(through)
                 through.append(0)
             node = kids[token]
-            through[node] += 1
+            through[node] += count
     for node, kids in kids_of.items():
         total = len(ends) if node == -1 else through[node]
         ranked = sorted(kids.items(), key=lambda kv: -through[kv[1]])    # stable: recency among equal counts

@@ -28,6 +28,7 @@ nodes *drawn* from a drafter's ``q`` (GLIDE under sampling) seeds join as separa
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 
 from ..core.accept import path_list
@@ -62,15 +63,24 @@ class LookupBranch:
         sequence, host list) merged in: ``(tree, estimates, from_model, shares)`` in the merged node order
         (the model's nodes first, unchanged). ``merge=False``: every seed is a new node, none shares a model
         node (a tree with drawn nodes: whether a seed and a drawn node coincide depends on the draw)."""
+        host_tokens, host_parents, estimates, from_model, shares = self._merged(tree, estimates, tokens, depth, merge)
+        if host_tokens is not None and len(host_tokens) > tree.num_nodes:
+            tree = TokenTree.from_host(host_tokens, host_parents, tree.tokens.device)
+        return tree, estimates, from_model, shares
+
+    def _merged(self, tree: TokenTree, estimates: list[float], tokens: list[int], depth: int, merge: bool
+                ) -> tuple[list[int] | None, list[int], list[float], list[bool], list[float]]:
+        """:meth:`join` on the host: the merged tree as host lists of tokens (``None``: no seed joined, ``tree``
+        as it is) and parents, and the node lists."""
         depth = min(self.depth, depth)
         trie = suffix_continuations(tokens, self.max_ngram, depth, self.max_matches) if depth > 0 else None
         n = tree.num_nodes
         estimates, from_model, shares = list(estimates), [True] * n, [0.0] * n
-        if trie is None or not trie.children:
-            return tree, estimates, from_model, shares
+        if trie is None or not trie.children:                      # no seed: the tree's tokens are not read
+            return None, list(tree.host_parents), estimates, from_model, shares
+        host_tokens, host_parents = list(tree.token_list), list(tree.host_parents)
         self._bucket = SeedRates.bucket(trie.match)
         rate = self.rates.rate(self._bucket)
-        host_tokens, host_parents = list(tree.token_list), list(tree.host_parents)
         below = {(p, t): i for i, (p, t) in enumerate(zip(host_parents, host_tokens))} if merge else {}
         todo = deque([(-1, -1)])                                   # (trie node, its tree node), level order
         while todo:
@@ -85,10 +95,7 @@ class LookupBranch:
                 estimates[i] = max(estimates[i], rate * share)
                 shares[i] = share
                 todo.append((child, i))
-        if len(host_tokens) > n:
-            device = tree.tokens.device
-            tree = TokenTree.from_host(host_tokens, host_parents, device)
-        return tree, estimates, from_model, shares
+        return host_tokens, host_parents, estimates, from_model, shares
 
     def cut(self, budget, tree: TokenTree, probs: list[float], state, linear: bool = False,
             drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
@@ -109,20 +116,28 @@ class LookupBranch:
         and every estimate must not depend on the drawn tokens (``probs`` of a drawn node: its confidence),
         so which seeds are verified does not either; the seeds' ``q`` rows are one-hot (appended after the
         model's nodes, as :func:`~hf_cascade.core.draws.tree_draft_probs` builds them). SpecInfer's
-        multi-draft rule is exact for such independent siblings, duplicates included."""
+        multi-draft rule is exact for such independent siblings, duplicates included. The merged tree stays on the
+        host until the cut: one tree is made, the kept one."""
         if drawn and linear:
             raise ValueError("a drawn chain is verified in full: no lookup branch beside it")
         estimates = [budget.calibrated(p) for p in probs]
-        tree, estimates, from_model, shares = self.join(tree, estimates, tokens, depth, merge=not drawn)
+        host_tokens, parents, estimates, from_model, shares = self._merged(tree, estimates, tokens, depth, not drawn)
         node_probs = [probs[i] if model else None for i, model in enumerate(from_model)]
-        if linear and tree.num_nodes:                               # one path: the best one
-            tree, (estimates, node_probs, shares) = _restrict(tree, _path_nodes(tree, estimates),
-                                                              estimates, node_probs, shares)
-        if not tree.num_nodes:
+        nodes, sub = list(range(len(parents))), parents             # the merged tree's nodes still in, their parents
+        if linear and nodes:                                        # one path: the best one
+            nodes = _path_nodes(parents, estimates)
+            sub = _renumbered(parents, nodes)
+        if not nodes:
             self._shares = []
             return tree, []
-        keep = keep_drawn(budget.keep(tree, estimates), drawn)
-        tree, (node_probs, self._shares) = _restrict(tree, [i for i, k in enumerate(keep) if k], node_probs, shares)
+        keep = keep_drawn(budget.keep(_Merged(tuple(sub)), [estimates[i] for i in nodes]), drawn)
+        nodes = [i for i, k in zip(nodes, keep) if k]
+        node_probs, self._shares = [node_probs[i] for i in nodes], [shares[i] for i in nodes]
+        if host_tokens is None:                                     # the model's tree alone: cut as it is
+            kept = set(nodes)
+            tree = tree.select([i in kept for i in range(tree.num_nodes)])
+        else:
+            tree = TokenTree.from_host([host_tokens[i] for i in nodes], _renumbered(parents, nodes), tree.tokens.device)
         seeds = sum(1 for s in self._shares if s > 0)
         self.steps += int(seeds > 0)
         self.proposed += seeds
@@ -159,9 +174,19 @@ def observe_verdict(budget, lookup: LookupBranch | None, tree: TokenTree, probs:
         lookup.observe(tree, path)
 
 
-def _path_nodes(tree: TokenTree, estimates: list[float]) -> list[int]:
-    """The nodes (root first) of the path with the most expected accepted tokens (sum of path estimates)."""
-    parents = tree.host_parents
+class _Merged(NamedTuple):
+    """A merged tree still on the host, as a budget's rule 3 reads a tree (its host structure)."""
+
+    host_parents: tuple[int, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.host_parents)
+
+
+def _path_nodes(parents: list[int], estimates: list[float]) -> list[int]:
+    """The nodes (root first) of the path with the most expected accepted tokens (sum of path estimates) of the
+    tree of host ``parents``."""
     reach, gain = [0.0] * len(parents), [0.0] * len(parents)
     for i, p in enumerate(parents):
         reach[i] = estimates[i] * (reach[p] if p >= 0 else 1.0)
@@ -174,13 +199,11 @@ def _path_nodes(tree: TokenTree, estimates: list[float]) -> list[int]:
     return path[::-1]
 
 
-def _restrict(tree: TokenTree, nodes: list[int], *values: list) -> tuple[TokenTree, tuple[list, ...]]:
-    """The subtree of ``nodes`` (ascending, closed under ancestors) and each of ``values`` at those nodes."""
-    keep = [False] * tree.num_nodes
-    for i in nodes:
-        keep[i] = True
-    return (tree.select(keep),                                            # host bools: no read
-            tuple([v[i] for i in nodes] for v in values))
+def _renumbered(parents: list[int], nodes: list[int]) -> list[int]:
+    """The parents of the subtree of ``nodes`` (ascending, closed under ancestors: a dropped parent is a KeyError)
+    in its own numbering."""
+    new_index = {old: new for new, old in enumerate(nodes)}
+    return [new_index[parents[i]] if parents[i] >= 0 else -1 for i in nodes]
 
 
 __all__ = ["LookupBranch", "observe_verdict"]

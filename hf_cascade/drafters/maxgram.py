@@ -67,9 +67,13 @@ def suffix_occurrences(tokens: list[int], max_ngram: int, max_matches: int) -> t
             i = rev.index(rev[0], i + 1)   # the next earlier occurrence of the last token
         except ValueError:
             break
-        m, limit = 1, min(n, length - i)   # the match cannot reach before the sequence's start
-        while m < limit and rev[i + m] == rev[m]:
-            m += 1
+        limit = min(n, length - i)         # the match cannot reach before the sequence's start
+        if rev[i:i + limit] == rev[:limit]:
+            m = limit                      # the whole span matches (one comparison in C)
+        else:
+            m = 1
+            while rev[i + m] == rev[m]:    # stops before limit: the spans differ
+                m += 1
         if m > best:                       # strictly longer: the earlier ends were of a shorter match
             best, ends = m, []
         if m == best and len(ends) < max_matches:
@@ -82,7 +86,9 @@ def follow(tokens: list[int], end: int, k: int) -> list[int]:
     into the end of the sequence the text is repeating with period ``len(tokens) - 1 - end``, so the
     continuation wraps around that period."""
     period = len(tokens) - 1 - end
-    return [tokens[end + 1 + i % period] for i in range(k)]
+    if period >= k:
+        return list(tokens[end + 1:end + 1 + k])
+    return list(tokens[end + 1:] * (k // period + 1))[:k]        # the period repeated
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -45,6 +45,7 @@ class StaticDraftForward:
         self.kwargs = cache_kwargs(model, self.slots.cache)
         # CUDA graphs (reduce-overhead) overwrite a graph's outputs at its next run: the caller gets a copy
         self.copies = (compile_config or CompileConfig()).mode == "reduce-overhead"
+        self._rows: dict[tuple, torch.Tensor] = {}      # (row, device) -> the index tensor of the row kept (read only)
 
     @property
     def length(self) -> int:
@@ -54,6 +55,13 @@ class StaticDraftForward:
     def rollback(self, length: int) -> None:
         """Keep the first ``length`` tokens' K/V only."""
         self.slots.drop(self.slots.length - length)
+
+    def _last_row(self, row: int, device: torch.device) -> torch.Tensor:
+        """``[row]`` as the index tensor of the logits kept, made once per row and device."""
+        key = (row, device)
+        if key not in self._rows:
+            self._rows[key] = torch.tensor([row], device=device)
+        return self._rows[key]
 
     def __call__(self, ids: torch.Tensor, last: bool, **kwargs) -> torch.Tensor:
         """Logits ``[1, 1 | n, V]`` (``last``: the last token's row only) of the ``n`` tokens ``ids`` (``[n]`` on the
@@ -72,8 +80,8 @@ class StaticDraftForward:
             queries = bucket(n, self.slots.room())
             if queries > n:
                 chunk = torch.cat([chunk, chunk[-1:].expand(queries - n)])
-            positions = torch.arange(queries, device=ids.device) + self.slots.length
-            rows = torch.tensor([n - 1], device=ids.device) if last else None
+            positions = torch.arange(self.slots.length, self.slots.length + queries, device=ids.device)
+            rows = self._last_row(n - 1, ids.device) if last else None
             logits = self.call(self.model, chunk[None], positions, rows, **self.kwargs, **kwargs)
             self.slots.wrote(queries)
             self.slots.keep(n, [])

@@ -127,6 +127,9 @@ def _draft_deferred(level: NeuralLevel, seq: torch.Tensor, window: int, tau: flo
                        torch.tensor(values[:n], dtype=ents.dtype, device="cpu"))
 
 
+_NO_ENTROPIES = torch.zeros(0, device="cpu")        # no token handed to the target yet (shared: never written)
+
+
 class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     """One ``generate()`` call of a :class:`~hf_cascade.hsddw.DynamicWindowAssistant`."""
 
@@ -156,7 +159,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
         self.tau2 = EntropyThreshold(tau2_init)
         stats.rejected_entropies = self.tau.rejected
         stats.rejected_entropies2 = self.tau2.rejected
-        self._pending: torch.Tensor = torch.zeros(0, device="cpu")   # host: entropies of the q of each token handed to the target
+        self._pending: torch.Tensor = _NO_ENTROPIES   # host: entropies of the q of each token handed to the target
         # cost_aware (not in the paper): whether the draft models' step pays, from this call's measured times
         self._payoff: DrafterPayoff | None = DrafterPayoff() if cost_aware else None
         # the target's step time by draft length; rows count as free until a plain step has been measured
@@ -168,7 +171,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
 
     # -- draft ---------------------------------------------------------------------------------
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
-        self._lookup, self._pending, self._consulted = None, torch.zeros(0, device="cpu"), None
+        self._lookup, self._pending, self._consulted = None, _NO_ENTROPIES, None
         if self.maxgram is not None:
             d = self._lookup_draft(seq, min(self.max_window, budget))
             if d is not None:
@@ -264,7 +267,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
                 threshold = self.tau if self.pre is None else self.tau2
                 threshold.update(float(self._pending[num_accepted]))
             _record(self.stats.levels[0], num_proposed, num_accepted)
-        self._lookup, self._pending, self._consulted = None, torch.zeros(0, device="cpu"), None
+        self._lookup, self._pending, self._consulted = None, _NO_ENTROPIES, None
 
     def _observe_payoff(self, proposed: int, accepted: int, seconds: float | None) -> None:
         """Teach the payoff rule the step: the draft models' forwards and the share of the step their rows
