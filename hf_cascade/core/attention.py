@@ -42,10 +42,27 @@ def tree_attention_mask(
     """Additive mask ``[1, 1, n, prefix_len + n]``: ``0`` where attending, ``finfo(dtype).min``
     elsewhere (the format of transformers' eager/sdpa 4D masks). ``sliding_window``: also mask keys
     ``W`` or more positions behind the query."""
-    allowed = tree_allowed(prefix_len, tree, sliding_window)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device) if device is not None else mask[None, None]
+    if prefix_len < 0:
+        raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
+    positions = prefix_len + tree.depth if sliding_window is not None else None
+    mask = closure_mask(prefix_len, tree.ancestor_mask().logical_not(), positions, dtype, sliding_window)
+    return mask.to(device) if device is not None else mask
+
+
+def closure_mask(prefix_len: int, hidden: torch.Tensor, positions: torch.Tensor | None, dtype: torch.dtype,
+                 sliding_window: int | None = None) -> torch.Tensor:
+    """:func:`tree_attention_mask` of a tree given by ``hidden`` (``[n, n]`` bool: ``True`` where key node ``j``
+    is neither node ``i`` nor one of its ancestors), on its device; ``positions``: ``[n]`` the nodes' positions
+    (read only with ``sliding_window``)."""
+    n = hidden.shape[0]
+    mask = torch.zeros(n, prefix_len + n, dtype=dtype, device=hidden.device)
+    if sliding_window is None:
+        mask[:, prefix_len:].masked_fill_(hidden, torch.finfo(dtype).min)
+        return mask[None, None]
+    keys = torch.cat([torch.arange(prefix_len, device=hidden.device), positions])    # [prefix_len + n]
+    far = (positions[:, None] - keys[None, :]) >= sliding_window
+    far[:, prefix_len:] |= hidden
+    return mask.masked_fill_(far, torch.finfo(dtype).min)[None, None]
 
 
 def tree_position_ids(prefix_len: int, tree: TokenTree) -> torch.Tensor:

@@ -30,8 +30,8 @@ from transformers import Cache, PreTrainedModel
 
 from ..compat import cache_kwargs
 from ..placement import target_device_dtype
-from .attention import tree_attention_mask, tree_position_ids
-from .structure import TokenTree
+from .attention import closure_mask, tree_attention_mask, tree_position_ids
+from .structure import TokenTree, as_int64, closure_bits, unpack_closure
 
 _SLIDING = "sliding_attention"
 _FULL = "full_attention"
@@ -121,6 +121,8 @@ def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: To
         # one path drafted on the host: its ids made on the device in one copy (the branch below otherwise)
         ids = torch.tensor([[last_token, *tree.host_tokens]], dtype=torch.long, device=device)
         return dict(input_ids=ids, **cache_kwargs(model, cache))
+    if not chain and not isinstance(last_token, torch.Tensor) and tree.host_tokens is not None and len(tree) < 64:
+        return dict(**_host_tree_inputs(model, prefix_len, tree, int(last_token), where), **cache_kwargs(model, cache))
     if isinstance(last_token, torch.Tensor):
         last_token = last_token.reshape(()).to(tree.tokens.device)
     if chain:
@@ -135,6 +137,21 @@ def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: To
         attention_mask=model_tree_mask(model, prefix_len, full, where),
         **cache_kwargs(model, cache),
     )
+
+
+def _host_tree_inputs(model: PreTrainedModel, prefix_len: int, tree: TokenTree, root: int,
+                      where: tuple[torch.device, torch.dtype]) -> dict:
+    """``[root, tree]``'s ids, positions and ancestor bits (:func:`~hf_cascade.core.structure.closure_bits`) from
+    the host structure in one copy to ``where``'s device, the mask unpacked there: a tree of up to 63 nodes with
+    host tokens and a host root (no read)."""
+    device, dtype = where
+    parents = (-1, *(p + 1 for p in tree.host_parents))
+    positions = (prefix_len, *(prefix_len + 1 + d for d in tree.depth_list))
+    rows = torch.tensor([(root, *tree.host_tokens), positions, as_int64(closure_bits(parents))], dtype=torch.long,
+                        device=device)                                                   # [3, n + 1]
+    hidden = unpack_closure(rows[2]) == 0                                                # not an ancestor
+    mask = per_layer_type(model, lambda window: closure_mask(prefix_len, hidden, rows[1], dtype, window))
+    return dict(input_ids=rows[:1], position_ids=rows[1:2], attention_mask=mask)
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ from transformers import Cache
 
 from .attention import additive, batch_tree_allowed
 from .forward import mask_device_dtype, per_layer_type
-from .structure import TokenTree
+from .structure import TokenTree, as_int64, closure_bits, unpack_closure
 
 try:                                                     # transformers >= 5: static layers roll back (crop)
     from transformers.cache_utils import StaticLayer
@@ -246,14 +246,9 @@ def _query_ancestors(parents: tuple[int, ...], queries: int, device: torch.devic
     """``[Q, Q]`` bool over the queries ``[root, nodes, padding]``: each query's ancestors and itself (the root is
     every node's ancestor; a padding query sees itself only). Up to 64 queries: each row's bits as one host int,
     unpacked on the device (one copy); more, row by row."""
-    rows = [1]                                                          # the root: itself
-    for i, p in enumerate(parents):                                     # parents precede children
-        rows.append(rows[p + 1] | (1 << (i + 1)))
-    rows += [1 << j for j in range(len(rows), queries)]
+    rows = closure_bits((-1, *(p + 1 for p in parents)), queries)      # the root: every node's ancestor
     if queries <= 64:
-        signed = [b - (1 << 64) if b >= 1 << 63 else b for b in rows]  # int64's bit 63
-        packed = torch.tensor(signed, dtype=torch.long, device=device)
-        return (packed[:, None] >> torch.arange(queries, device=device)).bitwise_and_(1).bool()
+        return unpack_closure(torch.tensor(as_int64(rows), dtype=torch.long, device=device)).bool()
     return torch.tensor([[(b >> j) & 1 for j in range(queries)] for b in rows], dtype=torch.bool, device=device)
 
 
