@@ -31,7 +31,7 @@ from transformers import Cache, PreTrainedModel
 from ..compat import cache_kwargs
 from ..placement import target_device_dtype
 from .attention import closure_mask, tree_attention_mask, tree_position_ids
-from .structure import TokenTree, as_int64, closure_bits, unpack_closure
+from .structure import TokenTree, closure_bits, unpack_closure
 
 _SLIDING = "sliding_attention"
 _FULL = "full_attention"
@@ -147,7 +147,7 @@ def _host_tree_inputs(model: PreTrainedModel, prefix_len: int, tree: TokenTree, 
     device, dtype = where
     parents = (-1, *(p + 1 for p in tree.host_parents))
     positions = (prefix_len, *(prefix_len + 1 + d for d in tree.depth_list))
-    rows = torch.tensor([(root, *tree.host_tokens), positions, as_int64(closure_bits(parents))], dtype=torch.long,
+    rows = torch.tensor([(root, *tree.host_tokens), positions, closure_bits(parents)], dtype=torch.long,
                         device=device)                                                   # [3, n + 1]
     hidden = unpack_closure(rows[2]) == 0                                                # not an ancestor
     mask = per_layer_type(model, lambda window: closure_mask(prefix_len, hidden, rows[1], dtype, window))

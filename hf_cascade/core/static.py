@@ -30,7 +30,7 @@ from transformers import Cache
 
 from .attention import additive, batch_tree_allowed
 from .forward import mask_device_dtype, per_layer_type
-from .structure import TokenTree, as_int64, closure_bits, unpack_closure
+from .structure import TokenTree, closure_bits, unpack_closure
 
 try:                                                     # transformers >= 5: static layers roll back (crop)
     from transformers.cache_utils import StaticLayer
@@ -248,7 +248,7 @@ def _query_ancestors(parents: tuple[int, ...], queries: int, device: torch.devic
     unpacked on the device (one copy); more, row by row."""
     rows = closure_bits((-1, *(p + 1 for p in parents)), queries)      # the root: every node's ancestor
     if queries <= 64:
-        return unpack_closure(torch.tensor(as_int64(rows), dtype=torch.long, device=device)).bool()
+        return unpack_closure(torch.tensor(rows, dtype=torch.long, device=device)).bool()
     return torch.tensor([[(b >> j) & 1 for j in range(queries)] for b in rows], dtype=torch.bool, device=device)
 
 
