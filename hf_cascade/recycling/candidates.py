@@ -71,6 +71,15 @@ class RecycledCandidates:
         heap: list[tuple[float, int, int, int]] = []       # (-path estimate, count, group, position in it)
         groups: list[list[tuple]] = []
         count = 0
+        known: dict[int, list[tuple[int, float, float]]] = {}   # token -> its recycled (child, p, estimate(p))
+
+        def recycled(token: int) -> list[tuple[int, float, float]]:
+            """``token``'s recycled children with their estimates, once per token and expansion (``estimate`` is
+            fixed during one)."""
+            kids = known.get(token)
+            if kids is None:
+                kids = known[token] = [(c, p, estimate(p)) for c, p in zip(*self.table.get(token, ((), ())))]
+            return kids
 
         def push(parent: int, token: int, path: float, level: int, at: int | None) -> None:
             """The children of a node (``token`` at ``level``; ``at``: its node in ``trie``, -1 for the root,
@@ -78,23 +87,23 @@ class RecycledCandidates:
             nonlocal count
             if level >= depth:
                 return
-            kids, kid_probs = self.table.get(token, ((), ()))
-            seeds = trie.children.get(at, []) if at is not None else []
-            seeded_tokens = {t for t, _, _ in seeds}
-            group = []
-            for child, p in zip(kids, kid_probs):
-                if child not in seeded_tokens:
+            kids = recycled(token)
+            seeds = trie.children.get(at) if at is not None else None
+            if seeds:
+                seeded_tokens = {t for t, _, _ in seeds}
+                kids = [kid for kid in kids if kid[0] not in seeded_tokens]
+            group = [(-path * e, count + i, parent, child, level, p, e, 0.0, None)
+                     for i, (child, p, e) in enumerate(kids, 1)]
+            count += len(group)
+            if seeds:
+                probs = dict((c, p) for c, p, _ in recycled(token))
+                for child, share, node in seeds:
+                    p = probs.get(child, 0.0)
+                    e = max(seeded(share), estimate(p))
                     count += 1
-                    e = estimate(p)
-                    group.append((-path * e, count, parent, child, level, p, e, 0.0, None))
-            recycled = dict(zip(kids, kid_probs)) if seeds else {}
-            for child, share, node in seeds:
-                p = recycled.get(child, 0.0)
-                e = max(seeded(share), estimate(p))
-                count += 1
-                group.append((-path * e, count, parent, child, level, p, e, share, node))
+                    group.append((-path * e, count, parent, child, level, p, e, share, node))
             if group:
-                group.sort(key=lambda entry: entry[:2])     # (key, count): unique
+                group.sort()                                # by (key, count): count is unique
                 groups.append(group)
                 heapq.heappush(heap, (group[0][0], group[0][1], len(groups) - 1, 0))
 

@@ -67,8 +67,7 @@ def beam_search(
     last = torch.as_tensor(root, device=device).reshape(1).long()                     # [b = 1]
     state = head.init_state(x)                                                        # [1, H] (s_0 = 0)
     score = torch.zeros(1, device=device, dtype=torch.float32)                        # [b]
-    beams = last.new_zeros(1, 0)                                                      # [b, k]
-    steps = score.new_zeros(1, 0)                                                     # [b, k]
+    kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []                  # per step: beam, token, logp
     for _ in range(length):
         state = head.step(state, embed(last).to(device=device, dtype=dtype))        # [b, H]
         logp = head.logits(state, x, full_vocab=False).float().log_softmax(dim=-1)    # [b, N]
@@ -77,10 +76,22 @@ def beam_search(
         score, flat = total.topk(min(width, total.numel()))                           # [b'] best first
         beam, col = flat // n_cols, flat % n_cols
         last = head.to_target_ids(col).to(device)                                     # [b'] target ids
-        beams = torch.cat([beams[beam], last[:, None]], dim=1)                        # [b', k + 1]
-        steps = torch.cat([steps[beam], logp[beam, col][:, None]], dim=1)             # [b', k + 1]
+        kept.append((beam, last, logp.flatten()[flat]))                              # the kept beams' parents
         state = state[beam]                                                           # [b', H]
+    beams, steps = _backtrack(kept)
     return (beams, score, steps) if token_logp else (beams, score)
+
+
+def _backtrack(kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final beams' tokens and log-probabilities (``[w', L]`` each) from each step's kept ``(beam, token,
+    logp)``: ``beam`` indexes the previous step's beams, followed back from the last step."""
+    beam, tokens, logps = kept[-1]
+    tokens, logps = [tokens], [logps]
+    for parent, token, logp in reversed(kept[:-1]):
+        tokens.append(token[beam])
+        logps.append(logp[beam])
+        beam = parent[beam]
+    return torch.stack(tokens[::-1], dim=1), torch.stack(logps[::-1], dim=1)
 
 
 def beam_rows(width: int, length: int, columns: int) -> list[int]:
@@ -109,10 +120,9 @@ def flat_tree(beams: torch.Tensor) -> TokenTree:
 def read_beams(beams: torch.Tensor, logp: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
     """``beams`` (``[w, L]`` ids) and the probabilities ``exp(logp)`` (``[w, L]``) as host lists, in one read
     (ids are exact in float64)."""
-    w, L = beams.shape
-    flat = torch.cat([beams.double().flatten(), logp.double().exp().flatten().to(beams.device)]).tolist()
-    ids, probs = flat[: w * L], flat[w * L:]
-    return [[int(t) for t in ids[i * L:(i + 1) * L]] for i in range(w)], [probs[i * L:(i + 1) * L] for i in range(w)]
+    w = beams.shape[0]
+    rows = torch.cat([beams.double(), logp.double().exp().to(beams.device)]).tolist()      # [2w, L]
+    return [[int(t) for t in row] for row in rows[:w]], rows[w:]
 
 
 def pack(beams: torch.Tensor, dedupe: bool = True, rows: list[list[int]] | None = None) -> tuple[TokenTree, list[list[int]]]:

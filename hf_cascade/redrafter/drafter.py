@@ -81,10 +81,9 @@ class ReDrafterDrafter(TreeDrafter):
         """``w`` beams of ``min(L, budget)`` tokens after ``seq[-1]``, packed into a tree;
         ``draft_probs = None`` (beam search is deterministic given ``seq``)."""
         length = min(self.beam_length, state.budget)
-        empty = TokenTree.from_host((), (), seq.device)
         if state.last_hidden is None or length < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped += 1
-            return self._joined(empty, [], state), None
+            return self._joined(TokenTree.from_host((), (), seq.device), [], state), None
         if self.budget is not None:
             self.budget.start_draft()
         # compiled: always the full length, one graph per width, and the beams cut to ``length`` (only the last
