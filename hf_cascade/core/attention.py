@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .structure import TokenTree, _shifts
+from .structure import TokenTree, closure_bits, unpack_closure
 
 
 def tree_allowed(prefix_len: int, tree: TokenTree, sliding_window: int | None = None) -> torch.Tensor:
@@ -75,14 +75,9 @@ def query_ancestors(parents: tuple[int, ...], queries: int, device: torch.device
     known = _CLOSURES.get(key)
     if known is not None:
         return known
-    rows = [1]                                                          # the root: itself
-    for i, p in enumerate(parents):                                     # parents precede children
-        rows.append(rows[p + 1] | (1 << (i + 1)))
-    rows += [1 << j for j in range(len(rows), queries)]
+    rows = closure_bits((-1, *(p + 1 for p in parents)), queries)      # the root: every node's ancestor
     if queries <= 64:
-        signed = [b - (1 << 64) if b >= 1 << 63 else b for b in rows]  # int64's bit 63
-        packed = torch.tensor(signed, dtype=torch.long, device=device)
-        closure = (packed[:, None] >> _shifts(device)[:queries]).bitwise_and_(1).bool()
+        closure = unpack_closure(torch.tensor(rows, dtype=torch.long, device=device)).bool()
     else:
         closure = torch.tensor([[(b >> j) & 1 for j in range(queries)] for b in rows], dtype=torch.bool, device=device)
     if len(_CLOSURES) >= 512:
