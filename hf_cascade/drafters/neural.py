@@ -36,7 +36,7 @@ from ..core.static import static_rollback_supported
 from ..core.stats import LevelStats
 from ..core.payoff import ExpectedGainRule
 from .maxgram import common_prefix
-from .static_forward import StaticDraftForward
+from .static_forward import StaticDraftForward, keep_draft_prefix
 
 # Vocabularies whose sizes differ by at most this many rows are treated as padded copies of each
 # other (e.g. 151936 vs 152064), provided their special tokens agree.
@@ -241,15 +241,8 @@ class NeuralLevel:
         return logits
 
     def _rollback(self, length: int) -> None:
-        """Drop cached K/V beyond ``length`` tokens (``Cache.crop`` with a negative count)."""
-        if self.compiled is not None:
-            if self.compiled.length > length:
-                self.compiled.rollback(length)
-            del self.cached[length:]
-            return
-        extra = self.cache.get_seq_length() - length
-        if extra > 0:
-            self.cache.crop(-extra)
+        """Drop cached K/V beyond ``length`` tokens (:func:`~hf_cascade.drafters.static_forward.keep_draft_prefix`)."""
+        keep_draft_prefix(self.compiled, self.cache, length)
         del self.cached[length:]
 
     # -- autoregressive drafting (only when no smaller level exists) --------------------------

@@ -89,6 +89,19 @@ class StaticDraftForward:
         return out[-1] if last else torch.cat(out, dim=1)
 
 
+def keep_draft_prefix(compiled: StaticDraftForward | None, cache, length: int) -> None:
+    """Keep the first ``length`` tokens' K/V of a drafter's own cache: ``compiled``'s static slots in a compiled call
+    (a host count lowered, no device read), else the dynamic ``cache`` (``Cache.crop`` with a negative count: the
+    form transformers 4.57 and 5.x both take). Nothing to drop: nothing done."""
+    if compiled is not None:
+        if compiled.length > length:
+            compiled.rollback(length)
+        return
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
 def _forward_key(args, kwargs) -> tuple:
     """What makes one graph of a compiled draft forward: the padded input's shape, the rows kept, the cache and which
     keyword arguments are given."""
@@ -97,4 +110,4 @@ def _forward_key(args, kwargs) -> tuple:
             id(kwargs.get("cache", kwargs.get("past_key_values"))), given)
 
 
-__all__ = ["StaticDraftForward"]
+__all__ = ["StaticDraftForward", "keep_draft_prefix"]

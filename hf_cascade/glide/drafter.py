@@ -65,7 +65,7 @@ from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
 from ..drafters.maxgram import common_prefix
-from ..drafters.static_forward import StaticDraftForward
+from ..drafters.static_forward import StaticDraftForward, keep_draft_prefix
 from ..placement import defer_reads
 from .cape import expanded_proposal, expansion_read, parse_expansions
 from .settings import GlideSettings
@@ -301,7 +301,7 @@ class GlideDrafter(TreeDrafter):
 
     def on_accept(self, tree, acceptance, state: TreeStep) -> None:
         """Keep, in the draft cache, the verified tokens it holds: ``seq[:L]`` and the fed main tokens that
-        the target accepted (``Cache.crop``); count main-path and expansion acceptances."""
+        the target accepted (:func:`~hf_cascade.drafters.static_forward.keep_draft_prefix`); count main-path and expansion acceptances."""
         if self.budget is not None:
             observe_verdict(self.budget, self.lookup, tree, self._probs, acceptance, state)
             self._probs = []
@@ -322,13 +322,7 @@ class GlideDrafter(TreeDrafter):
         emitted = state.tokens[length:] if getattr(state, "tokens", None) is not None else state.seq[length:].tolist()
         keep = length + common_prefix(emitted, fed)
         keep = min(keep, state.seq.shape[0] - 1)
-        if self.compiled is not None:
-            if self.compiled.length > keep:
-                self.compiled.rollback(keep)
-            return
-        extra = self.cache.get_seq_length() - keep
-        if extra > 0:
-            self.cache.crop(-extra)                  # negative: remove ``extra`` positions (4.57 and 5.x)
+        keep_draft_prefix(self.compiled, self.cache, keep)
 
 
 def _glide_forward(glide, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None,
