@@ -39,7 +39,8 @@ def _add_bench(sub) -> None:
         "one warm-up generate each; speedups are against plain generate (and plain-kernels) in the same run. "
         "`hf-cascade bench --strategy all --baselines plain-kernels,maxgram` measures every strategy with its defaults "
         "and, on the default target, its shipped head. `hf-cascade bench --overhead` measures instead the library's "
-        "host time and device reads per target call on a tiny target whose forward is nearly free (the GPU regime).",
+        "host time and device reads per target call on a tiny target whose forward is nearly free (the GPU regime); "
+        "`hf-cascade bench --compare A B` compares two earlier runs (e.g. two commits) prompt by prompt.",
     )
     add_bench_arguments(p)
     _add_run_options(p)

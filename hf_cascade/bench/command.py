@@ -12,6 +12,9 @@ passed: each assistant runs with its library defaults.
 the same prompts in left-padded batches, the same methods but those that cannot batch (skipped for sizes
 above 1, said before the run); a row that differs from plain's is said after it.
 
+``--compare A B`` compares runs made apart (e.g. two commits) prompt by prompt through a reference both timed
+(:mod:`~hf_cascade.bench.across`).
+
 ``--overhead`` runs :mod:`~hf_cascade.bench.overhead` instead (host milliseconds and device reads per target call on
 the tiny target, every strategy, ``--prompts N --new-tokens N``; ``--compiled-strategies`` adds every strategy compiled
 with a static cache, against compiled plain generate); the other arguments do not apply to it.
@@ -109,7 +112,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "consecutive left-padded batches, every method interleaved per batch, throughput and speedup vs "
                         "plain and plain-kernels per size (baselines that cannot batch are skipped above 1; default: none)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output directory (default bench_results; with --overhead bench_overhead)")
+                   help="output directory (default bench_results; with --overhead bench_overhead, with --compare bench_compare)")
     o = p.add_argument_group("overhead measurement", "host time and device reads per target call on a tiny target where the forward "
                              "is nearly free (the GPU regime; hf_cascade.bench.overhead): every strategy with its defaults, "
                              "plain generate, transformers' prompt lookup and plain generate compiled with a static cache")
@@ -130,6 +133,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "verification through the core's compiled decoder), compared with compiled plain generate: host "
                         "time per target call over its host time per token, speedup of wall time per token (the eager "
                         "rows stay compared with plain). Adds the strategies' compile; not with --no-compile")
+    c = p.add_argument_group("comparing runs made apart", "two commits cannot share one process, so not one rotation: "
+                             "each run's strategies against a reference both runs timed (hf_cascade.bench.across)")
+    c.add_argument("--compare", nargs="+", default=None, metavar="RUN",
+                   help="compare earlier runs instead of measuring: pairs A B [A2 B2 ...] of results.json files or their "
+                        "folders; each strategy's speed over --reference in B over that in A, per prompt, pooled over the "
+                        "pairs, with 95%% bootstrap intervals (compare.md and compare.json in --out)")
+    c.add_argument("--reference", default="plain-kernels", metavar="METHOD",
+                   help="--compare: the method both runs timed that every speed is taken against (default plain-kernels)")
 
 
 def _strategies(text: str) -> str:
@@ -196,6 +207,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
         from .overhead import run as run_overhead
 
         return run_overhead(args, log=log)
+    if getattr(args, "compare", None):
+        from .across import run as run_compare
+
+        return run_compare(args.compare, args.out or "bench_compare", args.reference, log=log)
 
     from .loading import draft_specs, load_draft_sets, load_model, load_prompts
     from .report import markdown_report, write_results
