@@ -17,7 +17,7 @@ from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistan
 from hf_cascade import placement
 from hf_cascade.core import TokenTree
 from hf_cascade.measure import measure_verify_cost
-from hf_cascade.core.forward import check_attention_backend, mask_device_dtype, model_tree_mask, needs_tree_mask
+from hf_cascade.core.forward import _tree_inputs, check_attention_backend, mask_device_dtype, needs_tree_mask
 from hf_cascade.drafters.maxgram import MaxGram
 from hf_cascade.drafters.neural import NeuralLevel
 from hf_cascade.drafters.self_draft import first_layers_drafter
@@ -29,7 +29,7 @@ from tests.redrafter_helpers import fit_head
 from tests.test_glide_decode import echo_glide
 from tests.test_greedy_parity import REPETITIVE
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
-from transformers import LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessorList
 
 NEW = 30
 
@@ -278,9 +278,12 @@ def test_tree_mask_dtype_follows_the_embeddings(pair, impl):
     target.set_attn_implementation(impl)
     tree = TokenTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, -1, 2]))
     assert mask_device_dtype(target) == (torch.device("cpu"), torch.bfloat16)
-    mask = model_tree_mask(target, 6, tree)
+    cache = DynamicCache()
+    with torch.no_grad():
+        target(input_ids=torch.arange(6)[None], past_key_values=cache, use_cache=True)
+    mask = _tree_inputs(target, cache, 6, tree, 3)["attention_mask"]            # what verify_tree passes
     for m in (mask.values() if isinstance(mask, dict) else [mask]):
-        assert m.dtype == torch.bfloat16 and m.shape == (1, 1, 4, 10)
+        assert m.dtype == torch.bfloat16 and m.shape == (1, 1, 5, 11)
         assert float(m.min()) == torch.finfo(torch.bfloat16).min
     glide = echo_glide(pair["fp32"])
     assert greedy(target, GlideAssistant(glide)) == greedy(target)   # bf16 tree verification, exact

@@ -28,6 +28,7 @@ from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistan
 from hf_cascade import placement
 from hf_cascade.bench.overhead import SCALAR_READS, ReadCounter        # the one counter (also bench --overhead's)
 from hf_cascade.core import TokenTree
+from hf_cascade.core.attention import tree_queries
 from hf_cascade.core.payoff import VerifyCost
 from hf_cascade.core.accept import greedy_tree_accept, sampling_tree_accept
 from hf_cascade.core.stats import LevelStats
@@ -239,6 +240,19 @@ def test_tree_structure_and_greedy_acceptance_read_once():
         reads.reads = 0
         greedy_tree_accept(full, logits[: full.num_nodes + 1])
         assert reads.reads <= 2                                                  # argmax of every row; the bonus
+
+
+def test_tree_queries_never_read_the_root():
+    """A tensor root (and a tree built from device tensors) joins the verification ids on the device: no read; a
+    host-int root with host tokens reads nothing either."""
+    device_tree = TokenTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, -1]), host_parents=(-1, 0, -1))
+    with _scalar_reads() as reads:
+        for tree, root in ((device_tree, torch.tensor(4)), (device_tree, torch.tensor([4])),
+                           (TokenTree.from_host([5, 6, 7], [-1, 0, -1]), 4)):
+            ids, _, _ = tree_queries(2, root, tree, 6, torch.device("cpu"))
+            assert reads.reads == 0
+            assert ids.tolist() == [[4, 5, 6, 7, 4, 4]]
+            reads.reads = 0
 
 
 def test_batched_sampling_acceptance_is_exact():

@@ -19,6 +19,7 @@ from hf_cascade.core import (
     unpack,
     verify_tree,
 )
+from hf_cascade.core.attention import query_tree_mask, tree_queries
 from tests import tiny_models as tm
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -108,6 +109,26 @@ def test_tree_attention_mask_golden():
     windowed[0, 0] = windowed[1, :2] = windowed[2, 0] = False
     assert torch.equal(tree_attention_mask(2, tree, sliding_window=2)[0, 0], torch.where(windowed, 0.0, NEG))
     assert tree_attention_mask(2, tree, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("window", [None, 2, 3])
+@pytest.mark.parametrize("pad", [0, 2])
+def test_verification_queries_equal_the_dense_reference(window, pad):
+    """verify_tree's queries (tree_queries + query_tree_mask; a host-int or a tensor root) equal the dense reference
+    over the tree with its root (tree_attention_mask, tree_position_ids); a padding query sees itself only."""
+    tree = TokenTree(T([10, 11, 12, 13, 14]), T([-1, 0, -1, 2, 2]))
+    prefix_len, real = 3, tree.num_nodes + 1
+    rooted = tree.with_root(99)
+    want = tree_attention_mask(prefix_len, rooted, sliding_window=window)[0, 0]
+    columns = prefix_len + real + pad
+    for root in (99, T(99), T([99], dtype=torch.int32)):
+        ids, positions, ancestors = tree_queries(prefix_len, root, tree, real + pad, torch.device("cpu"))
+        mask = query_tree_mask(prefix_len, real, positions, ancestors, columns, torch.float32, window)[0, 0]
+        assert ids.dtype == torch.long and torch.equal(ids, T([[99, 10, 11, 12, 13, 14] + [99] * pad]))
+        assert torch.equal(positions, torch.cat([tree_position_ids(prefix_len, rooted), T([[0] * pad])], dim=1))
+        assert torch.equal(mask[:real, :prefix_len + real], want)
+        assert (mask[:real, prefix_len + real:] == NEG).all()
+        assert torch.equal(mask[real:], torch.where(torch.eye(columns, dtype=torch.bool)[prefix_len + real:], 0.0, NEG))
 
 
 def test_cape_expansions_match_algorithm_2():
@@ -332,6 +353,8 @@ def test_verify_tree_equals_per_branch_forwards(model, impl):
             ref = model(input_ids=torch.cat([PREFIX, TREE.tokens[path]])[None]).logits[0, prefix_len:]
             got = logits[[0] + [i + 1 for i in path]]
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+        cache_int, _ = _prefilled(model)                       # a host-int root: the same inputs, the same logits
+        assert torch.equal(verify_tree(model, cache_int, prefix_len, TREE, int(PREFIX[-1])), logits)
         if model.config.model_type == "gemma3_text":
             # The sliding window matters here: one windowless mask for every layer gives other logits.
             cache2, _ = _prefilled(model)

@@ -8,13 +8,19 @@ its ancestors and itself (SpecInfer's tree attention, Miao et al., 2024, §4; Me
 ``W`` (Gemma-style local layers) a node also needs ``pos(query) - pos(key) < W``, measured in
 *positions*, not in indices of the linearized tree: transformers' ``sliding_window_overlay`` keeps
 ``kv_idx > q_idx - W``, and on a branch position and index coincide.
+
+Verification builds its inputs with :func:`tree_queries` and :func:`query_tree_mask` (one tree) or
+:func:`batch_tree_allowed` (a batch). :func:`tree_allowed`, :func:`tree_attention_mask` and
+:func:`tree_position_ids` state the same attention densely over a tree's own nodes (give it the root with
+:meth:`~.structure.TokenTree.with_root`): the public reference those are tested against.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .structure import TokenTree, closure_bits, unpack_closure
+from .closure import closure_bits, unpack_closure
+from .structure import TokenTree
 
 
 def tree_allowed(prefix_len: int, tree: TokenTree, sliding_window: int | None = None) -> torch.Tensor:
@@ -53,14 +59,19 @@ def tree_position_ids(prefix_len: int, tree: TokenTree) -> torch.Tensor:
     return (prefix_len + tree.position_offsets())[None]
 
 
-def tree_queries(prefix_len: int, root: int, tree: TokenTree, queries: int,
+def tree_queries(prefix_len: int, root: int | torch.Tensor, tree: TokenTree, queries: int,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The queries ``[root, nodes, padding]`` of one tree's verification, from its host structure: ``input_ids``
     ``[1, Q]`` (padding repeats the root), ``position_ids`` ``[1, Q]`` (the root at ``prefix_len``, node ``i`` at
-    ``prefix_len + 1 + depth[i]``, padding at 0) and their closure (:func:`query_ancestors`), in three copies."""
+    ``prefix_len + 1 + depth[i]``, padding at 0) and their closure (:func:`query_ancestors`), in three copies.
+    ``root``: a host int, or a one-element tensor, joined to the nodes' ids on ``device`` (never read)."""
     n = tree.num_nodes
     pad = queries - n - 1
-    ids = torch.tensor([[root, *tree.token_list] + [root] * pad], dtype=torch.long, device=device)
+    if isinstance(root, torch.Tensor):
+        root = root.reshape(1).to(device=device, dtype=torch.long)
+        ids = torch.cat([root, tree.tokens.to(device), root.expand(pad)])[None]
+    else:
+        ids = torch.tensor([[root, *tree.token_list] + [root] * pad], dtype=torch.long, device=device)
     positions = torch.tensor([[prefix_len] + [prefix_len + 1 + d for d in tree.depth_list] + [0] * pad],
                              dtype=torch.long, device=device)
     return ids, positions, query_ancestors(tree.parent_list, queries, device)

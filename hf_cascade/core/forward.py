@@ -30,7 +30,7 @@ from transformers import Cache, PreTrainedModel
 
 from ..compat import cache_kwargs
 from ..placement import target_device_dtype
-from .attention import query_tree_mask, tree_attention_mask, tree_position_ids, tree_queries
+from .attention import query_tree_mask, tree_queries
 from .structure import TokenTree
 
 _SLIDING = "sliding_attention"
@@ -63,16 +63,6 @@ def mask_device_dtype(model: PreTrainedModel) -> tuple[torch.device, torch.dtype
     bf16 scores would promote them (eager) or be refused (sdpa)."""
     device, dtype = target_device_dtype(model)
     return device, dtype if dtype.is_floating_point else torch.float32
-
-
-def model_tree_mask(
-    model: PreTrainedModel, prefix_len: int, tree: TokenTree, where: tuple[torch.device, torch.dtype] | None = None
-) -> torch.Tensor | dict[str, torch.Tensor]:
-    """The ``attention_mask`` argument for ``model``: one additive ``[1, 1, n, prefix_len + n]``
-    tensor, or a dict per layer type when the model mixes full and sliding-window layers (``where``: its
-    :func:`mask_device_dtype`, when the caller keeps it)."""
-    device, dtype = where or mask_device_dtype(model)
-    return per_layer_type(model, lambda window: tree_attention_mask(prefix_len, tree, dtype, device, window))
 
 
 def per_layer_type(model: PreTrainedModel, build):
@@ -117,31 +107,22 @@ def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: To
         raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
     where = where or mask_device_dtype(model)
     device = where[0]                                             # where the token ids enter the model
-    if chain and not isinstance(last_token, torch.Tensor) and tree.host_tokens is not None:
-        # one path drafted on the host: its ids made on the device in one copy (the branch below otherwise)
-        ids = torch.tensor([[last_token, *tree.host_tokens]], dtype=torch.long, device=device)
-        return dict(input_ids=ids, **cache_kwargs(model, cache))
-    if not chain and not isinstance(last_token, torch.Tensor):
-        # a host int root: the queries and their mask from the tree's host structure (no tree with the root)
-        real = tree.num_nodes + 1
-        ids, positions, ancestors = tree_queries(prefix_len, int(last_token), tree, real, device)
-        mask = per_layer_type(model, lambda window: query_tree_mask(prefix_len, real, positions, ancestors,
-                                                                     prefix_len + real, where[1], window))
-        return dict(input_ids=ids, position_ids=positions, attention_mask=mask, **cache_kwargs(model, cache))
-    if isinstance(last_token, torch.Tensor):
-        last_token = last_token.reshape(()).to(tree.tokens.device)
     if chain:
-        # one path: plain causal attention at consecutive positions, which every attention backend
-        # builds itself (flash attention included); the model derives positions from the cache
-        root = torch.as_tensor(last_token, device=tree.tokens.device).long().reshape(1)   # a host int: no read
-        return dict(input_ids=torch.cat([root, tree.tokens])[None].to(device), **cache_kwargs(model, cache))
-    full = tree.with_root(last_token)                              # n + 1 nodes (a host int root: no read)
-    return dict(
-        input_ids=full.tokens[None].to(device),
-        position_ids=tree_position_ids(prefix_len, full).to(device),
-        attention_mask=model_tree_mask(model, prefix_len, full, where),
-        **cache_kwargs(model, cache),
-    )
+        # one path: plain causal attention at consecutive positions, which every attention backend builds itself
+        # (flash attention included); the model derives positions from the cache
+        if not isinstance(last_token, torch.Tensor) and tree.host_tokens is not None:
+            ids = torch.tensor([[last_token, *tree.host_tokens]], dtype=torch.long, device=device)   # one copy
+        else:
+            root = torch.as_tensor(last_token, device=tree.tokens.device).long().reshape(1)   # a host int: no read
+            ids = torch.cat([root, tree.tokens])[None].to(device)
+        return dict(input_ids=ids, **cache_kwargs(model, cache))
+    # the queries and their mask from the tree's host structure (a tensor root joins the ids on the device)
+    root = last_token if isinstance(last_token, torch.Tensor) else int(last_token)
+    real = tree.num_nodes + 1
+    ids, positions, ancestors = tree_queries(prefix_len, root, tree, real, device)
+    mask = per_layer_type(model, lambda window: query_tree_mask(prefix_len, real, positions, ancestors,
+                                                                 prefix_len + real, where[1], window))
+    return dict(input_ids=ids, position_ids=positions, attention_mask=mask, **cache_kwargs(model, cache))
 
 
 @torch.no_grad()

@@ -26,6 +26,8 @@ from typing import Sequence
 
 import torch
 
+from .closure import closure_bits, unpack_closure
+
 
 @dataclass(frozen=True, eq=False)
 class TokenTree:
@@ -326,34 +328,6 @@ class TokenTree:
             tokens += x
             parents += [t - 1] * len(x)
         return cls.from_host(tokens, parents, device)
-
-
-def closure_bits(parents: Sequence[int], width: int | None = None) -> list[int]:
-    """Each node's ancestors and itself as the bits of one host int (bit ``j``: node ``j``); ``parents`` as
-    :attr:`TokenTree.parent_list` (parents first); ``width``: that many rows, those past the tree (padding) seeing
-    themselves only. Up to 64 rows, as int64 values (bit 63 is the sign): one tensor copy."""
-    bits: list[int] = []
-    for i, p in enumerate(parents):
-        bits.append((bits[p] if p >= 0 else 0) | (1 << i))
-    bits += [1 << j for j in range(len(bits), width or 0)]
-    return [b - (1 << 64) if b >= 1 << 63 else b for b in bits] if len(bits) <= 64 else bits
-
-
-def unpack_closure(packed: torch.Tensor) -> torch.Tensor:
-    """``[n, n]`` int64 of 0 and 1 from ``n <= 64`` rows of :func:`closure_bits` (on their device)."""
-    n = packed.shape[-1]
-    return (packed[:, None] >> _shifts(packed.device)[:n]).bitwise_and_(1)
-
-
-_SHIFTS: dict[torch.device, torch.Tensor] = {}
-
-
-def _shifts(device: torch.device) -> torch.Tensor:
-    """``arange(64)`` on ``device`` (made once per device: the ancestor bits' positions)."""
-    shifts = _SHIFTS.get(device)
-    if shifts is None:
-        shifts = _SHIFTS[device] = torch.arange(64, device=device)
-    return shifts
 
 
 def _host_lists(main, expansions) -> tuple[list[int], list[list[int]]]:
