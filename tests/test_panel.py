@@ -105,13 +105,24 @@ def test_builds_are_kept_apart_per_cpu_kind(monkeypatch):
     assert panel.cpu_tag() != tag
 
 
+def test_builds_are_kept_apart_per_torch_installation(monkeypatch, tmp_path):
+    """The name also carries a tag of the torch installation: two environments on one machine build against their
+    own headers, so each keeps its own build instead of rebuilding (or building over) the other's."""
+    tag = panel.install_tag()
+    assert len(tag) == 8 and int(tag, 16) >= 0 and panel.install_tag() == tag
+    assert tag in panel.build_name()
+    monkeypatch.setattr(panel.torch, "__file__", str(tmp_path / "other-venv" / "torch" / "__init__.py"))
+    assert panel.install_tag() != tag
+
+
 def test_march_target_from_the_environment(monkeypatch):
     """``HF_CASCADE_MARCH`` picks the ``-march`` target and a build of its own; ``native`` keeps the plain name;
     a value that is not a target name is refused (it would reach the compiler's command line)."""
     monkeypatch.delenv("HF_CASCADE_MARCH", raising=False)
-    assert panel.march() == "native" and panel.build_name() == f"hf_cascade_panel_{panel.cpu_tag()}"
+    base = f"hf_cascade_panel_{panel.cpu_tag()}_{panel.install_tag()}"
+    assert panel.march() == "native" and panel.build_name() == base
     monkeypatch.setenv("HF_CASCADE_MARCH", "x86-64-v3")
-    assert panel.march() == "x86-64-v3" and panel.build_name() == f"hf_cascade_panel_{panel.cpu_tag()}_x86_64_v3"
+    assert panel.march() == "x86-64-v3" and panel.build_name() == base + "_x86_64_v3"
     seen = {}
 
     def fake_load(name, sources, extra_cflags, **kwargs):

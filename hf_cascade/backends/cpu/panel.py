@@ -16,7 +16,8 @@ is plain C++ with vector extensions, compiled for the machine it runs on the fir
 extensions directory). Where that fails (no compiler, another platform) the kernel is simply not
 offered and :class:`~hf_cascade.backends.cpu.kernels.WeightPacker`'s oneDNN kernel is offered instead.
 The build goes to a directory of its own per CPU model and instruction set (:func:`cpu_tag`):
-``-march=native`` code must not be loaded on another kind of CPU sharing the same cache. The environment
+``-march=native`` code must not be loaded on another kind of CPU sharing the same cache; and per torch
+installation (:func:`install_tag`): environments side by side do not rebuild over each other. The environment
 variable ``HF_CASCADE_MARCH`` replaces ``native`` with another ``-march`` target (e.g. ``x86-64-v3``: AVX2
 and FMA, no AVX-512), for a build that runs on every CPU of a cluster, or to measure the kernels without
 the host's widest instructions; each target gets its own build. The copy costs as much memory as the
@@ -59,6 +60,15 @@ def cpu_tag() -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
+def install_tag() -> str:
+    """A short tag of the torch installation the extension is built against (its version, its directory, the
+    Python version): two environments on one machine (two virtualenvs with the same torch release, say) compile
+    against their own headers and libraries, so each keeps its own build. Sharing one would rebuild it at every
+    switch, and two processes of different environments starting at once would build over each other."""
+    text = f"{torch.__version__}|{Path(torch.__file__).resolve().parent}|{platform.python_version()}"
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
 def march() -> str:
     """The ``-march`` target of the build: ``HF_CASCADE_MARCH`` if set, else ``native`` (module docstring).
     ``ValueError`` for a value that is not a plain target name."""
@@ -69,10 +79,11 @@ def march() -> str:
 
 
 def build_name() -> str:
-    """The extension's name: one build per CPU kind (:func:`cpu_tag`) and ``-march`` target."""
+    """The extension's name: one build per CPU kind (:func:`cpu_tag`), torch installation (:func:`install_tag`) and
+    ``-march`` target."""
     target = march()
     suffix = "" if target == "native" else "_" + re.sub(r"[^A-Za-z0-9_]", "_", target)
-    return f"hf_cascade_panel_{cpu_tag()}{suffix}"
+    return f"hf_cascade_panel_{cpu_tag()}_{install_tag()}{suffix}"
 
 
 @functools.cache
@@ -139,4 +150,4 @@ def copy_kernel(weight: torch.Tensor) -> WeightPacker | None:
     return next((c for c in (PANEL, PACKER) if c.offers(weight)), None)
 
 
-__all__ = ["PANEL", "PanelPacker", "build_name", "copy_kernel", "cpu_tag", "extension", "march"]
+__all__ = ["PANEL", "PanelPacker", "build_name", "copy_kernel", "cpu_tag", "extension", "install_tag", "march"]
