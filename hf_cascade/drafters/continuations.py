@@ -54,9 +54,19 @@ def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matc
     if not ends or depth < 1:
         return trie
     seen: dict[tuple[int, ...], int] = {}                  # continuation -> its occurrences, in order of first sight
+    last = len(tokens) - 1
     for end in ends:                                       # most recent first: ties keep that order
-        continuation = tuple(follow(tokens, end, depth))
-        seen[continuation] = seen.get(continuation, 0) + 1
+        if last - end >= depth:                            # no wrap-around: follow()'s slice, made here
+            continuation = tuple(tokens[end + 1:end + 1 + depth])
+        else:
+            continuation = tuple(follow(tokens, end, depth))
+        if continuation in seen:
+            seen[continuation] += 1
+        else:
+            seen[continuation] = 1
+    if len(seen) == 1:                                     # every occurrence continued alike: one path, shares 1
+        trie.children = {i - 1: [(token, 1.0, i)] for i, token in enumerate(continuation)}
+        return trie
     kids_of: dict[int, dict[int, int]] = {}                # node -> token -> child id (in order of first sight)
     through: list[int] = []                                # child id -> occurrences through it
     for continuation, count in seen.items():               # a repeated continuation walked once

@@ -27,7 +27,6 @@ nodes *drawn* from a drafter's ``q`` (GLIDE under sampling) seeds join as separa
 
 from __future__ import annotations
 
-from collections import deque
 from typing import NamedTuple
 
 
@@ -82,18 +81,26 @@ class LookupBranch:
         self._bucket = SeedRates.bucket(trie.match)
         rate = self.rates.rate(self._bucket)
         below = {(p, t): i for i, (p, t) in enumerate(zip(host_parents, host_tokens))} if merge else {}
-        todo = deque([(-1, -1)])                                   # (trie node, its tree node), level order
-        while todo:
-            at, node = todo.popleft()
-            for token, share, child in trie.children.get(at, []):
-                i = below.get((node, token))
-                if i is None:                                      # a new node (parents precede children)
-                    i = len(host_tokens)
-                    host_tokens.append(token), host_parents.append(node)
-                    estimates.append(0.0), from_model.append(False), shares.append(0.0)
-                    below[(node, token)] = i
-                estimates[i] = max(estimates[i], rate * share)
-                shares[i] = share
+        children = trie.children
+        todo = [(-1, -1)]                                          # (trie node, its tree node), level order
+        for at, node in todo:                                      # (the loop reaches what it appends)
+            if at not in children:
+                continue
+            for token, share, child in children[at]:
+                key = (node, token)
+                estimate = rate * share
+                if key in below:                                   # a model node: the larger estimate
+                    i = below[key]
+                    if estimate > estimates[i]:                    # max(estimates[i], estimate)
+                        estimates[i] = estimate
+                    shares[i] = share
+                else:                                              # a new node (parents precede children)
+                    i = below[key] = len(host_tokens)
+                    host_tokens.append(token)
+                    host_parents.append(node)
+                    estimates.append(estimate if estimate > 0.0 else 0.0)     # max(0.0, estimate)
+                    from_model.append(False)
+                    shares.append(share)
                 todo.append((child, i))
         return host_tokens, host_parents, estimates, from_model, shares
 
@@ -120,7 +127,10 @@ class LookupBranch:
         host until the cut: one tree is made, the kept one."""
         if drawn and linear:
             raise ValueError("a drawn chain is verified in full: no lookup branch beside it")
-        estimates = [budget.calibrated(p) for p in probs]
+        calibrated = budget.calibrated
+        if len(probs) > 2 and hasattr(budget, "calibration"):      # the same values, the bins' ratios made once
+            calibrated = budget.calibration.frozen()
+        estimates = [calibrated(p) for p in probs]
         host_tokens, parents, estimates, from_model, shares = self._merged(tree, estimates, tokens, depth, not drawn)
         node_probs = [probs[i] if model else None for i, model in enumerate(from_model)]
         nodes, sub = list(range(len(parents))), parents             # the merged tree's nodes still in, their parents
@@ -138,7 +148,10 @@ class LookupBranch:
             tree = tree.select([i in kept for i in range(tree.num_nodes)])
         else:
             tree = TokenTree.from_host([host_tokens[i] for i in nodes], _renumbered(parents, nodes), tree.tokens.device)
-        seeds = sum(1 for s in self._shares if s > 0)
+        seeds = 0
+        for share in self._shares:
+            if share > 0:
+                seeds += 1
         self.steps += int(seeds > 0)
         self.proposed += seeds
         return tree, node_probs

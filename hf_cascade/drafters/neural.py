@@ -168,27 +168,36 @@ class NeuralLevel:
         tensors on the drafter's device; the cache then holds ``seq`` and the first ``k - 1`` drafts."""
         ids = seq.tolist()
         new = torch.tensor(ids[self._sync(ids, len(ids)):], dtype=torch.long, device=self.device)[None]
-        cur = seq.to(self.device)
+        processed = not reduced and len(self.processors) > 0     # the processors see the sequence, drafts appended
+        cur = seq.to(self.device) if processed else None
         kwargs = {"full_vocab": False} if reduced else {}
+        if self.compiled is None:                                # the same keyword arguments at every forward
+            kwargs.update(cache_kwargs(self.model, self.cache), logits_to_keep=1)
         toks, probs, rows = [], [], []
         for _ in range(k):
             t0 = time.perf_counter()
-            last = self._last_logits(new, **kwargs)                            # [1, 1, V_d]
+            if self.compiled is None:
+                last = self.model(input_ids=new, **kwargs).logits                 # [1, 1, V_d]
+            else:
+                last = self.compiled(new[0], True, **kwargs)
             self._count_forward(t0, new.shape[1])
             if reduced:
                 q = last[0, -1].float().softmax(dim=-1)                        # [N]
                 j = q.argmax()
                 tok, q_tok = self.model.vocab_subset[j], q[j]
             else:
-                logits = self._to_target_vocab(last.float())                     # [1, 1, V]
-                s = process_positions(self.processors, cur[None], logits, cur.shape[0])[0, -1]
+                s = self._to_target_vocab(last.float())                          # [1, 1, V]
+                if processed:
+                    s = process_positions(self.processors, cur[None], s, cur.shape[0])
+                s = s[0, -1]
                 q = s.softmax(dim=-1)
                 tok = categorical(q) if do_sample else s.argmax()
                 q_tok = q[tok]
                 rows.append(q)
             toks.append(tok.reshape(()))
             probs.append(q_tok)
-            cur = torch.cat([cur, tok.reshape(1)])
+            if processed:
+                cur = torch.cat([cur, tok.reshape(1)])
             new = tok.reshape(1, 1)
         tokens = torch.stack(toks).tolist() if toks else []                       # the one read
         self.cached = ids + tokens[:-1]
@@ -218,12 +227,6 @@ class NeuralLevel:
         self._count_forward(t0, new.shape[1])
         self.cached = list(ids)
         return logits[:, -needed:, :]
-
-    def _last_logits(self, new: torch.Tensor, **kwargs) -> torch.Tensor:
-        """The logits ``[1, 1, V_d]`` of the last of ``new`` (``[1, n]``) after the cached tokens."""
-        if self.compiled is not None:
-            return self.compiled(new[0], True, **kwargs)
-        return self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=1, **kwargs).logits
 
     def _count_forward(self, t0: float, tokens: int) -> None:
         self.last_forward_seconds = time.perf_counter() - t0

@@ -197,7 +197,11 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
         if prop.tokens.shape[0] == 0:
             return None
         host = prop.host if prop.host is not None else prop.tokens.tolist()   # Max-Gram proposes on the host
-        cut = next((i + 1 for i, t in enumerate(host) if t in self.stop_ids), len(host))
+        cut, stop_ids = 0, self.stop_ids
+        for t in host:                                                 # up to and including the first stop token
+            cut += 1
+            if t in stop_ids:
+                break
         tokens = prop.tokens[:cut].to(seq.device)                      # no device read for the stop check
         self._lookup = (prop.bucket, int(tokens.shape[0]))
         return Draft(tokens, one_hot_dists(tokens, self.vocab_size) if self.do_sample else None, host[:cut])

@@ -42,6 +42,7 @@ def beam_search(
     width: int,
     length: int,
     token_logp: bool = False,
+    device_dtype: tuple[torch.device, torch.dtype] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Beam-search ``length`` draft tokens after ``root`` with a ReDrafter head.
 
@@ -53,6 +54,8 @@ def beam_search(
         width: ``w``, beams kept after each step (fewer when the head has fewer candidates).
         length: ``L >= 1``, draft tokens per beam.
         token_logp: also return each beam token's conditional log-probability.
+        device_dtype: the head's ``(device, floating dtype)`` when the caller knows them (default: read from its
+            parameters).
 
     Returns:
         ``(beams, scores)``: ``beams`` ``[w', L]`` target token ids, best beam first
@@ -62,7 +65,7 @@ def beam_search(
     """
     if width < 1 or length < 1:
         raise ValueError(f"beam search needs width >= 1 and length >= 1, got width={width}, length={length}")
-    device, dtype = _device_dtype(head)
+    device, dtype = _device_dtype(head) if device_dtype is None else device_dtype
     x = hidden.reshape(1, -1).to(device=device, dtype=dtype)                          # [1, H]
     last = torch.as_tensor(root, device=device).reshape(1).long()                     # [b = 1]
     state = head.init_state(x)                                                        # [1, H] (s_0 = 0)
@@ -74,7 +77,7 @@ def beam_search(
         n_cols = logp.shape[-1]
         total = (score[:, None] + logp).flatten()                                     # [b * N]
         score, flat = total.topk(min(width, total.numel()))                           # [b'] best first
-        beam, col = flat // n_cols, flat % n_cols
+        beam, col = torch.floor_divide(flat, n_cols), flat % n_cols                  # (``//`` without its wrapper)
         last = head.to_target_ids(col).to(device)                                     # [b'] target ids
         kept.append((beam, last, logp.flatten()[flat]))                              # the kept beams' parents
         state = state[beam]                                                           # [b', H]
@@ -122,7 +125,7 @@ def read_beams(beams: torch.Tensor, logp: torch.Tensor) -> tuple[list[list[int]]
     (ids are exact in float64)."""
     w = beams.shape[0]
     rows = torch.cat([beams.double(), logp.double().exp().to(beams.device)]).tolist()      # [2w, L]
-    return [[int(t) for t in row] for row in rows[:w]], rows[w:]
+    return [list(map(int, row)) for row in rows[:w]], rows[w:]
 
 
 def pack(beams: torch.Tensor, dedupe: bool = True, rows: list[list[int]] | None = None) -> tuple[TokenTree, list[list[int]]]:

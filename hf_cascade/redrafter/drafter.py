@@ -34,7 +34,7 @@ from ..core.payoff import AdaptiveBudget, VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
-from .beam import beam_rows, beam_search, confident_prefix, kept_nodes, node_probabilities, pack, read_beams
+from .beam import _device_dtype, beam_rows, beam_search, confident_prefix, kept_nodes, node_probabilities, pack, read_beams
 
 
 @dataclass
@@ -70,6 +70,15 @@ class ReDrafterDrafter(TreeDrafter):
         self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
         self.record = _BeamRecord()
         self.search = beam_search                    # compiled where verification is (compile_forwards)
+        self._rows: dict[int, list[int]] = {}        # beam length -> the head's rows per step (beam_rows)
+        self._head_device_dtype: tuple | None = None  # the head's (device, dtype), read at the first search
+
+    def _device_dtype(self) -> tuple:
+        """The head's device and floating dtype, read once per ``generate()`` call (the assistant places the head
+        when it binds, before the call's drafter is made)."""
+        if self._head_device_dtype is None:
+            self._head_device_dtype = _device_dtype(self.head)
+        return self._head_device_dtype
 
     def compile_forwards(self, compile_config) -> None:
         """The beam search as one compiled graph per width (always the full length; :meth:`draft_tree` cuts the beams
@@ -88,12 +97,17 @@ class ReDrafterDrafter(TreeDrafter):
             self.budget.start_draft()
         # compiled: always the full length, one graph per width, and the beams cut to ``length`` (only the last
         # steps of a generation ask for fewer tokens: a graph per length would compile there, mid-generation)
-        searched = length if self.search is beam_search else self.beam_length
+        eager = self.search is beam_search
+        searched = length if eager else self.beam_length
+        # eager: the head's device and dtype read once per call (the compiled graph's arguments stay as they were)
+        extra = {"device_dtype": self._device_dtype()} if eager else {}
         beams, _, logp = self.search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, searched,
-                                     token_logp=True)                                  # [w', L'] each
-        if self.search is not beam_search:                 # a CUDA graph's outputs are overwritten by its next run
+                                     token_logp=True, **extra)                         # [w', L'] each
+        if not eager:                                      # a CUDA graph's outputs are overwritten by its next run
             beams, logp = beams[:, :length].clone(), logp[:, :length].clone()
-        rows = beam_rows(self.beam_width, searched, int(self.head.draft_vocab_size))
+        rows = self._rows.get(searched)
+        if rows is None:
+            rows = self._rows[searched] = beam_rows(self.beam_width, searched, int(self.head.draft_vocab_size))
         self.record.forwards += len(rows)                                             # one head forward per step
         self.record.rows += sum(rows)
         beams = beams.to(seq.device)

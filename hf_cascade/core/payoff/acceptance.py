@@ -5,6 +5,7 @@ probability reads it through one)."""
 from __future__ import annotations
 
 import bisect
+from bisect import bisect_right
 import math
 from dataclasses import dataclass, field
 
@@ -52,8 +53,14 @@ class AcceptanceCalibration:
         ratios = [self.ratio(b, pooled) for b in range(len(self._hits))]
         edges, last = self.edges, len(ratios) - 1
 
-        def a(p: float) -> float:
-            return min(0.999, p * ratios[min(max(bisect.bisect_right(edges, p) - 1, 0), last)])
+        def a(p: float) -> float:                # min(0.999, p * ratios[min(max(bin, 0), last)]), as __call__
+            b = bisect_right(edges, p) - 1
+            if b < 0:
+                b = 0
+            elif b > last:
+                b = last
+            value = p * ratios[b]
+            return value if value < 0.999 else 0.999
         return a
 
     def observe(self, p: float, accepted: bool) -> None:

@@ -102,7 +102,8 @@ class AdaptiveBudget:
         probs = torch.as_tensor(node_probs, dtype=torch.float64).tolist() if not isinstance(node_probs, list) else node_probs
         if tree.num_nodes == 0:
             return tree, []
-        kept = keep_drawn(self.keep(tree, [self.calibration(p) for p in probs]), fixed)
+        calibrated = self.calibration.frozen() if len(probs) > 2 else self.calibration     # the same values
+        kept = keep_drawn(self.keep(tree, [calibrated(p) for p in probs]), fixed)
         return tree.select(kept), [p for p, k in zip(probs, kept) if k]                # host bools: no read
 
     def keep(self, tree: TokenTree, acceptance: list[float]) -> list[bool]:

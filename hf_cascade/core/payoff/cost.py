@@ -116,10 +116,15 @@ class CostModel:
         measured = self._seconds.get(k)
         if measured is None:
             # Interpolate from the nearest measured k, scaled by the prior's shape.
-            known = [j for j in self._seconds if j > 0]
-            if not known or k == 0:
+            j = None                                   # the nearest measured k > 0 (the first of equals)
+            if k != 0:
+                for m in self._seconds:
+                    if m > 0:
+                        d = m - k if m >= k else k - m
+                        if j is None or d < distance:
+                            j, distance = m, d
+            if j is None:
                 return prior
-            j = min(known, key=lambda j: abs(j - k))
             jprior = 1.0 + self.prior_step + self.prior_slope * j
             return max(1.0, (self._seconds[j] / base) * prior / jprior)
         return max(1.0, measured / base) if k else 1.0

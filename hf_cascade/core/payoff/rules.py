@@ -255,7 +255,8 @@ def best_size(gains: Sequence[float], cost: VerifyCost, rate: float) -> int:
 def keep_best(path_probs: Sequence[float], cost: VerifyCost, rate: float) -> list[bool]:
     """Which nodes (node order) are among the :func:`best_size` most probable ones (ties: node order, so a parent,
     which precedes its children and is at least as probable, comes first); closed under ancestors."""
-    order = sorted(range(len(path_probs)), key=lambda i: (-path_probs[i], i))
+    keys = [(-p, i) for i, p in enumerate(path_probs)]
+    order = sorted(range(len(path_probs)), key=keys.__getitem__)                     # by (-path_probs[i], i)
     m = best_size([path_probs[i] for i in order], cost, rate)
     keep = [False] * len(path_probs)
     for i in order[:m]:
