@@ -65,7 +65,7 @@ def beam_search(
     """
     if width < 1 or length < 1:
         raise ValueError(f"beam search needs width >= 1 and length >= 1, got width={width}, length={length}")
-    device, dtype = _device_dtype(head) if device_dtype is None else device_dtype
+    device, dtype = head_device_dtype(head) if device_dtype is None else device_dtype
     x = hidden.reshape(1, -1).to(device=device, dtype=dtype)                          # [1, H]
     last = torch.as_tensor(root, device=device).reshape(1).long()                     # [b = 1]
     state = head.init_state(x)                                                        # [1, H] (s_0 = 0)
@@ -189,7 +189,7 @@ def confident_prefix(logp: torch.Tensor, min_confidence: float) -> torch.Tensor:
     return ok.long().cumprod(dim=1).bool()
 
 
-def _device_dtype(head) -> tuple[torch.device, torch.dtype]:
+def head_device_dtype(head) -> tuple[torch.device, torch.dtype]:
     """The head's device and floating dtype from its first floating parameter (``PreTrainedModel.dtype`` and
     ``.device`` walk every parameter: a cost per draft)."""
     for p in head.parameters():
@@ -198,6 +198,6 @@ def _device_dtype(head) -> tuple[torch.device, torch.dtype]:
     return head.device, head.dtype
 
 
-__all__ = ["beam_rows", "beam_search", "beams_tree", "confident_prefix", "flat_tree", "kept_nodes", "node_probabilities",
-           "pack", "prune", "read_beams"]
+__all__ = ["beam_rows", "beam_search", "beams_tree", "confident_prefix", "flat_tree", "head_device_dtype", "kept_nodes",
+           "node_probabilities", "pack", "prune", "read_beams"]
 

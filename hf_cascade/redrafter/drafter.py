@@ -34,7 +34,8 @@ from ..core.payoff import AdaptiveBudget, VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
-from .beam import _device_dtype, beam_rows, beam_search, confident_prefix, kept_nodes, node_probabilities, pack, read_beams
+from .beam import (beam_rows, beam_search, confident_prefix, head_device_dtype, kept_nodes, node_probabilities, pack,
+                   read_beams)
 
 
 @dataclass
@@ -77,7 +78,7 @@ class ReDrafterDrafter(TreeDrafter):
         """The head's device and floating dtype, read once per ``generate()`` call (the assistant places the head
         when it binds, before the call's drafter is made)."""
         if self._head_device_dtype is None:
-            self._head_device_dtype = _device_dtype(self.head)
+            self._head_device_dtype = head_device_dtype(self.head)
         return self._head_device_dtype
 
     def compile_forwards(self, compile_config) -> None:

@@ -5,7 +5,6 @@ probability reads it through one)."""
 from __future__ import annotations
 
 import bisect
-from bisect import bisect_right
 import math
 from dataclasses import dataclass, field
 
@@ -54,7 +53,7 @@ class AcceptanceCalibration:
         edges, last = self.edges, len(ratios) - 1
 
         def a(p: float) -> float:                # min(0.999, p * ratios[min(max(bin, 0), last)]), as __call__
-            b = bisect_right(edges, p) - 1
+            b = bisect.bisect_right(edges, p) - 1
             if b < 0:
                 b = 0
             elif b > last:
