@@ -79,13 +79,14 @@ def geomean_interval(values: list[float], resamples: int = 2000, seed: int = 0) 
 
 
 def same_reference(pairs: list[tuple[list[dict], list[dict]]], reference: str = KERNELS) -> tuple[int, int]:
-    """``(same, compared)``: on how many prompts the reference's output text is the same in both runs of a pair."""
+    """``(same, compared)``: on how many prompts the reference's output text is the same in both runs of a pair (of
+    those where both records keep their text)."""
     same = compared = 0
     for a_records, b_records in pairs:
         a_runs, b_runs = _by_prompt(a_records), _by_prompt(b_records)
         for key in set(a_runs) & set(b_runs):
             a, b = a_runs[key].get(reference), b_runs[key].get(reference)
-            if a is not None and b is not None:
+            if a is not None and b is not None and "output_text" in a and "output_text" in b:
                 compared += 1
                 same += a.get("output_text") == b.get("output_text")
     return same, compared
@@ -105,6 +106,7 @@ def compare(pairs: list[tuple[list[dict], list[dict]]], reference: str = KERNELS
         g, lo, hi = geomean_interval(values)
         rows[method] = {
             "units": len(values), "change": g, "low": lo, "high": hi, "b_faster_on": sum(v > 1 for v in values),
+            "per_unit": values,                                  # what the interval is computed from (pair, prompt order)
             "identical_a": [identical(a, method) for a, _ in pairs], "identical_b": [identical(b, method) for _, b in pairs],
         }
     same, compared = same_reference(pairs, reference)
