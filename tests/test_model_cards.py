@@ -120,13 +120,18 @@ def with_repo(snippet: str, name: str, repo: str) -> str:
     return snippet.replace(line, f"repo = {repo!r}")
 
 
-#: appended to a card's snippet: the output is plain greedy's, no remote code ran, the assistant ran
+#: appended to a card's snippet: the output is plain greedy's, no remote code ran, the assistant ran. Plain greedy
+#: decoding of the prompt is run once per loaded target in the interpreter (``PLAIN`` of :data:`RUNNER`) and kept,
+#: with the target, for the later snippets given that same target: the same model, the same prompt, the same tokens.
 CHECKS = {
     "explicit": """
 import sys
 assert not [m for m in sys.modules if m.startswith("transformers_modules")], "remote code ran"
-plain = target.generate(ids, do_sample=False, max_new_tokens=64)
-assert out.tolist() == plain.tolist(), "output differs from plain greedy decoding"
+key = ("generate", id(target), tuple(ids[0].tolist()))
+if key not in sys.modules["__main__"].PLAIN:
+    sys.modules["__main__"].PLAIN[key] = (target, target.generate(ids, do_sample=False, max_new_tokens=64).tolist())
+plain = sys.modules["__main__"].PLAIN[key][1]
+assert out.tolist() == plain, "output differs from plain greedy decoding"
 print("CARD-OK", target.device, target.dtype, assistant.last_stats.target_calls)
 """,
     "pipeline": """
@@ -135,44 +140,74 @@ assert not [m for m in sys.modules if m.startswith("transformers_modules")], "re
 assert isinstance(pipe.assistant_model, hf_cascade.Assistant), type(pipe.assistant_model)
 kw = dict(do_sample=False, max_new_tokens=64, return_full_text=False)
 text = pipe(PROMPT, **kw)[0]["generated_text"]
-plain = pipeline("text-generation", model=pipe.model, tokenizer=pipe.tokenizer)(PROMPT, **kw)[0]["generated_text"]
+key = ("pipeline", id(pipe.model), PROMPT)
+if key not in sys.modules["__main__"].PLAIN:
+    plain = pipeline("text-generation", model=pipe.model, tokenizer=pipe.tokenizer)(PROMPT, **kw)[0]["generated_text"]
+    sys.modules["__main__"].PLAIN[key] = (pipe.model, plain)
+plain = sys.modules["__main__"].PLAIN[key][1]
 assert text == plain, ("output differs from plain greedy decoding", text, plain)
 print("CARD-OK", pipe.model.device, pipe.model.dtype, pipe.assistant_model.last_stats.target_calls)
 """.replace("PROMPT", repr("Question: What is the capital of France?\n\nAnswer:")),
 }
 
-#: runs each variant of a snippet in its own namespace, in one interpreter (the imports are paid once)
+#: runs each variant of a card's snippets in its own namespace, in one interpreter: the imports are paid once, and
+#: the target is loaded once per distinct call (a call of ``AutoModelForCausalLM.from_pretrained`` for the target with
+#: the same arguments as an earlier one, as the hub and folder variants of one snippet make, gets that call's model;
+#: a pipeline's load passes other arguments than the explicit snippet's, and loads its own)
 RUNNER = """
+import transformers
+
+PLAIN = {}
+LOADED = {}
+_auto = transformers.AutoModelForCausalLM
+_load = _auto.from_pretrained.__func__
+
+
+def _shared_load(cls, name, *args, **kwargs):
+    if cls is not _auto or name != TARGET:
+        return _load(cls, name, *args, **kwargs)
+    key = repr((name, args, sorted(kwargs.items())))
+    if key not in LOADED:
+        LOADED[key] = _load(cls, name, *args, **kwargs)
+    return LOADED[key]
+
+
+_auto.from_pretrained = classmethod(_shared_load)
 for label, code in VARIANTS:
     print("VARIANT", label, flush=True)
     exec(compile(code, "<card snippet: " + label + ">", "exec"), {"__name__": "__main__"})
+print("TARGET-LOADS", len(LOADED))
 """
 
 
-def _snippets() -> list[tuple[str, int]]:
-    return [(name, i) for name in SNIPPET_CARDS for i in range(1 if CARD_KINDS[name][0] == "corpus" else 2)]
-
-
 @pytest.mark.real_model
-@pytest.mark.parametrize("name, block", _snippets())
-def test_card_snippet_runs_under_any_repo_id_and_from_its_folder(name, block, card_hub, tmp_path):
-    """The snippet, its ``repo`` line filled in (a) with the id of an upload under another org and name, from a
-    local Hub cache, and (b) with the card's folder path; each in a fresh namespace of one fresh interpreter."""
+@pytest.mark.parametrize("name", SNIPPET_CARDS)
+def test_card_snippets_run_under_any_repo_id_and_from_its_folder(name, card_hub, tmp_path):
+    """Each of the card's snippets, its ``repo`` line filled in (a) with the id of an upload under another org and
+    name, from a local Hub cache, and (b) with the card's folder path; each in a fresh namespace of one fresh
+    interpreter per card (the target loaded once per distinct load call): the output is plain greedy decoding's, no
+    remote code ran, the model is on the CPU, and the assistant's drafts were accepted (fewer target calls than
+    tokens)."""
     _, body = read_card(name)
-    snippet = python_blocks(body)[block]
-    check = CHECKS["pipeline" if "pipeline(" in snippet else "explicit"]
-    variants = [("hub " + other_repo(name), with_repo(snippet, name, other_repo(name)) + check),
-                ("folder " + name, with_repo(snippet, name, str(CARDS / name)) + check)]
-    script = f"VARIANTS = {variants!r}\n" + RUNNER
+    blocks = python_blocks(body)
+    assert len(blocks) == (1 if CARD_KINDS[name][0] == "corpus" else 2)
+    variants = []
+    for i, snippet in enumerate(blocks):
+        check = CHECKS["pipeline" if "pipeline(" in snippet else "explicit"]
+        variants += [(f"snippet {i} hub {other_repo(name)}", with_repo(snippet, name, other_repo(name)) + check),
+                     (f"snippet {i} folder {name}", with_repo(snippet, name, str(CARDS / name)) + check)]
+    script = f"VARIANTS = {variants!r}\nTARGET = {TARGET!r}\n" + RUNNER
     res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=hub_env(card_hub, tmp_path),
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    outputs = res.stdout.split("VARIANT ")[1:]
-    assert len(outputs) == 2, res.stdout
+    body_out, loads = res.stdout.rsplit("TARGET-LOADS", 1)
+    assert 1 <= int(loads) <= len(blocks), f"the target loaded {loads.strip()} times for {len(blocks)} snippets"
+    outputs = body_out.split("VARIANT ")[1:]
+    assert len(outputs) == len(variants), res.stdout
     for variant in outputs:
         text, status = variant.rsplit("CARD-OK", 1)
         assert text.split("\n", 1)[1].strip(), f"the snippet printed no text: {variant}"
-        device, dtype, calls = status.split()
+        device, _dtype, calls = status.split()
         assert device == "cpu" and int(calls) < 64
 
 
