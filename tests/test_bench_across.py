@@ -28,15 +28,15 @@ B = _run({1: {"plain": 9.0, "plain-kernels": 6.0, "maxgram": 2.0}, 2: {"plain": 
 
 
 def test_changes_are_ratios_of_speedups_over_the_reference():
-    assert across.changes([(A, B)]) == {"maxgram": [pytest.approx(1.5), pytest.approx(1.0)]}
-    # against plain instead: maxgram 4.5x -> 4.5x on both; plain-kernels 2.25x -> 1.5x, then 1.125x -> 1.125x
-    assert across.changes([(A, B)], reference="plain") == {
+    assert across.changes([(A, B)], reference="plain-kernels") == {"maxgram": [pytest.approx(1.5), pytest.approx(1.0)]}
+    # against plain (the default): maxgram 4.5x -> 4.5x on both; plain-kernels 2.25x -> 1.5x, then 1.125x -> 1.125x
+    assert across.changes([(A, B)]) == {
         "maxgram": [pytest.approx(1.0), pytest.approx(1.0)], "plain-kernels": [pytest.approx(2 / 3), pytest.approx(1.0)]}
 
 
 def test_compare_pools_pairs_and_checks_outputs():
     b_other = [dict(r, output_text="y") if r["method"] == "plain-kernels" and r["question_id"] == 2 else r for r in B]
-    result = across.compare([(A, B), (A, b_other)])
+    result = across.compare([(A, B), (A, b_other)], reference="plain-kernels")
     row = result["methods"]["maxgram"]
     assert row["units"] == 4 and row["b_faster_on"] == 2
     assert row["change"] == pytest.approx(math.sqrt(1.5))              # geometric mean of 1.5, 1, 1.5, 1
@@ -47,7 +47,7 @@ def test_compare_pools_pairs_and_checks_outputs():
 
 def test_prompts_without_the_reference_do_not_count():
     a = [r for r in A if not (r["question_id"] == 2 and r["method"] == "plain-kernels")]
-    assert across.changes([(a, B)]) == {"maxgram": [pytest.approx(1.5)]}
+    assert across.changes([(a, B)], reference="plain-kernels") == {"maxgram": [pytest.approx(1.5)]}
 
 
 def test_cli_writes_the_table(tmp_path):
@@ -55,7 +55,8 @@ def test_cli_writes_the_table(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps({"records": records}))
     out = tmp_path / "cmp"
-    assert main(["bench", "--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
+    assert main(["bench", "--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--reference", "plain-kernels",
+                 "--out", str(out)]) == 0
     result = json.loads((out / "compare.json").read_text())
     assert result["methods"]["maxgram"]["change"] == pytest.approx(math.sqrt(1.5))
     assert "| maxgram | 1.225 |" in (out / "compare.md").read_text()
@@ -69,6 +70,6 @@ def test_bad_input_is_a_clear_error(tmp_path):
     (tmp_path / "x.json").write_text(json.dumps({"methods": {}}))
     with pytest.raises(ValueError, match="records"):
         across.load_records(tmp_path / "x.json")
-    (tmp_path / "y.json").write_text(json.dumps({"records": _run({1: {"plain": 1.0, "maxgram": 0.5}})}))
+    (tmp_path / "y.json").write_text(json.dumps({"records": _run({1: {"plain-kernels": 1.0, "maxgram": 0.5}})}))
     with pytest.raises(ValueError, match="share no prompt"):
         across.run([str(tmp_path / "y.json"), str(tmp_path / "y.json")], tmp_path / "out")

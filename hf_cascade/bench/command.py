@@ -13,7 +13,7 @@ the same prompts in left-padded batches, the same methods but those that cannot 
 above 1, said before the run); a row that differs from plain's is said after it.
 
 ``--compare A B`` compares runs made apart (e.g. two commits) prompt by prompt through a reference both timed
-(:mod:`~hf_cascade.bench.across`).
+(plain ``generate``; :mod:`~hf_cascade.bench.across`).
 
 ``--overhead`` runs :mod:`~hf_cascade.bench.overhead` instead (host milliseconds and device reads per target call on
 the tiny target, every strategy, ``--prompts N --new-tokens N``; ``--compiled-strategies`` adds every strategy compiled
@@ -139,8 +139,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="compare earlier runs instead of measuring: pairs A B [A2 B2 ...] of results.json files or their "
                         "folders; each strategy's speed over --reference in B over that in A, per prompt, pooled over the "
                         "pairs, with 95%% bootstrap intervals (compare.md and compare.json in --out)")
-    c.add_argument("--reference", default="plain-kernels", metavar="METHOD",
-                   help="--compare: the method both runs timed that every speed is taken against (default plain-kernels)")
+    c.add_argument("--reference", default="plain", metavar="METHOD",
+                   help="--compare: the method both runs timed that every speed is taken against (default plain: "
+                        "transformers' loop, the same code in both runs)")
 
 
 def _strategies(text: str) -> str:
