@@ -60,6 +60,20 @@ def test_cli_writes_the_table(tmp_path):
     result = json.loads((out / "compare.json").read_text())
     assert result["methods"]["maxgram"]["change"] == pytest.approx(math.sqrt(1.5))
     assert "| maxgram | 1.225 |" in (out / "compare.md").read_text()
+    assert "different output-head blocks" not in (out / "compare.md").read_text()
+
+
+def test_cli_says_when_the_head_blocks_differ(tmp_path):
+    """Each run records the output-head block its process chose by timing; the comparison lists them and says so
+    when the two runs of a pair differ."""
+    for name, records, block in (("a", A, 8), ("b", B, 3)):
+        (tmp_path / name).mkdir()
+        env = {"cpu_kernels": {"head_blocks": [{"weight": [96, 32], "threads": 1, "block_rows": block}]}}
+        (tmp_path / name / "results.json").write_text(json.dumps({"records": records, "environment": env}))
+    out = tmp_path / "cmp"
+    assert main(["bench", "--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
+    assert json.loads((out / "compare.json").read_text())["head_blocks"] == [[[8], [3]]]
+    assert "different output-head blocks ([8] against [3])" in (out / "compare.md").read_text()
 
 
 def test_bad_input_is_a_clear_error(tmp_path):

@@ -13,15 +13,12 @@ the reference and the strategy alike: the rotation inside each run sees to that.
 relative to plain than A's.
 
 The reference is ``plain`` by default: transformers' own loop, the same code in both runs. ``plain-kernels`` runs
-hf_cascade's CPU kernels, which are part of what differs between two commits, and it answers to load differently
-from the strategies: measured on one commit run twice (one run alone on its core, the other beside a second decoding
-run on the other core, sharing memory bandwidth), the strategies over ``plain`` agreed within 3% while over
-``plain-kernels`` they moved 10-14%. Runs compared should still be made alike (the same load; two runs at once on two
-cores, then the cores swapped, is the design that pairs their conditions). Several pairs of runs (e.g. A on core 0 and B on core 1, then the cores swapped) pool
-their prompts: each (pair, prompt) is one unit of the bootstrap.
-
-It also checks what a speed comparison assumes: the reference's outputs are the same text in both runs (the same
-model, tokenizer and transformers release), and how many of each strategy's outputs were identical to plain in each.
+hf_cascade's CPU kernels, which are part of what differs between two commits, and it answers to memory-bandwidth load
+differently from the strategies (measured: ``docs/results/against-start-00bc32c-6df7105-epyc``). Runs compared should
+still be made alike: the same load (two runs at once on two cores, then the cores swapped, pairs their conditions)
+and the same choices a run makes once by timing. The output head's block of rows is one
+(:func:`~hf_cascade.backends.cpu.verify_head.calibrate_block_rows`, recorded in each run's environment): the
+comparison lists each run's and says so when they differ.
 """
 
 from __future__ import annotations
@@ -32,6 +29,14 @@ import random
 from collections import defaultdict
 from pathlib import Path
 
+
+def head_blocks(path: str | Path) -> list[int]:
+    """The output-head blocks a bench run's process chose (``environment.cpu_kernels.head_blocks``; empty when it
+    recorded none)."""
+    path = Path(path)
+    path = path / "results.json" if path.is_dir() else path
+    kernels = (json.loads(path.read_text()).get("environment") or {}).get("cpu_kernels") or {}
+    return [int(b["block_rows"]) for b in kernels.get("head_blocks", [])]
 
 
 def load_records(path: str | Path) -> list[dict]:
@@ -147,10 +152,15 @@ def run(paths: list[str], out: str | Path, reference: str = "plain", log=print) 
     if not result["methods"]:
         raise ValueError(f"the runs share no prompt on which both timed {reference!r} and a strategy")
     result["runs"] = [[paths[i], paths[i + 1]] for i in range(0, len(paths), 2)]
+    result["head_blocks"] = [[head_blocks(paths[i]), head_blocks(paths[i + 1])] for i in range(0, len(paths), 2)]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(result, indent=1))
     table = markdown(result)
+    differ = [f"{x} against {y}" for x, y in result["head_blocks"] if x != y]
+    if differ:
+        table += (f"\nThe runs of a pair chose different output-head blocks ({'; '.join(differ)}): a choice made once "
+                  "per process by timing, which changes the speeds it compares.\n")
     (out / "compare.md").write_text("Runs (A, B): " + "; ".join(f"`{x}`, `{y}`" for x, y in result["runs"])
                                     + "\n\n" + table)
     log(f"wrote {out / 'compare.md'}")
@@ -158,4 +168,4 @@ def run(paths: list[str], out: str | Path, reference: str = "plain", log=print) 
     return 0
 
 
-__all__ = ["changes", "compare", "geomean_interval", "load_records", "markdown", "run", "same_reference"]
+__all__ = ["changes", "compare", "geomean_interval", "head_blocks", "load_records", "markdown", "run", "same_reference"]
