@@ -58,5 +58,18 @@ def run(argv: list[str]) -> int:
     return code
 
 
+def leave_process_group() -> None:
+    """Close the launched run's process group before the interpreter exits: left open, gloo's threads are torn down
+    at exit and a loaded machine saw one rank abort there ("terminate called without an active exception") after
+    every command had finished."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    status = run(sys.argv[1:])
+    leave_process_group()
+    sys.exit(status)
