@@ -19,6 +19,9 @@ class KeepAll:
     def calibrated(self, p: float) -> float:
         return p
 
+    def calibrated_all(self, probs: list[float]) -> list[float]:
+        return list(probs)
+
     def keep(self, tree: TokenTree, estimates: list[float]) -> list[bool]:
         self.estimates = list(estimates)
         return [True] * tree.num_nodes

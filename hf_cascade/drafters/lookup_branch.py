@@ -127,10 +127,7 @@ class LookupBranch:
         host until the cut: one tree is made, the kept one."""
         if drawn and linear:
             raise ValueError("a drawn chain is verified in full: no lookup branch beside it")
-        calibrated = budget.calibrated
-        if len(probs) > 2 and hasattr(budget, "calibration"):      # the same values, the bins' ratios made once
-            calibrated = budget.calibration.frozen()
-        estimates = [calibrated(p) for p in probs]
+        estimates = budget.calibrated_all(probs)
         host_tokens, parents, estimates, from_model, shares = self._merged(tree, estimates, tokens, depth, not drawn)
         node_probs = [probs[i] if model else None for i, model in enumerate(from_model)]
         nodes, sub = list(range(len(parents))), parents             # the merged tree's nodes still in, their parents

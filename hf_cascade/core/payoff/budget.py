@@ -94,6 +94,12 @@ class AdaptiveBudget:
     def calibrated(self, p: float) -> float:
         return self.calibration(p)
 
+    def calibrated_all(self, probs: list[float]) -> list[float]:
+        """:meth:`calibrated` of each of ``probs`` (host floats); for more than two, through the calibration's
+        :meth:`~hf_cascade.core.payoff.acceptance.AcceptanceCalibration.frozen` ratios, made once (the same values)."""
+        calibrated = self.calibration.frozen() if len(probs) > 2 else self.calibration
+        return [calibrated(p) for p in probs]
+
     def select(self, tree: TokenTree, node_probs, fixed: int = 0) -> tuple[TokenTree, list[float]]:
         """The nodes of ``tree`` worth verifying (rule 3), and their draft probabilities (host floats, node
         order of the returned tree). ``node_probs``: ``[n]`` the drafter's probability of each node's token given
@@ -102,8 +108,7 @@ class AdaptiveBudget:
         probs = torch.as_tensor(node_probs, dtype=torch.float64).tolist() if not isinstance(node_probs, list) else node_probs
         if tree.num_nodes == 0:
             return tree, []
-        calibrated = self.calibration.frozen() if len(probs) > 2 else self.calibration     # the same values
-        kept = keep_drawn(self.keep(tree, [calibrated(p) for p in probs]), fixed)
+        kept = keep_drawn(self.keep(tree, self.calibrated_all(probs)), fixed)
         return tree.select(kept), [p for p, k in zip(probs, kept) if k]                # host bools: no read
 
     def keep(self, tree: TokenTree, acceptance: list[float]) -> list[bool]:
