@@ -374,5 +374,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":          # also how `accelerate launch -m hf_cascade.cli` and --num-processes start it
+    status = main()
+    from .training.launch import launched, leave_process_group
+
+    if launched():
+        leave_process_group(finished=status == 0)
+    sys.exit(status)

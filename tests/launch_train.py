@@ -15,6 +15,7 @@ import sys
 
 import hf_cascade.training.loop as loop
 from hf_cascade.cli import main
+from hf_cascade.training.launch import leave_process_group
 
 
 class Interrupted(Exception):
@@ -58,18 +59,7 @@ def run(argv: list[str]) -> int:
     return code
 
 
-def leave_process_group() -> None:
-    """Close the launched run's process group before the interpreter exits: left open, gloo's threads are torn down
-    at exit and a loaded machine saw one rank abort there ("terminate called without an active exception") after
-    every command had finished."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
     status = run(sys.argv[1:])
-    leave_process_group()
+    leave_process_group(finished=status in (0, 3))       # 3: every process was interrupted at the same step
     sys.exit(status)

@@ -65,8 +65,7 @@ def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matc
         else:
             seen[continuation] = 1
     if len(seen) == 1:                                     # every occurrence continued alike: one path, shares 1
-        trie.children = {i - 1: [(token, 1.0, i)] for i, token in enumerate(continuation)}
-        return trie
+        return SeedTrie.path(list(continuation), m)        # (the numbering below gives the same nodes)
     kids_of: dict[int, dict[int, int]] = {}                # node -> token -> child id (in order of first sight)
     through: list[int] = []                                # child id -> occurrences through it
     for continuation, count in seen.items():               # a repeated continuation walked once

@@ -1,5 +1,5 @@
-"""The processes and placement options of ``hf-cascade distill`` and ``hf-cascade train`` (parsing only:
-what they do is in :mod:`.accel`, :mod:`.loop` and :mod:`.distill`).
+"""The processes and placement options of ``hf-cascade distill`` and ``hf-cascade train``: parsing, starting the
+processes and closing their group (what the commands do is in :mod:`.accel`, :mod:`.loop` and :mod:`.distill`).
 
 ``--num-processes N`` (N > 1) starts the same command under ``accelerate launch --multi_gpu --num_processes N``
 (``ACCELERATE_USE_CPU=true`` without CUDA: gloo processes on the CPU) and waits for it; a command already started by ``accelerate launch`` or
@@ -91,6 +91,19 @@ def relaunch(argv: list[str], args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def leave_process_group(finished: bool) -> None:
+    """Close a launched run's process group before the interpreter exits. Left open, gloo's threads are torn down at
+    exit, and a rank can abort there ("terminate called without an active exception") after its command finished.
+    ``finished``: every process returned normally, so all reach a last barrier (after an error only this process's
+    group is closed: a barrier could wait for a process that will never come)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
 def _without_num_processes(argv: list[str]) -> list[str]:
     out, skip = [], False
     for a in argv:
@@ -103,4 +116,5 @@ def _without_num_processes(argv: list[str]) -> list[str]:
     return out
 
 
-__all__ = ["add_process_options", "add_train_options", "check_processes", "device_map", "launched", "relaunch"]
+__all__ = ["add_process_options", "add_train_options", "check_processes", "device_map", "launched", "leave_process_group",
+           "relaunch"]

@@ -115,14 +115,9 @@ class CostModel:
             return prior
         measured = self._seconds.get(k)
         if measured is None:
-            # Interpolate from the nearest measured k, scaled by the prior's shape.
-            j = None                                   # the nearest measured k > 0 (the first of equals)
-            if k != 0:
-                for m in self._seconds:
-                    if m > 0:
-                        d = m - k if m >= k else k - m
-                        if j is None or d < distance:
-                            j, distance = m, d
+            # Interpolate from the nearest measured k > 0 (the first measured of equals), scaled by the prior's
+            # shape (k > 0 here: k = 0 is the base, measured).
+            j = min((m for m in self._seconds if m > 0), key=lambda m: abs(m - k), default=None)
             if j is None:
                 return prior
             jprior = 1.0 + self.prior_step + self.prior_slope * j
