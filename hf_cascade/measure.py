@@ -56,12 +56,21 @@ def profile_key(model) -> tuple:
 
 
 def measured_verify_cost(model) -> VerifyCost:
-    """The defaults' profile for ``model``: :func:`measure_verify_cost` over :data:`QUICK_GRID` with a short prompt
-    and a few steps per size (interpolated between the sizes), measured once per :func:`profile_key`."""
+    """The defaults' profile for ``model``: :func:`measure_verify_cost` over :data:`QUICK_GRID` with a short prompt,
+    a few steps per size and the median of three rounds (one timing of a few steps is noisy on a loaded machine, and
+    the trees of every later call are sized from this profile), interpolated between the sizes, measured once per
+    :func:`profile_key`."""
     key = profile_key(model)
     if key not in _MEASURED:
-        _MEASURED[key] = measure_verify_cost(model, prompt_len=32, steps=4, repeats=1, grid=QUICK_GRID)
+        _MEASURED[key] = measure_verify_cost(model, prompt_len=32, steps=4, repeats=3, grid=QUICK_GRID)
     return _MEASURED[key]
+
+
+def measured_profiles() -> list[dict]:
+    """The profiles :func:`measured_verify_cost` measured in this process (a run's record: like the CPU kernels'
+    block, a timed choice made once per process, which sizes every later tree), each at the sizes it measured."""
+    return [{"profile": " / ".join(str(k) for k in key), "relative": {n: round(cost(n), 4) for n in QUICK_GRID}}
+            for key, cost in _MEASURED.items()]
 
 
 @torch.no_grad()
@@ -75,7 +84,7 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
     hub kernels, :func:`~hf_cascade.core.forward.verifies_trees`), the ``n`` nodes are a chain of that token instead:
     what such a target verifies (a step emits more tokens where the target chooses it). Median of ``repeats``
     generations of ``steps`` steps per ``n`` (after one warm-up), the sizes in alternating order, made
-    non-decreasing: about ``repeats * steps * (max_nodes + 1)`` target forwards. ``grid``: measure only these node
+    non-decreasing by :func:`monotone_profile`: about ``repeats * steps * (max_nodes + 1)`` target forwards. ``grid``: measure only these node
     counts (``0`` included; ``max_nodes`` = the largest) and interpolate linearly in between. The device is
     synchronised before each clock read (:func:`~hf_cascade.placement.synchronize`)."""
     from transformers import (
@@ -123,15 +132,37 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
     with verification_session(model) as session:                 # sizes alternate in order: no drift bias
         times = interleaved_medians({n: (lambda n=n: seconds_per_step(n)) for n in sizes}, repeats, alternate=True,
                                     self_timed=True)
-    measured = {n: times[n] / times[0] for n in sizes}
-    rel, top = [1.0], 1.0
-    for n in range(1, max_nodes + 1):
-        lo = max(m for m in sizes if m <= n)
-        hi = min(m for m in sizes if m >= n)
-        value = measured[lo] if hi == lo else measured[lo] + (measured[hi] - measured[lo]) * (n - lo) / (hi - lo)
-        top = max(top, value)
-        rel.append(top)
-    return VerifyCost(tuple(rel))
+    return VerifyCost(monotone_profile({n: times[n] / times[0] for n in sizes}))
 
 
-__all__ = ["QUICK_GRID", "bound_verify_cost", "measure_verify_cost", "measured_verify_cost", "profile_key"]
+def monotone_profile(measured: dict[int, float]) -> tuple[float, ...]:
+    """The profile ``relative[0 .. max n]`` from measured relative costs at some node counts (``{n: cost}``, ``0``
+    the unit): the least-squares non-decreasing fit of the measured points (isotonic regression, pool adjacent
+    violators) at least 1, linear in between. A point measured too high (a timing spike) is pooled with the points
+    after it, not carried over them as a running maximum would: that made every larger size look as cheap as the
+    spike, and trees grow to the next measured size."""
+    sizes = sorted(n for n in measured if n > 0)
+    blocks: list[list[float]] = []                          # [sum, count] of each pooled run of sizes
+    for n in sizes:
+        blocks.append([float(measured[n]), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = {0: 1.0}
+    i = 0
+    for total, count in blocks:
+        for _ in range(int(count)):
+            fitted[sizes[i]] = max(1.0, total / count)
+            i += 1
+    grid = [0, *sizes]
+    rel = [1.0]
+    for n in range(1, grid[-1] + 1):
+        lo = max(m for m in grid if m <= n)
+        hi = min(m for m in grid if m >= n)
+        rel.append(fitted[lo] if hi == lo else fitted[lo] + (fitted[hi] - fitted[lo]) * (n - lo) / (hi - lo))
+    return tuple(rel)
+
+
+__all__ = ["QUICK_GRID", "bound_verify_cost", "measure_verify_cost", "measured_verify_cost", "measured_profiles",
+           "monotone_profile", "profile_key"]

@@ -148,7 +148,7 @@ def test_outputs_written(greedy_result, tmp_path):
     paths = write_results(greedy_result, tmp_path)
     data = json.loads((tmp_path / "results.json").read_text())
     assert set(data) >= {"config", "methods", "errors", "environment", "summary", "records"}
-    assert set(data["environment"]["cpu_kernels"]) == {"head_blocks", "screens"}   # the process's one-time choices
+    assert set(data["environment"]["cpu_kernels"]) == {"head_blocks", "screens", "verify_profiles"}   # the process's one-time choices
     assert len(data["records"]) == len(greedy_result.records)
     for png in ("acceptance_by_position.png", "speedup_by_category.png"):
         assert (tmp_path / png).stat().st_size > 1000

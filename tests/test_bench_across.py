@@ -66,14 +66,18 @@ def test_cli_writes_the_table(tmp_path):
 def test_cli_says_when_the_head_blocks_differ(tmp_path):
     """Each run records the output-head block its process chose by timing; the comparison lists them and says so
     when the two runs of a pair differ."""
-    for name, records, block in (("a", A, 8), ("b", B, 3)):
+    for name, records, block, at16 in (("a", A, 8, 1.9), ("b", B, 3, 1.25)):
         (tmp_path / name).mkdir()
-        env = {"cpu_kernels": {"head_blocks": [{"weight": [96, 32], "threads": 1, "block_rows": block}]}}
+        env = {"cpu_kernels": {"head_blocks": [{"weight": [96, 32], "threads": 1, "block_rows": block}],
+                               "verify_profiles": [{"profile": "cpu", "relative": {"0": 1.0, "4": 1.2, "16": at16}}]}}
         (tmp_path / name / "results.json").write_text(json.dumps({"records": records, "environment": env}))
     out = tmp_path / "cmp"
     assert main(["bench", "--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
     assert json.loads((out / "compare.json").read_text())["head_blocks"] == [[[8], [3]]]
     assert "different output-head blocks ([8] against [3])" in (out / "compare.md").read_text()
+    assert json.loads((out / "compare.json").read_text())["verify_profiles"] == [[["4: 1.20, 16: 1.90"],
+                                                                                 ["4: 1.20, 16: 1.25"]]]
+    assert "pair 1: A 4: 1.20, 16: 1.90, B 4: 1.20, 16: 1.25" in (out / "compare.md").read_text()
 
 
 def test_bad_input_is_a_clear_error(tmp_path):

@@ -64,3 +64,19 @@ def test_measure_verify_cost_on_a_tiny_model():
     cost = measure_verify_cost(model, max_nodes=4, prompt_len=12, steps=4, repeats=1)
     assert len(cost.relative) == 5 and cost.relative[0] == 1.0
     assert all(b >= a for a, b in zip(cost.relative, cost.relative[1:]))
+
+
+def test_monotone_profile_pools_a_spike_instead_of_carrying_it():
+    from hf_cascade.measure import monotone_profile
+
+    # a spike at 2 nodes (1.6): a running maximum made 2..16 all cost 1.6, so a tree of 16 looked as cheap as one of 2
+    rel = monotone_profile({0: 1.0, 1: 1.1, 2: 1.6, 4: 1.2, 8: 1.4, 16: 1.8})
+    assert len(rel) == 17 and rel[0] == 1.0
+    assert rel[1] == pytest.approx(1.1)
+    assert rel[2] == pytest.approx(1.4) and rel[4] == pytest.approx(1.4) and rel[8] == pytest.approx(1.4)  # 1.6, 1.2, 1.4 pooled
+    assert rel[3] == pytest.approx(1.4)
+    assert rel[12] == pytest.approx(1.6) and rel[16] == pytest.approx(1.8)                 # linear between 8 and 16
+    assert all(b >= a for a, b in zip(rel, rel[1:]))
+    # already non-decreasing: unchanged at the measured sizes; below 1: raised to 1
+    assert monotone_profile({0: 1.0, 1: 1.0, 2: 1.2, 4: 1.5}) == pytest.approx((1.0, 1.0, 1.2, 1.35, 1.5))
+    assert monotone_profile({0: 1.0, 1: 0.9, 2: 0.95}) == (1.0, 1.0, 1.0)

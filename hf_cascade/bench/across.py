@@ -16,9 +16,10 @@ The reference is ``plain`` by default: transformers' own loop, the same code in 
 hf_cascade's CPU kernels, which are part of what differs between two commits, and it answers to memory-bandwidth load
 differently from the strategies (measured: ``docs/results/against-start-00bc32c-6df7105-epyc``). Runs compared should
 still be made alike: the same load (two runs at once on two cores, then the cores swapped, pairs their conditions)
-and the same choices a run makes once by timing. The output head's block of rows is one
-(:func:`~hf_cascade.backends.cpu.verify_head.calibrate_block_rows`, recorded in each run's environment): the
-comparison lists each run's and says so when they differ.
+and the same choices a run makes once by timing: the output head's block of rows
+(:func:`~hf_cascade.backends.cpu.verify_head.calibrate_block_rows`) and the verification profile that sizes the
+trees (:func:`~hf_cascade.measure.measured_verify_cost`), both recorded in each run's environment. The comparison lists
+each run's, and says so when the head blocks differ.
 """
 
 from __future__ import annotations
@@ -30,13 +31,23 @@ from collections import defaultdict
 from pathlib import Path
 
 
+def _timed_choices(path: str | Path) -> dict:
+    path = Path(path)
+    path = path / "results.json" if path.is_dir() else path
+    return (json.loads(path.read_text()).get("environment") or {}).get("cpu_kernels") or {}
+
+
 def head_blocks(path: str | Path) -> list[int]:
     """The output-head blocks a bench run's process chose (``environment.cpu_kernels.head_blocks``; empty when it
     recorded none)."""
-    path = Path(path)
-    path = path / "results.json" if path.is_dir() else path
-    kernels = (json.loads(path.read_text()).get("environment") or {}).get("cpu_kernels") or {}
-    return [int(b["block_rows"]) for b in kernels.get("head_blocks", [])]
+    return [int(b["block_rows"]) for b in _timed_choices(path).get("head_blocks", [])]
+
+
+def verify_profiles(path: str | Path) -> list[str]:
+    """The verification profiles a bench run's process measured (``environment.cpu_kernels.verify_profiles``), each
+    as its relative costs at the measured sizes (``"1: 1.05, 2: 1.10, ..."``); empty when it recorded none."""
+    return [", ".join(f"{n}: {c:.2f}" for n, c in p["relative"].items() if int(n))
+            for p in _timed_choices(path).get("verify_profiles", [])]
 
 
 def load_records(path: str | Path) -> list[dict]:
@@ -153,6 +164,8 @@ def run(paths: list[str], out: str | Path, reference: str = "plain", log=print) 
         raise ValueError(f"the runs share no prompt on which both timed {reference!r} and a strategy")
     result["runs"] = [[paths[i], paths[i + 1]] for i in range(0, len(paths), 2)]
     result["head_blocks"] = [[head_blocks(paths[i]), head_blocks(paths[i + 1])] for i in range(0, len(paths), 2)]
+    result["verify_profiles"] = [[verify_profiles(paths[i]), verify_profiles(paths[i + 1])]
+                                 for i in range(0, len(paths), 2)]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(result, indent=1))
@@ -161,6 +174,11 @@ def run(paths: list[str], out: str | Path, reference: str = "plain", log=print) 
     if differ:
         table += (f"\nThe runs of a pair chose different output-head blocks ({'; '.join(differ)}): a choice made once "
                   "per process by timing, which changes the speeds it compares.\n")
+    profiles = [f"pair {k + 1}: A {'; '.join(x) or '-'}, B {'; '.join(y) or '-'}"
+                for k, (x, y) in enumerate(result["verify_profiles"]) if x or y]
+    if profiles:
+        table += ("\nVerification profiles (relative cost of verifying n nodes, measured once per process; they size "
+                  "the trees): " + " | ".join(profiles) + "\n")
     (out / "compare.md").write_text("Runs (A, B): " + "; ".join(f"`{x}`, `{y}`" for x, y in result["runs"])
                                     + "\n\n" + table)
     log(f"wrote {out / 'compare.md'}")
@@ -168,4 +186,5 @@ def run(paths: list[str], out: str | Path, reference: str = "plain", log=print) 
     return 0
 
 
-__all__ = ["changes", "compare", "geomean_interval", "head_blocks", "load_records", "markdown", "run", "same_reference"]
+__all__ = ["changes", "compare", "geomean_interval", "head_blocks", "load_records", "markdown", "run", "same_reference",
+           "verify_profiles"]

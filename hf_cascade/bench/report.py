@@ -245,7 +245,9 @@ def _kernel_line(choices: dict | None) -> list[str]:
     for s in choices.get("screens", []):
         sizes = ", ".join(k for k, used in s["faster"].items() if used) or "no size"
         parts.append(f"screen product {s['product']}, used at {sizes}")
-    return ["CPU kernels' choices, timed once in this process: " + "; ".join(parts) + "."] if parts else []
+    for p in choices.get("verify_profiles", []):
+        parts.append("verification profile " + ", ".join(f"{n}: {c:.2f}" for n, c in p["relative"].items() if int(n)))
+    return ["Choices timed once in this process: " + "; ".join(parts) + "."] if parts else []
 
 
 def _errors(result: BenchResult) -> list[str]:

@@ -117,12 +117,13 @@ def _environment(model: Any, drafts: list, verifier: Any = None, strategy_drafts
 
 
 def _kernel_choices() -> dict:
-    """What the CPU kernels timed once in this process (their head block, their screens' choices): every method
-    of the run shares them, and they differ between processes on one machine (``docs/benchmarks.md``)."""
+    """What was timed once in this process (the CPU kernels' head block and screens' choices, the tree assistants'
+    verification profiles): every method of the run shares them, and they differ between processes on one machine (``docs/benchmarks.md``)."""
     from ..backends.cpu.argmax_screen import screen_choices
     from ..backends.cpu.verify_head import calibrated_block_rows
+    from ..measure import measured_profiles
 
-    return {"head_blocks": calibrated_block_rows(), "screens": screen_choices()}
+    return {"head_blocks": calibrated_block_rows(), "screens": screen_choices(), "verify_profiles": measured_profiles()}
 
 
 def run_benchmark(
