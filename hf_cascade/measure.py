@@ -57,12 +57,12 @@ def profile_key(model) -> tuple:
 
 def measured_verify_cost(model) -> VerifyCost:
     """The defaults' profile for ``model``: :func:`measure_verify_cost` over :data:`QUICK_GRID` with a short prompt,
-    a few steps per size and the median of three rounds (one timing of a few steps is noisy on a loaded machine, and
-    the trees of every later call are sized from this profile), interpolated between the sizes, measured once per
-    :func:`profile_key`."""
+    a few steps per size, one symmetric round after a warm-up one (the trees of every later call are sized from
+    this profile: a round in one order carried the process's warm-up drift into it, and made large trees look
+    cheap), interpolated between the sizes, measured once per :func:`profile_key`."""
     key = profile_key(model)
     if key not in _MEASURED:
-        _MEASURED[key] = measure_verify_cost(model, prompt_len=32, steps=4, repeats=3, grid=QUICK_GRID)
+        _MEASURED[key] = measure_verify_cost(model, prompt_len=32, steps=4, repeats=1, grid=QUICK_GRID)
     return _MEASURED[key]
 
 
@@ -82,10 +82,10 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
     for ``n = 0 .. max_nodes``; seconds per step over those of ``n = 0`` (a tree step without a tree: what a step of
     plain decoding costs in this loop). Where the target's attention backend verifies chains only (flash / paged /
     hub kernels, :func:`~hf_cascade.core.forward.verifies_trees`), the ``n`` nodes are a chain of that token instead:
-    what such a target verifies (a step emits more tokens where the target chooses it). Median of ``repeats``
-    generations of ``steps`` steps per ``n`` (after one warm-up), the sizes in alternating order, made
-    non-decreasing by :func:`monotone_profile`: about ``repeats * steps * (max_nodes + 1)`` target forwards. ``grid``: measure only these node
-    counts (``0`` included; ``max_nodes`` = the largest) and interpolate linearly in between. The device is
+    what such a target verifies (a step emits more tokens where the target chooses it). Median over ``repeats``
+    symmetric rounds (the sizes in order, then in reverse; a round's value the mean of the two generations of
+    ``steps`` steps per ``n``), after one warm-up round, made non-decreasing by :func:`monotone_profile`: about
+    ``2 * (repeats + 1) * steps * (max_nodes + 1)`` target forwards. ``grid``: measure only these node counts (``0`` included; ``max_nodes`` = the largest) and interpolate linearly in between. The device is
     synchronised before each clock read (:func:`~hf_cascade.placement.synchronize`)."""
     from transformers import (
         GenerationConfig,
@@ -129,8 +129,8 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
         placement.synchronize(model)
         return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
 
-    with verification_session(model) as session:                 # sizes alternate in order: no drift bias
-        times = interleaved_medians({n: (lambda n=n: seconds_per_step(n)) for n in sizes}, repeats, alternate=True,
+    with verification_session(model) as session:                 # symmetric rounds: a drift over a round cancels
+        times = interleaved_medians({n: (lambda n=n: seconds_per_step(n)) for n in sizes}, repeats, symmetric=True,
                                     self_timed=True)
     return VerifyCost(monotone_profile({n: times[n] / times[0] for n in sizes}))
 

@@ -75,7 +75,9 @@ def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3
     ``tolerance`` times a one-row call, measured once per process and head shape (cached).
 
     Once the tuner has chosen a kernel for every size (a few calls each), each size is timed ``repeats``
-    more times, sizes interleaved, and the medians compared: the tuner's own exploration timings are
+    more times after one discarded round, in symmetric rounds (:func:`~hf_cascade.timing.interleaved_medians`: a
+    machine that speeds up or slows down during a round, e.g. as another process starts, would otherwise favour the
+    sizes timed last), and the medians compared: the tuner's own exploration timings are
     too few for this where the cost curve is flat, and a block chosen too small makes a step that
     emits more tokens pay for a second head call. ``default`` when the tuner does not time (a forced
     kernel) or has not chosen for every size.
@@ -92,8 +94,8 @@ def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3
                 vh._rows(x)
             if vh.tuner.seconds(shape_key(vh.weight, m)) is None:
                 return default
-        cost = interleaved_medians({m: (lambda x=x: vh._rows(x)) for m, x in rows.items()}, repeats, warmup=0,
-                                   clock=vh.tuner.clock)
+        cost = interleaved_medians({m: (lambda x=x: vh._rows(x)) for m, x in rows.items()}, repeats, warmup=1,
+                                   symmetric=True, clock=vh.tuner.clock)
         _BLOCK_ROWS[key] = max(m for m in sizes if cost[m] <= tolerance * cost[sizes[0]])
     return _BLOCK_ROWS[key]
 
