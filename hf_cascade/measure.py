@@ -62,7 +62,7 @@ def measured_verify_cost(model) -> VerifyCost:
     cheap), interpolated between the sizes, measured once per :func:`profile_key`."""
     key = profile_key(model)
     if key not in _MEASURED:
-        _MEASURED[key] = measure_verify_cost(model, prompt_len=32, steps=4, repeats=1, grid=QUICK_GRID)
+        _MEASURED[key] = measure_verify_cost(model, prompt_len=32, steps=3, repeats=1, grid=QUICK_GRID)
     return _MEASURED[key]
 
 
@@ -85,7 +85,8 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
     what such a target verifies (a step emits more tokens where the target chooses it). Median over ``repeats``
     symmetric rounds (the sizes in order, then in reverse; a round's value the mean of the two generations of
     ``steps`` steps per ``n``), after one warm-up round, made non-decreasing by :func:`monotone_profile`: about
-    ``2 * (repeats + 1) * steps * (max_nodes + 1)`` target forwards. ``grid``: measure only these node counts (``0`` included; ``max_nodes`` = the largest) and interpolate linearly in between. The device is
+    ``(2 * repeats + 1) * steps * (max_nodes + 1)`` target forwards. ``grid``: measure only these node counts (``0``
+    included; ``max_nodes`` = the largest) and interpolate linearly in between. The device is
     synchronised before each clock read (:func:`~hf_cascade.placement.synchronize`)."""
     from transformers import (
         GenerationConfig,

@@ -25,15 +25,16 @@ def interleaved_medians(runs: Mapping[Hashable, Callable[[], object]], repeats: 
 
     Args:
         runs: the alternatives, ``{key: fn}``, each called once per round in this order (with ``symmetric``: in
-            this order and then in reverse, twice per round, the round's sample the mean of the two).
+            this order and then in reverse, twice per timed round, the round's sample the mean of the two).
         clock: the clock read around each call (e.g. a kernel tuner's own).
         sync: called before each clock read (a device synchronisation: a GPU runs asynchronously).
         self_timed: each ``fn`` returns its own measure in seconds (e.g. excluding a prefill) instead.
     """
     keys = list(runs)
-    order = keys + keys[::-1] if symmetric else keys
     times: dict[Hashable, list[float]] = {k: [] for k in keys}
     for round_ in range(warmup + repeats):
+        timed = round_ >= warmup
+        order = keys + keys[::-1] if symmetric and timed else keys        # a warm-up round runs each once
         sample = dict.fromkeys(keys, 0.0)
         for k in order:
             if self_timed:
@@ -46,8 +47,8 @@ def interleaved_medians(runs: Mapping[Hashable, Callable[[], object]], repeats: 
                 if sync is not None:
                     sync()
                 seconds = clock() - start
-            sample[k] += seconds / (2 if symmetric else 1)
-        if round_ >= warmup:
+            sample[k] += seconds / (2 if symmetric and timed else 1)
+        if timed:
             for k in keys:
                 times[k].append(sample[k])
     return {k: statistics.median(t) for k, t in times.items()}

@@ -24,7 +24,7 @@ def test_symmetric_rounds_sync_and_self_timed():
     calls, synced = [], []
     runs = {n: (lambda n=n: calls.append(n) or float(n)) for n in (0, 1, 2)}
     medians = interleaved_medians(runs, repeats=2, warmup=1, symmetric=True, self_timed=True)
-    assert calls == [0, 1, 2, 2, 1, 0] * 3
+    assert calls == [0, 1, 2] + [0, 1, 2, 2, 1, 0] * 2                  # the warm-up round once each
     assert medians == {0: 0.0, 1: 1.0, 2: 2.0}
     interleaved_medians({0: lambda: None}, repeats=2, warmup=0, sync=lambda: synced.append(1))
     assert len(synced) == 4                                                # before each clock read
