@@ -22,11 +22,15 @@ from .core.stats import GenerationStats
 from .core.strategy import TreeDrafter
 from .core.structure import TokenTree
 from .placement import target_device_dtype
-from .timing import interleaved_medians
+from .profile_rounds import keep_rounds, kept_rounds, rounds_to_measure, store_key
+from .timing import median_ratios, round_ratios
 
 #: Node counts the default profile measures (:func:`measured_verify_cost`); costs in between are interpolated.
 QUICK_GRID = (0, 1, 2, 4, 8, 16, 24)
+#: The default profile's steps per generation and prompt length (short: it is measured when an assistant binds).
+QUICK_SETTINGS = {"grid": list(QUICK_GRID), "steps": 3, "prompt_len": 32}
 _MEASURED: dict[tuple, VerifyCost] = {}       # profile_key(model) -> the profile measured in this process
+_ROUNDS: dict[tuple, dict] = {}               # profile_key(model) -> its rounds: measured here, kept from before
 
 
 def bound_verify_cost(policy, model) -> VerifyCost | None:
@@ -56,24 +60,30 @@ def profile_key(model) -> tuple:
 
 
 def measured_verify_cost(model) -> VerifyCost:
-    """The defaults' profile for ``model``: :func:`measure_verify_cost` over :data:`QUICK_GRID` with a short prompt,
-    a few steps per size, one symmetric round after a warm-up one (the trees of every later call are sized from
-    this profile: a round in one order carried the process's warm-up drift into it, and made large trees look
-    cheap), interpolated between the sizes, measured once per :func:`profile_key`."""
+    """The defaults' profile for ``model``, made once per :func:`profile_key` in the process: the per-size median of
+    symmetric rounds (:func:`measure_verify_cost`'s, over :data:`QUICK_GRID`, a short prompt and a few steps per
+    size), this process's round and the last ones kept on disk for the same machine and model
+    (:mod:`hf_cascade.profile_rounds`: a round spoiled by a transient is outvoted; while fewer are kept, this process
+    measures more), interpolated between the sizes. The trees of every later call are sized from it."""
     key = profile_key(model)
     if key not in _MEASURED:
-        _MEASURED[key] = measure_verify_cost(model, prompt_len=32, steps=3, repeats=1, grid=QUICK_GRID)
+        filed = store_key(key, QUICK_SETTINGS)
+        kept = kept_rounds(filed)
+        new = _rounds(model, rounds=rounds_to_measure(len(kept)), grid=QUICK_GRID, steps=QUICK_SETTINGS["steps"],
+                      prompt_len=QUICK_SETTINGS["prompt_len"])
+        keep_rounds(filed, new)
+        _MEASURED[key] = VerifyCost(monotone_profile(median_ratios(kept + new)))
+        _ROUNDS[key] = {"measured": len(new), "kept": len(kept)}
     return _MEASURED[key]
 
 
 def measured_profiles() -> list[dict]:
     """The profiles :func:`measured_verify_cost` measured in this process (a run's record: like the CPU kernels'
     block, a timed choice made once per process, which sizes every later tree), each at the sizes it measured."""
-    return [{"profile": " / ".join(str(k) for k in key), "relative": {n: round(cost(n), 4) for n in QUICK_GRID}}
-            for key, cost in _MEASURED.items()]
+    return [{"profile": " / ".join(str(k) for k in key), "relative": {n: round(cost(n), 4) for n in QUICK_GRID},
+             "rounds": _ROUNDS.get(key)} for key, cost in _MEASURED.items()]
 
 
-@torch.no_grad()
 def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16,
                         repeats: int = 3, grid=None) -> VerifyCost:
     """Measure the profile in the loop itself: :func:`~hf_cascade.core.loop.speculative_decode` (in the verification
@@ -82,12 +92,20 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
     for ``n = 0 .. max_nodes``; seconds per step over those of ``n = 0`` (a tree step without a tree: what a step of
     plain decoding costs in this loop). Where the target's attention backend verifies chains only (flash / paged /
     hub kernels, :func:`~hf_cascade.core.forward.verifies_trees`), the ``n`` nodes are a chain of that token instead:
-    what such a target verifies (a step emits more tokens where the target chooses it). Median over ``repeats``
-    symmetric rounds (the sizes in order, then in reverse; a round's value the mean of the two generations of
-    ``steps`` steps per ``n``), after one warm-up round, made non-decreasing by :func:`monotone_profile`: about
-    ``(2 * repeats + 1) * steps * (max_nodes + 1)`` target forwards. ``grid``: measure only these node counts (``0``
-    included; ``max_nodes`` = the largest) and interpolate linearly in between. The device is
+    what such a target verifies (a step emits more tokens where the target chooses it). Each round is symmetric (the
+    sizes in order, then in reverse; its value of ``n`` the mean of the two generations of ``steps`` steps, over its
+    value of ``0``); the profile is the per-size median over ``repeats`` rounds after one warm-up round, made
+    non-decreasing by :func:`monotone_profile`: about ``(2 * repeats + 1) * steps * (max_nodes + 1)`` target
+    forwards. ``grid``: measure only these node counts
+    (``0`` included; ``max_nodes`` = the largest) and interpolate linearly in between. The device is
     synchronised before each clock read (:func:`~hf_cascade.placement.synchronize`)."""
+    return VerifyCost(monotone_profile(median_ratios(_rounds(model, max_nodes, prompt_len, steps, repeats, grid))))
+
+
+@torch.no_grad()
+def _rounds(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16, rounds: int = 3,
+            grid=None) -> list[dict[int, float]]:
+    """Each symmetric round's ``{n: seconds per step / those of 0}`` (:func:`measure_verify_cost`'s measurement)."""
     from transformers import (
         GenerationConfig,
         LogitsProcessorList,
@@ -131,9 +149,7 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
         return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
 
     with verification_session(model) as session:                 # symmetric rounds: a drift over a round cancels
-        times = interleaved_medians({n: (lambda n=n: seconds_per_step(n)) for n in sizes}, repeats, symmetric=True,
-                                    self_timed=True)
-    return VerifyCost(monotone_profile({n: times[n] / times[0] for n in sizes}))
+        return round_ratios({n: (lambda n=n: seconds_per_step(n)) for n in sizes}, 0, rounds, self_timed=True)
 
 
 def monotone_profile(measured: dict[int, float]) -> tuple[float, ...]:
@@ -165,5 +181,5 @@ def monotone_profile(measured: dict[int, float]) -> tuple[float, ...]:
     return tuple(rel)
 
 
-__all__ = ["QUICK_GRID", "bound_verify_cost", "measure_verify_cost", "measured_verify_cost", "measured_profiles",
+__all__ = ["QUICK_GRID", "QUICK_SETTINGS", "bound_verify_cost", "measure_verify_cost", "measured_verify_cost", "measured_profiles",
            "monotone_profile", "profile_key"]

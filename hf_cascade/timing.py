@@ -8,32 +8,29 @@ bias the comparison (a process still warming up, another one starting), a *symme
 in order and then in reverse, and takes each one's mean: a drift linear over the round then cancels, since both
 halves of every alternative are centred on the round's middle. The first rounds warm up (allocations, kernel
 choice, caches) and are discarded.
+
+A transient that is not linear over a round (another process loading a model beside this one) still spoils that
+round. Where one timed choice sizes everything after it, it is the median of several rounds' ratios
+(:func:`round_ratios`, :func:`median_ratios`), a spoiled round outvoted instead of trusted.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Hashable, Mapping
+from typing import Callable, Hashable, Iterator, Mapping
 
 
-def interleaved_medians(runs: Mapping[Hashable, Callable[[], object]], repeats: int, warmup: int = 1,
-                        symmetric: bool = False, clock: Callable[[], float] = time.perf_counter,
-                        sync: Callable[[], None] | None = None,
-                        self_timed: bool = False) -> dict[Hashable, float]:
-    """``{key: median seconds}`` of ``runs`` over ``repeats`` rounds after ``warmup`` discarded ones.
-
-    Args:
-        runs: the alternatives, ``{key: fn}``, each called once per round in this order (with ``symmetric``: in
-            this order and then in reverse, twice per timed round, the round's sample the mean of the two).
-        clock: the clock read around each call (e.g. a kernel tuner's own).
-        sync: called before each clock read (a device synchronisation: a GPU runs asynchronously).
-        self_timed: each ``fn`` returns its own measure in seconds (e.g. excluding a prefill) instead.
-    """
+def _timed_rounds(runs: Mapping[Hashable, Callable[[], object]], warmup: int, symmetric: bool,
+                  clock: Callable[[], float], sync: Callable[[], None] | None,
+                  self_timed: bool) -> Iterator[dict[Hashable, float]]:
+    """``{key: seconds}`` of each timed round, endlessly, after ``warmup`` discarded ones (the rules of
+    :func:`interleaved_medians`)."""
     keys = list(runs)
-    times: dict[Hashable, list[float]] = {k: [] for k in keys}
-    for round_ in range(warmup + repeats):
+    round_ = 0
+    while True:
         timed = round_ >= warmup
+        round_ += 1
         order = keys + keys[::-1] if symmetric and timed else keys        # a warm-up round runs each once
         sample = dict.fromkeys(keys, 0.0)
         for k in order:
@@ -49,9 +46,41 @@ def interleaved_medians(runs: Mapping[Hashable, Callable[[], object]], repeats: 
                 seconds = clock() - start
             sample[k] += seconds / (2 if symmetric and timed else 1)
         if timed:
-            for k in keys:
-                times[k].append(sample[k])
-    return {k: statistics.median(t) for k, t in times.items()}
+            yield sample
 
 
-__all__ = ["interleaved_medians"]
+def interleaved_medians(runs: Mapping[Hashable, Callable[[], object]], repeats: int, warmup: int = 1,
+                        symmetric: bool = False, clock: Callable[[], float] = time.perf_counter,
+                        sync: Callable[[], None] | None = None,
+                        self_timed: bool = False) -> dict[Hashable, float]:
+    """``{key: median seconds}`` of ``runs`` over ``repeats`` rounds after ``warmup`` discarded ones.
+
+    Args:
+        runs: the alternatives, ``{key: fn}``, each called once per round in this order (with ``symmetric``: in
+            this order and then in reverse, twice per timed round, the round's sample the mean of the two).
+        clock: the clock read around each call (e.g. a kernel tuner's own).
+        sync: called before each clock read (a device synchronisation: a GPU runs asynchronously).
+        self_timed: each ``fn`` returns its own measure in seconds (e.g. excluding a prefill) instead.
+    """
+    rounds = _timed_rounds(runs, warmup, symmetric, clock, sync, self_timed)
+    samples = [next(rounds) for _ in range(repeats)]
+    return {k: statistics.median(s[k] for s in samples) for k in runs}
+
+
+def round_ratios(runs: Mapping[Hashable, Callable[[], object]], unit: Hashable, rounds: int, warmup: int = 1,
+                 symmetric: bool = True, clock: Callable[[], float] = time.perf_counter,
+                 sync: Callable[[], None] | None = None, self_timed: bool = False) -> list[dict[Hashable, float]]:
+    """Each timed round's ``{key: time / unit's time}`` (the rules of :func:`interleaved_medians`, symmetric by
+    default): ratios within a round, so a round slowed evenly keeps them, and rounds that can be pooled with rounds
+    measured elsewhere (:mod:`hf_cascade.profile_rounds`)."""
+    timed = _timed_rounds(runs, warmup, symmetric, clock, sync, self_timed)
+    samples = [next(timed) for _ in range(max(int(rounds), 1))]
+    return [{k: s[k] / s[unit] for k in runs} for s in samples]
+
+
+def median_ratios(rounds: list[Mapping[Hashable, float]]) -> dict[Hashable, float]:
+    """The per-key median over ``rounds`` (dicts with the same keys): a round spoiled by a transient is outvoted."""
+    return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+
+
+__all__ = ["interleaved_medians", "median_ratios", "round_ratios"]

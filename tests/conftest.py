@@ -9,6 +9,7 @@ Deselect them with ``-m "not real_model"``.
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -16,6 +17,8 @@ import torch
 
 # CI and developer machines have 2 cores; more threads only add contention.
 torch.set_num_threads(2)
+# a test's timings are not this machine's verification profile: keep no profile rounds on disk
+os.environ["HF_CASCADE_PROFILE_ROUNDS"] = "0"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -246,7 +246,10 @@ def _kernel_line(choices: dict | None) -> list[str]:
         sizes = ", ".join(k for k, used in s["faster"].items() if used) or "no size"
         parts.append(f"screen product {s['product']}, used at {sizes}")
     for p in choices.get("verify_profiles", []):
-        parts.append("verification profile " + ", ".join(f"{n}: {c:.2f}" for n, c in p["relative"].items() if int(n)))
+        r = p.get("rounds") or {}
+        rounds = f" (median of {r['measured'] + r['kept']} rounds, {r['kept']} kept from earlier runs)" if r else ""
+        parts.append("verification profile " + ", ".join(f"{n}: {c:.2f}" for n, c in p["relative"].items() if int(n))
+                     + rounds)
     return ["Choices timed once in this process: " + "; ".join(parts) + "."] if parts else []
 
 

@@ -1,0 +1,10 @@
+import json, sys, time, torch
+torch.set_num_threads(1)
+from hf_cascade.models import load_default_target
+from hf_cascade import measure
+model, tok = load_default_target(); model.eval()
+t = time.perf_counter()
+measure.measured_verify_cost(model)
+p = measure.measured_profiles()[0]
+rec = {"time": time.strftime("%H:%M:%S"), "measure_s": round(time.perf_counter() - t, 1), "rounds": p["rounds"], "relative": p["relative"]}
+print(json.dumps(rec)); open(sys.argv[1], "a").write(json.dumps(rec) + "\n")
