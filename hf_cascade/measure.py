@@ -14,7 +14,7 @@ import time
 import torch
 
 from . import placement
-from .backends import verification_session
+from .backends import verification_session, wants_cpu_kernels
 from .core.forward import verifies_trees
 from .core.loop import speculative_decode
 from .core.payoff import VerifyCost
@@ -44,8 +44,8 @@ def bound_verify_cost(policy, model) -> VerifyCost | None:
 
 def profile_key(model) -> tuple:
     """What a measured profile depends on: the device kind (type, name; CPU threads), the model's shape and dtype,
-    and whether its attention backend verifies trees or chains only
-    (:func:`~hf_cascade.core.forward.verifies_trees`)."""
+    whether its attention backend verifies trees or chains only (:func:`~hf_cascade.core.forward.verifies_trees`),
+    and whether the measurement's verification runs on the CPU kernels (:func:`~hf_cascade.backends.wants_cpu_kernels`)."""
     device, dtype = target_device_dtype(model)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -56,7 +56,7 @@ def profile_key(model) -> tuple:
     c = model.config.get_text_config()
     shape = tuple(getattr(c, a, None) for a in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads"))
     return (device.type, name, getattr(model.config, "_name_or_path", None), shape, str(dtype),
-            "trees" if verifies_trees(model) else "chains")
+            "trees" if verifies_trees(model) else "chains", "cpu kernels" if wants_cpu_kernels(model, None) else "model")
 
 
 def measured_verify_cost(model) -> VerifyCost:
