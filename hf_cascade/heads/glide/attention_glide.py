@@ -34,10 +34,14 @@ def _rotary(rope: dict, head_dim: int, max_position_embeddings: int) -> LlamaRot
     return LlamaRotaryEmbedding(config)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
+            scale: float) -> torch.Tensor:
     """Softmax attention (float32 softmax). ``q`` ``[B, h, T, d]``, ``k``/``v`` ``[B, h, S, d]``, ``allowed``
-    bool broadcastable to ``[B, h, T, S]``. Rows with no allowed key return zeros."""
+    bool broadcastable to ``[B, h, T, S]`` (``None``: every key, the same result as an all-True mask). Rows
+    with no allowed key return zeros."""
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale                    # [B, h, T, S]
+    if allowed is None:
+        return torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)                   # [B, h, T, d]
     scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
     probs = scores.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)              # empty rows -> 0
     return torch.matmul(probs.to(v.dtype), v)                                        # [B, h, T, d]
@@ -112,21 +116,34 @@ class GlideCrossAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         rope = config.cross_rope[layer_idx] if config.cross_rope is not None else config.self_rope()
         self.rotary_emb = _rotary(rope, self.head_dim, config.max_position_embeddings)
+        # the same rotary settings and head size as the self-attention's: its cos / sin serve here too
+        self.self_rope = rope == config.self_rope() and self.head_dim == config.head_dim
 
-    def forward(self, x, position_ids, key, value, allowed):
-        """``x`` ``[B, T, H]``; ``key``/``value`` ``[B, kv_T, S, d_k]`` (target cache, post-rotary);
-        ``allowed`` bool ``[B|1, 1|h, T, S]``."""
+    def forward(self, x, position_ids, key, value, allowed, rope=None):
+        """``x`` ``[B, T, H]``; ``key``/``value`` ``[B, kv_T, S, d_k]`` (target cache, post-rotary; or as
+        :meth:`read_target` returns them); ``allowed`` bool ``[B|1, 1|h, T, S]`` (``None``: every entry);
+        ``rope``: the self-attention's ``(cos, sin)`` at ``position_ids`` when :attr:`self_rope` (the same
+        values this layer's rotary embedding computes), else ``None``."""
         b, t, _ = x.shape
         if key.shape[-1] != self.head_dim or self.num_heads % key.shape[1]:
             raise ValueError(f"target K/V of shape {tuple(key.shape)} do not fit the cross-attention "
                              f"({self.num_heads} query heads of size {self.head_dim}).")
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)    # [B, h, T, d_k]
-        cos, sin = self.rotary_emb(q, position_ids)                                      # [B, T, d_k]
-        q = _apply_rope(q, cos, sin)
-        n_rep = self.num_heads // key.shape[1]
-        # the target's cache layer may live on another device (device_map) or dtype: read it where it is,
-        # move it here (no copy when the GLIDE was placed like the target)
-        key = _repeat_kv(key.to(device=q.device, dtype=q.dtype), n_rep)                  # [B, h, S, d_k]
-        value = _repeat_kv(value.to(device=q.device, dtype=q.dtype), n_rep)
+        if rope is None or rope[0].dtype != q.dtype:
+            rope = self.rotary_emb(q, position_ids)                                      # [B, T, d_k] each
+        q = _apply_rope(q, *rope)
+        key, value = self.read_target(key, value, q.device, q.dtype)                    # [B, h, S, d_k]
         out = _attend(q, key, value, allowed, self.scale)                                # [B, h, T, d_k]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                        # [B, T, H]
+
+    def read_target(self, key: torch.Tensor, value: torch.Tensor, device=None, dtype=None):
+        """The target's cached ``key``/``value`` ``[B, kv_T, S, d_k]`` as the attention reads them: on ``device``
+        in ``dtype`` (default: the query projection's), repeated to the ``h`` query heads. The target's cache
+        layer may live on another device (device_map) or dtype: it is read where it is and moved here (no copy
+        when the GLIDE was placed like the target). Idempotent: pairs it returned come back unchanged."""
+        w = self.q_proj.weight
+        device = device if device is not None else w.device
+        dtype = dtype if dtype is not None else w.dtype
+        n_rep = self.num_heads // key.shape[1]
+        return (_repeat_kv(key.to(device=device, dtype=dtype), n_rep),
+                _repeat_kv(value.to(device=device, dtype=dtype), n_rep))
