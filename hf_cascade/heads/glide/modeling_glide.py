@@ -32,7 +32,7 @@ from torch import nn
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention_glide import GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _rotary
+from .attention_glide import GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _rotary, rope_tables
 from .configuration_glide import GlideConfig
 
 # transformers 5.24 renamed the output field past_key_values -> cache (the old name warns)
@@ -73,12 +73,13 @@ class GlideDecoderLayer(nn.Module):
         self.post_attention_layernorm = GlideRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GlideMLP(config)
 
-    def forward(self, x, cos, sin, self_allowed, position_ids, cache=None, target_kv=None, cross_allowed=None):
-        """Masks: bool, True = may attend; ``None``: every key / target entry."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, self_allowed, cache)
+    def forward(self, x, rope, self_allowed, position_ids, cache=None, target_kv=None, cross_allowed=None):
+        """``rope``: the self-attention's ``rope_tables`` at ``position_ids``. Masks: bool, True = may attend;
+        ``None``: every key / target entry."""
+        x = x + self.self_attn(self.input_layernorm(x), rope, self_allowed, cache)
         if target_kv is not None and self.cross_attn is not None:
-            rope = (cos, sin) if self.cross_attn.self_rope else None
-            x = x + self.cross_attn(x, position_ids, target_kv[0], target_kv[1], cross_allowed, rope)
+            shared = rope if self.cross_attn.self_rope else None
+            x = x + self.cross_attn(x, position_ids, target_kv[0], target_kv[1], cross_allowed, shared)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -325,7 +326,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 kv_pairs = self.target_kv(kv_pairs)
 
         hidden = inputs_embeds
-        cos, sin = self.model.rotary_emb(hidden, position_ids)                              # [B, T, d_D]
+        rope = rope_tables(*self.model.rotary_emb(hidden, position_ids))                    # [B, 1, T, d_D] each
         all_hidden = [hidden] if output_hidden_states else None
         for m, layer in enumerate(self.model.layers):
             kv = cross = None
@@ -333,7 +334,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 kv = kv_pairs[m]
                 cross = self._cross_allowed(cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t,
                                             first)
-            hidden = layer(hidden, cos, sin, self_allowed, position_ids, past_key_values, kv, cross)
+            hidden = layer(hidden, rope, self_allowed, position_ids, past_key_values, kv, cross)
             if output_hidden_states:
                 all_hidden.append(hidden)
         hidden = self.model.norm(hidden)                                                    # [B, T, H]
