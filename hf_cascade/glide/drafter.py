@@ -105,7 +105,6 @@ class GlideDrafter(TreeDrafter):
         self.lookup = LookupBranch() if lookup and self.budget is not None else None
         self._compile: tuple | None = None               # (the call's CompileConfig,) once compile_forwards asked
         self.compiled: StaticDraftForward | None = None  # compiled calls: the draft forward over a static cache
-        self._nothing: TokenTree | None = None           # the empty tree on the sequence's device (immutable: shared)
 
     def compile_forwards(self, compile_config) -> None:
         """Run the draft forward compiled with ``compile_config`` over a static draft cache, from the first draft on,
@@ -125,12 +124,6 @@ class GlideDrafter(TreeDrafter):
         return self.compiled.length if self.compiled is not None else self.cache.get_seq_length()
 
     # -- helpers -----------------------------------------------------------------------------------
-    def _empty(self, seq: torch.Tensor) -> TokenTree:
-        """The empty tree on ``seq``'s device (made once)."""
-        if self._nothing is None or self._nothing.tokens.device != seq.device:
-            self._nothing = TokenTree.from_host((), (), seq.device)
-        return self._nothing
-
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.glide.config.share_target_embeddings else self.glide.vocab_subset[draft_ids]
 
@@ -177,7 +170,7 @@ class GlideDrafter(TreeDrafter):
         self._root_len, self._main = None, []
         if k < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped_drafts += 1
-            return self._joined(self._empty(seq), [], state), None
+            return self._joined(TokenTree.empty(seq.device), [], state), None
         length = seq.shape[0]
         self._start_compiled(state)
         past = self._draft_length()
@@ -237,7 +230,7 @@ class GlideDrafter(TreeDrafter):
             self.record.expansion_sizes.append([])
             self.record.confidences.append([])
             self.record.drafted_nodes.append(0)
-            return self._joined(self._empty(seq), [], state), None
+            return self._joined(TokenTree.empty(seq.device), [], state), None
         probs = torch.stack(rows[:m])                                               # [k', N]
         main_d = torch.stack(bests[:m])                                             # [k'] draft ids
         self._main = target_ids[:m]                                                 # [k'] target ids
