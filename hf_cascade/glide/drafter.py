@@ -83,6 +83,7 @@ class GlideDrafter(TreeDrafter):
                  processors: LogitsProcessorList | None = None, verify_cost: VerifyCost | None = None,
                  lookup: bool = False):
         self.glide, self.settings = glide, settings
+        self._shared = bool(glide.config.share_target_embeddings)   # its rows are the target's vocabulary (read once)
         # sampling (``processors`` given): draw the main path from the warped q while that is accepted more often
         # than the argmax (core.draws); greedy: the argmax path
         self.warpers = warpers(processors) if processors is not None else None
@@ -125,12 +126,12 @@ class GlideDrafter(TreeDrafter):
 
     # -- helpers -----------------------------------------------------------------------------------
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.glide.config.share_target_embeddings else self.glide.vocab_subset[draft_ids]
+        return draft_ids if self._shared else self.glide.vocab_subset[draft_ids]
 
     @property
     def _columns(self) -> torch.Tensor | None:
         """The target id of each column of the draft's rows (``None``: the target's own vocabulary)."""
-        return None if self.glide.config.share_target_embeddings else self.glide.vocab_subset
+        return None if self._shared else self.glide.vocab_subset
 
     def _glimpse(self, state: TreeStep) -> list | None:
         """The ``N_D`` target ``(k, v)`` pairs the draft reads, or ``None`` (no cross-attention, or nothing cached
