@@ -153,6 +153,9 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             n = config.draft_vocab_size
             self.lm_head = nn.Linear(config.hidden_size, n, bias=False)
             self.register_buffer("vocab_subset", torch.arange(n, dtype=torch.long), persistent=True)  # [N]
+        # the self-attention's rotary tables of one query, per host position, where they do not change with the
+        # sequence length (not "dynamic" / "longrope" scaling): the same values, computed once (a plain dict, never saved)
+        self._rope_at: dict | None = {} if config.self_rope().get("rope_type") not in ("dynamic", "longrope") else None
         self.post_init()
 
     # -- target -------------------------------------------------------------------------------------
@@ -304,6 +307,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 first = past
         elif cache_position is None:                      # the static cache's length, as a tensor
             cache_position = torch.arange(t, device=device) + past_key_values.get_seq_length()
+        at = first if position_ids is None and b == t == 1 else None    # one query at a host position
         if position_ids is None:
             position_ids = cache_position[None].expand(b, t)                               # [B, T]
 
@@ -326,7 +330,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 kv_pairs = self.target_kv(kv_pairs)
 
         hidden = inputs_embeds
-        rope = rope_tables(*self.model.rotary_emb(hidden, position_ids))                    # [B, 1, T, d_D] each
+        rope = self._rope(hidden, position_ids, at)                                         # [B, 1, T, d_D] each
         all_hidden = [hidden] if output_hidden_states else None
         for m, layer in enumerate(self.model.layers):
             kv = cross = None
@@ -356,6 +360,20 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         if return_dict is False:                          # no output object to build (a drafting loop's forwards)
             return tuple(v for v in (loss, logits, cache, hidden_states) if v is not None)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{_OUTPUT_CACHE: cache}, hidden_states=hidden_states)
+
+    def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor, at: int | None) -> tuple:
+        """The self-attention's ``rope_tables`` at ``position_ids``; for one query at the host position ``at``,
+        where the rotary embedding does not change with the sequence length, made once per position, device and
+        dtype (the same computation on the same input: the same values)."""
+        if at is None or self._rope_at is None:
+            return rope_tables(*self.model.rotary_emb(hidden, position_ids))
+        key = (at, hidden.device, hidden.dtype)
+        tables = self._rope_at.get(key)
+        if tables is None:
+            if len(self._rope_at) >= 16384:                  # positions of long generations: start over
+                self._rope_at.clear()
+            tables = self._rope_at[key] = rope_tables(*self.model.rotary_emb(hidden, position_ids))
+        return tables
 
     @staticmethod
     def _cross_allowed(mask, s, cache_position, attention_mask, b, t, first=None) -> torch.Tensor | None:
