@@ -248,8 +248,9 @@ def test_verify_cost_verifies_what_pays_and_keeps_parity(targets, cape, free_dra
 
 # -- the glimpse and the draft cache -----------------------------------------------------------------------
 class Spy(GlideDrafter):
-    """Checks at every step: the draft reads the target cache's own tensors (no copy) holding ``L - 1``
-    positions (the KV cache delay), and its incremental first forward equals a from-scratch forward."""
+    """Checks at every step: the draft reads the target cache as it is (its own tensors when there are no query
+    heads to repeat them to; repeated once per draft otherwise) holding ``L - 1`` positions (the KV cache delay),
+    and its incremental first forward equals a from-scratch forward."""
 
     steps = 0
 
@@ -269,7 +270,13 @@ class Spy(GlideDrafter):
             del self.glide.forward
         if kv is not None and seen:
             layer = self.glide.config.target_layer_ids[0]
-            assert all(s[0][0] is state.cache.layers[layer].keys for s in seen)       # no copy
+            keys = state.cache.layers[layer].keys
+            cross = self.glide.model.layers[0].cross_attn
+            read = cross.read_target(keys, keys)[0]                                    # repeated to the query heads
+            assert all(s[0][0] is seen[0][0][0] for s in seen)                         # read once per draft
+            assert torch.equal(seen[0][0][0], read)                                    # the cache as it is now
+            if cross.num_heads == keys.shape[1]:
+                assert seen[0][0][0] is keys                                           # nothing to repeat: no copy
             assert all(s[0][0].shape[-2] == seq.shape[0] - 1 for s in seen)           # everything but the root
         if seen:
             fresh = self.glide(seq[None], target_key_values=kv, full_vocab=False).logits[0, -1].softmax(-1)

@@ -109,7 +109,10 @@ def checked_head(target, hidden: torch.Tensor, logits: torch.Tensor):
     """The core's output head (:func:`~hf_cascade.core.forward.output_head`) where it reproduces ``logits`` from
     ``hidden`` (``[R, H]``, ``[R, V]``: the prefill's last rows); else ``None`` (the full model computes rows)."""
     head = output_head(target)
-    if head is not None and torch.allclose(head(hidden).float(), logits.float(), rtol=1e-4, atol=1e-4):
+    if head is None:
+        return None
+    rows = head(hidden)
+    if rows.shape == logits.shape and torch.allclose(rows.float(), logits.float(), rtol=1e-4, atol=1e-4):
         return head
     return None
 

@@ -241,6 +241,16 @@ class TokenTree:
         return cls._unchecked(tokens, torch.arange(-1, n - 1, device=tokens.device), tuple(range(-1, n - 1)), host_tokens)
 
     @classmethod
+    def empty(cls, device: torch.device | str | None = None) -> "TokenTree":
+        """The tree without nodes on ``device``: made once per device and shared (a tree is never written), for
+        the steps a drafter drafts nothing."""
+        device = torch.device(device if device is not None else "cpu")
+        tree = _EMPTY.get(device)
+        if tree is None:
+            tree = _EMPTY[device] = cls.from_host((), (), device)
+        return tree
+
+    @classmethod
     def from_host(cls, tokens: Sequence[int], parents: Sequence[int],
                   device: torch.device | str | None = None) -> "TokenTree":
         """A tree from host lists (checked on the host as :class:`TokenTree` checks them), its tensors made on
@@ -374,3 +384,6 @@ def pack_beams(beams: torch.Tensor, rows: list[list[int]] | None = None) -> tupl
     device = beams.device
     tree = TokenTree.from_host(tokens, parents, device)
     return tree, torch.tensor(beam_to_node, dtype=torch.long, device=device), beam_to_node
+
+
+_EMPTY: dict[torch.device, TokenTree] = {}     # device -> TokenTree.empty's tree

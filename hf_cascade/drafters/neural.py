@@ -32,6 +32,8 @@ from ..compat import cache_kwargs
 from ..placement import defer_reads, synchronize
 from ..processors import process_positions
 from ..core.categorical import categorical
+from ..core.head_input import HeadInput
+from ..core.phases import checked_head
 from ..core.static import static_rollback_supported
 from ..core.stats import LevelStats
 from ..core.payoff import ExpectedGainRule
@@ -112,6 +114,10 @@ class NeuralLevel:
         self._reduced = getattr(model.config, "draft_vocab_size", None) is not None and hasattr(model, "vocab_subset")
         self._subset: list[int] = model.vocab_subset.tolist() if self._reduced else []   # [N] target ids
         self.compiled: StaticDraftForward | None = None   # compiled calls: forwards over a static cache
+        # the model's output head where it reproduces the model's logits (checked at the first plain forward; None:
+        # the full model runs; False: not checked yet), and its decoder
+        self._head = None if self._reduced else False
+        self._decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
 
     def compile_forwards(self, compile_config, capacity: int) -> None:
         """Run this call's forwards compiled with ``compile_config`` over a static cache of at least ``capacity``
@@ -171,13 +177,11 @@ class NeuralLevel:
         processed = not reduced and len(self.processors) > 0     # the processors see the sequence, drafts appended
         cur = seq.to(self.device) if processed else None
         kwargs = {"full_vocab": False} if reduced else {}
-        if self.compiled is None:                                # the same keyword arguments at every forward
-            kwargs.update(cache_kwargs(self.model, self.cache), logits_to_keep=1)
         toks, probs, rows = [], [], []
         for _ in range(k):
             t0 = time.perf_counter()
             if self.compiled is None:
-                last = self.model(input_ids=new, **kwargs).logits                 # [1, 1, V_d]
+                last = self._logits(new, 1, **kwargs)                              # [1, 1, V_d]
             else:
                 last = self.compiled(new[0], True, **kwargs)
             self._count_forward(t0, new.shape[1])
@@ -218,8 +222,7 @@ class NeuralLevel:
             synchronize(self.device)
         t0 = time.perf_counter()
         if self.compiled is None:
-            logits = self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed,
-                                **kwargs).logits
+            logits = self._logits(new, needed, **kwargs)
         else:
             logits = self.compiled(new[0], needed == 1, **kwargs)
         if timed:
@@ -227,6 +230,25 @@ class NeuralLevel:
         self._count_forward(t0, new.shape[1])
         self.cached = list(ids)
         return logits[:, -needed:, :]
+
+    def _logits(self, new: torch.Tensor, needed: int, **kwargs) -> torch.Tensor:
+        """The model's logits ``[1, needed, V_d]`` of the last ``needed`` positions of ``new`` (``[1, T]``), fed
+        eagerly into :attr:`cache`. Without model-specific keywords, where the model's decoder and output head
+        reproduce its logits (:func:`~hf_cascade.core.phases.checked_head`, at this call's first such forward) they
+        run alone, as the core verifies: the full forward's wrappers and output objects are not built per token."""
+        if kwargs or self._head is None:
+            return self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed,
+                              **kwargs).logits
+        if self._head is not False:
+            hidden = self._decoder(input_ids=new, **cache_kwargs(self._decoder, self.cache)).last_hidden_state
+            return self._head(hidden[:, -needed:])
+        with HeadInput(self.model) as caught:                   # the first forward: check the head on its rows
+            logits = self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed).logits
+        hidden = caught.rows()
+        self._head = None
+        if hidden is not None and hidden.shape[0] >= needed and logits.shape[1] == needed:
+            self._head = checked_head(self.model, hidden[-needed:], logits[0])
+        return logits
 
     def _count_forward(self, t0: float, tokens: int) -> None:
         self.last_forward_seconds = time.perf_counter() - t0

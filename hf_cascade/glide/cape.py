@@ -75,9 +75,16 @@ class CapeSettings:
     def expansion_sizes(self, confidence: torch.Tensor) -> torch.Tensor:
         """``S(p)``: ``[k]`` confidences (the draft's max probability at each step) -> ``[k]`` LongTensor ``K_i``."""
         confidence = torch.as_tensor(confidence, dtype=torch.float32)
-        bounds = torch.tensor(self.thresholds, dtype=torch.float32, device=confidence.device)
-        sizes = torch.tensor(self.sizes, dtype=torch.long, device=confidence.device)
+        key = (self.thresholds, self.sizes, confidence.device)
+        tables = _TABLES.get(key)                                              # made once per settings and device
+        if tables is None:
+            tables = _TABLES[key] = (torch.tensor(self.thresholds, dtype=torch.float32, device=confidence.device),
+                                     torch.tensor(self.sizes, dtype=torch.long, device=confidence.device))
+        bounds, sizes = tables
         return sizes[torch.bucketize(confidence, bounds, right=False)]       # p <= t_0 -> bin 0, ...
+
+
+_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}   # (thresholds, sizes, device) -> S(p)'s bounds, sizes
 
 
 def expansion_sets(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor,

@@ -6,7 +6,8 @@ yet in the target's cache):
 
 1. **Glimpse without copying** -- the draft reads the target's cached K/V of layers ``l = N_T - N_D + m``
    straight from the loop's ``DynamicCache`` (:meth:`GlideForCausalLM.target_kv` returns the cache's own
-   tensors). It holds ``seq[:-1]``: the paper's *KV cache delay*, every draft query at or after the root
+   tensors; eager, :meth:`GlideForCausalLM.glimpse` repeats them to the cross-attention's query heads once per
+   draft, a copy only where the target groups its K/V heads, which each forward would otherwise make). It holds ``seq[:-1]``: the paper's *KV cache delay*, every draft query at or after the root
    sees all ``L - 1`` entries, a catch-up token at index ``i < L - 1`` sees entries ``< i`` (as at a block
    start in training).
 2. **Draft the main path** greedily, one draft forward per token, with the draft's own self-attention
@@ -82,6 +83,7 @@ class GlideDrafter(TreeDrafter):
                  processors: LogitsProcessorList | None = None, verify_cost: VerifyCost | None = None,
                  lookup: bool = False):
         self.glide, self.settings = glide, settings
+        self._shared = bool(glide.config.share_target_embeddings)   # its rows are the target's vocabulary (read once)
         # sampling (``processors`` given): draw the main path from the warped q while that is accepted more often
         # than the argmax (core.draws); greedy: the argmax path
         self.warpers = warpers(processors) if processors is not None else None
@@ -104,7 +106,6 @@ class GlideDrafter(TreeDrafter):
         self.lookup = LookupBranch() if lookup and self.budget is not None else None
         self._compile: tuple | None = None               # (the call's CompileConfig,) once compile_forwards asked
         self.compiled: StaticDraftForward | None = None  # compiled calls: the draft forward over a static cache
-        self._nothing: TokenTree | None = None           # the empty tree on the sequence's device (immutable: shared)
 
     def compile_forwards(self, compile_config) -> None:
         """Run the draft forward compiled with ``compile_config`` over a static draft cache, from the first draft on,
@@ -124,42 +125,41 @@ class GlideDrafter(TreeDrafter):
         return self.compiled.length if self.compiled is not None else self.cache.get_seq_length()
 
     # -- helpers -----------------------------------------------------------------------------------
-    def _empty(self, seq: torch.Tensor) -> TokenTree:
-        """The empty tree on ``seq``'s device (made once)."""
-        if self._nothing is None or self._nothing.tokens.device != seq.device:
-            self._nothing = TokenTree.from_host((), (), seq.device)
-        return self._nothing
-
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.glide.config.share_target_embeddings else self.glide.vocab_subset[draft_ids]
+        return draft_ids if self._shared else self.glide.vocab_subset[draft_ids]
 
     @property
     def _columns(self) -> torch.Tensor | None:
         """The target id of each column of the draft's rows (``None``: the target's own vocabulary)."""
-        return None if self.glide.config.share_target_embeddings else self.glide.vocab_subset
+        return None if self._shared else self.glide.vocab_subset
 
     def _glimpse(self, state: TreeStep) -> list | None:
-        """The ``N_D`` target ``(k, v)`` pairs ``[1, kv_heads, L - 1, d_k]`` the draft reads (the cache's own
-        tensors), or ``None`` (no cross-attention, or nothing cached yet)."""
+        """The ``N_D`` target ``(k, v)`` pairs the draft reads, or ``None`` (no cross-attention, or nothing cached
+        yet). Compiled: the static cache's own buffers ``[1, kv_heads, capacity, d_k]``; eager: the cache's
+        ``[1, kv_heads, L - 1, d_k]`` as the cross-attention reads them (:meth:`GlideForCausalLM.glimpse`: moved
+        and repeated to its query heads once per draft instead of at each of its forwards)."""
         if not self.glide.config.cross_attention or state.cache.get_seq_length() == 0:
             return None
         cache = state.cache.full if self.compiled is not None else state.cache     # compiled: the fixed buffers
-        kv = self.glide.target_kv(cache)
-        columns = kv[0][0].shape[-2] if self.compiled is not None else state.seq.shape[0] - 1
         if not self._checked:
-            c = self.glide.config
-            layers = c.target_layer_ids or [f"N_T - {len(kv) - m}" for m in range(len(kv))]
-            for (k, v), layer in zip(kv, layers):
-                ok = (k.dim() == 4 and k.shape == v.shape and k.shape[-1] == c.target_head_dim
-                      and c.target_num_attention_heads % k.shape[1] == 0
-                      and k.shape[-2] == columns)
-                if not ok:
-                    raise ValueError(
-                        f"the target's cached K/V of layer {layer} have shape {tuple(k.shape)}; this GLIDE expects "
-                        f"[1, kv_heads | {c.target_num_attention_heads}, {columns}, "
-                        f"{c.target_head_dim}] (a target of another geometry?)")
-            self._checked = True
-        return kv
+            self._check_geometry(self.glide.target_kv(cache), state)
+        return self.glide.target_kv(cache) if self.compiled is not None else self.glide.glimpse(cache)
+
+    def _check_geometry(self, kv: list, state: TreeStep) -> None:
+        """``ValueError`` unless the target's cached K/V fit this GLIDE (checked at the first draft)."""
+        columns = kv[0][0].shape[-2] if self.compiled is not None else state.seq.shape[0] - 1
+        c = self.glide.config
+        layers = c.target_layer_ids or [f"N_T - {len(kv) - m}" for m in range(len(kv))]
+        for (k, v), layer in zip(kv, layers):
+            ok = (k.dim() == 4 and k.shape == v.shape and k.shape[-1] == c.target_head_dim
+                  and c.target_num_attention_heads % k.shape[1] == 0
+                  and k.shape[-2] == columns)
+            if not ok:
+                raise ValueError(
+                    f"the target's cached K/V of layer {layer} have shape {tuple(k.shape)}; this GLIDE expects "
+                    f"[1, kv_heads | {c.target_num_attention_heads}, {columns}, "
+                    f"{c.target_head_dim}] (a target of another geometry?)")
+        self._checked = True
 
     # -- the TreeDrafter contract ------------------------------------------------------------------
     @torch.no_grad()
@@ -171,7 +171,7 @@ class GlideDrafter(TreeDrafter):
         self._root_len, self._main = None, []
         if k < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped_drafts += 1
-            return self._joined(self._empty(seq), [], state), None
+            return self._joined(TokenTree.empty(seq.device), [], state), None
         length = seq.shape[0]
         self._start_compiled(state)
         past = self._draft_length()
@@ -189,10 +189,11 @@ class GlideDrafter(TreeDrafter):
         defer = defer_reads(self._device)                  # GPU: read once after the k forwards, not per token
         if self.budget is not None:
             self.budget.start_draft()
+        forward = dict(cache_kwargs(self.glide, self.cache), target_key_values=kv, full_vocab=False, logits_to_keep=1,
+                       return_dict=False)                  # eager: the same keyword arguments at every forward
         for t in range(k):
             if self.compiled is None:
-                logits = self.glide(input_ids=ids[None], **cache_kwargs(self.glide, self.cache), target_key_values=kv,
-                                    full_vocab=False, logits_to_keep=1).logits[0, -1]
+                logits = self.glide(input_ids=ids[None], **forward)[0][0, -1]
             else:
                 logits = self.compiled(ids, True, target_key_values=kv, seen=seen)[0, -1]
             self.record.draft_forwards += 1
@@ -200,16 +201,17 @@ class GlideDrafter(TreeDrafter):
             if self.budget is not None:
                 self.budget.count_forward()
             p = logits.float().softmax(-1)                                          # [N] draft distribution
-            best = pick = p.argmax()
+            top, best = p.max(-1)                          # the first maximum, as argmax
+            pick = best
             if t == 0 and self.choice is not None:
                 self._root_logits = logits                 # both proposals are measured at the first position
             if drawn:                                      # rules 1, 2 of core.draws: q is what a token is drawn from,
                 x, q = draw(self.warpers, logits)          # and the mode depends on the confidence, not on x
-                use = table[torch.bucketize(p[best], self._bounds)]
+                use = table[torch.bucketize(top, self._bounds)]
                 pick = torch.where(use, x, best)
                 qs.append(torch.where(use, q, torch.nn.functional.one_hot(best, q.shape[0]).to(q.dtype)))
             token = self._to_target(pick)
-            rows.append(p), bests.append(pick), tops.append(p[best]), tokens.append(token)
+            rows.append(p), bests.append(pick), tops.append(top), tokens.append(token)
             if not defer:                                  # host reads are free: stop as soon as the rule says
                 p_best.append(float(tops[-1]))
                 target_ids.append(int(token))
@@ -229,7 +231,7 @@ class GlideDrafter(TreeDrafter):
             self.record.expansion_sizes.append([])
             self.record.confidences.append([])
             self.record.drafted_nodes.append(0)
-            return self._joined(self._empty(seq), [], state), None
+            return self._joined(TokenTree.empty(seq.device), [], state), None
         probs = torch.stack(rows[:m])                                               # [k', N]
         main_d = torch.stack(bests[:m])                                             # [k'] draft ids
         self._main = target_ids[:m]                                                 # [k'] target ids

@@ -90,7 +90,7 @@ class MaxGramTree(TreeDrafter):
         tokens = state.tokens if state.tokens is not None else seq.tolist()
         beams = self.continuation_lists(tokens, depth) if depth > 0 else []
         if not beams:
-            return TokenTree.from_host((), (), seq.device), None
+            return TokenTree.empty(seq.device), None
         tree, _ = TokenTree.from_beams(torch.tensor(beams, dtype=seq.dtype, device=seq.device))
         return tree, None
 

@@ -79,8 +79,8 @@ def beam_search(
         score, flat = total.topk(min(width, total.numel()))                           # [b'] best first
         beam, col = torch.floor_divide(flat, n_cols), flat % n_cols                  # (``//`` without its wrapper)
         last = head.to_target_ids(col).to(device)                                     # [b'] target ids
-        kept.append((beam, last, logp.flatten()[flat]))                              # the kept beams' parents
-        state = state[beam]                                                           # [b', H]
+        kept.append((beam, last, logp.take(flat)))                                   # the kept beams' parents
+        state = state.index_select(0, beam)                                           # [b', H]
     beams, steps = _backtrack(kept)
     return (beams, score, steps) if token_logp else (beams, score)
 
@@ -90,10 +90,10 @@ def _backtrack(kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> t
     logp)``: ``beam`` indexes the previous step's beams, followed back from the last step."""
     beam, tokens, logps = kept[-1]
     tokens, logps = [tokens], [logps]
-    for parent, token, logp in reversed(kept[:-1]):
-        tokens.append(token[beam])
-        logps.append(logp[beam])
-        beam = parent[beam]
+    for parent, token, logp in reversed(kept[:-1]):                                  # (index_select: x[beam], a
+        tokens.append(token.index_select(0, beam))                                    # lighter call)
+        logps.append(logp.index_select(0, beam))
+        beam = parent.index_select(0, beam)
     return torch.stack(tokens[::-1], dim=1), torch.stack(logps[::-1], dim=1)
 
 

@@ -93,7 +93,7 @@ class ReDrafterDrafter(TreeDrafter):
         length = min(self.beam_length, state.budget)
         if state.last_hidden is None or length < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped += 1
-            return self._joined(TokenTree.from_host((), (), seq.device), [], state), None
+            return self._joined(TokenTree.empty(seq.device), [], state), None
         if self.budget is not None:
             self.budget.start_draft()
         # compiled: always the full length, one graph per width, and the beams cut to ``length`` (only the last

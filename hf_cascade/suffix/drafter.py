@@ -121,7 +121,7 @@ class SuffixTreeDrafter(TreeDrafter):
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
         if state.budget <= 0:
-            return TokenTree.from_host((), (), seq.device), None
+            return TokenTree.empty(seq.device), None
         d = self.request.speculate(seq, self.max_tokens, tree=True)        # the core prunes it to the budget
         tokens, parents = list(d.token_ids), list(d.parents)
         tree = TokenTree.from_host(tokens, parents, seq.device)

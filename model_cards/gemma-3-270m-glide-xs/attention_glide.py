@@ -12,14 +12,19 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from .configuration_glide import GlideConfig
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rotary embedding's ``cos``/``sin`` ``[B, T, d]`` as :func:`_apply_rope` reads them, made once per forward:
+    ``[B, 1, T, d]`` each, ``sin``'s first half negated. Then ``rotate_half(x) * sin``, whose first half is
+    ``-x2 * sin1`` and second ``x1 * sin2``, is ``roll(x, d / 2) * sin`` with the sign moved onto ``sin`` (the same
+    products, exactly)."""
+    half = sin.shape[-1] // 2
+    return cos[:, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, None]
 
 
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x`` ``[B, heads, T, d]``; ``cos``/``sin`` ``[B, T, d]``."""
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+def _apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``x`` ``[B, heads, T, d]`` rotated: ``x * cos + rotate_half(x) * sin`` (``rope``: :func:`rope_tables`)."""
+    cos, sin = rope
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 def _rotary(rope: dict, head_dim: int, max_position_embeddings: int) -> LlamaRotaryEmbedding:
@@ -34,13 +39,22 @@ def _rotary(rope: dict, head_dim: int, max_position_embeddings: int) -> LlamaRot
     return LlamaRotaryEmbedding(config)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
+            scale: float) -> torch.Tensor:
     """Softmax attention (float32 softmax). ``q`` ``[B, h, T, d]``, ``k``/``v`` ``[B, h, S, d]``, ``allowed``
-    bool broadcastable to ``[B, h, T, S]``. Rows with no allowed key return zeros."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale                    # [B, h, T, S]
+    bool broadcastable to ``[B, h, T, S]`` (``None``: every key, the same result as an all-True mask). Rows
+    with no allowed key return zeros."""
+    scores = _as(torch.matmul(q, k.transpose(-1, -2)), torch.float32) * scale        # [B, h, T, S]
+    if allowed is None:
+        return torch.matmul(_as(scores.softmax(dim=-1), v.dtype), v)                 # [B, h, T, d]
     scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
     probs = scores.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)              # empty rows -> 0
-    return torch.matmul(probs.to(v.dtype), v)                                        # [B, h, T, d]
+    return torch.matmul(_as(probs, v.dtype), v)                                      # [B, h, T, d]
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)`` without the call when it is in ``dtype`` already (a call per op counts in a tiny draft)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -56,9 +70,9 @@ class GlideRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float()
+        x = _as(x, torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * x.to(dtype)
+        return self.weight * _as(x, dtype)
 
 
 class GlideMLP(nn.Module):
@@ -87,12 +101,13 @@ class GlideSelfAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, x, cos, sin, allowed, cache=None):
+    def forward(self, x, rope, allowed, cache=None):
+        """``rope``: :func:`rope_tables` at the queries' positions."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)   # [B, h_D, T, d_D]
         k = self.k_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)      # [B, kv_D, T, d_D]
         v = self.v_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        q, k = _apply_rope(q, rope), _apply_rope(k, rope)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)                                   # [B, kv_D, P + T, d_D]
         n_rep = self.num_heads // self.num_kv
@@ -112,21 +127,34 @@ class GlideCrossAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         rope = config.cross_rope[layer_idx] if config.cross_rope is not None else config.self_rope()
         self.rotary_emb = _rotary(rope, self.head_dim, config.max_position_embeddings)
+        # the same rotary settings and head size as the self-attention's: its cos / sin serve here too
+        self.self_rope = rope == config.self_rope() and self.head_dim == config.head_dim
 
-    def forward(self, x, position_ids, key, value, allowed):
-        """``x`` ``[B, T, H]``; ``key``/``value`` ``[B, kv_T, S, d_k]`` (target cache, post-rotary);
-        ``allowed`` bool ``[B|1, 1|h, T, S]``."""
+    def forward(self, x, position_ids, key, value, allowed, rope=None):
+        """``x`` ``[B, T, H]``; ``key``/``value`` ``[B, kv_T, S, d_k]`` (target cache, post-rotary; or as
+        :meth:`read_target` returns them); ``allowed`` bool ``[B|1, 1|h, T, S]`` (``None``: every entry);
+        ``rope``: the self-attention's :func:`rope_tables` at ``position_ids`` when :attr:`self_rope` (the same
+        values this layer's rotary embedding gives), else ``None``."""
         b, t, _ = x.shape
         if key.shape[-1] != self.head_dim or self.num_heads % key.shape[1]:
             raise ValueError(f"target K/V of shape {tuple(key.shape)} do not fit the cross-attention "
                              f"({self.num_heads} query heads of size {self.head_dim}).")
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)    # [B, h, T, d_k]
-        cos, sin = self.rotary_emb(q, position_ids)                                      # [B, T, d_k]
-        q = _apply_rope(q, cos, sin)
-        n_rep = self.num_heads // key.shape[1]
-        # the target's cache layer may live on another device (device_map) or dtype: read it where it is,
-        # move it here (no copy when the GLIDE was placed like the target)
-        key = _repeat_kv(key.to(device=q.device, dtype=q.dtype), n_rep)                  # [B, h, S, d_k]
-        value = _repeat_kv(value.to(device=q.device, dtype=q.dtype), n_rep)
+        if rope is None or rope[0].dtype != q.dtype:
+            rope = rope_tables(*self.rotary_emb(q, position_ids))                        # [B, 1, T, d_k] each
+        q = _apply_rope(q, rope)
+        key, value = self.read_target(key, value, q.device, q.dtype)                    # [B, h, S, d_k]
         out = _attend(q, key, value, allowed, self.scale)                                # [B, h, T, d_k]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                        # [B, T, H]
+
+    def read_target(self, key: torch.Tensor, value: torch.Tensor, device=None, dtype=None):
+        """The target's cached ``key``/``value`` ``[B, kv_T, S, d_k]`` as the attention reads them: on ``device``
+        in ``dtype`` (default: the query projection's), repeated to the ``h`` query heads. The target's cache
+        layer may live on another device (device_map) or dtype: it is read where it is and moved here (no copy
+        when the GLIDE was placed like the target). Idempotent: pairs it returned come back unchanged."""
+        w = self.q_proj.weight
+        device = device if device is not None else w.device
+        dtype = dtype if dtype is not None else w.dtype
+        n_rep = self.num_heads // key.shape[1]
+        return (_repeat_kv(key.to(device=device, dtype=dtype), n_rep),
+                _repeat_kv(value.to(device=device, dtype=dtype), n_rep))

@@ -32,7 +32,7 @@ from torch import nn
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention_glide import GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _rotary
+from .attention_glide import GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _rotary, rope_tables
 from .configuration_glide import GlideConfig
 
 # transformers 5.24 renamed the output field past_key_values -> cache (the old name warns)
@@ -73,10 +73,13 @@ class GlideDecoderLayer(nn.Module):
         self.post_attention_layernorm = GlideRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GlideMLP(config)
 
-    def forward(self, x, cos, sin, self_allowed, position_ids, cache=None, target_kv=None, cross_allowed=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, self_allowed, cache)
+    def forward(self, x, rope, self_allowed, position_ids, cache=None, target_kv=None, cross_allowed=None):
+        """``rope``: the self-attention's ``rope_tables`` at ``position_ids``. Masks: bool, True = may attend;
+        ``None``: every key / target entry."""
+        x = x + self.self_attn(self.input_layernorm(x), rope, self_allowed, cache)
         if target_kv is not None and self.cross_attn is not None:
-            x = x + self.cross_attn(x, position_ids, target_kv[0], target_kv[1], cross_allowed)
+            shared = rope if self.cross_attn.self_rope else None
+            x = x + self.cross_attn(x, position_ids, target_kv[0], target_kv[1], cross_allowed, shared)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -150,6 +153,9 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             n = config.draft_vocab_size
             self.lm_head = nn.Linear(config.hidden_size, n, bias=False)
             self.register_buffer("vocab_subset", torch.arange(n, dtype=torch.long), persistent=True)  # [N]
+        # the self-attention's rotary tables of one query, per host position, where they do not change with the
+        # sequence length (not "dynamic" / "longrope" scaling): the same values, computed once (a plain dict, never saved)
+        self._rope_at: dict | None = {} if config.self_rope().get("rope_type") not in ("dynamic", "longrope") else None
         self.post_init()
 
     # -- target -------------------------------------------------------------------------------------
@@ -179,6 +185,17 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         (a transformers Cache or a tuple of per-layer pairs over all target layers)."""
         layers = _cache_layers(past_key_values)
         return [layers[l] for l in self.config.resolved_target_layers(len(layers))]
+
+    def glimpse(self, past_key_values) -> list:
+        """:meth:`target_kv` as the cross-attention layers read them (on each layer's device, in its dtype, repeated
+        to the query heads: ``[B, h, S, d_k]``), so that a forward given them copies nothing of the target's cache;
+        for several forwards over one cache (a draft's steps). Pairs of an offloaded layer (weights on ``meta``)
+        are left as they are (its forward moves them)."""
+        pairs = self.target_kv(past_key_values)
+        if not self.config.cross_attention:
+            return pairs
+        return [pair if layer.cross_attn.q_proj.weight.device.type == "meta" else layer.cross_attn.read_target(*pair)
+                for layer, pair in zip(self.model.layers, pairs)]
 
     # -- vocabulary ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -247,8 +264,9 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         cross_attention_mask: torch.Tensor | None = None,
         full_vocab: bool = True,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> CausalLMOutputWithPast | tuple:
         """Args (``B`` batch, ``T`` new tokens, ``P`` cached draft tokens, ``S`` target cache length):
             input_ids: ``[B, T]`` TARGET ids (or ``inputs_embeds`` ``[B, T, H]``).
             attention_mask: ``[B, P + T]`` 1/0 padding mask (its first ``S`` columns also mask target entries).
@@ -262,6 +280,8 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 (training: :func:`glide_cross_mask`); ``None`` = query at sequence index ``i`` sees entries ``< i``.
             labels: ``[B, T]`` target ids, shifted inside (-100 and ids outside the subset ignored).
             full_vocab: ``[B, T', V]`` logits (``finfo.min`` outside the subset) or ``[B, T', N]``.
+            return_dict: ``False``: the output's fields that are set, as a tuple (``(logits, cache)`` for a
+                cached forward without labels), as ``ModelOutput.to_tuple`` gives them.
         Returns ``CausalLMOutputWithPast`` (``past_key_values`` = the draft's own cache)."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         past_key_values = kwargs.pop("cache", past_key_values)  # transformers >= 5.24's name for it
@@ -278,19 +298,24 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
         width = _static_columns(past_key_values)          # a static cache: attention over its fixed buffers
+        first = None                                      # the first query's sequence index, when a host count
         if width is None:
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             width = past + t
             if cache_position is None:
                 cache_position = torch.arange(past, past + t, device=device)               # [T]
+                first = past
         elif cache_position is None:                      # the static cache's length, as a tensor
             cache_position = torch.arange(t, device=device) + past_key_values.get_seq_length()
+        at = first if position_ids is None and b == t == 1 else None    # one query at a host position
         if position_ids is None:
             position_ids = cache_position[None].expand(b, t)                               # [B, T]
 
         # self-attention: key j visible to query i iff j <= cache_position[i] and not padding
-        keys = torch.arange(width, device=device)
-        self_allowed = (keys[None, :] <= cache_position[:, None])[None, None]              # [1, 1, T, P+T]
+        keys = self_allowed = None                        # None: one query after every key, which sees them all
+        if attention_mask is not None or first is None or t > 1:
+            keys = torch.arange(width, device=device)
+            self_allowed = (keys[None, :] <= cache_position[:, None])[None, None]          # [1, 1, T, P+T]
         if attention_mask is not None:
             if attention_mask.dim() != 2:
                 raise ValueError("attention_mask must be a [B, P + T] padding mask.")
@@ -305,14 +330,15 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 kv_pairs = self.target_kv(kv_pairs)
 
         hidden = inputs_embeds
-        cos, sin = self.model.rotary_emb(hidden, position_ids)                              # [B, T, d_D]
+        rope = self._rope(hidden, position_ids, at)                                         # [B, 1, T, d_D] each
         all_hidden = [hidden] if output_hidden_states else None
         for m, layer in enumerate(self.model.layers):
             kv = cross = None
             if kv_pairs is not None:
                 kv = kv_pairs[m]
-                cross = self._cross_allowed(cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t)
-            hidden = layer(hidden, cos, sin, self_allowed, position_ids, past_key_values, kv, cross)
+                cross = self._cross_allowed(cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t,
+                                            first)
+            hidden = layer(hidden, rope, self_allowed, position_ids, past_key_values, kv, cross)
             if output_hidden_states:
                 all_hidden.append(hidden)
         hidden = self.model.norm(hidden)                                                    # [B, T, H]
@@ -329,13 +355,33 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         if full_vocab and n != v:
             logits = raw.new_full((*raw.shape[:-1], v), torch.finfo(raw.dtype).min)
             logits.index_copy_(-1, self.vocab_subset.to(raw.device), raw)                  # [B, T', V]
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_OUTPUT_CACHE: past_key_values if use_cache else None},
-                                      hidden_states=tuple(all_hidden) if output_hidden_states else None)
+        cache = past_key_values if use_cache else None
+        hidden_states = tuple(all_hidden) if output_hidden_states else None
+        if return_dict is False:                          # no output object to build (a drafting loop's forwards)
+            return tuple(v for v in (loss, logits, cache, hidden_states) if v is not None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_OUTPUT_CACHE: cache}, hidden_states=hidden_states)
+
+    def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor, at: int | None) -> tuple:
+        """The self-attention's ``rope_tables`` at ``position_ids``; for one query at the host position ``at``,
+        where the rotary embedding does not change with the sequence length, made once per position, device and
+        dtype (the same computation on the same input: the same values)."""
+        if at is None or self._rope_at is None:
+            return rope_tables(*self.model.rotary_emb(hidden, position_ids))
+        key = (at, hidden.device, hidden.dtype)
+        tables = self._rope_at.get(key)
+        if tables is None:
+            if len(self._rope_at) >= 16384:                  # positions of long generations: start over
+                self._rope_at.clear()
+            tables = self._rope_at[key] = rope_tables(*self.model.rotary_emb(hidden, position_ids))
+        return tables
 
     @staticmethod
-    def _cross_allowed(mask, s, cache_position, attention_mask, b, t) -> torch.Tensor:
-        """Boolean ``[B|1, 1|h, T, S]`` cross-attention mask (see :meth:`forward`)."""
+    def _cross_allowed(mask, s, cache_position, attention_mask, b, t, first=None) -> torch.Tensor | None:
+        """Boolean ``[B|1, 1|h, T, S]`` cross-attention mask (see :meth:`forward`); ``None`` when every query sees
+        every entry (no mask given, and the first query's index ``first``, a host count, is at least ``S``)."""
         device = cache_position.device
+        if mask is None and attention_mask is None and first is not None and first >= s:
+            return None
         if mask is None:
             allowed = (torch.arange(s, device=device)[None, :] < cache_position[:, None])[None, None]  # [1, 1, T, S]
         else:
