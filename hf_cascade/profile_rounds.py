@@ -1,4 +1,6 @@
-"""The verification profile's rounds kept between processes, so that one process's timing is not the whole story.
+"""Timed rounds kept between processes, so that one process's timing is not the whole story: the verification
+profile's, and the output head's block calibration (:func:`hf_cascade.backends.cpu.verify_head.calibrate_block_rows`,
+each process's per-size medians pooled the same way).
 
 :func:`hf_cascade.measure.measured_verify_cost` times the target's verification in symmetric rounds
 (:func:`hf_cascade.timing.round_ratios`). One round is a noisy draw: on a CPU shared with another process a round's

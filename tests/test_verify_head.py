@@ -152,3 +152,32 @@ def test_calibrated_block_rows(monkeypatch):
     m = _Head(40000, 8, False)
     with fast_verification_head(m):
         assert verify_head.active_head(m).block_rows in (1, 2, 3, 4, 8)
+
+
+def test_block_rows_pooled_with_the_last_processes(monkeypatch, tmp_path):
+    """With rounds kept on disk (hf_cascade.profile_rounds), a process whose own timing was spoiled (4 and 8 rows
+    read dear beside a busy neighbour) takes the block the last processes' costs choose."""
+    monkeypatch.setenv("HF_CASCADE_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "1")
+    costs = {}
+
+    class Costs(KernelTuner):
+        def run(self, key, kernels):
+            clock["now"] += costs[key.rows]
+            return next(iter(kernels.values()))()
+
+        def seconds(self, key):
+            return costs[key.rows]
+
+    clock = {"now": 0.0}
+    head = nn.Linear(8, 40000)
+    chosen = []
+    for spoiled in (False, False, True):
+        monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})                 # a new process
+        costs.update({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 8: 1.19} if not spoiled else
+                     {1: 1.0, 2: 1.1, 3: 1.15, 4: 1.5, 8: 1.6})
+        chosen.append(verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs(clock=lambda: clock["now"]))))
+    assert chosen == [8, 8, 8]
+    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "0")                    # nothing kept: its own timing decides
+    monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
+    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs(clock=lambda: clock["now"]))) == 3

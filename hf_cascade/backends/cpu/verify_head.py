@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...timing import interleaved_medians
+from ...profile_rounds import keep_rounds, kept_rounds, store_key
+from ...timing import interleaved_medians, median_ratios
 from .kernels import TUNER, KernelTuner, left_product, shape_key
 from .panel import copy_kernel
 
@@ -79,7 +80,9 @@ def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3
     machine that speeds up or slows down during a round, e.g. as another process starts, would otherwise favour the
     sizes timed last), and the medians compared: the tuner's own exploration timings are
     too few for this where the cost curve is flat, and a block chosen too small makes a step that
-    emits more tokens pay for a second head call. ``default`` when the tuner does not time (a forced
+    emits more tokens pay for a second head call. Each size's cost over one row's is pooled with the last
+    processes' on this machine (:mod:`hf_cascade.profile_rounds`, per-size median), so that one process's
+    neighbour does not choose the block for it. ``default`` when the tuner does not time (a forced
     kernel) or has not chosen for every size.
     """
     if vh.tuner.force is not None:
@@ -96,7 +99,11 @@ def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3
                 return default
         cost = interleaved_medians({m: (lambda x=x: vh._rows(x)) for m, x in rows.items()}, repeats, warmup=1,
                                    symmetric=True, clock=vh.tuner.clock)
-        _BLOCK_ROWS[key] = max(m for m in sizes if cost[m] <= tolerance * cost[sizes[0]])
+        filed = store_key(("output-head block", *key.weight, key.threads), {"sizes": list(sizes), "repeats": repeats})
+        ratios = {m: cost[m] / cost[sizes[0]] for m in sizes}
+        pooled = median_ratios(kept_rounds(filed) + [ratios])      # with the last processes' (hf_cascade.profile_rounds)
+        keep_rounds(filed, [ratios])
+        _BLOCK_ROWS[key] = max(m for m in sizes if pooled[m] <= tolerance)
     return _BLOCK_ROWS[key]
 
 
