@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from importlib import metadata
 import os
 import platform
 from pathlib import Path
@@ -53,8 +54,14 @@ def _cpu_name() -> str:
 def store_key(key: tuple, settings: dict) -> str:
     """The text a kept round is filed under: ``key`` (:func:`hf_cascade.measure.profile_key`), the CPU, the torch
     and package versions, and the measurement's ``settings`` (grid, steps, prompt length)."""
-    from . import __version__
-    return json.dumps([list(map(str, key)), _cpu_name(), torch.__version__, __version__, settings], sort_keys=True)
+    return json.dumps([list(map(str, key)), _cpu_name(), torch.__version__, _package_version(), settings], sort_keys=True)
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("hf-cascade")
+    except metadata.PackageNotFoundError:                  # run from a checkout without installing
+        return "unknown"
 
 
 def kept_rounds(key: str) -> list[dict[int, float]]:
