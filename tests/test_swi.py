@@ -146,7 +146,7 @@ def _generate(model, tok, assistant, prompt=0, n=NEW_TOKENS):
 
 def test_cascade_counts_every_drafter_forward(tiny):
     model, draft, tok = tiny
-    hook = _Hook(draft)
+    hook = _Hook(draft.get_decoder())           # every forward runs the decoder (alone with the head: drafters/neural.py)
     assistant = CascadeAssistant([draft, MaxGram()], settings=CascadeSettings(k_matrix=[[2, 3], [0, 3]]))
     _generate(model, tok, assistant)
     hook.handle.remove()
@@ -171,7 +171,7 @@ def test_hsddw_counts_draft_and_pre_verifier_forwards(tiny):
 
     model, draft, tok = tiny
     verifier = _llama(2, 2)
-    hooks = _Hook(verifier), _Hook(draft)
+    hooks = _Hook(verifier.get_decoder()), _Hook(draft.get_decoder())      # as in the cascade's test above
     assistant = DynamicWindowAssistant(draft, verifier, settings=DynamicWindowSettings(max_window=4))
     _generate(model, tok, assistant)
     for h in hooks:
