@@ -11,7 +11,7 @@ kept), adds it to a small file under :func:`hf_cascade.models.cache_dir`, and us
 :data:`KEPT` rounds of the same key: a spoiled round is outvoted, and the one-time cost stays one round. The key
 holds everything the costs depend on (:func:`hf_cascade.measure.profile_key`, the CPU model, the torch and package
 versions, the measurement's settings). ``HF_CASCADE_PROFILE_ROUNDS=0`` keeps nothing on disk (every process then
-measures :data:`LEAST` rounds itself). Only speed depends on the profile, never an output.
+times one round of its own, the draw this module exists to outvote). Only speed depends on it, never an output.
 """
 
 from __future__ import annotations
@@ -116,8 +116,9 @@ def _trim(path: Path) -> None:
 
 
 def rounds_to_measure(kept: int) -> int:
-    """How many rounds this process measures when ``kept`` are on file: at least one, enough for :data:`LEAST`."""
-    return max(1, LEAST - kept)
+    """How many rounds this process measures when ``kept`` are on file: at least one, enough for :data:`LEAST`;
+    one where nothing is kept (``HF_CASCADE_PROFILE_ROUNDS=0``: each process times its own round, as before)."""
+    return 1 if _path() is None else max(1, LEAST - kept)
 
 
 __all__ = ["FILE", "KEPT", "LEAST", "keep_rounds", "kept_rounds", "rounds_to_measure", "store_key"]

@@ -376,14 +376,14 @@ def test_verify_cost_measurement_synchronises_and_default_is_measured_per_device
     monkeypatch.setattr(measure, "_MEASURED", {})
     monkeypatch.setattr(measure, "_ROUNDS", {})
     measured = []
-    rounds = [{n: 1 + 0.05 * n for n in measure.QUICK_GRID}] * 3
-    monkeypatch.setattr(measure, "_rounds", lambda m, **kw: measured.append(kw) or rounds)
+    monkeypatch.setattr(measure, "_rounds", lambda m, rounds, **kw: measured.append({"rounds": rounds, **kw})
+                        or [{n: 1 + 0.05 * n for n in measure.QUICK_GRID}] * rounds)
     first = measure.bound_verify_cost(Policy(), model)
     assert first.relative == pytest.approx([1 + 0.05 * n for n in range(25)])
     assert measure.bound_verify_cost(Policy(), model) is first
     assert len(measured) == 1 and measured[0]["grid"] == measure.QUICK_GRID       # measured once per device kind
-    assert measured[0]["rounds"] == 3                                             # nothing kept (conftest): 3 here
-    assert [p["rounds"] for p in measure.measured_profiles()] == [{"measured": 3, "kept": 0}]
+    assert measured[0]["rounds"] == 1                                             # nothing kept (conftest): one
+    assert [p["rounds"] for p in measure.measured_profiles()] == [{"measured": 1, "kept": 0}]
     given = Policy(verify_cost=VerifyCost.reference())
     assert measure.bound_verify_cost(given, model) == VerifyCost.reference()      # a given profile: not measured
     assert measure.bound_verify_cost(Policy(cost_aware=False), model) is None     # no cost rule: nothing measured

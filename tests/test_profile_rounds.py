@@ -38,6 +38,7 @@ def test_kept_rounds_off_and_unwritable(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "0")
     profile_rounds.keep_rounds("k", [{0: 1.0}])
     assert not (tmp_path / profile_rounds.FILE).exists() and profile_rounds.kept_rounds("k") == []
+    assert profile_rounds.rounds_to_measure(0) == 1                            # one round of its own, as before
     monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "1")
     monkeypatch.setenv("HF_CASCADE_CACHE", str(tmp_path / "a-file"))
     (tmp_path / "a-file").write_text("")
