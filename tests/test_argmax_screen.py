@@ -59,6 +59,37 @@ def test_int8_panel_product_is_the_widened_scaled_int8_product():
     assert extension().panel_linear_i8(exact, panels, scale, 2).tolist() == [[137.0, -2.0]]
 
 
+def test_int8_copy_rounds_half_to_even_and_its_norms_are_float64():
+    """Golden: ``pack_panels_i8`` rounds ``w / a`` half to even (as ``torch.round``) and stores row ``j``'s ``q`` at
+    ``[j // 16, :, j % 16]``; ``screen_norms`` gives ``||w - w~||``, ``||w||``, ``||w~||`` per row in float64, what the
+    screen's bound is made of."""
+    w = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -2.5], [0.0] * 6, [254.0, 1.0, 3.0, -5.0, 0.0, 2.0]])
+    w = torch.cat([w, torch.randn(30, 6, generator=torch.Generator().manual_seed(3))])
+    panels, scale = extension().pack_panels_i8(w)
+    assert panels[0, :, 0].tolist() == [127, 0, 2, 2, 0, -2] and panels[0, :, 1].eq(0).all()
+    assert panels[0, :, 2].tolist() == [127, 0, 2, -2, 0, 1]                  # 3 / 2 -> 2, -5 / 2 -> -2, 1 / 2 -> 0
+    q = torch.stack([panels[j // 16, :, j % 16] for j in range(33)])
+    a = w.abs().amax(dim=1, keepdim=True) / 127
+    assert torch.equal(q, (w / torch.where(a > 0, a, torch.ones_like(a))).round().clamp(-127, 127).to(torch.int8))
+    norms = extension().screen_norms(w, panels, scale)
+    copy = _int8_copy(w)
+    want = torch.stack([(w.double() - copy).norm(dim=1), w.double().norm(dim=1), copy.norm(dim=1)], dim=1)
+    assert norms.dtype == torch.float64 and torch.allclose(norms, want, rtol=1e-12, atol=0)
+    with pytest.raises(RuntimeError, match="not pack_panels_i8's"):
+        extension().screen_norms(w[:20], panels, scale)
+
+
+def test_integer_layout_is_the_panels_regrouped():
+    """Golden: ``pack_vnni`` lays the int8 panels ``[P, K, 16]`` out as ``[P, Kp / 4, 64]`` (byte ``4 r + i`` of
+    block ``t``: input ``4 t + i`` of output ``r``; zeros past ``K``) and sums ``q`` per group of inputs and output."""
+    w = torch.randn(40, 70, generator=torch.Generator().manual_seed(4))         # K not a multiple of 4 or 64
+    panels, _ = extension().pack_panels_i8(w)
+    vnni, qsum = extension().pack_vnni(panels, 64)
+    q = F.pad(panels, (0, 0, 0, 128 - 70))                                      # [P, Kp, 16]
+    assert torch.equal(vnni, q.view(3, -1, 4, 16).transpose(2, 3).reshape(3, -1, 64))
+    assert torch.equal(qsum, q.view(3, -1, 64, 16).sum(dim=2, dtype=torch.int32))
+
+
 def _reach(screen: ArgmaxScreen, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The screen's logits of ``x`` and how far each may be from the float32 logit (its bound)."""
     approx, term = screen.screen_logits(x)

@@ -91,20 +91,11 @@ class ArgmaxScreen:
             raise RuntimeError("the integer screen product needs a build with AVX512-VNNI")
         self.weight = weight
         self.panels, self.scale = ext.pack_panels_i8(weight.contiguous())    # [P, K, 16] int8, [P * 16]
-        n, k = weight.shape
+        k = weight.shape[1]
         g = k * _U / (1 - k * _U)
-        margin, norms = [], []
-        for p0 in range(0, self.panels.shape[0], 1024):                     # float64 per chunk, not per weight
-            q = self.panels[p0: p0 + 1024]
-            rows = slice(p0 * 16, min(n, (p0 + q.shape[0]) * 16))
-            copy = (q.double() * self.scale[p0 * 16: (p0 + q.shape[0]) * 16].double().view(-1, 1, 16))
-            copy = copy.transpose(1, 2).reshape(-1, k)[: rows.stop - rows.start]     # w~_j, in row order
-            w = weight[rows].double()
-            margin.append((w - copy).norm(dim=1) + g * (w.norm(dim=1) + copy.norm(dim=1))
-                          + _U * (1 + g) * copy.norm(dim=1))
-            norms.append(copy.norm(dim=1))
-        self.margin = (torch.cat(margin) * 1.01).float()                     # [N] c_j, rounded up
-        self.copy_norm = (torch.cat(norms) * 1.01).float()                   # [N] ||w~_j||, rounded up
+        diff, norm, copy_norm = ext.screen_norms(weight, self.panels, self.scale).unbind(1)   # float64, per row
+        self.margin = ((diff + g * (norm + copy_norm) + _U * (1 + g) * copy_norm) * 1.01).float()   # [N] c_j, rounded up
+        self.copy_norm = (copy_norm * 1.01).float()                                     # [N] ||w~_j||, rounded up
         self.candidates = 0                                                  # float32 rows computed (statistics)
         self.faster: dict[tuple[int, bool], bool] = {}     # (rows per call: a power of two, top-k use) -> faster
         self.product, self.vnni = "float", None                              # the integer copy where built
@@ -120,11 +111,8 @@ class ArgmaxScreen:
         """The int8 copy in the integer product's layout: ``[P, Kp / 4, 64]`` (four inputs of each of a panel's 16
         outputs per 64 bytes, inputs padded with zeros to ``Kp``, a multiple of :data:`GROUP`) and each group's
         sum of ``q`` per output, ``[P, G, 16]`` int32."""
-        P, K, _ = self.panels.shape
-        self.padded = -(-K // GROUP) * GROUP
-        q = torch.nn.functional.pad(self.panels, (0, 0, 0, self.padded - K))                # [P, Kp, 16]
-        self.qsum = q.view(P, -1, GROUP, 16).sum(dim=2, dtype=torch.int32).contiguous()     # [P, G, 16]
-        self.vnni = q.view(P, -1, 4, 16).transpose(2, 3).reshape(P, -1, 64).contiguous()    # [P, Kp / 4, 64]
+        self.padded = -(-self.panels.shape[1] // GROUP) * GROUP
+        self.vnni, self.qsum = extension().pack_vnni(self.panels, GROUP)                # [P, Kp / 4, 64], [P, G, 16]
 
     def __call__(self, x: torch.Tensor) -> list[int]:
         """The argmax of each row (host ints): the top ``k = 1`` below."""

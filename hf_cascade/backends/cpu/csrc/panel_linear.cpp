@@ -24,6 +24,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -191,13 +192,69 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& panels, 
 }
 
 // W [N, K] float32 -> (its int8 copy in panels [ceil(N / 16), K, 16], one float32 scale per output row padded to
-// whole panels): row j is scale_j * q_j with q_j = round(w_j / scale_j), scale_j = max|w_j| / 127 (0 rows: scale 0).
+// whole panels): row j is scale_j * q_j with q_j = round(w_j / scale_j) (float32 division, rounded half to even as
+// torch.round), scale_j = max|w_j| / 127 in float32 (0 rows: scale 0). One pass over W, the panels' rows in parallel.
 std::vector<torch::Tensor> pack_panels_i8(const torch::Tensor& weight) {
-  auto panels = pack_panels(weight);                                   // [P, K, 16], zero rows past N
-  auto scale = (panels.abs().amax(1).reshape({-1}) / 127.0f).contiguous();   // [P * 16], per output row
-  auto safe = torch::where(scale > 0, scale, torch::ones_like(scale));
-  auto q = (panels / safe.view({panels.size(0), 1, kPanel})).round().clamp(-127, 127).to(at::kChar).contiguous();
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
+              "pack_panels_i8: expected a 2-D float32 CPU weight, got ", weight.sizes(), " ", weight.scalar_type());
+  auto w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), P = (N + kPanel - 1) / kPanel;
+  auto q = torch::zeros({P, K, kPanel}, w.options().dtype(at::kChar));
+  auto scale = torch::zeros({P * kPanel}, w.options());
+  const float* src = w.data_ptr<float>();
+  int8_t* dst = q.data_ptr<int8_t>();
+  float* a = scale.data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t j0, int64_t j1) {
+    std::vector<int8_t> row_q(K);                      // one row, contiguous (a loop the compiler vectorizes)
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* row = src + j * K;
+      float peak = 0.0f;
+      for (int64_t k = 0; k < K; ++k) peak = std::max(peak, std::fabs(row[k]));
+      a[j] = peak / 127.0f;
+      const float safe = a[j] > 0.0f ? a[j] : 1.0f;
+      for (int64_t k = 0; k < K; ++k)
+        row_q[k] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(row[k] / safe))));
+      int8_t* out = dst + (j / kPanel) * K * kPanel + j % kPanel;
+      for (int64_t k = 0; k < K; ++k) out[k * kPanel] = row_q[k];
+    }
+  });
   return {q, scale};
+}
+
+// The norms the argmax screen's error bound is made of, per output row j of W [N, K] and its int8 copy (q, scale
+// from pack_panels_i8): [N, 3] float64 (||w_j - w~_j||, ||w_j||, ||w~_j||), w~_j = scale_j q_j, every product and
+// sum in float64 (hf_cascade/backends/cpu/argmax_screen.py rounds the bound up from these).
+torch::Tensor screen_norms(const torch::Tensor& weight, const torch::Tensor& q, const torch::Tensor& scale) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
+              "screen_norms: expected a 2-D float32 CPU weight, got ", weight.sizes(), " ", weight.scalar_type());
+  auto w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), P = (N + kPanel - 1) / kPanel;
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.is_contiguous() && q.dim() == 3 && q.size(0) == P && q.size(1) == K &&
+              q.size(2) == kPanel && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+              scale.numel() == P * kPanel, "screen_norms: q and scale are not pack_panels_i8's of this weight");
+  auto out = torch::empty({N, 3}, w.options().dtype(at::kDouble));
+  const float* src = w.data_ptr<float>();
+  const int8_t* qs = q.data_ptr<int8_t>();
+  const float* a = scale.data_ptr<float>();
+  double* norms = out.data_ptr<double>();
+  at::parallel_for(0, N, 64, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* row = src + j * K;
+      const int8_t* qj = qs + (j / kPanel) * K * kPanel + j % kPanel;
+      const double aj = a[j];
+      double diff = 0.0, wsq = 0.0, csq = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double c = static_cast<double>(qj[k * kPanel]) * aj, v = row[k];
+        diff += (v - c) * (v - c);
+        wsq += v * v;
+        csq += c * c;
+      }
+      norms[3 * j] = std::sqrt(diff);
+      norms[3 * j + 1] = std::sqrt(wsq);
+      norms[3 * j + 2] = std::sqrt(csq);
+    }
+  });
+  return out;
 }
 
 // x [m, K] float32 @ (the int8 copy).T -> y [m, N] float32: a quarter of the bytes of panel_linear per pass; each
@@ -216,6 +273,7 @@ void register_screen(pybind11::module& m);   // screen.cpp
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_screen(m);                   // screen.cpp: the argmax screen's candidates (and its VNNI product)
   m.def("pack_panels_i8", &pack_panels_i8, "W [N, K] -> (int8 panels [ceil(N/16), K, 16], scales [ceil(N/16) * 16])");
+  m.def("screen_norms", &screen_norms, "W [N, K], its int8 copy -> [N, 3] float64: ||w - w~||, ||w||, ||w~|| per row");
   m.def("panel_linear_i8", &panel_linear_i8, "x [m, K] @ (scale * q).T with the int8 panels -> [m, N]");
   m.def("pack_panels", &pack_panels, "W [N, K] -> panels [ceil(N/16), K, 16]");
   m.def("panel_linear", &panel_linear, "x [m, K] @ W.T with W's panels -> [m, N]");

@@ -258,7 +258,33 @@ torch::Tensor panel_screen_vnni(const torch::Tensor& u, const torch::Tensor& xs,
 }
 #endif
 
+// The int8 panels of pack_panels_i8 ([P, K, 16]) in the integer product's layout: [P, Kp / 4, 64] (four inputs of
+// each of a panel's 16 outputs per 64 bytes: byte 4 r + i of block t is input 4 t + i of output r; inputs past K are
+// zero, Kp a multiple of the group) and each group's sum of q per output, [P, Kp / group, 16] int32.
+std::vector<torch::Tensor> pack_vnni(const torch::Tensor& panels, int64_t group) {
+  TORCH_CHECK(panels.scalar_type() == at::kChar && panels.is_contiguous() && panels.dim() == 3 && panels.size(2) == 16 &&
+              group > 0 && group % 4 == 0, "pack_vnni: expected int8 panels [P, K, 16] and a group that is a multiple of 4");
+  const int64_t P = panels.size(0), K = panels.size(1), Kp = (K + group - 1) / group * group, G = Kp / group;
+  auto vnni = torch::zeros({P, Kp / 4, 64}, panels.options());
+  auto qsum = torch::zeros({P, G, 16}, panels.options().dtype(at::kInt));
+  const int8_t* src = panels.data_ptr<int8_t>();
+  int8_t* dst = vnni.data_ptr<int8_t>();
+  int32_t* sums = qsum.data_ptr<int32_t>();
+  at::parallel_for(0, P, 16, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t r = 0; r < 16; ++r) {
+          const int8_t v = src[(p * K + k) * 16 + r];
+          dst[(p * (Kp / 4) + k / 4) * 64 + 4 * r + k % 4] = v;
+          sums[(p * G + k / group) * 16 + r] += v;
+        }
+  });
+  return {vnni, qsum};
+}
+
 void register_screen(pybind11::module& m) {
+  m.def("pack_vnni", &pack_vnni, "int8 panels [P, K, 16], group -> (the integer product's layout [P, Kp / 4, 64], "
+        "each group's sum of q [P, Kp / group, 16] int32)");
   m.def("screen_candidates", &screen_candidates,
         "per row of y [m, N]: the outputs whose upper bound reaches the k-th largest lower bound",
         pybind11::arg("y"), pybind11::arg("norm"), pybind11::arg("margin"), pybind11::arg("k"),
