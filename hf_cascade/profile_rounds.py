@@ -10,8 +10,10 @@ assistants refuse their drafts for the whole process. So each process measures o
 kept), adds it to a small file under :func:`hf_cascade.models.cache_dir`, and uses the per-size median of the last
 :data:`KEPT` rounds of the same key: a spoiled round is outvoted, and the one-time cost stays one round. The key
 holds everything the costs depend on (:func:`hf_cascade.measure.profile_key`, the CPU model, the torch and package
-versions, the measurement's settings). ``HF_CASCADE_PROFILE_ROUNDS=0`` keeps nothing on disk (every process then
-times one round of its own, the draw this module exists to outvote). Only speed depends on it, never an output.
+versions, the measurement's settings). ``HF_CASCADE_PROFILE_ROUNDS`` (:func:`mode`): ``1`` (the default) as above;
+``reuse`` measures nothing once :data:`LEAST` rounds are kept (a process that starts often, a server or a test suite,
+then starts without the measurement: the kept rounds decide); ``0`` keeps nothing on disk (every process then times
+one round of its own, the draw this module exists to outvote). Only speed depends on it, never an output.
 """
 
 from __future__ import annotations
@@ -34,8 +36,21 @@ TRIM_BYTES = 1 << 18
 _log = logging.getLogger(__name__)
 
 
+MODES = ("1", "reuse", "0")
+
+
+def mode() -> str:
+    """``HF_CASCADE_PROFILE_ROUNDS``: ``"1"`` (default: each process measures one round, more while fewer than
+    :data:`LEAST` are kept), ``"reuse"`` (none once :data:`LEAST` are kept) or ``"0"`` (nothing kept: one round of the
+    process's own). ``ValueError`` for any other value."""
+    value = os.environ.get("HF_CASCADE_PROFILE_ROUNDS", "1").strip().lower()
+    if value not in MODES:
+        raise ValueError(f"HF_CASCADE_PROFILE_ROUNDS={value!r}: expected 1 (default), reuse or 0")
+    return value
+
+
 def _path() -> Path | None:
-    if os.environ.get("HF_CASCADE_PROFILE_ROUNDS", "1").strip() == "0":
+    if mode() == "0":
         return None
     from .models import cache_dir
     return cache_dir() / FILE
@@ -117,8 +132,11 @@ def _trim(path: Path) -> None:
 
 def rounds_to_measure(kept: int) -> int:
     """How many rounds this process measures when ``kept`` are on file: at least one, enough for :data:`LEAST`;
-    one where nothing is kept (``HF_CASCADE_PROFILE_ROUNDS=0``: each process times its own round, as before)."""
-    return 1 if _path() is None else max(1, LEAST - kept)
+    none under ``reuse`` once :data:`LEAST` are kept; one where nothing is kept (``HF_CASCADE_PROFILE_ROUNDS=0``:
+    each process times its own round)."""
+    if _path() is None:
+        return 1
+    return 0 if mode() == "reuse" and kept >= LEAST else max(1, LEAST - kept)
 
 
-__all__ = ["FILE", "KEPT", "LEAST", "keep_rounds", "kept_rounds", "rounds_to_measure", "store_key"]
+__all__ = ["FILE", "KEPT", "LEAST", "MODES", "mode", "keep_rounds", "kept_rounds", "rounds_to_measure", "store_key"]

@@ -70,3 +70,25 @@ def test_a_process_measures_one_round_once_enough_are_kept_and_a_spoiled_one_is_
     assert measured == [profile_rounds.LEAST, 1]
     assert first.relative == second.relative == pytest.approx([1 + 0.04 * n for n in range(25)])
     assert measure.measured_profiles()[-1]["rounds"] == {"measured": 1, "kept": profile_rounds.LEAST}
+
+
+@pytest.mark.measured_costs
+def test_reuse_measures_nothing_once_enough_are_kept(store, monkeypatch):
+    """``HF_CASCADE_PROFILE_ROUNDS=reuse``: the first processes measure until LEAST rounds are kept, later ones
+    none (their profile is the kept rounds' median); an unknown value is a clear error."""
+    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "reuse")
+    draw = {n: 1 + 0.05 * n for n in measure.QUICK_GRID}
+    measured = []
+    monkeypatch.setattr(measure, "profile_key", lambda m: ("cpu", "fake", len(measured)))   # a new process each time
+    monkeypatch.setattr(measure, "_MEASURED", {})
+    monkeypatch.setattr(measure, "_ROUNDS", {})
+    monkeypatch.setattr(measure, "store_key", lambda key, settings: "the machine")
+    monkeypatch.setattr(measure, "_rounds", lambda model, rounds, **kw: measured.append(rounds) or [draw] * rounds)
+    profiles = [measure.measured_verify_cost(object()) for _ in range(3)]
+    assert measured == [profile_rounds.LEAST]                     # the first process; the next two measured nothing
+    assert profiles[0].relative == profiles[2].relative == pytest.approx([1 + 0.05 * n for n in range(25)])
+    assert measure.measured_profiles()[-1]["rounds"] == {"measured": 0, "kept": profile_rounds.LEAST}
+    assert profile_rounds.rounds_to_measure(profile_rounds.LEAST - 1) == 1
+    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "sometimes")
+    with pytest.raises(ValueError, match="HF_CASCADE_PROFILE_ROUNDS='sometimes': expected 1"):
+        profile_rounds.rounds_to_measure(0)

@@ -181,3 +181,8 @@ def test_block_rows_pooled_with_the_last_processes(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "0")                    # nothing kept: its own timing decides
     monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
     assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs(clock=lambda: clock["now"]))) == 3
+    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "reuse")                # enough kept: they choose, untimed
+    monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
+    before = clock["now"]
+    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs(clock=lambda: clock["now"]))) == 8
+    assert clock["now"] == before

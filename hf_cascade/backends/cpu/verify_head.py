@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...profile_rounds import keep_rounds, kept_rounds, store_key
+from ...profile_rounds import keep_rounds, kept_rounds, rounds_to_measure, store_key
 from ...timing import interleaved_medians, median_ratios
 from .kernels import TUNER, KernelTuner, left_product, shape_key
 from .panel import copy_kernel
@@ -82,27 +82,31 @@ def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3
     too few for this where the cost curve is flat, and a block chosen too small makes a step that
     emits more tokens pay for a second head call. Each size's cost over one row's is pooled with the last
     processes' on this machine (:mod:`hf_cascade.profile_rounds`, per-size median), so that one process's
-    neighbour does not choose the block for it. ``default`` when the tuner does not time (a forced
+    neighbour does not choose the block for it (under ``HF_CASCADE_PROFILE_ROUNDS=reuse``, once enough are kept,
+    they alone choose it, untimed). ``default`` when the tuner does not time (a forced
     kernel) or has not chosen for every size.
     """
     if vh.tuner.force is not None:
         return default
     key = shape_key(vh.weight, 1)
     if key not in _BLOCK_ROWS:
-        rows = {m: torch.randn(m, vh.weight.shape[1], dtype=vh.weight.dtype) for m in sizes}
-        for m, x in rows.items():
-            for _ in range(4 * max(vh.tuner.trials, 1)):
-                if vh.tuner.seconds(shape_key(vh.weight, m)) is not None:
-                    break
-                vh._rows(x)
-            if vh.tuner.seconds(shape_key(vh.weight, m)) is None:
-                return default
-        cost = interleaved_medians({m: (lambda x=x: vh._rows(x)) for m, x in rows.items()}, repeats, warmup=1,
-                                   symmetric=True, clock=vh.tuner.clock)
         filed = store_key(("output-head block", *key.weight, key.threads), {"sizes": list(sizes), "repeats": repeats})
-        ratios = {m: cost[m] / cost[sizes[0]] for m in sizes}
-        pooled = median_ratios(kept_rounds(filed) + [ratios])      # with the last processes' (hf_cascade.profile_rounds)
-        keep_rounds(filed, [ratios])
+        kept = kept_rounds(filed)
+        new = []
+        if rounds_to_measure(len(kept)):                           # none under HF_CASCADE_PROFILE_ROUNDS=reuse
+            rows = {m: torch.randn(m, vh.weight.shape[1], dtype=vh.weight.dtype) for m in sizes}
+            for m, x in rows.items():
+                for _ in range(4 * max(vh.tuner.trials, 1)):
+                    if vh.tuner.seconds(shape_key(vh.weight, m)) is not None:
+                        break
+                    vh._rows(x)
+                if vh.tuner.seconds(shape_key(vh.weight, m)) is None:
+                    return default
+            cost = interleaved_medians({m: (lambda x=x: vh._rows(x)) for m, x in rows.items()}, repeats, warmup=1,
+                                       symmetric=True, clock=vh.tuner.clock)
+            new = [{m: cost[m] / cost[sizes[0]] for m in sizes}]
+            keep_rounds(filed, new)
+        pooled = median_ratios(kept + new)                        # with the last processes' (hf_cascade.profile_rounds)
         _BLOCK_ROWS[key] = max(m for m in sizes if pooled[m] <= tolerance)
     return _BLOCK_ROWS[key]
 
