@@ -41,9 +41,12 @@ CARD_KINDS = {
 #: of the licence note)
 TARGETS = {"gemma-3-270m": ("gemma-3-270m", TARGET, "gemma", "Gemma Terms of Use"),
            "smollm2-135m": ("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0", "Apache License 2.0")}
-#: folders whose snippets run against the card hub's saved target (Gemma's; SmolLM2's heads run by path and through
-#: the pipeline in tests/test_shipped_drafters.py)
-SNIPPET_CARDS = [name for name in CARD_KINDS if name.startswith("gemma-3-270m-")]
+#: folders whose snippets run against the card hub's saved target: one Gemma folder per kind. A kind's snippets are
+#: the same text in each of its folders but for the ``repo`` line (test_usage_section_is_the_generated_one), so a
+#: second folder of a kind (``gemma-3-270m-drafter-m``) would run the same code on another checkpoint; every shipped
+#: checkpoint loads and keeps plain greedy's output in tests/test_shipped_drafters.py, as SmolLM2's heads do there
+#: by path and through the pipeline.
+SNIPPET_CARDS = [name for name in CARD_KINDS if name.startswith("gemma-3-270m-") and name != "gemma-3-270m-drafter-m"]
 
 
 def target_of(name: str) -> tuple[str, str, str, str]:
@@ -151,28 +154,34 @@ print("CARD-OK", pipe.model.device, pipe.model.dtype, pipe.assistant_model.last_
 }
 
 #: runs each variant of a card's snippets in its own namespace, in one interpreter: the imports are paid once, and
-#: the target is loaded once per distinct call (a call of ``AutoModelForCausalLM.from_pretrained`` for the target with
-#: the same arguments as an earlier one, as the hub and folder variants of one snippet make, gets that call's model;
-#: a pipeline's load passes other arguments than the explicit snippet's, and loads its own)
+#: the target and its tokenizer are loaded once per distinct call (a call of ``AutoModelForCausalLM.from_pretrained``
+#: or ``AutoTokenizer.from_pretrained`` for the target with the same arguments as an earlier one, as the hub and
+#: folder variants of one snippet make, gets that call's object; a pipeline's model load passes other arguments than
+#: the explicit snippet's, and loads its own)
 RUNNER = """
 import transformers
 
 PLAIN = {}
 LOADED = {}
-_auto = transformers.AutoModelForCausalLM
-_load = _auto.from_pretrained.__func__
+TOKENIZERS = {}
 
 
-def _shared_load(cls, name, *args, **kwargs):
-    if cls is not _auto or name != TARGET:
-        return _load(cls, name, *args, **kwargs)
-    key = repr((name, args, sorted(kwargs.items())))
-    if key not in LOADED:
-        LOADED[key] = _load(cls, name, *args, **kwargs)
-    return LOADED[key]
+def _shared(auto, kept):
+    load = auto.from_pretrained.__func__
+
+    def shared_load(cls, name, *args, **kwargs):
+        if cls is not auto or name != TARGET:
+            return load(cls, name, *args, **kwargs)
+        key = repr((name, args, sorted(kwargs.items())))
+        if key not in kept:
+            kept[key] = load(cls, name, *args, **kwargs)
+        return kept[key]
+
+    auto.from_pretrained = classmethod(shared_load)
 
 
-_auto.from_pretrained = classmethod(_shared_load)
+_shared(transformers.AutoModelForCausalLM, LOADED)
+_shared(transformers.AutoTokenizer, TOKENIZERS)
 for label, code in VARIANTS:
     print("VARIANT", label, flush=True)
     exec(compile(code, "<card snippet: " + label + ">", "exec"), {"__name__": "__main__"})
