@@ -130,11 +130,20 @@ def _trim(path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _writable(path: Path) -> bool:
+    """Whether ``path`` can be appended to: it, or else its nearest existing folder, is writable."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return os.access(p, os.W_OK) and (p == path or p.is_dir())
+    return False
+
+
 def rounds_to_measure(kept: int) -> int:
     """How many rounds this process measures when ``kept`` are on file: at least one, enough for :data:`LEAST`;
-    none under ``reuse`` once :data:`LEAST` are kept; one where nothing is kept (``HF_CASCADE_PROFILE_ROUNDS=0``:
-    each process times its own round)."""
-    if _path() is None:
+    none under ``reuse`` once :data:`LEAST` are kept; one where nothing is kept (``HF_CASCADE_PROFILE_ROUNDS=0``,
+    or a cache this process cannot write: each process times its own round)."""
+    path = _path()
+    if path is None or not _writable(path):
         return 1
     return 0 if mode() == "reuse" and kept >= LEAST else max(1, LEAST - kept)
 

@@ -44,6 +44,7 @@ def test_kept_rounds_off_and_unwritable(tmp_path, monkeypatch, caplog):
     (tmp_path / "a-file").write_text("")
     profile_rounds.keep_rounds("k", [{0: 1.0}])                                # a cache that is a file: warns only
     assert "cannot keep" in caplog.text
+    assert profile_rounds.rounds_to_measure(0) == 1                            # nothing can be kept: one round
 
 
 @pytest.mark.measured_costs
