@@ -1,7 +1,7 @@
 """Attention building blocks of the hf_cascade GLIDE draft model (Du et al., ICML 2024, "GLIDE with a CAPE",
-Section 4.1): RMSNorm, the gated MLP, the draft's causal self-attention and the cross-attention over one
-target layer's cached K/V. Split from ``modeling_glide.py``; remote-code ready (imports only torch,
-transformers and its sibling configuration file, and is copied next to ``modeling_glide.py`` by
+Section 4.1): the cross-attention masks, RMSNorm, the gated MLP, the draft's causal self-attention and the
+cross-attention over one target layer's cached K/V. Split from ``modeling_glide.py``; remote-code ready (imports
+only torch, transformers and its sibling configuration file, and is copied next to ``modeling_glide.py`` by
 ``save_pretrained`` as a relative import)."""
 
 import torch
@@ -60,6 +60,47 @@ def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """``[B, kv_heads, S, d]`` -> ``[B, kv_heads * n_rep, S, d]`` (each kv head serves ``n_rep`` query heads)."""
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def glide_cross_mask(q_len: int, kv_len: int, block: int = 5, first_block: str = "none") -> torch.Tensor:
+    """The block-wise cross-attention mask of GLIDE training (Du et al. 2024, Section 4.1), ``[q_len, kv_len]``
+    bool, True = may attend: query position ``j`` sees target position ``k`` iff ``k // block < j // block``
+    (``Mask_Block(A_jk) = A_jk if block(j) > block(k) else -inf``), i.e. only target positions before the start
+    of its own block.
+
+    The first block sees nothing (``first_block="none"``, the paper's definition; the model then adds a zero
+    cross-attention output there). ``first_block="causal"`` instead lets block 0 see ``k <= j``, as the
+    authors' training code does to keep every softmax row non-empty."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}.")
+    if first_block not in ("none", "causal"):
+        raise ValueError(f"first_block must be 'none' or 'causal', got {first_block!r}.")
+    j = torch.arange(q_len)[:, None]                                                 # [T, 1] query positions
+    k = torch.arange(kv_len)[None, :]                                                # [1, S] target positions
+    mask = (k // block) < (j // block)                                               # [T, S]
+    if first_block == "causal":
+        mask = mask | ((j < block) & (k <= j))
+    return mask
+
+
+def cross_allowed(mask, s, cache_position, attention_mask, b, t, first=None) -> torch.Tensor | None:
+    """Boolean ``[B|1, 1|h, T, S]`` cross-attention mask (see ``GlideForCausalLM.forward``); ``None`` when every
+    query sees every entry (no mask given, and the first query's index ``first``, a host count, is at least ``S``)."""
+    device = cache_position.device
+    if mask is None and attention_mask is None and first is not None and first >= s:
+        return None
+    if mask is None:
+        allowed = (torch.arange(s, device=device)[None, :] < cache_position[:, None])[None, None]  # [1, 1, T, S]
+    else:
+        allowed = mask.to(device=device, dtype=torch.bool)
+        if allowed.dim() not in (2, 3, 4):
+            raise ValueError(f"cross_attention_mask must be 2-, 3- or 4-dimensional, got {tuple(allowed.shape)}.")
+        allowed = allowed[None, None] if allowed.dim() == 2 else allowed[:, None] if allowed.dim() == 3 else allowed
+        if allowed.shape[-2:] != (t, s):
+            raise ValueError(f"cross_attention_mask ends in {tuple(allowed.shape[-2:])}, expected {(t, s)}.")
+    if attention_mask is not None and attention_mask.shape[-1] >= s:
+        allowed = allowed & attention_mask[:, :s].bool().to(device)[:, None, None, :]
+    return allowed
 
 
 class GlideRMSNorm(nn.Module):

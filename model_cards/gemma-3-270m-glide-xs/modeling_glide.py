@@ -22,8 +22,9 @@ Cross-attention masks:
   sees the whole cache, as in the paper; tokens re-read inside the cache see only earlier entries.
 
 Remote-code ready: imports only torch, transformers and its sibling files (``configuration_glide.py``, and
-``attention_glide.py`` with the attention sub-layers, which ``save_pretrained`` copies as a relative import), so
-a checkpoint saved with ``save_pretrained`` loads with ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
+``attention_glide.py`` with the attention sub-layers and the cross-attention masks, which ``save_pretrained``
+copies as a relative import), so a checkpoint saved with ``save_pretrained`` loads with
+``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
 """
 
 import torch
@@ -32,32 +33,12 @@ from torch import nn
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention_glide import GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _rotary, rope_tables
+from .attention_glide import (GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _rotary, cross_allowed,
+                              glide_cross_mask, rope_tables)
 from .configuration_glide import GlideConfig
 
 # transformers 5.24 renamed the output field past_key_values -> cache (the old name warns)
 _OUTPUT_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-def glide_cross_mask(q_len: int, kv_len: int, block: int = 5, first_block: str = "none") -> torch.Tensor:
-    """The block-wise cross-attention mask of GLIDE training (Du et al. 2024, Section 4.1), ``[q_len, kv_len]``
-    bool, True = may attend: query position ``j`` sees target position ``k`` iff ``k // block < j // block``
-    (``Mask_Block(A_jk) = A_jk if block(j) > block(k) else -inf``), i.e. only target positions before the start
-    of its own block.
-
-    The first block sees nothing (``first_block="none"``, the paper's definition; the model then adds a zero
-    cross-attention output there). ``first_block="causal"`` instead lets block 0 see ``k <= j``, as the
-    authors' training code does to keep every softmax row non-empty."""
-    if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}.")
-    if first_block not in ("none", "causal"):
-        raise ValueError(f"first_block must be 'none' or 'causal', got {first_block!r}.")
-    j = torch.arange(q_len)[:, None]                                                 # [T, 1] query positions
-    k = torch.arange(kv_len)[None, :]                                                # [1, S] target positions
-    mask = (k // block) < (j // block)                                               # [T, S]
-    if first_block == "causal":
-        mask = mask | ((j < block) & (k <= j))
-    return mask
 
 
 class GlideDecoderLayer(nn.Module):
@@ -336,7 +317,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             kv = cross = None
             if kv_pairs is not None:
                 kv = kv_pairs[m]
-                cross = self._cross_allowed(cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t,
+                cross = cross_allowed(cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t,
                                             first)
             hidden = layer(hidden, rope, self_allowed, position_ids, past_key_values, kv, cross)
             if output_hidden_states:
@@ -374,26 +355,6 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 self._rope_at.clear()
             tables = self._rope_at[key] = rope_tables(*self.model.rotary_emb(hidden, position_ids))
         return tables
-
-    @staticmethod
-    def _cross_allowed(mask, s, cache_position, attention_mask, b, t, first=None) -> torch.Tensor | None:
-        """Boolean ``[B|1, 1|h, T, S]`` cross-attention mask (see :meth:`forward`); ``None`` when every query sees
-        every entry (no mask given, and the first query's index ``first``, a host count, is at least ``S``)."""
-        device = cache_position.device
-        if mask is None and attention_mask is None and first is not None and first >= s:
-            return None
-        if mask is None:
-            allowed = (torch.arange(s, device=device)[None, :] < cache_position[:, None])[None, None]  # [1, 1, T, S]
-        else:
-            allowed = mask.to(device=device, dtype=torch.bool)
-            if allowed.dim() not in (2, 3, 4):
-                raise ValueError(f"cross_attention_mask must be 2-, 3- or 4-dimensional, got {tuple(allowed.shape)}.")
-            allowed = allowed[None, None] if allowed.dim() == 2 else allowed[:, None] if allowed.dim() == 3 else allowed
-            if allowed.shape[-2:] != (t, s):
-                raise ValueError(f"cross_attention_mask ends in {tuple(allowed.shape[-2:])}, expected {(t, s)}.")
-        if attention_mask is not None and attention_mask.shape[-1] >= s:
-            allowed = allowed & attention_mask[:, :s].bool().to(device)[:, None, None, :]
-        return allowed
 
     def _loss(self, raw, labels, num_items_in_batch=None):
         n = raw.shape[-1]
