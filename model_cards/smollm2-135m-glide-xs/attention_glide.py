@@ -1,8 +1,8 @@
 """Attention building blocks of the hf_cascade GLIDE draft model (Du et al., ICML 2024, "GLIDE with a CAPE",
 Section 4.1): the cross-attention masks, RMSNorm, the gated MLP, the draft's causal self-attention and the
-cross-attention over one target layer's cached K/V. Split from ``modeling_glide.py``; remote-code ready (imports
-only torch, transformers and its sibling configuration file, and is copied next to ``modeling_glide.py`` by
-``save_pretrained`` as a relative import)."""
+cross-attention over one target layer's cached K/V, and how a tensor reaches a module's weight (device, dtype).
+Split from ``modeling_glide.py``; remote-code ready (imports only torch, transformers and its sibling configuration
+file, and is copied next to ``modeling_glide.py`` by ``save_pretrained`` as a relative import)."""
 
 import torch
 from torch import nn
@@ -55,6 +55,31 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x.to(dtype)`` without the call when it is in ``dtype`` already (a call per op counts in a tiny draft)."""
     return x if x.dtype == dtype else x.to(dtype)
+
+
+def _device_of(module: nn.Module, default: torch.Tensor) -> torch.device:
+    """Where ``module`` takes its input: its weight's device (``default``'s when offloaded: accelerate's hook
+    moves the input)."""
+    w = getattr(module, "weight", None)
+    return w.device if isinstance(w, torch.Tensor) and w.device.type != "meta" else default.device
+
+
+def _like_weight(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """``x`` on ``module``'s weight device and in its dtype (a target's shared LM head; unchanged when they agree)."""
+    w = getattr(module, "weight", None)
+    if not isinstance(w, torch.Tensor):
+        return x
+    if w.device.type == "meta":
+        return _as_weight(x, None, w.dtype)
+    return _as_weight(x, w.device, w.dtype)
+
+
+def _as_weight(x: torch.Tensor, device: torch.device | None, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` on ``device`` (``None``: where it is) in ``dtype``; ``x`` itself, without a call, when it is already
+    (a call per op counts in a tiny draft's forward)."""
+    if x.dtype == dtype and (device is None or x.device == device):
+        return x
+    return x.to(dtype=dtype) if device is None else x.to(device=device, dtype=dtype)
 
 
 def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -197,5 +222,7 @@ class GlideCrossAttention(nn.Module):
         device = device if device is not None else w.device
         dtype = dtype if dtype is not None else w.dtype
         n_rep = self.num_heads // key.shape[1]
+        if n_rep == 1 and key.device == value.device == device and key.dtype == value.dtype == dtype:
+            return key, value                                                          # read as they are already
         return (_repeat_kv(key.to(device=device, dtype=dtype), n_rep),
                 _repeat_kv(value.to(device=device, dtype=dtype), n_rep))
