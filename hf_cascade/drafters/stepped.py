@@ -6,7 +6,11 @@ its decorators (deprecated keywords, config defaults, output capture), a fresh `
 work is a large share of the forward. :class:`SteppedDecoder` runs the same computation through the same modules
 and functions, in the same order and with the same arguments (embedding, position ids from the cache's length,
 ``create_causal_mask``, the rotary embedding, each decoder layer, the final norm), so its hidden states are the
-decoder's, bit for bit, and the cache is updated alike.
+decoder's, bit for bit, and the cache is updated alike. For one query (a drafter's next token) at a host position
+it makes the position ids and rotary tables once per position (where the rotary embedding does not change with the
+sequence length: not "dynamic" / "longrope"), and, where ``create_causal_mask`` gave no mask for one query over
+the same kind of cache and attention (sdpa without a sliding window: a single query sees every cached key), asks
+it no more: the same values as computing them again.
 
 The rule: it runs only a decoder whose class uses transformers' own ``LlamaModel.forward`` (and layers their own
 ``LlamaDecoderLayer.forward``) of the signature it was written against, not training, and not traced; and only
@@ -54,6 +58,13 @@ class SteppedDecoder:
 
     def __init__(self, decoder, layers: list):
         self.decoder, self.layers = decoder, layers
+        rope_type = getattr(decoder.rotary_emb, "rope_type", "default")
+        self._one: dict | None = {} if rope_type not in ("dynamic", "longrope") else None   # one query's inputs
+        config = decoder.config
+        # where one query gets no mask whatever the cache's length (sdpa, no sliding window): whether it got none
+        self._maskless = (getattr(config, "_attn_implementation", None) == "sdpa"
+                          and getattr(config, "sliding_window", None) is None)
+        self._no_mask: set = set()                       # cache classes for which one query got no mask
 
     @classmethod
     def of(cls, decoder) -> "SteppedDecoder | None":
@@ -77,15 +88,38 @@ class SteppedDecoder:
         d = self.decoder
         embeds = d.embed_tokens(input_ids)
         past = cache.get_seq_length()
-        position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + past).unsqueeze(0)
-        mask = create_causal_mask(config=d.config, inputs_embeds=embeds, attention_mask=None, cache=cache,
-                                  position_ids=position_ids)
-        position_embeddings = d.rotary_emb(embeds, position_ids=position_ids)
+        one = embeds.shape[1] == 1 and self._one is not None
+        if one:
+            position_ids, position_embeddings = self._one_query(embeds, past)
+        else:
+            position_ids = (torch.arange(embeds.shape[1], device=embeds.device) + past).unsqueeze(0)
+        if one and type(cache) in self._no_mask:
+            mask = None
+        else:
+            mask = create_causal_mask(config=d.config, inputs_embeds=embeds, attention_mask=None, cache=cache,
+                                      position_ids=position_ids)
+            if one and mask is None and self._maskless:
+                self._no_mask.add(type(cache))
+        if not one:
+            position_embeddings = d.rotary_emb(embeds, position_ids=position_ids)
         hidden = embeds
         for layer in self.layers:
             hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
                            position_ids=position_ids, cache=cache, use_cache=True)
         return d.norm(hidden)
+
+    def _one_query(self, embeds: torch.Tensor, past: int) -> tuple:
+        """``(position_ids [1, 1], rotary tables)`` of one query at sequence index ``past``, made once per position,
+        device, dtype and inference mode (tensors made under ``torch.inference_mode`` may not enter a computation
+        autograd records; read-only: nothing writes into them)."""
+        key = (past, embeds.device, embeds.dtype, torch.is_inference_mode_enabled())
+        made = self._one.get(key)
+        if made is None:
+            if len(self._one) >= 16384:                  # positions of long generations: start over
+                self._one.clear()
+            position_ids = (torch.arange(1, device=embeds.device) + past).unsqueeze(0)
+            made = self._one[key] = (position_ids, self.decoder.rotary_emb(embeds, position_ids=position_ids))
+        return made
 
 
 __all__ = ["SteppedDecoder"]
