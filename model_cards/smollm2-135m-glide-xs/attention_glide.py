@@ -44,12 +44,30 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
     """Softmax attention (float32 softmax). ``q`` ``[B, h, T, d]``, ``k``/``v`` ``[B, h, S, d]``, ``allowed``
     bool broadcastable to ``[B, h, T, S]`` (``None``: every key, the same result as an all-True mask). Rows
     with no allowed key return zeros."""
-    scores = _as(torch.matmul(q, k.transpose(-1, -2)), torch.float32) * scale        # [B, h, T, S]
+    scores = _as(torch.matmul(q, k.transpose(-1, -2)), torch.float32) * _scalar(scale, q)  # [B, h, T, S]
     if allowed is None:
         return torch.matmul(_as(scores.softmax(dim=-1), v.dtype), v)                 # [B, h, T, d]
     scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
     probs = scores.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)              # empty rows -> 0
     return torch.matmul(_as(probs, v.dtype), v)                                      # [B, h, T, d]
+
+
+def _scalar(value: float, like: torch.Tensor) -> torch.Tensor | float:
+    """``value`` for a float32 tensor op with a tensor on ``like``'s device: a 0-dim float32 tensor there, made once
+    per value, device and inference mode (a Python number is converted to a float32 tensor at every op; the op then
+    computes the same float32 values). ``value`` itself while compiling (a constant to the graph)."""
+    if torch.compiler.is_compiling():
+        return value
+    key = (value, like.device, torch.is_inference_mode_enabled())
+    made = _SCALARS.get(key)
+    if made is None:
+        if len(_SCALARS) >= 64:
+            _SCALARS.clear()
+        made = _SCALARS[key] = torch.tensor(value, dtype=torch.float32, device=like.device)
+    return made
+
+
+_SCALARS: dict[tuple, torch.Tensor] = {}       # (value, device, inference mode) -> _scalar's tensor
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -137,7 +155,7 @@ class GlideRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = _as(x, torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _scalar(self.variance_epsilon, x))
         return self.weight * _as(x, dtype)
 
 
