@@ -14,8 +14,9 @@ it no more: the same values as computing them again.
 
 The rule: it runs only a decoder whose class uses transformers' own ``LlamaModel.forward`` (and layers their own
 ``LlamaDecoderLayer.forward``) of the signature it was written against, not training, and not traced; and only
-while nothing observes the decoder's call (no forward hooks or pre-hooks on it, none global): a hook on the decoder
-expects to see each forward, so then the decoder itself runs. Anything else: :meth:`SteppedDecoder.of` gives
+while nothing observes or wraps the decoder's call (no forward hooks or pre-hooks on it, none global, no instance
+``forward`` such as accelerate's hooks install): a hook on the decoder expects to see each forward, so then the
+decoder itself runs. Anything else: :meth:`SteppedDecoder.of` gives
 ``None`` and the caller runs the decoder.
 """
 
@@ -77,10 +78,12 @@ class SteppedDecoder:
         return cls(decoder, layers)
 
     def usable(self) -> bool:
-        """Whether this forward may be stepped: nothing observes the decoder's call, not training, not traced."""
+        """Whether this forward may be stepped: nothing observes or wraps the decoder's call (torch hooks, global or
+        its own; an instance ``forward`` such as accelerate's hook installs), not training, not traced."""
         d = self.decoder
         return not (d._forward_hooks or d._forward_pre_hooks or _module._global_forward_hooks
-                    or _module._global_forward_pre_hooks or d.training or torch._C._get_tracing_state())
+                    or _module._global_forward_pre_hooks or "forward" in d.__dict__ or d.training
+                    or torch._C._get_tracing_state())
 
     def __call__(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
         """The decoder's ``last_hidden_state`` ``[B, T, H]`` of ``input_ids`` ``[B, T]`` after ``cache`` (a
