@@ -172,6 +172,8 @@ class GlideDrafter(TreeDrafter):
         if k < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped_drafts += 1
             return self._joined(TokenTree.empty(seq.device), [], state), None
+        if self.budget is not None:
+            k = self.budget.draft_limit(k)                 # an exploring step: its first token(s) only
         length = seq.shape[0]
         self._start_compiled(state)
         past = self._draft_length()
