@@ -119,9 +119,17 @@ def build_methods(target, names: Sequence[str] | None = None, drafter=None, glid
 
 
 def _model_modules(model, target) -> list:
-    """A draft model's own modules a drafting loop may call: the model, its decoder, its output head."""
+    """A draft model's own modules a drafting loop may call: the model, its decoder, its output head; for a decoder
+    the drafter steps through its modules (:class:`~hf_cascade.drafters.stepped.SteppedDecoder`, which a hook on the
+    decoder turns off), those modules in its place: embedding, rotary embedding, layers, norm (the mask's and the
+    positions' few ops between them then count as host time outside the drafter's forwards)."""
+    from ..drafters.stepped import SteppedDecoder
+
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return _own_modules([model, model.get_decoder(), head], target)
+    decoder = model.get_decoder()
+    stepped = SteppedDecoder.of(decoder)
+    parts = [decoder] if stepped is None else [decoder.embed_tokens, decoder.rotary_emb, *stepped.layers, decoder.norm]
+    return _own_modules([model, *parts, head], target)
 
 
 __all__ = ["COMPILED_LABEL", "COMPILED_STRATEGY_LABEL", "METHODS", "PLD_TOKENS", "PROMPT_TOKENS", "REDRAFTER_STEPS",

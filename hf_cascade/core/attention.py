@@ -106,8 +106,13 @@ def query_tree_mask(prefix_len: int, real: int, positions: torch.Tensor, ancesto
     root and the nodes, the rest padding), written at columns ``prefix_len ..`` after a dense prefix: a real query
     attends to the prefix and to its ancestors and itself, a padding query to itself only, nothing attends to the
     columns past the queries; with ``sliding_window`` ``W``, only to keys fewer than ``W`` positions behind it.
-    Built in place over a filled tensor (the same values as :func:`batch_tree_allowed` and :func:`additive`)."""
+    Built in place over a filled tensor (the same values as :func:`batch_tree_allowed` and :func:`additive`); where
+    every query is real and the mask spans exactly the prefix and the queries (the eager verification's), as the
+    prefix's zeros beside the queries' block of a structure seen recently (shared: read it, never write it)."""
     queries = ancestors.shape[0]
+    if sliding_window is None and real == queries and columns == prefix_len + queries:
+        block = _tree_block(ancestors, dtype)                                                   # [Q, Q]
+        return torch.cat([block.new_zeros(queries, prefix_len), block], dim=1).view(1, 1, queries, columns)
     low = torch.finfo(dtype).min
     mask = torch.full((1, 1, queries, columns), low, dtype=dtype, device=ancestors.device)
     mask[0, 0, :real, :prefix_len] = 0.0
@@ -118,6 +123,24 @@ def query_tree_mask(prefix_len: int, real: int, positions: torch.Tensor, ancesto
         far = (query_pos[:, None] - keys[None, :]) >= sliding_window
         mask[0, 0, :, :prefix_len + queries].masked_fill_(far, low)
     return mask
+
+
+def _tree_block(ancestors: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive ``[Q, Q]`` block of :func:`query_tree_mask` over the queries' own columns: ``0`` where a query
+    sees its ancestors and itself, ``finfo(dtype).min`` elsewhere; made once per closure tensor (those of
+    :func:`query_ancestors` are shared between steps) and dtype."""
+    key = (ancestors, dtype)                       # the tensor itself (hashed by identity, kept alive by the key)
+    block = _BLOCKS.get(key)
+    if block is None:
+        block = torch.full(ancestors.shape, torch.finfo(dtype).min, dtype=dtype, device=ancestors.device)
+        block.masked_fill_(ancestors, 0.0)
+        if len(_BLOCKS) >= 512:
+            _BLOCKS.clear()
+        _BLOCKS[key] = block
+    return block
+
+
+_BLOCKS: dict[tuple, torch.Tensor] = {}         # (closure tensor, dtype) -> _tree_block's block
 
 
 def batch_tree_allowed(past_pos: torch.Tensor, query_pos: torch.Tensor, ancestors: torch.Tensor,

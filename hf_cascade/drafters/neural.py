@@ -39,6 +39,7 @@ from ..core.stats import LevelStats
 from ..core.payoff import ExpectedGainRule
 from .maxgram import common_prefix
 from .static_forward import StaticDraftForward, keep_draft_prefix
+from .stepped import SteppedDecoder
 
 # Vocabularies whose sizes differ by at most this many rows are treated as padded copies of each
 # other (e.g. 151936 vs 152064), provided their special tokens agree.
@@ -118,6 +119,7 @@ class NeuralLevel:
         # the full model runs; False: not checked yet), and its decoder
         self._head = None if self._reduced else False
         self._decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        self._stepped = SteppedDecoder.of(self._decoder)  # its forward through its modules (None: the decoder runs)
 
     def compile_forwards(self, compile_config, capacity: int) -> None:
         """Run this call's forwards compiled with ``compile_config`` over a static cache of at least ``capacity``
@@ -235,12 +237,17 @@ class NeuralLevel:
         """The model's logits ``[1, needed, V_d]`` of the last ``needed`` positions of ``new`` (``[1, T]``), fed
         eagerly into :attr:`cache`. Without model-specific keywords, where the model's decoder and output head
         reproduce its logits (:func:`~hf_cascade.core.phases.checked_head`, at this call's first such forward) they
-        run alone, as the core verifies: the full forward's wrappers and output objects are not built per token."""
+        run alone, as the core verifies: the full forward's wrappers and output objects are not built per token; a
+        Llama decoder's forward stepped through its modules where nothing observes its call
+        (:class:`~hf_cascade.drafters.stepped.SteppedDecoder`)."""
         if kwargs or self._head is None:
             return self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed,
                               **kwargs).logits
         if self._head is not False:
-            hidden = self._decoder(input_ids=new, **cache_kwargs(self._decoder, self.cache)).last_hidden_state
+            if self._stepped is not None and self._stepped.usable():     # the decoder's forward, without its wrappers
+                hidden = self._stepped(new, self.cache)
+            else:
+                hidden = self._decoder(input_ids=new, **cache_kwargs(self._decoder, self.cache)).last_hidden_state
             return self._head(hidden[:, -needed:])
         with HeadInput(self.model) as caught:                   # the first forward: check the head on its rows
             logits = self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed).logits

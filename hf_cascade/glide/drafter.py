@@ -20,7 +20,8 @@ yet in the target's cache):
    ``x_{t+i}``; without CAPE (``GlideSettings.chain()``) the main path goes alone (a chain).
    **Hardware-aware size** (``Policy.cost_aware``, the default; not in the paper): draft at all, draft deeper, and
    verify each drafted node only when its calibrated chance of acceptance pays for its measured cost on the
-   running device (:mod:`hf_cascade.core.payoff.budget`; the paper's fixed shape with ``Policy(cost_aware=False)``).
+   running device (:mod:`hf_cascade.core.payoff.budget`; the paper's fixed shape with ``Policy(cost_aware=False)``);
+   a step drafted only to explore (rule 1 refused it) drafts its first main token alone.
 4. After verification (:meth:`GlideDrafter.on_accept`) the draft cache is **cropped** (``Cache.crop``) to
    the verified tokens it already holds: the root and the accepted main-path tokens it fed. (With one draft
    layer their K/V do not depend on the glimpse at all; with more, the upper layers' K/V keep the view of
@@ -172,6 +173,8 @@ class GlideDrafter(TreeDrafter):
         if k < 1 or (self.budget is not None and not self.budget.should_draft()):
             self.record.skipped_drafts += 1
             return self._joined(TokenTree.empty(seq.device), [], state), None
+        if self.budget is not None:
+            k = self.budget.draft_limit(k)                 # an exploring step: its first token(s) only
         length = seq.shape[0]
         self._start_compiled(state)
         past = self._draft_length()

@@ -1,8 +1,8 @@
 """Attention building blocks of the hf_cascade GLIDE draft model (Du et al., ICML 2024, "GLIDE with a CAPE",
-Section 4.1): RMSNorm, the gated MLP, the draft's causal self-attention and the cross-attention over one
-target layer's cached K/V. Split from ``modeling_glide.py``; remote-code ready (imports only torch,
-transformers and its sibling configuration file, and is copied next to ``modeling_glide.py`` by
-``save_pretrained`` as a relative import)."""
+Section 4.1): the cross-attention masks, RMSNorm, the gated MLP, the draft's causal self-attention and the
+cross-attention over one target layer's cached K/V, and how a tensor reaches a module's weight (device, dtype).
+Split from ``modeling_glide.py``; remote-code ready (imports only torch, transformers and its sibling configuration
+file, and is copied next to ``modeling_glide.py`` by ``save_pretrained`` as a relative import)."""
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
     """Softmax attention (float32 softmax). ``q`` ``[B, h, T, d]``, ``k``/``v`` ``[B, h, S, d]``, ``allowed``
     bool broadcastable to ``[B, h, T, S]`` (``None``: every key, the same result as an all-True mask). Rows
     with no allowed key return zeros."""
-    scores = _as(torch.matmul(q, k.transpose(-1, -2)), torch.float32) * scale        # [B, h, T, S]
+    scores = _as(torch.matmul(q, k.transpose(-1, -2)), torch.float32) * _scalar(scale, q)  # [B, h, T, S]
     if allowed is None:
         return torch.matmul(_as(scores.softmax(dim=-1), v.dtype), v)                 # [B, h, T, d]
     scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
@@ -52,14 +52,98 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
     return torch.matmul(_as(probs, v.dtype), v)                                      # [B, h, T, d]
 
 
+def _scalar(value: float, like: torch.Tensor) -> torch.Tensor | float:
+    """``value`` for a float32 tensor op with a tensor on ``like``'s device: a 0-dim float32 tensor there, made once
+    per value, device and inference mode (a Python number is converted to a float32 tensor at every op; the op then
+    computes the same float32 values). ``value`` itself while compiling (a constant to the graph)."""
+    if torch.compiler.is_compiling():
+        return value
+    key = (value, like.device, torch.is_inference_mode_enabled())
+    made = _SCALARS.get(key)
+    if made is None:
+        if len(_SCALARS) >= 64:
+            _SCALARS.clear()
+        made = _SCALARS[key] = torch.tensor(value, dtype=torch.float32, device=like.device)
+    return made
+
+
+_SCALARS: dict[tuple, torch.Tensor] = {}       # (value, device, inference mode) -> _scalar's tensor
+
+
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x.to(dtype)`` without the call when it is in ``dtype`` already (a call per op counts in a tiny draft)."""
     return x if x.dtype == dtype else x.to(dtype)
 
 
+def _device_of(module: nn.Module, default: torch.Tensor) -> torch.device:
+    """Where ``module`` takes its input: its weight's device (``default``'s when offloaded: accelerate's hook
+    moves the input)."""
+    w = getattr(module, "weight", None)
+    return w.device if isinstance(w, torch.Tensor) and w.device.type != "meta" else default.device
+
+
+def _like_weight(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
+    """``x`` on ``module``'s weight device and in its dtype (a target's shared LM head; unchanged when they agree)."""
+    w = getattr(module, "weight", None)
+    if not isinstance(w, torch.Tensor):
+        return x
+    if w.device.type == "meta":
+        return _as_weight(x, None, w.dtype)
+    return _as_weight(x, w.device, w.dtype)
+
+
+def _as_weight(x: torch.Tensor, device: torch.device | None, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` on ``device`` (``None``: where it is) in ``dtype``; ``x`` itself, without a call, when it is already
+    (a call per op counts in a tiny draft's forward)."""
+    if x.dtype == dtype and (device is None or x.device == device):
+        return x
+    return x.to(dtype=dtype) if device is None else x.to(device=device, dtype=dtype)
+
+
 def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """``[B, kv_heads, S, d]`` -> ``[B, kv_heads * n_rep, S, d]`` (each kv head serves ``n_rep`` query heads)."""
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def glide_cross_mask(q_len: int, kv_len: int, block: int = 5, first_block: str = "none") -> torch.Tensor:
+    """The block-wise cross-attention mask of GLIDE training (Du et al. 2024, Section 4.1), ``[q_len, kv_len]``
+    bool, True = may attend: query position ``j`` sees target position ``k`` iff ``k // block < j // block``
+    (``Mask_Block(A_jk) = A_jk if block(j) > block(k) else -inf``), i.e. only target positions before the start
+    of its own block.
+
+    The first block sees nothing (``first_block="none"``, the paper's definition; the model then adds a zero
+    cross-attention output there). ``first_block="causal"`` instead lets block 0 see ``k <= j``, as the
+    authors' training code does to keep every softmax row non-empty."""
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}.")
+    if first_block not in ("none", "causal"):
+        raise ValueError(f"first_block must be 'none' or 'causal', got {first_block!r}.")
+    j = torch.arange(q_len)[:, None]                                                 # [T, 1] query positions
+    k = torch.arange(kv_len)[None, :]                                                # [1, S] target positions
+    mask = (k // block) < (j // block)                                               # [T, S]
+    if first_block == "causal":
+        mask = mask | ((j < block) & (k <= j))
+    return mask
+
+
+def cross_allowed(mask, s, cache_position, attention_mask, b, t, first=None) -> torch.Tensor | None:
+    """Boolean ``[B|1, 1|h, T, S]`` cross-attention mask (see ``GlideForCausalLM.forward``); ``None`` when every
+    query sees every entry (no mask given, and the first query's index ``first``, a host count, is at least ``S``)."""
+    device = cache_position.device
+    if mask is None and attention_mask is None and first is not None and first >= s:
+        return None
+    if mask is None:
+        allowed = (torch.arange(s, device=device)[None, :] < cache_position[:, None])[None, None]  # [1, 1, T, S]
+    else:
+        allowed = mask.to(device=device, dtype=torch.bool)
+        if allowed.dim() not in (2, 3, 4):
+            raise ValueError(f"cross_attention_mask must be 2-, 3- or 4-dimensional, got {tuple(allowed.shape)}.")
+        allowed = allowed[None, None] if allowed.dim() == 2 else allowed[:, None] if allowed.dim() == 3 else allowed
+        if allowed.shape[-2:] != (t, s):
+            raise ValueError(f"cross_attention_mask ends in {tuple(allowed.shape[-2:])}, expected {(t, s)}.")
+    if attention_mask is not None and attention_mask.shape[-1] >= s:
+        allowed = allowed & attention_mask[:, :s].bool().to(device)[:, None, None, :]
+    return allowed
 
 
 class GlideRMSNorm(nn.Module):
@@ -71,7 +155,7 @@ class GlideRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = _as(x, torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _scalar(self.variance_epsilon, x))
         return self.weight * _as(x, dtype)
 
 
@@ -156,5 +240,7 @@ class GlideCrossAttention(nn.Module):
         device = device if device is not None else w.device
         dtype = dtype if dtype is not None else w.dtype
         n_rep = self.num_heads // key.shape[1]
+        if n_rep == 1 and key.device == value.device == device and key.dtype == value.dtype == dtype:
+            return key, value                                                          # read as they are already
         return (_repeat_kv(key.to(device=device, dtype=dtype), n_rep),
                 _repeat_kv(value.to(device=device, dtype=dtype), n_rep))

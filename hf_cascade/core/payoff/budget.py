@@ -12,7 +12,9 @@ times its cost). :class:`AdaptiveBudget` decides, per step:
 1. **whether to draft at all** (:meth:`~AdaptiveBudget.should_draft`): the target's measured acceptance of the
    first drafted token must pay for one draft forward plus one verified row, ``a_1 >= R * (c_draft + cost(1) - 1)``;
    otherwise the step is a plain one (every ``explore_every``-th refused step drafts anyway, so an unlucky start
-   does not silence the drafter for good);
+   does not silence the drafter for good: at most ``explore_tokens`` main tokens, :meth:`~AdaptiveBudget.draft_limit`,
+   as the chain rules' exploring drafts; it measures the first token's acceptance, and a token rule 1 refused
+   seldom pays for a deeper one);
 2. **how deep to draft** (:meth:`~AdaptiveBudget.keep_drafting`): another draft forward can add at most the
    calibrated probability of reaching it, so drafting stops once ``reach < R * c_draft``;
 3. **which nodes to verify** (:meth:`~AdaptiveBudget.select`): :func:`~hf_cascade.core.payoff.rules.keep_best` over
@@ -46,13 +48,15 @@ class AdaptiveBudget:
     docstring). ``cost``: the resolved verification profile of the target on its device."""
 
     def __init__(self, cost: VerifyCost, explore_every: int = 8, prior_first: float = 0.5, prior_strength: float = 2.0,
-                 decay: float = 0.8):
+                 decay: float = 0.8, explore_tokens: int = 1):
         self.profile = cost                    # the measured profile (its verification steps alone)
         self.cost = cost                       # in use: the profile's increments scaled to this call's steps
         self.scale = 1.0
         self._plain_seconds: float | None = None  # seconds of a step with nothing drafted (EMA)
         self.calibration = AcceptanceCalibration()
         self.explore_every = int(explore_every)
+        self.explore_tokens = int(explore_tokens)
+        self.exploring = False                 # the last should_draft() passed only as an exploring step
         self.decay = float(decay)
         self.tokens = 1.0                      # R starts from one imaginary plain step: one token per unit
         self.units = 1.0
@@ -81,10 +85,16 @@ class AdaptiveBudget:
     # -- decisions -------------------------------------------------------------------------------
     def should_draft(self) -> bool:
         """Whether this step drafts (rule 1 of the module docstring)."""
+        self.exploring = False
         if self.first_acceptance() >= self.rate * (self.draft_cost() + self.cost(1) - self.cost(0)):
             return True
         self._skips += 1
-        return self.explore_every > 0 and self._skips % self.explore_every == 0
+        self.exploring = self.explore_every > 0 and self._skips % self.explore_every == 0
+        return self.exploring
+
+    def draft_limit(self, k: int) -> int:
+        """The most main tokens this step drafts, of ``k``: at most ``explore_tokens`` on an exploring step."""
+        return min(k, max(self.explore_tokens, 1)) if self.exploring else k
 
     def keep_drafting(self, reach: float) -> bool:
         """Whether another draft forward can pay, after a path the target reaches with calibrated

@@ -68,8 +68,15 @@ class VerifyCost:
         return rel[-1] + (n - len(rel) + 1) * slope
 
     def scaled(self, scale: float) -> VerifyCost:
-        """The profile with its increments over a plain step scaled: ``1 + scale * (cost(n) - 1)``."""
-        return VerifyCost(tuple(1.0 + scale * (c - 1.0) for c in self.relative))
+        """The profile with its increments over a plain step scaled: ``1 + scale * (cost(n) - 1)``. For a finite
+        ``scale >= 0`` that is a valid profile already (``relative[0]`` stays 1, rounding keeps the order): made
+        without :meth:`__post_init__`'s checks (a tree policy rescales at every drafted step); the same values."""
+        relative = tuple(1.0 + scale * (c - 1.0) for c in self.relative)
+        if not 0.0 <= scale < float("inf"):
+            return VerifyCost(relative)                   # checked (and refused where it decreases)
+        made = object.__new__(VerifyCost)
+        object.__setattr__(made, "relative", relative)
+        return made
 
 
 @dataclass

@@ -22,8 +22,9 @@ Cross-attention masks:
   sees the whole cache, as in the paper; tokens re-read inside the cache see only earlier entries.
 
 Remote-code ready: imports only torch, transformers and its sibling files (``configuration_glide.py``, and
-``attention_glide.py`` with the attention sub-layers, which ``save_pretrained`` copies as a relative import), so
-a checkpoint saved with ``save_pretrained`` loads with ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
+``attention_glide.py`` with the attention sub-layers and the cross-attention masks, which ``save_pretrained``
+copies as a relative import), so a checkpoint saved with ``save_pretrained`` loads with
+``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
 """
 
 import torch
@@ -32,32 +33,12 @@ from torch import nn
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention_glide import GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _rotary, rope_tables
+from .attention_glide import (GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _as_weight, _device_of,
+                              _like_weight, _rotary, cross_allowed, glide_cross_mask, rope_tables)
 from .configuration_glide import GlideConfig
 
 # transformers 5.24 renamed the output field past_key_values -> cache (the old name warns)
 _OUTPUT_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-def glide_cross_mask(q_len: int, kv_len: int, block: int = 5, first_block: str = "none") -> torch.Tensor:
-    """The block-wise cross-attention mask of GLIDE training (Du et al. 2024, Section 4.1), ``[q_len, kv_len]``
-    bool, True = may attend: query position ``j`` sees target position ``k`` iff ``k // block < j // block``
-    (``Mask_Block(A_jk) = A_jk if block(j) > block(k) else -inf``), i.e. only target positions before the start
-    of its own block.
-
-    The first block sees nothing (``first_block="none"``, the paper's definition; the model then adds a zero
-    cross-attention output there). ``first_block="causal"`` instead lets block 0 see ``k <= j``, as the
-    authors' training code does to keep every softmax row non-empty."""
-    if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}.")
-    if first_block not in ("none", "causal"):
-        raise ValueError(f"first_block must be 'none' or 'causal', got {first_block!r}.")
-    j = torch.arange(q_len)[:, None]                                                 # [T, 1] query positions
-    k = torch.arange(kv_len)[None, :]                                                # [1, S] target positions
-    mask = (k // block) < (j // block)                                               # [T, S]
-    if first_block == "causal":
-        mask = mask | ((j < block) & (k <= j))
-    return mask
 
 
 class GlideDecoderLayer(nn.Module):
@@ -114,21 +95,6 @@ def _static_columns(cache) -> int | None:
     return max(int(layer.max_cache_len) for layer in layers)
 
 
-def _device_of(module: nn.Module, default: torch.Tensor) -> torch.device:
-    """Where ``module`` takes its input: its weight's device (``default``'s when offloaded: accelerate's hook
-    moves the input)."""
-    w = getattr(module, "weight", None)
-    return w.device if isinstance(w, torch.Tensor) and w.device.type != "meta" else default.device
-
-
-def _like_weight(x: torch.Tensor, module: nn.Module) -> torch.Tensor:
-    """``x`` on ``module``'s weight device and in its dtype (a target's shared LM head; unchanged when they agree)."""
-    w = getattr(module, "weight", None)
-    if not isinstance(w, torch.Tensor):
-        return x
-    return x.to(dtype=w.dtype) if w.device.type == "meta" else x.to(device=w.device, dtype=w.dtype)
-
-
 class GlideForCausalLM(PreTrainedModel, GenerationMixin):
     """The GLIDE draft model (see the module docstring). Target ids in; logits over the target's vocabulary out
     (``finfo.min`` outside ``vocab_subset`` with a reduced own vocabulary).
@@ -149,6 +115,8 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = GlideModel(config)
         self._target_io = None  # (input embedding, LM head) of the target: plain attribute, never saved
+        # settings that decide the module tree (read once: a config attribute read costs a call per forward)
+        self._shared, self._cross = bool(config.share_target_embeddings), bool(config.cross_attention)
         if not config.share_target_embeddings:
             n = config.draft_vocab_size
             self.lm_head = nn.Linear(config.hidden_size, n, bias=False)
@@ -156,6 +124,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         # the self-attention's rotary tables of one query, per host position, where they do not change with the
         # sequence length (not "dynamic" / "longrope" scaling): the same values, computed once (a plain dict, never saved)
         self._rope_at: dict | None = {} if config.self_rope().get("rope_type") not in ("dynamic", "longrope") else None
+        self._at: dict = {}                              # one query's index tensors per host position (_positions)
         self.post_init()
 
     # -- target -------------------------------------------------------------------------------------
@@ -223,7 +192,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         return torch.where(subset[pos] == ids, pos, torch.full_like(pos, subset.numel()))
 
     def _io(self):
-        if not self.config.share_target_embeddings:
+        if not self._shared:
             return self.model.embed_tokens, self.lm_head
         if self._target_io is None:
             raise RuntimeError("this GLIDE shares the target's embeddings: call model.tie_to_target(target) first.")
@@ -288,9 +257,12 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         cache_position = kwargs.pop("cache_position", None)  # optional ``[T]`` sequence indices of the new tokens
         embed, head = self._io()
         if inputs_embeds is None:
-            inputs_embeds = embed(self.to_draft_ids(input_ids).to(_device_of(embed, input_ids)))  # [B, T, H]
+            ids = self.to_draft_ids(input_ids)
+            where = _device_of(embed, input_ids)
+            inputs_embeds = embed(ids if ids.device == where else ids.to(where))                  # [B, T, H]
         # shared embeddings are the target's (its device and dtype): run the layers where and as they are
-        inputs_embeds = inputs_embeds.to(device=self.model.norm.weight.device, dtype=self.model.norm.weight.dtype)
+        norm_weight = self.model.norm.weight
+        inputs_embeds = _as_weight(inputs_embeds, norm_weight.device, norm_weight.dtype)
         b, t, _ = inputs_embeds.shape
         device = inputs_embeds.device
         if use_cache is None:
@@ -298,16 +270,19 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
         width = _static_columns(past_key_values)          # a static cache: attention over its fixed buffers
-        first = None                                      # the first query's sequence index, when a host count
-        if width is None:
+        first = at = None                                 # the first query's sequence index, when a host count;
+        if width is None:                                 # at: that of one query, its positions made once
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             width = past + t
             if cache_position is None:
-                cache_position = torch.arange(past, past + t, device=device)               # [T]
                 first = past
+                if position_ids is None and b == t == 1:
+                    at = past
+                    cache_position, position_ids = self._positions(past, device)                # [1], [1, 1]
+                else:
+                    cache_position = torch.arange(past, past + t, device=device)           # [T]
         elif cache_position is None:                      # the static cache's length, as a tensor
             cache_position = torch.arange(t, device=device) + past_key_values.get_seq_length()
-        at = first if position_ids is None and b == t == 1 else None    # one query at a host position
         if position_ids is None:
             position_ids = cache_position[None].expand(b, t)                               # [B, T]
 
@@ -324,9 +299,9 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             self_allowed = self_allowed | (keys[None, :] == cache_position[:, None])[None, None]  # padded rows: self only
 
         kv_pairs = None
-        if target_key_values is not None and self.config.cross_attention:
+        if target_key_values is not None and self._cross:
             kv_pairs = target_key_values
-            if not (isinstance(kv_pairs, (list, tuple)) and len(kv_pairs) == self.config.num_hidden_layers):
+            if not (isinstance(kv_pairs, (list, tuple)) and len(kv_pairs) == len(self.model.layers)):
                 kv_pairs = self.target_kv(kv_pairs)
 
         hidden = inputs_embeds
@@ -336,23 +311,28 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             kv = cross = None
             if kv_pairs is not None:
                 kv = kv_pairs[m]
-                cross = self._cross_allowed(cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t,
+                cross = cross_allowed(cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t,
                                             first)
             hidden = layer(hidden, rope, self_allowed, position_ids, past_key_values, kv, cross)
             if output_hidden_states:
                 all_hidden.append(hidden)
         hidden = self.model.norm(hidden)                                                    # [B, T, H]
 
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        raw = head(_like_weight(hidden[:, keep, :], head))                                  # [B, T', N] or [B, T', V]
+        if isinstance(logits_to_keep, int) and (logits_to_keep == 0 or logits_to_keep >= t):
+            kept = hidden                                 # every position (no slicing op)
+        else:
+            keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            kept = hidden[:, keep, :]
+        raw = head(_like_weight(kept, head))                                                # [B, T', N] or [B, T', V]
         loss = None
         if labels is not None:
             if not isinstance(logits_to_keep, int):
                 raise ValueError("labels need an integer logits_to_keep.")
             loss = self._loss(raw, labels[:, -raw.shape[1]:].to(raw.device), num_items_in_batch)
         logits = raw
-        n, v = raw.shape[-1], self.config.vocab_size
-        if full_vocab and n != v:
+        n = raw.shape[-1]
+        v = self.config.vocab_size if full_vocab else n
+        if n != v:
             logits = raw.new_full((*raw.shape[:-1], v), torch.finfo(raw.dtype).min)
             logits.index_copy_(-1, self.vocab_subset.to(raw.device), raw)                  # [B, T', V]
         cache = past_key_values if use_cache else None
@@ -361,39 +341,33 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             return tuple(v for v in (loss, logits, cache, hidden_states) if v is not None)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{_OUTPUT_CACHE: cache}, hidden_states=hidden_states)
 
+    def _positions(self, at: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cache_position`` ``[1]`` and ``position_ids`` ``[1, 1]`` of one query at sequence index ``at`` on
+        ``device``, made once (read-only: nothing writes into them); apart under ``torch.inference_mode`` (its tensors may not
+        enter a computation autograd records), as :meth:`_rope`'s tables."""
+        key = (at, device, torch.is_inference_mode_enabled())
+        made = self._at.get(key)
+        if made is None:
+            if len(self._at) >= 16384:                       # positions of long generations: start over
+                self._at.clear()
+            position = torch.arange(at, at + 1, device=device)
+            made = self._at[key] = (position, position[None])
+        return made
+
     def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor, at: int | None) -> tuple:
         """The self-attention's ``rope_tables`` at ``position_ids``; for one query at the host position ``at``,
-        where the rotary embedding does not change with the sequence length, made once per position, device and
-        dtype (the same computation on the same input: the same values)."""
+        where the rotary embedding does not change with the sequence length, made once per position, device, dtype
+        and inference mode (the same computation on the same input: the same values; tables made under
+        ``torch.inference_mode`` may not enter a computation autograd records)."""
         if at is None or self._rope_at is None:
             return rope_tables(*self.model.rotary_emb(hidden, position_ids))
-        key = (at, hidden.device, hidden.dtype)
+        key = (at, hidden.device, hidden.dtype, torch.is_inference_mode_enabled())
         tables = self._rope_at.get(key)
         if tables is None:
             if len(self._rope_at) >= 16384:                  # positions of long generations: start over
                 self._rope_at.clear()
             tables = self._rope_at[key] = rope_tables(*self.model.rotary_emb(hidden, position_ids))
         return tables
-
-    @staticmethod
-    def _cross_allowed(mask, s, cache_position, attention_mask, b, t, first=None) -> torch.Tensor | None:
-        """Boolean ``[B|1, 1|h, T, S]`` cross-attention mask (see :meth:`forward`); ``None`` when every query sees
-        every entry (no mask given, and the first query's index ``first``, a host count, is at least ``S``)."""
-        device = cache_position.device
-        if mask is None and attention_mask is None and first is not None and first >= s:
-            return None
-        if mask is None:
-            allowed = (torch.arange(s, device=device)[None, :] < cache_position[:, None])[None, None]  # [1, 1, T, S]
-        else:
-            allowed = mask.to(device=device, dtype=torch.bool)
-            if allowed.dim() not in (2, 3, 4):
-                raise ValueError(f"cross_attention_mask must be 2-, 3- or 4-dimensional, got {tuple(allowed.shape)}.")
-            allowed = allowed[None, None] if allowed.dim() == 2 else allowed[:, None] if allowed.dim() == 3 else allowed
-            if allowed.shape[-2:] != (t, s):
-                raise ValueError(f"cross_attention_mask ends in {tuple(allowed.shape[-2:])}, expected {(t, s)}.")
-        if attention_mask is not None and attention_mask.shape[-1] >= s:
-            allowed = allowed & attention_mask[:, :s].bool().to(device)[:, None, None, :]
-        return allowed
 
     def _loss(self, raw, labels, num_items_in_batch=None):
         n = raw.shape[-1]
