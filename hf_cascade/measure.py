@@ -64,7 +64,8 @@ def measured_verify_cost(model) -> VerifyCost:
     symmetric rounds (:func:`measure_verify_cost`'s, over :data:`QUICK_GRID`, a short prompt and a few steps per
     size), this process's round and the last ones kept on disk for the same machine and model
     (:mod:`hf_cascade.profile_rounds`: a round spoiled by a transient is outvoted; while fewer are kept, this process
-    measures more; under ``HF_CASCADE_PROFILE_ROUNDS=reuse`` none once enough are kept), interpolated between the sizes. The trees of every later call are sized from it."""
+    measures more; under ``HF_CASCADE_PROFILE_ROUNDS=reuse`` none once enough are kept), interpolated between the
+    sizes. The trees of every later call are sized from it."""
     key = profile_key(model)
     if key not in _MEASURED:
         filed = store_key(key, QUICK_SETTINGS)

@@ -94,8 +94,9 @@ class ArgmaxScreen:
         k = weight.shape[1]
         g = k * _U / (1 - k * _U)
         diff, norm, copy_norm = ext.screen_norms(weight, self.panels, self.scale).unbind(1)   # float64, per row
-        self.margin = ((diff + g * (norm + copy_norm) + _U * (1 + g) * copy_norm) * 1.01).float()   # [N] c_j, rounded up
-        self.copy_norm = (copy_norm * 1.01).float()                                     # [N] ||w~_j||, rounded up
+        margin = diff + g * (norm + copy_norm) + _U * (1 + g) * copy_norm
+        self.margin = (margin * 1.01).float()                                # [N] c_j, rounded up
+        self.copy_norm = (copy_norm * 1.01).float()                          # [N] ||w~_j||, rounded up
         self.candidates = 0                                                  # float32 rows computed (statistics)
         self.faster: dict[tuple[int, bool], bool] = {}     # (rows per call: a power of two, top-k use) -> faster
         self.product, self.vnni = "float", None                              # the integer copy where built
