@@ -49,6 +49,12 @@ class Assistant:
     cpu_kernels: bool | None = None
     trees: bool = True           # drafts may branch (lossy target rules need linear drafts)
 
+    @property
+    def block_kind(self) -> str:
+        """The name a verification backend keeps this assistant's steps under (its rows per head call are priced
+        over them: :mod:`hf_cascade.backends.cpu.head_block`)."""
+        return type(self).__name__
+
     # -- to implement ---------------------------------------------------------------------------
     def new_stats(self) -> GenerationStats:
         """A fresh statistics object for one call."""
@@ -94,9 +100,9 @@ class Assistant:
         compiled = _compile_drafters([drafter], target, model_kwargs, generation_config)
         kernels = False if compiled else self.cpu_kernels
         try:
-            with verification_session(target, kernels) as session:
-                return speculative_decode(target, drafter, input_ids, processors, stopping_criteria, generation_config,
-                                          stats, streamer, session.block_rows, session.argmax_screen, model_kwargs)
+            return self._in_session(target, kernels, stats, lambda session: speculative_decode(
+                target, drafter, input_ids, processors, stopping_criteria, generation_config, stats, streamer,
+                session.block_rows, session.argmax_screen, model_kwargs))
         finally:
             self.last_stats = self.finish(drafter, stats)
 
@@ -111,12 +117,20 @@ class Assistant:
         compiled = _compile_drafters(drafters, target, model_kwargs or {}, generation_config)
         kernels = False if compiled else self.cpu_kernels
         try:
-            with verification_session(target, kernels) as session:
-                return speculative_decode_batch(target, drafters, input_ids, attention_mask, processors,
-                                                stopping_criteria, generation_config, stats, session.block_rows,
-                                                session.argmax_screen, model_kwargs)
+            return self._in_session(target, kernels, stats, lambda session: speculative_decode_batch(
+                target, drafters, input_ids, attention_mask, processors, stopping_criteria, generation_config, stats,
+                session.block_rows, session.argmax_screen, model_kwargs))
         finally:
             stats.rows = [self.finish(d, s) for d, s in zip(drafters, stats.rows)]
+
+    def _in_session(self, target, kernels, stats, decode):
+        """``decode(session)`` inside the call's verification session; the call's steps handed back to it after
+        (the CPU backend prices this assistant's block of head rows over them)."""
+        with verification_session(target, kernels, self.block_kind) as session:
+            try:
+                return decode(session)
+            finally:
+                session.record_steps(stats)
 
     def target_session(self, target: PreTrainedModel):
         """The verification backend for one call (see :mod:`hf_cascade.backends`)."""

@@ -23,7 +23,7 @@ from .core.strategy import TreeDrafter
 from .core.structure import TokenTree
 from .placement import target_device_dtype
 from .profile_rounds import keep_rounds, kept_rounds, rounds_to_measure, store_key
-from .timing import median_ratios, round_ratios
+from .timing import median_ratios, monotone_profile, round_ratios
 
 #: Node counts the default profile measures (:func:`measured_verify_cost`); costs in between are interpolated.
 QUICK_GRID = (0, 1, 2, 4, 8, 16, 24)
@@ -152,35 +152,6 @@ def _rounds(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16, r
 
     with verification_session(model) as session:                 # symmetric rounds: a drift over a round cancels
         return round_ratios({n: (lambda n=n: seconds_per_step(n)) for n in sizes}, 0, rounds, self_timed=True)
-
-
-def monotone_profile(measured: dict[int, float]) -> tuple[float, ...]:
-    """The profile ``relative[0 .. max n]`` from measured relative costs at some node counts (``{n: cost}``, ``0``
-    the unit): the least-squares non-decreasing fit of the measured points (isotonic regression, pool adjacent
-    violators) at least 1, linear in between. A point measured too high (a timing spike) is pooled with the points
-    after it, not carried over them as a running maximum would: that made every larger size look as cheap as the
-    spike, and trees grow to the next measured size."""
-    sizes = sorted(n for n in measured if n > 0)
-    blocks: list[list[float]] = []                          # [sum, count] of each pooled run of sizes
-    for n in sizes:
-        blocks.append([float(measured[n]), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    fitted = {0: 1.0}
-    i = 0
-    for total, count in blocks:
-        for _ in range(int(count)):
-            fitted[sizes[i]] = max(1.0, total / count)
-            i += 1
-    grid = [0, *sizes]
-    rel = [1.0]
-    for n in range(1, grid[-1] + 1):
-        lo = max(m for m in grid if m <= n)
-        hi = min(m for m in grid if m >= n)
-        rel.append(fitted[lo] if hi == lo else fitted[lo] + (fitted[hi] - fitted[lo]) * (n - lo) / (hi - lo))
-    return tuple(rel)
 
 
 __all__ = ["QUICK_GRID", "QUICK_SETTINGS", "bound_verify_cost", "measure_verify_cost", "measured_verify_cost", "measured_profiles",

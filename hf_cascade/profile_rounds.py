@@ -1,5 +1,5 @@
 """Timed rounds kept between processes, so that one process's timing is not the whole story: the verification
-profile's, and the output head's block calibration (:func:`hf_cascade.backends.cpu.verify_head.calibrate_block_rows`,
+profile's, and the cost curve the output head's block is priced from (:mod:`hf_cascade.backends.cpu.head_block`,
 each process's per-size medians pooled the same way).
 
 :func:`hf_cascade.measure.measured_verify_cost` times the target's verification in symmetric rounds

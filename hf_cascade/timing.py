@@ -83,4 +83,33 @@ def median_ratios(rounds: list[Mapping[Hashable, float]]) -> dict[Hashable, floa
     return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
 
 
-__all__ = ["interleaved_medians", "median_ratios", "round_ratios"]
+def monotone_profile(measured: dict[int, float]) -> tuple[float, ...]:
+    """The profile ``relative[0 .. max n]`` from measured relative costs at some node counts (``{n: cost}``, ``0``
+    the unit): the least-squares non-decreasing fit of the measured points (isotonic regression, pool adjacent
+    violators) at least 1, linear in between. A point measured too high (a timing spike) is pooled with the points
+    after it, not carried over them as a running maximum would: that made every larger size look as cheap as the
+    spike, and trees grow to the next measured size."""
+    sizes = sorted(n for n in measured if n > 0)
+    blocks: list[list[float]] = []                          # [sum, count] of each pooled run of sizes
+    for n in sizes:
+        blocks.append([float(measured[n]), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = {0: 1.0}
+    i = 0
+    for total, count in blocks:
+        for _ in range(int(count)):
+            fitted[sizes[i]] = max(1.0, total / count)
+            i += 1
+    grid = [0, *sizes]
+    rel = [1.0]
+    for n in range(1, grid[-1] + 1):
+        lo = max(m for m in grid if m <= n)
+        hi = min(m for m in grid if m >= n)
+        rel.append(fitted[lo] if hi == lo else fitted[lo] + (fitted[hi] - fitted[lo]) * (n - lo) / (hi - lo))
+    return tuple(rel)
+
+
+__all__ = ["interleaved_medians", "median_ratios", "monotone_profile", "round_ratios"]

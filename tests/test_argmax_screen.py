@@ -273,7 +273,7 @@ def test_greedy_with_the_screen_matches_plain_generate(name, monkeypatch, free_d
     screen, asked = ArgmaxScreen(target.get_output_embeddings().weight), []
 
     @contextmanager
-    def session(model, cpu_kernels=None):
+    def session(model, cpu_kernels=None, kind=None):
         yield VerifySession("cpu", 2, lambda rows, top_k=None: asked.append((rows, top_k)) or screen)
 
     monkeypatch.setattr(assistant, "verification_session", session)

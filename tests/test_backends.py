@@ -95,8 +95,8 @@ from tests import tiny_models as tm
 sessions = []
 real = hf_cascade.assistant.verification_session
 
-def recording(model, cpu_kernels=None):
-    cm = real(model, cpu_kernels)
+def recording(model, cpu_kernels=None, kind=None):
+    cm = real(model, cpu_kernels, kind)
 
     class Recorder:
         def __enter__(self):

@@ -74,7 +74,7 @@ def test_cli_says_when_the_head_blocks_differ(tmp_path):
     out = tmp_path / "cmp"
     assert main(["bench", "--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
     assert json.loads((out / "compare.json").read_text())["head_blocks"] == [[[8], [3]]]
-    assert "different output-head blocks ([8] against [3])" in (out / "compare.md").read_text()
+    assert "different output-head blocks ([8] against [3]; each strategy" in (out / "compare.md").read_text()
     assert json.loads((out / "compare.json").read_text())["verify_profiles"] == [[["4: 1.20, 16: 1.90"],
                                                                                  ["4: 1.20, 16: 1.25"]]]
     assert "pair 1: A 4: 1.20, 16: 1.90, B 4: 1.20, 16: 1.25" in (out / "compare.md").read_text()

@@ -80,7 +80,7 @@ def forced_screen(monkeypatch):
     screen, uses = ArgmaxScreen(target.get_output_embeddings().weight), []
 
     @contextmanager
-    def session(model, cpu_kernels=None):
+    def session(model, cpu_kernels=None, kind=None):
         yield VerifySession("cpu", 2, lambda rows, top_k=None: uses.append((rows, top_k)) or screen)
 
     monkeypatch.setattr(assistant, "verification_session", session)

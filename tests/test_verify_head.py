@@ -1,5 +1,5 @@
 """The CPU verification head (hf_cascade/backends/cpu/verify_head.py): same logits with every kernel, restored
-afterwards, calibrated blocks, parity."""
+afterwards, parity (the block of rows per head call: tests/test_head_block.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_cascade
 from hf_cascade import MaxGram, Policy
-from hf_cascade.backends.cpu import verify_head
 from hf_cascade.backends.cpu.kernels import KernelTuner
 from hf_cascade.backends.cpu.verify_head import VerificationHead, fast_verification_head
 
@@ -113,76 +112,3 @@ def test_greedy_parity_on_large_vocab_targets():
                     assert torch.equal(out, ref)
         assert "forward" not in vars(target.get_output_embeddings())
 
-
-def test_calibrated_block_rows(monkeypatch):
-    """The largest of 1, 2, 3, 4, 8 rows whose call costs at most 1.2 one-row calls (medians of timed calls
-    once the tuner has chosen); cached per head shape; the default block when the tuner does not time (a
-    forced kernel)."""
-    monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
-    costs = {1: 1.0, 2: 1.05, 3: 1.15, 4: 2.1, 8: 1.19}
-    clock = {"now": 0.0, "ones": 0}
-
-    class Costs(KernelTuner):
-        """Chosen at once; a call of m rows takes costs[m] on a fake clock, except the first timed one-row
-        call, which reads 0.5 (one fast outlier must not move the median)."""
-
-        def run(self, key, kernels):
-            clock["ones"] += key.rows == 1
-            clock["now"] += 0.5 if key.rows == 1 and clock["ones"] == 1 else costs[key.rows]
-            return next(iter(kernels.values()))()
-
-        def seconds(self, key):
-            return costs[key.rows]
-
-    def tuner():
-        clock["ones"] = 0
-        return Costs(clock=lambda: clock["now"])
-
-    head = nn.Linear(8, 40000)
-    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=tuner())) == 8
-    costs[8] = 2.6
-    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=tuner())) == 8     # cached
-    monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
-    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=tuner())) == 3
-    assert verify_head.calibrated_block_rows() == [                                    # a run's record of it
-        {"weight": [40000, 8], "threads": torch.get_num_threads(), "block_rows": 3}]
-    assert verify_head.calibrate_block_rows(VerificationHead(nn.Linear(8, 40001), tuner=KernelTuner(force="rows"))) == 4
-    with fast_verification_head(_Head(40000, 8, False)) as applied:                    # real timing: some size
-        assert applied
-    m = _Head(40000, 8, False)
-    with fast_verification_head(m):
-        assert verify_head.active_head(m).block_rows in (1, 2, 3, 4, 8)
-
-
-def test_block_rows_pooled_with_the_last_processes(monkeypatch, tmp_path):
-    """With rounds kept on disk (hf_cascade.profile_rounds), a process whose own timing was spoiled (4 and 8 rows
-    read dear beside a busy neighbour) takes the block the last processes' costs choose."""
-    monkeypatch.setenv("HF_CASCADE_CACHE", str(tmp_path))
-    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "1")
-    costs = {}
-
-    class Costs(KernelTuner):
-        def run(self, key, kernels):
-            clock["now"] += costs[key.rows]
-            return next(iter(kernels.values()))()
-
-        def seconds(self, key):
-            return costs[key.rows]
-
-    clock = {"now": 0.0}
-    head = nn.Linear(8, 40000)
-    chosen = []
-    for spoiled in (False, False, True):
-        monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})                 # a new process
-        costs.update({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 8: 1.19} if not spoiled else
-                     {1: 1.0, 2: 1.1, 3: 1.15, 4: 1.5, 8: 1.6})
-        chosen.append(verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs(clock=lambda: clock["now"]))))
-    assert chosen == [8, 8, 8]
-    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "0")                    # nothing kept: its own timing decides
-    monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
-    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs(clock=lambda: clock["now"]))) == 3
-    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "reuse")                # enough kept: they choose, untimed
-    monkeypatch.setattr(verify_head, "_BLOCK_ROWS", {})
-    before = clock["now"]
-    assert verify_head.calibrate_block_rows(VerificationHead(head, tuner=Costs(clock=lambda: clock["now"]))) == 8
-    assert clock["now"] == before

@@ -41,11 +41,23 @@ class VerifySession:
             output that can be in their top ``k``, ``-inf`` elsewhere. It is returned where measured cheaper than
             the head for calls of about ``m`` rows in that use, else ``None``. The core uses it where only the
             argmax of a row is read (greedy, no processor, no scores) or the rows are top-k filtered (sampling).
+        record: ``None``, or where the backend prices ``block_rows`` over a strategy's steps, a function to call
+            after the ``generate()`` call with its steps: nodes verified and nodes accepted per target call (host
+            ints: :class:`~hf_cascade.core.stats.GenerationStats`' ``draft_len_per_call``, ``accepted_per_call``).
     """
 
     backend: str = "model"
     block_rows: int | None = None
     argmax_screen: Callable[..., Callable[[torch.Tensor], list[int]] | None] | None = None
+    record: Callable[[list[int], list[int]], None] | None = None
+
+    def record_steps(self, stats) -> None:
+        """Hand ``stats``' steps (a :class:`~hf_cascade.core.stats.GenerationStats`, or a batch's, row by row) to
+        :attr:`record`, where there is one."""
+        if self.record is None:
+            return
+        for row in getattr(stats, "rows", None) or [stats]:
+            self.record(list(row.draft_len_per_call), list(row.accepted_per_call))
 
 
 def _weight(model) -> torch.Tensor | None:
@@ -102,14 +114,16 @@ def default_session(model) -> VerifySession:
 
 
 @contextmanager
-def verification_session(model, cpu_kernels: bool | None = None) -> Iterator[VerifySession]:
-    """Entered around one ``generate()`` call: engages the CPU kernels per the switch above."""
+def verification_session(model, cpu_kernels: bool | None = None, kind: str | None = None) -> Iterator[VerifySession]:
+    """Entered around one ``generate()`` call: engages the CPU kernels per the switch above. ``kind``: the strategy
+    the call decodes with (the CPU backend prices its block of head rows over that strategy's steps, which the
+    caller hands back with :meth:`VerifySession.record_steps`); ``None`` for anything else."""
     if not wants_cpu_kernels(model, cpu_kernels):
         yield default_session(model)
         return
     from .cpu import cpu_kernels as engage_cpu                # imported only when engaged
 
-    with engage_cpu(model) as session:
+    with engage_cpu(model, kind) as session:
         yield session
 
 

@@ -38,8 +38,8 @@ def _timed_choices(path: str | Path) -> dict:
 
 
 def head_blocks(path: str | Path) -> list[int]:
-    """The output-head blocks a bench run's process chose (``environment.cpu_kernels.head_blocks``; empty when it
-    recorded none)."""
+    """The output-head blocks a bench run's process chose (``environment.cpu_kernels.head_blocks``: each strategy's
+    last call's, in the order first chosen; empty when it recorded none)."""
     return [int(b["block_rows"]) for b in _timed_choices(path).get("head_blocks", [])]
 
 
@@ -172,8 +172,8 @@ def run(paths: list[str], out: str | Path, reference: str = "plain", log=print) 
     table = markdown(result)
     differ = [f"{x} against {y}" for x, y in result["head_blocks"] if x != y]
     if differ:
-        table += (f"\nThe runs of a pair chose different output-head blocks ({'; '.join(differ)}): a choice made once "
-                  "per process by timing, which changes the speeds it compares.\n")
+        table += (f"\nThe runs of a pair chose different output-head blocks ({'; '.join(differ)}; each strategy's last "
+                  "call's): priced from a cost curve timed once per process, they change the speeds compared.\n")
     profiles = [f"pair {k + 1}: A {'; '.join(x) or '-'}, B {'; '.join(y) or '-'}"
                 for k, (x, y) in enumerate(result["verify_profiles"]) if x or y]
     if profiles:

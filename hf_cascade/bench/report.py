@@ -241,7 +241,8 @@ def markdown_report(result: BenchResult) -> str:
 def _kernel_line(choices: dict | None) -> list[str]:
     """The CPU kernels' once-per-process choices, where they made any (every method of the run shares them)."""
     choices = choices or {}
-    parts = [f"output-head block {b['block_rows']} rows" for b in choices.get("head_blocks", [])]
+    parts = [f"output-head block {b['block_rows']} rows" + (f" ({b['kind']}, last call)" if b.get("kind") else "")
+             for b in choices.get("head_blocks", [])]
     for s in choices.get("screens", []):
         sizes = ", ".join(k for k, used in s["faster"].items() if used) or "no size"
         parts.append(f"screen product {s['product']}, used at {sizes}")

@@ -13,8 +13,8 @@ differ from the model's own only in the order of accumulation, as any multi-row 
 
 Which rows to compute is the core's decision, not the head's: :class:`~hf_cascade.core.rows.TreeRows`
 computes only the rows acceptance reads, at most ``block_rows`` per head call. The backend supplies
-that block size (:class:`~hf_cascade.backends.VerifySession`): :func:`calibrate_block_rows` picks the
-largest block whose call costs about what a one-row call costs on this machine.
+that block size (:class:`~hf_cascade.backends.VerifySession`): :func:`calibrate_block_rows` prices it over
+the steps the strategy verifies (:mod:`.head_block`).
 
 :func:`fast_verification_head` installs a :class:`VerificationHead` as the head's ``forward`` (entered
 with the decoder linears by :func:`~hf_cascade.backends.cpu.verify_linear.fast_verification`) and restores
@@ -30,16 +30,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...profile_rounds import keep_rounds, kept_rounds, rounds_to_measure, store_key
-from ...timing import interleaved_medians, median_ratios
+from . import head_block
+from .head_block import rows_input
 from .kernels import TUNER, KernelTuner, left_product, shape_key
 from .panel import copy_kernel
 
 
 class VerificationHead:
     """The head's ``forward`` while the CPU kernels are engaged: the same logits as ``F.linear``,
-    computed with the tuner's choice of kernel. ``block_rows``: the most rows per head call that cost
-    about one row's call (read by the backend's session; default 4, else :func:`calibrate_block_rows`)."""
+    computed with the tuner's choice of kernel. ``block_rows``: the rows per head call where no strategy
+    prices its own (:func:`calibrate_block_rows`)."""
 
     def __init__(self, head: nn.Linear, block_rows: int = 4, tuner: KernelTuner | None = None):
         if int(block_rows) < 1:
@@ -66,56 +66,41 @@ class VerificationHead:
         return self.tuner.run(shape_key(self.weight, rows.shape[0]), kernels)
 
 
-#: calibrated block sizes, by the head's shape key (one measurement per process and head shape)
-_BLOCK_ROWS: dict[tuple, int] = {}
-
-
-def calibrate_block_rows(vh: VerificationHead, sizes: tuple[int, ...] = (1, 2, 3, 4, 8), tolerance: float = 1.2,
-                         default: int = 4, repeats: int = 5) -> int:
-    """The largest of ``sizes`` whose head call (with the tuner's chosen kernel) costs at most
-    ``tolerance`` times a one-row call, measured once per process and head shape (cached).
-
-    Once the tuner has chosen a kernel for every size (a few calls each), each size is timed ``repeats``
-    more times after one discarded round, in symmetric rounds (:func:`~hf_cascade.timing.interleaved_medians`: a
-    machine that speeds up or slows down during a round, e.g. as another process starts, would otherwise favour the
-    sizes timed last), and the medians compared: the tuner's own exploration timings are
-    too few for this where the cost curve is flat, and a block chosen too small makes a step that
-    emits more tokens pay for a second head call. Each size's cost over one row's is pooled with the last
-    processes' on this machine (:mod:`hf_cascade.profile_rounds`, per-size median), so that one process's
-    neighbour does not choose the block for it (under ``HF_CASCADE_PROFILE_ROUNDS=reuse``, once enough are kept,
-    they alone choose it, untimed). ``default`` when the tuner does not time (a forced
-    kernel) or has not chosen for every size.
-    """
+def calibrate_block_rows(vh: VerificationHead, screen=None, kind: str = "", default: int = 4,
+                         repeats: int = 5) -> int:
+    """The block for the next call of strategy ``kind`` on this head (:mod:`.head_block`): the size of
+    :data:`~.head_block.SIZES` with the least expected head cost over ``kind``'s steps in this process (a prior
+    before any), each size's cost the cheaper of the head's (the tuner's chosen kernel) and ``screen``'s (an
+    :class:`~hf_cascade.backends.cpu.argmax_screen.ArgmaxScreen` of the head, or ``None``), timed once per process
+    and head shape once the tuner has chosen a kernel for every size, pooled with the last processes' rounds.
+    ``default`` when the tuner does not time (a forced kernel) or has not chosen for every size."""
     if vh.tuner.force is not None:
         return default
     key = shape_key(vh.weight, 1)
-    if key not in _BLOCK_ROWS:
-        filed = store_key(("output-head block", *key.weight, key.threads), {"sizes": list(sizes), "repeats": repeats})
-        kept = kept_rounds(filed)
-        new = []
-        if rounds_to_measure(len(kept)):                           # none under HF_CASCADE_PROFILE_ROUNDS=reuse
-            rows = {m: torch.randn(m, vh.weight.shape[1], dtype=vh.weight.dtype) for m in sizes}
-            for m, x in rows.items():
-                for _ in range(4 * max(vh.tuner.trials, 1)):
-                    if vh.tuner.seconds(shape_key(vh.weight, m)) is not None:
-                        break
-                    vh._rows(x)
-                if vh.tuner.seconds(shape_key(vh.weight, m)) is None:
-                    return default
-            cost = interleaved_medians({m: (lambda x=x: vh._rows(x)) for m, x in rows.items()}, repeats, warmup=1,
-                                       symmetric=True, clock=vh.tuner.clock)
-            new = [{m: cost[m] / cost[sizes[0]] for m in sizes}]
-            keep_rounds(filed, new)
-        pooled = median_ratios(kept + new)                        # with the last processes' (hf_cascade.profile_rounds)
-        _BLOCK_ROWS[key] = max(m for m in sizes if pooled[m] <= tolerance)
-    return _BLOCK_ROWS[key]
+    rows = rows_input(vh.weight.shape[1], vh.weight.dtype)
+    if head_block.costs_of(key) is None:
+        for m, x in rows.items():                                  # the tuner's choice first (a few calls each)
+            for _ in range(4 * max(vh.tuner.trials, 1)):
+                if vh.tuner.seconds(shape_key(vh.weight, m)) is not None:
+                    break
+                vh._rows(x)
+            if vh.tuner.seconds(shape_key(vh.weight, m)) is None:
+                return default
+    calls = {m: [lambda x=x: vh._rows(x)] + ([lambda x=x: screen(x)] if screen is not None else []) for m, x in rows.items()}
+    label = "output-head block" + (" or screen" if screen is not None else "")
+    costs = head_block.call_costs(key, calls, label, vh.tuner.clock, repeats)
+    return head_block.choose(key, kind, costs)
+
+
+def record_steps(vh: VerificationHead, kind: str, drafted: list[int], accepted: list[int]) -> None:
+    """Keep one call's steps of ``kind`` on this head (:func:`~.head_block.record_steps`)."""
+    head_block.record_steps(shape_key(vh.weight, 1), kind, drafted, accepted)
 
 
 def calibrated_block_rows() -> list[dict]:
-    """The blocks :func:`calibrate_block_rows` chose in this process, per head shape and thread count (a run's
-    record: the choice is timed once per process, and every method of the process shares it)."""
-    return [{"weight": list(key.weight[0]), "threads": key.threads, "block_rows": rows}
-            for key, rows in _BLOCK_ROWS.items()]
+    """The blocks :func:`calibrate_block_rows` chose in this process, per head shape, thread count and strategy kind
+    (the last call's; a run's record)."""
+    return head_block.chosen_blocks()
 
 
 def active_head(model: nn.Module) -> VerificationHead | None:
@@ -126,10 +111,10 @@ def active_head(model: nn.Module) -> VerificationHead | None:
 
 
 @contextmanager
-def fast_verification_head(model: nn.Module, min_vocab: int = 32768, block_rows: int | None = None,
+def fast_verification_head(model: nn.Module, min_vocab: int = 32768, block_rows: int = 4,
                            tuner: KernelTuner | None = None) -> Iterator[bool]:
-    """Within the block, ``model``'s output head is a :class:`VerificationHead` (``block_rows``:
-    ``None`` = :func:`calibrate_block_rows`).
+    """Within the block, ``model``'s output head is a :class:`VerificationHead` (``block_rows``: its default
+    block; a strategy's session prices its own, :func:`calibrate_block_rows`).
 
     Applies only to an ``nn.Linear`` head on CPU in float32 with at least ``min_vocab`` rows;
     yields whether it applied.
@@ -145,10 +130,7 @@ def fast_verification_head(model: nn.Module, min_vocab: int = 32768, block_rows:
     if not applies:
         yield False
         return
-    vh = VerificationHead(head, block_rows if block_rows is not None else 4, tuner)
-    if block_rows is None:
-        with torch.inference_mode():
-            vh.block_rows = calibrate_block_rows(vh)
+    vh = VerificationHead(head, block_rows, tuner)
     head.forward = vh
     try:
         yield True
