@@ -165,7 +165,7 @@ def test_the_session_prices_and_records_an_assistants_steps(monkeypatch):
     out = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=assistant)
     assert torch.equal(out, ref)
     [record] = calibrated_block_rows()
-    assert record["kind"] == "CascadeAssistant" and record["block_rows"] in head_block.SIZES
-    steps = head_block._STEPS[(next(iter(head_block._COSTS)), "CascadeAssistant")]
+    assert record["kind"] == "CascadeAssistant/1 levels" and record["block_rows"] in head_block.SIZES
+    steps = head_block._STEPS[(next(iter(head_block._COSTS)), "CascadeAssistant/1 levels")]
     assert len(steps) == assistant.last_stats.target_calls
     assert sum(r for _, r in steps) == assistant.last_stats.new_tokens

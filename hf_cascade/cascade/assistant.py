@@ -83,6 +83,11 @@ class CascadeAssistant(LinearAssistant):
         self.k_matrix = validate_k_matrix(k_matrix if k_matrix is not None else default_k_matrix(statistical), len(drafters))
         self.cpu_kernels = cpu_kernels
 
+    @property
+    def block_kind(self) -> str:
+        """Max-Gram alone and a cascade with neural drafters draft differently: their steps are kept apart."""
+        return f"CascadeAssistant/{len(self.drafters)} levels"
+
     def bind(self, target) -> None:
         """Place the neural drafters on the target's input-embedding device and dtype (``loading.place``)."""
         if self.loading.place:

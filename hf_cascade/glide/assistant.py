@@ -88,6 +88,11 @@ class GlideAssistant(TreeAssistant):
         processors = split_processors(logits_processor)[0] if generation_config.do_sample else None
         return GlideDrafter(self.glide, self.settings, stop, processors, self.verify_cost, self.lookup)
 
+    @property
+    def block_kind(self) -> str:
+        """CAPE's trees and the chain read their rows differently: their steps are kept apart."""
+        return "GlideAssistant" + ("+cape" if self.settings.cape is not None else "")
+
     def finish(self, drafter: GlideDrafter, stats: TreeStats) -> GlideStats:
         """The call's (or a batch row's) statistics as a :class:`GlideStats`, with the drafter's records."""
         out = GlideStats(**{f.name: getattr(stats, f.name) for f in fields(TreeStats) if f.init})
