@@ -158,9 +158,6 @@ def accelerators(module: nn.Module) -> tuple[torch.device, ...]:
     offloaded input embeddings, accelerate's execution device (:func:`target_device_dtype`); empty on a CPU.
     What :func:`synchronize` must wait for before a clock read that times ``module``'s work (found once, not at
     every read)."""
-    accelerator = getattr(torch, "accelerator", None)          # torch >= 2.6
-    if accelerator is not None and not accelerator.is_available():
-        return ()                                            # none in this process: nothing computes on one
     devices = {p.device for p in module.parameters()} | {target_device_dtype(module)[0]}
     return tuple(sorted((d for d in devices if d.type not in ("cpu", "meta")), key=str))
 
