@@ -75,7 +75,8 @@ class _Drafted:
         """Add ``tokens`` ``[u]`` with their ``probs`` ``[u]`` (a tensor, or host floats: no read) and (sampling)
         ``dists`` ``[u, V]``; ``host``: ``tokens`` as host ints, when known."""
         u = tokens.shape[0]
-        self.tokens = torch.cat([self.tokens, tokens.to(self.tokens.device)])
+        tokens = tokens.to(self.tokens.device)
+        self.tokens = tokens if not len(self) and tokens.dtype == self.tokens.dtype else torch.cat([self.tokens, tokens])
         self.probs += probs.float().cpu().tolist() if isinstance(probs, torch.Tensor) else [float(p) for p in probs]
         self.host = self.host + list(host) if self.host is not None and host is not None else None
         self.origin += [origin] * u

@@ -135,6 +135,7 @@ def verify_tree(
     hidden_only: bool = False,
     chain: bool = False,
     where: tuple[torch.device, torch.dtype] | None = None,
+    decoder: torch.nn.Module | None = None,
 ) -> torch.Tensor:
     """Score a token tree in one forward.
 
@@ -152,6 +153,7 @@ def verify_tree(
         chain: the caller knows ``tree`` is one path (node ``i``'s parent is ``i - 1``): no tree mask
             and no position ids are passed, so the model's own causal masking applies.
         where: ``model``'s :func:`mask_device_dtype`, when the caller keeps it (a loop asks once per call).
+        decoder: ``model.get_decoder()`` (``hidden_only``), when the caller keeps it (a loop asks once per call).
 
     Returns:
         ``[n + 1, V]`` raw logits: row 0 predicts the token after the root, row ``i + 1`` the token
@@ -161,7 +163,7 @@ def verify_tree(
     """
     inputs = _tree_inputs(model, cache, prefix_len, tree, last_token, chain, where)
     if hidden_only:
-        return model.get_decoder()(**inputs).last_hidden_state[0]
+        return (decoder if decoder is not None else model.get_decoder())(**inputs).last_hidden_state[0]
     return model(**inputs).logits[0]
 
 

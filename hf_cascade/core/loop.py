@@ -126,6 +126,8 @@ def prefill(run: "_Run") -> None:
     if hidden is None or user_compiled(run.target):       # the user's compiled forward verifies: never bypassed
         return
     run.head = run.row_head = checked_head(run.target, hidden[-1:], logits[None])
+    if run.head is not None:
+        run.decoder = run.target.get_decoder()            # asked once per call, not per step
     row.last_hidden = hidden[-1]
 
 
@@ -149,7 +151,7 @@ def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
         return _verify_static(run, tree, linear)
     if run.head is not None:
         hidden = verify_tree(run.target, run.cache, L - 1, tree, row.tokens[-1], hidden_only=True, chain=linear,
-                             where=run.where)
+                             where=run.where, decoder=run.decoder)
         rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.row_head, block_rows=run.block_rows,
                         argmax_head=run.screen)
     else:
@@ -228,6 +230,7 @@ class _Run:
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = HeadInput(target)
         self.head = None                                   # the core's output head, once prefill validated it
+        self.decoder = None                                # the target's decoder, which verification runs with the head
         self.row_head = None                               # what computes rows: the head, or the backend's screen
         self.screen = None                                 # the backend's argmax screen, where it applies (greedy)
         self.hidden: torch.Tensor | None = None            # the last verification's hidden states

@@ -103,7 +103,7 @@ class TokenTree:
 
     @property
     def num_nodes(self) -> int:
-        return self.tokens.shape[0]
+        return len(self.host_parents)                     # one per node, on the host
 
     @property
     def parent_list(self) -> tuple[int, ...]:
@@ -238,7 +238,7 @@ class TokenTree:
         host_tokens = tuple(map(int, host_tokens))
         if len(host_tokens) != n or (n and min(host_tokens) < 0):
             raise ValueError(f"host_tokens must be {n} token ids >= 0, got {host_tokens}")
-        return cls._unchecked(tokens, torch.arange(-1, n - 1, device=tokens.device), tuple(range(-1, n - 1)), host_tokens)
+        return cls._unchecked(tokens, *_chain_parents(n, tokens.device), host_tokens)
 
     @classmethod
     def empty(cls, device: torch.device | str | None = None) -> "TokenTree":
@@ -387,3 +387,13 @@ def pack_beams(beams: torch.Tensor, rows: list[list[int]] | None = None) -> tupl
 
 
 _EMPTY: dict[torch.device, TokenTree] = {}     # device -> TokenTree.empty's tree
+_CHAIN: dict[tuple[int, torch.device], tuple[torch.Tensor, tuple[int, ...]]] = {}   # (n, device) -> a chain's parents
+
+
+def _chain_parents(n: int, device: torch.device) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """A chain of ``n`` nodes' parents ``[-1, 0, ..., n - 2]`` on ``device`` and on the host: made once per length and
+    device and shared (a tree is never written), as a drafter drafts the same few lengths at every step."""
+    parents = _CHAIN.get((n, device))
+    if parents is None:
+        parents = _CHAIN[(n, device)] = (torch.arange(-1, n - 1, device=device), tuple(range(-1, n - 1)))
+    return parents

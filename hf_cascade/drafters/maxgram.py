@@ -201,18 +201,17 @@ class MaxGram:
     def candidates(self, seq: torch.Tensor) -> MaxGramProposal:
         """What the sequence itself (or the bigram table) offers after ``seq`` (``[L]``), before choosing a
         length; :meth:`propose` may take the corpus's draft instead."""
-        return self._candidates(seq, seq.tolist())
+        host, bucket = self._host_candidates(seq.tolist())
+        return MaxGramProposal(torch.tensor(host, dtype=seq.dtype, device=seq.device), bucket, host=host)
 
-    def _candidates(self, seq: torch.Tensor, tokens: list[int]) -> MaxGramProposal:
-        """:meth:`candidates` with ``seq`` also as a list (``tokens``)."""
+    def _host_candidates(self, tokens: list[int]) -> tuple[list[int], int]:
+        """What :meth:`candidates` offers after ``tokens``, as host ints, and its evidence bucket."""
         m, end = suffix_match(tokens, self.max_ngram)
         if m > 0:
-            host = follow(tokens, end, self.max_tokens)
-            return MaxGramProposal(torch.tensor(host, dtype=seq.dtype, device=seq.device), bucket=min(m, 6), host=host)
+            return follow(tokens, end, self.max_tokens), min(m, 6)
         if self.bigram is not None and tokens:
-            chained = self.bigram.chain(tokens[-1], self.max_tokens)
-            return MaxGramProposal(chained.to(seq.device), BIGRAM_BUCKET, host=chained.tolist())   # a host table
-        return MaxGramProposal(seq[:0], BIGRAM_BUCKET, host=[])
+            return self.bigram.chain(tokens[-1], self.max_tokens).tolist(), BIGRAM_BUCKET   # a host table
+        return [], BIGRAM_BUCKET
 
     def propose(self, seq: torch.Tensor, limit: int, policy: AdaptiveLookahead, offset: int = 0,
                 tokens: list[int] | None = None) -> MaxGramProposal:
@@ -224,13 +223,12 @@ class MaxGram:
         read once."""
         if tokens is None:
             tokens = seq.tolist()                               # once per draft: the sequence as a list
-        cand = self._candidates(seq, tokens)
-        if self.corpus is not None and cand.bucket < self.corpus_below:
+        host, bucket = self._host_candidates(tokens)
+        if self.corpus is not None and bucket < self.corpus_below:
             first = self.corpus.match(tokens)                  # decide on the first token before chaining
             if first is not None and first.confidence >= self.corpus_min_confidence and (
-                    cand.tokens.shape[0] == 0 or policy.acceptance(first.bucket) > policy.acceptance(cand.bucket)):
+                    not host or policy.acceptance(first.bucket) > policy.acceptance(bucket)):
                 chain, _ = self.corpus.chain(tokens, self.max_tokens, self.corpus_min_confidence)
-                chain = [int(t) for t in chain]
-                cand = MaxGramProposal(torch.tensor(chain, dtype=seq.dtype, device=seq.device), first.bucket, host=chain)
-        k = policy.choose(cand.bucket, cand.tokens.shape[0], limit, offset)
-        return MaxGramProposal(cand.tokens[:k], cand.bucket, host=cand.host[:k] if cand.host is not None else None)
+                host, bucket = [int(t) for t in chain], first.bucket
+        host = host[:policy.choose(bucket, len(host), limit, offset)]
+        return MaxGramProposal(torch.tensor(host, dtype=seq.dtype, device=seq.device), bucket, host=host)   # one copy

@@ -120,7 +120,8 @@ class RecycledCandidates:
             out.estimates.append(e)
             out.on_seed.append(at is not None)
             out.shares.append(share)
-            push(len(out.tokens) - 1, token, -neg, level + 1, at)
+            if len(out.tokens) < shape.max_nodes:           # the last node's children could not be taken
+                push(len(out.tokens) - 1, token, -neg, level + 1, at)
         return out
 
 
