@@ -77,8 +77,9 @@ def calibrate_block_rows(vh: VerificationHead, screen=None, kind: str = "", defa
     if vh.tuner.force is not None:
         return default
     key = shape_key(vh.weight, 1)
-    rows = rows_input(vh.weight.shape[1], vh.weight.dtype)
-    if head_block.costs_of(key) is None:
+    costs = head_block.costs_of(key)
+    if costs is None:                                              # timed once per process and head shape
+        rows = rows_input(vh.weight.shape[1], vh.weight.dtype)
         for m, x in rows.items():                                  # the tuner's choice first (a few calls each)
             for _ in range(4 * max(vh.tuner.trials, 1)):
                 if vh.tuner.seconds(shape_key(vh.weight, m)) is not None:
@@ -86,9 +87,10 @@ def calibrate_block_rows(vh: VerificationHead, screen=None, kind: str = "", defa
                 vh._rows(x)
             if vh.tuner.seconds(shape_key(vh.weight, m)) is None:
                 return default
-    calls = {m: [lambda x=x: vh._rows(x)] + ([lambda x=x: screen(x)] if screen is not None else []) for m, x in rows.items()}
-    label = "output-head block" + (" or screen" if screen is not None else "")
-    costs = head_block.call_costs(key, calls, label, vh.tuner.clock, repeats)
+        calls = {m: [lambda x=x: vh._rows(x)] + ([lambda x=x: screen(x)] if screen is not None else [])
+                 for m, x in rows.items()}
+        label = "output-head block" + (" or screen" if screen is not None else "")
+        costs = head_block.call_costs(key, calls, label, vh.tuner.clock, repeats)
     return head_block.choose(key, kind, costs)
 
 
