@@ -313,10 +313,16 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _load_target(spec, device_map):
-    """``load_model(spec)``, with ``device_map`` only when one is asked for."""
+    """``load_model(spec)``, with ``device_map`` only when one is asked for (and, in one of several processes, the
+    memory of this process's GPUs: :func:`hf_cascade.training.accel.target_max_memory`)."""
     from .bench.loading import load_model
+    from .training.accel import target_max_memory
 
-    return load_model(spec) if device_map is None else load_model(spec, device_map=device_map)
+    if device_map is None:
+        return load_model(spec)
+    memory = target_max_memory(device_map)
+    return load_model(spec, device_map=device_map) if memory is None else load_model(
+        spec, device_map=device_map, max_memory=memory)
 
 
 def build_parser() -> argparse.ArgumentParser:

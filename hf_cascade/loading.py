@@ -3,11 +3,11 @@
 One path for every assistant (``CascadeAssistant``, ``DynamicWindowAssistant``, ``GlideAssistant``,
 ``ReDrafterAssistant``) and for :func:`hf_cascade.heads.hub.load_head`. Rules of :func:`load_pretrained`:
 
-* A loaded model (an ``nn.Module``) is returned unchanged; ``dtype`` / ``device_map`` given with one raise
-  ``ValueError`` (they apply to checkpoints being loaded; move a loaded model with ``.to(...)``).
+* A loaded model (an ``nn.Module``) is returned unchanged; ``dtype`` / ``device_map`` / ``max_memory`` given with
+  one raise ``ValueError`` (they apply to checkpoints being loaded; move a loaded model with ``.to(...)``).
 * A string or path names a local directory if one exists there, else a Hub repo id (``"org/name"``); the
-  keywords ``revision``, ``token``, ``cache_dir``, ``local_files_only``, ``dtype``, ``device_map`` are
-  ``from_pretrained``'s own and are passed on to it (``HF_HUB_OFFLINE`` and the local Hub cache apply as
+  keywords ``revision``, ``token``, ``cache_dir``, ``local_files_only``, ``dtype``, ``device_map``, ``max_memory``
+  are ``from_pretrained``'s own and are passed on to it (``HF_HUB_OFFLINE`` and the local Hub cache apply as
   for any ``from_pretrained``). ``torch_dtype`` is accepted as the older name of ``dtype``.
 * A checkpoint whose ``config.json`` names one of hf_cascade's heads (``model_type`` ``hf_cascade_*``, see
   :data:`hf_cascade.heads.HEADS`) loads with hf_cascade's installed classes: the modeling files shipped in
@@ -34,7 +34,7 @@ import torch
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 #: Options that only mean something for a checkpoint being loaded.
-_PLACEMENT = ("dtype", "device_map")
+_PLACEMENT = ("dtype", "device_map", "max_memory")
 
 
 def _hub_kwargs(revision, token, cache_dir, local_files_only) -> dict:
@@ -68,7 +68,8 @@ def _our_head(model_type) -> tuple[Any, Any] | None:
 
 def load_pretrained(spec, *, revision: str | None = None, token: str | bool | None = None,
                     cache_dir: str | os.PathLike | None = None, dtype=None, device_map=None,
-                    local_files_only: bool | None = None, trust_remote_code: bool | None = None,
+                    max_memory: dict | None = None, local_files_only: bool | None = None,
+                    trust_remote_code: bool | None = None,
                     kind: str = "drafter", torch_dtype=None, output_loading_info: bool = False):
     """A drafter or head from ``spec``: a loaded model, a local directory or a Hub repo id (see the module
     docstring for the rules). ``kind`` names the argument in error messages (``"draft_model"``,
@@ -79,7 +80,7 @@ def load_pretrained(spec, *, revision: str | None = None, token: str | bool | No
             raise ValueError(f"{kind}: dtype={dtype} and torch_dtype={torch_dtype} disagree; give dtype only.")
         dtype = torch_dtype
     if isinstance(spec, torch.nn.Module):
-        given = [name for name, value in zip(_PLACEMENT, (dtype, device_map)) if value is not None]
+        given = [name for name, value in zip(_PLACEMENT, (dtype, device_map, max_memory)) if value is not None]
         if given:
             raise ValueError(f"{kind}: {' and '.join(given)} apply only to a {kind} given as a local path or Hub "
                              f"repo id, and {type(spec).__name__} is already loaded; move it yourself "
@@ -91,7 +92,7 @@ def load_pretrained(spec, *, revision: str | None = None, token: str | bool | No
         raise TypeError(f"{kind} must be a model, a local directory or a Hub repo id, got {type(spec).__name__}.")
     path = _check_spec(spec, kind)
     hub = _hub_kwargs(revision, token, cache_dir, local_files_only)
-    load = {k: v for k, v in (("dtype", dtype), ("device_map", device_map)) if v is not None}
+    load = {k: v for k, v in zip(_PLACEMENT, (dtype, device_map, max_memory)) if v is not None}
     from transformers import PretrainedConfig
 
     try:

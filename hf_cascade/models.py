@@ -142,13 +142,14 @@ def gguf_to_hf_dir(gguf: str | Path, out_dir: str | Path, progress: bool = True)
     return out
 
 
-def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32, device_map=None) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a local HF directory, model in eval mode (``device_map``: as
+def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32, device_map=None,
+                max_memory: dict | None = None) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from a local HF directory, model in eval mode (``device_map``, ``max_memory``: as
     ``from_pretrained``'s, e.g. ``"auto"``; ``None`` loads on the CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
-    placed = {"device_map": device_map} if device_map is not None else {}
+    placed = {k: v for k, v in (("device_map", device_map), ("max_memory", max_memory)) if v is not None}
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **placed)
     return model.eval(), tok
 
@@ -200,10 +201,10 @@ def ensure_gemma3_270m(cache: str | Path | None = None, progress: bool = True) -
 
 
 def load_default_target(
-    dtype: torch.dtype = torch.float32, cache: str | Path | None = None, device_map=None
+    dtype: torch.dtype = torch.float32, cache: str | Path | None = None, device_map=None, max_memory: dict | None = None
 ) -> tuple[Any, Any]:
     """Load the default target model, Gemma-3-270M (base), as ``(model, tokenizer)``."""
-    return load_hf_dir(ensure_gemma3_270m(cache), dtype=dtype, device_map=device_map)
+    return load_hf_dir(ensure_gemma3_270m(cache), dtype=dtype, device_map=device_map, max_memory=max_memory)
 
 
 def smollm2_gguf_path() -> Path:
@@ -233,7 +234,7 @@ def ensure_smollm2(cache: str | Path | None = None, progress: bool = True) -> Pa
 
 
 def load_smollm2(
-    dtype: torch.dtype = torch.float32, cache: str | Path | None = None, device_map=None
+    dtype: torch.dtype = torch.float32, cache: str | Path | None = None, device_map=None, max_memory: dict | None = None
 ) -> tuple[Any, Any]:
     """Load SmolLM2-135M-Instruct (Llama family, has a chat template) as ``(model, tokenizer)``."""
-    return load_hf_dir(ensure_smollm2(cache), dtype=dtype, device_map=device_map)
+    return load_hf_dir(ensure_smollm2(cache), dtype=dtype, device_map=device_map, max_memory=max_memory)

@@ -4,7 +4,7 @@ an interrupted run resumes to the same end, and a 2-process CPU run (``accelerat
 --num_processes 2`` with ``ACCELERATE_USE_CPU``: gloo; accelerate's own ``--cpu`` launch flag starts a single
 process), interrupted and resumed, follows the 1-process run of the same total batch; ``distill`` in 2 processes
 shards its prompts and merges them into one store; bf16 / fp16, ``--grad-accum`` and ``--target-device-map``
-through the command line."""
+through the command line, and each process's own GPUs for a mapped target."""
 
 from __future__ import annotations
 
@@ -167,7 +167,9 @@ def test_two_processes_interrupted_and_resumed_follow_one_process(distilled, tar
     """``accelerate launch --multi_gpu --num_processes 2`` on the CPU (gloo): for every head, each process trains
     on its half of every batch of 2; interrupted at step 5 (after the checkpoint of step 4) and resumed, the run
     ends as the 1-process run of the same total batch in two micro-batches (the same mean of the halves'
-    gradients) does. All heads run in one launch (one process start-up) each time."""
+    gradients) does; the resumed run places each process's target with ``--target-device-map auto`` (on the CPU: all
+    of it there; on GPUs, its own GPUs, :func:`test_each_process_maps_its_target_over_its_own_gpus`). All heads run in
+    one launch (one process start-up) each time."""
     tiny = tmp_path / "tiny"
     target.save_pretrained(tiny)
     tm.word_tokenizer().save_pretrained(tiny)
@@ -185,7 +187,7 @@ def test_two_processes_interrupted_and_resumed_follow_one_process(distilled, tar
     for head in TWO:
         assert f"{head}: interrupted at loss call 5" in cut.stderr, cut.stderr[-3000:]
         assert (tmp_path / head / "checkpoint" / "random_states_1.pkl").is_file()
-    resumed = _launch(joined(["--resume"]), tmp_path)
+    resumed = _launch(joined(["--resume", "--target-device-map", "auto"]), tmp_path)   # each process maps its own
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.count("saved ") == 3                   # the main process reports, once a head
     specs = {"vanilla": dataclasses.replace(PRESETS["xs"], draft_vocab_size=64),
@@ -283,7 +285,7 @@ def test_cli_bf16_with_the_target_on_a_device_map(head, flags, distilled, target
     (["--num-processes", "0"], "--num-processes must be >= 1"),
     (["--resume"], "--resume: no checkpoint in"),
     (["--num-processes", "3"], "--batch-size 4 (sequences per step, all processes together) must be a multiple of 3"),
-    (["--num-processes", "2", "--target-device-map", "auto"], "each hold a whole target: run one process"),
+    (["--num-processes", "2", "--target-device-map", '{"": "cpu"}'], "a JSON --target-device-map puts every"),
 ])
 def test_cli_rejects_bad_process_options_before_loading_the_target(flags, message, distilled, tmp_path, capsys,
                                                                    monkeypatch):
@@ -297,9 +299,13 @@ def test_cli_rejects_bad_process_options_before_loading_the_target(flags, messag
     assert message in capsys.readouterr().err
 
 
-def test_a_mapped_target_stays_and_the_head_goes_to_its_output_device(target):
+def test_a_mapped_target_stays_and_the_head_goes_to_its_output_device(target, monkeypatch):
     """A target placed by a ``device_map`` (here: its parameters on the ``meta`` device, as if on another GPU)
-    is not moved; the head trains where the target's output layer is. Unmapped: this process's device."""
+    is not moved; in one process the head trains where the target's output layer is. Unmapped, or in one of
+    several processes (DDP runs the head on the process's device): this process's device."""
+    from types import SimpleNamespace
+
+    import hf_cascade.training.accel as accel
     from hf_cascade.training.accel import head_device, place_target
 
     assert place_target(target) is target and head_device(target) == torch.device("cpu")
@@ -308,16 +314,47 @@ def test_a_mapped_target_stays_and_the_head_goes_to_its_output_device(target):
     place_target(mapped)
     assert {p.device.type for p in mapped.parameters()} == {"meta"} and head_device(mapped).type == "meta"
     assert not any(p.requires_grad for p in mapped.parameters())
+    monkeypatch.setattr(accel, "process_state", lambda: SimpleNamespace(num_processes=2, device=torch.device("cpu")))
+    assert head_device(mapped) == torch.device("cpu")
 
 
-def test_device_map_needs_one_process():
+def test_each_process_maps_its_target_over_its_own_gpus(monkeypatch):
+    """With several processes a named map shards each process's target over every ``local``-th GPU from its own
+    (the first is the device accelerate gives it), within the memory accelerate finds there and its share of the
+    CPU's; one process, an explicit map or no GPU: the map alone (golden values)."""
+    from types import SimpleNamespace
+
+    import hf_cascade.training.accel as accel
+    from hf_cascade.training.accel import process_gpus, target_max_memory
+
+    assert process_gpus(0, 2, 8) == [0, 2, 4, 6] and process_gpus(1, 2, 8) == [1, 3, 5, 7]
+    assert process_gpus(2, 3, 7) == [2, 5] and process_gpus(0, 1, 3) == [0, 1, 2]
+    with pytest.raises(ValueError, match="needs a GPU per process at least; 1 found"):
+        process_gpus(1, 2, 1)
+    free = {0: 80, 1: 81, 2: 82, 3: 83, "cpu": 1000}
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(accel, "process_state", lambda: SimpleNamespace(num_processes=2, local_process_index=1))
+    assert target_max_memory("auto", free) == {1: 81, 3: 83, "cpu": 500}
+    assert target_max_memory({"": 0}, free) is None and target_max_memory(None, free) is None
+    assert target_max_memory("auto", {"cpu": 1000}) is None                     # no GPU: the map alone
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")                                 # 8 processes on 2 machines of 4 GPUs
+    monkeypatch.setattr(accel, "process_state", lambda: SimpleNamespace(num_processes=8, local_process_index=3))
+    assert target_max_memory("balanced", free) == {3: 83, "cpu": 250}
+    monkeypatch.setattr(accel, "process_state", lambda: SimpleNamespace(num_processes=1, local_process_index=0))
+    assert target_max_memory("auto", free) is None                             # one process: all GPUs
+
+
+def test_process_options_and_device_maps():
     import argparse
 
     from hf_cascade.training.launch import _without_num_processes, check_processes, device_map
 
     args = argparse.Namespace(num_processes=1, target_device_map="auto")
     check_processes(args, 1)
-    with pytest.raises(ValueError, match="each hold a whole target: run one process"):
+    check_processes(args, 2)                                                    # each process maps its own copy
+    args.target_device_map = '{"": "cpu"}'
+    check_processes(args, 1)
+    with pytest.raises(ValueError, match="a JSON --target-device-map puts every process's target on the same"):
         check_processes(args, 2)
     assert device_map('{"": "cpu"}') == {"": "cpu"} and device_map(None) is None
     assert _without_num_processes(["train", "--num-processes", "2", "--steps", "3", "--num-processes=4"]) == [

@@ -54,38 +54,40 @@ def draft_specs(config) -> dict[str, list[str]]:
     return out
 
 
-def load_model(spec: str | None, device_map=None) -> tuple[Any, Any]:
+def load_model(spec: str | None, device_map=None, max_memory: dict | None = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a spec (see the module docstring); the model in eval mode. ``device_map``
-    (``from_pretrained``'s: ``"auto"``, a dict, ...) places a target across devices; ``None``: the CPU."""
+    (``from_pretrained``'s: ``"auto"``, a dict, ...) places a target across devices, within ``max_memory`` per
+    device where given; ``None``: the CPU."""
+    placed = {"device_map": device_map, "max_memory": max_memory}
     if spec is None or spec in ("default", models.DEFAULT_TARGET):
-        return models.load_default_target(device_map=device_map)
+        return models.load_default_target(**placed)
     if spec in ("smollm2", models.SMOLLM2):
-        return models.load_smollm2(device_map=device_map)
+        return models.load_smollm2(**placed)
     if spec.startswith("gguf:"):
         path = Path(spec[len("gguf:"):]).expanduser().resolve()
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
         key = hashlib.sha1(str(path).encode()).hexdigest()[:10]
         hf_dir = models.gguf_to_hf_dir(path, models.cache_dir() / "gguf_hf" / f"{path.stem}-{key}")
-        return models.load_hf_dir(hf_dir, device_map=device_map)
+        return models.load_hf_dir(hf_dir, **placed)
     path = Path(spec).expanduser()
     if not path.is_dir():
-        return _load_repo(spec, device_map)
+        return _load_repo(spec, **placed)
     if _is_hf_cascade_head(path):
         from ..heads.hub import load_head
 
         return load_head(path).eval(), None
-    return models.load_hf_dir(path, device_map=device_map)
+    return models.load_hf_dir(path, **placed)
 
 
-def _load_repo(spec: str, device_map=None) -> tuple[Any, Any]:
+def _load_repo(spec: str, device_map=None, max_memory: dict | None = None) -> tuple[Any, Any]:
     """A Hub repo id: the model through :func:`hf_cascade.load_pretrained`, the tokenizer (none for heads)."""
     import torch
 
     from ..loading import load_pretrained
 
     try:
-        model = load_pretrained(spec, dtype=torch.float32, device_map=device_map, kind="model")
+        model = load_pretrained(spec, dtype=torch.float32, device_map=device_map, max_memory=max_memory, kind="model")
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{e} Use 'default', 'smollm2', a directory, a Hub repo id or gguf:PATH.") from e
     if str(model.config.model_type).startswith("hf_cascade_"):

@@ -5,8 +5,11 @@
   on CPUs, NCCL on GPUs). Every process holds the frozen target and the head. FSDP and DeepSpeed configs are
   refused (:func:`accelerator`): the head is small and the frozen target has no optimizer state to shard.
 * Devices: the target goes to the process's device (:func:`place_target`) unless it was loaded with a
-  ``device_map`` (sharded or offloaded); the head goes where its inputs are: the process's device, or for a
-  mapped target the device of the target's output layer (:func:`head_device`).
+  ``device_map`` (sharded or offloaded). With several processes a named map (``auto``, ``balanced``, ...) shards
+  each process's target over GPUs of its own (:func:`process_gpus`, :func:`target_max_memory`): a target larger
+  than one GPU trains data parallel, e.g. 2 processes of 4 GPUs each on a node of 8. The head goes where its
+  inputs are: one process's mapped target, the device of its output layer; else the process's device, the one
+  DDP runs the head on (:func:`head_device`).
 * Precision: ``"bf16"`` / ``"fp16"`` run the step (the head's forward and the target's) under
   ``torch.autocast`` with float32 weights, fp16 with a gradient scaler (:func:`precision`). It is applied here
   rather than through ``Accelerator(mixed_precision=...)`` because accelerate fixes that once per process,
@@ -19,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from pathlib import Path
 
@@ -55,7 +59,7 @@ def accelerator():
     if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
         raise ValueError(f"accelerate's config asks for {kind}: hf-cascade trains heads data parallel (DDP). A head "
                          "is small (<= 25 MB here) and the target, frozen, is never sharded by the optimizer; "
-                         "place a target too large for one device with --target-device-map")
+                         "place a target too large for one device with --target-device-map (each process shards its own copy)")
     return acc
 
 
@@ -84,11 +88,49 @@ def place_target(target) -> torch.nn.Module:
 
 
 def head_device(target) -> torch.device:
-    """Where a head trains: the device of the target's output layer when the target is placed by a
-    ``device_map`` (its hidden states and logits end there), else this process's device."""
-    if getattr(target, "hf_device_map", None):
+    """Where a head trains: in a single process with a target placed by a ``device_map``, the device of the
+    target's output layer (its hidden states and logits end there); otherwise this process's device (with several
+    processes DDP runs the head there; it is among a mapped target's GPUs, :func:`process_gpus`, and the losses
+    move the target's states to the head)."""
+    state = process_state()
+    if getattr(target, "hf_device_map", None) and state.num_processes == 1:
         return target.get_output_embeddings().weight.device
-    return process_state().device
+    return state.device
+
+
+def process_gpus(local_rank: int, local_processes: int, gpus: int) -> list[int]:
+    """The GPUs (indices on this machine) a data-parallel process with a device-mapped target shards it over:
+    every ``local_processes``-th from its own, ``local_rank``, so its first is the device accelerate gives it and
+    each process has ``gpus // local_processes`` (the rest idle). ``ValueError`` with fewer GPUs than processes."""
+    if gpus < local_processes:
+        raise ValueError(f"--target-device-map with {local_processes} processes on this machine needs a GPU per "
+                         f"process at least; {gpus} found. Run fewer processes (--num-processes) or none mapped")
+    return [local_rank + k * local_processes for k in range(gpus // local_processes)]
+
+
+def target_max_memory(device_map, available=None) -> dict | None:
+    """``from_pretrained``'s ``max_memory`` for this process's mapped target: ``None`` (the map alone) in one
+    process, on a CPU-only machine, or for an explicit map; with several processes and a named map, the memory
+    accelerate finds free (``available``, default ``accelerate.utils.get_max_memory()``) on this process's GPUs
+    (:func:`process_gpus`) and its share of the CPU's (offloaded layers)."""
+    state = process_state()
+    if device_map is None or isinstance(device_map, dict) or state.num_processes == 1:
+        return None
+    if available is None:
+        if not torch.cuda.is_available() or _cpu():
+            return None
+        from accelerate.utils import get_max_memory
+
+        available = get_max_memory()
+    gpus = sorted(k for k in available if isinstance(k, int))
+    if not gpus:
+        return None
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))      # processes on this machine
+    mine = process_gpus(state.local_process_index, local, len(gpus))
+    memory = {gpus[i]: available[gpus[i]] for i in mine}
+    if "cpu" in available:
+        memory["cpu"] = available["cpu"] // local
+    return memory
 
 
 def check_layout(batch_size: int, grad_accum: int, mixed_precision: str, processes: int | None = None) -> None:
@@ -170,4 +212,4 @@ def remove_checkpoint(acc, out: Path) -> None:
 
 __all__ = ["PRECISIONS", "Progress", "accelerator", "check_layout", "head_device", "is_main_process",
            "load_checkpoint", "main_process_first", "num_processes", "place_target", "precision",
-           "remove_checkpoint", "save_checkpoint"]
+           "process_gpus", "remove_checkpoint", "save_checkpoint", "target_max_memory"]

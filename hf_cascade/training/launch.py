@@ -4,8 +4,9 @@ processes and closing their group (what the commands do is in :mod:`.accel`, :mo
 ``--num-processes N`` (N > 1) starts the same command under ``accelerate launch --multi_gpu --num_processes N``
 (``ACCELERATE_USE_CPU=true`` without CUDA: gloo processes on the CPU) and waits for it; a command already started by ``accelerate launch`` or
 ``torchrun`` ignores it. ``--target-device-map`` loads the frozen target with ``from_pretrained``'s
-``device_map`` (``auto``, ``balanced``, ``sequential``, ``cpu`` or a JSON object of module -> device), one
-process only: a data-parallel process holds a whole target on its own device.
+``device_map`` (``auto``, ``balanced``, ``sequential``, ``cpu`` or a JSON object of module -> device); with several
+processes a named map shards each process's target over GPUs of its own (:func:`.accel.process_gpus`), and a JSON
+map, which would put every process's target on the same devices, is refused.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def add_process_options(p: argparse.ArgumentParser) -> None:
                         "or run the command under `accelerate launch` yourself)")
     p.add_argument("--target-device-map", default=None, metavar="MAP",
                    help="place the frozen target with from_pretrained's device_map: auto, balanced, sequential, cpu "
-                        "or a JSON object (one process; sharded / offloaded targets)")
+                        "or a JSON object (one process) for sharded / offloaded targets; with --num-processes N a named "
+                        "map shards each process's copy over GPUs of its own")
 
 
 def add_train_options(p: argparse.ArgumentParser) -> None:
@@ -64,10 +66,10 @@ def check_processes(args: argparse.Namespace, processes: int) -> None:
     """``ValueError`` for option combinations that cannot run (before any model is loaded)."""
     if args.num_processes < 1:
         raise ValueError(f"--num-processes must be >= 1, got {args.num_processes}")
-    if args.target_device_map is not None and processes > 1:
-        raise ValueError("--target-device-map places one target across this process's devices; data-parallel "
-                         f"processes ({processes}) each hold a whole target: run one process")
-    device_map(args.target_device_map)
+    if isinstance(device_map(args.target_device_map), dict) and processes > 1:
+        raise ValueError("a JSON --target-device-map puts every process's target on the same devices; with "
+                         f"{processes} processes name a map (auto, balanced, sequential): each process then shards "
+                         "its target over GPUs of its own")
 
 
 def relaunch(argv: list[str], args: argparse.Namespace) -> int:
