@@ -6,7 +6,8 @@
   category in file order, so the subset is deterministic.
 * :func:`load_train_prompts` reads the training prompt files (GSM8K train,
   Alpaca seed tasks, Vicuna bench questions) or any JSONL of prompts.
-* :func:`format_prompt` turns a question into the text fed to the model.
+* :func:`format_prompt` turns a question into the text fed to the model;
+  :func:`chat_prompt_ids` a chat (an instruct model's prompt) into its token ids.
 
 The data lives outside the package, in ``shared/data`` next to the checkout
 (``../shared/data`` seen from the repository root). It is located through
@@ -125,6 +126,17 @@ def load_specbench(
         item["prompt"] = format_prompt(item["turns"])
         out.append(item)
     return out
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """Token ids of ``messages`` (``{"role", "content"}`` turns) through ``tokenizer``'s chat template with the
+    generation prompt, as ``pipeline("text-generation")`` feeds a chat to an instruct model (the template writes the
+    special tokens). ``ValueError`` for a tokenizer without a chat template (a base model's)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"prompt format 'chat' needs a tokenizer with a chat template; {type(tokenizer).__name__} "
+                         "has none (a base model's): use the plain template (--prompt-format plain)")
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 def format_prompt(turns_or_text: str | Sequence[str], template: str = PROMPT_FORMAT) -> str:

@@ -176,3 +176,28 @@ def test_distill_in_chat_format_matches_formatting_by_hand(tmp_path):
                     prompts, progress=False)
     lens = {r.id: r.prompt_len for r in store.records}
     assert lens == {"a:0": len(prompt_ids(prompts[0], tok, CHAT)), "a:1": len(prompt_ids(prompts[1], tok, CHAT))}
+
+
+def test_bench_prompts_through_the_chat_template():
+    """``hf-cascade bench --prompt-format chat``: each Spec-Bench question's first turn, as one user turn through the
+    target tokenizer's chat template, is what runs (``input_ids``) and what is recorded (``prompt``); the config
+    keeps the format (left out when plain); a tokenizer without a template is refused with the fix."""
+    from hf_cascade.bench.command import bench_config
+    from hf_cascade.bench.config import BenchConfig
+    from hf_cascade.bench.loading import load_prompts
+    from hf_cascade.cli import build_parser
+
+    tok = _chat_tokenizer()
+    plain, chat = load_prompts(None, 1), load_prompts(None, 1, tok, "chat")
+    assert len(chat) == len(plain) == 13 and all("input_ids" not in p for p in plain)
+    for p, c in zip(plain, chat):
+        question = c["turns"][0].strip()
+        assert c["input_ids"] == tok(f"<s> <user> {question} <assistant>", add_special_tokens=False).input_ids
+        assert c["prompt"] == tok.decode(c["input_ids"]) and p["prompt"] != c["prompt"]
+    with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
+        load_prompts(None, 1, tm.word_tokenizer(), "chat")
+    config = bench_config(build_parser().parse_args(["bench", "--prompt-format", "chat"]))
+    assert config.prompt_format == "chat" and config.to_dict()["prompt_format"] == "chat"
+    assert "prompt_format" not in bench_config(build_parser().parse_args(["bench"])).to_dict()
+    with pytest.raises(ValueError, match="prompt_format must be 'plain' or 'chat'"):
+        BenchConfig(prompt_format="chatml")

@@ -95,6 +95,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="Spec-Bench question.jsonl (default: the bundled one); with --overhead: how many prompts of the "
                         "tiny target (default 4)")
     p.add_argument("--per-category", type=int, default=3, metavar="N", help="prompts per Spec-Bench category (default 3)")
+    p.add_argument("--prompt-format", choices=("plain", "chat"), default="plain",
+                   help="plain: the completion template (default); chat: each question as a user turn through the "
+                        "target tokenizer's chat template, as pipeline() prompts an instruct model")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     p.add_argument("--sampling", action="store_true", help="do_sample=True with --temperature (default: greedy)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
@@ -192,6 +195,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         assisted_draft=args.assisted_draft,
         prompts_path=args.prompts,
         per_category=args.per_category,
+        prompt_format=args.prompt_format,
         corpus=args.corpus,
         cost_models=parse_cost_models(args.cost_model),
         batch_sizes=getattr(args, "batch_size", None) or [],
@@ -233,7 +237,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
     drafts, own = load_draft_sets(config.drafts, specs, target=model)
     verifier = load_draft_sets([config.verifier], {}, target=model)[0][0] if config.verifier else None
     assisted = load_draft_sets([config.assisted_draft], {}, target=model)[0][0] if config.assisted_draft else None
-    prompts = load_prompts(config.prompts_path, config.per_category)
+    prompts = load_prompts(config.prompts_path, config.per_category, tokenizer, config.prompt_format)
     log(f"{len(prompts)} prompts{f' x {config.draws} draws' if config.draws > 1 else ''} x methods "
         f"{', '.join(config.methods)}, {config.max_new_tokens} new tokens")
     if config.batch_sizes:

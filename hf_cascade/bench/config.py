@@ -79,6 +79,10 @@ class BenchConfig:
             The CLI fills in the shipped heads it chose for the default target.
         target / verifier / assisted_draft / prompts_path / per_category: where the CLI loads models and prompts
             from (``verifier``: HSDDW's optional pre-verifier);
+        prompt_format: ``"plain"`` (default), each question's first turn in the completion template
+            (:data:`hf_cascade.data.PROMPT_FORMAT`), or ``"chat"``, as a user turn through the target tokenizer's
+            chat template (an instruct model as ``pipeline`` prompts it; :func:`hf_cascade.data.chat_prompt_ids`);
+            left out of :meth:`to_dict` when plain (results as before).
         cost_models: the standardized walltime improvement's cost models (:mod:`hf_cascade.bench.swi`):
             ``"params"`` (a forward costs its parameter count), ``"measured"`` (this machine's per-row costs,
             measured before the timed runs); both by default, ``[]`` for none.
@@ -117,6 +121,7 @@ class BenchConfig:
     assisted_draft: str | None = None
     prompts_path: str | None = None
     per_category: int = 3
+    prompt_format: str = "plain"
     corpus: str | None = None
     cost_models: list[str] = field(default_factory=lambda: list(COST_MODELS))
     batch_sizes: list[int] = field(default_factory=list)
@@ -132,6 +137,8 @@ class BenchConfig:
         for name in ("window", "draft_length", "beam_width", "beam_length"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompt_format not in ("plain", "chat"):
+            raise ValueError(f"prompt_format must be 'plain' or 'chat', got {self.prompt_format!r}")
         if self.draws < 1:
             raise ValueError(f"draws must be >= 1, got {self.draws}")
         if self.max_new_tokens < 1:
@@ -203,6 +210,8 @@ class BenchConfig:
         out = asdict(self)
         if not self.batch_sizes:
             del out["batch_sizes"]
+        if self.prompt_format == "plain":
+            del out["prompt_format"]
         return out
 
 

@@ -131,12 +131,18 @@ def load_draft_sets(shared: list[str], specs: dict[str, list[str]], target: Any 
     return [loaded[s] for s in shared], {family: [loaded[s] for s in group] for family, group in specs.items()}
 
 
-def load_prompts(path: str | None, per_category: int) -> list[dict]:
+def load_prompts(path: str | None, per_category: int, tokenizer: Any = None, prompt_format: str = "plain") -> list[dict]:
     """Spec-Bench prompts, the first ``per_category`` of each category, as dicts with ``category`` and
-    the formatted ``prompt`` text (see :func:`hf_cascade.data.load_specbench`)."""
+    the formatted ``prompt`` text (see :func:`hf_cascade.data.load_specbench`); with ``prompt_format="chat"`` the
+    first turn goes through ``tokenizer``'s chat template instead: ``input_ids`` (what is run) and its ``prompt``
+    text (what is recorded)."""
     from .. import data
 
     items = data.load_specbench(path, per_category=per_category)
     if not items:
         raise ValueError(f"no prompts found in {path or 'Spec-Bench'}")
+    if prompt_format == "chat":
+        for item in items:
+            item["input_ids"] = data.chat_prompt_ids(tokenizer, [{"role": "user", "content": item["turns"][0].strip()}])
+            item["prompt"] = tokenizer.decode(item["input_ids"])
     return items

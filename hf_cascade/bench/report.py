@@ -197,6 +197,8 @@ def markdown_report(result: BenchResult) -> str:
     to plain-kernels when it ran), paired ratios, tree verification, the batched sweep when it ran, errors."""
     c = result.config
     mode = f"sampling (temperature {c['temperature']}, seed {c['seed']})" if c["sampling"] else "greedy"
+    if c.get("prompt_format") == "chat":
+        mode += ", chat prompts (the target tokenizer's chat template)"
     if c.get("draws", 1) > 1:
         mode += f", {c['draws']} draws per prompt (each its own seed; a table's prompts count the runs)"
     env = result.environment

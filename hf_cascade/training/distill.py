@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..data import PROMPT_FORMAT, format_prompt
+from ..data import PROMPT_FORMAT, chat_prompt_ids, format_prompt
 from .sources import Prompt, training_prompts
 from .store import DistillStore
 
@@ -56,12 +56,7 @@ def prompt_ids(prompt: Prompt, tokenizer, prompt_format: str) -> list[int]:
     tokenizer's chat template with the generation prompt (the template writes the special tokens)."""
     if prompt_format != "chat":
         return tokenizer(format_prompt(prompt.text, prompt_format)).input_ids
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"prompt format 'chat' needs a tokenizer with a chat template; {type(tokenizer).__name__} "
-                         "has none: use the plain template (--prompt-format plain)")
-    messages = list(prompt.messages or ({"role": "user", "content": prompt.text},))
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False).input_ids
+    return chat_prompt_ids(tokenizer, prompt.messages or ({"role": "user", "content": prompt.text},))
 
 
 def _batches(todo: list[Prompt], tokenizer, cfg: DistillConfig) -> Iterator[tuple[list[Prompt], list[list[int]]]]:
