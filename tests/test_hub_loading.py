@@ -101,13 +101,19 @@ def test_unknown_repo_and_bad_paths(hub, tmp_path):
         load_pretrained(tmp_path / "f.bin")
     with pytest.raises(TypeError, match="Hub repo id"):
         load_pretrained(3)
+    from hf_cascade.bench.loading import load_model
+
+    (tmp_path / "card").mkdir()                                     # a model card without weights (the CLI's specs)
+    (tmp_path / "card" / "README.md").write_text("# a card")
+    with pytest.raises(FileNotFoundError, match="holds no model \\(no config.json\\)"):
+        load_model(str(tmp_path / "card"))
 
 
 def test_loaded_model_passes_through_and_rejects_placement(hub):
     model = tm.llama()
     assert load_pretrained(model) is model
     assert load_pretrained(model, revision="x", cache_dir="y") is model   # download options: nothing to do
-    for kw in (dict(dtype=torch.bfloat16), dict(device_map="cpu")):
+    for kw in (dict(dtype=torch.bfloat16), dict(device_map="cpu"), dict(max_memory={"cpu": 1 << 30})):
         with pytest.raises(ValueError, match="only to a draft_model given as a local path or Hub repo id"):
             load_pretrained(model, kind="draft_model", **kw)
     with pytest.raises(ValueError, match="already loaded"):

@@ -73,6 +73,9 @@ def load_model(spec: str | None, device_map=None, max_memory: dict | None = None
     path = Path(spec).expanduser()
     if not path.is_dir():
         return _load_repo(spec, **placed)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} holds no model (no config.json): a model card without weights? Use "
+                                "'default', 'smollm2', a model directory, a Hub repo id or gguf:PATH.")
     if _is_hf_cascade_head(path):
         from ..heads.hub import load_head
 
