@@ -58,8 +58,10 @@ def accelerator():
     kind = acc.distributed_type.value
     if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
         raise ValueError(f"accelerate's config asks for {kind}: hf-cascade trains heads data parallel (DDP). A head "
-                         "is small (<= 25 MB here) and the target, frozen, is never sharded by the optimizer; "
-                         "place a target too large for one device with --target-device-map (each process shards its own copy)")
+                         "is small (<= 25 MB here) and the target, frozen, has no optimizer state to shard. Launch "
+                         "with `accelerate launch --multi_gpu ...` (it overrides the config file's choice) or "
+                         "`hf-cascade train --num-processes N`; place a target too large for one device with "
+                         "--target-device-map (each process shards its own copy)")
     return acc
 
 
