@@ -85,6 +85,7 @@ class GlideDrafter(TreeDrafter):
                  lookup: bool = False):
         self.glide, self.settings = glide, settings
         self._shared = bool(glide.config.share_target_embeddings)   # its rows are the target's vocabulary (read once)
+        self._cross = bool(glide.config.cross_attention)            # it reads the target's cache (read once)
         # sampling (``processors`` given): draw the main path from the warped q while that is accepted more often
         # than the argmax (core.draws); greedy: the argmax path
         self.warpers = warpers(processors) if processors is not None else None
@@ -139,7 +140,7 @@ class GlideDrafter(TreeDrafter):
         yet). Compiled: the static cache's own buffers ``[1, kv_heads, capacity, d_k]``; eager: the cache's
         ``[1, kv_heads, L - 1, d_k]`` as the cross-attention reads them (:meth:`GlideForCausalLM.glimpse`: moved
         and repeated to its query heads once per draft instead of at each of its forwards)."""
-        if not self.glide.config.cross_attention or state.cache.get_seq_length() == 0:
+        if not self._cross or state.cache.get_seq_length() == 0:
             return None
         cache = state.cache.full if self.compiled is not None else state.cache     # compiled: the fixed buffers
         if not self._checked:
