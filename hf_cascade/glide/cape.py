@@ -178,12 +178,22 @@ def parse_expansions(flat: Sequence[float], layout: tuple, rows: int | None = No
     p_h = flat[at:at + kw]
     sets, set_probs, set_targets = [], [], []
     for i in range(k if rows is None else min(rows, k)):
-        row = [j for j in range(i * width, (i + 1) * width) if top_h[j] != main_h[i]][: min(int(sizes_h[i]), n - 1)]
-        if floor:
-            row = [j for j in row if ok_h[j]]
-        sets.append([int(top_h[j]) for j in row])
-        set_probs.append([p_h[j] for j in row])
-        set_targets.append([int(mapped_h[j]) for j in row])
+        ids, probs, targets = [], [], []
+        size, main, taken = min(int(sizes_h[i]), n - 1), main_h[i], 0
+        for j in range(i * width, (i + 1) * width):   # the first ``size`` ids but the main one, above the floor
+            if taken >= size:
+                break
+            if top_h[j] == main:
+                continue
+            taken += 1
+            if floor and not ok_h[j]:
+                continue
+            ids.append(int(top_h[j]))
+            probs.append(p_h[j])
+            targets.append(int(mapped_h[j]))
+        sets.append(ids)
+        set_probs.append(probs)
+        set_targets.append(targets)
     return sets, set_probs, set_targets
 
 
