@@ -281,5 +281,4 @@ class GlideCrossAttention(nn.Module):
         n_rep = self.num_heads // key.shape[1]
         if n_rep == 1 and key.device == value.device == device and key.dtype == value.dtype == dtype:
             return key, value                                                          # read as they are already
-        return (_repeat_kv(key.to(device=device, dtype=dtype), n_rep),
-                _repeat_kv(value.to(device=device, dtype=dtype), n_rep))
+        return _repeat_kv(_as_weight(key, device, dtype), n_rep), _repeat_kv(_as_weight(value, device, dtype), n_rep)
