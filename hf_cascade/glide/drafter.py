@@ -86,8 +86,6 @@ class GlideDrafter(TreeDrafter):
         self.glide, self.settings = glide, settings
         self._shared = bool(glide.config.share_target_embeddings)   # its rows are the target's vocabulary (read once)
         self._cross = bool(glide.config.cross_attention)            # it reads the target's cache (read once)
-        # the modules its forwards may run without module calls (hf_cascade's own GLIDE class; listed once per call)
-        self._inner = glide.direct_modules() if hasattr(glide, "direct_modules") else None
         # sampling (``processors`` given): draw the main path from the warped q while that is accepted more often
         # than the argmax (core.draws); greedy: the argmax path
         self.warpers = warpers(processors) if processors is not None else None
@@ -193,14 +191,10 @@ class GlideDrafter(TreeDrafter):
         rows, bests, tops, tokens, qs = [], [], [], [], []  # per draft forward, on the device
         p_best, target_ids = [], []                        # host copies of tops / tokens
         defer = defer_reads(self._device)                  # GPU: read once after the k forwards, not per token
-        # nothing observes the GLIDE's inner modules (asked at each draft): their forwards run without the module calls
-        direct = self._inner is not None and self.compiled is None and self.glide.direct_calls_ok(self._inner)
         if self.budget is not None:
             self.budget.start_draft()
         forward = dict(cache_kwargs(self.glide, self.cache), target_key_values=kv, full_vocab=False, logits_to_keep=1,
                        return_dict=False)                  # eager: the same keyword arguments at every forward
-        if direct:
-            forward["direct_calls"] = True
         for t in range(k):
             if self.compiled is None:
                 logits = self.glide(input_ids=ids[None], **forward)[0][0, -1]

@@ -6,7 +6,6 @@ file, and is copied next to ``modeling_glide.py`` by ``save_pretrained`` as a re
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _module
 from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -38,37 +37,6 @@ def _rotary(rope: dict, head_dim: int, max_position_embeddings: int) -> LlamaRot
     config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, num_key_value_heads=1, head_dim=head_dim,
                          rope_theta=theta, rope_scaling=scaling, max_position_embeddings=max_position_embeddings)
     return LlamaRotaryEmbedding(config)
-
-
-def inner_modules(roots) -> list[nn.Module]:
-    """Every module inside ``roots``, themselves included (``Module.modules()`` without their names), in a list."""
-    out, todo = [], list(roots)
-    while todo:
-        m = todo.pop()
-        out.append(m)
-        todo.extend(child for child in m._modules.values() if child is not None)
-    return out
-
-
-def hook_free(modules) -> bool:
-    """Whether each of ``modules`` (e.g. :func:`inner_modules`) may be run through its ``forward`` with the effect of
-    its ``nn.Module.__call__``: none has forward or backward hooks (nor has the process: global hooks), none is
-    compiled in place (``Module.compile``), and no JIT trace is recording. (A ``forward`` that accelerate's hooks
-    install on the instance is its ``forward``: it runs either way.)"""
-    if (_module._global_forward_hooks or _module._global_forward_pre_hooks or _module._global_backward_hooks
-            or _module._global_backward_pre_hooks or torch._C._get_tracing_state()):
-        return False
-    for m in modules:
-        if (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-                or m._compiled_call_impl is not None):
-            return False
-    return True
-
-
-def _run(module: nn.Module, direct: bool):
-    """``module``'s ``forward`` where the caller found nothing observing it (``direct``, :func:`hook_free`), else the
-    module itself (its call runs the hooks)."""
-    return module.forward if direct else module
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
@@ -201,10 +169,8 @@ class GlideMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.act_fn = ACT2FN[config.hidden_act]
 
-    def forward(self, x: torch.Tensor, direct: bool = False) -> torch.Tensor:
-        """``direct``: the sub-modules through their ``forward`` (:func:`hook_free`)."""
-        gate = _run(self.act_fn, direct)(_run(self.gate_proj, direct)(x))
-        return _run(self.down_proj, direct)(gate * _run(self.up_proj, direct)(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class GlideSelfAttention(nn.Module):
@@ -221,20 +187,19 @@ class GlideSelfAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, x, rope, allowed, cache=None, direct: bool = False):
-        """``rope``: :func:`rope_tables` at the queries' positions; ``direct``: the projections through their
-        ``forward`` (:func:`hook_free`)."""
+    def forward(self, x, rope, allowed, cache=None):
+        """``rope``: :func:`rope_tables` at the queries' positions."""
         b, t, _ = x.shape
-        q = _run(self.q_proj, direct)(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)   # [B, h_D, T, d_D]
-        k = _run(self.k_proj, direct)(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)      # [B, kv_D, T, d_D]
-        v = _run(self.v_proj, direct)(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)   # [B, h_D, T, d_D]
+        k = self.k_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)      # [B, kv_D, T, d_D]
+        v = self.v_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
         q, k = _apply_rope(q, rope), _apply_rope(k, rope)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)                                   # [B, kv_D, P + T, d_D]
         n_rep = self.num_heads // self.num_kv
         # every query sees its own key (a padded one: itself only), so no row is empty
         out = _attend(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), allowed, self.head_dim ** -0.5, False)
-        return _run(self.o_proj, direct)(out.transpose(1, 2).reshape(b, t, -1))         # [B, T, H]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                       # [B, T, H]
 
 
 class GlideCrossAttention(nn.Module):
@@ -252,23 +217,22 @@ class GlideCrossAttention(nn.Module):
         # the same rotary settings and head size as the self-attention's: its cos / sin serve here too
         self.self_rope = rope == config.self_rope() and self.head_dim == config.head_dim
 
-    def forward(self, x, position_ids, key, value, allowed, rope=None, direct: bool = False):
+    def forward(self, x, position_ids, key, value, allowed, rope=None):
         """``x`` ``[B, T, H]``; ``key``/``value`` ``[B, kv_T, S, d_k]`` (target cache, post-rotary; or as
         :meth:`read_target` returns them); ``allowed`` bool ``[B|1, 1|h, T, S]`` (``None``: every entry);
         ``rope``: the self-attention's :func:`rope_tables` at ``position_ids`` when :attr:`self_rope` (the same
-        values this layer's rotary embedding gives), else ``None``; ``direct``: the projections through their
-        ``forward`` (:func:`hook_free`)."""
+        values this layer's rotary embedding gives), else ``None``."""
         b, t, _ = x.shape
         if key.shape[-1] != self.head_dim or self.num_heads % key.shape[1]:
             raise ValueError(f"target K/V of shape {tuple(key.shape)} do not fit the cross-attention "
                              f"({self.num_heads} query heads of size {self.head_dim}).")
-        q = _run(self.q_proj, direct)(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)   # [B, h, T, d_k]
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)    # [B, h, T, d_k]
         if rope is None or rope[0].dtype != q.dtype:
             rope = rope_tables(*self.rotary_emb(q, position_ids))                        # [B, 1, T, d_k] each
         q = _apply_rope(q, rope)
         key, value = self.read_target(key, value, q.device, q.dtype)                    # [B, h, S, d_k]
         out = _attend(q, key, value, allowed, self.scale)                                # [B, h, T, d_k]
-        return _run(self.o_proj, direct)(out.transpose(1, 2).reshape(b, t, -1))          # [B, T, H]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                        # [B, T, H]
 
     def read_target(self, key: torch.Tensor, value: torch.Tensor, device=None, dtype=None):
         """The target's cached ``key``/``value`` ``[B, kv_T, S, d_k]`` as the attention reads them: on ``device``

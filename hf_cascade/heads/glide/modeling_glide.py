@@ -34,8 +34,7 @@ from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .attention_glide import (GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _as_weight, _device_of,
-                              _like_weight, _rotary, _run, cross_allowed, glide_cross_mask, hook_free, inner_modules,
-                              rope_tables)
+                              _like_weight, _rotary, cross_allowed, glide_cross_mask, rope_tables)
 from .configuration_glide import GlideConfig
 
 # transformers 5.24 renamed the output field past_key_values -> cache (the old name warns)
@@ -55,16 +54,14 @@ class GlideDecoderLayer(nn.Module):
         self.post_attention_layernorm = GlideRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GlideMLP(config)
 
-    def forward(self, x, rope, self_allowed, position_ids, cache=None, target_kv=None, cross_allowed=None,
-                direct: bool = False):
+    def forward(self, x, rope, self_allowed, position_ids, cache=None, target_kv=None, cross_allowed=None):
         """``rope``: the self-attention's ``rope_tables`` at ``position_ids``. Masks: bool, True = may attend;
-        ``None``: every key / target entry. ``direct``: the sub-modules through their ``forward`` (:func:`hook_free`)."""
-        x = x + _run(self.self_attn, direct)(_run(self.input_layernorm, direct)(x), rope, self_allowed, cache, direct)
+        ``None``: every key / target entry."""
+        x = x + self.self_attn(self.input_layernorm(x), rope, self_allowed, cache)
         if target_kv is not None and self.cross_attn is not None:
             shared = rope if self.cross_attn.self_rope else None
-            x = x + _run(self.cross_attn, direct)(x, position_ids, target_kv[0], target_kv[1], cross_allowed, shared,
-                                                  direct)
-        return x + _run(self.mlp, direct)(_run(self.post_attention_layernorm, direct)(x), direct)
+            x = x + self.cross_attn(x, position_ids, target_kv[0], target_kv[1], cross_allowed, shared)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class GlideModel(nn.Module):
@@ -169,18 +166,6 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         return [pair if layer.cross_attn.q_proj.weight.device.type == "meta" else layer.cross_attn.read_target(*pair)
                 for layer, pair in zip(self.model.layers, pairs)]
 
-    def direct_modules(self) -> list[nn.Module]:
-        """The modules a forward with ``direct_calls`` runs through their ``forward``: its layers and final norm and
-        every module inside them (the embedding and the output head, a target's when shared, are always called as
-        modules, and so is the model itself)."""
-        return inner_modules([*self.model.layers, self.model.norm])
-
-    def direct_calls_ok(self, modules: list[nn.Module] | None = None) -> bool:
-        """Whether a forward may run ``modules`` (default: :meth:`direct_modules`, as they are now; a caller that runs
-        many forwards may keep that list) through their ``forward`` (``direct_calls=True``): none of them has hooks,
-        nor has the process, none is compiled in place, no JIT trace is recording (:func:`~.attention_glide.hook_free`)."""
-        return hook_free(self.direct_modules() if modules is None else modules)
-
     # -- vocabulary ---------------------------------------------------------------------------------
     @torch.no_grad()
     def set_vocab_subset(self, ids) -> None:
@@ -249,7 +234,6 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         full_vocab: bool = True,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        direct_calls: bool = False,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """Args (``B`` batch, ``T`` new tokens, ``P`` cached draft tokens, ``S`` target cache length):
@@ -267,9 +251,6 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             full_vocab: ``[B, T', V]`` logits (``finfo.min`` outside the subset) or ``[B, T', N]``.
             return_dict: ``False``: the output's fields that are set, as a tuple (``(logits, cache)`` for a
                 cached forward without labels), as ``ModelOutput.to_tuple`` gives them.
-            direct_calls: run the layers and the final norm, and the modules inside them, through their ``forward``
-                instead of ``nn.Module.__call__``; only where :meth:`direct_calls_ok` said so (nothing observes
-                them: no hooks), for forwards in a row (a draft's).
         Returns ``CausalLMOutputWithPast`` (``past_key_values`` = the draft's own cache)."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         past_key_values = kwargs.pop("cache", past_key_values)  # transformers >= 5.24's name for it
@@ -332,11 +313,10 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 kv = kv_pairs[m]
                 cross = cross_allowed(cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t,
                                             first)
-            hidden = _run(layer, direct_calls)(hidden, rope, self_allowed, position_ids, past_key_values, kv, cross,
-                                               direct_calls)
+            hidden = layer(hidden, rope, self_allowed, position_ids, past_key_values, kv, cross)
             if output_hidden_states:
                 all_hidden.append(hidden)
-        hidden = _run(self.model.norm, direct_calls)(hidden)                                # [B, T, H]
+        hidden = self.model.norm(hidden)                                                    # [B, T, H]
 
         if isinstance(logits_to_keep, int) and (logits_to_keep == 0 or logits_to_keep >= t):
             kept = hidden                                 # every position (no slicing op)
