@@ -51,7 +51,7 @@ from ..compat import CACHE, cache_kwargs, given_cache
 from ..processors import split_processors
 from .accept import TreeAcceptance
 from .compiled import user_compiled, verify_call
-from .forward import check_attention_backend, keep_path, mask_device_dtype, verify_tree
+from .forward import check_attention_backend, keep_path, mask_device_dtype, needs_tree_mask, verify_tree
 from .head_input import HeadInput, input_device, screen_heads
 from .phases import Row, accept_row, checked_head, draft_row, emit, keep_last
 from .rows import TreeRows
@@ -145,10 +145,14 @@ def draft(run: "_Run", state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]
 
 
 def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
-    """One target forward over ``[root, nodes]``; the rows' logits are computed when acceptance reads them."""
+    """One target forward over ``[root, nodes]``; the rows' logits are computed when acceptance reads them. A tree
+    of one path (no node included: the root alone) is verified as a chain, with plain causal attention, whatever the
+    drafter: a plain decoding step's inputs where the tree is empty. (Static caches keep the drafter's shape: their
+    compiled calls see one kind of input.)"""
     row, L = run.row, run.row.length
     if run.slots is not None:
         return _verify_static(run, tree, linear)
+    linear = linear or not needs_tree_mask(tree)
     if run.head is not None:
         hidden = verify_tree(run.target, run.cache, L - 1, tree, row.tokens[-1], hidden_only=True, chain=linear,
                              where=run.where, decoder=run.decoder)

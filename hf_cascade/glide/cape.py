@@ -126,38 +126,74 @@ def expansion_read(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor,
     :func:`parse_expansions`: a caller may read it together with what it reads anyway. Row ``i``'s set depends on
     rows ``0 .. i`` only (its size and its path-probability floor), so the first ``m`` sets of ``k`` rows are those
     of the first ``m`` rows."""
+    parts, layout = _expansion_parts(probs, main, sizes, min_prob, max_size, to_target)
+    return torch.cat(parts), layout
+
+
+def _expansion_parts(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
+                    max_size: int | None = None, to_target=None, conf: torch.Tensor | None = None
+                    ) -> tuple[list[torch.Tensor], tuple]:
+    """:func:`expansion_read`'s tensor as the parts that ``torch.cat`` joins into it (their last is float64, so the
+    join is float64: ids and flags exactly), for a caller that joins them with parts of its own, and the layout.
+    ``conf``: the rows' probabilities of ``main`` when the caller has them (read only for a path floor,
+    ``min_prob > 0``). The path floor's flags and the target ids are left out where they say nothing
+    (``min_prob <= 0``; ``to_target=None``: the target ids are the draft ids)."""
     k, n = probs.shape
     if main.shape != (k,) or sizes.shape != (k,):
         raise ValueError(f"main and sizes must be [k] = [{k}], got {tuple(main.shape)} and {tuple(sizes.shape)}")
-    main, sizes = main.to(probs.device).long(), sizes.to(probs.device).long()
+    main, sizes = _long_on(main, probs.device), _long_on(sizes, probs.device)
     bound = (int(max_size) if max_size is not None else int(sizes.max())) if k else 0
     width = min(bound + 1, n)
     top = probs.topk(width, dim=-1).indices                                      # [k, width]
-    conf = probs.gather(1, main[:, None])[:, 0]                                  # [k] p_i of the main tokens
-    reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])                  # [k] prod_{j<i} p_j
     top_p = probs.gather(1, top)                                                 # [k, width]
-    ok = top_p * reach[:, None] >= min_prob                                      # [k, width] path prob >= floor
-    mapped = top if to_target is None else to_target(top.flatten()).reshape(top.shape).to(probs.device)
-    parts = [top.flatten(), ok.flatten(), sizes, main, mapped.flatten(), top_p.flatten()]
-    return torch.cat([x.double() for x in parts]), (k, n, width, min_prob)
+    parts = [top.flatten(), sizes, main]
+    floor = min_prob > 0
+    if floor:
+        conf = probs.gather(1, main[:, None])[:, 0] if conf is None else conf   # [k] p_i of the main tokens
+        reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])              # [k] prod_{j<i} p_j
+        parts.append((top_p * reach[:, None] >= min_prob).flatten())             # [k * width] path prob >= floor
+    if to_target is not None:
+        parts.append(to_target(top.flatten()).reshape(-1).to(probs.device))
+    parts.append(top_p.flatten().double())
+    return parts, (k, n, width, min_prob, floor, to_target is not None)
+
+
+def _long_on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` as a LongTensor on ``device`` (itself when it is one there)."""
+    return x if x.dtype == torch.long and x.device == device else x.to(device).long()
 
 
 def parse_expansions(flat: Sequence[float], layout: tuple, rows: int | None = None,
                      ) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
     """The host lists of :func:`expansion_read`'s tensor (read by the caller): the sets of the first ``rows`` rows
     (all by default), their draft probabilities and their target ids."""
-    k, n, width, min_prob = layout
+    k, n, width, min_prob, floor, mapped = layout
     kw = k * width
-    top_h, ok_h = flat[:kw], flat[kw:2 * kw]
-    sizes_h, main_h = flat[2 * kw:2 * kw + k], flat[2 * kw + k:2 * kw + 2 * k]
-    mapped_h, p_h = flat[2 * kw + 2 * k:3 * kw + 2 * k], flat[3 * kw + 2 * k:]
+    top_h, sizes_h, main_h = flat[:kw], flat[kw:kw + k], flat[kw + k:kw + 2 * k]
+    at = kw + 2 * k
+    ok_h = flat[at:at + kw] if floor else None
+    at += kw if floor else 0
+    mapped_h = flat[at:at + kw] if mapped else top_h
+    at += kw if mapped else 0
+    p_h = flat[at:at + kw]
     sets, set_probs, set_targets = [], [], []
     for i in range(k if rows is None else min(rows, k)):
-        row = [j for j in range(i * width, (i + 1) * width) if top_h[j] != main_h[i]][: min(int(sizes_h[i]), n - 1)]
-        row = [j for j in row if ok_h[j] or min_prob <= 0]
-        sets.append([int(top_h[j]) for j in row])
-        set_probs.append([p_h[j] for j in row])
-        set_targets.append([int(mapped_h[j]) for j in row])
+        ids, probs, targets = [], [], []
+        size, main, taken = min(int(sizes_h[i]), n - 1), main_h[i], 0
+        for j in range(i * width, (i + 1) * width):   # the first ``size`` ids but the main one, above the floor
+            if taken >= size:
+                break
+            if top_h[j] == main:
+                continue
+            taken += 1
+            if floor and not ok_h[j]:
+                continue
+            ids.append(int(top_h[j]))
+            probs.append(p_h[j])
+            targets.append(int(mapped_h[j]))
+        sets.append(ids)
+        set_probs.append(probs)
+        set_targets.append(targets)
     return sets, set_probs, set_targets
 
 
@@ -194,27 +230,41 @@ def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSet
     ``main_target`` and ``main_probs`` are given, nor when ``read`` holds the sets already read
     (:func:`parse_expansions` of the rows' :func:`expansion_read`, at least ``k`` rows of them)."""
     device = probs.device if device is None else device
-    main = main.to(probs.device)
+    tree, expansions, node_probs = expanded_lists(probs, main, settings, to_target, main_target, device, main_probs,
+                                                  read)
+    return tree, [torch.tensor(x, dtype=torch.long, device=device) for x in expansions], node_probs
+
+
+def expanded_lists(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettings | None, to_target=None,
+                   main_target=None, device=None, main_probs: list[float] | None = None, read: tuple | None = None
+                   ) -> tuple[TokenTree, list[list[int]], list[float]]:
+    """:func:`expanded_proposal` with the expansion sets as host lists of target ids (no tensor made per set). The
+    main path's probabilities are gathered from ``probs`` only where needed (``main_probs`` not given, or the sets
+    still to be read)."""
+    device = probs.device if device is None else device
+    conf = None
+    if main_probs is None or main_target is None or (settings is not None and read is None):
+        main = main.to(probs.device)
+        conf = probs.gather(1, main[:, None])[:, 0]                               # [k] p_i
     main_t = list(main_target) if main_target is not None else (to_target or (lambda x: x))(main)
-    conf = probs.gather(1, main[:, None])[:, 0]                                   # [k] p_i
     main_p = list(main_probs) if main_probs is not None else conf.double().tolist()
+    k = main.shape[0]
     if settings is None:
-        return TokenTree.from_expansions(main_t, [[] for _ in range(main.shape[0])], device=device), [], main_p
+        return TokenTree.from_expansions(main_t, [[] for _ in range(k)], device=device), [], main_p
     if read is not None:
-        sets, set_probs, set_targets = (x[: main.shape[0]] for x in read)
+        sets, set_probs, set_targets = (x[:k] for x in read)
     else:
         bound = settings.max_size if defer_reads(probs.device) else None        # CPU: reads are free, exact width
         sets, set_probs, set_targets = _read_expansions(probs, main, settings.expansion_sizes(conf), settings.min_prob,
                                                         bound, to_target)
-    capped = cap_expansions([torch.tensor(x, dtype=torch.long) for x in sets], main.shape[0], settings.max_nodes)
-    keep = [len(x) for x in capped]
+    keep = [len(x) for x in cap_expansions(sets, k, settings.max_nodes)]
     expansions = [t[:c] for t, c in zip(set_targets, keep)]
     node_probs = main_p + [p for x, c in zip(set_probs, keep) for p in x[:c]]  # Algorithm 2's node order
     tree = cape_tree(main_t, expansions, device=device)
     if tree.num_nodes != len(node_probs):                                         # sets exclude main[i], unique
         raise RuntimeError("CAPE expansion sets must not repeat the main token or each other")
-    return tree, [torch.tensor(x, dtype=torch.long, device=device) for x in expansions], node_probs
+    return tree, expansions, node_probs
 
 
-__all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_proposal", "expansion_lists", "expansion_read",
-           "expansion_sets", "parse_expansions"]
+__all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_lists", "expanded_proposal", "expansion_lists",
+           "expansion_read", "expansion_sets", "parse_expansions"]

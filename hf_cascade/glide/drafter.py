@@ -69,7 +69,7 @@ from ..drafters.lookup_branch import LookupBranch, observe_verdict
 from ..drafters.maxgram import common_prefix
 from ..drafters.static_forward import StaticDraftForward, keep_draft_prefix
 from ..placement import defer_reads
-from .cape import expanded_proposal, expansion_read, parse_expansions
+from .cape import _expansion_parts, expanded_lists, parse_expansions
 from .settings import GlideSettings
 from .stats import GlideStats
 
@@ -85,6 +85,7 @@ class GlideDrafter(TreeDrafter):
                  lookup: bool = False):
         self.glide, self.settings = glide, settings
         self._shared = bool(glide.config.share_target_embeddings)   # its rows are the target's vocabulary (read once)
+        self._cross = bool(glide.config.cross_attention)            # it reads the target's cache (read once)
         # sampling (``processors`` given): draw the main path from the warped q while that is accepted more often
         # than the argmax (core.draws); greedy: the argmax path
         self.warpers = warpers(processors) if processors is not None else None
@@ -139,7 +140,7 @@ class GlideDrafter(TreeDrafter):
         yet). Compiled: the static cache's own buffers ``[1, kv_heads, capacity, d_k]``; eager: the cache's
         ``[1, kv_heads, L - 1, d_k]`` as the cross-attention reads them (:meth:`GlideForCausalLM.glimpse`: moved
         and repeated to its query heads once per draft instead of at each of its forwards)."""
-        if not self.glide.config.cross_attention or state.cache.get_seq_length() == 0:
+        if not self._cross or state.cache.get_seq_length() == 0:
             return None
         cache = state.cache.full if self.compiled is not None else state.cache     # compiled: the fixed buffers
         if not self._checked:
@@ -240,9 +241,9 @@ class GlideDrafter(TreeDrafter):
         self._main = target_ids[:m]                                                 # [k'] target ids
         # the main path's estimates are its confidences p_i (host floats: for a drawn node, its confidence, not its
         # token's probability; rule 2 of core.draws)
-        tree, expansions, node_probs = expanded_proposal(probs, main_d, self.settings.cape, self._to_target,
-                                                         main_target=self._main, device=seq.device,
-                                                         main_probs=p_best[:m], read=read_sets)
+        tree, expansions, node_probs = expanded_lists(probs, main_d, self.settings.cape, self._to_target,
+                                                      main_target=self._main, device=seq.device,
+                                                      main_probs=p_best[:m], read=read_sets)
         self.record.expansion_sizes.append([len(x) for x in expansions])
         self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
         self.record.drafted_nodes.append(tree.num_nodes)
@@ -259,14 +260,20 @@ class GlideDrafter(TreeDrafter):
         """The accelerator schedule's one read of a draft: each drafted step's confidence and target id, CAPE's
         expansion sets of every drafted row (the kept main path's are the first rows': a row's set depends on the
         rows before it only, :func:`~hf_cascade.glide.cape.expansion_read`) and the proposal choice's pending
-        measures. ``(p_best, target_ids, sets or None)``."""
+        measures. ``(p_best, target_ids, sets or None)``. One ``torch.cat`` joins every part (float64: the
+        expansion sets' last part is, and the other parts' floats and ids convert exactly)."""
         n, cape = len(tops), self.settings.cape
-        parts, layout = [torch.stack(tops).double(), torch.stack(tokens).double()], None
+        top = torch.stack(tops)
+        parts, layout = [top, torch.stack(tokens)], None
         if cape is not None:
             probs, main = torch.stack(rows), torch.stack(bests)
-            sizes = cape.expansion_sizes(probs.gather(1, main[:, None])[:, 0])
-            flat, layout = expansion_read(probs, main, sizes, cape.min_prob, cape.max_size, self._to_target)
-            parts.append(flat)
+            # greedy (nothing drawn): the main path is the rows' argmax, whose probabilities are their maxima
+            conf = top if self.choice is None else probs.gather(1, main[:, None])[:, 0]
+            more, layout = _expansion_parts(probs, main, cape.expansion_sizes(conf), cape.min_prob, cape.max_size,
+                                            None if self._shared else self._to_target, conf)
+            parts += more
+        else:
+            parts[0] = top.double()
         pending = self.choice.pending() if self.choice is not None else None
         if pending is not None:
             parts.append(pending.to(parts[0].device))
