@@ -161,7 +161,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         for several forwards over one cache (a draft's steps). Pairs of an offloaded layer (weights on ``meta``)
         are left as they are (its forward moves them)."""
         pairs = self.target_kv(past_key_values)
-        if not self.config.cross_attention:
+        if not self._cross:
             return pairs
         return [pair if layer.cross_attn.q_proj.weight.device.type == "meta" else layer.cross_attn.read_target(*pair)
                 for layer, pair in zip(self.model.layers, pairs)]
@@ -184,7 +184,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
 
     def to_draft_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Target ids (any shape) -> draft ids in ``[0, N]`` (``N`` = outside the subset). Identity when sharing."""
-        if self.config.share_target_embeddings:
+        if self._shared:
             return input_ids
         subset = self.vocab_subset
         ids = input_ids.to(subset.device)

@@ -40,15 +40,17 @@ def _rotary(rope: dict, head_dim: int, max_position_embeddings: int) -> LlamaRot
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
-            scale: float) -> torch.Tensor:
+            scale: float, empty_rows: bool = True) -> torch.Tensor:
     """Softmax attention (float32 softmax). ``q`` ``[B, h, T, d]``, ``k``/``v`` ``[B, h, S, d]``, ``allowed``
     bool broadcastable to ``[B, h, T, S]`` (``None``: every key, the same result as an all-True mask). Rows
-    with no allowed key return zeros."""
+    with no allowed key return zeros; ``empty_rows=False`` says that no row is empty (every query sees a key, as
+    in causal self-attention), and the zeroing, a product by one on every row, is left out."""
     scores = _as(torch.matmul(q, k.transpose(-1, -2)), torch.float32) * _scalar(scale, q)  # [B, h, T, S]
     if allowed is None:
         return torch.matmul(_as(scores.softmax(dim=-1), v.dtype), v)                 # [B, h, T, d]
-    scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
-    probs = scores.softmax(dim=-1) * allowed.any(dim=-1, keepdim=True)              # empty rows -> 0
+    probs = scores.masked_fill(~allowed, torch.finfo(torch.float32).min).softmax(dim=-1)
+    if empty_rows:
+        probs = probs * allowed.any(dim=-1, keepdim=True)                            # empty rows -> 0
     return torch.matmul(_as(probs, v.dtype), v)                                      # [B, h, T, d]
 
 
@@ -195,7 +197,8 @@ class GlideSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)                                   # [B, kv_D, P + T, d_D]
         n_rep = self.num_heads // self.num_kv
-        out = _attend(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), allowed, self.head_dim ** -0.5)
+        # every query sees its own key (a padded one: itself only), so no row is empty
+        out = _attend(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), allowed, self.head_dim ** -0.5, False)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                       # [B, T, H]
 
 
@@ -242,5 +245,4 @@ class GlideCrossAttention(nn.Module):
         n_rep = self.num_heads // key.shape[1]
         if n_rep == 1 and key.device == value.device == device and key.dtype == value.dtype == dtype:
             return key, value                                                          # read as they are already
-        return (_repeat_kv(key.to(device=device, dtype=dtype), n_rep),
-                _repeat_kv(value.to(device=device, dtype=dtype), n_rep))
+        return _repeat_kv(_as_weight(key, device, dtype), n_rep), _repeat_kv(_as_weight(value, device, dtype), n_rep)
