@@ -324,3 +324,34 @@ def test_tree_rows_compute_at_most_block_rows_per_head_call():
     assert calls == [[0, 1, 2, 3, 4, 5, 6]] and whole.rows_computed == 7
     with pytest.raises(ValueError, match="block_rows"):
         TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden, head=head, block_rows=0)
+
+
+class OnePath(TreeDrafter):
+    """Proposes the expected continuation as a one-path tree (``depth`` nodes), or nothing every third step: what a
+    chain drafter, ReDrafter at beam width 1 or a cut CAPE tree hands the loop."""
+
+    def __init__(self, expected: list[int], depth: int = 3):
+        self.expected, self.depth, self.steps = expected, depth, 0
+
+    def draft_tree(self, seq, state):
+        self.steps += 1
+        right = self.expected[seq.shape[0]: seq.shape[0] + self.depth]
+        if not right or self.steps % 3 == 0:
+            return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
+        return TokenTree.chain(T(right)), None
+
+
+def test_one_path_trees_are_verified_as_chains(m, monkeypatch):
+    """A tree of one path (an empty one included) is verified with plain causal attention (``chain=True``, no
+    tree mask), whatever the drafter's ``linear``; a branched tree with the tree mask; outputs = plain's."""
+    import hf_cascade.core.loop as loop
+
+    seen, real = [], loop.verify_tree
+    monkeypatch.setattr(loop, "verify_tree", lambda *a, **kw: seen.append((a[3].num_nodes, kw["chain"])) or real(*a, **kw))
+    target = m["target"]
+    expected = plain(target, REPETITIVE, max_new_tokens=NEW)[0].tolist()
+    assert_parity(target, REPETITIVE, Using(lambda: OnePath(expected)))
+    assert seen and all(chain for _, chain in seen) and {n for n, _ in seen} >= {0, 3}
+    seen.clear()
+    assert_parity(target, REPETITIVE, Using(lambda: Oracle(expected)))
+    assert any(n and not chain for n, chain in seen)                      # two beams: the tree mask
