@@ -219,7 +219,8 @@ def test_cli_notes_skipped_baselines(monkeypatch, tmp_path, capsys):
     makes no equality claim."""
     model, tok = _llama(0, 2), _tokenizer()
     monkeypatch.setattr(loading, "load_model", lambda spec: (model, tok))
-    monkeypatch.setattr(loading, "load_prompts", lambda path, per_category: BATCH_PROMPTS)
+    monkeypatch.setattr(loading, "load_prompts",
+                        lambda path, per_category, tokenizer=None, prompt_format="plain": BATCH_PROMPTS)
     code = main(["bench", "--strategy", "maxgram", "--baselines", "plain-kernels,pld", "--batch-size", "2",
                  "--max-new-tokens", "4", "--cost-model", "none", "--sampling", "--no-progress", "--out", str(tmp_path)])
     assert code == 0
