@@ -115,23 +115,6 @@ def _wanted(t: torch.Tensor, kind: str, full_name: str, device, dtype, fp32: lis
     return device, want
 
 
-def _placed(module: nn.Module, device: torch.device | None, dtype: torch.dtype | None) -> bool:
-    """Whether :func:`place_like` would leave every tensor of ``module`` as it is (no ``_keep_in_fp32_modules``):
-    each on ``device`` and each floating-point one in ``dtype`` but non-persistent buffers (``None``: as they are).
-    The same rule as :func:`_wanted`, without naming the tensors."""
-    for m in module.modules():
-        for p in m._parameters.values():
-            if p is not None and ((device is not None and p.device != device)
-                                  or (dtype is not None and p.is_floating_point() and p.dtype != dtype)):
-                return False
-        transient = getattr(m, "_non_persistent_buffers_set", ())
-        for name, b in m._buffers.items():
-            if b is not None and ((device is not None and b.device != device) or (
-                    dtype is not None and b.is_floating_point() and name not in transient and b.dtype != dtype)):
-                return False
-    return True
-
-
 def place_like(module: nn.Module, target: nn.Module | None = None, *, device: torch.device | str | None = None,
                dtype: torch.dtype | None = None) -> nn.Module:
     """Move ``module`` (a drafter or a draft head) to ``target``'s input-embedding device and cast its
@@ -148,8 +131,6 @@ def place_like(module: nn.Module, target: nn.Module | None = None, *, device: to
         return module
     device = torch.device(device) if device is not None else None
     fp32 = _fp32_names(module)
-    if not fp32 and _placed(module, device, dtype):
-        return module                              # every tensor where and as it is wanted: nothing to move
     shared: dict[int, torch.Tensor] = {}           # one converted tensor per source tensor (tied weights)
     with torch.no_grad():
         for owner, name, full_name, t, kind in list(_tensors(module)):

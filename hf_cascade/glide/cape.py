@@ -126,11 +126,11 @@ def expansion_read(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor,
     :func:`parse_expansions`: a caller may read it together with what it reads anyway. Row ``i``'s set depends on
     rows ``0 .. i`` only (its size and its path-probability floor), so the first ``m`` sets of ``k`` rows are those
     of the first ``m`` rows."""
-    parts, layout = _expansion_parts(probs, main, sizes, min_prob, max_size, to_target)
+    parts, layout = expansion_parts(probs, main, sizes, min_prob, max_size, to_target)
     return torch.cat(parts), layout
 
 
-def _expansion_parts(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
+def expansion_parts(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
                     max_size: int | None = None, to_target=None, conf: torch.Tensor | None = None
                     ) -> tuple[list[torch.Tensor], tuple]:
     """:func:`expansion_read`'s tensor as the parts that ``torch.cat`` joins into it (their last is float64, so the
@@ -267,4 +267,4 @@ def expanded_lists(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettin
 
 
 __all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_lists", "expanded_proposal", "expansion_lists",
-           "expansion_read", "expansion_sets", "parse_expansions"]
+           "expansion_parts", "expansion_read", "expansion_sets", "parse_expansions"]

@@ -69,7 +69,7 @@ from ..drafters.lookup_branch import LookupBranch, observe_verdict
 from ..drafters.maxgram import common_prefix
 from ..drafters.static_forward import StaticDraftForward, keep_draft_prefix
 from ..placement import defer_reads
-from .cape import _expansion_parts, expanded_lists, parse_expansions
+from .cape import expanded_lists, expansion_parts, parse_expansions
 from .settings import GlideSettings
 from .stats import GlideStats
 
@@ -269,8 +269,8 @@ class GlideDrafter(TreeDrafter):
             probs, main = torch.stack(rows), torch.stack(bests)
             # greedy (nothing drawn): the main path is the rows' argmax, whose probabilities are their maxima
             conf = top if self.choice is None else probs.gather(1, main[:, None])[:, 0]
-            more, layout = _expansion_parts(probs, main, cape.expansion_sizes(conf), cape.min_prob, cape.max_size,
-                                            None if self._shared else self._to_target, conf)
+            more, layout = expansion_parts(probs, main, cape.expansion_sizes(conf), cape.min_prob, cape.max_size,
+                                           None if self._shared else self._to_target, conf)
             parts += more
         else:
             parts[0] = top.double()
