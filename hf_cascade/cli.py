@@ -259,6 +259,7 @@ def run_train(args: argparse.Namespace) -> int:
     from .training.accel import check_layout, is_main_process, num_processes, place_target
     from .training.launch import check_processes, device_map
     from .training.loop import TrainConfig
+    from .training.sharding import requested
     from .training.store import DistillStore
 
     presets, default, train_fn = _trainers()[args.head]
@@ -274,6 +275,7 @@ def run_train(args: argparse.Namespace) -> int:
     processes = num_processes()
     check_processes(args, processes)
     check_layout(args.batch_size, args.grad_accum, args.mixed_precision, processes)
+    requested(args.fsdp, processes)             # a sharding strategy FSDP cannot apply fails before the target loads
     _set_threads(args)
     spec = presets[preset]
     if args.draft_vocab:
@@ -286,7 +288,7 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(Path(args.out), steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
                       eval_every=args.eval_every, eval_records=args.eval_records, seed=args.seed,
                       grad_accum=args.grad_accum, mixed_precision=args.mixed_precision,
-                      checkpoint_every=args.checkpoint_every, resume=args.resume)
+                      checkpoint_every=args.checkpoint_every, resume=args.resume, fsdp=args.fsdp)
     DistillStore.open(args.data)  # a missing / foreign --data fails here, before the (slow) target load
     if args.resume and not (Path(args.out) / "checkpoint").is_dir():
         raise ValueError(f"--resume: no checkpoint in {Path(args.out) / 'checkpoint'} (written every --checkpoint-every "

@@ -137,34 +137,72 @@ def test_interrupted_run_resumes_to_the_same_end(distilled, target, tmp_path, mo
                       progress=False)
 
 
-def test_fsdp_and_deepspeed_configs_are_refused(monkeypatch):
+def test_deepspeed_is_refused_and_fsdp_left_to_the_loop(monkeypatch):
+    """accelerate's FSDP request is the loop's (hf_cascade.training.sharding): the Accelerator is built without it
+    (its FSDP plugin raises on a CPU) and the request is back in the environment afterwards; DeepSpeed is refused."""
     import accelerate
     from accelerate.utils import DistributedType
 
     from hf_cascade.training.accel import accelerator
 
+    seen = {}
+
     class Fake:
+        kind = DistributedType.DEEPSPEED
+
         def __init__(self, **kw):
-            self.distributed_type = DistributedType.FSDP
+            seen["fsdp"] = os.environ.get("ACCELERATE_USE_FSDP")
+            self.distributed_type = Fake.kind
 
     monkeypatch.setattr(accelerate, "Accelerator", Fake)
-    with pytest.raises(ValueError, match="config asks for FSDP: hf-cascade trains heads data parallel"):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ValueError, match="config asks for DEEPSPEED: hf-cascade trains heads data parallel"):
         accelerator()
+    Fake.kind = DistributedType.NO
+    assert accelerator().distributed_type == DistributedType.NO
+    assert seen["fsdp"] is None and os.environ["ACCELERATE_USE_FSDP"] == "true"
 
 
-def _launch(script_args: list[str], tmp_path) -> subprocess.CompletedProcess:
+def test_fsdp_settings_from_accelerates_environment():
+    """Golden values: what accelerate's FSDP launch exports (FSDP2's reshard flag, FSDP1's strategy names) and
+    ``--fsdp``; one process or NO_SHARD: plain data parallel; hybrid sharding: a clear error."""
+    from hf_cascade.training.sharding import FsdpSettings, requested
+
+    on = {"ACCELERATE_USE_FSDP": "true"}
+    assert requested(False, 2, {}) is None and requested(True, 1, {}) is None and requested(False, 1, on) is None
+    assert requested(True, 2, {}) == FsdpSettings(True, False)
+    assert requested(False, 2, {**on, "FSDP_RESHARD_AFTER_FORWARD": "false"}) == FsdpSettings(False, False)
+    assert requested(False, 8, {**on, "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "true"}) == \
+        FsdpSettings(True, True)
+    v1 = {**on, "FSDP_VERSION": "1", "FSDP_RESHARD_AFTER_FORWARD": "true"}
+    assert requested(False, 2, {**v1, "FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP"}) == FsdpSettings(False, False)
+    assert requested(False, 2, {**v1, "FSDP_SHARDING_STRATEGY": "1"}) == FsdpSettings(True, False)
+    assert requested(False, 2, {**v1, "FSDP_SHARDING_STRATEGY": "NO_SHARD"}) is None
+    with pytest.raises(ValueError, match="sharding strategy HYBRID_SHARD: hf-cascade shards a head over all"):
+        requested(False, 2, {**v1, "FSDP_SHARDING_STRATEGY": "HYBRID_SHARD"})
+
+
+#: How the 2-process runs are launched: accelerate's multi-GPU launcher (gloo on this CPU), and its FSDP launcher, as
+#: an accelerate config with ``distributed_type: FSDP`` and ``fsdp_version: 2`` starts it.
+LAUNCHERS = {"ddp": ["--multi_gpu"], "fsdp": ["--use_fsdp", "--fsdp_version", "2"]}
+
+
+def _launch(script_args: list[str], tmp_path, mode: str = "ddp") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "ACCELERATE_USE_CPU": "true"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "tests" / "launch_train.py"), *script_args]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *LAUNCHERS[mode], "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(ROOT / "tests" / "launch_train.py"), *script_args]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
 TWO = {"vanilla": ["--preset", "xs"], "glide": ["--target-layers", "0"], "redrafter": ["--preset", "xs"]}
 
 
-def test_two_processes_interrupted_and_resumed_follow_one_process(distilled, target, tmp_path):
-    """``accelerate launch --multi_gpu --num_processes 2`` on the CPU (gloo): for every head, each process trains
+@pytest.mark.parametrize("mode", list(LAUNCHERS))
+def test_two_processes_interrupted_and_resumed_follow_one_process(mode, distilled, target, tmp_path):
+    """``accelerate launch --multi_gpu --num_processes 2`` on the CPU (gloo), or its FSDP launch (the head, its
+    gradients and AdamW states sharded over the 2 processes, hf_cascade.training.sharding): for every head, each process trains
     on its half of every batch of 2; interrupted at step 5 (after the checkpoint of step 4) and resumed, the run
     ends as the 1-process run of the same total batch in two micro-batches (the same mean of the halves'
     gradients) does; the resumed run places each process's target with ``--target-device-map auto`` (on the CPU: all
@@ -182,12 +220,13 @@ def test_two_processes_interrupted_and_resumed_follow_one_process(distilled, tar
     def joined(extra):
         return [a for head in TWO for a in [":::", *argv(head), *extra]][1:]
 
-    cut = _launch(["--fail-at-call", "5", *joined([])], tmp_path)
+    cut = _launch(["--fail-at-call", "5", *joined([])], tmp_path, mode)
     assert cut.returncode != 0, cut.stderr[-3000:]
     for head in TWO:
         assert f"{head}: interrupted at loss call 5" in cut.stderr, cut.stderr[-3000:]
         assert (tmp_path / head / "checkpoint" / "random_states_1.pkl").is_file()
-    resumed = _launch(joined(["--resume", "--target-device-map", "auto"]), tmp_path)   # each process maps its own
+        assert (tmp_path / head / "checkpoint" / "sharded").is_dir() == (mode == "fsdp")
+    resumed = _launch(joined(["--resume", "--target-device-map", "auto"]), tmp_path, mode)   # each maps its own
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.stdout.count("saved ") == 3                   # the main process reports, once a head
     specs = {"vanilla": dataclasses.replace(PRESETS["xs"], draft_vocab_size=64),
@@ -202,6 +241,35 @@ def test_two_processes_interrupted_and_resumed_follow_one_process(distilled, tar
         assert [h["loss"] for h in two["history"] if "loss" in h] == pytest.approx(_losses(one), rel=1e-4), head
         evals = [h["eval"]["alpha"] for h in two["history"] if "eval" in h]
         assert evals == pytest.approx([h["eval"]["alpha"] for h in one.history if "eval" in h], abs=1e-6), head
+
+
+def test_fsdp_in_two_processes_with_fp16_follows_one_process(distilled, target, tmp_path):
+    """FSDP asked by ``--fsdp`` rather than accelerate's config, with fp16 autocast: the sharded gradient scaler (every process skips the same steps) and the sharded head
+    give the 1-process run's curve and head, float16 rounding aside (the processes reduce the halves' gradients in
+    another order than one process's accumulation); the head saved in Hub layout is gathered whole from the shards."""
+    tiny = tmp_path / "tiny"
+    target.save_pretrained(tiny)
+    tm.word_tokenizer().save_pretrained(tiny)
+    out = tmp_path / "fsdp"
+    argv = ["train", "glide", "--target-layers", "0", "--target", str(tiny), "--data", str(distilled[2].out), "--out",
+            str(out), "--draft-vocab", "64", "--steps", "4", "--batch-size", "4", "--max-len", "48", "--lr", "5e-2",
+            "--eval-every", "4", "--eval-records", "2", "--mixed-precision", "fp16", "--no-progress", "--fsdp"]
+    done = _launch(argv, tmp_path, "ddp")                        # FSDP asked by --fsdp (what --num-processes runs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = json.loads((out / "trainer_state.json").read_text())
+    assert two["processes"] == 2 and two["config"]["mixed_precision"] == "fp16"
+    torch.manual_seed(0)
+    spec = dataclasses.replace(GLIDE_PRESETS["xs"], draft_vocab_size=64, target_layer_ids=(0,))
+    cfg = _cfg(tmp_path / "one", steps=4, batch_size=4, max_len=48, eval_every=4, grad_accum=2, warmup=30,
+               mixed_precision="fp16")
+    _, one = train_glide(target, distilled[2].out, cfg, spec, target_name=str(tiny), command="x", progress=False)
+    assert [h["loss"] for h in two["history"] if "loss" in h] == pytest.approx(_losses(one), rel=2e-3)
+    from safetensors.torch import load_file
+
+    saved, whole = load_file(out / "model.safetensors"), load_file(tmp_path / "one" / "model.safetensors")
+    assert saved.keys() == whole.keys()                          # the head gathered from its shards, saved whole
+    for name in saved:            # fp16 rounding moves Adam's steps by <= 2e-3 here; an untrained head is 0.1 away
+        torch.testing.assert_close(saved[name], whole[name], atol=5e-3, rtol=0, msg=name)
 
 
 def test_distill_in_two_processes_merges_disjoint_shards(distilled, tmp_path, capfd, monkeypatch):
@@ -286,6 +354,7 @@ def test_cli_bf16_with_the_target_on_a_device_map(head, flags, distilled, target
     (["--resume"], "--resume: no checkpoint in"),
     (["--num-processes", "3"], "--batch-size 4 (sequences per step, all processes together) must be a multiple of 3"),
     (["--num-processes", "2", "--target-device-map", '{"": "cpu"}'], "a JSON --target-device-map puts every"),
+    (["--fsdp", "--fake-env", "FSDP_SHARDING_STRATEGY=HYBRID_SHARD_ZERO2"], "sharding strategy HYBRID_SHARD_ZERO2"),
 ])
 def test_cli_rejects_bad_process_options_before_loading_the_target(flags, message, distilled, tmp_path, capsys,
                                                                    monkeypatch):
@@ -293,6 +362,10 @@ def test_cli_rejects_bad_process_options_before_loading_the_target(flags, messag
     from hf_cascade.cli import main
 
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the target was loaded"))
+    if "--fake-env" in flags:                                    # as accelerate's launcher exports a config's FSDP
+        name, value = flags[-1].split("=")
+        monkeypatch.setenv(name, value)
+        flags = flags[:-2]
     argv = ["train", "vanilla", "--data", str(distilled[2].out), "--out", str(tmp_path / "o"), "--batch-size", "4",
             *flags]
     assert main(argv) == 2

@@ -2,8 +2,9 @@
 
 * Processes: one by default; ``accelerate launch --multi_gpu --num_processes N -m hf_cascade.cli train ...``
   (or ``torchrun``, or ``hf-cascade train --num-processes N``) starts ``N`` data-parallel processes (DDP; gloo
-  on CPUs, NCCL on GPUs). Every process holds the frozen target and the head. FSDP and DeepSpeed configs are
-  refused (:func:`accelerator`): the head is small and the frozen target has no optimizer state to shard.
+  on CPUs, NCCL on GPUs). Every process holds the frozen target and the head. Where accelerate's config asks for
+  FSDP (or ``--fsdp``), the loop shards the head itself (:mod:`.sharding`); DeepSpeed and Megatron-LM configs are
+  refused (:func:`accelerator`).
 * Devices: the target goes to the process's device (:func:`place_target`) unless it was loaded with a
   ``device_map`` (sharded or offloaded). With several processes a named map (``auto``, ``balanced``, ...) shards
   each process's target over GPUs of its own (:func:`process_gpus`, :func:`target_max_memory`): a target larger
@@ -27,6 +28,8 @@ import shutil
 from pathlib import Path
 
 import torch
+
+from . import sharding
 
 PRECISIONS = ("no", "bf16", "fp16")
 CHECKPOINT = "checkpoint"
@@ -53,15 +56,19 @@ def accelerator():
     from accelerate import Accelerator, DistributedDataParallelKwargs
 
     process_state()
-    acc = Accelerator(mixed_precision="no", cpu=_cpu(),
-                      kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    asked = os.environ.pop("ACCELERATE_USE_FSDP", None)      # FSDP is the loop's own (.sharding), not accelerate's
+    try:
+        acc = Accelerator(mixed_precision="no", cpu=_cpu(),
+                          kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    finally:
+        if asked is not None:
+            os.environ["ACCELERATE_USE_FSDP"] = asked
     kind = acc.distributed_type.value
     if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
-        raise ValueError(f"accelerate's config asks for {kind}: hf-cascade trains heads data parallel (DDP). A head "
-                         "is small (<= 25 MB here) and the target, frozen, has no optimizer state to shard. Launch "
-                         "with `accelerate launch --multi_gpu ...` (it overrides the config file's choice) or "
-                         "`hf-cascade train --num-processes N`; place a target too large for one device with "
-                         "--target-device-map (each process shards its own copy)")
+        raise ValueError(f"accelerate's config asks for {kind}: hf-cascade trains heads data parallel (DDP), or "
+                         "sharded with FSDP. Launch with `accelerate launch --multi_gpu ...` (add --fsdp to shard the "
+                         "head) or `hf-cascade train --num-processes N`; place a target too large for one device "
+                         "with --target-device-map (each process shards its own copy)")
     return acc
 
 
@@ -148,12 +155,15 @@ def check_layout(batch_size: int, grad_accum: int, mixed_precision: str, process
                          f"of {world} process(es) x --grad-accum {grad_accum}")
 
 
-def precision(mixed_precision: str, device: torch.device):
-    """``(autocast context factory, GradScaler or None)`` for ``"no"``, ``"bf16"`` or ``"fp16"``."""
+def precision(mixed_precision: str, device: torch.device, sharded: bool = False):
+    """``(autocast context factory, GradScaler or None)`` for ``"no"``, ``"bf16"`` or ``"fp16"`` (``sharded``:
+    FSDP's scaler, which agrees over the processes on skipping a step)."""
     if mixed_precision == "no":
         return contextlib.nullcontext, None
     dtype = torch.bfloat16 if mixed_precision == "bf16" else torch.float16
-    scaler = torch.amp.GradScaler(device.type) if mixed_precision == "fp16" else None
+    scaler = None
+    if mixed_precision == "fp16":
+        scaler = sharding.grad_scaler(device) if sharded else torch.amp.GradScaler(device.type)
     return (lambda: torch.autocast(device.type, dtype=dtype)), scaler
 
 
@@ -171,15 +181,18 @@ class Progress:
         self.state = dict(state)
 
 
-def save_checkpoint(acc, out: Path) -> Path:
-    """``acc.save_state`` into ``out/checkpoint`` (through ``out/checkpoint.tmp`` and a rename); every
-    process calls it. Returns the folder."""
+def save_checkpoint(acc, out: Path, shards=None) -> Path:
+    """``acc.save_state`` into ``out/checkpoint`` (through ``out/checkpoint.tmp`` and a rename), and with
+    ``shards = (sharded head, optimizer)`` their shards (:func:`.sharding.save`); every process calls it.
+    Returns the folder."""
     final, tmp = out / CHECKPOINT, out / (CHECKPOINT + ".tmp")
     if acc.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
     acc.save_state(str(tmp))
+    if shards is not None:
+        sharding.save(*shards, tmp)
     acc.wait_for_everyone()
     if acc.is_main_process:
         old = out / (CHECKPOINT + ".old")
@@ -191,8 +204,8 @@ def save_checkpoint(acc, out: Path) -> Path:
     return final
 
 
-def load_checkpoint(acc, out: Path) -> None:
-    """Restore what :func:`save_checkpoint` wrote into the objects registered with ``acc``;
+def load_checkpoint(acc, out: Path, shards=None) -> None:
+    """Restore what :func:`save_checkpoint` wrote into the objects registered with ``acc`` (and ``shards``);
     ``ValueError`` when ``out`` holds none."""
     path = out / CHECKPOINT
     saved = len(list(path.glob("random_states_*.pkl")))
@@ -202,7 +215,13 @@ def load_checkpoint(acc, out: Path) -> None:
     if saved != acc.num_processes:
         raise ValueError(f"--resume: {path} was written by {saved} process(es); resume it with as many, not "
                          f"{acc.num_processes}")
+    written = (path / sharding.SHARDED).is_dir()
+    if written != (shards is not None):
+        how = ("with", "without") if written else ("without", "with")
+        raise ValueError(f"--resume: {path} was written by a run {how[0]} FSDP; resume it {how[0]}, not {how[1]}")
     acc.load_state(str(path))
+    if shards is not None:
+        sharding.load(*shards, path)
 
 
 def remove_checkpoint(acc, out: Path) -> None:

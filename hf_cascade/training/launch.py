@@ -40,6 +40,9 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
                    help="write a resumable checkpoint (OUT/checkpoint) every K steps (default 0: none)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint to the same end")
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard the head, its gradients and optimizer states over the processes (FSDP); also on when "
+                        "accelerate's config asks for FSDP")
     add_process_options(p)
 
 

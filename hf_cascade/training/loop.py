@@ -15,7 +15,7 @@ Runs on ``accelerate`` (:mod:`.accel`): a step trains on one global batch of ``b
 split evenly over the processes and, within a process, over ``grad_accum`` micro-batches; the
 gradient is the mean of the parts' gradients (of their weighted-mean losses), so one process with
 ``grad_accum = 1`` is the single-process loop unchanged, and ``N`` processes or micro-batches train
-on the same sequences per step. Evaluation, saving and the progress bar run on the main process only;
+on the same sequences per step (DDP, or FSDP: :mod:`.sharding`). Evaluation, saving and the progress bar run on the main process only;
 the logged loss and metrics are means over the parts. ``checkpoint_every = K`` writes a resumable
 checkpoint every ``K`` steps (``out/checkpoint``, removed when the run finishes); ``resume`` continues
 from it to the same end as an uninterrupted run.
@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from . import accel
+from . import accel, sharding
 from .batches import Batch, BatchIterator, BatchStream, iterate_batches, make_batch, split_records  # noqa: F401
 
 
@@ -56,6 +56,7 @@ class TrainConfig:
     mixed_precision: str = "no"   # "no", "bf16" or "fp16" (autocast, float32 weights)
     checkpoint_every: int = 0     # steps between resumable checkpoints in out/checkpoint (0: none)
     resume: bool = False          # continue from out/checkpoint
+    fsdp: bool = False            # shard the head over the processes (also when accelerate's config asks: sharding)
 
 
 @dataclass
@@ -100,18 +101,24 @@ def train(
     acc = accel.accelerator()
     world, rank, device = acc.num_processes, acc.process_index, next(model.parameters()).device
     accel.check_layout(cfg.batch_size, cfg.grad_accum, cfg.mixed_precision, world)
+    fsdp = sharding.requested(cfg.fsdp, world)
     stream = batches.stream
     torch.manual_seed(cfg.seed)
-    params = [p for p in model.parameters() if p.requires_grad]
+    if fsdp:                                       # a sharded copy trains; `model` stays whole (sharding module)
+        step_module = sharding.shard(_Step(model, loss_fn), fsdp, device)
+    else:
+        step_module = acc.prepare(_Step(model, loss_fn), device_placement=[False])
+    trained = step_module.head if fsdp else model
+    params = [p for p in trained.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, cfg))
-    autocast, scaler = accel.precision(cfg.mixed_precision, device)
-    step_module = acc.prepare(_Step(model, loss_fn), device_placement=[False])
+    autocast, scaler = accel.precision(cfg.mixed_precision, device, sharded=fsdp is not None)
     run = _run_settings(cfg)
     done = accel.Progress(step=0, batches=0, seconds=0.0, history=[], best=None, run=run)
-    acc.register_for_checkpointing(opt, sched, done, *([scaler] if scaler is not None else []))
+    acc.register_for_checkpointing(*([] if fsdp else [opt]), sched, done, *([scaler] if scaler is not None else []))
+    with_shards = (trained, opt) if fsdp else None
     if cfg.resume:
-        accel.load_checkpoint(acc, Path(cfg.out))
+        accel.load_checkpoint(acc, Path(cfg.out), with_shards)
         changed = {k: (v, run.get(k)) for k, v in done.state.get("run", {}).items() if run.get(k) != v}
         if changed:
             raise ValueError(f"--resume: the checkpoint in {cfg.out} was written by a run with other settings "
@@ -121,12 +128,12 @@ def train(
     bar = tqdm(total=cfg.steps, initial=state.step, desc="train", unit="step", disable=not (progress and acc.is_main_process))
     t0 = time.perf_counter() - state.seconds
     for step in range(state.step + 1, cfg.steps + 1):
-        model.train()
+        trained.train()
         parts = stream.share(next(stream), rank, world, cfg.grad_accum)
         opt.zero_grad(set_to_none=True)
         logged = []
         for m, index in enumerate(parts):
-            sync = acc.no_sync(step_module) if m < len(parts) - 1 else contextlib.nullcontext()
+            sync = _unsynced(acc, step_module, fsdp) if m < len(parts) - 1 else contextlib.nullcontext()
             with sync:
                 with autocast():
                     loss, metrics = step_module(stream.batch(index).to(device))
@@ -150,6 +157,8 @@ def train(
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}")
         if step % cfg.eval_every == 0 or step == cfg.steps:
+            if fsdp:
+                sharding.gather_into(trained, model)
             if acc.is_main_process:
                 model.eval()
                 with torch.no_grad():
@@ -165,12 +174,19 @@ def train(
             state.seconds = time.perf_counter() - t0
             done.state = {"step": step, "batches": stream.position, "seconds": state.seconds,
                           "history": state.history, "best": state.best, "run": run}
-            accel.save_checkpoint(acc, Path(cfg.out))
+            accel.save_checkpoint(acc, Path(cfg.out), with_shards)
     bar.close()
+    if fsdp:
+        sharding.gather_into(trained, model)
     if cfg.checkpoint_every or cfg.resume:
         accel.remove_checkpoint(acc, Path(cfg.out))
     model.eval()
     return state
+
+
+def _unsynced(acc, step_module, fsdp):
+    """The context of a micro-batch before a step's last: its gradient is kept, not reduced over the processes."""
+    return sharding.no_sync(step_module) if fsdp else acc.no_sync(step_module)
 
 
 def _run_settings(cfg: TrainConfig) -> dict:

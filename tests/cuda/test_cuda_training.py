@@ -62,11 +62,13 @@ def test_bf16_training_with_the_target_on_device_map_auto(head, flags, target_di
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_two_processes_each_shard_their_target_over_their_own_gpus(target_dir, distilled, tmp_path, monkeypatch):
+@pytest.mark.parametrize("shard", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
+def test_two_processes_each_shard_their_target_over_their_own_gpus(shard, target_dir, distilled, tmp_path, monkeypatch):
     """``--num-processes 2 --target-device-map auto`` (NCCL): each process loads its target over every second GPU
     from its own (:func:`hf_cascade.training.accel.process_gpus`) and DDP trains the head on the process's GPU; the
     GLIDE loss reads the target's cache from another GPU where the map put it there. The CPU side of the same
-    plumbing: tests/test_training_parallel.py (golden GPU subsets, and a 2-process CPU run resumed with the map)."""
+    plumbing: tests/test_training_parallel.py (golden GPU subsets, and a 2-process CPU run resumed with the map).
+    ``--fsdp``: the head sharded over the 2 processes (NCCL reduce-scatter), bf16 autocast."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
@@ -75,7 +77,7 @@ def test_two_processes_each_shard_their_target_over_their_own_gpus(target_dir, d
     argv = ["train", "glide", "--target-layers", "0", "--target", str(target_dir), "--data", str(distilled[2].out),
             "--out", str(out), "--steps", "8", "--batch-size", "4", "--max-len", "48", "--lr", "2e-2",
             "--eval-every", "4", "--eval-records", "2", "--draft-vocab", "64", "--mixed-precision", "bf16",
-            "--target-device-map", "auto", "--num-processes", "2", "--no-progress"]
+            "--target-device-map", "auto", "--num-processes", "2", "--no-progress", *shard]
     assert main(argv) == 0
     state = json.loads((out / "trainer_state.json").read_text())
     losses = [h["loss"] for h in state["history"] if "loss" in h]
