@@ -235,6 +235,9 @@ def test_two_processes_interrupted_and_resumed_follow_one_process(mode, distille
     for head, fn in (("vanilla", train_vanilla), ("glide", train_glide), ("redrafter", train_redrafter)):
         two = json.loads((tmp_path / head / "trainer_state.json").read_text())
         assert two["step"] == 6 and two["processes"] == 2 and not (tmp_path / head / "checkpoint").exists()
+        assert two["layout"]["fsdp"] == (mode == "fsdp")
+        share = two["layout"]["parameters_here"] / two["layout"]["head_parameters"]    # the main process's
+        assert (0.4 < share < 0.6) if mode == "fsdp" else share == 1, share
         torch.manual_seed(0)                                     # the CLI's --seed 0 (warmup: its default, 30)
         _, one = fn(target, distilled[2].out, _cfg(tmp_path / f"one-{head}", grad_accum=2, warmup=30), specs[head],
                     target_name=str(tiny), command="x", progress=False)
@@ -258,6 +261,8 @@ def test_fsdp_in_two_processes_with_fp16_follows_one_process(distilled, target, 
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((out / "trainer_state.json").read_text())
     assert two["processes"] == 2 and two["config"]["mixed_precision"] == "fp16"
+    layout = two["layout"]                                       # the main process holds about half of the head
+    assert layout["fsdp"] and 0.4 < layout["parameters_here"] / layout["head_parameters"] < 0.6, layout
     torch.manual_seed(0)
     spec = dataclasses.replace(GLIDE_PRESETS["xs"], draft_vocab_size=64, target_layer_ids=(0,))
     cfg = _cfg(tmp_path / "one", steps=4, batch_size=4, max_len=48, eval_every=4, grad_accum=2, warmup=30,

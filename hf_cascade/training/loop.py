@@ -65,6 +65,7 @@ class TrainState:
     seconds: float = 0.0
     history: list[dict] = field(default_factory=list)   # {"step", "loss", ...} and {"step", "eval": {...}}
     best: dict | None = None
+    layout: dict = field(default_factory=dict)          # how the head trains: {"fsdp", "head_parameters", "parameters_here"}
 
 
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -124,7 +125,8 @@ def train(
             raise ValueError(f"--resume: the checkpoint in {cfg.out} was written by a run with other settings "
                              f"(checkpoint, now): {changed}")
         stream.skip(done.state["batches"] - stream.position)
-    state = TrainState(done.state["step"], done.state["seconds"], list(done.state["history"]), done.state["best"])
+    state = TrainState(done.state["step"], done.state["seconds"], list(done.state["history"]), done.state["best"],
+                       sharding.layout(model, trained, fsdp is not None))
     bar = tqdm(total=cfg.steps, initial=state.step, desc="train", unit="step", disable=not (progress and acc.is_main_process))
     t0 = time.perf_counter() - state.seconds
     for step in range(state.step + 1, cfg.steps + 1):
@@ -212,7 +214,7 @@ def write_state(state: TrainState, cfg: TrainConfig, out: Path, extra: dict | No
     out.mkdir(parents=True, exist_ok=True)
     cfg_d = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     doc = {"config": cfg_d, "processes": accel.num_processes(), "step": state.step, "seconds": round(state.seconds, 1),
-           "best": state.best, "history": state.history, **(extra or {})}
+           "best": state.best, "layout": state.layout, "history": state.history, **(extra or {})}
     (out / "trainer_state.json").write_text(json.dumps(doc, indent=1) + "\n")
     try:
         import matplotlib

@@ -141,6 +141,13 @@ def load(sharded: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path) -> 
     set_state_dict(sharded, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
+def layout(whole: torch.nn.Module, trained: torch.nn.Module, fsdp: bool) -> dict:
+    """How the head trains, for ``trainer_state.json``: FSDP or not, the head's parameters and those this process
+    holds (with FSDP its shards: about ``1 / N`` of them)."""
+    here = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in trained.parameters())
+    return {"fsdp": fsdp, "head_parameters": sum(p.numel() for p in whole.parameters()), "parameters_here": here}
+
+
 def grad_scaler(device: torch.device):
     """fp16's gradient scaler for sharded gradients: it agrees over the processes on skipping a step."""
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -148,4 +155,4 @@ def grad_scaler(device: torch.device):
     return ShardedGradScaler(device.type)
 
 
-__all__ = ["FsdpSettings", "gather_into", "grad_scaler", "load", "no_sync", "requested", "save", "shard"]
+__all__ = ["FsdpSettings", "gather_into", "grad_scaler", "layout", "load", "no_sync", "requested", "save", "shard"]
