@@ -182,6 +182,21 @@ def test_fsdp_settings_from_accelerates_environment():
         requested(False, 2, {**v1, "FSDP_SHARDING_STRATEGY": "HYBRID_SHARD"})
 
 
+def test_a_checkpoint_resumes_only_as_it_was_written(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_cascade.training.accel import load_checkpoint
+
+    acc = SimpleNamespace(num_processes=1, load_state=lambda path: pytest.fail("loaded"))
+    (tmp_path / "checkpoint" / "sharded").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "random_states_0.pkl").touch()
+    with pytest.raises(ValueError, match="written by a run with FSDP .* resume it the same way"):
+        load_checkpoint(acc, tmp_path)
+    (tmp_path / "checkpoint" / "sharded").rmdir()
+    with pytest.raises(ValueError, match="written by a run without FSDP; resume it the same way"):
+        load_checkpoint(acc, tmp_path, shards=(None, None))
+
+
 #: How the 2-process runs are launched: accelerate's multi-GPU launcher (gloo on this CPU), and its FSDP launcher, as
 #: an accelerate config with ``distributed_type: FSDP`` and ``fsdp_version: 2`` starts it.
 LAUNCHERS = {"ddp": ["--multi_gpu"], "fsdp": ["--use_fsdp", "--fsdp_version", "2"]}

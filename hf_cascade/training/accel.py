@@ -217,8 +217,8 @@ def load_checkpoint(acc, out: Path, shards=None) -> None:
                          f"{acc.num_processes}")
     written = (path / sharding.SHARDED).is_dir()
     if written != (shards is not None):
-        how = ("with", "without") if written else ("without", "with")
-        raise ValueError(f"--resume: {path} was written by a run {how[0]} FSDP; resume it {how[0]}, not {how[1]}")
+        how = "with FSDP (--fsdp or accelerate's FSDP config)" if written else "without FSDP"
+        raise ValueError(f"--resume: {path} was written by a run {how}; resume it the same way")
     acc.load_state(str(path))
     if shards is not None:
         sharding.load(*shards, path)
