@@ -316,15 +316,18 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _load_target(spec, device_map):
     """``load_model(spec)``, with ``device_map`` only when one is asked for (and, in one of several processes, the
-    memory of this process's GPUs: :func:`hf_cascade.training.accel.target_max_memory`)."""
+    memory of this process's GPUs: :func:`hf_cascade.training.accel.target_max_memory`); accelerate's FSDP request
+    hidden from transformers (:func:`hf_cascade.training.sharding.hidden_from_libraries`)."""
     from .bench.loading import load_model
     from .training.accel import target_max_memory
+    from .training.sharding import hidden_from_libraries
 
-    if device_map is None:
-        return load_model(spec)
-    memory = target_max_memory(device_map)
-    return load_model(spec, device_map=device_map) if memory is None else load_model(
-        spec, device_map=device_map, max_memory=memory)
+    kwargs = {} if device_map is None else {"device_map": device_map}
+    memory = None if device_map is None else target_max_memory(device_map)
+    if memory is not None:
+        kwargs["max_memory"] = memory
+    with hidden_from_libraries():          # every process loads all of the target, whatever FSDP config launched it
+        return load_model(spec, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:

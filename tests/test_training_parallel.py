@@ -163,6 +163,22 @@ def test_deepspeed_is_refused_and_fsdp_left_to_the_loop(monkeypatch):
     assert seen["fsdp"] is None and os.environ["ACCELERATE_USE_FSDP"] == "true"
 
 
+def test_the_target_loads_whole_in_every_process_of_an_fsdp_launch(monkeypatch):
+    """Under ``accelerate launch --use_fsdp`` (its default ``cpu_ram_efficient_loading``), transformers would load the
+    target's weights in the first process only (seen on 4.57: the others trained against uninitialised memory, NaN):
+    the commands load it with the FSDP request hidden, and put it back."""
+    import hf_cascade.bench.loading as loading
+    from hf_cascade.cli import _load_target
+
+    seen = []
+    monkeypatch.setattr(loading, "load_model", lambda spec, **kw: seen.append(os.environ.get("ACCELERATE_USE_FSDP")))
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
+    _load_target("tiny", None)
+    _load_target("tiny", "auto")
+    assert seen == [None, None] and os.environ["ACCELERATE_USE_FSDP"] == "true"
+
+
 def test_fsdp_settings_from_accelerates_environment():
     """Golden values: what accelerate's FSDP launch exports (FSDP2's reshard flag, FSDP1's strategy names) and
     ``--fsdp``; one process or NO_SHARD: plain data parallel; hybrid sharding: a clear error."""

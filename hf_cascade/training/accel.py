@@ -56,13 +56,9 @@ def accelerator():
     from accelerate import Accelerator, DistributedDataParallelKwargs
 
     process_state()
-    asked = os.environ.pop("ACCELERATE_USE_FSDP", None)      # FSDP is the loop's own (.sharding), not accelerate's
-    try:
+    with sharding.hidden_from_libraries():                   # FSDP is the loop's own (.sharding), not accelerate's
         acc = Accelerator(mixed_precision="no", cpu=_cpu(),
                           kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-    finally:
-        if asked is not None:
-            os.environ["ACCELERATE_USE_FSDP"] = asked
     kind = acc.distributed_type.value
     if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
         raise ValueError(f"accelerate's config asks for {kind}: hf-cascade trains heads data parallel (DDP), or "

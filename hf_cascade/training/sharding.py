@@ -26,6 +26,8 @@ optimizer states on the CPU; GPUs only). The others (wrap policies, state-dict t
 trained as one unit: checkpoints are always sharded (``torch.distributed.checkpoint``), the saved head always
 whole.
 
+The frozen target must not be loaded as FSDP would load it: see :func:`hidden_from_libraries`.
+
 Deviation from accelerate's own FSDP (``Accelerator.prepare``): its plugin runs on accelerators only and raises on a
 CPU, so that path could never run where the tests run. ``fully_shard`` runs on gloo and NCCL alike, so the code the
 GPU runs is the code tested here in CPU processes.
@@ -77,6 +79,23 @@ def requested(asked: bool = False, processes: int = 1, env=None) -> FsdpSettings
         return None
     offload = env.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true"
     return FsdpSettings(reshard_after_forward=_RESHARD[strategy], offload=offload)
+
+
+@contextlib.contextmanager
+def hidden_from_libraries(env=None):
+    """A context in which accelerate's FSDP request (``ACCELERATE_USE_FSDP``) is out of the environment, put back
+    after. Around the frozen target's loading: transformers, seeing it with accelerate's default
+    ``cpu_ram_efficient_loading``, loads a model's weights in the first process only and leaves the others' to an
+    FSDP broadcast that never comes for a target FSDP does not wrap (their weights stay uninitialised memory).
+    Around building the ``Accelerator``: its FSDP plugin raises on a CPU, and FSDP here is this module's. A script
+    of your own that loads the target under such a launch: load it in this context."""
+    env = os.environ if env is None else env
+    saved = env.pop("ACCELERATE_USE_FSDP", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            env["ACCELERATE_USE_FSDP"] = saved
 
 
 def shard(step: torch.nn.Module, settings: FsdpSettings, device: torch.device) -> torch.nn.Module:
@@ -155,4 +174,4 @@ def grad_scaler(device: torch.device):
     return ShardedGradScaler(device.type)
 
 
-__all__ = ["FsdpSettings", "gather_into", "grad_scaler", "layout", "load", "no_sync", "requested", "save", "shard"]
+__all__ = ["FsdpSettings", "gather_into", "grad_scaler", "hidden_from_libraries", "layout", "load", "no_sync", "requested", "save", "shard"]
