@@ -89,6 +89,19 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         """Feedback after the target reviewed the last draft (``seq`` now includes its output).
         ``verify_seconds`` is ``None`` for the first call, whose time is dominated by the prompt's prefill."""
 
+    def max_draft_tokens(self) -> int:
+        """The most tokens one :meth:`draft` proposes. Default: the call's whole length (a draft never exceeds the
+        budget left); strategies with a fixed cap give it."""
+        return self.max_length
+
+    @property
+    def num_drafting_tokens(self) -> int:
+        """transformers' ``CandidateGenerator`` contract since 5.25: ``_assisted_decoding`` reads it before its first
+        step (``cache.activate_past_recording(recurrent_states_to_keep=...)``: a cache with linear-attention layers
+        keeps that many recurrent states to roll a rejected draft back). An upper bound is correct: it is
+        :meth:`max_draft_tokens`."""
+        return self.max_draft_tokens()
+
     def neural_levels(self) -> list:
         """The :class:`~hf_cascade.drafters.neural.NeuralLevel` s this generator drafts with (default: none)."""
         return []

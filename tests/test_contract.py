@@ -302,6 +302,70 @@ def test_exact_sampling_detects_a_wrong_q(name, monkeypatch):
     assert not passes(cal), cal
 
 
+# -- (d) transformers' own assisted loop ------------------------------------------------------------------------
+# The linear strategies are transformers ``CandidateGenerator`` s: with ``loop = "transformers"`` they run inside
+# ``GenerationMixin._assisted_decoding`` of the installed release (its verification, acceptance and cache crop),
+# which changes from release to release (5.25 reads ``num_drafting_tokens``). The same greedy parity and exact
+# sampling hold there.
+
+def _linear(name: str) -> bool:
+    from hf_cascade.assistant import LinearAssistant
+
+    kit = fresh_kit("small", base_kit("small").target)
+    return isinstance(REGISTRY[name](kit), LinearAssistant)
+
+
+LINEAR = [name for name in REGISTRY if _linear(name)]
+
+
+def in_transformers_loop(make_assistant):
+    """``make_assistant`` with ``loop = "transformers"``, whose generators are checked to propose no draft longer
+    than the ``num_drafting_tokens`` they declare (transformers >= 5.25 sizes a linear-attention cache's recorded
+    states by it)."""
+    def make():
+        assistant = make_assistant()
+        assistant.loop = "transformers"
+        build = assistant.build
+
+        def checked_build(*args, **kwargs):
+            generator = build(*args, **kwargs)
+            get_candidates = generator.get_candidates
+
+            def bounded(input_ids, **kw):
+                candidates, logits = get_candidates(input_ids, **kw)
+                assert candidates.shape[1] - input_ids.shape[1] <= generator.num_drafting_tokens
+                return candidates, logits
+
+            generator.get_candidates = bounded
+            return generator
+
+        assistant.build = checked_build
+        return assistant
+    return make
+
+
+def test_linear_registry_entries():
+    assert set(LINEAR) >= {"maxgram", "drafter+maxgram", "lenience3", "maxgram_first_cost_aware", "hsddw"}
+
+
+@pytest.mark.parametrize("setting", ["llama-sdpa", "gemma3-sdpa"])
+@pytest.mark.parametrize("name", LINEAR)
+def test_transformers_loop_greedy_parity(name, setting, free_drafts):
+    target = setting_target(setting)
+    kit = fresh_kit(SETTINGS[setting][0], target)
+    assistant = in_transformers_loop(lambda: REGISTRY[name](kit))()
+    assert_greedy_parity(target, assistant, setting_cases(setting))
+    assert assistant.last_stats.prefill_calls == 0                   # transformers' loop ran, not the core's
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_transformers_loop_exact_sampling(name, monkeypatch):
+    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    target = base_kit("small").target
+    kit = fresh_kit("small", target)
+    assert_exact_sampling(target, in_transformers_loop(lambda: REGISTRY[name](kit)))
+
+
 # -- flash attention: a clear error before any forward ---------------------------------------------------------
 
 @pytest.mark.parametrize("name", TREE_ASSISTANTS)

@@ -117,6 +117,10 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     def neural_levels(self) -> list[NeuralLevel]:
         return [level for level in self.levels if isinstance(level, NeuralLevel)]
 
+    def max_draft_tokens(self) -> int:
+        """The target's row of the K-matrix bounds each level's share of a draft (Max-Gram's first included)."""
+        return int(sum(self.k[TARGET + 1]))
+
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
         d = self._cascade(TARGET, seq, budget, self.host_seq(seq))
         self._pending = d

@@ -169,6 +169,10 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     def neural_levels(self) -> list[NeuralLevel]:
         return [level for level in (self.pre, self.small) if level is not None]
 
+    def max_draft_tokens(self) -> int:
+        """A hierarchical draft stops at ``max_target_window``, the lookup's at ``max_window``."""
+        return max(self.max_window, self.max_target_window)
+
     # -- draft ---------------------------------------------------------------------------------
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
         self._lookup, self._pending, self._consulted = None, _NO_ENTROPIES, None

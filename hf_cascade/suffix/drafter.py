@@ -99,6 +99,9 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
         self.max_tokens = assistant.settings.num_speculative_tokens
         self.level = _level(stats)
 
+    def max_draft_tokens(self) -> int:
+        return self.max_tokens
+
     def draft(self, seq: torch.Tensor, budget: int) -> Draft:
         d = self.request.speculate(seq, min(self.max_tokens, budget), tree=False)
         tokens = torch.tensor(d.token_ids, dtype=seq.dtype, device=seq.device)
