@@ -25,7 +25,7 @@ from .core.batch import speculative_decode_batch
 from .core.checks import check_supported, is_batched
 from .core.compiled import call_compiles
 from .core.loop import speculative_decode
-from .core.stats import BatchStats, GenerationStats
+from .core.stats import BatchStats, GenerationStats, synchronized_phases
 from .core.strategy import TreeDrafter
 from .processors import row_processors
 
@@ -87,6 +87,18 @@ class Assistant:
         target_tokenizer=None,
     ):
         """Called by the hook in place of transformers' ``_assisted_decoding`` (same inputs, same outputs)."""
+        with synchronized_phases(self.sync_phases):
+            return self._decode(target, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                                synced_gpus, model_kwargs, target_tokenizer)
+
+    @property
+    def sync_phases(self) -> bool:
+        """Whether this assistant's phase timings synchronise the accelerators (``Policy(sync_phases=True)``)."""
+        policy = getattr(self, "policy", None)
+        return bool(getattr(policy, "sync_phases", False))
+
+    def _decode(self, target, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                synced_gpus, model_kwargs, target_tokenizer):
         model_kwargs = model_kwargs or {}
         processors = logits_processor or LogitsProcessorList()
         check_supported(target, input_ids, generation_config, model_kwargs, processors, synced_gpus, self.trees, streamer)
@@ -186,6 +198,7 @@ class LinearAssistant(Assistant):
         check_supported(target, input_ids, generation_config, model_kwargs, logits_processor, trees=False, batch=False)
         self.bind(target)
         stats = self.new_stats()
-        generator = self.build(target, generation_config, logits_processor, stats, target_tokenizer)
+        with synchronized_phases(self.sync_phases):                    # its phase timer is built here
+            generator = self.build(target, generation_config, logits_processor, stats, target_tokenizer)
         self.last_stats = stats
         return generator

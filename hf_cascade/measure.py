@@ -18,7 +18,7 @@ from .backends import verification_session, wants_cpu_kernels
 from .core.forward import verifies_trees
 from .core.loop import speculative_decode
 from .core.payoff import VerifyCost
-from .core.stats import GenerationStats
+from .core.stats import GenerationStats, synchronized_phases
 from .core.strategy import TreeDrafter
 from .core.structure import TokenTree
 from .placement import target_device_dtype
@@ -145,8 +145,9 @@ def _rounds(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16, r
         stats = GenerationStats()
         placement.synchronize(model)
         t0 = time.perf_counter()
-        speculative_decode(model, Leaves(n), prompt, LogitsProcessorList(), StoppingCriteriaList([AfterSteps()]),
-                           config, stats, block_rows=session.block_rows)
+        with synchronized_phases():       # the prefill's time is subtracted: a timing that decides, synchronised
+            speculative_decode(model, Leaves(n), prompt, LogitsProcessorList(), StoppingCriteriaList([AfterSteps()]),
+                               config, stats, block_rows=session.block_rows)
         placement.synchronize(model)
         return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
 

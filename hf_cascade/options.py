@@ -109,17 +109,23 @@ class Policy(Options):
             proposes nothing, the cascade sends Max-Gram's match to the target first and lets its smallest neural
             drafter continue it (its drafters do not review it), Token Recycling seeds its tree with the repeats'
             continuations. ``False``: the model's drafts alone, as in the papers.
+        sync_phases: the phase timings of ``last_stats.phase_seconds`` wait for the target's accelerators at each
+            phase's edges, so that each phase is charged its own device work (about eight synchronisations per step;
+            :class:`~hf_cascade.core.stats.PhaseTimer`). ``False`` (default): no phase waits; the timings that decide
+            something (the measured verification cost, the drafters' measured forwards) synchronise whatever this
+            says. No effect on a CPU.
     """
 
     cost_aware: bool = True
     verify_cost: VerifyCost | None = None
     lookup: bool = True
+    sync_phases: bool = False
 
     def __post_init__(self) -> None:
         if self.verify_cost is not None and not isinstance(self.verify_cost, VerifyCost):
             raise TypeError(f"Policy.verify_cost must be a hf_cascade.VerifyCost or None (measured when the assistant "
                             f"binds), got {type(self.verify_cost).__name__}")
-        self._normalize(cost_aware=bool, lookup=bool)
+        self._normalize(cost_aware=bool, lookup=bool, sync_phases=bool)
 
     @classmethod
     def paper(cls) -> Policy:

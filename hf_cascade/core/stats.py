@@ -7,6 +7,8 @@ Read it from ``assistant.last_stats`` after ``model.generate(..., assistant_mode
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -71,7 +73,9 @@ class GenerationStats:
             ``i`` counts drafts deeper than ``i`` and accepted paths longer than ``i``; Figure 2 of CS Drafting).
         levels: per-drafter statistics, top (largest) drafter first.
         phase_seconds: wall time per phase of the loop: ``prefill``, ``draft``, ``verify``, ``accept``,
-            ``update``, and a strategy's own (e.g. ``review[0]``).
+            ``update``, and a strategy's own (e.g. ``review[0]``). On an accelerator, each phase's own device work
+            only with ``Policy(sync_phases=True)`` (:class:`PhaseTimer`); by default a phase's host time, device
+            work charged to the phase that next reads the device.
         tree_depths / tree_leaves: depth and leaves of each verified draft (a chain: its length, 1).
         accepted_paths: accepted node indices per call (before an EOS / ``max_length`` cut).
         head_rows: rows of logits the target's output head computed per call (of the ``n + 1``
@@ -223,17 +227,46 @@ class BatchStats:
                 "rows": [r.to_dict() for r in self.rows]}
 
 
+#: Whether the phase timers built now wait for the accelerators at each phase's edges (:class:`PhaseTimer`); set for a
+#: block of code with :func:`synchronized_phases`.
+_SYNC_PHASES: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_cascade_sync_phases", default=False)
+
+
+@contextlib.contextmanager
+def synchronized_phases(on: bool = True):
+    """Inside the block, the :class:`PhaseTimer` s built (one per ``generate()`` call) synchronise the target's
+    accelerators at each phase's edges, so that ``phase_seconds`` charges each phase its own device work. What
+    ``Policy(sync_phases=True)`` and ``hf-cascade bench --sync-phases`` set; off by default, where a phase's time is
+    its host time up to the next device read."""
+    token = _SYNC_PHASES.set(bool(on))
+    try:
+        yield
+    finally:
+        _SYNC_PHASES.reset(token)
+
+
 class PhaseTimer:
     """``with timer("draft"): ...`` adds the elapsed wall time to ``stats.phase_seconds["draft"]``.
 
-    ``target``: the model whose work the phases time. Where it runs on accelerators
-    (:func:`~hf_cascade.placement.accelerators`), their queued work is waited for before each clock read
-    (:func:`~hf_cascade.placement.synchronize`; on a GPU a phase would otherwise be timed at its kernels' launch,
-    and its work charged to whichever later phase reads the device). On a CPU nothing is called."""
+    The rule: a timing synchronises the device only where it is asked for, or where it decides something.
+    ``phase_seconds`` decides nothing (the payoff rules read times that end with a host read, which waits for the
+    device anyway: :attr:`~hf_cascade.core.strategy.TreeStep.verify_seconds`, or that synchronise themselves), so by
+    default no phase waits for the device: on a GPU a phase is then timed up to its kernels' launch, and its device
+    work is charged to whichever later phase reads the device (each synchronisation costs a host-device round trip,
+    about eight per step otherwise). ``synchronize=True`` (default: :func:`synchronized_phases`' setting when the
+    timer is built): where ``target`` runs on accelerators (:func:`~hf_cascade.placement.accelerators`), their queued
+    work is waited for before each clock read (:func:`~hf_cascade.placement.synchronize`). On a CPU nothing is
+    called either way."""
 
-    def __init__(self, stats: GenerationStats, target=None):
+    def __init__(self, stats: GenerationStats, target=None, synchronize: bool | None = None):
         self._stats = stats
-        self._devices = placement.accelerators(target) if target is not None else ()
+        synchronize = _SYNC_PHASES.get() if synchronize is None else bool(synchronize)
+        self._devices = placement.accelerators(target) if synchronize and target is not None else ()
+
+    @property
+    def synchronizes(self) -> bool:
+        """Whether the phases wait for an accelerator (asked for, and the target runs on one)."""
+        return bool(self._devices)
 
     def __call__(self, phase: str) -> "_Phase":
         return _Phase(self._stats, phase, self._devices)
