@@ -15,6 +15,10 @@ above 1, said before the run); a row that differs from plain's is said after it.
 ``--compare A B`` compares runs made apart (e.g. two commits) prompt by prompt through a reference both timed
 (plain ``generate``; :mod:`~hf_cascade.bench.across`).
 
+``--sync-phases`` makes the assistants' phase timings wait for the accelerator at each phase's edges (what
+``Policy(sync_phases=True)`` asks of one assistant): each phase charged its own device work, at the price of the
+synchronisations; by default no phase timer synchronises.
+
 ``--overhead`` runs :mod:`~hf_cascade.bench.overhead` instead (host milliseconds and device reads per target call on
 the tiny target, every strategy, ``--prompts N --new-tokens N``; ``--compiled-strategies`` adds every strategy compiled
 with a static cache, against compiled plain generate); the other arguments do not apply to it.
@@ -114,6 +118,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure batched generation: a comma list of batch sizes (e.g. 1,2,4,8); the prompts in "
                         "consecutive left-padded batches, every method interleaved per batch, throughput and speedup vs "
                         "plain and plain-kernels per size (baselines that cannot batch are skipped above 1; default: none)")
+    p.add_argument("--sync-phases", action="store_true",
+                   help="the assistants' phase timings (draft, verify, accept, ... in the results) wait for the "
+                        "accelerator at each phase's edges, so each phase is charged its own device work (about 8 "
+                        "synchronisations per step); default: none (Policy(sync_phases=...)). No effect on a CPU")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output directory (default bench_results; with --overhead bench_overhead, with --compare bench_compare)")
     o = p.add_argument_group("overhead measurement", "host time and device reads per target call on a tiny target where the forward "
@@ -208,6 +216,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
     :func:`hf_cascade.bench.overhead.run` instead."""
     import dataclasses
 
+    if getattr(args, "sync_phases", False):     # every phase timer the run builds synchronises (core.stats.PhaseTimer)
+        from ..core.stats import synchronized_phases
+
+        with synchronized_phases():
+            return run(argparse.Namespace(**{**vars(args), "sync_phases": False}), log)
     if getattr(args, "overhead", False):
         from .overhead import run as run_overhead
 
