@@ -78,6 +78,30 @@ def compiled_decoder(decoder: torch.nn.Module, compile_config):
     return compiled
 
 
+def records_graphs(compile_config) -> bool:
+    """Whether a forward compiled with ``compile_config`` (a :class:`~transformers.CompileConfig`; ``None``: its
+    defaults) may record CUDA graphs, whose outputs live in the graph's own memory and are overwritten by its next
+    replay: a caller keeps such an output past the next call only as a copy. inductor records them where its
+    ``triton.cudagraphs`` option is on: set by the mode (``reduce-overhead``, ``max-autotune``:
+    ``torch._inductor.list_mode_options``), by ``options``, or by inductor's global configuration (the
+    ``TORCHINDUCTOR_CUDAGRAPHS`` environment variable); dynamo's ``cudagraphs`` backend always does. A backend given as
+    a callable cannot be inspected: it is taken to record them (a copy costs little; an overwritten output would change
+    the drafts). Devices do not enter: on a CPU no graph is recorded, and the copies are a few rows."""
+    from transformers import CompileConfig
+
+    config = compile_config or CompileConfig()
+    backend = config.backend
+    if not isinstance(backend, str):
+        return True
+    if backend != "inductor":
+        return "cudagraphs" in backend
+    from torch._inductor import config as inductor, list_mode_options
+
+    mode = config.mode
+    options = {**(list_mode_options(mode) if mode and mode != "default" else {}), **(config.options or {})}
+    return bool(options.get("triton.cudagraphs", inductor.triton.cudagraphs))
+
+
 _DRAFTS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple[dict, object]]]" = weakref.WeakKeyDictionary()
 
 
@@ -143,4 +167,5 @@ def verify_call(target, cache, generation_config):
     return decoder, False
 
 
-__all__ = ["WithinLimit", "call_compiles", "compiled_decoder", "compiled_draft", "compiles", "user_compiled", "verify_call"]
+__all__ = ["WithinLimit", "call_compiles", "compiled_decoder", "compiled_draft", "compiles", "records_graphs", "user_compiled",
+           "verify_call"]

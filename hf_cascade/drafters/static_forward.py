@@ -15,6 +15,9 @@ configuration across calls), over a bounded set of shapes, so that once they hav
 * **the first forward of a call runs eagerly** over the same static cache, as the target's prefill does: its length
   is the prompt's, and its cache is not yet allocated, a shape no later forward has.
 * **positions are tensors**, and the rows of logits kept are an index tensor (the last real query's) or all of them.
+* **outputs are the caller's**: where the configuration may record CUDA graphs
+  (:func:`~hf_cascade.core.compiled.records_graphs`), a graph's outputs are overwritten by its next replay, so every
+  forward's logits are copied before the next one runs; a caller may keep them across forwards (GLIDE's root row).
 
 The arithmetic is the eager forward's over the same keys (the mask hides the other columns), so a drafter proposes
 the same tokens from the same distributions up to floating-point summation order; verification decides every
@@ -24,10 +27,8 @@ emitted token either way.
 from __future__ import annotations
 
 import torch
-from transformers import CompileConfig
-
 from ..compat import cache_kwargs
-from ..core.compiled import compiled_draft
+from ..core.compiled import compiled_draft, records_graphs
 from ..core.static import QUERY_BUCKETS, StaticSlots, bucket, kept_capacity
 
 
@@ -43,8 +44,8 @@ class StaticDraftForward:
         self.slots = StaticSlots(model, None, kept_capacity(model, capacity + QUERY_BUCKETS[-1]))
         self.call = compiled_draft(model, fn, compile_config, _forward_key)
         self.kwargs = cache_kwargs(model, self.slots.cache)
-        # CUDA graphs (reduce-overhead) overwrite a graph's outputs at its next run: the caller gets a copy
-        self.copies = (compile_config or CompileConfig()).mode == "reduce-overhead"
+        # CUDA graphs overwrite a graph's outputs at its next replay: the caller gets a copy (module docstring)
+        self.copies = records_graphs(compile_config)
         self._rows: dict[tuple, torch.Tensor] = {}      # (row, device) -> the index tensor of the row kept (read only)
 
     @property
@@ -85,8 +86,9 @@ class StaticDraftForward:
             logits = self.call(self.model, chunk[None], positions, rows, **self.kwargs, **kwargs)
             self.slots.wrote(queries)
             self.slots.keep(n, [])
-            out.append((logits.clone() if self.copies else logits) if last else logits[:, :n])
-        return out[-1] if last else torch.cat(out, dim=1)
+            kept = logits if last else logits[:, :n]
+            out.append(kept.clone() if self.copies else kept)
+        return out[-1] if last or len(out) == 1 else torch.cat(out, dim=1)
 
 
 def keep_draft_prefix(compiled: StaticDraftForward | None, cache, length: int) -> None:

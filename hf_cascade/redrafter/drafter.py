@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.compiled import compiled_draft
+from ..core.compiled import compiled_draft, records_graphs
 from ..core.payoff import AdaptiveBudget, VerifyCost
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
@@ -71,6 +71,7 @@ class ReDrafterDrafter(TreeDrafter):
         self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
         self.record = _BeamRecord()
         self.search = beam_search                    # compiled where verification is (compile_forwards)
+        self._copies = False                         # the search's outputs are overwritten by its next run (graphs)
         self._rows: dict[int, list[int]] = {}        # beam length -> the head's rows per step (beam_rows)
         self._head_device_dtype: tuple | None = None  # the head's (device, dtype), read at the first search
 
@@ -86,6 +87,7 @@ class ReDrafterDrafter(TreeDrafter):
         where fewer tokens may still be emitted): on an accelerator its ``L`` head steps, top-k and gathers are
         launch-bound, as verification is."""
         self.search = compiled_draft(self.head, beam_search, compile_config, _search_key)
+        self._copies = records_graphs(compile_config)
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
         """``w`` beams of ``min(L, budget)`` tokens after ``seq[-1]``, packed into a tree;
@@ -104,8 +106,10 @@ class ReDrafterDrafter(TreeDrafter):
         extra = {"device_dtype": self._device_dtype()} if eager else {}
         beams, _, logp = self.search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, searched,
                                      token_logp=True, **extra)                         # [w', L'] each
-        if not eager:                                      # a CUDA graph's outputs are overwritten by its next run
-            beams, logp = beams[:, :length].clone(), logp[:, :length].clone()
+        if not eager:                                      # the full length: the beams cut to ``length``
+            beams, logp = beams[:, :length], logp[:, :length]
+        if self._copies:                                   # a CUDA graph's outputs are overwritten by its next run
+            beams, logp = beams.clone(), logp.clone()
         rows = self._rows.get(searched)
         if rows is None:
             rows = self._rows[searched] = beam_rows(self.beam_width, searched, int(self.head.draft_vocab_size))
