@@ -33,6 +33,28 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def skip_reason(report) -> str:
+    """The reason a skipped test report gives (``pytest.skip``'s message, without its ``Skipped: `` prefix)."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Every run ends with its skips grouped by reason, most frequent first: an optional group that did not run
+    (a GPU, a kernel build, a peer package) is named with its count, so a skip cannot hide in a green run."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if r.when in ("setup", "call")]
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        reason = skip_reason(report)
+        reasons[reason] = reasons.get(reason, 0) + 1
+    terminalreporter.section(f"skipped by reason ({len(skipped)} tests)")
+    for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        terminalreporter.write_line(f"{count:5d}  {reason}")
+
+
 @pytest.fixture(autouse=True)
 def pinned_costs(request, monkeypatch):
     """Drafting decisions made from wall time are pinned for every test not marked ``measured_costs``:

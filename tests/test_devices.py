@@ -291,11 +291,22 @@ def test_tree_mask_dtype_follows_the_embeddings(pair, impl):
 
 # -- clocks: synchronised before reading --------------------------------------------------------------------
 
-def test_synchronize_is_a_noop_on_cpu():
+def test_synchronize_is_a_noop_on_cpu(monkeypatch):
+    """On a CPU (and for a CPU module, and for ``None`` where no accelerator is available) no accelerator's
+    ``synchronize`` is called; on a CUDA device it is."""
+    calls = []
+    for backend in ("cuda", "xpu", "mps"):
+        if hasattr(torch, backend):
+            monkeypatch.setattr(getattr(torch, backend), "synchronize",
+                                lambda *a, backend=backend: calls.append(backend), raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     synchronize("cpu")
     synchronize(torch.device("cpu"))
     synchronize(tm.llama(seed=5))
     synchronize(None)
+    assert calls == []
+    synchronize(torch.device("cuda", 0))                  # the rule does call it where there is a device to wait for
+    assert calls == ["cuda"]
 
 
 def test_accelerators_of_a_module():

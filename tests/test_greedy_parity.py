@@ -6,8 +6,11 @@ an assistant across calls."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+import transformers
 from transformers import TextStreamer, pipeline
 from transformers.generation.streamers import BaseStreamer
 
@@ -340,8 +343,14 @@ def test_other_generate_calls_unchanged(m):
     installed = _other_calls(target, hf_assistant)
     hf_cascade.hook.uninstall()
     try:
-        with pytest.raises(Exception):  # without the hook, transformers cannot use our assistant
+        # without the hook, transformers cannot use our assistant: it fails inside transformers' own code, and no
+        # frame of hf_cascade runs on the way (nothing of the hook is left in generate())
+        with pytest.raises(Exception) as err:
             ours(target, REPETITIVE, CascadeAssistant([MaxGram()]))
+        frames = [str(entry.path) for entry in err.traceback]
+        package = os.path.dirname(hf_cascade.__file__)
+        assert frames[-1].startswith(os.path.dirname(transformers.__file__)), frames[-1]
+        assert not any(f.startswith(package) for f in frames), frames
         uninstalled = _other_calls(target, hf_assistant)
     finally:
         hf_cascade.hook.install()

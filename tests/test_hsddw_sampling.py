@@ -130,3 +130,4 @@ def test_entropy_is_taken_on_the_q_handed_to_the_target(small, monkeypatch):
             with torch.no_grad():
                 logits = small[handing](candidates).logits[0, -k - 1 : -1]
             torch.testing.assert_close(q, processed_probs(logits, 0.7, 8), atol=1e-5, rtol=1e-4)
+    assert lookups, "no lookup step ran: the lookup branch's checks above were not exercised"
