@@ -172,7 +172,7 @@ def _verify_static(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
     (:func:`~hf_cascade.core.compiled.verify_call`)."""
     row, slots, n = run.row, run.slots, tree.num_nodes
     queries = bucket(n + 1, slots.room()) if run.fixed_shapes else n + 1
-    width = slots.capacity if run.fixed_shapes else slots.length + queries        # the columns attention sees
+    width = slots.columns(queries)                                                # the columns attention sees
     slots.show(width)
     inputs = static_inputs(run.target, slots.length, tree, row.tokens[-1], queries, linear, width, run.device,
                            run.where)

@@ -8,6 +8,8 @@ without moving anything. The core keeps the length on the host (:class:`StaticSl
   are written at columns ``P .. P + Q - 1`` (``P``: the verified prefix); eager, nothing is padded (padding is
   work a forward does for nothing). A chain at consecutive positions uses the model's own
   causal mask (padding queries come after every real one: no real query sees them, and they are never accepted).
+  Under an attention backend that applies no mask of the core's (flash attention), the layers show attention the
+  prefix and the queries only, compiled too (:attr:`StaticSlots.sliced`): flash aligns its causal mask to the last key.
   A tree passes its mask over all ``C`` columns (:func:`static_tree_mask`), each padding query attending to itself.
   A fixed set of query shapes is what lets a compiled verification run without recompiling (:mod:`.compiled`).
 * **keep** -- a chain's accepted prefix is already in place; a tree's path is copied into the columns after the
@@ -28,8 +30,9 @@ import weakref
 import torch
 from transformers import Cache
 
+from .. import placement
 from .attention import query_tree_mask, tree_queries
-from .forward import mask_device_dtype, per_layer_type
+from .forward import mask_device_dtype, per_layer_type, verifies_trees
 from .structure import TokenTree
 
 try:                                                     # transformers >= 5: static layers roll back (crop)
@@ -91,8 +94,8 @@ def bucket(queries: int, room: int) -> int:
 
 class _VisibleStaticLayer(StaticLayer if StaticLayer is not None else object):
     """A static layer that shows attention only its first ``visible`` columns (the verified prefix and the forward's
-    own queries) when ``visible`` is set: eager verification then attends over what a dynamic cache would hold, not
-    the whole buffer; and, in a batch whose finished rows left (``rows`` set), its first ``rows`` rows only, which the
+    own queries) when ``visible`` is set: verification then attends over what a dynamic cache would hold, not
+    the whole buffer (eager, and under flash attention: :attr:`StaticSlots.sliced`); and, in a batch whose finished rows left (``rows`` set), its first ``rows`` rows only, which the
     forward's ``rows`` inputs write (in place, into a view of the buffers). Unset (``None``), it is transformers'
     static layer."""
 
@@ -120,7 +123,16 @@ class StaticSlots:
     """The core's view of a static cache: its capacity, and the verified length kept on the host.
 
     ``given``: the user's :class:`~transformers.StaticCache` (unfilled) or ``None``; ``capacity``: the columns of a
-    new cache. Either way every layer keeps every column (sliding-window layers become full ones)."""
+    new cache. Either way every layer keeps every column (sliding-window layers become full ones).
+
+    ``sliced``: attention sees only the verified prefix and the forward's queries (:class:`_VisibleStaticLayer`), not
+    the whole capacity: eager (no padded work), and under every attention backend that does not apply the core's
+    masks (:func:`~hf_cascade.core.forward.verifies_trees`: flash / paged / hub kernels), compiled too. Flash
+    attention reads no 4-D mask and, given no 2-D one, applies causal attention bottom-right aligned over the keys it
+    is handed (transformers' ``_flash_attention_forward``; flash-attn >= 2.1): over a whole capacity ``C`` a query
+    ``i`` of ``q`` would see columns up to ``C - q + i``, unwritten and rejected ones included. Over ``P + q`` columns
+    it sees exactly its prefix and the queries before it, as plain ``generate`` gives flash (a 2-D mask of ``P + q``
+    columns, to which ``_upad_input`` slices the layer)."""
 
     def __init__(self, target, given: Cache | None, capacity: int, fixed_shapes: bool = True):
         if given is not None:
@@ -133,9 +145,10 @@ class StaticSlots:
         else:
             from transformers import StaticCache
             self.cache = StaticCache(config=target.config, max_cache_len=capacity)
+        self.sliced = not fixed_shapes or not verifies_trees(target)
         layers = self.cache.layers
         for i, layer in enumerate(layers):                       # unfilled: nothing is lost
-            if not fixed_shapes:                                 # eager: attention over the visible columns only
+            if self.sliced:                                      # attention over the visible columns only
                 layers[i] = _VisibleStaticLayer(max_cache_len=capacity)
             elif getattr(layer, "is_sliding", False) or layer.max_cache_len != capacity or layer.is_initialized:
                 layers[i] = StaticLayer(max_cache_len=capacity)     # an early-initialised layer: the call's own shapes
@@ -144,10 +157,15 @@ class StaticSlots:
         self.length = 0                          # columns holding verified tokens' K/V (the host's count)
         self.written = 0                         # columns the last forward left the device counter at
 
+    def columns(self, queries: int) -> int:
+        """The columns the attention of a forward of ``queries`` columns after the verified prefix sees: the verified
+        prefix and the queries where the layers are :attr:`sliced`, else the whole capacity."""
+        return self.length + queries if self.sliced else self.capacity
+
     def show(self, end: int | None, rows: int | None = None) -> None:
-        """Eager: the next forward's attention sees columns ``0 .. end - 1`` (``None``: every column, as a static
-        cache handed back to the user) of the first ``rows`` rows (``None``: every row)."""
-        if not self.fixed_shapes:
+        """Where the layers are :attr:`sliced`: the next forward's attention sees columns ``0 .. end - 1`` (``None``:
+        every column, as a static cache handed back to the user) of the first ``rows`` rows (``None``: every row)."""
+        if self.sliced:
             for layer in self.cache.layers:
                 layer.visible, layer.rows = end, rows
 
@@ -164,12 +182,17 @@ class StaticSlots:
         the columns after the root when they are not already there) and drop the rest."""
         root = self.length                                  # the root's column
         if path and path != list(range(len(path))):
-            src = torch.tensor([root + 1 + i for i in path], dtype=torch.long)
-            dst = torch.arange(root + 1, root + 1 + len(path), dtype=torch.long)
+            # the source and destination columns in one tensor, sent once per device (not once per layer)
+            columns = torch.tensor([[root + 1 + i for i in path], list(range(root + 1, root + 1 + len(path)))],
+                                   dtype=torch.long, device=placement.HOST)
+            on: dict[torch.device, torch.Tensor] = {}
             for layer in self.cache.layers:
                 if not getattr(layer, "is_initialized", False):
                     continue
-                s, d = src.to(layer.keys.device), dst.to(layer.keys.device)
+                device = layer.keys.device
+                if device not in on:
+                    on[device] = placement.upload(columns, device)
+                s, d = on[device]
                 layer.keys.index_copy_(2, d, layer.keys.index_select(2, s))
                 layer.values.index_copy_(2, d, layer.values.index_select(2, s))
         self.length += kept

@@ -68,8 +68,9 @@ class StaticBatch:
 
     def show(self, rows: int, queries: int) -> int:
         """Before a forward of ``queries`` columns over the first ``rows`` rows: the columns its attention sees
-        (compiled: the capacity; eager: the columns in use and the queries), returned as the mask's width."""
-        self.width = self.capacity if self.fixed_shapes else self.length + queries
+        (:meth:`~hf_cascade.core.static.StaticSlots.columns`: the capacity, or where the layers are sliced the columns in
+        use and the queries), returned as the mask's width."""
+        self.width = self.slots.columns(queries)
         self.slots.show(self.width, rows if rows < self.batch else None)
         return self.width
 
