@@ -43,9 +43,9 @@ from .core.checks import refuse_unsupported_config
 _MARK = "__hf_cascade_original__"
 
 #: The transformers releases CI runs the whole contract on (the oldest supported and the newest).
-TESTED = ("4.57.6", "5.24.0")
+TESTED = ("4.57.6", "5.25.0")
 #: What pyproject.toml admits, in words, for error messages.
-SUPPORTED = "transformers>=4.57,<6 (tested: 4.57.6 and 5.24.0)"
+SUPPORTED = "transformers>=4.57,<6 (tested: 4.57.6 and 5.25.0)"
 
 
 def _pipeline_base():

@@ -31,6 +31,26 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "measured_costs: runs the wall-time cost rules as users get them (see the pinned_costs fixture)",
     )
+    config.addinivalue_line(
+        "markers",
+        "economize: runs economize (the peer baseline; `pip install -e '.[bench]'`, transformers<5.24 for 0.3.2)",
+    )
+
+
+#: marker names whose tests must run: where one of them skips, the test fails instead (CI's peers pass sets it)
+REQUIRED = {name.strip() for name in os.environ.get("HF_CASCADE_REQUIRE", "").split(",") if name.strip()}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test of a group named in ``HF_CASCADE_REQUIRE`` (its marker) that skipped fails, with the skip's reason: a
+    CI pass run for that group cannot pass without running it."""
+    outcome = yield
+    report = outcome.get_result()
+    required = REQUIRED & {mark.name for mark in item.iter_markers()}
+    if report.skipped and required and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"required by HF_CASCADE_REQUIRE={','.join(sorted(required))}, but skipped: {skip_reason(report)}"
 
 
 def skip_reason(report) -> str:
