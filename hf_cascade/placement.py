@@ -19,6 +19,7 @@ The rule applied at bind (once per ``generate()`` call, by each assistant's ``bi
 :func:`place_like` is idempotent and cheap when the module is already placed (one pass over its tensors'
 metadata, no copy). :func:`synchronize` waits for a device's queued work: what a clock read that times
 device work must do first (on a GPU, kernels run asynchronously: without it a timer measures the launch).
+:func:`upload` moves a host-built tensor to a device without waiting for it (pinned memory on CUDA).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ import fnmatch
 import torch
 from torch import nn
 
-__all__ = ["DEFER_READS", "accelerators", "defer_reads", "execution_device", "is_dispatched", "place_like",
-           "synchronize", "target_device_dtype"]
+__all__ = ["DEFER_READS", "HOST", "accelerators", "defer_reads", "execution_device", "is_dispatched", "place_like",
+           "synchronize", "target_device_dtype", "upload"]
+
+#: The host: where host-built tensors are made (``torch.tensor(..., device=HOST)``), whatever the default device.
+HOST = torch.device("cpu")
 
 #: The accelerator schedule: drafting loops defer their reads and verification computes every row in one head call
 #: (:func:`hf_cascade.backends.default_session`). ``None`` (default) decides by device (:func:`defer_reads`); ``True`` /
@@ -160,6 +164,26 @@ def accelerators(module: nn.Module) -> tuple[torch.device, ...]:
     every read)."""
     devices = {p.device for p in module.parameters()} | {target_device_dtype(module)[0]}
     return tuple(sorted((d for d in devices if d.type not in ("cpu", "meta")), key=str))
+
+
+def upload(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``host`` (a tensor built on the host) on ``device``, in one copy that does not wait for the device where it
+    can: on CUDA from pinned memory with ``non_blocking=True`` (the pinned block is held by torch's caching host
+    allocator until the copy is done, so ``host`` may be dropped at once); elsewhere an ordinary move (on a CPU, no
+    copy at all). The rule of a decoding step: what it builds on the host reaches the device through here, packed into
+    as few tensors as it can (:mod:`hf_cascade.core.forward`), never through a blocking ``.to(device)`` /
+    ``torch.tensor(..., device=...)``."""
+    device = torch.device(device)
+    staged, pinned = _pinned(host, device)
+    return staged.to(device, non_blocking=pinned)
+
+
+def _pinned(host: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """``(host in pinned memory, True)`` where a copy to ``device`` from there is asynchronous (CUDA); else
+    ``(host, False)``."""
+    if device.type != "cuda":
+        return host, False
+    return (host if host.is_pinned() else host.pin_memory()), True
 
 
 def synchronize(device: torch.device | str | nn.Module | None = None) -> None:
