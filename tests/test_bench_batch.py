@@ -218,7 +218,7 @@ def test_cli_notes_skipped_baselines(monkeypatch, tmp_path, capsys):
     """``hf-cascade bench --batch-size``: the skipped baselines are said before the run, the files written; sampling
     makes no equality claim."""
     model, tok = _llama(0, 2), _tokenizer()
-    monkeypatch.setattr(loading, "load_model", lambda spec: (model, tok))
+    monkeypatch.setattr(loading, "load_model", lambda spec, **placement: (model, tok))
     monkeypatch.setattr(loading, "load_prompts",
                         lambda path, per_category, tokenizer=None, prompt_format="plain": BATCH_PROMPTS)
     code = main(["bench", "--strategy", "maxgram", "--baselines", "plain-kernels,pld", "--batch-size", "2",

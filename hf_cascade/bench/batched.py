@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from ..placement import accelerators, target_device_dtype
 from .calls import encode, generation_kwargs, rotated, timed
 from .config import BenchConfig
 from .methods import Method
@@ -87,15 +88,17 @@ def pad_token_id(tokenizer: Any) -> int:
     return int(pad)
 
 
-def make_batches(tokenizer: Any, prompts: Sequence[dict], size: int) -> list[Batch]:
-    """``prompts`` in consecutive batches of ``size`` (the last may be shorter), each left-padded (module docstring)."""
+def make_batches(tokenizer: Any, prompts: Sequence[dict], size: int,
+                 device: torch.device | str | None = None) -> list[Batch]:
+    """``prompts`` in consecutive batches of ``size`` (the last may be shorter), each left-padded (module docstring),
+    on ``device`` (``None``: the CPU)."""
     pad = pad_token_id(tokenizer)
     batches = []
     for j, start in enumerate(range(0, len(prompts), size)):
-        rows = [encode(tokenizer, p)[0][0] for p in prompts[start: start + size]]
+        rows = [encode(tokenizer, p, device)[0][0] for p in prompts[start: start + size]]
         width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+        mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
         for b, row in enumerate(rows):
             ids[b, width - len(row):] = row
             mask[b, width - len(row):] = 1
@@ -131,7 +134,8 @@ def run_batched(config: BenchConfig, model: Any, tokenizer: Any, prompts: Sequen
     kwargs = generation_kwargs(config, tokenizer)
     warm = generation_kwargs(config, tokenizer, max_new_tokens=config.warmup_tokens)
     eos = eos_token_ids(model, tokenizer)
-    plan = [(size, make_batches(tokenizer, prompts, size)) for size in config.batch_sizes]
+    device, devices = target_device_dtype(model)[0], accelerators(model)     # inputs' device; clocks wait for these
+    plan = [(size, make_batches(tokenizer, prompts, size, device)) for size in config.batch_sizes]
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -143,9 +147,9 @@ def run_batched(config: BenchConfig, model: Any, tokenizer: Any, prompts: Sequen
     for size, batches in plan:
         skip = skipped(list(methods), size)
         active = {n: m for n, m in methods.items() if n not in skip}
-        _warm_up(active, batches[0], warm, config.seed, errors, size)
+        _warm_up(active, batches[0], warm, config.seed, errors, size, devices)
         for batch in batches:
-            records += _run_batch(active, batch, size, kwargs, config, eos, errors)
+            records += _run_batch(active, batch, size, kwargs, config, eos, errors, devices)
             if bar is not None:
                 bar.update(1)
         sizes.append({"batch_size": size, "batches": len(batches), "skipped": skip})
@@ -160,11 +164,12 @@ def run_batched(config: BenchConfig, model: Any, tokenizer: Any, prompts: Sequen
             "sizes": sizes, "mismatches": mismatches, "errors": errors, "records": records}
 
 
-def _warm_up(active: dict[str, Method], batch: Batch, warm: dict, seed: int, errors: dict, size: int) -> None:
+def _warm_up(active: dict[str, Method], batch: Batch, warm: dict, seed: int, errors: dict, size: int,
+             devices: Sequence[torch.device] = ()) -> None:
     """One untimed ``generate`` per method on ``batch``; a method that fails it leaves this batch size."""
     for name in list(active):
         try:
-            timed(active[name], batch.input_ids, batch.attention_mask, warm, seed)
+            timed(active[name], batch.input_ids, batch.attention_mask, warm, seed, devices)
         except Exception as exc:  # a baseline that breaks must not stop the others
             if name == "plain":
                 raise
@@ -175,14 +180,15 @@ def _warm_up(active: dict[str, Method], batch: Batch, warm: dict, seed: int, err
 
 
 def _run_batch(active: dict[str, Method], batch: Batch, size: int, kwargs: dict, config: BenchConfig, eos: set[int],
-               errors: dict) -> list[dict]:
+               errors: dict, devices: Sequence[torch.device] = ()) -> list[dict]:
     """Every active method once on ``batch`` (rotated order); its records, rows compared with plain's."""
     rows: dict[str, list[list[int]]] = {}
     records = []
     for order, name in enumerate(rotated(list(active), batch.index)):
         method = active[name]
         try:
-            out, stats, seconds = timed(method, batch.input_ids, batch.attention_mask, kwargs, config.seed + batch.index)
+            out, stats, seconds = timed(method, batch.input_ids, batch.attention_mask, kwargs, config.seed + batch.index,
+                                        devices)
         except Exception as exc:
             if name == "plain":
                 raise

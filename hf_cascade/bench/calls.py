@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..placement import synchronize
 from .config import BenchConfig
 from .methods import Method
 
@@ -36,21 +37,29 @@ def generation_kwargs(config: BenchConfig, tokenizer: Any, max_new_tokens: int |
     return kwargs
 
 
-def encode(tokenizer: Any, prompt: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` of one prompt dict (its ``input_ids`` or its ``prompt`` text)."""
+def encode(tokenizer: Any, prompt: dict, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of one prompt dict (its ``input_ids`` or its ``prompt`` text), on ``device``
+    (``None``: the CPU)."""
     if prompt.get("input_ids") is not None:
-        ids = torch.as_tensor(prompt["input_ids"], dtype=torch.long).view(1, -1)
+        ids = torch.as_tensor(prompt["input_ids"], dtype=torch.long, device=device).view(1, -1)
     else:
-        ids = tokenizer(prompt["prompt"], return_tensors="pt").input_ids
+        ids = tokenizer(prompt["prompt"], return_tensors="pt").input_ids.to(device)
     return ids, torch.ones_like(ids)
 
 
-def timed(method: Method, ids, mask, kwargs: dict, seed: int) -> tuple[torch.Tensor, dict | None, float]:
-    """One run of ``method`` (its ``run``) from ``seed``, and its wall seconds."""
+def timed(method: Method, ids, mask, kwargs: dict, seed: int,
+          devices: Sequence[torch.device] = ()) -> tuple[torch.Tensor, dict | None, float]:
+    """One run of ``method`` (its ``run``) from ``seed``, and its wall seconds; ``devices``: the accelerators the run
+    computes on (:func:`~hf_cascade.placement.accelerators` of the target), synchronised before each clock read, so
+    the time is the run's device work too, not its launches."""
     torch.manual_seed(seed)
+    for device in devices:
+        synchronize(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
         out, stats = method.run(ids, mask, kwargs)
+    for device in devices:
+        synchronize(device)
     return out, stats, time.perf_counter() - t0
 
 

@@ -12,6 +12,12 @@ passed: each assistant runs with its library defaults.
 the same prompts in left-padded batches, the same methods but those that cannot batch (skipped for sizes
 above 1, said before the run); a row that differs from plain's is said after it.
 
+The device (``--device``, ``--dtype``, ``--device-map``, ``--attn-implementation``): the target loads there (by
+default the first accelerator, else the CPU; float32 on a CPU, bfloat16 on an accelerator), causal-LM drafts with
+it (heads follow the target at each call), every prompt is put on the target's input device and every timed call
+synchronises the target's accelerators before each clock read. Without ``--baselines``: plain on a CPU, plain and
+plain-compiled on an accelerator (:func:`~hf_cascade.bench.config.default_baselines`).
+
 ``--compare A B`` compares runs made apart (e.g. two commits) prompt by prompt through a reference both timed
 (plain ``generate``; :mod:`~hf_cascade.bench.across`).
 
@@ -29,8 +35,9 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from .config import (DRAFT_KIND, BenchConfig, parse_baselines, parse_batch_sizes, parse_cost_models, parse_drafts,
-                     parse_k_matrix, parse_strategies)
+from .config import (DRAFT_KIND, DTYPES, BenchConfig, default_baselines, default_device, default_dtype,
+                     parse_baselines, parse_batch_sizes, parse_cost_models, parse_drafts, parse_k_matrix,
+                     parse_strategies)
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,8 +94,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default=None, metavar="FILE",
                    help="maxgram / cascade: corpus n-grams (hf-cascade corpus) continuing Max-Gram's weak matches; "
                         "also what the maxgram-corpus baseline uses")
-    p.add_argument("--baselines", default="plain",
-                   help="comma list from plain,plain-kernels,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
+    p.add_argument("--baselines", default=None,
+                   help="default: plain on a CPU, plain,plain-compiled on an accelerator; a comma list from plain,plain-kernels,pld,pld-tuned,hf-assisted,hf-assisted-constant,hf-assisted-confidence,"
                         "economize,maxgram,maxgram-corpus,hsddw-single,hsddw-every-step,glide-chain,redrafter-w1,redrafter-flat,"
                         "suffix,suffix-tree "
                         "(plain is always included). suffix: SuffixDecoding with vLLM's defaults (up to 32 tokens, tree depth 24, "
@@ -124,6 +131,18 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                         "synchronisations per step); default: none (Policy(sync_phases=...)). No effect on a CPU")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output directory (default bench_results; with --overhead bench_overhead, with --compare bench_compare)")
+    d = p.add_argument_group("device", "where the target runs; the defaults follow the machine (on a GPU: hf-cascade "
+                             "bench --strategy all --device cuda)")
+    d.add_argument("--device", default=None, metavar="DEVICE", type=_device,
+                   help="torch device of the target and the prompts: cpu, cuda, cuda:1, mps, ... (default: the first "
+                        "available accelerator, else cpu)")
+    d.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="the target's dtype (default: float32 on a CPU, bfloat16 on an accelerator)")
+    d.add_argument("--device-map", default=None, metavar="MAP", type=_device_map,
+                   help="from_pretrained's device_map for the target: auto, balanced, sequential or a JSON object of "
+                        "module -> device (default: the whole target on --device)")
+    d.add_argument("--attn-implementation", default=None, metavar="NAME",
+                   help="the target's attention: eager, sdpa, flash_attention_2, ... (default: transformers')")
     o = p.add_argument_group("overhead measurement", "host time and device reads per target call on a tiny target where the forward "
                              "is nearly free (the GPU regime; hf_cascade.bench.overhead): every strategy with its defaults, "
                              "plain generate, transformers' prompt lookup and plain generate compiled with a static cache")
@@ -163,6 +182,28 @@ def _strategies(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _device(text: str) -> str:
+    """``--device``'s value, a torch device name (argparse reports a bad one with the usage)."""
+    import torch
+
+    try:
+        return str(torch.device(text))
+    except RuntimeError as exc:
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r}") from exc
+
+
+def _device_map(text: str) -> str | dict:
+    """``--device-map``'s value: a name (``auto``, ...) or a JSON object (argparse reports bad JSON with the usage)."""
+    import json
+
+    if not text.lstrip().startswith("{"):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--device-map: not a JSON object: {exc}") from exc
+
+
 def _batch_sizes(text: str) -> list[int]:
     """``--batch-size``'s value checked (argparse reports a bad one with the usage)."""
     try:
@@ -172,11 +213,14 @@ def _batch_sizes(text: str) -> list[int]:
 
 
 def bench_config(args: argparse.Namespace) -> BenchConfig:
-    """The :class:`~hf_cascade.bench.BenchConfig` of parsed ``bench`` arguments."""
+    """The :class:`~hf_cascade.bench.BenchConfig` of parsed ``bench`` arguments; the device's defaults resolved
+    (:func:`~hf_cascade.bench.config.default_device`, ``default_dtype``, ``default_baselines``)."""
     shared, per_strategy = parse_drafts(args.draft)
+    device = getattr(args, "device", None) or default_device()
+    baselines = args.baselines if args.baselines is not None else default_baselines(device)
     return BenchConfig(
         strategy=args.strategy or "maxgram",
-        baselines=parse_baselines(args.baselines),
+        baselines=parse_baselines(baselines),
         k_matrix=parse_k_matrix(args.k_matrix),
         lenience=args.lenience,
         maxgram_lenience=args.maxgram_lenience,
@@ -207,6 +251,10 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         corpus=args.corpus,
         cost_models=parse_cost_models(args.cost_model),
         batch_sizes=getattr(args, "batch_size", None) or [],
+        device=device,
+        dtype=getattr(args, "dtype", None) or default_dtype(device),
+        device_map=getattr(args, "device_map", None),
+        attn_implementation=getattr(args, "attn_implementation", None),
     )
 
 
@@ -230,7 +278,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
 
         return run_compare(args.compare, args.out or "bench_compare", args.reference, log=log)
 
-    from .loading import draft_specs, load_draft_sets, load_model, load_prompts
+    from .loading import draft_specs, load_draft_sets, load_model, load_prompts, target_placement
     from .report import markdown_report, write_results
     from .runner import run_benchmark
 
@@ -246,7 +294,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
             log(f"{family}: shipped {', '.join(paths)}")
     config = dataclasses.replace(config, strategy_drafts=specs)   # results.json records what each strategy used
     log(f"loading target {config.target or 'default (Gemma-3-270M)'}")
-    model, tokenizer = load_model(config.target)
+    log(f"on {config.device} in {config.dtype}" + (f", device_map {config.device_map}" if config.device_map else "")
+        + (f", attention {config.attn_implementation}" if config.attn_implementation else ""))
+    placement = target_placement(config)
+    model, tokenizer = load_model(config.target, **placement)
     drafts, own = load_draft_sets(config.drafts, specs, target=model)
     verifier = load_draft_sets([config.verifier], {}, target=model)[0][0] if config.verifier else None
     assisted = load_draft_sets([config.assisted_draft], {}, target=model)[0][0] if config.assisted_draft else None

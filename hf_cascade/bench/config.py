@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 from .swi import COST_MODELS
 
 #: Our strategies (``--strategy``, a comma list or ``all``), in the order ``all`` measures them.
@@ -23,6 +25,10 @@ DRAFT_FAMILY = {"cascade": "cascade", "hsddw": "hsddw", "hsddw-single": "hsddw",
 #: What kind of model each strategy drafts with: one shared ``--draft`` list can only serve strategies of one kind.
 DRAFT_KIND = {"cascade": "causal LM drafter", "hsddw": "causal LM drafter", "glide": "GLIDE head",
               "redrafter": "ReDrafter head"}
+#: ``--dtype`` names: the target's (and causal-LM drafts') ``from_pretrained`` dtype.
+DTYPES = ("float32", "bfloat16", "float16")
+#: The default baselines on a CPU and on an accelerator (``--baselines`` not given; plain is always measured).
+DEFAULT_BASELINES = {"cpu": "plain", "accelerator": "plain,plain-compiled"}
 #: Options of the cascade, flat (``CascadeSettings``' fields, ``Policy``'s ``cost_aware``, ``maxgram_first`` for
 #: ``Policy.lookup``), passed only when set (see :meth:`BenchConfig.cascade_kwargs`).
 CASCADE_OPTIONS = ("k_matrix", "lenience", "maxgram_lenience", "min_confidence", "maxgram_first", "keep_unsure", "cost_aware")
@@ -90,6 +96,11 @@ class BenchConfig:
         batch_sizes: batch sizes of the batched sweep run after the single-prompt runs (``--batch-size 1,2,4,8``;
             :mod:`hf_cascade.bench.batched`), ascending, once each; ``[]`` (default): no sweep, and the key is
             left out of :meth:`to_dict` (results as before).
+        device / dtype / device_map / attn_implementation: where and how the CLI loads the target (``device``: a
+            torch device, where the target goes without ``device_map``; ``dtype``: one of :data:`DTYPES`;
+            ``device_map``: ``from_pretrained``'s, e.g. ``"auto"``; ``attn_implementation``: e.g. ``"sdpa"``,
+            ``"flash_attention_2"``, ``None``: transformers' default). The CLI's defaults follow the machine
+            (:func:`default_device`, :func:`default_dtype`); unset map and attention are left out of :meth:`to_dict`.
     """
 
     strategy: str | list[str] = "maxgram"
@@ -125,6 +136,10 @@ class BenchConfig:
     corpus: str | None = None
     cost_models: list[str] = field(default_factory=lambda: list(COST_MODELS))
     batch_sizes: list[int] = field(default_factory=list)
+    device: str = "cpu"
+    dtype: str = "float32"
+    device_map: str | dict | None = None
+    attn_implementation: str | None = None
     strategies: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -159,6 +174,12 @@ class BenchConfig:
             raise ValueError(f"unknown cost model(s) {unknown}; choose from {', '.join(COST_MODELS)}")
         self.cost_models = [m for m in COST_MODELS if m in self.cost_models]
         self.batch_sizes = parse_batch_sizes(self.batch_sizes)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        try:
+            self.device = str(torch.device(self.device))      # a bad name raises here, before anything loads
+        except RuntimeError as exc:
+            raise ValueError(f"unknown device {self.device!r}: {exc}") from exc
         self._check_drafts()
 
     def _check_drafts(self) -> None:
@@ -212,7 +233,39 @@ class BenchConfig:
             del out["batch_sizes"]
         if self.prompt_format == "plain":
             del out["prompt_format"]
+        for key in ("device_map", "attn_implementation"):
+            if out[key] is None:
+                del out[key]
         return out
+
+
+def default_device() -> str:
+    """The device a benchmark runs on when none is given: the first available accelerator (CUDA, XPU, MPS), else
+    the CPU."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def is_accelerator(device: str) -> bool:
+    """Whether ``device`` names an accelerator (anything but the CPU)."""
+    return torch.device(device).type != "cpu"
+
+
+def default_dtype(device: str) -> str:
+    """The target's dtype when none is given: float32 on a CPU (hf_cascade's CPU kernels), bfloat16 on an
+    accelerator."""
+    return "bfloat16" if is_accelerator(device) else "float32"
+
+
+def default_baselines(device: str) -> str:
+    """The baselines when none are given (:data:`DEFAULT_BASELINES`): plain on a CPU; on an accelerator plain and
+    plain-compiled (a static cache compiled by transformers: what a GPU user runs)."""
+    return DEFAULT_BASELINES["accelerator" if is_accelerator(device) else "cpu"]
 
 
 def parse_strategies(text: str | list[str] | tuple[str, ...]) -> list[str]:

@@ -4,7 +4,10 @@ A model spec is ``None``/``"default"`` (the embedded Gemma-3-270M), ``"smollm2"`
 directory (a drafter saved by ``hf-cascade train`` included), a Hub repo id (``org/name``, resolved through
 the Hub cache like :func:`hf_cascade.load_pretrained`: heads by hf_cascade's own classes), or ``gguf:PATH``
 (converted once into a cached safetensors directory). A draft spec may also be ``self:N``: the target's
-first ``N`` layers. Models load in float32, as the benchmark's target does.
+first ``N`` layers. A target loads in float32 on the CPU unless told otherwise (:func:`target_placement`: the
+benchmark's ``--dtype``, ``--device`` / ``--device-map`` and ``--attn-implementation``); a causal-LM draft loads in
+the target's dtype on its input device (transformers' assisted generation needs its draft there; hf_cascade's
+heads follow the target at each call anyway).
 
 Shipped heads (:func:`draft_specs`): a strategy given no draft model, measured on the default target, takes
 the head shipped for it (:data:`SHIPPED_HEADS`): the folder of ``model_cards/`` in a source checkout
@@ -54,11 +57,41 @@ def draft_specs(config) -> dict[str, list[str]]:
     return out
 
 
-def load_model(spec: str | None, device_map=None, max_memory: dict | None = None) -> tuple[Any, Any]:
+def target_placement(config) -> dict:
+    """:func:`load_model`'s placement of a :class:`~hf_cascade.bench.config.BenchConfig`'s target: its dtype, its
+    ``device_map`` (else the whole model on its device; on the CPU none, as ``from_pretrained`` loads there) and its
+    attention implementation."""
+    import torch
+
+    device_map = config.device_map
+    if device_map is None and torch.device(config.device).type != "cpu":
+        device_map = config.device
+    return {"dtype": getattr(torch, config.dtype), "device_map": device_map,
+            "attn_implementation": config.attn_implementation}
+
+
+def load_model(spec: str | None, device_map=None, max_memory: dict | None = None, dtype=None,
+               attn_implementation: str | None = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a spec (see the module docstring); the model in eval mode. ``device_map``
-    (``from_pretrained``'s: ``"auto"``, a dict, ...) places a target across devices, within ``max_memory`` per
-    device where given; ``None``: the CPU."""
-    placed = {"device_map": device_map, "max_memory": max_memory}
+    (``from_pretrained``'s: ``"auto"``, ``"cuda:0"``, a dict, ...) places a target across devices, within ``max_memory``
+    per device where given; ``None``: the CPU. ``dtype``: a torch dtype (``None``: float32). ``attn_implementation``:
+    the attention the model runs (``None``: transformers' default); not for hf_cascade's heads."""
+    model, tokenizer = _load(spec, dtype=dtype, device_map=device_map, max_memory=max_memory)
+    if attn_implementation is not None:
+        if tokenizer is None:
+            raise ValueError(f"{spec}: an hf_cascade head has no attention implementation to set")
+        if not hasattr(model, "set_attn_implementation"):
+            raise ValueError("--attn-implementation needs a transformers release with set_attn_implementation "
+                             "(4.56 or later)")
+        model.set_attn_implementation(attn_implementation)
+    return model, tokenizer
+
+
+def _load(spec: str | None, dtype=None, device_map=None, max_memory: dict | None = None) -> tuple[Any, Any]:
+    """:func:`load_model` less the attention implementation."""
+    import torch
+
+    placed = {"dtype": dtype or torch.float32, "device_map": device_map, "max_memory": max_memory}
     if spec is None or spec in ("default", models.DEFAULT_TARGET):
         return models.load_default_target(**placed)
     if spec in ("smollm2", models.SMOLLM2):
@@ -83,14 +116,12 @@ def load_model(spec: str | None, device_map=None, max_memory: dict | None = None
     return models.load_hf_dir(path, **placed)
 
 
-def _load_repo(spec: str, device_map=None, max_memory: dict | None = None) -> tuple[Any, Any]:
+def _load_repo(spec: str, dtype, device_map=None, max_memory: dict | None = None) -> tuple[Any, Any]:
     """A Hub repo id: the model through :func:`hf_cascade.load_pretrained`, the tokenizer (none for heads)."""
-    import torch
-
     from ..loading import load_pretrained
 
     try:
-        model = load_pretrained(spec, dtype=torch.float32, device_map=device_map, max_memory=max_memory, kind="model")
+        model = load_pretrained(spec, dtype=dtype, device_map=device_map, max_memory=max_memory, kind="model")
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{e} Use 'default', 'smollm2', a directory, a Hub repo id or gguf:PATH.") from e
     if str(model.config.model_type).startswith("hf_cascade_"):
@@ -109,10 +140,16 @@ def _is_hf_cascade_head(path: Path) -> bool:
 
 
 def load_drafts(specs: list[str], target: Any = None) -> list[Any]:
-    """Draft models (largest first), each loaded with :func:`load_model`; ``self:N`` is the target's
-    own first ``N`` layers with its head (:func:`~hf_cascade.drafters.self_draft.first_layers_drafter`)."""
+    """Draft models (largest first), each loaded with :func:`load_model` (given the ``target``: a causal LM in its
+    dtype on its input device, a head as it is saved); ``self:N`` is the target's own first ``N`` layers with its
+    head (:func:`~hf_cascade.drafters.self_draft.first_layers_drafter`)."""
     from ..drafters.self_draft import first_layers_drafter
+    from ..placement import target_device_dtype
 
+    placed = {}
+    if target is not None:
+        device, dtype = target_device_dtype(target)
+        placed = {"dtype": dtype, "device_map": None if device.type == "cpu" else str(device)}
     drafts = []
     for spec in specs:
         if spec.startswith("self:"):
@@ -120,7 +157,7 @@ def load_drafts(specs: list[str], target: Any = None) -> list[Any]:
                 raise ValueError("a self:N draft needs the target model")
             drafts.append(first_layers_drafter(target, int(spec[len("self:"):])))
         else:
-            drafts.append(load_model(spec)[0])
+            drafts.append(load_model(spec, **placed)[0])
     return drafts
 
 

@@ -207,6 +207,7 @@ def markdown_report(result: BenchResult) -> str:
         f"**Target** {target.get('class', '?')} ({target.get('parameters', 0) / 1e6:.0f}M params), "
         f"**{'strategies' if ',' in c['strategy'] else 'strategy'}** `{c['strategy']}`, {c['max_new_tokens']} new tokens, {mode}, "
         f"torch {env.get('torch', '?')} / transformers {env.get('transformers', '?')}, {env.get('threads', '?')} threads.",
+        *_device_line(env.get("device")),
         *_kernel_line(env.get("cpu_kernels")),
     ]
     if not result.records and result.batched is not None:      # a batched sweep: no single-prompt runs
@@ -238,6 +239,15 @@ def markdown_report(result: BenchResult) -> str:
         parts += ["", "### Batched (left-padded batches of consecutive prompts, methods interleaved per batch)", "",
                   markdown_batched(result.batched)]
     return "\n".join(parts + _errors(result))
+
+
+def _device_line(device: dict | None) -> list[str]:
+    """Where the target ran (:func:`~hf_cascade.bench.runner.device_description`; none in results written before)."""
+    if not device:
+        return []
+    where = ", ".join(filter(None, (device.get("name"), device.get("dtype"),
+                                    device.get("attn_implementation") and f"attention {device['attn_implementation']}")))
+    return [f"**Device** `{device['device']}` ({where})."]
 
 
 def _kernel_line(choices: dict | None) -> list[str]:

@@ -1,8 +1,9 @@
 """The measurement loop: :func:`run_benchmark` returns a :class:`BenchResult` (data only, nothing printed).
 
 Methods are interleaved prompt by prompt: for prompt ``i`` every method runs once, in the base order
-rotated by ``i``, so slow drifts of the machine (thermal, other load) hit all methods alike. Each method
-first runs one untimed warm-up ``generate`` on the first prompt. Then, before the timed runs, the cost
+rotated by ``i``, so slow drifts of the machine (thermal, other load) hit all methods alike. Prompts go to the
+target's input device, and every timed call synchronises the target's accelerators before each clock read
+(:func:`~hf_cascade.bench.calls.timed`). Each method first runs one untimed warm-up ``generate`` on the first prompt. Then, before the timed runs, the cost
 tables of the standardized walltime improvement are built (:func:`~hf_cascade.bench.costs.build_costs`;
 ``measured`` times the models), and every record gets its ``standardized_time`` per cost model
 (:mod:`hf_cascade.bench.swi`). With ``config.batch_sizes`` the batched sweep follows, with the same
@@ -19,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..drafters.corpus import CorpusNGrams
+from ..placement import accelerators, synchronize, target_device_dtype
 from .calls import encode, generation_kwargs, rotated, timed
 from .config import DRAFT_FAMILY, BenchConfig
 from .costs import build_costs
@@ -108,12 +110,30 @@ def _environment(model: Any, drafts: list, verifier: Any = None, strategy_drafts
         "transformers": transformers.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
+        "device": device_description(model),
         "target": describe(model),
         "drafts": [describe(d) for d in drafts],
         **({"strategy_drafts": {k: [describe(d) for d in v] for k, v in strategy_drafts.items()}}
            if strategy_drafts else {}),
         **({"verifier": describe(verifier)} if verifier is not None else {}),
     }
+
+
+def device_description(model: Any) -> dict:
+    """Where the target ran: its input device, its accelerators' names (``name``: the CPU's architecture on a CPU),
+    its dtype, and the attention implementation of its configuration."""
+    device, dtype = target_device_dtype(model)
+    names = []
+    for d in accelerators(model) or (device,):
+        if d.type == "cuda":
+            names.append(torch.cuda.get_device_name(d))
+        elif d.type == "cpu":
+            names.append(f"CPU ({platform.machine()})")
+        else:
+            names.append(str(d))
+    return {"device": str(device), "accelerators": [str(d) for d in accelerators(model)],
+            "name": ", ".join(dict.fromkeys(names)), "dtype": str(dtype).removeprefix("torch."),
+            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
 
 
 def _kernel_choices() -> dict:
@@ -166,13 +186,14 @@ def run_benchmark(
         environment["verify_cost_measured"] = list(tree["verify_cost"].relative)
     methods = _build_methods(config, model, drafts, errors, verifier, assisted_draft, tree, own)
     kwargs = generation_kwargs(config, tokenizer)
+    device, devices = target_device_dtype(model)[0], accelerators(model)     # inputs' device; clocks wait for these
 
     # One untimed warm-up generate per method (first-call allocations, lazy imports, caches).
-    first_ids, first_mask = encode(tokenizer, prompts[0])
+    first_ids, first_mask = encode(tokenizer, prompts[0], device)
     warm = generation_kwargs(config, tokenizer, max_new_tokens=config.warmup_tokens)
     for name in list(methods):
         try:
-            timed(methods[name], first_ids, first_mask, warm, config.seed)
+            timed(methods[name], first_ids, first_mask, warm, config.seed, devices)
         except Exception as exc:  # a baseline that breaks must not stop the others
             if name == "plain":
                 raise
@@ -197,12 +218,12 @@ def run_benchmark(
         iterator = tqdm(iterator, total=len(runs), desc="bench", unit="run")
     for i, (p, draw) in iterator:
         prompt, seed = prompts[p], config.seed + p + draw * len(prompts)
-        ids, mask = encode(tokenizer, prompt)
+        ids, mask = encode(tokenizer, prompt, device)
         outputs: dict[str, torch.Tensor] = {}
         prompt_records: list[dict] = []
         for position, name in enumerate(rotated(list(methods), i)):
             try:
-                out, stats, seconds = timed(methods[name], ids, mask, kwargs, seed)
+                out, stats, seconds = timed(methods[name], ids, mask, kwargs, seed, devices)
             except Exception as exc:
                 if name == "plain":
                     raise
@@ -262,18 +283,23 @@ def compare_assistants(model: Any, tokenizer: Any, prompts: Sequence[dict], assi
     ``BenchConfig`` does not describe. Returns records (``prompt_index``, ``category``, ``method``,
     ``seconds``, ``tokens_per_call``) for :func:`~hf_cascade.bench.summary.paired`, and on how many
     prompts every assistant gave the same output."""
-    warm = encode(tokenizer, {"prompt": "Question: Hello\n\nAnswer:"})
+    device, devices = target_device_dtype(model)[0], accelerators(model)
+    warm = encode(tokenizer, {"prompt": "Question: Hello\n\nAnswer:"}, device)
     for assistant in assistants.values():
         model.generate(input_ids=warm[0], attention_mask=warm[1], assistant_model=assistant, do_sample=False,
                        max_new_tokens=warmup_tokens)
     records, identical = [], 0
     for i, prompt in enumerate(prompts):
-        ids, mask = encode(tokenizer, prompt)
+        ids, mask = encode(tokenizer, prompt, device)
         outputs = set()
         for name in rotated(list(assistants), i):
+            for d in devices:
+                synchronize(d)
             t0 = time.perf_counter()
             out = model.generate(input_ids=ids, attention_mask=mask, assistant_model=assistants[name],
                                  do_sample=False, max_new_tokens=max_new_tokens)
+            for d in devices:
+                synchronize(d)
             seconds = time.perf_counter() - t0
             calls = max(1, assistants[name].last_stats.target_calls)
             records.append({"prompt_index": i, "category": prompt.get("category", "all"), "method": name,
