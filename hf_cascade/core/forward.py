@@ -29,8 +29,9 @@ import torch
 from transformers import Cache, PreTrainedModel
 
 from ..compat import cache_kwargs
-from ..placement import target_device_dtype
-from .attention import query_tree_mask, tree_queries
+from ..placement import HOST, target_device_dtype, upload
+from .attention import query_ancestors, query_tree_mask
+from .closure import closure_bits, unpack_closure
 from .structure import TokenTree
 
 _SLIDING = "sliding_attention"
@@ -111,18 +112,48 @@ def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: To
         # one path: plain causal attention at consecutive positions, which every attention backend builds itself
         # (flash attention included); the model derives positions from the cache
         if not isinstance(last_token, torch.Tensor) and tree.host_tokens is not None:
-            ids = torch.tensor([[last_token, *tree.host_tokens]], dtype=torch.long, device=device)   # one copy
+            ids = upload(torch.tensor([[last_token, *tree.host_tokens]], dtype=torch.long, device=HOST), device)
         else:
             root = torch.as_tensor(last_token, device=tree.tokens.device).long().reshape(1)   # a host int: no read
             ids = torch.cat([root, tree.tokens])[None].to(device)
         return dict(input_ids=ids, **cache_kwargs(model, cache))
     # the queries and their mask from the tree's host structure (a tensor root joins the ids on the device)
-    root = last_token if isinstance(last_token, torch.Tensor) else int(last_token)
     real = tree.num_nodes + 1
-    ids, positions, ancestors = tree_queries(prefix_len, root, tree, real, device)
+    ids, positions, ancestors = _uploaded_queries(prefix_len, last_token, tree, device)
     mask = per_layer_type(model, lambda window: query_tree_mask(prefix_len, real, positions, ancestors,
                                                                  prefix_len + real, where[1], window))
     return dict(input_ids=ids, position_ids=positions, attention_mask=mask, **cache_kwargs(model, cache))
+
+
+def _uploaded_queries(prefix_len: int, root: int | torch.Tensor, tree: TokenTree,
+                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`~hf_cascade.core.attention.tree_queries`' ``input_ids``, ``position_ids`` and ancestor closure of the
+    queries ``[root, nodes]``, built on the host and sent in one copy (:func:`~hf_cascade.placement.upload`): a
+    ``[3, Q]`` tensor of the ids, the positions and the closure's rows as bits (:func:`closure_bits`), split on the
+    device. A closure seen recently (trees repeat their shapes) is kept on the device and not sent again; past 64
+    queries, where the bits do not fit one int64, it is :func:`query_ancestors`' (a second copy). ``root``: a host
+    int, or a one-element tensor written over the ids on the device (never read)."""
+    queries = tree.num_nodes + 1
+    host_root = 0 if isinstance(root, torch.Tensor) else int(root)
+    rows = [[host_root, *tree.token_list], [prefix_len] + [prefix_len + 1 + d for d in tree.depth_list]]
+    key = (tree.parent_list, device)
+    ancestors = _CLOSURES.get(key)
+    if ancestors is None and queries <= 64:
+        rows.append(closure_bits((-1, *(p + 1 for p in tree.parent_list)), queries))
+    packed = upload(torch.tensor(rows, dtype=torch.long, device=HOST), device)                # the step's one copy
+    ids, positions = packed[0:1], packed[1:2]
+    if isinstance(root, torch.Tensor):
+        ids[0, 0] = root.reshape(()).to(device=device, dtype=torch.long)
+    if ancestors is None:
+        ancestors = unpack_closure(packed[2]).bool() if queries <= 64 else query_ancestors(
+            tree.parent_list, queries, device)
+        if len(_CLOSURES) >= 512:
+            _CLOSURES.clear()
+        _CLOSURES[key] = ancestors
+    return ids, positions, ancestors
+
+
+_CLOSURES: dict[tuple, torch.Tensor] = {}   # (parents, device) -> the queries' closure on the device: read, never write
 
 
 @torch.no_grad()
@@ -273,12 +304,17 @@ def keep_path(cache: Cache, prefix_len: int, path_nodes: torch.Tensor, total: in
     if nodes == list(range(m)):
         keep += m                              # the first branch is already in place: crop only
     else:
-        index = torch.tensor([prefix_len + 1 + i for i in nodes], dtype=torch.long, device="cpu")
+        # the columns to keep, sent once per device the layers live on (one copy per step, not one per layer)
+        index = torch.tensor([prefix_len + 1 + i for i in nodes], dtype=torch.long, device=HOST)
+        on: dict[torch.device, torch.Tensor] = {}
         for layer in cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 gathered.append(None)
                 continue
-            idx = index.to(layer.keys.device)
+            device = layer.keys.device
+            idx = on.get(device)
+            if idx is None:
+                idx = on[device] = upload(index, device)
             gathered.append((layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)))
     extra = total - keep
     if extra > 0:

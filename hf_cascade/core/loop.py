@@ -26,7 +26,11 @@ prompt has one token, verification computes every row with the full model.
 
 Host and device: token ids, the tree's structure and the statistics are host values; each step reads
 the device a bounded number of times, not once per drafted token, and nothing that grows with the
-sequence or per cache layer. The sequence is kept on the host beside the device tensor
+sequence or per cache layer. What a step builds on the host reaches the device without waiting for it
+(:func:`~hf_cascade.placement.upload`: pinned memory on CUDA): a verification's ids, positions and tree closure
+in one tensor, the kept columns' index after a tree's path in one more, shared by every cache layer; no phase
+timer synchronises unless asked to (:class:`~hf_cascade.core.stats.PhaseTimer`). ``tests/test_host_copies.py``
+bounds the reads and blocking copies per step. The sequence is kept on the host beside the device tensor
 (:attr:`Row.tokens <hf_cascade.core.phases.Row.tokens>`, handed to drafters as :attr:`TreeStep.tokens`); the
 root enters verification as a host int; acceptance returns its path on the host (:attr:`TreeAcceptance.nodes`),
 which the cache update, the statistics and the drafters' feedback share; pruning decides on the tree's host

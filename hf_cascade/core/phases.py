@@ -42,6 +42,7 @@ from typing import NamedTuple
 import torch
 from transformers import LogitsProcessorList
 
+from ..placement import HOST, upload
 from .accept import TreeAcceptance, greedy_tree_accept, path_list, sampling_tree_accept
 from .forward import output_head
 from .outputs import record_rows
@@ -146,7 +147,7 @@ def emit(row: Row, tree: TokenTree, acceptance: TreeAcceptance, rows: TreeRows, 
     path = path_list(acceptance)                                        # host ints: no read
     new = [tree.token_list[i] for i in path] + [int(acceptance.bonus)]
     src = [0] + [i + 1 for i in path]
-    appended = torch.cat([row.full, torch.tensor(new, dtype=row.full.dtype, device=row.full.device)])
+    appended = torch.cat([row.full, upload(torch.tensor(new, dtype=row.full.dtype, device=HOST), row.full.device)])
     processed, raw = record_rows(scores, logits, rows, src)
     seen = tuple(row.scores + processed) if processed is not None else None
     count, finished = row.stopper.emitted(appended, row.width, new, seen)

@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from ..placement import HOST, upload
 from .closure import closure_bits, unpack_closure
 
 
@@ -221,7 +222,7 @@ class TokenTree:
         device = self.tokens.device
         if self.host_tokens is not None:                            # host values: the tensors in one copy, no check
             host_t = tuple(self.host_tokens[i] for i in kept)
-            both = torch.tensor([host_t, new_parents], dtype=torch.long, device=device).reshape(2, len(kept))
+            both = upload(torch.tensor([host_t, new_parents], dtype=torch.long, device=HOST), device).reshape(2, len(kept))
             return TokenTree._unchecked(both[0], both[1], tuple(new_parents), host_t)
         return TokenTree._unchecked(self.tokens.index_select(0, torch.tensor(kept, dtype=torch.long, device=device)),
                                     torch.tensor(new_parents, dtype=torch.long, device=device), tuple(new_parents), None)
@@ -264,7 +265,7 @@ class TokenTree:
             if p < -1 or p >= i:
                 raise ValueError(f"node {i} has parent {p}: parents must precede their children "
                                  "(-1 <= parents[i] < i, with -1 meaning the root)")
-        both = torch.tensor([host_t, host_p], dtype=torch.long, device=device) if host_t else \
+        both = upload(torch.tensor([host_t, host_p], dtype=torch.long, device=HOST), device or HOST) if host_t else \
             torch.empty(2, 0, dtype=torch.long, device=device)
         return cls._unchecked(both[0], both[1], host_p, host_t)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.payoff import AdaptiveLookahead, CostModel
+from ..placement import HOST, upload
 from .corpus import CORPUS_PRIORS, CorpusNGrams
 
 BIGRAM_BUCKET = 0
@@ -231,4 +232,4 @@ class MaxGram:
                 chain, _ = self.corpus.chain(tokens, self.max_tokens, self.corpus_min_confidence)
                 host, bucket = [int(t) for t in chain], first.bucket
         host = host[:policy.choose(bucket, len(host), limit, offset)]
-        return MaxGramProposal(torch.tensor(host, dtype=seq.dtype, device=seq.device), bucket, host=host)   # one copy
+        return MaxGramProposal(upload(torch.tensor(host, dtype=seq.dtype, device=HOST), seq.device), bucket, host=host)
