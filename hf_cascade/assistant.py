@@ -24,6 +24,7 @@ from .candidate import ChainDrafter, SpeculativeCandidateGenerator
 from .core.batch import speculative_decode_batch
 from .core.checks import check_supported, is_batched
 from .core.compiled import call_compiles
+from .core.forward import check_attention_backend
 from .core.loop import speculative_decode
 from .core.stats import BatchStats, GenerationStats, synchronized_phases
 from .core.strategy import TreeDrafter
@@ -69,6 +70,13 @@ class Assistant:
         """Prepare for ``target``, once per call: place the drafters on its device and dtype, measure what the
         payoff rules need from it (:mod:`hf_cascade.measure`)."""
 
+    def drafts_branches(self) -> bool:
+        """Whether this assistant's drafts may branch (verified with the core's 4-D tree mask); ``False`` when every
+        draft is one path (its drafters are ``linear``). Checked against the target's attention backend before
+        :meth:`bind` (:func:`~hf_cascade.core.forward.check_attention_backend`), so that a refusal runs no forward,
+        not even the verification profile's measurement."""
+        return self.trees
+
     def finish(self, drafter: TreeDrafter, stats: GenerationStats) -> GenerationStats:
         """The call's final statistics (a strategy may add its drafter's own records)."""
         return stats
@@ -102,6 +110,7 @@ class Assistant:
         model_kwargs = model_kwargs or {}
         processors = logits_processor or LogitsProcessorList()
         check_supported(target, input_ids, generation_config, model_kwargs, processors, synced_gpus, self.trees, streamer)
+        check_attention_backend(target, tree_shaped=self.drafts_branches())     # before binding's measurement
         self.bind(target)
         if is_batched(input_ids, model_kwargs):
             return self._decode_batch(target, input_ids, model_kwargs.get("attention_mask"), processors,

@@ -248,7 +248,8 @@ def check_attention_backend(model: PreTrainedModel, tree_shaped: bool) -> None:
         "read it as padding; flex_attention is not supported). Set attn_implementation='sdpa' (or 'eager') when "
         "loading the target, or call target.set_attn_implementation('sdpa'); or draft chains only "
         "(e.g. GlideAssistant(head, settings=GlideSettings.chain()), "
-        "ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=1))).")
+        "ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=1)), MaxGramTreeAssistant(branches=1); "
+        "Token Recycling drafts trees only: CascadeAssistant([MaxGram()]) is its chain-drafting lookup).")
 
 
 def logit_cap(model: torch.nn.Module) -> float | None:

@@ -88,6 +88,10 @@ class GlideAssistant(TreeAssistant):
         processors = split_processors(logits_processor)[0] if generation_config.do_sample else None
         return GlideDrafter(self.glide, self.settings, stop, processors, self.verify_cost, self.lookup)
 
+    def drafts_branches(self) -> bool:
+        """CAPE's trees branch; without CAPE every draft is a chain (:class:`~hf_cascade.glide.drafter.GlideDrafter`)."""
+        return self.settings.cape is not None
+
     @property
     def block_kind(self) -> str:
         """CAPE's trees and the chain read their rows differently: their steps are kept apart."""

@@ -30,6 +30,10 @@ class MaxGramTreeAssistant(TreeAssistant):
         self.drafter = MaxGramTree(branches, depth, max_ngram, min_ngram, max_scan)
         self.cpu_kernels = cpu_kernels
 
+    def drafts_branches(self) -> bool:
+        """Several continuations make a tree (flash attention cannot verify it); ``branches=1`` is a chain."""
+        return self.drafter.branches > 1
+
     def new_drafter(self, target, generation_config, logits_processor, stats=None, target_tokenizer=None) -> MaxGramTree:
         return self.drafter
 

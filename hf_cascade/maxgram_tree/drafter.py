@@ -57,6 +57,7 @@ class MaxGramTree(TreeDrafter):
             raise ValueError("MaxGramTree needs branches >= 1, depth >= 1 and max_scan >= 1")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError("MaxGramTree needs 1 <= min_ngram <= max_ngram")
+        self.linear = self.branches == 1             # one continuation: a chain, verified without a tree mask
 
     def continuations(self, seq: torch.Tensor, depth: int) -> torch.Tensor:
         """``[w, depth]`` distinct continuations of ``seq`` (``[L]``), best evidence first (``w <= branches``)."""

@@ -68,6 +68,10 @@ class ReDrafterAssistant(TreeAssistant):
         self.lookup = self.policy.lookup and self.policy.cost_aware      # the lookup branch is cut by the cost rule
         self.cpu_kernels = cpu_kernels
 
+    def drafts_branches(self) -> bool:
+        """Several beams make a tree; one beam is a chain (:class:`~hf_cascade.redrafter.drafter.ReDrafterDrafter`)."""
+        return self.settings.beam_width > 1
+
     def bind(self, target: PreTrainedModel) -> None:
         """Place the head on the target's input-embedding device and dtype (``loading.place``); the verification
         profile the cost rule uses, measured on the target's device at the first call
