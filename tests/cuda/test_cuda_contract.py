@@ -7,8 +7,9 @@
   (``cuda:0`` + ``cuda:1``, or ``cuda:0`` + CPU offload executed on ``cuda:0`` with one GPU);
 * drafters on another device than the target: left on the CPU (``Loading(place=False)``; on ``cuda:1`` too
   with two GPUs), and the default, where binding moves them to the target;
-* flash attention (when ``flash_attn`` is installed): linear drafts (a chain needs no tree mask) keep parity,
-  tree assistants refuse with a ValueError before any forward.
+* flash attention (when ``flash_attn`` is installed): chains (every linear entry, and the tree strategies' chain
+  settings) keep parity on dynamic and static caches, eager and compiled; trees with branches (GLIDE + CAPE,
+  ReDrafter's beams, Max-Gram trees, Token Recycling) refuse with a ValueError before any forward.
 
 Skipped without CUDA (tests/cuda/conftest.py marks them ``cuda``).
 """
@@ -27,7 +28,6 @@ from tests.test_contract import (
     ASCENDING,
     REGISTRY,
     REPETITIVE,
-    TREE_ASSISTANTS,
     WITH_MODELS,
     FakeClock,
     assert_exact_sampling,
@@ -180,6 +180,9 @@ def test_drafters_placed_by_default(name):
 # -- flash attention ------------------------------------------------------------------------------------------
 
 HAS_FLASH = importlib.util.find_spec("flash_attn") is not None
+from tests.test_flash_like import BRANCHING, CHAIN_FACTORIES  # noqa: E402  (the CPU proof's entries)
+
+FLASH_CHAINS = list(CHAIN_FACTORIES)
 
 
 @pytest.fixture(scope="module")
@@ -190,16 +193,29 @@ def flash_target():
 
 
 @pytest.mark.skipif(not HAS_FLASH, reason="needs flash_attn")
-@pytest.mark.parametrize("name", [n for n in REGISTRY if n not in TREE_ASSISTANTS + ["maxgram_tree"]])
-def test_flash_attention_linear_drafts(name, flash_target):
-    """Linear drafts are verified with plain causal attention: any attention backend, flash included."""
+@pytest.mark.parametrize("mode", ["dynamic", "eager", "compiled"])
+@pytest.mark.parametrize("name", FLASH_CHAINS)
+def test_flash_attention_chains(name, mode, flash_target):
+    """Chains are verified with plain causal attention, which flash applies bottom-right aligned: on a dynamic cache
+    and on a static one, eager and compiled (its layers show flash the prefix and the queries only), plain
+    ``generate``'s output under flash (bf16: ties judged, tests/static_contract.py). The CPU proof of the same rules:
+    tests/test_flash_like.py."""
+    from tests.static_contract import check_static_parity, static_cases, target_settings
+
     kit = fresh_kit("gemma3", flash_target)
-    assert_greedy_parity(flash_target, REGISTRY[name](kit), cases_of("flash", flash_target))
+    settings = {} if mode == "dynamic" else target_settings(mode, flash_target)
+    check_static_parity(flash_target, CHAIN_FACTORIES[name](kit), static_cases(flash_target, settings), exact=False)
 
 
 @pytest.mark.skipif(not HAS_FLASH, reason="needs flash_attn")
-@pytest.mark.parametrize("name", TREE_ASSISTANTS)
-def test_flash_attention_refused_by_tree_assistants(name, flash_target):
+@pytest.mark.measured_costs                     # the verification profile measured at bind time, as users get it
+@pytest.mark.parametrize("name", BRANCHING)
+def test_flash_attention_refused_by_tree_drafts(name, flash_target, monkeypatch):
+    """GLIDE + CAPE, ReDrafter's beams, Max-Gram trees and Token Recycling draft trees with branches, which need the
+    core's 4-D mask: a ValueError before any forward, binding's measurement included."""
+    from hf_cascade import measure
+
+    monkeypatch.setattr(measure, "_MEASURED", {})
     assistant = REGISTRY[name](fresh_kit("gemma3", flash_target))
     forwards = []
     handle = flash_target.register_forward_pre_hook(lambda *a: forwards.append(1))
