@@ -8,7 +8,7 @@ decoding core. See the README next to this folder for the arguments.
 How: transformers' ``generate`` takes ``custom_generate=<callable>`` as its decoding loop. This recipe calls
 ``generate`` again with ``assistant_model`` removed and a callable that runs ``assistant.decode(...)``, so
 transformers prepares the generation config, logits processors, stopping criteria, attention mask and lengths
-as for plain (non-assisted) decoding, and the callable decodes. transformers 4.57.6 and 5.24.0 do not pass
+as for plain (non-assisted) decoding, and the callable decodes. transformers 4.57.6 to 5.25.0 do not pass
 ``streamer``, ``synced_gpus`` or ``tokenizer`` on to a callable, so the callable takes the first two from this
 call; a call with ``tokenizer=`` (stop strings, token healing: transformers needs the tokenizer while it builds
 the stopping criteria) goes through hf_cascade's ``generate(assistant_model=...)`` hook instead, the same core.
