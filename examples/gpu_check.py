@@ -1,7 +1,13 @@
 """Check hf_cascade on your GPU: every assistant gives plain generate()'s tokens, and how fast it is.
 
     python examples/gpu_check.py --model google/gemma-3-270m --dtype bf16
-    python examples/gpu_check.py --max-new-tokens 16 --prompts 1 --assistants maxgram    # CPU smoke check
+    python examples/gpu_check.py --device cpu --max-new-tokens 16 --prompts 1 --assistants maxgram   # CPU smoke check
+
+One command, one JSON summary (``--json``, default ``gpu_check.json``): the ``cuda`` tests of a source checkout
+(``tests/cuda``, run by pytest in a subprocess on a CUDA device; ``--cuda-tests no`` leaves them out), then parity and
+speed below. The summary holds the environment, the cuda tests' counts, every row (parity, each difference from
+plain with its verdict and logit gap, speeds), the failures and the wall time; the exit status is 1 on any failure
+(a mismatch, an error, a failed cuda test).
 
 For each assistant of the test contract (tests/contract_registry.py: Max-Gram alone, a drafter + Max-Gram cascade,
 lenience 3, Max-Gram first + cost-aware, HSDDW, GLIDE chain, GLIDE+CAPE, ReDrafter, Max-Gram trees, token
@@ -39,8 +45,14 @@ target with ``hf-cascade train glide|redrafter``). Assistants whose drafter is m
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import math
+import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +62,7 @@ from hf_cascade.parity import TIE_ULPS, divergence
 from hf_cascade.placement import synchronize
 
 CARDS = Path(__file__).resolve().parent.parent / "model_cards"
+CUDA_TESTS = Path(__file__).resolve().parent.parent / "tests" / "cuda"
 GEMMA_270M = ("default", "google/gemma-3-270m", "google/gemma-3-270m-it")
 SHIPPED = {
     "drafter": CARDS / "gemma-3-270m-drafter-xs",
@@ -96,6 +109,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "none on a CPU)")
     for name in SHIPPED:
         p.add_argument(f"--{name}", default=None, help=f"{name} checkpoint (directory or Hub repo id)")
+    p.add_argument("--cuda-tests", choices=("auto", "yes", "no"), default="auto",
+                   help="run the cuda tests (tests/cuda) first: auto (default) on a CUDA device, yes, no")
+    p.add_argument("--json", default="gpu_check.json", metavar="PATH", help="the summary (default gpu_check.json)")
     args = p.parse_args(argv)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -225,6 +241,37 @@ def strict_recompiles(compiled: bool):
     return contextlib.nullcontext()
 
 
+# -- the cuda tests --------------------------------------------------------------------------------------
+
+def run_cuda_tests(args) -> dict:
+    """The ``cuda`` tests of a source checkout (:data:`CUDA_TESTS`) in a pytest subprocess: its counts (junit XML),
+    exit code and seconds; ``{"ran": False, "reason": ...}`` where they do not run (``--cuda-tests``, no CUDA
+    device, no checkout)."""
+    wanted = args.cuda_tests == "yes" or (args.cuda_tests == "auto" and torch.device(args.device).type == "cuda")
+    if not wanted:
+        return {"ran": False, "reason": "--cuda-tests no" if args.cuda_tests == "no" else f"device {args.device}"}
+    if not CUDA_TESTS.is_dir():
+        return {"ran": False, "reason": f"no {CUDA_TESTS} (not a source checkout)"}
+    print(f"cuda tests: {CUDA_TESTS}", flush=True)
+    from xml.etree import ElementTree
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "cuda.xml"
+        start = time.perf_counter()
+        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
+                                f"--junitxml={report}", str(CUDA_TESTS)], cwd=CUDA_TESTS.parent.parent)
+        seconds = time.perf_counter() - start
+        suites = list(ElementTree.parse(report).getroot().iter("testsuite")) if report.is_file() else []
+        counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return {"ran": True, "exit_code": code, "seconds": round(seconds, 1), **counts}
+
+
+def cuda_tests_failed(result: dict) -> bool:
+    """Whether the cuda tests ran and did not pass (pytest's exit 5: nothing collected, counts as a failure)."""
+    return result["ran"] and result["exit_code"] != 0
+
+
 # -- running ---------------------------------------------------------------------------------------------
 
 def timed_generate(model, ids, assistant, max_new_tokens: int, repeats: int, **kw):
@@ -308,11 +355,11 @@ def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, t
         except Exception as exc:
             if mode == "eager":
                 raise
-            rows.append(("plain generate", mode, f"ERROR {type(exc).__name__}: {str(exc)[:60]}", None))
+            rows.append(("plain generate", mode, f"ERROR {type(exc).__name__}: {str(exc)[:60]}", None, []))
             continue
         verdicts = [judge(model, e, g, f"plain [{mode}]", exact, args.tie_ulps)
                     for e, g in zip(plain["eager"]["outs"], r["outs"])] if mode != "eager" else []
-        rows.append(("plain generate", mode, parity_text(verdicts) if verdicts else "-", r))
+        rows.append(("plain generate", mode, parity_text(verdicts) if verdicts else "-", r, verdicts))
     for name in wanted:
         make, needs = table[name]
         missing = [n for n in needs if n not in drafters]
@@ -322,7 +369,7 @@ def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, t
             if missing or mode not in plain or (mode != "eager" and not static_rollback_supported()):
                 why = f"no --{missing[0]}" if missing else "no plain baseline" if mode not in plain else \
                     "static caches need transformers >= 5"
-                rows.append((name, mode, f"skipped ({why})", None))
+                rows.append((name, mode, f"skipped ({why})", None, []))
                 continue
             try:
                 kw = mode_kwargs(mode, args, device, max_cache_len)
@@ -330,24 +377,37 @@ def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, t
                 verdicts = [judge(model, e, g, f"{name} [{mode}], prompt {i}", exact, args.tie_ulps)
                             for i, (e, g) in enumerate(zip(plain[mode]["outs"], r["outs"]))]
                 failures += sum(v == "mismatch" for v, _ in verdicts)
-                rows.append((name, mode, parity_text(verdicts), r))
+                rows.append((name, mode, parity_text(verdicts), r, verdicts))
             except Exception as exc:                                   # report and go on with the others
                 failures += 1
-                rows.append((name, mode, f"ERROR {type(exc).__name__}: {str(exc)[:80]}", None))
+                rows.append((name, mode, f"ERROR {type(exc).__name__}: {str(exc)[:80]}", None, []))
             print(f"  {name} [{mode}]: {rows[-1][2]}", flush=True)
     ratio = (lambda r, m: r["tps"] / plain[m]["tps"] if r is not None and m in plain else None)
-    return [(method, mode, parity + (f" ({r['graphs']} graph(s) compiled while timed)" if r and r["graphs"] else ""),
-             r and r["tps"], ratio(r, "compiled"), ratio(r, "eager"), r and r["per_call"])
-            for method, mode, parity, r in rows], failures
+    return [{"method": method, "mode": mode,
+             "parity": parity + (f" ({r['graphs']} graph(s) compiled while timed)" if r and r["graphs"] else ""),
+             "tokens_per_second": r and r["tps"], "vs_compiled": ratio(r, "compiled"), "vs_eager": ratio(r, "eager"),
+             "tokens_per_call": r and r["per_call"],
+             "differences": [{"prompt": i, "verdict": v, **_finite(dataclasses.asdict(d))}
+                             for i, (v, d) in enumerate(verdicts) if d is not None]}
+            for method, mode, parity, r, verdicts in rows], failures
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    start = time.perf_counter()
+    import transformers
+
     import hf_cascade  # noqa: F401  (installs the generate() hook)
 
-    print(f"torch {torch.__version__}, device {args.device}"
-          + (f" ({torch.cuda.get_device_name(0)})" if args.device.startswith("cuda") else "")
+    gpu = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else None
+    print(f"torch {torch.__version__}, device {args.device}" + (f" ({gpu})" if gpu else "")
           + f", dtype {args.dtype} (parity in fp32), target {args.model}", flush=True)
+    summary = {"environment": {"torch": torch.__version__, "transformers": transformers.__version__,
+                               "python": platform.python_version(), "device": args.device,
+                               "device_name": gpu or f"CPU ({platform.machine()})", "dtype": args.dtype,
+                               "target": args.model, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+                               "modes": args.modes},
+               "cuda_tests": run_cuda_tests(args)}
     drafters = load_drafters(args)
     print("drafters: " + (", ".join(f"{k}={getattr(args, k) or SHIPPED[k].name}" for k in drafters) or "none"))
     table = assistants(drafters)
@@ -357,7 +417,7 @@ def main(argv=None) -> int:
         print(f"unknown assistants {unknown}; known: {list(table)}", file=sys.stderr)
         return 2
 
-    failures, exact = 0, {}
+    failures, exact, tables = 0, {}, {}
     for dtype_name in dict.fromkeys(["fp32", args.dtype]):     # parity in fp32 first, then the speed dtype
         print(f"\n{dtype_name}:", flush=True)
         torch._dynamo.reset()                   # the other dtype's graphs would count against the recompile limit
@@ -370,18 +430,31 @@ def main(argv=None) -> int:
         rows, failed = run_assistants(model, prompts, table, wanted, drafters, args, exact=dtype_name == "fp32",
                                       timed=timed)
         failures += failed
+        tables[dtype_name] = rows
         if not timed:
-            exact = {row[:2]: row[2] for row in rows}
+            exact = {(row["method"], row["mode"]): row["parity"] for row in rows}
         del model                                                   # before the next dtype's copy is loaded
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
     print()
     print_table(rows, exact, args.dtype)
+    cuda = summary["cuda_tests"]
+    failures += cuda_tests_failed(cuda)
     print(f"\n{args.prompts} prompts x {args.max_new_tokens} new tokens, greedy, {args.device}; parity in fp32, speed in "
           f"{args.dtype}; vs compiled / vs eager: tokens/s over plain generate compiled / eager; "
           + ("all outputs identical to plain generate (or ties)" if not failures else f"{failures} FAILURE(S)"))
+    print("cuda tests: " + (f"{cuda['passed']} passed, {cuda['failures'] + cuda['errors']} failed, {cuda['skipped']} "
+                            f"skipped (exit {cuda['exit_code']})" if cuda["ran"] else f"not run ({cuda['reason']})"))
+    summary.update(rows=tables, failures=failures, seconds=round(time.perf_counter() - start, 1), ok=not failures)
+    Path(args.json).write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
+    print(f"wrote {args.json} ({summary['seconds']:.0f} s)")
     return 1 if failures else 0
+
+
+def _finite(fields: dict) -> dict:
+    """``fields`` with infinite floats as strings (a logit gap where a sequence had ended), for strict JSON."""
+    return {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in fields.items()}
 
 
 def print_table(rows, exact: dict, dtype: str) -> None:
@@ -389,10 +462,12 @@ def print_table(rows, exact: dict, dtype: str) -> None:
     num = (lambda v, f, suffix="": format(v, f) + suffix if v is not None else "-")
     print(f"{'method':<26} {'mode':<9} {'tokens/s':>9} {'vs compiled':>12} {'vs eager':>9} {'tokens/call':>12}  "
           + (f"{'fp32 parity':<24} " if exact else "") + f"{dtype} parity")
-    for method, mode, parity, tps, vs_compiled, vs_eager, per_call in rows:
-        print(f"{method:<26} {mode:<9} {num(tps, '9.1f'):>9} {num(vs_compiled, '.2f', 'x'):>12} "
-              f"{num(vs_eager, '.2f', 'x'):>9} {num(per_call, '12.2f'):>12}  "
-              + (f"{exact.get((method, mode), '-'):<24} " if exact else "") + parity)
+    for row in rows:
+        method, mode = row["method"], row["mode"]
+        print(f"{method:<26} {mode:<9} {num(row['tokens_per_second'], '9.1f'):>9} "
+              f"{num(row['vs_compiled'], '.2f', 'x'):>12} {num(row['vs_eager'], '.2f', 'x'):>9} "
+              f"{num(row['tokens_per_call'], '12.2f'):>12}  "
+              + (f"{exact.get((method, mode), '-'):<24} " if exact else "") + row["parity"])
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """examples/gpu_check.py without a model: its options, the generate() kwargs of each mode (plain and assisted alike),
-the compile configuration per device, the parity summary of a bf16 divergence. A CPU smoke run of the whole script:
-``python examples/gpu_check.py --max-new-tokens 16 --prompts 1 --assistants maxgram`` (a few minutes: not a test)."""
+the compile configuration per device, the parity summary of a bf16 divergence, the cuda tests' step (a faked pytest
+run), and the whole check on the CPU (``--device cpu``, a tiny target) with its JSON summary."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,49 @@ def test_parity_summary(gpu_check):
     assert gpu_check.parity_text([("same", None), ("same", None)]) == "2/2"
     assert gpu_check.parity_text([("same", None), ("tie", tie)]) == "1/2 +1 tie @37 gap 0.1"
     assert gpu_check.parity_text([("mismatch", tie)]) == "0/1 1 MISMATCH @37 gap 0.1"
+
+
+def test_cuda_tests_step(gpu_check, monkeypatch):
+    """The cuda tests run where asked (auto: on a CUDA device) and their counts come from pytest's junit report; a
+    failed run is a failure of the check."""
+    args = gpu_check.parse_args(["--device", "cpu"])
+    assert gpu_check.run_cuda_tests(args) == {"ran": False, "reason": "device cpu"}
+    commands = []
+
+    def pytest_run(command, cwd):
+        commands.append(command)
+        report = next(c for c in command if c.startswith("--junitxml=")).split("=", 1)[1]
+        Path(report).write_text('<testsuites><testsuite tests="5" failures="1" errors="0" skipped="2"/></testsuites>')
+        return 1
+
+    monkeypatch.setattr(gpu_check.subprocess, "call", pytest_run)
+    result = gpu_check.run_cuda_tests(gpu_check.parse_args(["--device", "cpu", "--cuda-tests", "yes"]))
+    assert (result["passed"], result["failures"], result["skipped"], result["exit_code"]) == (2, 1, 2, 1)
+    assert commands[0][-1] == str(gpu_check.CUDA_TESTS) and "cuda" in commands[0]
+    assert gpu_check.cuda_tests_failed(result)
+    assert not gpu_check.cuda_tests_failed({"ran": False, "reason": "device cpu"})
+
+
+def test_runs_on_the_cpu(gpu_check, tmp_path):
+    """The whole check with ``--device cpu`` on a tiny target (no drafters given: their assistants are skipped rows):
+    every mode's parity with plain, speeds against compiled plain generate, one JSON summary, exit status 0."""
+    from tests.test_bench import _llama, _tokenizer
+
+    _llama(0, 2).save_pretrained(tmp_path / "tiny")
+    _tokenizer().save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "summary.json"
+    code = gpu_check.main(["--device", "cpu", "--model", str(tmp_path / "tiny"), "--prompts", "1",
+                           "--max-new-tokens", "8", "--json", str(out)])
+    summary = json.loads(out.read_text())
+    assert code == 0 and summary["ok"] and summary["failures"] == 0
+    assert summary["cuda_tests"] == {"ran": False, "reason": "device cpu"}
+    assert summary["environment"]["device"] == "cpu" and list(summary["rows"]) == ["fp32"]
+    rows = {(r["method"], r["mode"]): r for r in summary["rows"]["fp32"]}
+    assert set(rows) == {(m, mode) for m in ["plain generate", *gpu_check.assistants({})] for mode in gpu_check.MODES}
+    compiled = rows["plain generate", "compiled"]["tokens_per_second"]      # the baseline of every speed
+    for name in ("maxgram", "maxgram_tree", "recycling"):              # the assistants without a drafter
+        for mode in gpu_check.MODES:
+            row = rows[name, mode]
+            assert row["parity"].startswith("1/1") and row["differences"] == [], row
+            assert row["vs_compiled"] == pytest.approx(row["tokens_per_second"] / compiled)
+    assert rows["glide", "eager"]["parity"] == "skipped (no --glide)"
