@@ -106,3 +106,26 @@ def test_trees_refused_before_any_forward(name, mode, monkeypatch):
         handle.remove()
     assert "tree" in str(err.value) and "sdpa" in str(err.value)
     assert forwards == []
+
+
+@pytest.mark.measured_costs
+def test_batches_refused_before_any_forward(monkeypatch):
+    """A batch keeps padding and rejected drafts' columns in its rows, which only the core's 4-D mask hides: under
+    flash even a batch of chains is refused, before binding measures anything."""
+    from hf_cascade import CascadeAssistant, MaxGram, measure
+    from tests.static_contract import left_padded
+
+    monkeypatch.setattr(measure, "_MEASURED", {})
+    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "0")
+    target = base_kit("gemma3").target
+    ids, mask = left_padded([REPETITIVE[0].tolist(), REPETITIVE[0, 3:].tolist()], "cpu")
+    forwards = []
+    handle = target.register_forward_pre_hook(lambda *a, **k: forwards.append(1))
+    try:
+        with flash_like(target), pytest.raises(ValueError, match="batches") as err:
+            target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=5,
+                            assistant_model=CascadeAssistant([MaxGram()]))
+    finally:
+        handle.remove()
+    assert NAME in str(err.value)
+    assert forwards == []
