@@ -320,19 +320,23 @@ def test_accelerators_of_a_module():
 
 
 def test_phase_timer_synchronises_accelerators_only(monkeypatch):
-    """``last_stats.phase_seconds`` on an accelerator: the target's devices are synchronised before each clock
-    read of a phase (else a phase is timed at its kernels' launch); on a CPU nothing is called."""
+    """``last_stats.phase_seconds`` on an accelerator, where asked for (``synchronize=True``): the target's devices
+    are synchronised before each clock read of a phase (else a phase is timed at its kernels' launch); on a CPU
+    nothing is called, and by default nothing either (issue 72)."""
     from hf_cascade.core.stats import GenerationStats, PhaseTimer
 
     calls = []
     monkeypatch.setattr(placement, "synchronize", lambda device=None: calls.append(device))
     stats, target = GenerationStats(), tm.llama(seed=5)
-    with PhaseTimer(stats, target)("draft"):
+    with PhaseTimer(stats, target, synchronize=True)("draft"):
         pass
     assert calls == [] and "draft" in stats.phase_seconds                        # CPU target: no call
     two = (torch.device("cuda", 0), torch.device("cuda", 1))                     # a fake target over two GPUs
     monkeypatch.setattr(placement, "accelerators", lambda module: two)
-    with PhaseTimer(stats, target)("verify"):
+    with PhaseTimer(stats, target)("draft"):
+        pass
+    assert calls == []                                                           # not asked for: no call
+    with PhaseTimer(stats, target, synchronize=True)("verify"):
         assert calls == list(two)                                                # before the first clock read
     assert calls == list(two) * 2 and "verify" in stats.phase_seconds           # ... and before the second
 
@@ -345,9 +349,10 @@ def test_decoding_phases_synchronise_the_targets_accelerator(kind, monkeypatch):
     plain = greedy(target, max_new_tokens=12)
     assert calls == []
     monkeypatch.setattr(placement, "accelerators", lambda module: (torch.device("cuda", 0),) if module is target else ())
-    assistant = (GlideAssistant(echo_glide(target)) if kind == "glide"
+    synced = Policy(sync_phases=True)                                           # asked for (default: no phase waits)
+    assistant = (GlideAssistant(echo_glide(target), policy=synced) if kind == "glide"
                  else CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()],
-                                       settings=CascadeSettings(k_matrix=[[2, 4], [0, 4]])))
+                                       settings=CascadeSettings(k_matrix=[[2, 4], [0, 4]]), policy=synced))
     assert greedy(target, assistant, max_new_tokens=12) == plain
     timed = assistant.last_stats.phase_seconds
     assert {"prefill", "draft", "verify", "accept", "update"} <= set(timed)
