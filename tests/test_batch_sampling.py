@@ -100,7 +100,7 @@ def assert_exact_batch_sampling(target, make_assistant) -> None:
     assert 0 < cal[0]["accepted"] < cal[0]["drafted"], cal
 
 
-SAMPLING_ASSISTANTS = ["maxgram", "drafter+maxgram", "glide_cape", "redrafter"]
+SAMPLING_ASSISTANTS = list(REGISTRY)         # every assistant of the contract
 
 
 @pytest.mark.parametrize("name", SAMPLING_ASSISTANTS)
