@@ -86,7 +86,7 @@ class ReadCounter:
     of one element or more dimensions with device tensors (indexing a device tensor with a host index: torch copies
     it). With ``pinned_uploads`` (default), what :func:`hf_cascade.placement.upload` stages is taken as pinned, as it
     is on CUDA (on a CPU there is nothing to pin). A move or ``copy_`` of a device tensor into host memory is a read.
-    What torch does inside one call (a model's kernels) is that call's. On CUDA ``torch.cuda.set_sync_debug_mode``
+    What torch does inside one call (a model's kernels, a compiled graph) is that call's. On CUDA ``torch.cuda.set_sync_debug_mode``
     flags the same copies and reads (``tests/cuda/test_cuda_syncs.py``).
     """
 
@@ -280,6 +280,8 @@ class _Sides(TorchFunctionMode):
     # -- the calls ------------------------------------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():                     # traced into a compiled graph: that call's own work
+            return func(*args, **kwargs)
         func = self.counter._originals.get(func, func)      # a read method: counted by its wrapper, once
         out = func(*args, **kwargs)
         frame = sys._getframe(1)
