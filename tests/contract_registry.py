@@ -37,6 +37,20 @@ class Kit:
         return [self.drafter, self.big, self.glide, self.head]
 
 
+def suffix_decoding(**settings) -> Callable[[Kit], object]:
+    """A :class:`~hf_cascade.suffix.SuffixAssistant` factory; the test skips where ArcticInference's suffix trees
+    are not installed (its C++ build does not fit CI's time: ``pip install -e '.[suffix]'``)."""
+    def make(kit: Kit):
+        import pytest
+
+        pytest.importorskip("arctic_inference.suffix_decoding",
+                            reason="SuffixDecoding needs arctic-inference (pip install -e '.[suffix]'; not in CI)")
+        from hf_cascade.suffix import SuffixAssistant, SuffixSettings
+
+        return SuffixAssistant(settings=SuffixSettings(**settings))
+    return make
+
+
 REGISTRY: dict[str, Callable[[Kit], object]] = {
     "maxgram": lambda k: CascadeAssistant([MaxGram()]),
     "drafter+maxgram": lambda k: CascadeAssistant([k.drafter, MaxGram()]),
@@ -52,7 +66,13 @@ REGISTRY: dict[str, Callable[[Kit], object]] = {
     "redrafter": lambda k: ReDrafterAssistant(k.head, settings=ReDrafterSettings(beam_width=4, beam_length=4)),
     "maxgram_tree": lambda k: MaxGramTreeAssistant(),
     "recycling": lambda k: RecyclingAssistant(),
+    # without the global tree of earlier calls' outputs (its only state between calls, by design: the contract's
+    # "no state leak" holds for the rest); drafting from it across calls is tests/test_suffix.py's
+    "suffix": suffix_decoding(max_cached_requests=0),
+    "suffix_tree": suffix_decoding(max_cached_requests=0, use_tree_spec=True, max_spec_factor=2.0),
 }
+#: the entries whose drafts are one path (transformers ``CandidateGenerator`` s: they also run in its own loop)
+LINEAR = ["maxgram", "drafter+maxgram", "lenience3", "maxgram_first_cost_aware", "hsddw", "suffix"]
 
 #: entries drafting with a model (drafter or head): the placement rules apply to them
 WITH_MODELS = ["drafter+maxgram", "lenience3", "maxgram_first_cost_aware", "hsddw", "glide", "glide_cape", "redrafter"]

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
-from tests.contract_registry import (REGISTRY, SETTINGS, TREE_ASSISTANTS, WITH_MODELS, assert_placed,  # noqa: F401
+from tests.contract_registry import (LINEAR, REGISTRY, SETTINGS, TREE_ASSISTANTS, WITH_MODELS, assert_placed,  # noqa: F401
                                      base_kit, fresh_kit, input_device, models_used, setting_target, with_attention)
 from tests.sampling_stats import calibration, chi2_isf, passes, processed_probs
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
@@ -308,16 +308,6 @@ def test_exact_sampling_detects_a_wrong_q(name, monkeypatch):
 # which changes from release to release (5.25 reads ``num_drafting_tokens``). The same greedy parity and exact
 # sampling hold there.
 
-def _linear(name: str) -> bool:
-    from hf_cascade.assistant import LinearAssistant
-
-    kit = fresh_kit("small", base_kit("small").target)
-    return isinstance(REGISTRY[name](kit), LinearAssistant)
-
-
-LINEAR = [name for name in REGISTRY if _linear(name)]
-
-
 def in_transformers_loop(make_assistant):
     """``make_assistant`` with ``loop = "transformers"``, whose generators are checked to propose no draft longer
     than the ``num_drafting_tokens`` they declare (transformers >= 5.25 sizes a linear-attention cache's recorded
@@ -344,8 +334,13 @@ def in_transformers_loop(make_assistant):
     return make
 
 
-def test_linear_registry_entries():
-    assert set(LINEAR) >= {"maxgram", "drafter+maxgram", "lenience3", "maxgram_first_cost_aware", "hsddw"}
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_linear_registry_entries(name):
+    """:data:`LINEAR` names exactly the registry's linear assistants."""
+    from hf_cascade.assistant import LinearAssistant
+
+    assistant = REGISTRY[name](fresh_kit("small", base_kit("small").target))
+    assert (isinstance(assistant, LinearAssistant) and not assistant.trees) == (name in LINEAR)
 
 
 @pytest.mark.parametrize("setting", ["llama-sdpa", "gemma3-sdpa"])

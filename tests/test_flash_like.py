@@ -28,7 +28,7 @@ from tests.test_contract import REPETITIVE, greedy_cases
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 #: entries whose drafts are trees with branches: they need a tree mask, which flash does not apply
-BRANCHING = TREE_ASSISTANTS + ["maxgram_tree", "recycling"]
+BRANCHING = TREE_ASSISTANTS + ["maxgram_tree", "recycling", "suffix_tree"]
 #: every entry of the registry whose drafts are chains, and the tree strategies' chain settings
 CHAIN_FACTORIES = {**{n: REGISTRY[n] for n in REGISTRY if n not in BRANCHING},
                    "redrafter_beam1": lambda k: ReDrafterAssistant(k.head, settings=ReDrafterSettings(beam_width=1)),

@@ -163,3 +163,24 @@ def test_one_target_every_strategy(sized, free_drafts, record_property):
     makers = {name: (lambda make=make: make(fresh_kit("gemma3", target))) for name, make in REGISTRY.items()}
     settings = target_settings("compiled", target, **({} if sized else {"max_cache_len": None}))
     report(check_every_strategy(target, makers, settings, exact=False), record_property)
+
+
+# -- exact sampling on the device -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_static_exact_sampling(name, mode, monkeypatch, free_drafts):
+    """The contract's exact sampling (joint law of the first three tokens, per-step calibration; 16-token vocabulary,
+    fp32) with the target on ``cuda:0`` and a static cache, eager and compiled (CUDA graphs): the ``q`` handed to
+    verification is the law each draft was drawn from, on the device as on the CPU (tests/test_static_contract.py)."""
+    import time
+
+    from tests.test_contract import FakeClock, assert_exact_sampling
+
+    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    target = copy.deepcopy(base_kit("small").target).to("cuda:0")
+    settings = target_settings(mode, target)
+    target.generation_config.update(**{k: v for k, v in settings.items() if k != "disable_compile"})
+    target.generation_config.disable_compile = mode == "eager"
+    kit = fresh_kit("small", target)
+    assert_exact_sampling(target, lambda: registry_assistant(name, kit))
