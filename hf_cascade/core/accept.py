@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..placement import HOST, upload
 from .categorical import categorical
 from .structure import TokenTree
 
@@ -249,8 +250,8 @@ def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> Tre
     stacked = torch.stack([target_probs[r].float() for r in needed])                      # [R, V]
     device = stacked.device
     where = {r: i for i, r in enumerate(needed)}
-    token_index = torch.tensor(tokens, dtype=torch.long, device=device)
-    parent_index = torch.tensor([where[r] for r in parent_rows], device=device)
+    token_index, parent_index = upload(torch.tensor([list(tokens), [where[r] for r in parent_rows]], dtype=torch.long,
+                                                    device=HOST), device)                       # one copy
     p_x = stacked[parent_index, token_index]
     u = torch.rand(n, generator=generator, device=device)
     firsts = [kids[0] for kids in children if len(kids) > 1] if draft_probs is not None else []

@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 from transformers import LogitsProcessorList
 
+from ..placement import HOST, upload
 from .structure import TokenTree
 
 HeadFn = Callable[[torch.Tensor], torch.Tensor]     # [k, H] hidden -> [k, V] raw logits
@@ -135,7 +136,7 @@ class TreeRows:
             return {row: t for row, t in self.known_argmax.items() if row in self._block.get(int(r), [int(r)])}
         if self.argmax_head is not None and int(r) not in self._raw:          # the argmax alone: the screen
             chain = self.plan(int(r))
-            index = torch.tensor(chain, device=self.hidden.device)
+            index = upload(torch.tensor(chain, device=HOST), self.hidden.device)
             self.store_argmax(chain, self.argmax_head(self.hidden.index_select(0, index)))
             return {row: self.known_argmax[row] for row in chain}
         self.raw(r)
@@ -155,7 +156,7 @@ class TreeRows:
                 return scores
             where = {r: i for i, r in enumerate(chain)}
             if all(r in where for r in rows):
-                return scores.index_select(0, torch.tensor([where[r] for r in rows], device=scores.device))
+                return scores.index_select(0, upload(torch.tensor([where[r] for r in rows], device=HOST), scores.device))
         return torch.stack([self[r] for r in rows])
 
     def softmax(self) -> "_Softmax":
@@ -170,7 +171,7 @@ class TreeRows:
         if chain == list(range(len(self))) and self.hidden.is_contiguous():             # every row, in order
             self.store(chain, self.head(self.hidden))
             return
-        index = torch.tensor(chain, device=self.hidden.device)
+        index = upload(torch.tensor(chain, device=HOST), self.hidden.device)
         self.store(chain, self.head(self.hidden.index_select(0, index)))                   # [k, V]
 
     def plan(self, r: int = 0) -> list[int]:
@@ -221,7 +222,7 @@ class TreeRows:
             row = self._parent_row[row]
         ids = self.seq
         if path:
-            ids = torch.cat([self.seq, torch.tensor(path[::-1], dtype=self.seq.dtype, device=self.seq.device)])
+            ids = torch.cat([self.seq, upload(torch.tensor(path[::-1], dtype=self.seq.dtype, device=HOST), self.seq.device)])
         return self.processors(ids[None], raw[None].clone())[0]
 
 
