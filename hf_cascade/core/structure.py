@@ -384,7 +384,7 @@ def pack_beams(beams: torch.Tensor, rows: list[list[int]] | None = None) -> tupl
                 parents.append(beam_to_node[i][j - 1] if j else -1)
     device = beams.device
     tree = TokenTree.from_host(tokens, parents, device)
-    return tree, torch.tensor(beam_to_node, dtype=torch.long, device=device), beam_to_node
+    return tree, upload(torch.tensor(beam_to_node, dtype=torch.long, device=HOST), device), beam_to_node
 
 
 _EMPTY: dict[torch.device, TokenTree] = {}     # device -> TokenTree.empty's tree
