@@ -28,6 +28,8 @@ GPU, tests/test_static_contract.py on the CPU (tests/test_static.py holds the CP
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from hf_cascade.parity import Divergence, divergence
@@ -94,6 +96,21 @@ def judge(model, expected: list[int], got: list[int], exact: bool, label: str) -
     return report
 
 
+def rows_of(cases) -> int:
+    """The rows the cases decode (a case's plain output is ``[rows, length]``)."""
+    return sum(len(expected) for *_, expected in cases)
+
+
+def assert_ties_rare(ties: list[str], runs: int) -> None:
+    """In bf16 a near-tie may flip between verification's kernels and plain decoding's (each divergence was judged a
+    tie by :func:`judge`, with its logit gap), but a tie is a coincidence of one position: at most a quarter of
+    ``runs`` rows decoded may end in one. More is a systematic difference that happens to stay within rounding at its
+    first position. The ties' reports (their logit gaps) are shown as a warning."""
+    if ties:
+        warnings.warn("bf16 ties (each judged, with its logit gap):\n" + "\n".join(ties), stacklevel=2)
+    assert len(ties) <= runs // 4, f"{len(ties)} of {runs} runs diverged:\n" + "\n".join(ties)
+
+
 def check_static_parity(target, assistant, cases, exact: bool) -> list[str]:
     """Every case (:func:`static_cases`) with ``assistant`` gives plain ``generate``'s output (``exact``) or differs
     from it by a tie (:func:`judge`); the statistics count the new tokens, and drafts were accepted. Returns the ties'
@@ -147,14 +164,15 @@ def check_second_pass(target, assistant, cases, exact: bool, parity=check_static
         before = unique_graphs()
         ties += parity(target, assistant, cases, exact)
     assert unique_graphs() == before, f"{unique_graphs() - before} new dynamo graph(s) on the second pass"
+    assert_ties_rare(ties, runs=2 * rows_of(cases))
     return ties
 
 
 def check_every_strategy(target, make_assistants: dict, settings: dict, exact: bool) -> list[str]:
     """A user's process, compiled (``settings``): dynamo reset, plain ``generate`` over the cases (the references,
     :func:`static_cases`), every assistant of ``make_assistants`` (name -> factory) one after another, then all of
-    them again: within dynamo's default recompile limit, and the second round captures no new graph. Returns the
-    ties' reports."""
+    them again: within dynamo's default recompile limit, and the second round captures no new graph; ties are rare
+    (:func:`assert_ties_rare`). Returns the ties' reports."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -168,6 +186,7 @@ def check_every_strategy(target, make_assistants: dict, settings: dict, exact: b
         for name, assistant in assistants.items():
             ties += [f"{name}, {t}" for t in check_static_parity(target, assistant, cases, exact)]
     assert unique_graphs() == before, f"{unique_graphs() - before} new dynamo graph(s) in the second round"
+    assert_ties_rare(ties, runs=2 * len(assistants) * rows_of(cases))
     return ties
 
 
