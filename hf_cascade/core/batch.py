@@ -49,6 +49,7 @@ import time
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 
+from .. import placement
 from ..compat import cache_kwargs, given_cache
 from .accept import TreeAcceptance
 from .batch_state import COMPACT_SHARE, BatchRun
@@ -89,6 +90,7 @@ def speculative_decode_batch(
         with run.timer("prefill"):
             prefill(run)
         run.screen, run.plain_screen = screen_heads(run, drafters, argmax_screen), screen_heads(run, [], argmax_screen)
+        accelerators = placement.accelerators(target)         # a timing that decides synchronises (PhaseTimer's rule)
         while run.rows:
             step_started, allowed, lagging = time.perf_counter(), run.gate.allows(), lagging_rows(
                 [row.stopper.max_length - row.width for row in run.rows])
@@ -105,6 +107,8 @@ def speculative_decode_batch(
             run.verify_seconds = time.perf_counter() - started      # acceptance read the device: synchronised
             with run.timer("update"):
                 emitted = update(run, drafts, rows, acceptances)
+            for device in accelerators:                      # the gate decides on the step's time: its work done
+                placement.synchronize(device)
             run.gate.observe(any(tree.num_nodes for tree, _ in drafts), min(emitted[b] for b in lagging),
                              time.perf_counter() - step_started, run.verify_nodes, rows=len(emitted))
     return run.result()
