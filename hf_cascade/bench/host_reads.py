@@ -86,8 +86,9 @@ class ReadCounter:
     of one element or more dimensions with device tensors (indexing a device tensor with a host index: torch copies
     it). With ``pinned_uploads`` (default), what :func:`hf_cascade.placement.upload` stages is taken as pinned, as it
     is on CUDA (on a CPU there is nothing to pin). A move or ``copy_`` of a device tensor into host memory is a read.
-    What torch does inside one call (a model's kernels, a compiled graph) is that call's. On CUDA ``torch.cuda.set_sync_debug_mode``
-    flags the same copies and reads (``tests/cuda/test_cuda_syncs.py``).
+    Explicit waits through :func:`hf_cascade.placement.synchronize` (called on the module) are ``syncs``. What torch
+    does inside one call (a model's kernels, a compiled graph) is that call's. On CUDA
+    ``torch.cuda.set_sync_debug_mode`` flags the same reads, copies and waits (``tests/cuda/test_cuda_syncs.py``).
     """
 
     def __init__(self, target: Any = None, names: Sequence[str] = READS, sites: bool = True,
@@ -102,6 +103,7 @@ class ReadCounter:
         self.sites: collections.Counter = collections.Counter()
         self.copies = 0                         # blocking host-to-device copies
         self.async_copies = 0                   # non-blocking ones, from pinned memory
+        self.syncs = 0                          # explicit waits: hf_cascade.placement.synchronize
         self.copy_sites: collections.Counter = collections.Counter()
         self.forwards = 0
         self.per_forward: list[dict[str, int]] = []   # counted from each counted target forward to the next
@@ -113,6 +115,7 @@ class ReadCounter:
         self._pause_modules: list = []
         self._mode: _Sides | None = None
         self._pinned_saved = None
+        self._synchronize_saved = None
 
     # -- installing -----------------------------------------------------------------------------------------
     def __enter__(self) -> "ReadCounter":
@@ -129,6 +132,8 @@ class ReadCounter:
         if self.pinned_uploads:
             self._pinned_saved = placement._pinned
             placement._pinned = self._mode.pinned_upload(self._pinned_saved)
+        self._synchronize_saved = placement.synchronize
+        placement.synchronize = self._counted_synchronize(self._synchronize_saved)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -141,6 +146,8 @@ class ReadCounter:
             self._mode = None
         if self._pinned_saved is not None:
             placement._pinned, self._pinned_saved = self._pinned_saved, None
+        if self._synchronize_saved is not None:
+            placement.synchronize, self._synchronize_saved = self._synchronize_saved, None
         for name, original in self._saved.items():
             setattr(torch.Tensor, name, original)
         self._saved = {}
@@ -170,7 +177,7 @@ class ReadCounter:
         self.forwards += 1
         self.active = self.forwards > self.skip_forwards      # count from the first forward not skipped on
         if self.active:
-            self.per_forward.append({"reads": 0, "copies": 0, "async_copies": 0})
+            self.per_forward.append({"reads": 0, "copies": 0, "async_copies": 0, "syncs": 0})
 
     def _record(self, kind: str, frame) -> None:
         """One read (``kind="read"``), blocking copy (``"copy"``) or asynchronous copy (``"async"``) asked for at
@@ -180,11 +187,11 @@ class ReadCounter:
             return
         if not self.active or self._inside or self._paused:
             return
-        field = {"read": "reads", "copy": "copies", "async": "async_copies"}[kind]
+        field = {"read": "reads", "copy": "copies", "async": "async_copies", "sync": "syncs"}[kind]
         setattr(self, field, getattr(self, field) + 1)
         if self.per_forward:
             self.per_forward[-1][field] += 1
-        if kind == "async":
+        if kind in ("async", "sync"):
             return
         if self.record_sites:
             self._inside = True                     # what recording calls does not count
@@ -193,6 +200,12 @@ class ReadCounter:
                 (self.sites if kind == "read" else self.copy_sites)[site] += 1
             finally:
                 self._inside = False
+
+    def _counted_synchronize(self, synchronize):
+        def counted(device=None):
+            self._record("sync", sys._getframe(1))
+            return synchronize(device)
+        return counted
 
     def _wrap(self, original):
         counter = self
@@ -235,7 +248,7 @@ class _Sides(TorchFunctionMode):
         self._host: dict[int, weakref.ref] = {}       # id -> the host tensor (tensors compare elementwise: no sets)
         self._pinned: dict[int, weakref.ref] = {}
 
-    # -- sides ----------------------------------------------------------------------------------------------------------
+    # -- sides --------------------------------------------------------------------------------------------------
     @staticmethod
     def _has(table: dict, t: torch.Tensor) -> bool:
         ref = table.get(id(t))
@@ -277,7 +290,7 @@ class _Sides(TorchFunctionMode):
             return True
         return False
 
-    # -- the calls ------------------------------------------------------------------------------------------------------
+    # -- the calls ----------------------------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if torch.compiler.is_compiling():                     # traced into a compiled graph: that call's own work

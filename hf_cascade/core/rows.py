@@ -156,7 +156,8 @@ class TreeRows:
                 return scores
             where = {r: i for i, r in enumerate(chain)}
             if all(r in where for r in rows):
-                return scores.index_select(0, upload(torch.tensor([where[r] for r in rows], device=HOST), scores.device))
+                index = upload(torch.tensor([where[r] for r in rows], device=HOST), scores.device)
+                return scores.index_select(0, index)
         return torch.stack([self[r] for r in rows])
 
     def softmax(self) -> "_Softmax":
@@ -222,7 +223,8 @@ class TreeRows:
             row = self._parent_row[row]
         ids = self.seq
         if path:
-            ids = torch.cat([self.seq, upload(torch.tensor(path[::-1], dtype=self.seq.dtype, device=HOST), self.seq.device)])
+            tail = upload(torch.tensor(path[::-1], dtype=self.seq.dtype, device=HOST), self.seq.device)
+            ids = torch.cat([self.seq, tail])
         return self.processors(ids[None], raw[None].clone())[0]
 
 

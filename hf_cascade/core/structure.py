@@ -222,7 +222,8 @@ class TokenTree:
         device = self.tokens.device
         if self.host_tokens is not None:                            # host values: the tensors in one copy, no check
             host_t = tuple(self.host_tokens[i] for i in kept)
-            both = upload(torch.tensor([host_t, new_parents], dtype=torch.long, device=HOST), device).reshape(2, len(kept))
+            both = upload(torch.tensor([host_t, new_parents], dtype=torch.long, device=HOST), device)
+            both = both.reshape(2, len(kept))
             return TokenTree._unchecked(both[0], both[1], tuple(new_parents), host_t)
         return TokenTree._unchecked(self.tokens.index_select(0, torch.tensor(kept, dtype=torch.long, device=device)),
                                     torch.tensor(new_parents, dtype=torch.long, device=device), tuple(new_parents), None)

@@ -4,8 +4,9 @@
 :class:`hf_cascade.bench.host_reads.ReadCounter`'s account of which tensors would be host memory. Here the same steps
 run on a GPU with CUDA's own account: every synchronising call (a read, a blocking copy) warns under
 ``set_sync_debug_mode("warn")``. Per verification, the warnings stay within the bound (a greedy Max-Gram chain: one
-read and at most one blocking copy; GLIDE + CAPE: three and two) and within what the counter counted in the same run
-(the counter also counts reads of host tensors, which CUDA does not see: it may only count more).
+read and at most one blocking copy; GLIDE + CAPE: three reads or waits and two copies) and within what the counter counted in the same run
+(its reads, blocking copies and explicit waits; it also counts reads of host tensors, which CUDA does not see: it
+may only count more).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def test_chain_syncs_agree_with_the_counter(cuda, monkeypatch, layers):
     assistant = CascadeAssistant([MaxGram(adaptive=False, max_tokens=10)], settings=CascadeSettings(k_matrix=[[10]]))
     counter, syncs = _run(target, assistant, CHAIN_PROMPT, monkeypatch)
     assert max(syncs.per_forward) <= 2, syncs.per_forward                 # one read, at most one blocking copy
-    assert syncs.syncs <= counter.reads + counter.copies, (syncs.syncs, counter.reads, counter.copies)
+    assert syncs.syncs <= counter.reads + counter.copies + counter.syncs, (syncs.syncs, counter.reads, counter.copies)
 
 
 @pytest.mark.parametrize("layers", [2, 6])
@@ -87,4 +88,4 @@ def test_tree_syncs_agree_with_the_counter(cuda, monkeypatch, layers):
                                policy=Policy(verify_cost=VerifyCost.flat(), lookup=False))
     counter, syncs = _run(target, assistant, TREE_PROMPT, monkeypatch)
     assert max(syncs.per_forward) <= 5, syncs.per_forward                 # three reads, two blocking copies at most
-    assert syncs.syncs <= counter.reads + counter.copies, (syncs.syncs, counter.reads, counter.copies)
+    assert syncs.syncs <= counter.reads + counter.copies + counter.syncs, (syncs.syncs, counter.reads, counter.copies)

@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from ... import placement
 from ..draws import keep_drawn
 from ..structure import TokenTree
 from .acceptance import AcceptanceCalibration
@@ -128,6 +129,10 @@ class AdaptiveBudget:
 
     # -- measurements ----------------------------------------------------------------------------
     def start_draft(self) -> None:
+        """Before the drafter's first forward of this step. The drafter's measured time decides what is drafted, so
+        the clock starts after the device's queued work (the step before's cache update, which no phase waits for):
+        :func:`~hf_cascade.placement.synchronize` on the current accelerator (nothing on a CPU)."""
+        placement.synchronize()
         self._draft_started, self._draft_forwards = time.perf_counter(), 0
 
     def count_forward(self, n: int = 1) -> None:
