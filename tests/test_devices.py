@@ -356,7 +356,8 @@ def test_decoding_phases_synchronise_the_targets_accelerator(kind, monkeypatch):
     assert greedy(target, assistant, max_new_tokens=12) == plain
     timed = assistant.last_stats.phase_seconds
     assert {"prefill", "draft", "verify", "accept", "update"} <= set(timed)
-    assert calls and set(calls) == {torch.device("cuda", 0)} and len(calls) % 2 == 0
+    phases = [c for c in calls if c.type != "cpu"]              # GLIDE's timed drafts wait on its own (CPU) device too
+    assert phases and set(phases) == {torch.device("cuda", 0)} and len(phases) % 2 == 0
 
 
 def test_timed_forwards_synchronise(monkeypatch):

@@ -192,7 +192,7 @@ class GlideDrafter(TreeDrafter):
         p_best, target_ids = [], []                        # host copies of tops / tokens
         defer = defer_reads(self._device)                  # GPU: read once after the k forwards, not per token
         if self.budget is not None:
-            self.budget.start_draft()
+            self.budget.start_draft(seq.device)
         forward = dict(cache_kwargs(self.glide, self.cache), target_key_values=kv, full_vocab=False, logits_to_keep=1,
                        return_dict=False)                  # eager: the same keyword arguments at every forward
         for t in range(k):

@@ -97,7 +97,7 @@ class ReDrafterDrafter(TreeDrafter):
             self.record.skipped += 1
             return self._joined(TokenTree.empty(seq.device), [], state), None
         if self.budget is not None:
-            self.budget.start_draft()
+            self.budget.start_draft(seq.device)
         # compiled: always the full length, one graph per width, and the beams cut to ``length`` (only the last
         # steps of a generation ask for fewer tokens: a graph per length would compile there, mid-generation)
         eager = self.search is beam_search

@@ -128,11 +128,12 @@ class AdaptiveBudget:
         return keep_best(path_probabilities(tree.host_parents, acceptance), self.cost, self.rate)
 
     # -- measurements ----------------------------------------------------------------------------
-    def start_draft(self) -> None:
-        """Before the drafter's first forward of this step. The drafter's measured time decides what is drafted, so
-        the clock starts after the device's queued work (the step before's cache update, which no phase waits for):
-        :func:`~hf_cascade.placement.synchronize` on the current accelerator (nothing on a CPU)."""
-        placement.synchronize()
+    def start_draft(self, device: torch.device | None = None) -> None:
+        """Before the drafter's first forward of this step, on ``device`` (the target's input device, where the step
+        before updated the cache). The drafter's measured time decides what is drafted, so the clock starts after that
+        device's queued work, which no phase waits for (:func:`~hf_cascade.placement.synchronize`; ``None``: the
+        current accelerator; nothing on a CPU)."""
+        placement.synchronize(device)
         self._draft_started, self._draft_forwards = time.perf_counter(), 0
 
     def count_forward(self, n: int = 1) -> None:
