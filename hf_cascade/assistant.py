@@ -24,7 +24,7 @@ from .candidate import ChainDrafter, SpeculativeCandidateGenerator
 from .core.batch import speculative_decode_batch
 from .core.checks import check_supported, is_batched
 from .core.compiled import call_compiles
-from .core.forward import attention_backend, check_attention_backend, verifies_trees
+from .core.forward import check_attention_backend
 from .core.loop import speculative_decode
 from .core.stats import BatchStats, GenerationStats, synchronized_phases
 from .core.strategy import TreeDrafter
@@ -111,13 +111,9 @@ class Assistant:
         processors = logits_processor or LogitsProcessorList()
         check_supported(target, input_ids, generation_config, model_kwargs, processors, synced_gpus, self.trees, streamer)
         batched = is_batched(input_ids, model_kwargs)
-        check_attention_backend(target, tree_shaped=self.drafts_branches())     # before binding measures
-        if batched and not verifies_trees(target):
-            raise ValueError(
-                f"hf_cascade batches (several rows, or a padded one) need eager or sdpa attention, but the target runs "
-                f"attn_implementation={attention_backend(target)!r}, which applies no 4-D mask: a batch's rows keep "
-                "padding and rejected drafts' columns that only the core's mask hides. Generate one row per call, or "
-                "load the target with attn_implementation='sdpa'.")
+        # before binding measures; a batch of chains runs under flash too (a 2-D ownership mask hides its padding
+        # and holes: hf_cascade.core.batch_state.ownership_mask), a tree nowhere without the core's 4-D mask
+        check_attention_backend(target, tree_shaped=self.drafts_branches())
         self.bind(target)
         if batched:
             return self._decode_batch(target, input_ids, model_kwargs.get("attention_mask"), processors,

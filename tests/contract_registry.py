@@ -118,6 +118,26 @@ def base_kit(arch: str) -> Kit:
     return _BASE[arch]
 
 
+#: what transformers keeps on a model whose plain ``generate`` compiled its forward (bound to that model: a
+#: ``copy.deepcopy`` carries it, and the copy would run the original)
+COMPILED_STATE = ("_compiled_call", "_last_compile_config")
+
+
+def detached_copy(model):
+    """A deep copy of ``model`` without the compiled forward transformers keeps on it (:data:`COMPILED_STATE`): what a
+    test compiles. The shared targets of :func:`base_kit` and :func:`setting_target` are never compiled in place
+    (tests/conftest.py checks it after every test)."""
+    out = copy.deepcopy(model)
+    for name in COMPILED_STATE:
+        out.__dict__.pop(name, None)
+    return out
+
+
+def shared_targets() -> list:
+    """The targets shared by the tests of a process (built so far)."""
+    return [kit.target for kit in _BASE.values()] + list(_TARGETS.values())
+
+
 def fresh_kit(arch: str, target) -> Kit:
     """Fresh fp32 CPU copies of ``arch``'s drafters and head (binding may move and cast them in place: no
     test sees another's) and a GLIDE tied to ``target``."""

@@ -17,7 +17,9 @@ the work on padding, which in a batch of ragged prompts can be most of the prefi
    ``N = max n_b + 1`` with queries that attend to themselves only; per-row position ids (each node at its
    branch position, counted in the row's own tokens, padding not counted, as plain batched ``generate``
    counts them) and one additive mask ``[B, 1, N, T + N]``
-   (:func:`~hf_cascade.core.attention.batch_tree_allowed`). The output head then computes every row's
+   (:func:`~hf_cascade.core.attention.batch_tree_allowed`); under an attention backend that applies no 4-D mask
+   (flash attention: chains only, trees refused before any forward) a 2-D ownership mask ``[B, T + N]`` instead
+   (:func:`~hf_cascade.core.batch_state.ownership_mask`: flash unpads it). The output head then computes every row's
    first block of logits in one call (:meth:`TreeRows.plan <hf_cascade.core.rows.TreeRows.plan>`).
 3. **accept** -- per row, greedy or exact speculative sampling, exactly as at batch 1, with the logits
    processors given the row's padded sequence (what plain batched ``generate`` gives them); greedy reads
@@ -83,7 +85,8 @@ def speculative_decode_batch(
     (:func:`hf_cascade.core.loop.speculative_decode`) for the first blocks of every row and the blocks after.
     ``model_kwargs``: ``generate``'s (a static cache, given or asked for, selects
     :mod:`hf_cascade.core.static_batch`)."""
-    check_attention_backend(target, tree_shaped=True)          # holes and padding need our mask
+    # under flash attention, chains only: padding and holes are hidden by a 2-D mask (BatchRun.mask, ownership_mask)
+    check_attention_backend(target, tree_shaped=not all(d.linear for d in drafters))
     run = BatchRun(target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria,
                    generation_config, stats, block_rows, given_cache(model_kwargs or {}))
     with run.head_input:
@@ -297,6 +300,9 @@ def verify(run: "BatchRun", drafts) -> list[TreeRows]:
     ancestors = torch.eye(Q, dtype=torch.bool).repeat(R, 1, 1)           # padding queries: themselves only
     for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts)):
         root = row.length - 1
+        if run.flash and tree.parent_list != tuple(range(-1, tree.num_nodes - 1)):
+            raise ValueError("a draft with branches under an attention backend that applies no 4-D mask (flash): "
+                             "batches verify chains only there")
         parents = (-1,) + tuple(p + 1 for p in tree.parent_list)
         depth = (0,) + tuple(d + 1 for d in tree.depth_list)
         ids[b][: len(parents)] = [row.tokens[-1], *tree.token_list]
@@ -307,7 +313,7 @@ def verify(run: "BatchRun", drafts) -> list[TreeRows]:
     query_t, past = torch.tensor(query, dtype=torch.long, device=run.device), run.past_pos
     if R > B:                                                           # rows that finished: none of their columns
         past = torch.cat([past, past.new_full((R - B, past.shape[1]), -1)])
-    width = run.static.show(B, Q) if run.static is not None else None
+    width = run.static.show(R, Q) if run.static is not None else None         # R: the forward's rows
     inputs = dict(input_ids=torch.tensor(ids, dtype=torch.long, device=run.device), position_ids=query_t.clamp(min=0),
                   attention_mask=run.mask(past, query_t, ancestors.to(run.device), width),
                   **cache_kwargs(run.target, run.cache))

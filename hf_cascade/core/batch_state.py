@@ -13,7 +13,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..processors import row_processors
 from .attention import additive, batch_tree_allowed
 from .compiled import verify_call
-from .forward import mask_device_dtype, per_layer_type
+from .forward import mask_device_dtype, per_layer_type, verifies_trees
 from .head_input import HeadInput, input_device
 from .outputs import batch_outputs
 from .payoff.gate import DraftGate
@@ -70,10 +70,16 @@ class BatchRun:
         self.call, self.full_forward = verify_call(target, self.cache, cfg)
         self.past_pos = torch.empty(len(self.rows), 0, dtype=torch.long, device=self.device)
         self._dtype = mask_device_dtype(target)[1]
+        #: the attention backend applies no 4-D mask (flash attention): chains only, with a 2-D ownership mask
+        self.flash = not verifies_trees(target)
 
     def mask(self, past_pos, query, ancestors, width: int | None = None):
         """The ``attention_mask`` argument (per layer type when the model mixes full and sliding layers), ``width``
-        columns wide where attention sees more than the cache's columns and the queries (a static cache's)."""
+        columns wide where attention sees more than the cache's columns and the queries (a static cache's).
+        Under flash attention (:attr:`flash`): the 2-D ownership mask (:func:`ownership_mask`)."""
+        if self.flash:
+            return ownership_mask(past_pos, query, width)
+
         def build(window):
             allowed = batch_tree_allowed(past_pos, query, ancestors, window)
             if width is not None and width > allowed.shape[-1]:
@@ -188,4 +194,27 @@ class BatchRun:
         return sequences
 
 
-__all__ = ["COMPACT_SHARE", "BatchRun"]
+def ownership_mask(past_pos: torch.Tensor, query: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """``[B, T + N]`` (``width`` columns where wider, zeros after): 1 where row ``b`` owns the column (a cached
+    column at a position ``>= 0``, or a real query), 0 for left padding, holes and padding queries. Flash attention's
+    padded mode (transformers' ``_upad_input``) keeps each row's marked keys in order and aligns causal attention
+    bottom-right over them, its queries being the last ``N`` columns: exact for a batch of **chains**, because
+
+    * a row's kept keys are its positions ``0 .. L - 1`` in column order (holes and padding hold none; a row's
+      columns only grow to the right, and compaction keeps their order), so key rank is position: the causal
+      diagonal and a sliding window (counted in kept keys) are those of the row's own sequence;
+    * its real queries (the root, then the chain) are its last kept columns, consecutive positions after its
+      cache; its padding queries come after them and are not kept (flash returns zeros there, never read);
+    * RoPE positions come from ``position_ids``, not from the column index, so a hole shifts nothing.
+
+    A tree's siblings would see each other under bottom-right causal attention: trees are refused under flash.
+    A row with no column at all (a compiled static batch's finished rows) keeps its first query, so that no
+    sequence of the packed batch is empty."""
+    owned = torch.cat([past_pos >= 0, query >= 0], dim=-1)
+    owned[:, past_pos.shape[1]] |= ~owned.any(-1)                  # on the device: nothing read
+    if width is not None and width > owned.shape[-1]:
+        owned = torch.cat([owned, owned.new_zeros(owned.shape[0], width - owned.shape[-1])], -1)
+    return owned.long()
+
+
+__all__ = ["COMPACT_SHARE", "BatchRun", "ownership_mask"]

@@ -8,8 +8,9 @@
 * drafters on another device than the target: left on the CPU (``Loading(place=False)``; on ``cuda:1`` too
   with two GPUs), and the default, where binding moves them to the target;
 * flash attention (when ``flash_attn`` is installed): chains (every linear entry, and the tree strategies' chain
-  settings) keep parity on dynamic and static caches, eager and compiled; trees with branches (GLIDE + CAPE,
-  ReDrafter's beams, Max-Gram trees, Token Recycling) refuse with a ValueError before any forward.
+  settings) keep parity on dynamic and static caches, eager and compiled, at batch 1 and on left-padded batches of
+  ragged rows; trees with branches (GLIDE + CAPE, ReDrafter's beams, Max-Gram trees, Token Recycling) refuse with a
+  ValueError before any forward, batched or not.
 
 Skipped without CUDA (tests/cuda/conftest.py marks them ``cuda``).
 """
@@ -222,6 +223,48 @@ def test_flash_attention_refused_by_tree_drafts(name, flash_target, monkeypatch)
     try:
         with pytest.raises(ValueError, match="flash_attention_2"):
             flash_target.generate(REPETITIVE.to("cuda:0"), do_sample=False, max_new_tokens=5, assistant_model=assistant)
+    finally:
+        handle.remove()
+    assert forwards == []
+
+
+@pytest.mark.skipif(not HAS_FLASH, reason="needs flash_attn")
+@pytest.mark.parametrize("mode", ["dynamic", "eager", "compiled"])
+@pytest.mark.parametrize("name", FLASH_CHAINS)
+def test_flash_attention_batches_of_chains(name, mode, flash_target, free_drafts, open_gate):
+    """A left-padded batch of chains (2 and 3 ragged rows, rows finishing apart) under the real flash kernel: its
+    padding, holes and finished rows hidden by the 2-D ownership mask flash unpads
+    (``hf_cascade.core.batch_state.ownership_mask``), on a dynamic cache and a static one, eager and compiled: plain
+    batched ``generate``'s rows under flash (bf16: ties judged, and rare). The CPU proof: tests/test_flash_like.py."""
+    from tests.static_contract import (check_static_batch_parity, default_recompile_limit, static_batch_cases,
+                                       strict_recompiles, target_settings)
+    from tests.test_batch import flat_profile
+
+    assistant = flat_profile(CHAIN_FACTORIES[name](fresh_kit("gemma3", flash_target)))
+    settings = {} if mode == "dynamic" else target_settings(mode, flash_target)
+    cases = static_batch_cases(flash_target, settings)
+    with strict_recompiles(recompile_limit=4 * default_recompile_limit()):
+        ties = check_static_batch_parity(flash_target, assistant, cases, exact=False)
+    assert len(ties) <= sum(len(expected) for *_, expected in cases) // 4, ties
+
+
+@pytest.mark.skipif(not HAS_FLASH, reason="needs flash_attn")
+@pytest.mark.measured_costs
+@pytest.mark.parametrize("name", BRANCHING)
+def test_flash_attention_batches_of_trees_refused(name, flash_target, monkeypatch):
+    """A batch of tree drafts under flash: a ValueError before any forward, binding's measurement included."""
+    from hf_cascade import measure
+    from tests.static_contract import left_padded
+
+    monkeypatch.setattr(measure, "_MEASURED", {})
+    assistant = REGISTRY[name](fresh_kit("gemma3", flash_target))
+    ids, mask = left_padded([REPETITIVE[0].tolist(), REPETITIVE[0, 3:].tolist()], "cuda:0")
+    forwards = []
+    handle = flash_target.register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(ValueError, match="flash_attention_2"):
+            flash_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=5, pad_token_id=0,
+                                  assistant_model=assistant)
     finally:
         handle.remove()
     assert forwards == []
