@@ -76,25 +76,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 @pytest.fixture(autouse=True)
-def shared_targets_stay_uncompiled():
-    """After each test, no shared target of tests/contract_registry.py holds a compiled forward: transformers keeps
-    plain ``generate``'s compiled call on the model, bound to it, and a later test's ``copy.deepcopy`` (a bf16 copy,
-    say) would run the shared float32 model through it. A test compiles a copy (``detached_copy``)."""
-    yield
-    import sys
-
-    registry = sys.modules.get("tests.contract_registry")
-    if registry is None:
-        return
-    for target in registry.shared_targets():
-        held = [name for name in registry.COMPILED_STATE if name in target.__dict__]
-        if held:
-            for name in held:
-                del target.__dict__[name]
-            pytest.fail(f"this test compiled a shared target in place ({held}): compile a detached_copy of it")
-
-
-@pytest.fixture(autouse=True)
 def pinned_costs(request, monkeypatch):
     """Drafting decisions made from wall time are pinned for every test not marked ``measured_costs``:
     draft forwards cost nothing to :class:`~hf_cascade.core.payoff.AdaptiveBudget` and its verification profile is

@@ -124,18 +124,14 @@ COMPILED_STATE = ("_compiled_call", "_last_compile_config")
 
 
 def detached_copy(model):
-    """A deep copy of ``model`` without the compiled forward transformers keeps on it (:data:`COMPILED_STATE`): what a
-    test compiles. The shared targets of :func:`base_kit` and :func:`setting_target` are never compiled in place
-    (tests/conftest.py checks it after every test)."""
+    """A deep copy of ``model`` without the compiled forward transformers keeps on it (:data:`COMPILED_STATE`): a
+    shared target of :func:`base_kit` or :func:`setting_target` may hold one (a module compiles it in place and keeps
+    its graphs across its tests), and a plain ``copy.deepcopy`` would carry it: the copy (in bf16, say) would then run
+    the shared model's compiled call. Every copy of a shared target is made with this."""
     out = copy.deepcopy(model)
     for name in COMPILED_STATE:
         out.__dict__.pop(name, None)
     return out
-
-
-def shared_targets() -> list:
-    """The targets shared by the tests of a process (built so far)."""
-    return [kit.target for kit in _BASE.values()] + list(_TARGETS.values())
 
 
 def fresh_kit(arch: str, target) -> Kit:
@@ -162,7 +158,7 @@ def input_device(model) -> torch.device:
 
 
 def with_attention(model, impl: str):
-    model = copy.deepcopy(model)
+    model = detached_copy(model)
     model.set_attn_implementation(impl)
     return model
 
@@ -171,7 +167,7 @@ def offloaded(model):
     """``model`` dispatched by accelerate with CPU offload: weights on ``meta`` between forwards."""
     import accelerate
 
-    model = copy.deepcopy(model)
+    model = detached_copy(model)
     accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
     assert next(model.parameters()).device.type == "meta"
     return model
@@ -182,7 +178,7 @@ SETTINGS: dict[str, tuple[str, Callable]] = {
     "llama-sdpa": ("llama", lambda t: with_attention(t, "sdpa")),
     "gemma3-eager": ("gemma3", lambda t: with_attention(t, "eager")),
     "gemma3-sdpa": ("gemma3", lambda t: with_attention(t, "sdpa")),
-    "gemma3-bf16": ("gemma3", lambda t: copy.deepcopy(t).to(torch.bfloat16)),
+    "gemma3-bf16": ("gemma3", lambda t: detached_copy(t).to(torch.bfloat16)),
     "gemma3-offload": ("gemma3", offloaded),
 }
 

@@ -7,7 +7,6 @@ batch see each row as plain batched ``generate`` gives it."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
 from hf_cascade import CascadeAssistant, LossyLenientTarget, MaxGram
-from tests.contract_registry import REGISTRY, base_kit, fresh_kit
+from tests.contract_registry import REGISTRY, base_kit, detached_copy, fresh_kit
 from tests.test_batch import REP, ROWS, left_pad
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -132,7 +131,7 @@ def test_scores_and_logits_match_plain_batched(name, extra, free_drafts, open_ga
 def test_scores_and_logits_bf16_target(name, free_drafts, open_gate):
     """A bf16 target (fp32 drafters): float32 scores and logits, within a few bf16 roundings of plain's
     (verification computes several positions at once, plain one at a time)."""
-    target = copy.deepcopy(base_kit("llama").target).to(torch.bfloat16)
+    target = detached_copy(base_kit("llama").target).to(torch.bfloat16)
     assert_batch_scores(target, fresh_kit("llama", target), name, {}, tol=0.1)
 
 

@@ -24,7 +24,7 @@ from transformers import CompileConfig, StaticCache
 import hf_cascade  # noqa: F401
 from hf_cascade import CascadeAssistant, MaxGram
 from hf_cascade.core.static import QUERY_BUCKETS, bucket, static_rollback_supported
-from tests.contract_registry import REGISTRY, base_kit, fresh_kit, setting_target
+from tests.contract_registry import REGISTRY, base_kit, detached_copy, fresh_kit, setting_target
 from tests.test_contract import (ASCENDING, REPETITIVE, FakeClock, assert_exact_sampling, assert_greedy_parity,
                                  greedy_cases)
 from tests.tiny_models import ids, single_thread  # noqa: F401
@@ -120,7 +120,7 @@ def test_user_static_cache(setting):
 
 def test_user_compiled_forward_is_used():
     """A target whose forward the user compiled: verification goes through it, never around it to the decoder."""
-    target = copy.deepcopy(setting_target("llama-sdpa"))
+    target = detached_copy(setting_target("llama-sdpa"))
     plain = target.generate(REPETITIVE, do_sample=False, max_new_tokens=20)
     seen = []
     original = target.forward
@@ -143,7 +143,7 @@ def test_max_cache_len_sizes_the_cache_once(free_drafts):
     the last query bucket), so prompts of other lengths run the graphs already compiled (none new)."""
     target = static_target(setting_target("llama-sdpa"), compiled=True)       # a fresh copy: its own graphs
     assistant = CascadeAssistant([MaxGram()])
-    plain = copy.deepcopy(setting_target("llama-sdpa"))
+    plain = detached_copy(setting_target("llama-sdpa"))
     for i, prompt in enumerate((REPETITIVE, ids(1, 9), REPETITIVE[:, :5], ASCENDING)):
         out = target.generate(prompt, do_sample=False, max_new_tokens=24, max_cache_len=64, assistant_model=assistant)
         assert out.tolist() == plain.generate(prompt, do_sample=False, max_new_tokens=24).tolist()
@@ -157,7 +157,7 @@ def test_compiled_redrafter_ends_generations_without_new_graphs(free_drafts):
     emitted, so a generation whose last step has room for 1, 2 or 3 tokens compiles nothing new after warm-up."""
     target = static_target(setting_target("llama-sdpa"), compiled=True)       # a fresh copy: its own graphs
     assistant = REGISTRY["redrafter"](fresh_kit("llama", target))             # beam length 4
-    plain = copy.deepcopy(setting_target("llama-sdpa"))
+    plain = detached_copy(setting_target("llama-sdpa"))
     for i, new_tokens in enumerate((24, 21, 22, 23, 25)):
         out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=new_tokens, max_cache_len=64,
                               assistant_model=assistant)
@@ -180,7 +180,7 @@ def test_core_sized_cache_honours_max_cache_len():
     compile_config._compile_all_devices = True
     for compiled, sizes in ((True, ((None, 30, 30), (48, 30, 48), (None, 40, 48), (None, 60, 60))),
                             (False, ((None, 30, 30), (48, 30, 48), (None, 40, 40), (None, 60, 60)))):
-        target = copy.deepcopy(setting_target("llama-sdpa"))        # compiled: the largest so far; eager: the call's
+        target = detached_copy(setting_target("llama-sdpa"))        # compiled: the largest so far; eager: the call's
         for max_cache_len, max_length, capacity in sizes:
             cfg = GenerationConfig(max_length=max_length, cache_implementation="static", max_cache_len=max_cache_len,
                                    compile_config=compile_config if compiled else None)
@@ -188,7 +188,7 @@ def test_core_sized_cache_honours_max_cache_len():
             assert run.slots.capacity == capacity + QUERY_BUCKETS[-1], (compiled, max_cache_len, max_length)
             assert run.fixed_shapes == compiled
     # through generate, which builds a cache sized for plain decoding: the core's own has room for the last bucket
-    target = copy.deepcopy(setting_target("llama-sdpa"))
+    target = detached_copy(setting_target("llama-sdpa"))
     out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=20, cache_implementation="static",
                           return_dict_in_generate=True, assistant_model=CascadeAssistant([MaxGram()]))
     cache = getattr(out, hf_cascade.compat.CACHE)
@@ -272,7 +272,7 @@ def test_compiled_verification_compiles_its_shapes_beyond_a_shared_recompile_lim
 
     from hf_cascade.core.compiled import compiled_decoder
 
-    decoder = copy.deepcopy(setting_target("llama-sdpa")).get_decoder()
+    decoder = detached_copy(setting_target("llama-sdpa")).get_decoder()
     call = compiled_decoder(decoder, CompileConfig(backend="aot_eager", mode=None))
     torch._dynamo.reset()
     shapes = [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]

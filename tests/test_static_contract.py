@@ -4,7 +4,6 @@ bf16. The static path's own CPU contract is tests/test_static.py."""
 
 from __future__ import annotations
 
-import copy
 import time
 
 import pytest
@@ -15,7 +14,7 @@ import hf_cascade  # noqa: F401  (installs the generate() hook)
 from hf_cascade import CascadeAssistant, MaxGram
 from hf_cascade.core import compiled
 from hf_cascade.core.static import static_rollback_supported
-from tests.contract_registry import REGISTRY, base_kit, fresh_kit, setting_target
+from tests.contract_registry import REGISTRY, base_kit, detached_copy, fresh_kit, setting_target
 from tests.static_contract import (CACHE_LEN, PAD, THREE, check_every_strategy, check_second_pass,
                                    check_static_batch_parity, check_static_parity, default_recompile_limit, judge,
                                    left_padded, static_batch_cases, static_cases, static_settings, strict_recompiles,
@@ -65,7 +64,7 @@ def test_static_parity_fp32(free_drafts):
 
 def test_second_compiled_pass_bf16(free_drafts):
     """bf16, compiled: parity up to ties (judged), the compiled decoder ran, a second pass compiles nothing."""
-    target = copy.deepcopy(base_kit("llama").target).to(torch.bfloat16)
+    target = detached_copy(base_kit("llama").target).to(torch.bfloat16)
     cases = static_cases(target, target_settings("compiled", target))
     check_second_pass(target, CascadeAssistant([MaxGram()]), cases, exact=False)         # ties judged, and rare
 
@@ -74,7 +73,7 @@ def test_redrafter_beam_search_compiles_where_verification_does(free_drafts):
     """Compiled (fp32 Llama): ReDrafter's beam search runs as the head's compiled graphs (``compiled_draft``, one per
     width and length), outputs identical to plain compiled ``generate``, a second pass compiles nothing; eager, the
     search stays eager."""
-    target = copy.deepcopy(setting_target("llama-sdpa"))
+    target = detached_copy(setting_target("llama-sdpa"))
     assistant = registry_assistant("redrafter", fresh_kit("llama", target))
     head = assistant.head
     compiled._DRAFTS.pop(head, None)
@@ -92,7 +91,7 @@ def test_one_target_every_strategy(sized, free_drafts):
     """A user's process on the CPU (tests/cuda runs it on a GPU): dynamo reset, one bf16 target, every registry
     entry compiled, twice, within dynamo's default recompile limit, nothing compiled in the second round; with one
     ``max_cache_len``, and without (calls of other lengths: the core keeps its largest cache, one shape)."""
-    target = copy.deepcopy(base_kit("gemma3").target).to(torch.bfloat16)
+    target = detached_copy(base_kit("gemma3").target).to(torch.bfloat16)
     makers = {name: (lambda make=make: make(fresh_kit("gemma3", target))) for name, make in REGISTRY.items()}
     settings = target_settings("compiled", target, **({} if sized else {"max_cache_len": None}))
     check_every_strategy(target, makers, settings, exact=False)                          # ties judged, and rare
@@ -155,7 +154,7 @@ def test_static_batch_exact_sampling(name, mode, monkeypatch, free_drafts, open_
     """Exact sampling per row of a static batch (tests/test_batch_sampling.py's joint law and calibration), a chain
     and a tree, eager and compiled."""
     monkeypatch.setattr(time, "perf_counter", FakeClock())
-    target = copy.deepcopy(base_kit("small").target)
+    target = detached_copy(base_kit("small").target)
     settings = static_settings(mode, "cpu")
     target.generation_config.update(**{k: v for k, v in settings.items() if k != "disable_compile"})
     target.generation_config.disable_compile = mode == "eager"
@@ -189,7 +188,7 @@ def test_user_static_cache_batch(setting, open_gate):
 def test_user_compiled_forward_verifies_a_batch(open_gate):
     """A batch on a target whose forward the user compiled: verification goes through it (full logits), dynamic and
     static caches alike, and gives plain batched ``generate``'s rows."""
-    target = copy.deepcopy(setting_target("llama-sdpa"))
+    target = detached_copy(setting_target("llama-sdpa"))
     input_ids, mask = left_padded(THREE, "cpu")
     kw = {"max_new_tokens": 16, "do_sample": False, "pad_token_id": PAD}
     plain = target.generate(input_ids, attention_mask=mask, **kw)

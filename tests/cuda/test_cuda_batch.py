@@ -14,13 +14,12 @@ Skipped without CUDA (tests/cuda/conftest.py marks them ``cuda``).
 
 from __future__ import annotations
 
-import copy
 import time
 
 import pytest
 import torch
 
-from tests.contract_registry import REGISTRY, assert_placed, base_kit, fresh_kit, models_used
+from tests.contract_registry import REGISTRY, assert_placed, base_kit, detached_copy, fresh_kit, models_used
 from tests.test_batch import (ASCENDING, ROWS, FakeClock, assert_batch_parity, assert_no_state_leak, batch_cases,
                               left_pad, registry_assistant)
 from tests.test_batch_api import SCORED, assert_batch_scores
@@ -38,7 +37,7 @@ _CASES: dict = {}
 def cuda_target(arch: str, dtype: torch.dtype, device: str = "cuda:0"):
     key = (arch, dtype, device)
     if key not in _TARGETS:
-        target = copy.deepcopy(base_kit(arch).target).to(device=device, dtype=dtype)
+        target = detached_copy(base_kit(arch).target).to(device=device, dtype=dtype)
         target.generation_config.pad_token_id = 0
         _TARGETS[key] = target
     return _TARGETS[key]

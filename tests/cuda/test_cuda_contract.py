@@ -17,7 +17,6 @@ Skipped without CUDA (tests/cuda/conftest.py marks them ``cuda``).
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import time
 from dataclasses import replace
@@ -25,6 +24,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.contract_registry import detached_copy
 from tests.test_contract import (
     ASCENDING,
     REGISTRY,
@@ -53,7 +53,7 @@ _CASES: dict = {}
 def cuda_target(arch: str, dtype: torch.dtype, device: str = "cuda:0"):
     key = (arch, dtype, device)
     if key not in _TARGETS:
-        _TARGETS[key] = copy.deepcopy(base_kit(arch).target).to(device=device, dtype=dtype)
+        _TARGETS[key] = detached_copy(base_kit(arch).target).to(device=device, dtype=dtype)
     return _TARGETS[key]
 
 
@@ -123,7 +123,7 @@ def split_target():
     ``cuda:0`` (one GPU)."""
     from accelerate import dispatch_model
 
-    model = copy.deepcopy(base_kit("gemma3").target).to(torch.bfloat16)
+    model = detached_copy(base_kit("gemma3").target).to(torch.bfloat16)
     second = 1 if TWO_GPUS else "cpu"
     device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0,
                   "model.layers.1": second, "model.norm": second, "lm_head": second}
@@ -188,7 +188,7 @@ FLASH_CHAINS = list(CHAIN_FACTORIES)
 
 @pytest.fixture(scope="module")
 def flash_target():
-    model = copy.deepcopy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
+    model = detached_copy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
     model.set_attn_implementation("flash_attention_2")
     return model
 

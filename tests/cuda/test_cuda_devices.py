@@ -13,7 +13,6 @@ Skipped without CUDA (tests/cuda/conftest.py marks them ``cuda``).
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 
 import pytest
@@ -28,6 +27,7 @@ from hf_cascade import (
     ReDrafterAssistant,
     ReDrafterSettings,
 )
+from tests.contract_registry import detached_copy
 from tests.test_contract import REPETITIVE, base_kit, fresh_kit
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -49,7 +49,7 @@ def greedy(target, assistant=None, prompt=REPETITIVE, **kw):
 def test_flash_attention_chain_workaround_measures_chains(kind, monkeypatch):
     from hf_cascade import measure
 
-    target = copy.deepcopy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
+    target = detached_copy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
     target.set_attn_implementation("flash_attention_2")
     monkeypatch.setattr(measure, "_MEASURED", {})
     kit = fresh_kit("gemma3", target)
@@ -68,7 +68,7 @@ def split_head():
     head on ``cuda:1``."""
     from accelerate import dispatch_model
 
-    model = copy.deepcopy(base_kit("gemma3").target).to(torch.bfloat16)
+    model = detached_copy(base_kit("gemma3").target).to(torch.bfloat16)
     assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
     device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers": 0, "model.norm": 1, "lm_head": 1}
     if hasattr(model.model, "rotary_emb_local"):
@@ -113,7 +113,7 @@ def test_phase_timer_synchronises_the_gpu():
     """A phase that queues GPU work is timed until that work is done (not at its launch)."""
     from hf_cascade.core.stats import GenerationStats, PhaseTimer
 
-    target = copy.deepcopy(base_kit("gemma3").target).to("cuda:0")
+    target = detached_copy(base_kit("gemma3").target).to("cuda:0")
     cycles = 200_000_000
     torch.cuda._sleep(cycles // 10)                                              # warm-up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -136,7 +136,7 @@ def test_phase_timer_synchronises_the_gpu():
 def test_divergence_on_a_cuda_bf16_target():
     from hf_cascade.parity import divergence
 
-    target = copy.deepcopy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
+    target = detached_copy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
     plain = greedy(target)[0]
     assert divergence(target, plain, plain) is None
     p = REPETITIVE.shape[1] + 2

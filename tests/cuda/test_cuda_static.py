@@ -24,14 +24,13 @@ Skipped without CUDA (tests/cuda/conftest.py marks them ``cuda``), and before tr
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 import torch._dynamo.exc
 
 from hf_cascade.core.static import static_rollback_supported
-from tests.contract_registry import REGISTRY, base_kit, fresh_kit
+from tests.contract_registry import REGISTRY, base_kit, detached_copy, fresh_kit
 from tests.static_contract import (MODES, check_every_strategy, check_second_pass, check_static_batch_parity,
                                    check_static_parity, default_recompile_limit, static_batch_cases, static_cases,
                                    strict_recompiles, target_settings)
@@ -63,7 +62,7 @@ def cuda_target(arch: str, dtype: str):
     """``arch``'s fp32 base target copied to ``cuda:0`` in ``dtype`` (one per session: its compiled graphs are
     kept)."""
     if (arch, dtype) not in _TARGETS:
-        _TARGETS[(arch, dtype)] = copy.deepcopy(base_kit(arch).target).to("cuda:0", DTYPES[dtype])
+        _TARGETS[(arch, dtype)] = detached_copy(base_kit(arch).target).to("cuda:0", DTYPES[dtype])
     return _TARGETS[(arch, dtype)]
 
 
@@ -159,7 +158,7 @@ def test_one_target_every_strategy(sized, free_drafts, record_property):
     """Dynamo reset, one bf16 Gemma3 target, compiled: plain ``generate`` and every registry entry over the cases,
     twice, within dynamo's default recompile limit and no new graph in the second round; ``sized``: with
     ``max_cache_len``, else each call's cache sized by its own length."""
-    target = copy.deepcopy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
+    target = detached_copy(base_kit("gemma3").target).to("cuda:0", torch.bfloat16)
     makers = {name: (lambda make=make: make(fresh_kit("gemma3", target))) for name, make in REGISTRY.items()}
     settings = target_settings("compiled", target, **({} if sized else {"max_cache_len": None}))
     report(check_every_strategy(target, makers, settings, exact=False), record_property)
@@ -178,7 +177,7 @@ def test_static_exact_sampling(name, mode, monkeypatch, free_drafts):
     from tests.test_contract import FakeClock, assert_exact_sampling
 
     monkeypatch.setattr(time, "perf_counter", FakeClock())
-    target = copy.deepcopy(base_kit("small").target).to("cuda:0")
+    target = detached_copy(base_kit("small").target).to("cuda:0")
     settings = target_settings(mode, target)
     target.generation_config.update(**{k: v for k, v in settings.items() if k != "disable_compile"})
     target.generation_config.disable_compile = mode == "eager"
