@@ -276,6 +276,27 @@ def test_exact_sampling(name, monkeypatch):
     assert_exact_sampling(target, lambda: REGISTRY[name](kit))
 
 
+def accelerator_schedule(monkeypatch) -> None:
+    """What runs on a GPU, forced on this CPU: the drafting loops defer their reads (``placement.DEFER_READS``) and
+    acceptance reads the device in as few transfers as it can (``sampling_tree_accept(batched=True)``: the two-read
+    walk of chains and point-mass siblings, the device-side residuals otherwise); a CPU takes the in-turn walk."""
+    from hf_cascade import placement
+    from hf_cascade.core import phases
+
+    accept = phases.sampling_tree_accept
+    monkeypatch.setattr(placement, "DEFER_READS", True)
+    monkeypatch.setattr(phases, "sampling_tree_accept", lambda *a, **kw: accept(*a, **{**kw, "batched": True}))
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_exact_sampling_on_the_accelerator_schedule(name, monkeypatch):
+    monkeypatch.setattr(time, "perf_counter", FakeClock())
+    accelerator_schedule(monkeypatch)
+    target = base_kit("small").target
+    kit = fresh_kit("small", target)
+    assert_exact_sampling(target, lambda: REGISTRY[name](kit))
+
+
 def lie_about_q(monkeypatch):
     """A broken sampler: the core's acceptance (both loops': :mod:`hf_cascade.core.phases`) is told every draft was
     drawn from a uniform ``q``."""
