@@ -21,6 +21,15 @@ from hf_cascade.cli import main
 from hf_cascade.core.static import static_rollback_supported
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
+
+@pytest.fixture(autouse=True, scope="module")
+def forget_graphs_compiled_while_counting():
+    """After this module, dynamo forgets its graphs: the read counter's ``TorchFunctionMode`` was active while compiled
+    plain ``generate`` compiled transformers' shared forwards, and those code objects' cache entries then made a later
+    ``fullgraph`` call in the same process (tests/test_compiled_drafters.py) find no compiled frame."""
+    yield
+    torch._dynamo.reset()
+
 needs_static = pytest.mark.skipif(not static_rollback_supported(), reason="static caches need transformers >= 5")
 
 
