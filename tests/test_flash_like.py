@@ -107,7 +107,7 @@ def test_chains_equal_plain_under_flash(name, mode):
 
 
 @pytest.mark.measured_costs                   # the verification profile measured at bind time, as users get it
-@pytest.mark.parametrize("mode", ["dynamic", "compiled"])
+@pytest.mark.parametrize("mode", ["dynamic", pytest.param("compiled", marks=static_only)])
 @pytest.mark.parametrize("name", BRANCHING)
 def test_trees_refused_before_any_forward(name, mode, monkeypatch):
     from hf_cascade import measure

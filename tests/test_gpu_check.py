@@ -93,9 +93,14 @@ def test_runs_on_the_cpu(gpu_check, tmp_path):
     rows = {(r["method"], r["mode"]): r for r in summary["rows"]["fp32"]}
     assert set(rows) == {(m, mode) for m in ["plain generate", *gpu_check.assistants({})] for mode in gpu_check.MODES}
     compiled = rows["plain generate", "compiled"]["tokens_per_second"]      # the baseline of every speed
+    from hf_cascade.core.static import static_rollback_supported
+
     for name in ("maxgram", "maxgram_tree", "recycling"):              # the assistants without a drafter
         for mode in gpu_check.MODES:
             row = rows[name, mode]
+            if mode != "eager" and not static_rollback_supported():     # transformers 4.57: a row that says why
+                assert row["parity"] == "skipped (static caches need transformers >= 5)", row
+                continue
             assert row["parity"].startswith("1/1") and row["differences"] == [], row
             assert row["vs_compiled"] == pytest.approx(row["tokens_per_second"] / compiled)
     assert rows["glide", "eager"]["parity"] == "skipped (no --glide)"
