@@ -13,8 +13,8 @@ tree before the cost cut:
   ``rate_b * s``, learned from the target's verdicts in this call
   (:class:`~hf_cascade.drafters.continuations.SeedRates`, as Token Recycling's seeds); the model's nodes keep
   their calibrated probabilities;
-* **cut** (:meth:`LookupBranch.select`): the merged tree goes through the budget's rule 3 (the nodes that pay
-  for their measured verification cost, :class:`~hf_cascade.core.payoff.AdaptiveBudget`); a drafter that sends
+* **cut** (:meth:`LookupBranch.select`): the merged tree goes through the call's policy (the nodes that pay
+  for their measured verification cost, :meth:`~hf_cascade.core.payoff.DraftPolicy.keep`); a drafter that sends
   chains (``linear``) keeps the one path with the most expected accepted tokens.
 
 The seeds cost no draft forward, so a step the model's rule 1 refuses (its drafts do not pay) still verifies
@@ -104,19 +104,19 @@ class LookupBranch:
                 todo.append((child, i))
         return host_tokens, host_parents, estimates, from_model, shares
 
-    def cut(self, budget, tree: TokenTree, probs: list[float], state, linear: bool = False,
+    def cut(self, policy, tree: TokenTree, probs: list[float], state, linear: bool = False,
             drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
         """:meth:`select` after the verified sequence of ``state`` (a
         :class:`~hf_cascade.core.strategy.TreeStep`: its host tokens, its length budget)."""
         tokens = state.tokens if state.tokens is not None else state.seq.tolist()
-        return self.select(budget, tree, probs, tokens, state.budget, linear, drawn)
+        return self.select(policy, tree, probs, tokens, state.budget, linear, drawn)
 
-    def select(self, budget, tree: TokenTree, probs: list[float], tokens: list[int], depth: int,
+    def select(self, policy, tree: TokenTree, probs: list[float], tokens: list[int], depth: int,
                linear: bool = False, drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
         """Join the seeds to the model's ``tree`` (draft probabilities ``probs``, node order), calibrate the
-        model's nodes with ``budget`` (an :class:`~hf_cascade.core.payoff.AdaptiveBudget`) and keep what pays.
+        model's nodes with ``policy`` (the call's :class:`~hf_cascade.core.payoff.DraftPolicy`) and keep what pays.
         Returns the kept tree and, per kept node, its draft probability (``None`` for a seed-only node: the
-        budget calibrates the model's probabilities only, :meth:`AdaptiveBudget.observe_step`).
+        policy calibrates the model's probabilities only, :meth:`~hf_cascade.core.payoff.AdaptiveBudget.observe_step`).
 
         ``drawn``: the model's first ``drawn`` nodes were drawn from its ``q`` (sampling, a tree drafter): they
         are all kept (:func:`~hf_cascade.core.draws.keep_drawn`), seeds share no node with the model's tree,
@@ -127,7 +127,7 @@ class LookupBranch:
         host until the cut: one tree is made, the kept one."""
         if drawn and linear:
             raise ValueError("a drawn chain is verified in full: no lookup branch beside it")
-        estimates = budget.calibrated_all(probs)
+        estimates = policy.calibrated_all(probs)
         host_tokens, parents, estimates, from_model, shares = self._merged(tree, estimates, tokens, depth, not drawn)
         node_probs = [probs[i] if model else None for i, model in enumerate(from_model)]
         nodes, sub = list(range(len(parents))), parents             # the merged tree's nodes still in, their parents
@@ -137,7 +137,7 @@ class LookupBranch:
         if not nodes:
             self._shares = []
             return tree, []
-        keep = keep_drawn(budget.keep(_Merged(tuple(sub)), [estimates[i] for i in nodes]), drawn)
+        keep = keep_drawn(policy.keep(_Merged(tuple(sub)), [estimates[i] for i in nodes]), drawn)
         nodes = [i for i, k in zip(nodes, keep) if k]
         node_probs, self._shares = [node_probs[i] for i in nodes], [shares[i] for i in nodes]
         if host_tokens is None:                                     # the model's tree alone: cut as it is
@@ -171,21 +171,21 @@ class LookupBranch:
         return LevelStats("lookup", proposals=self.steps, tokens_proposed=self.proposed, tokens_accepted=self.accepted)
 
 
-def observe_verdict(budget, lookup: LookupBranch | None, tree: TokenTree, probs: list[float | None], acceptance,
+def observe_verdict(policy, lookup: LookupBranch | None, tree: TokenTree, probs: list[float | None], acceptance,
                     state) -> None:
-    """A tree drafter's step after the target's verdict ``acceptance`` on ``tree``: ``budget`` (an
-    :class:`~hf_cascade.core.payoff.AdaptiveBudget`) learns the step from the nodes' draft probabilities ``probs``
+    """A tree drafter's step after the target's verdict ``acceptance`` on ``tree``: ``policy`` (the call's
+    :class:`~hf_cascade.core.payoff.DraftPolicy`) learns the step from the nodes' draft probabilities ``probs``
     and ``state``'s measured verification (a :class:`~hf_cascade.core.strategy.TreeStep`), and ``lookup`` (if any)
     learns its seeds' rate."""
     path = path_list(acceptance)
-    budget.observe_step(tree, probs if tree.num_nodes else [], path, len(path) + 1,
-                        state.verify_seconds, state.verify_nodes)
+    policy.observe(tree, probs if tree.num_nodes else [], path, len(path) + 1, state.verify_seconds,
+                   state.verify_nodes)
     if lookup is not None:
         lookup.observe(tree, path)
 
 
 class _Merged(NamedTuple):
-    """A merged tree still on the host, as a budget's rule 3 reads a tree (its host structure)."""
+    """A merged tree still on the host, as the policy's node rule reads a tree (its host structure)."""
 
     host_parents: tuple[int, ...]
 

@@ -10,6 +10,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..assistant import TreeAssistant
 from ..core.stats import LevelStats, TreeStats
+from ..core.payoff import DraftPolicy
 from ..measure import bound_verify_cost
 from ..options import Loading, Policy, rejects_moved
 from ..placement import place_like
@@ -68,7 +69,6 @@ class GlideAssistant(TreeAssistant):
         self.settings, self.policy, self.loading = GlideSettings.of(settings), Policy.of(policy), Loading.of(loading)
         glide_model = self.loading.load(glide_model, "glide_model", "GlideForCausalLM",
                                         needs=("target_kv", "tie_to_target", "to_draft_ids"))
-        self.lookup = self.policy.lookup and self.policy.cost_aware      # the lookup branch is cut by the cost rule
         self.glide = glide_model.eval()
         self.cpu_kernels = cpu_kernels
 
@@ -86,7 +86,7 @@ class GlideAssistant(TreeAssistant):
         eos = generation_config.eos_token_id
         stop = [] if eos is None else [eos] if isinstance(eos, int) else list(torch.as_tensor(eos).flatten().tolist())
         processors = split_processors(logits_processor)[0] if generation_config.do_sample else None
-        return GlideDrafter(self.glide, self.settings, stop, processors, self.verify_cost, self.lookup)
+        return GlideDrafter(self.glide, self.settings, stop, processors, DraftPolicy.of(self.policy, self.verify_cost))
 
     def drafts_branches(self) -> bool:
         """CAPE's trees branch; without CAPE every draft is a chain (:class:`~hf_cascade.glide.drafter.GlideDrafter`)."""
@@ -107,7 +107,7 @@ class GlideAssistant(TreeAssistant):
             name=name, forward_calls=out.draft_forwards, forward_tokens=out.draft_tokens,
             proposals=len(out.main_lengths),
             tokens_proposed=sum(out.draft_len_per_call), tokens_accepted=sum(out.accepted_per_call))]
-        if self.lookup:
+        if drafter.lookup is not None:
             out.levels.append(drafter.lookup.level())
         return out
 

@@ -62,7 +62,7 @@ from transformers import DynamicCache, LogitsProcessorList
 from ..compat import cache_kwargs
 from ..core.accept import path_list
 from ..core.draws import ProposalChoice, draw, tree_draft_probs, warped, warpers
-from ..core.payoff import AdaptiveBudget, VerifyCost
+from ..core.payoff import DraftPolicy
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
@@ -81,8 +81,7 @@ class GlideDrafter(TreeDrafter):
     reads_target_cache = True                        # cross-attends to the target's K/V (TreeStep.cache)
 
     def __init__(self, glide, settings: GlideSettings, stop_ids: list[int],
-                 processors: LogitsProcessorList | None = None, verify_cost: VerifyCost | None = None,
-                 lookup: bool = False):
+                 processors: LogitsProcessorList | None = None, policy: DraftPolicy | None = None):
         self.glide, self.settings = glide, settings
         self._shared = bool(glide.config.share_target_embeddings)   # its rows are the target's vocabulary (read once)
         self._cross = bool(glide.config.cross_attention)            # it reads the target's cache (read once)
@@ -101,11 +100,11 @@ class GlideDrafter(TreeDrafter):
         self._checked = False
         self._device = next(glide.parameters()).device
         self._bounds = torch.tensor(self.choice.bounds, device=self._device) if self.choice is not None else None
-        # verify_cost (measured): draft and verify what pays on this machine (core.payoff); None: the paper's shape
-        self.budget = AdaptiveBudget(verify_cost) if verify_cost is not None else None
+        # what pays on this machine: whether to draft, how deep, which nodes (core.payoff); the paper's shape without
+        self.policy = policy if policy is not None else DraftPolicy(cost_aware=False)
         self._probs: list[float | None] = []         # draft probabilities of the verified tree's nodes (None: a seed)
-        # lookup: the sequence's repeats join the tree (drafters.lookup_branch); its cut needs the budget
-        self.lookup = LookupBranch() if lookup and self.budget is not None else None
+        # the sequence's repeats join the tree (drafters.lookup_branch), cut by the policy
+        self.lookup = LookupBranch() if self.policy.lookup else None
         self._compile: tuple | None = None               # (the call's CompileConfig,) once compile_forwards asked
         self.compiled: StaticDraftForward | None = None  # compiled calls: the draft forward over a static cache
 
@@ -169,13 +168,11 @@ class GlideDrafter(TreeDrafter):
         """A chain (``cape=None``) or CAPE tree of at most ``min(draft_length, budget)`` main tokens after
         ``seq`` (``[L]``). Greedy: ``draft_probs = None`` (the argmax path, deterministic given ``seq``);
         sampling: the main path is drawn and ``draft_probs`` holds what each node was drawn from."""
-        k = min(self.settings.draft_length, state.budget)
+        k = self.policy.plan(min(self.settings.draft_length, state.budget))   # exploring: its first token(s)
         self._root_len, self._main = None, []
-        if k < 1 or (self.budget is not None and not self.budget.should_draft()):
+        if k < 1:
             self.record.skipped_drafts += 1
             return self._joined(TokenTree.empty(seq.device), [], state), None
-        if self.budget is not None:
-            k = self.budget.draft_limit(k)                 # an exploring step: its first token(s) only
         length = seq.shape[0]
         self._start_compiled(state)
         past = self._draft_length()
@@ -191,8 +188,7 @@ class GlideDrafter(TreeDrafter):
         rows, bests, tops, tokens, qs = [], [], [], [], []  # per draft forward, on the device
         p_best, target_ids = [], []                        # host copies of tops / tokens
         defer = defer_reads(self._device)                  # GPU: read once after the k forwards, not per token
-        if self.budget is not None:
-            self.budget.start_draft(seq.device)
+        self.policy.start_draft(seq.device)
         forward = dict(cache_kwargs(self.glide, self.cache), target_key_values=kv, full_vocab=False, logits_to_keep=1,
                        return_dict=False)                  # eager: the same keyword arguments at every forward
         for t in range(k):
@@ -202,8 +198,7 @@ class GlideDrafter(TreeDrafter):
                 logits = self.compiled(ids, True, target_key_values=kv, seen=seen)[0, -1]
             self.record.draft_forwards += 1
             self.record.draft_tokens += ids.shape[0]
-            if self.budget is not None:
-                self.budget.count_forward()
+            self.policy.count_forward()
             p = logits.float().softmax(-1)                                          # [N] draft distribution
             top, best = p.max(-1)                          # the first maximum, as argmax
             pick = best
@@ -225,8 +220,7 @@ class GlideDrafter(TreeDrafter):
         read_sets = None
         if defer:                                          # one read: the main path, CAPE's sets, the last measures
             p_best, target_ids, read_sets = self._read_draft(rows, bests, tops, tokens)
-        if self.budget is not None:
-            self.budget.end_draft()
+        self.policy.end_draft()
         m = self._main_length(p_best, target_ids, k)[0]
         self._root_len = length
         self._root_confidence = p_best[0] if p_best else None
@@ -249,8 +243,8 @@ class GlideDrafter(TreeDrafter):
         self.record.drafted_nodes.append(tree.num_nodes)
         if self.lookup is not None and not (drawn and self.linear):                 # + repeats, what pays
             tree = self._joined(tree, node_probs, state, drawn=m if drawn else 0)
-        elif self.budget is not None:                                               # what pays on this hardware
-            tree, self._probs = self.budget.select(tree, node_probs, fixed=m if drawn else 0)
+        else:                                                                       # what pays on this hardware
+            tree, self._probs = self.policy.select(tree, node_probs, fixed=m if drawn else 0)
         if not drawn:
             return tree, None
         self.record.drawn_drafts += 1
@@ -290,7 +284,7 @@ class GlideDrafter(TreeDrafter):
         masses, after the drafted nodes: :func:`tree_draft_probs` gives them one-hot rows."""
         if self.lookup is None:
             return tree
-        tree, self._probs = self.lookup.cut(self.budget, tree, probs, state, self.linear, drawn)
+        tree, self._probs = self.lookup.cut(self.policy, tree, probs, state, self.linear, drawn)
         return tree
 
     def _main_length(self, p_best: list[float], tokens: list[int], k: int) -> tuple[int, bool]:
@@ -305,18 +299,16 @@ class GlideDrafter(TreeDrafter):
             m += 1
             if unsure or t + 1 == k or token in self.stop_ids:
                 return m, True
-            if self.budget is not None:                 # verify_cost: the next forward must be able to pay
-                calibrated *= self.budget.calibrated(p)
-                if not self.budget.keep_drafting(calibrated):
-                    return m, True
+            calibrated *= self.policy.calibrated(p)     # the next forward must be able to pay
+            if not self.policy.deeper(calibrated):
+                return m, True
         return m, False
 
     def on_accept(self, tree, acceptance, state: TreeStep) -> None:
         """Keep, in the draft cache, the verified tokens it holds: ``seq[:L]`` and the fed main tokens that
         the target accepted (:func:`~hf_cascade.drafters.static_forward.keep_draft_prefix`); count main-path and expansion acceptances."""
-        if self.budget is not None:
-            observe_verdict(self.budget, self.lookup, tree, self._probs, acceptance, state)
-            self._probs = []
+        observe_verdict(self.policy, self.lookup, tree, self._probs, acceptance, state)
+        self._probs = []
         if self.choice is not None and self._root_logits is not None and state.rows is not None:
             first = sum(1 for parent in tree.host_parents if parent < 0)          # the first level's nodes
             self.choice.observe(state.rows.softmax()[0], warped(self.warpers, self._root_logits), self._columns,

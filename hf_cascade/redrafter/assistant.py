@@ -10,6 +10,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..assistant import TreeAssistant
 from ..core.stats import LevelStats, TreeStats
+from ..core.payoff import DraftPolicy
 from ..measure import bound_verify_cost
 from ..options import Loading, Policy, rejects_moved
 from ..placement import place_like, target_device_dtype
@@ -65,7 +66,6 @@ class ReDrafterAssistant(TreeAssistant):
         head = self.loading.load(head, "head", "ReDrafterModel", needs=("init_state", "step", "logits",
                                                                         "to_target_ids"))
         self.head = head.eval()
-        self.lookup = self.policy.lookup and self.policy.cost_aware      # the lookup branch is cut by the cost rule
         self.cpu_kernels = cpu_kernels
 
     def drafts_branches(self) -> bool:
@@ -93,7 +93,7 @@ class ReDrafterAssistant(TreeAssistant):
 
         s = self.settings
         return ReDrafterDrafter(self.head, embed, s.beam_width, s.beam_length, s.dedupe, s.min_confidence,
-                                self.verify_cost, self.lookup)
+                                DraftPolicy.of(self.policy, self.verify_cost))
 
     def finish(self, drafter: "ReDrafterDrafter", stats: TreeStats) -> ReDrafterStats:
         """The call's (or a batch row's) statistics as a :class:`ReDrafterStats`, with the drafter's records."""
@@ -108,7 +108,7 @@ class ReDrafterAssistant(TreeAssistant):
             name="redrafter", forward_calls=record.forwards, forward_tokens=record.rows,
             proposals=len(record.beam_tokens), tokens_proposed=sum(out.draft_len_per_call),
             tokens_accepted=sum(out.accepted_per_call))]
-        if self.lookup:
+        if drafter.lookup is not None:
             out.levels.append(drafter.lookup.level())
         return out
 

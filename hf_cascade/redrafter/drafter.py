@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.compiled import compiled_draft, records_graphs
-from ..core.payoff import AdaptiveBudget, VerifyCost
+from ..core.payoff import DraftPolicy
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
@@ -59,13 +59,13 @@ class ReDrafterDrafter(TreeDrafter):
     """
 
     def __init__(self, head, embed, beam_width: int, beam_length: int, dedupe: bool = True,
-                 min_confidence: float = 0.0, verify_cost: VerifyCost | None = None, lookup: bool = False):
+                 min_confidence: float = 0.0, policy: DraftPolicy | None = None):
         self.head, self.embed = head, embed
-        # a resolved VerifyCost: draft and verify what pays on this machine (core.payoff); None: the beams whole
-        self.budget = AdaptiveBudget(verify_cost) if verify_cost is not None else None
+        # what pays on this machine: whether to draft, which nodes (core.payoff); the beams whole without
+        self.policy = policy if policy is not None else DraftPolicy(cost_aware=False)
         self._probs: list[float | None] = []        # (None: a lookup seed)
-        # lookup: the sequence's repeats join the beams' tree (drafters.lookup_branch); its cut needs the budget
-        self.lookup = LookupBranch() if lookup and self.budget is not None else None
+        # the sequence's repeats join the beams' tree (drafters.lookup_branch), cut by the policy
+        self.lookup = LookupBranch() if self.policy.lookup else None
         self.beam_width, self.beam_length, self.dedupe = beam_width, beam_length, dedupe
         self.min_confidence = float(min_confidence)
         self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
@@ -93,11 +93,10 @@ class ReDrafterDrafter(TreeDrafter):
         """``w`` beams of ``min(L, budget)`` tokens after ``seq[-1]``, packed into a tree;
         ``draft_probs = None`` (beam search is deterministic given ``seq``)."""
         length = min(self.beam_length, state.budget)
-        if state.last_hidden is None or length < 1 or (self.budget is not None and not self.budget.should_draft()):
+        if state.last_hidden is None or not self.policy.plan(length):
             self.record.skipped += 1
             return self._joined(TokenTree.empty(seq.device), [], state), None
-        if self.budget is not None:
-            self.budget.start_draft(seq.device)
+        self.policy.start_draft(seq.device)
         # compiled: always the full length, one graph per width, and the beams cut to ``length`` (only the last
         # steps of a generation ask for fewer tokens: a graph per length would compile there, mid-generation)
         eager = self.search is beam_search
@@ -120,18 +119,17 @@ class ReDrafterDrafter(TreeDrafter):
         tree, beam_to_node = pack(beams, self.dedupe, rows=host_beams)                 # n nodes
         self.record.beam_tokens.append(int(beams.numel()))
         self.record.drafted_nodes.append(tree.num_nodes)
-        probs = node_probabilities(tree, beam_to_node, host_probs) if self.budget is not None else None
+        probs = node_probabilities(tree, beam_to_node, host_probs) if self.policy.reads_scores else None
         if self.min_confidence > 0:
             keep = kept_nodes(tree, beam_to_node, confident_prefix(logp, self.min_confidence))
             tree = tree.select(keep)
             probs = [p for p, k in zip(probs, keep) if k] if probs is not None else None
-        if self.budget is not None:
-            self.budget.count_forward(searched)                # one batched head step per beam position
-            self.budget.end_draft()
-            if self.lookup is not None:
-                tree = self._joined(tree, probs, state)
-            else:
-                tree, self._probs = self.budget.select(tree, probs)
+        self.policy.count_forward(searched)                    # one batched head step per beam position
+        self.policy.end_draft()
+        if self.lookup is not None:
+            tree = self._joined(tree, probs, state)
+        else:
+            tree, self._probs = self.policy.select(tree, probs)
         self.record.confident_nodes.append(tree.num_nodes)
         return tree, None
 
@@ -140,13 +138,12 @@ class ReDrafterDrafter(TreeDrafter):
         tree as it is without a lookup branch)."""
         if self.lookup is None:
             return tree
-        tree, self._probs = self.lookup.cut(self.budget, tree, list(probs), state, self.linear)
+        tree, self._probs = self.lookup.cut(self.policy, tree, list(probs), state, self.linear)
         return tree
 
     def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
-        if self.budget is not None:
-            observe_verdict(self.budget, self.lookup, tree, self._probs, acceptance, state)
-            self._probs = []
+        observe_verdict(self.policy, self.lookup, tree, self._probs, acceptance, state)
+        self._probs = []
 
 
 def _search_key(args, kwargs) -> tuple:

@@ -13,7 +13,9 @@ review for chains; Sequoia's measured cost profile and EAGLE-2's path-probabilit
 * :mod:`.rules` -- the rule for chains (:class:`AdaptiveLookahead`, :class:`ExpectedGainRule`), for a drafter's
   forwards (:class:`DrafterPayoff`) and for trees (:func:`path_probabilities`, :func:`best_size`, :func:`keep_best`);
 * :mod:`.budget` -- :class:`AdaptiveBudget`, one call's policy for drafted trees (GLIDE, ReDrafter, Token Recycling);
-* :mod:`.gate` -- :class:`DraftGate`, one batched call's policy (which rows draft, how wide).
+* :mod:`.gate` -- :class:`DraftGate`, one batched call's policy (which rows draft, how wide);
+* :mod:`.policy` -- :class:`DraftPolicy`, the one object a drafter asks (built once per call from the assistant's
+  ``Policy`` and the measured profile): the only place the rules above are built.
 
 The layer answers questions from measured numbers it is given (a cost profile, forward and step times, the
 target's verdicts) and imports nothing above the core: measuring the device's verification cost is the assistants'
@@ -24,6 +26,7 @@ from .acceptance import AcceptanceCalibration
 from .budget import AdaptiveBudget
 from .cost import CostModel, VerifyCost
 from .gate import DraftGate, lagging_rows
+from .policy import DraftPolicy
 from .rules import (
     AdaptiveLookahead,
     DrafterPayoff,
@@ -39,6 +42,7 @@ __all__ = [
     "AdaptiveLookahead",
     "CostModel",
     "DraftGate",
+    "DraftPolicy",
     "DrafterPayoff",
     "ExpectedGainRule",
     "VerifyCost",
