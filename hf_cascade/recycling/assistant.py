@@ -4,7 +4,7 @@ step itself is :class:`~hf_cascade.recycling.drafter.TokenRecycling`'s."""
 from __future__ import annotations
 
 from ..assistant import TreeAssistant
-from ..core.payoff import AdaptiveBudget
+from ..core.payoff import DraftPolicy
 from ..measure import bound_verify_cost
 from ..options import Policy, rejects_moved
 from .candidates import RecycledCandidates
@@ -59,9 +59,9 @@ class RecyclingAssistant(TreeAssistant):
         if owner != self._owner or not self.settings.hot_start:    # another target's candidates are not this one's
             self.reset()
             self._owner = owner
-        budget = AdaptiveBudget(self.verify_cost) if self.verify_cost is not None else None
         seeds = self.settings.max_ngram if self.policy.lookup else 0
-        return TokenRecycling(self.candidates, self.settings.shape, budget, seeds, self.settings.max_matches)
+        return TokenRecycling(self.candidates, self.settings.shape, DraftPolicy.of(self.policy, self.verify_cost),
+                              seeds, self.settings.max_matches)
 
 
 __all__ = ["RecyclingAssistant"]

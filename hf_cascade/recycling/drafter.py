@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from ..core.accept import path_list
-from ..core.payoff import AcceptanceCalibration, AdaptiveBudget
+from ..core.payoff import DraftPolicy
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.continuations import SeedRates, SeedTrie, suffix_continuations
@@ -53,8 +53,9 @@ from .candidates import Expansion, RecycledCandidates, RecyclingShape
 class TokenRecycling(TreeDrafter):
     """The drafter of one ``generate()`` call over a :class:`RecycledCandidates` (see the module docstring).
 
-    ``budget``: the call's :class:`~hf_cascade.core.payoff.AdaptiveBudget` (``None``: verify the whole
-    expanded tree, the paper's behaviour). ``max_ngram``: with ``>= 1``, the continuations of the sequence's
+    ``policy``: the call's :class:`~hf_cascade.core.payoff.DraftPolicy` (which nodes pay; without its tree rule,
+    or ``None``, the whole expanded tree is verified, the paper's behaviour).
+    ``max_ngram``: with ``>= 1``, the continuations of the sequence's
     longest earlier suffix match join the candidates as seeds: those of its ``max_matches`` most recent
     occurrences, ranked by frequency (:func:`~hf_cascade.drafters.continuations.suffix_continuations`; with
     ``max_matches=1``, Max-Gram's one continuation).
@@ -76,11 +77,12 @@ class TokenRecycling(TreeDrafter):
         acceptance absorbs."""
         return max(64, self.candidates.top_k)
 
-    def __init__(self, candidates: RecycledCandidates, shape: RecyclingShape, budget: AdaptiveBudget | None,
+    def __init__(self, candidates: RecycledCandidates, shape: RecyclingShape, policy: DraftPolicy | None = None,
                  max_ngram: int = 8, max_matches: int = 16):
-        self.candidates, self.shape, self.budget, self.max_ngram = candidates, shape, budget, int(max_ngram)
+        self.candidates, self.shape, self.max_ngram = candidates, shape, int(max_ngram)
+        self.policy = policy if policy is not None else DraftPolicy(cost_aware=False)
         self.max_matches = int(max_matches)
-        self.calibration = AcceptanceCalibration()
+        self.calibration = self.policy.calibration           # recycled probabilities -> the target's acceptance
         self.seed_rates = SeedRates()
         self._drafted: Expansion | None = None
         self._bucket = 0
@@ -97,8 +99,8 @@ class TokenRecycling(TreeDrafter):
                                              self.calibration.frozen())
         device = seq.device
         tree = TokenTree.from_host(found.tokens, found.parents, device)
-        if self.budget is not None and tree.num_nodes:
-            keep = self.budget.keep(tree, found.estimates)
+        if self.policy.reads_scores and tree.num_nodes:
+            keep = self.policy.keep(tree, found.estimates)
             tree = tree.select(keep)                                     # host bools: no read
             found = Expansion(*([v for v, k in zip(values, keep) if k] for values in found))
         self._drafted = found
@@ -125,9 +127,8 @@ class TokenRecycling(TreeDrafter):
                     self.seed_rates.observe(self._bucket, drafted.shares[i], i in on_path)
                 else:
                     self.calibration.observe(drafted.probs[i], i in on_path)
-        if self.budget is not None:
-            estimates = drafted.estimates if drafted is not None else []
-            self.budget.observe_step(tree, estimates, path, len(path) + 1, state.verify_seconds, state.verify_nodes)
+        estimates = drafted.estimates if drafted is not None else []
+        self.policy.observe(tree, estimates, path, len(path) + 1, state.verify_seconds, state.verify_nodes)
         self._drafted = None
 
 
