@@ -174,9 +174,10 @@ def test_the_cascade_learns_from_the_verified_prefix_only():
     import torch
 
     from hf_cascade.cascade.drafter import CascadeCandidateGenerator, _Drafted, _Segment
+    from hf_cascade.core.payoff import DraftPolicy
     from hf_cascade.drafters.maxgram import MaxGram
 
-    policy = MaxGram().new_policy()
+    policy = DraftPolicy.lookahead(MaxGram())
     d = _Drafted(torch.tensor([5, 6, 7, 8]), None, [1.0] * 4, [0] * 4, [False] * 4, [_Segment(policy, 3, 0, 4)])
     cut = d.first(2)
     assert cut.tokens.tolist() == [5, 6] and cut.segments[0].length == 2 and len(cut) == 2

@@ -8,6 +8,7 @@ import torch
 
 from hf_cascade import CascadeAssistant, CascadeSettings, CorpusNGrams, MaxGram
 from hf_cascade.cli import main
+from hf_cascade.core.payoff import DraftPolicy
 from hf_cascade.drafters.corpus import CORPUS_BUCKETS, CorpusMatch
 from hf_cascade.drafters.maxgram import BIGRAM_BUCKET
 from hf_cascade.training import DistillStore
@@ -137,15 +138,16 @@ CERTAIN = CorpusNGrams.fit([([1, 2, 3, 4], 1)] * 2, vocab_size=16, max_n=3, min_
 
 def test_maxgram_uses_the_corpus_where_the_sequence_has_nothing():
     mg = MaxGram(max_tokens=3, adaptive=False, corpus=CorpusNGrams(GOLDEN, vocab_size=8, max_n=2))
-    prop = mg.propose(T(7, 1, 2), 3, mg.new_policy())            # 2 never occurred before: no match
+    prop = mg.propose(T(7, 1, 2), 3, DraftPolicy.lookahead(mg))   # 2 never occurred before: no match
     assert prop.tokens.tolist() == [3, 1, 2] and prop.bucket == CORPUS_BUCKETS[(False, 1)]
-    assert MaxGram(max_tokens=3, adaptive=False).propose(T(7, 1, 2), 3, mg.new_policy()).tokens.tolist() == []
+    fixed = MaxGram(max_tokens=3, adaptive=False)
+    assert fixed.propose(T(7, 1, 2), 3, DraftPolicy.lookahead(mg)).tokens.tolist() == []
 
 
 def test_maxgram_chooses_by_estimated_acceptance():
     seq = T(3, 9, 1, 2, 3)                                        # a 1-token match (bucket 1) continuing [9, 1, 2]
     mg = MaxGram(max_tokens=3, adaptive=False, corpus=CERTAIN)
-    policy = mg.new_policy()
+    policy = DraftPolicy.lookahead(mg)
     assert policy.acceptance(20) > policy.acceptance(1)           # prior 0.7 over the 1-token match's 0.4
     prop = mg.propose(seq, 3, policy)
     assert prop.tokens.tolist() == [4] and prop.bucket == 20       # after 4 the corpus knows nothing
@@ -154,15 +156,16 @@ def test_maxgram_chooses_by_estimated_acceptance():
     assert mg.propose(seq, 3, policy).tokens.tolist() == [9, 1, 2]
     # a match at least corpus_below long never asks the corpus
     assert MaxGram(max_tokens=3, adaptive=False, corpus=CERTAIN, corpus_below=1).propose(
-        seq, 3, mg.new_policy()).tokens.tolist() == [9, 1, 2]
+        seq, 3, DraftPolicy.lookahead(mg)).tokens.tolist() == [9, 1, 2]
     long = T(1, 2, 3, 5, 1, 2, 3)                                  # a 3-token match
-    assert mg.propose(long, 3, mg.new_policy()).tokens.tolist() == [5, 1, 2]
+    assert mg.propose(long, 3, DraftPolicy.lookahead(mg)).tokens.tolist() == [5, 1, 2]
 
 
 def test_maxgram_corpus_priors_and_type_check():
-    assert 20 in MaxGram(corpus=CERTAIN).new_policy().bucket_priors
-    assert 20 not in MaxGram().new_policy().bucket_priors
-    assert MaxGram(corpus=CERTAIN, bucket_priors={20: 0.1}).new_policy().acceptance(20) < 0.3   # user priors win
+    assert 20 in DraftPolicy.lookahead(MaxGram(corpus=CERTAIN)).bucket_priors
+    assert 20 not in DraftPolicy.lookahead(MaxGram()).bucket_priors
+    user = MaxGram(corpus=CERTAIN, bucket_priors={20: 0.1})
+    assert DraftPolicy.lookahead(user).acceptance(20) < 0.3                     # user priors win
     with pytest.raises(TypeError, match="CorpusNGrams"):
         MaxGram(corpus={(1,): (2, 1, 1)})
     with pytest.raises(ValueError, match="corpus_below"):

@@ -255,7 +255,7 @@ def test_cost_aware_calibration_learns_from_the_targets_verdicts(target):
     d.append(ids(7, 8, 9)[0], torch.tensor([0.5, 0.7, 0.9]), None, origin=0, lenient=True)
     gen._pending = d
     gen.on_target_review(ids(1, 5, 6, 7)[0], num_proposed=5, num_accepted=3, verify_seconds=None)
-    cal = gen._calibration
+    cal = gen.policy.calibration
     assert cal._hits == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]               # p=.5 accepted
     assert cal._expected == pytest.approx([0.0, 0.0, 0.5, 0.7, 0.0, 0.0])   # p=.7 reached and rejected, p=.9 never reached
     assert cal(0.7) < 0.7 < cal(0.5) / 0.5 * 0.7                     # a rejection lowers, an acceptance raises

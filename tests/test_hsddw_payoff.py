@@ -21,23 +21,21 @@ def test_hsddw_payoff_charges_the_rows_its_window_adds(m):
     (``1 - t(0) / t(k)``); rows count as free until a plain step has been measured."""
     a = DynamicWindowAssistant(m["noisy"], policy=Policy(lookup=False))
     gen = a.build(m["target"], GenerationConfig(max_length=64, **NO_EOS), None, a.new_stats())
-    seen, observe = [], gen._payoff.observe_consult
+    seen, observe = [], gen.policy.payoff.observe_consult
 
     def spy(reach, seconds, surcharge=0.0):
         seen.append((reach, seconds, surcharge))
         observe(reach, seconds, surcharge)
 
-    gen._payoff.observe_consult = spy
-    gen._consulted = 0.004
-    gen._observe_payoff(3, 1, 0.050)                 # 3 drafted rows, no plain step measured yet
-    gen._consulted = None
-    gen._observe_payoff(0, 0, 0.040)                 # a plain step (nothing consulted): 40 ms
-    gen._consulted = 0.005
-    gen._observe_payoff(3, 2, 0.050)                 # 3 rows again: t(3) is now 0.8 * 50 + 0.2 * 50 ms
+    gen.policy.payoff.observe_consult = spy
+    gen.policy.observe_window(3, 1, 0.050, 0.004)    # 3 drafted rows (4 ms of forwards), no plain step measured yet
+    gen.policy.observe_window(0, 0, 0.040, None)     # a plain step (nothing consulted): 40 ms
+    gen.policy.observe_window(3, 2, 0.050, 0.005)    # 3 rows again: t(3) is now 0.8 * 50 + 0.2 * 50 ms
     assert seen == [(1.0, 0.004, 0.0), (1.0, 0.005, pytest.approx(0.010))]
-    assert gen._payoff._accepted == 3                # the draft models' accepted tokens only
-    assert gen._payoff.rate() == pytest.approx((2 + 1 + 3) / (0.004 + 0.005 + 0.050 + 0.040 + 0.050))  # no surcharge
-    assert gen._payoff._consult_seconds == pytest.approx(0.8 * 0.004 + 0.2 * 0.015)
+    assert gen.policy.payoff._accepted == 3          # the draft models' accepted tokens only
+    rate = (2 + 1 + 3) / (0.004 + 0.005 + 0.050 + 0.040 + 0.050)                # no surcharge
+    assert gen.policy.payoff.rate() == pytest.approx(rate)
+    assert gen.policy.payoff._consult_seconds == pytest.approx(0.8 * 0.004 + 0.2 * 0.015)
 
 
 @pytest.mark.measured_costs

@@ -6,6 +6,7 @@ import torch
 
 from hf_cascade.cascade.k_matrix import default_k_matrix, validate_k_matrix
 from hf_cascade.drafters.maxgram import BIGRAM_BUCKET, BigramTable, MaxGram, longest_suffix_match
+from hf_cascade.core.payoff import DraftPolicy
 from hf_cascade.core.stats import GenerationStats, PositionCounts
 from hf_cascade.core.review import greedy_review, one_hot_dists, output_distribution, sampling_review
 
@@ -109,7 +110,7 @@ def test_maxgram_candidates_and_bigram_fallback():
 
 def test_maxgram_propose_non_adaptive_respects_limit():
     mg = MaxGram(max_tokens=4, adaptive=False)
-    policy = mg.new_policy()
+    policy = DraftPolicy.lookahead(mg)
     seq = T(1, 2, 3, 4, 5, 6, 1, 2)
     assert mg.propose(seq, limit=10, policy=policy).tokens.tolist() == [3, 4, 5, 6]
     assert mg.propose(seq, limit=2, policy=policy).tokens.tolist() == [3, 4]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from transformers import PreTrainedModel
 
 from ..assistant import LinearAssistant
+from ..core.payoff import DraftPolicy
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import MAX_VOCAB_PADDING, check_same_vocabulary, output_vocab_size
 from ..options import Loading, Policy, rejects_moved
@@ -105,7 +106,7 @@ class CascadeAssistant(LinearAssistant):
         s = self.settings
         return CascadeCandidateGenerator(
             target, generation_config, logits_processor, stats, self.drafters, self.k_matrix, s.lenience,
-            s.maxgram_lenience, s.min_confidence, self.policy.lookup, s.keep_unsure, self.policy.cost_aware,
+            s.maxgram_lenience, s.min_confidence, self.policy.lookup, s.keep_unsure, DraftPolicy.of(self.policy),
         )
 
     def __repr__(self) -> str:

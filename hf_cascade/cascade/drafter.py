@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
-from ..core.payoff import AcceptanceCalibration, AdaptiveLookahead, CostModel, DrafterPayoff, ExpectedGainRule
+from ..core.payoff import AdaptiveLookahead, DraftPolicy, ExpectedGainRule
 from ..drafters.maxgram import MaxGram
 from ..drafters.neural import NeuralLevel, model_name
 from ..core.stats import LevelStats
@@ -90,17 +90,16 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     def __init__(self, target, generation_config, logits_processor, stats, drafters, k_matrix, lenience: float,
                  maxgram_lenience: float = 1.0, min_confidence: float = 0.0, maxgram_first: bool = False,
-                 keep_unsure: bool = True, cost_aware: bool = False):
+                 keep_unsure: bool = True, policy: DraftPolicy | None = None):
         super().__init__(target, generation_config, logits_processor, stats)
         self.k = k_matrix
         self.lenience = float(lenience)
         self.maxgram_lenience = float(maxgram_lenience)
         self.min_confidence = float(min_confidence)
         self.keep_unsure = bool(keep_unsure)
-        self.cost_aware = bool(cost_aware)
-        self._target_cost = CostModel()   # the target's verification time by draft length (cost_aware)
-        self._calibration = AcceptanceCalibration()   # the smallest drafter's p -> the target's acceptance (cost_aware)
-        self._payoff = DrafterPayoff()                 # whether consulting the smallest drafter pays (cost_aware)
+        # what pays (core.payoff): the smallest drafter's consultations and tokens, Max-Gram's lengths; without a
+        # policy, the paper's
+        self.policy = policy if policy is not None else DraftPolicy(cost_aware=False)
         # maxgram_first: Max-Gram drafts for the target directly and the smallest neural level drafts
         # after it autoregressively (no neural review of Max-Gram tokens); see CascadeAssistant.
         self.maxgram_first = bool(maxgram_first) and isinstance(drafters[-1], MaxGram) and len(drafters) > 1
@@ -143,8 +142,8 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                     self._append_maxgram(out, j, reviewer, cur, room, cur_tokens)
                     break
                 if j == self.bottom:                                       # smallest level is neural
-                    rule = self._expected_gain_rule(out) if self.cost_aware and reviewer == TARGET else None
-                    if rule is not None and not self._payoff.worth(rule.reach):
+                    rule = self._expected_gain_rule(out) if reviewer == TARGET else None
+                    if rule is not None and not self.policy.consult(rule.reach):
                         break                                              # its forwards would not pay here
                     tokens, probs, dists = self._consult(level, cur, room, rule)
                     out.append(tokens, probs, dists, origin=j, lenient=True)
@@ -163,10 +162,10 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                     break                                                  # level j is unsure: stop it here
         return out
 
-    def _expected_gain_rule(self, out: _Drafted) -> ExpectedGainRule:
-        """The ``cost_aware`` rule for the smallest drafter's next target-bound tokens: the draft so far
-        counts with its tokens' acceptance estimates (:meth:`_acceptance`)."""
-        return ExpectedGainRule.after(self._acceptance(out), self._target_cost, self._calibration)
+    def _expected_gain_rule(self, out: _Drafted) -> ExpectedGainRule | None:
+        """The policy's rule for the smallest drafter's next target-bound tokens (``None``: the paper's, none): the
+        draft so far counts with its tokens' acceptance estimates (:meth:`_acceptance`)."""
+        return self.policy.token_rule(lambda: self._acceptance(out))
 
     def _consult(self, level: NeuralLevel, cur: torch.Tensor, room: int, rule: ExpectedGainRule | None):
         """The smallest drafter's tokens after ``cur``; with a ``rule``, its forwards' time teaches the payoff
@@ -176,14 +175,15 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         reach, forwards, t0 = rule.reach, level.stats.forward_calls, time.perf_counter()   # generate extends the rule
         drafted = level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence, self.keep_unsure, rule)
         if level.stats.forward_calls > forwards:                  # a consultation that ran no forward cost nothing
-            self._payoff.observe_consult(reach, time.perf_counter() - t0)
+            self.policy.observe_consult(reach, time.perf_counter() - t0)
         return drafted
 
     def _acceptance(self, out: _Drafted) -> list[float]:
         """Per token of ``out``, the target's acceptance estimate once the token is reached: Max-Gram tokens
         their bucket's measured acceptance, neural tokens their probability (the smallest drafter's calibrated
         by the target's verdicts so far)."""
-        accept = [self._calibration(p) if level == self.bottom else p             # [u] acceptance estimates
+        calibration = self.policy.calibration
+        accept = [calibration(p) if level == self.bottom else p                   # [u] acceptance estimates
                   for p, level in zip(out.probs, out.origin)]
         for seg in out.segments:
             accept[seg.start:seg.start + seg.length] = [seg.policy.acceptance(seg.bucket)] * seg.length
@@ -209,7 +209,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     def _policy(self, j: int, reviewer: int) -> AdaptiveLookahead:
         key = (j, reviewer)
         if key not in self._policies:
-            self._policies[key] = self.levels[j].new_policy()
+            self._policies[key] = self.policy.lookahead(self.levels[j])
         return self._policies[key]
 
     # -- review by a draft model (the target's review is transformers') ----------------------
@@ -235,15 +235,13 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     # -- update ------------------------------------------------------------------------------
     def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
-        if verify_seconds is not None:
-            self._target_cost.observe(num_proposed, verify_seconds)
+        self.policy.observe_target(num_proposed, verify_seconds)
         if self._pending is not None:
             self._pending = self._pending.first(num_proposed)      # the target verified a prefix (a batch cuts drafts)
             self._feedback_segments(self._pending.segments, num_accepted)
             self._calibrate(self._pending, num_proposed, num_accepted)
-            if self.cost_aware:
-                self._payoff.observe_verdict(self._pending.origin[:num_accepted].count(self.bottom), num_accepted + 1,
-                                             verify_seconds)
+            self.policy.observe_verdict(self._pending.origin[:num_accepted].count(self.bottom), num_accepted + 1,
+                                        verify_seconds)
             self._record_acceptance(self._pending, num_accepted)
         for (j, reviewer), policy in self._policies.items():
             if reviewer == TARGET and verify_seconds is not None:
@@ -253,11 +251,11 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     def _calibrate(self, d: _Drafted, proposed: int, n: int) -> None:
         """The target reached the first ``n + 1`` of the ``proposed`` tokens of ``d`` and accepted ``n``:
         teach the calibration what the smallest (neural) drafter's probabilities were worth."""
-        if not self.cost_aware or isinstance(self.levels[self.bottom], MaxGram):
+        if isinstance(self.levels[self.bottom], MaxGram):
             return
         for i, level in enumerate(d.origin[: min(n + 1, proposed)]):
             if level == self.bottom:
-                self._calibration.observe(d.probs[i], i < n)
+                self.policy.calibrate(d.probs[i], i < n)
 
     def _feedback(self, sub: _Drafted, n: int, reviewer: int, seconds: float | None) -> None:
         self._feedback_segments(sub.segments, n)

@@ -192,12 +192,11 @@ class MaxGram:
             raise ValueError(f"MaxGram needs corpus_below >= 0 and corpus_min_confidence in [0, 1], got "
                              f"{self.corpus_below}, {self.corpus_min_confidence}.")
 
-    def new_policy(self) -> AdaptiveLookahead:
-        """Fresh adaptive state for one reviewer in one ``generate()`` call."""
-        cost = CostModel(**{k: getattr(self.cost, k) for k in ("prior_step", "prior_slope", "measure", "decay")}) \
-            if self.cost is not None else CostModel()
-        priors = {**CORPUS_PRIORS, **self.bucket_priors} if self.corpus is not None else dict(self.bucket_priors)
-        return AdaptiveLookahead(max_tokens=self.max_tokens, bucket_priors=priors, cost=cost, adaptive=self.adaptive)
+    def priors(self) -> dict[int, float]:
+        """The prior acceptance per evidence bucket its length rule starts from (the corpus's buckets too, where
+        it has one; the user's ``bucket_priors`` win); the rule itself is the call's
+        (:meth:`hf_cascade.core.payoff.DraftPolicy.lookahead`)."""
+        return {**CORPUS_PRIORS, **self.bucket_priors} if self.corpus is not None else dict(self.bucket_priors)
 
     def candidates(self, seq: torch.Tensor) -> MaxGramProposal:
         """What the sequence itself (or the bigram table) offers after ``seq`` (``[L]``), before choosing a

@@ -7,6 +7,7 @@ import os
 from transformers import PreTrainedModel
 
 from ..assistant import LinearAssistant
+from ..core.payoff import DraftPolicy
 from ..drafters.neural import check_same_vocabulary
 from ..options import Loading, Policy, rejects_moved
 from ..placement import place_like
@@ -102,7 +103,8 @@ class DynamicWindowAssistant(LinearAssistant):
         s = self.settings
         return DynamicWindowCandidateGenerator(
             target, generation_config, logits_processor, stats, self.draft_model, self.verifier_model,
-            s.max_window, s.target_window, s.tau_init, s.tau2_init, lookup=self.lookup, cost_aware=self.cost_aware,
+            s.max_window, s.target_window, s.tau_init, s.tau2_init, lookup=self.lookup,
+            policy=DraftPolicy.of(self.policy),
         )
 
     def __repr__(self) -> str:

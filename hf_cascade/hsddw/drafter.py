@@ -63,7 +63,7 @@ from ..core.categorical import categorical
 from ..drafters.neural import NeuralLevel, model_name
 from ..core.stats import LevelStats
 from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
-from ..core.payoff import CostModel, DrafterPayoff
+from ..core.payoff import DraftPolicy
 from ..drafters.maxgram import MaxGram
 from ..placement import defer_reads
 from .rules import EntropyThreshold, entropy, self_verify_length
@@ -135,7 +135,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
 
     def __init__(self, target, generation_config, logits_processor, stats, draft_model, verifier_model,
                  max_window: int, max_target_window: int, tau_init: float, tau2_init: float, lookup: bool = True,
-                 cost_aware: bool = True):
+                 policy: DraftPolicy | None = None):
         super().__init__(target, generation_config, logits_processor, stats)
         self.max_window = int(max_window)
         self.max_target_window = int(max_target_window)
@@ -147,9 +147,11 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
             pre_stats = LevelStats(model_name(verifier_model))
             self.pre = NeuralLevel(verifier_model, self.vocab_size, self.processors, pre_stats)
             stats.levels = [pre_stats, small_stats]
-        # Max-Gram lookup (not in the paper): its own level at the bottom, its policy fresh per generate() call
+        # Max-Gram lookup (not in the paper): its own level at the bottom, its length rule fresh per generate() call
         self.maxgram: MaxGram | None = MaxGram() if lookup else None
-        self.policy = self.maxgram.new_policy() if self.maxgram is not None else None
+        # what pays (core.payoff): the lookup's length, whether the draft models' step pays (not in the paper)
+        self.policy = policy if policy is not None else DraftPolicy()
+        self.lookahead = self.policy.lookahead(self.maxgram) if self.maxgram is not None else None
         if self.maxgram is not None:
             stats.levels = [*stats.levels, LevelStats(self.maxgram.name)]
             stats.lookup = True
@@ -160,10 +162,6 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
         stats.rejected_entropies = self.tau.rejected
         stats.rejected_entropies2 = self.tau2.rejected
         self._pending: torch.Tensor = _NO_ENTROPIES   # host: entropies of the q of each token handed to the target
-        # cost_aware (not in the paper): whether the draft models' step pays, from this call's measured times
-        self._payoff: DrafterPayoff | None = DrafterPayoff() if cost_aware else None
-        # the target's step time by draft length; rows count as free until a plain step has been measured
-        self._step_cost = CostModel(prior_step=0.0, prior_slope=0.0)
         self._consulted: float | None = None           # seconds the draft models took for the pending draft
 
     def neural_levels(self) -> list[NeuralLevel]:
@@ -180,7 +178,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
             d = self._lookup_draft(seq, min(self.max_window, budget))
             if d is not None:
                 return d
-        if self._payoff is not None and not self._payoff.worth(1.0):
+        if not self.policy.consult(1.0):
             self.stats.plain_steps += 1
             return Draft(seq[:0])                                           # the draft models would not pay here
         started = time.perf_counter()
@@ -197,7 +195,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     def _lookup_draft(self, seq: torch.Tensor, limit: int) -> Draft | None:
         """Max-Gram's proposal after ``seq`` (at most ``limit`` tokens, as many as its policy finds worth
         verifying), cut after the first stop token; ``None`` when it proposes nothing."""
-        prop = self.maxgram.propose(seq, limit, self.policy, tokens=self.host_seq(seq))
+        prop = self.maxgram.propose(seq, limit, self.lookahead, tokens=self.host_seq(seq))
         if prop.tokens.shape[0] == 0:
             return None
         host = prop.host if prop.host is not None else prop.tokens.tolist()   # Max-Gram proposes on the host
@@ -260,14 +258,13 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
 
     # -- update --------------------------------------------------------------------------------
     def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
-        if self.policy is not None and verify_seconds is not None:
-            self.policy.cost.observe(num_proposed, verify_seconds)     # the target's verify cost, every step
-        if self._payoff is not None:
-            self._observe_payoff(num_proposed, num_accepted, verify_seconds)
+        if self.lookahead is not None and verify_seconds is not None:
+            self.lookahead.cost.observe(num_proposed, verify_seconds)     # the target's verify cost, every step
+        self.policy.observe_window(num_proposed, num_accepted, verify_seconds, self._consulted)
         if self._lookup is not None:
-            # a lookup step: its policy learns; tau / tau2 only learn from tokens the draft models drafted
+            # a lookup step: its length rule learns; tau / tau2 only learn from tokens the draft models drafted
             bucket, length = self._lookup
-            self.policy.observe(bucket, length, min(num_accepted, length))
+            self.lookahead.observe(bucket, length, min(num_accepted, length))
             _record(self.stats.levels[-1], num_proposed, num_accepted)
         else:
             if num_accepted < num_proposed:
@@ -276,16 +273,6 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
                 threshold.update(float(self._pending[num_accepted]))
             _record(self.stats.levels[0], num_proposed, num_accepted)
         self._lookup, self._pending, self._consulted = None, _NO_ENTROPIES, None
-
-    def _observe_payoff(self, proposed: int, accepted: int, seconds: float | None) -> None:
-        """Teach the payoff rule the step: the draft models' forwards and the share of the step their rows
-        took (``1 - 1 / cost(k)`` of it, by this call's measured step times), and their accepted tokens."""
-        if seconds is not None:
-            self._step_cost.observe(proposed, seconds)
-        if self._consulted is not None:
-            surcharge = 0.0 if seconds is None else seconds * (1.0 - 1.0 / self._step_cost.cost(proposed))
-            self._payoff.observe_consult(1.0, self._consulted, surcharge)
-        self._payoff.observe_verdict(accepted if self._consulted is not None else 0, accepted + 1, seconds)
 
 
 def _record(level: LevelStats, proposed: int, accepted: int) -> None:
