@@ -193,7 +193,6 @@ def test_rides_rule():
     measured)."""
     from types import SimpleNamespace
 
-    from hf_cascade.core.batch import rides
     from hf_cascade.core.payoff import DraftGate
 
     def run(draft_seconds, reads_cache=False, last_step=0.1):
@@ -201,6 +200,9 @@ def test_rides_rule():
         gate.last_step = last_step
         drafter = SimpleNamespace(reads_target_cache=reads_cache)
         return SimpleNamespace(gate=gate, rows=[SimpleNamespace(drafter=drafter, draft_seconds=draft_seconds)])
+
+    def rides(run, b, width):
+        return run.gate.rides(run.rows[b], width)
 
     share = DraftGate.ride_share
     assert rides(run(None), 0, 3) and rides(run(share * 0.1), 0, 1)

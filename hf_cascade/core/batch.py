@@ -12,7 +12,7 @@ the work on padding, which in a batch of ragged prompts can be most of the prefi
    most tokens left: the batch ends when they do) draft, and none while the batch's
    :class:`~hf_cascade.core.payoff.DraftGate` measures plain steps to advance the batch's end faster; the rows
    ahead of them draft only into the width the lagging rows' drafts already give every row's block, where
-   their drafts are cheap (:func:`rides`).
+   their drafts are cheap (:meth:`~hf_cascade.core.payoff.DraftGate.rides`).
 2. **verify** -- one target forward over ``[B, N]``: row ``b``'s root and its ``n_b`` nodes, padded to
    ``N = max n_b + 1`` with queries that attend to themselves only; per-row position ids (each node at its
    branch position, counted in the row's own tokens, padding not counted, as plain batched ``generate``
@@ -226,12 +226,13 @@ def _right_aligned(parts: list[torch.Tensor | None], width: int) -> torch.Tensor
 
 def draft_rows(run: "BatchRun", allowed: bool, drafting: set[int]) -> list[tuple[TokenTree, torch.Tensor | None]]:
     """Every row's draft for the step: the rows that may draft (``drafting``, if the gate ``allowed`` it), sized
-    by the gate (:func:`sized`); then the others, each riding along (:func:`rides`) within the width the first
-    ones set, or drafting nothing. Each row's drafter is called once per step."""
-    started = time.perf_counter()
-    lead = sized(run, {b: draft(run, b, allowed) for b in sorted(drafting)}, started)
+    by the gate (:meth:`~hf_cascade.core.payoff.DraftGate.sized`); then the others, each riding along
+    (:meth:`~hf_cascade.core.payoff.DraftGate.rides`) within the width the first ones set, or drafting nothing.
+    Each row's drafter is called once per step."""
+    started, gate, rows = time.perf_counter(), run.gate, run.rows
+    lead = gate.sized({b: draft(run, b, allowed) for b in sorted(drafting)}, rows, started)
     width = max((tree.num_nodes for tree, _ in lead.values()), default=0)
-    return [lead[b] if b in lead else draft(run, b, rides(run, b, width), limit=width) for b in range(len(run.rows))]
+    return [lead[b] if b in lead else draft(run, b, gate.rides(rows[b], width), limit=width) for b in range(len(rows))]
 
 
 def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = None) -> tuple[TokenTree, torch.Tensor | None]:
@@ -239,7 +240,8 @@ def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = Non
     :attr:`~hf_cascade.core.payoff.DraftGate.width` and to ``limit`` nodes; none when not ``allowed`` (the batch's
     draft gate refuses this step, or the row is ahead of the lagging rows and does not ride along): the drafter
     then sees a budget of 0, as at the end of a generation. The drafter's wall time is kept per row
-    (:func:`rides`; a tree's tokens are host values, so the time includes the device work behind them)."""
+    (:meth:`~hf_cascade.core.payoff.DraftGate.rides`; a tree's tokens are host values, so the time includes the
+    device work behind them)."""
     row = run.rows[b]
     state = run.state(b, cache=allowed)                 # a refused step reads no cache: none is gathered
     if not allowed:
@@ -255,38 +257,6 @@ def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = Non
         return tree, q
     widths = [w for w in (run.gate.width, limit) if w is not None]
     return run.gate.cut(tree, q, min(widths, default=None))             # None: as drafted
-
-
-def rides(run: "BatchRun", b: int, width: int) -> bool:
-    """Whether row ``b``, ahead of the lagging rows, drafts into the step's padded width (``width`` nodes, set
-    by the lagging rows' drafts). Every row's verification is ``width + 1`` queries wide anyway (the batch's
-    block is rectangular), so its nodes cost the forward nothing: only its drafter's work, and head rows for
-    what it accepts. A row ahead gains tokens that shorten nothing now, but it finishes sooner, after which the
-    batch's steps have fewer rows; and a row that later lags has less left. So it rides along only where its
-    drafts are cheap: its drafter reads no copy of the target's cache (a gather per layer), and its own drafts
-    took at most :attr:`~hf_cascade.core.payoff.DraftGate.ride_share` of a step's time (measured on this row;
-    unmeasured rows ride once, to be measured)."""
-    gate, row = run.gate, run.rows[b]
-    if width <= 0 or not gate.ride_share or getattr(row.drafter, "reads_target_cache", False):
-        return False
-    step = gate.last_step
-    return row.draft_seconds is None or step is None or row.draft_seconds <= gate.ride_share * step
-
-
-def sized(run: "BatchRun", drafts: dict[int, tuple], started: float | None = None) -> dict[int, tuple]:
-    """The drafting rows' drafts (row -> draft, made since ``started``) cut to the gate's expected-gain width where
-    every one of them estimates its draft's reach (:meth:`~hf_cascade.core.payoff.DraftGate.width_for`; the gate
-    learns what drafting cut to nothing cost, :meth:`~hf_cascade.core.payoff.DraftGate.sized_to`); as drafted
-    otherwise (the gate's rate rule applies)."""
-    gate = run.gate
-    reaches = [run.rows[b].drafter.reach(tree) for b, (tree, _) in drafts.items()] if gate.by_estimate else [None]
-    gate.estimated = bool(reaches) and all(r is not None for r in reaches)
-    if not gate.estimated or not any(tree.num_nodes for tree, _ in drafts.values()):
-        return drafts
-    width = gate.width_for(reaches, len(run.rows))
-    if started is not None:
-        gate.sized_to(width, time.perf_counter() - started)
-    return {b: gate.cut(tree, q, width) for b, (tree, q) in drafts.items()}
 
 
 def verify(run: "BatchRun", drafts) -> list[TreeRows]:
@@ -366,4 +336,4 @@ def update(run: "BatchRun", drafts, rows: list[TreeRows], acceptances: list[Tree
     return [len(k) for k in kept]
 
 
-__all__ = ["COMPACT_SHARE", "accept", "draft", "draft_rows", "prefill", "rides", "speculative_decode_batch", "update", "verify"]
+__all__ = ["COMPACT_SHARE", "accept", "draft", "draft_rows", "prefill", "speculative_decode_batch", "update", "verify"]

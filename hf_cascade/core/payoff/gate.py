@@ -42,6 +42,8 @@ draws: greedy outputs stay exact and sampling stays lossless whatever the gate d
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .cost import CostModel
@@ -60,7 +62,7 @@ class DraftGate:
     #: size drafts by the drafters' estimates where every lagging row gives them (:meth:`width_for`)
     by_estimate: bool = True
     #: rows ahead draft into the padded width where their drafts cost at most this share of a step
-    #: (:func:`hf_cascade.core.batch.rides`); 0: they never do
+    #: (:meth:`rides`); 0: they never do
     ride_share: float = 0.05
 
     def __init__(self, explore_every: int = 8, decay: float = 0.7):
@@ -124,6 +126,34 @@ class DraftGate:
             if value > best:
                 best_w, best = k, value
         return best_w
+
+    def rides(self, row, width: int) -> bool:
+        """Whether ``row`` (a :class:`~hf_cascade.core.phases.Row`), ahead of the lagging rows, drafts into the step's
+        padded width (``width`` nodes, set by the lagging rows' drafts). Every row's verification is ``width + 1``
+        queries wide anyway (the batch's block is rectangular), so its nodes cost the forward nothing: only its
+        drafter's work, and head rows for what it accepts. A row ahead gains tokens that shorten nothing now, but it
+        finishes sooner, after which the batch's steps have fewer rows; and a row that later lags has less left. So
+        it rides along only where its drafts are cheap: its drafter reads no copy of the target's cache (a gather
+        per layer), and its own drafts took at most :attr:`ride_share` of a step's time (``row.draft_seconds``,
+        measured on this row; unmeasured rows ride once, to be measured)."""
+        if width <= 0 or not self.ride_share or getattr(row.drafter, "reads_target_cache", False):
+            return False
+        step = self.last_step
+        return row.draft_seconds is None or step is None or row.draft_seconds <= self.ride_share * step
+
+    def sized(self, drafts: dict[int, tuple], rows, started: float | None = None) -> dict[int, tuple]:
+        """The drafting rows' drafts (row index -> draft, made since ``started``; ``rows``: the batch's
+        :class:`~hf_cascade.core.phases.Row` list) cut to the expected-gain width where every one of them estimates
+        its draft's reach (:meth:`width_for`; the gate learns what drafting cut to nothing cost, :meth:`sized_to`);
+        as drafted otherwise (the rate rule of :meth:`allows` applies)."""
+        reaches = [rows[b].drafter.reach(tree) for b, (tree, _) in drafts.items()] if self.by_estimate else [None]
+        self.estimated = bool(reaches) and all(r is not None for r in reaches)
+        if not self.estimated or not any(tree.num_nodes for tree, _ in drafts.values()):
+            return drafts
+        width = self.width_for(reaches, len(rows))
+        if started is not None:
+            self.sized_to(width, time.perf_counter() - started)
+        return {b: self.cut(tree, q, width) for b, (tree, q) in drafts.items()}
 
     def sized_to(self, width: int, drafting_seconds: float) -> None:
         """After :meth:`width_for` chose ``width`` for drafts that took ``drafting_seconds`` to make. Drafts cut to
