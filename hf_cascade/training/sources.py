@@ -24,6 +24,7 @@ relies on. Spec-Bench questions are dropped, as for the JSONL prompts.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from typing import Any, Iterable, Sequence
 
 from ..data import find_shared_data, load_specbench, read_prompts_jsonl
 
-__all__ = ["CHAT", "DEFAULT_FILES", "Prompt", "training_prompts", "DEFAULT_DATASET", "DEFAULT_SPLIT", "dataset_prompts", "distill_prompts", "prompt_messages"]
+__all__ = ["CHAT", "DEFAULT_FILES", "TEXT_FILES", "Prompt", "Text", "training_prompts", "training_texts", "DEFAULT_DATASET", "DEFAULT_SPLIT", "dataset_prompts", "distill_prompts", "prompt_messages"]
 
 #: ``DistillConfig.prompt_format`` value meaning "the target tokenizer's chat template".
 CHAT = "chat"
@@ -59,6 +60,25 @@ class Prompt:
     source: str
     text: str      # raw question; templated with the prompt format before tokenizing
     messages: tuple[dict[str, str], ...] | None = None   # a chat's system turns + first user turn (text is its last)
+
+
+#: What ``hf-cascade distill --teacher-forced`` reads by default: every file of ``shared/data/train_prompts``.
+TEXT_FILES = ("gsm8k_train.jsonl", "t0_mixture.jsonl", "alpaca_seed_tasks.jsonl", "user_oriented_instructions.jsonl",
+              "vicuna_bench_question.jsonl")
+
+#: A text sharing a run of this many words with a Spec-Bench turn is dropped (the rule t0_mixture was filtered by).
+BENCHMARK_RUN = 12
+
+
+@dataclass(frozen=True)
+class Text:
+    """Existing text for teacher-forced features: a prompt and the file's own answer to it (``None`` when the file
+    has none: a T0 prompt is itself a long context, an article or a passage with its question)."""
+
+    id: str        # "text:<source>:<line index>", stable across runs, apart from the prompts' ids
+    source: str
+    prompt: str
+    answer: str | None
 
 
 def _normalize(text: str) -> str:
@@ -99,6 +119,82 @@ def training_prompts(paths: Sequence[str | Path] | None = None, exclude_benchmar
     return out
 
 
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def _runs(text: str) -> set[tuple[str, ...]]:
+    words = _words(text)
+    return {tuple(words[i : i + BENCHMARK_RUN]) for i in range(len(words) - BENCHMARK_RUN + 1)}
+
+
+def _benchmark_runs(exclude: bool) -> set[tuple[str, ...]]:
+    """Every run of :data:`BENCHMARK_RUN` words of every Spec-Bench turn (empty as :func:`_benchmark_questions`)."""
+    if not exclude:
+        return set()
+    try:
+        items = load_specbench(per_category=None)
+    except FileNotFoundError:
+        return set()
+    return set().union(*(_runs(turn) for item in items for turn in item["turns"]))
+
+
+_GSM8K_CALCULATOR = re.compile(r"<<[^>]*>>")
+
+
+def _text_of(row: dict) -> tuple[str, str | None] | None:
+    """``(prompt, answer)`` of one JSONL row: ``question`` + ``answer`` (GSM8K, its calculator annotations
+    ``<<48/2=24>>`` removed: text the target never writes), ``instruction`` + the first instance's ``input`` and
+    ``output`` (Self-Instruct), ``turns`` (first turn) or ``prompt`` / ``text`` (no answer; ``answer`` / ``output``
+    when the row has one)."""
+    if isinstance(row.get("instruction"), str):
+        inst = (row.get("instances") or [{}])[0]
+        extra = (inst.get("input") or "").strip()
+        prompt = f"{row['instruction'].strip()}\n\n{extra}" if extra else row["instruction"]
+        return prompt, inst.get("output")
+    if isinstance(row.get("turns"), list) and row["turns"]:
+        return row["turns"][0], None
+    prompt = next((row[k] for k in ("question", "prompt", "text") if isinstance(row.get(k), str)), None)
+    if prompt is None:
+        return None
+    answer = next((row[k] for k in ("answer", "output") if isinstance(row.get(k), str)), None)
+    return prompt, None if answer is None else _GSM8K_CALCULATOR.sub("", answer)
+
+
+def training_texts(paths: Sequence[str | Path] | None = None, exclude_benchmark: bool = True) -> list[Text]:
+    """Prompts with the files' own answers (default: :data:`TEXT_FILES` in ``shared/data/train_prompts``),
+    interleaved round-robin across files as :func:`training_prompts`, de-duplicated; dropped: rows whose prompt is
+    a Spec-Bench question or whose prompt or answer shares a run of :data:`BENCHMARK_RUN` words with a Spec-Bench
+    turn, and rows with no text."""
+    if paths is None:
+        base = find_shared_data("shared/data/train_prompts", "HF_CASCADE_TRAIN_PROMPTS")
+        paths = [base / f for f in TEXT_FILES if (base / f).is_file()]
+    per_file = []
+    for p in map(Path, paths):
+        with open(p, encoding="utf-8") as f:              # line by line: texts may hold U+2028, which splitlines cuts
+            rows = [json.loads(line) for line in f if line.strip()]
+        texts = []
+        for i, row in enumerate(rows):
+            got = _text_of(row) if isinstance(row, dict) else (row, None)
+            if got and got[0].strip():
+                answer = got[1].strip() if isinstance(got[1], str) and got[1].strip() else None
+                texts.append(Text(f"text:{p.stem}:{i}", p.stem, got[0].strip(), answer))
+        per_file.append(texts)
+    banned, runs = _benchmark_questions(exclude_benchmark), _benchmark_runs(exclude_benchmark)
+    out, seen = [], set()
+    for i in range(max((len(f) for f in per_file), default=0)):
+        for texts in per_file:
+            if i >= len(texts):
+                continue
+            t = texts[i]
+            key = (_normalize(t.prompt), _normalize(t.answer or ""))
+            if key[0] in banned or key in seen or (runs and not runs.isdisjoint(_runs(f"{t.prompt}\n{t.answer or ''}"))):
+                continue
+            seen.add(key)
+            out.append(t)
+    return out
 
 
 def _message(turn: Any, where: str) -> dict[str, str]:
