@@ -101,6 +101,17 @@ def _add_distill(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batched generate (default 16)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="stop once N prompts are stored")
     p.add_argument("--hidden-states", action="store_true", help="also store the target's last hidden states")
+    p.add_argument("--teacher-forced", action="store_true",
+                   help="no generation: the training files' prompts with their own answers (and long contexts), one "
+                        "forward each, stored with the target's last hidden states into a sharded store (default "
+                        "files: every one of shared/data/train_prompts; --prompts FILE for others)")
+    p.add_argument("--max-len", type=int, default=512, help="--teacher-forced: tokens per record (default 512)")
+    p.add_argument("--batch-tokens", type=int, default=4096,
+                   help="--teacher-forced: padded tokens per forward (default 4096)")
+    p.add_argument("--shard-tokens", type=int, default=1 << 20,
+                   help="--teacher-forced: tokens per shard (default 1048576)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="--teacher-forced: stop once N tokens are stored")
     p.add_argument("--no-speculative", dest="speculative", action="store_false",
                    help="plain batched generate (default: the package's batched speculative decoding with Max-Gram "
                         "drafts, drafting only where its gate expects a gain; greedy either way)")
@@ -128,6 +139,8 @@ def run_distill(args: argparse.Namespace) -> int:
 
     check_processes(args, num_processes())
     _set_threads(args)
+    if args.teacher_forced:
+        return _run_teacher_forced(args)
     prompts, dataset = distill_prompts(args.prompts, args.dataset, args.split, args.field, args.limit, _log)
     _log(f"{len(prompts)} training prompts (Spec-Bench questions excluded); loading target {args.target or 'default'}")
     model, tokenizer = _load_target(args.target, device_map(args.target_device_map))
@@ -143,6 +156,27 @@ def run_distill(args: argparse.Namespace) -> int:
 
     if is_main_process():
         print(f"{len(store)} sequences, {store.num_tokens} tokens in {args.out}")
+    return 0
+
+
+def _run_teacher_forced(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .data import PROMPT_FORMAT
+    from .training.sources import CHAT, training_texts
+    from .training.teacher import TeacherConfig, teacher_forced
+
+    if args.dataset is not None:
+        raise ValueError("--teacher-forced reads JSONL files (--prompts FILE ...), not --dataset")
+    texts = training_texts(args.prompts)
+    _log(f"{len(texts)} training texts (Spec-Bench excluded); loading target {args.target or 'default'}")
+    model, tokenizer = _load_target(args.target, None)
+    cfg = TeacherConfig(Path(args.out), prompt_format=CHAT if args.prompt_format == "chat" else PROMPT_FORMAT,
+                        max_len=args.max_len, batch_tokens=args.batch_tokens, shard_tokens=args.shard_tokens,
+                        limit=args.limit, max_tokens=args.max_tokens)
+    store = teacher_forced(model, tokenizer, cfg, texts, target_name=args.target or "default",
+                           progress=not args.no_progress)
+    print(f"{len(store)} sequences, {store.num_tokens} tokens in {args.out}")
     return 0
 
 

@@ -5,7 +5,8 @@ sequence-level distillation (Kim & Rush, 2016; the recipe of Medusa-2, EAGLE and
 self-distillation): each prompt is templated like the benchmark's prompts, the frozen target
 generates greedily (batched, left padding), and prompt + response go into a
 :class:`~hf_cascade.training.store.DistillStore`. Optionally the target's last hidden state at every
-position is stored too (one extra teacher-forced forward per batch).
+position is stored too (one extra teacher-forced forward per batch). Existing text instead of generated
+responses, at a prefill's cost: :mod:`.teacher` (``hf-cascade distill --teacher-forced``).
 
 With ``assistant`` (a function returning an assistant; ``hf-cascade distill`` gives
 ``CascadeAssistant([MaxGram()])`` unless ``--no-speculative``) the batches run through the package's batched
@@ -23,6 +24,8 @@ training data.
 from __future__ import annotations
 
 import shutil
+import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,7 @@ from tqdm.auto import tqdm
 from ..data import PROMPT_FORMAT, chat_prompt_ids, format_prompt
 from .sources import Prompt, training_prompts
 from .store import DistillStore
+from .teacher import rate_line
 
 __all__ = ["DistillConfig", "Prompt", "distill", "prompt_ids", "training_prompts"]
 
@@ -171,7 +175,8 @@ def _fill(store: DistillStore, todo: list[Prompt], target, tokenizer, cfg: Disti
     pad_id = int(target.generation_config.pad_token_id or 0)
     device = target.get_input_embeddings().weight.device
     bar = tqdm(total=len(todo), desc="distill", unit="prompt", disable=not progress)
-    new_tokens = 0
+    new_tokens = stored = 0
+    start = time.perf_counter()
     for batch, ids in _batches(todo, tokenizer, cfg):
         input_ids, mask = (t.to(device) for t in _left_pad(ids, pad_id))
         with nullcontext() if cfg.assistant is not None else verification_session(target):   # an assistant brings its own
@@ -183,6 +188,11 @@ def _fill(store: DistillStore, todo: list[Prompt], target, tokenizer, cfg: Disti
         for i, (p, r) in enumerate(zip(ids, responses)):
             store.append(batch[i].id, batch[i].source, p, r, flags[i], None if hidden is None else hidden[i])
             new_tokens += len(r)
+            stored += len(p) + len(r)
         bar.update(len(batch))
-        bar.set_postfix(stored=len(store), new_tokens=new_tokens)
+        seconds = time.perf_counter() - start
+        bar.set_postfix(stored=len(store), new_tokens=new_tokens, tok_s=f"{stored / seconds:.0f}")
     bar.close()
+    if progress and todo:
+        seconds = time.perf_counter() - start
+        print(f"distill: {rate_line(stored, seconds)}, {new_tokens / seconds:.1f} generated tokens/s", file=sys.stderr)
