@@ -126,8 +126,8 @@ def test_no_specbench_text_passes(tmp_path, monkeypatch):
         {"instruction": "Sort these.", "instances": [{"input": "b a", "output": "a b"}]},
         {"turns": ["Tell a joke."]}])
     got = training_texts([f])
-    assert [(t.id, t.answer) for t in got] == [("text:mine:3", "She has 3*2 = 6 apples.\n#### 6"), ("text:mine:4", None),
-                                               ("text:mine:5", "a b"), ("text:mine:6", None)]
+    assert [(t.id, t.answer) for t in got] == [("text:mine:3", "She has 3*2 = 6 apples.\n#### 6"),
+                                               ("text:mine:4", None), ("text:mine:5", "a b"), ("text:mine:6", None)]
     assert got[2].prompt == "Sort these.\n\nb a"
     assert len(training_texts([f], exclude_benchmark=False)) == 7
 
@@ -171,7 +171,8 @@ def test_training_streams_from_a_sharded_store(extracted, target, tmp_path):
     for k, (s, i) in enumerate(flat):
         r = store.records[k]
         seq = store.sequence(k)[0]
-        assert np.array_equal(seq, s.sequence(i)[0]) and np.array_equal(store.tokens()[r.offset : r.offset + r.length], seq)
+        assert np.array_equal(seq, s.sequence(i)[0])
+        assert np.array_equal(store.tokens()[r.offset : r.offset + r.length], seq)
 
     tf = DistillStore.open(out)                                  # every shard with hidden states
     rows = tf.hidden()

@@ -1,6 +1,7 @@
 """Where ``hf-cascade distill`` finds its prompts: JSONL files (:func:`training_prompts`, by default the
 repository's ``shared/data/train_prompts``) or a Hugging Face ``datasets`` dataset (:func:`dataset_prompts`,
-``--dataset ID_OR_PATH``); :func:`distill_prompts` chooses between them as the command line does.
+``--dataset ID_OR_PATH``); :func:`distill_prompts` chooses between them as the command line does. For teacher
+forcing (``--teacher-forced``), :func:`training_texts` reads the same files with their own answers.
 
 A dataset is a Hub id (``HuggingFaceH4/ultrachat_200k``), a folder written by ``Dataset.save_to_disk``,
 a folder of data files, or one data file (``.jsonl``/``.json``/``.parquet``/``.csv``). Each row gives
@@ -33,7 +34,8 @@ from typing import Any, Iterable, Sequence
 
 from ..data import find_shared_data, load_specbench, read_prompts_jsonl
 
-__all__ = ["CHAT", "DEFAULT_FILES", "TEXT_FILES", "Prompt", "Text", "training_prompts", "training_texts", "DEFAULT_DATASET", "DEFAULT_SPLIT", "dataset_prompts", "distill_prompts", "prompt_messages"]
+__all__ = ["CHAT", "DEFAULT_FILES", "TEXT_FILES", "Prompt", "Text", "training_prompts", "training_texts",
+           "DEFAULT_DATASET", "DEFAULT_SPLIT", "dataset_prompts", "distill_prompts", "prompt_messages"]
 
 #: ``DistillConfig.prompt_format`` value meaning "the target tokenizer's chat template".
 CHAT = "chat"
@@ -190,7 +192,9 @@ def training_texts(paths: Sequence[str | Path] | None = None, exclude_benchmark:
                 continue
             t = texts[i]
             key = (_normalize(t.prompt), _normalize(t.answer or ""))
-            if key[0] in banned or key in seen or (runs and not runs.isdisjoint(_runs(f"{t.prompt}\n{t.answer or ''}"))):
+            if key[0] in banned or key in seen:
+                continue
+            if runs and not runs.isdisjoint(_runs(f"{t.prompt}\n{t.answer or ''}")):
                 continue
             seen.add(key)
             out.append(t)

@@ -86,7 +86,8 @@ def _batches(texts: list[Text], tokenizer, cfg: TeacherConfig, done: set[str]
         for i in order + [None]:
             if batch and (i is None or (len(batch) + 1) * len(ids[i]) > cfg.batch_tokens):
                 if any(chunk[b].id not in done for b in batch):
-                    yield [chunk[b] for b in batch], [ids[b] for b in batch], [min(made[b][1], cfg.max_len) for b in batch]
+                    plens = [min(made[b][1], cfg.max_len) for b in batch]
+                    yield [chunk[b] for b in batch], [ids[b] for b in batch], plens
                 batch = []
             if i is not None:
                 batch.append(i)
@@ -141,7 +142,7 @@ def teacher_forced(target, tokenizer, cfg: TeacherConfig, texts: list[Text], tar
     for batch, ids, plens in _batches(texts, tokenizer, cfg, done):
         if full():
             break
-        hidden = last_hidden_states(target, ids, pad_id)     # plain forward: the CPU kernels serve decoding, not prefill
+        hidden = last_hidden_states(target, ids, pad_id)     # plain forward: the CPU kernels serve decoding
         for t, x, plen, h in zip(batch, ids, plens, hidden):
             if t.id in done or full():
                 continue
