@@ -214,6 +214,96 @@ def test_rows_are_kept_on_the_ids_device():
     assert seen and set(seen) == {(seq.device, seq.device)}
 
 
+class OnHeadGPU(torch.Tensor):
+    """A CPU tensor standing for one on the output head's GPU of a target split over two (``device_map``, an untied
+    head on the last GPU): what is computed from it stays there (the same subclass); ``.to(device)``, ``.cpu()`` or
+    ``copy_`` into another tensor is a copy off that GPU (``crossed["moved"]``), a host read of its values (``tolist``,
+    ``item``, ...) a read (``crossed["read"]``), each logged as ``(shape, dtype)``."""
+
+    crossed: dict[str, list] = {"moved": [], "read": []}
+    READS = {"tolist", "item", "numpy", "__int__", "__float__", "__bool__", "__index__"}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+            source = args[0] if args and isinstance(args[0], cls) else None
+            moves = name == "cpu" or (name == "to" and any(
+                isinstance(a, (str, torch.device, torch.Tensor)) for a in (*args[1:], kwargs.get("device"))))
+            if name == "copy_" and not isinstance(args[0], cls):
+                source, moves = args[1], True
+            if source is not None and (moves or name in cls.READS):
+                cls.crossed["moved" if moves else "read"].append((tuple(source.shape), source.dtype))
+                return out.as_subclass(torch.Tensor) if isinstance(out, cls) else out     # (a no-op move: a view)
+            if name == "copy_":
+                return out
+            return torch.utils._pytree.tree_map(
+                lambda t: t.as_subclass(cls) if type(t) is torch.Tensor else t, out)
+
+
+@pytest.fixture
+def head_on_gpu1(monkeypatch):
+    """A Gemma3 target whose head outputs live on "another GPU" (:class:`OnHeadGPU`), verified with the model's own
+    kernels (no CPU backend); yields the target and the log of what crossed from there."""
+    from hf_cascade import backends
+
+    monkeypatch.setenv(backends.ENV, "0")
+    target = tm.gemma3_target()
+    assert target.get_output_embeddings().weight is not target.get_input_embeddings().weight   # an untied head
+    crossed = {"moved": [], "read": []}
+    monkeypatch.setattr(OnHeadGPU, "crossed", crossed)
+    hook = target.get_output_embeddings().register_forward_hook(lambda m, a, out: out.as_subclass(OnHeadGPU))
+    yield target, crossed
+    hook.remove()
+
+
+def _float_rows(log: list, vocab: int) -> list:
+    return [(shape, dtype) for shape, dtype in log if dtype.is_floating_point and shape and shape[-1] == vocab]
+
+
+@pytest.mark.parametrize("batch, full_forward, every_row, tree", [
+    (1, False, True, False), (1, False, False, True), (1, True, True, True),
+    (2, False, True, False), (2, False, False, False), (2, True, True, False)],
+    ids=["chain", "tree-blocks_of_4", "model_logits-tree", "batch-chain", "batch-blocks_of_4", "batch-model_logits"])
+def test_greedy_rows_cross_devices_as_argmax_ids_only(head_on_gpu1, batch, full_forward, every_row, tree, monkeypatch):
+    """Greedy acceptance without processors reads argmaxes only: taken where the head's rows are, only the ids
+    cross (to the host, as acceptance reads them anyway; no ``[k, V]`` float32 block is copied to the ids' device,
+    1 MB a row at Gemma 3's vocabulary): through the core's head as through the model's own logits (a head the core
+    does not reproduce), every row in one head call (accelerators) or blocks of 4, at batch 1 and in a batch (each
+    row's first block in one call). The output is plain ``generate``'s."""
+    from hf_cascade.core import batch as batch_loop, loop
+    from hf_cascade.maxgram_tree import MaxGramTreeAssistant
+
+    target, crossed = head_on_gpu1
+    monkeypatch.setattr(placement, "DEFER_READS", every_row)         # the accelerator schedule, or the CPU's
+    if full_forward:
+        for module in (loop, batch_loop):
+            monkeypatch.setattr(module, "checked_head", lambda *a: None)
+    prompts = REPETITIVE if batch == 1 else torch.tensor([[0, 0, 1, 5, 6, 5, 6, 5], [1, 7, 8, 9, 7, 8, 9, 7]])
+    kw = {} if batch == 1 else {"attention_mask": (prompts != 0).long(), "pad_token_id": 0}
+    assistant = MaxGramTreeAssistant(branches=3, depth=4) if tree else CascadeAssistant([MaxGram()])
+    out = target.generate(prompts, do_sample=False, max_new_tokens=NEW, assistant_model=assistant, **kw)
+    assert assistant.last_stats.tokens_per_target_call > 1.2                     # drafts verified and accepted
+    assert not crossed["moved"], crossed["moved"][:4]                      # nothing copied off the head's GPU
+    assert crossed["read"] and all(d == torch.int64 and len(s) == 1 for s, d in crossed["read"]), crossed["read"]
+    assert out.tolist() == target.generate(prompts, do_sample=False, max_new_tokens=NEW, **kw).tolist()
+
+
+@pytest.mark.parametrize("kw", [{"do_sample": False, "repetition_penalty": 1.5}, {"do_sample": True, "top_k": 1}],
+                         ids=["repetition_penalty", "sampling"])
+def test_rows_read_in_full_still_cross_to_the_ids_device(head_on_gpu1, kw):
+    """Where the rows are read in full (a processor indexes them with the ids, sampling takes their softmax), a head
+    call's ``[k, V]`` rows cross to the ids' device, and the output is plain ``generate``'s (``top_k=1``: sampling
+    that must give the greedy tokens)."""
+    target, crossed = head_on_gpu1
+    assistant = CascadeAssistant([MaxGram()], cpu_kernels=False)
+    out = target.generate(REPETITIVE, max_new_tokens=NEW, assistant_model=assistant, **kw)
+    assert _float_rows(crossed["moved"], tm.VOCAB), crossed
+    assert out.tolist() == target.generate(REPETITIVE, max_new_tokens=NEW, **kw).tolist()
+
+
 # -- attention backends and the tree mask ---------------------------------------------------------------------
 
 def test_needs_tree_mask():

@@ -18,12 +18,15 @@ a small block on CPU without it, every row at once on accelerators, where rows a
 to a pass over the weight. Measurements: ``docs/``.
 
 Logits processors also run only on the rows that are read (``input_ids`` = the sequence up to that
-row's node, as plain decoding would have it). Rows are kept in float32 on the sequence's device (the target's
+row's node, as plain decoding would have it). Rows are read in float32 on the sequence's device (the target's
 input embeddings'), where transformers' own loops keep their scores: under ``device_map`` the output head may
-live on another device, and processors index the logits with the ids (one device-to-device copy per head call,
-no host read). The same class wraps precomputed logits
-(``raw=[n + 1, V]``), for targets whose head the core does not reproduce (see
-:func:`~hf_cascade.core.forward.output_head`).
+live on another device, and processors index the logits with the ids. A head call's rows stay on the head's
+device as it returned them until something reads one of them in full (a processor, sampling, :meth:`TreeRows.raw`,
+``rows[r]``): then the call's rows cross in one device-to-device copy. Greedy acceptance without processors reads
+only argmaxes: they are taken on the head's device (``torch.argmax`` of the same float32 values, the same ties) and
+only the ids cross, in the host read acceptance makes anyway (a ``[k, V]`` float32 block is 1 MB a row at
+``V = 262k``). The same class wraps precomputed logits (``raw=[n + 1, V]``, kept the same way), for targets whose
+head the core does not reproduce (see :func:`~hf_cascade.core.forward.output_head`).
 
 Rows are computed from the same hidden states with the same head and dtype as the model's own
 forward, so greedy acceptance is unchanged (up to the float accumulation order a different number
@@ -81,9 +84,8 @@ class TreeRows:
         self.tree, self.seq, self.processors = tree, seq, processors
         self.hidden, self.head = hidden, head
         self.argmax_head = argmax_head if raw is None and len(processors) == 0 else None
-        scores = self._scores(raw) if raw is not None else None
-        # row -> (the head call's [k, V] raw logits holding it, its index there): a row is viewed when read
-        self._raw: dict[int, tuple[torch.Tensor, int]] = {} if scores is None else {r: (scores, r) for r in range(n + 1)}
+        # row -> (the head call holding its raw logits, its index there): a row is viewed when read
+        self._raw: dict[int, tuple[_HeadCall, int]] = {}
         self._processed: dict[int, torch.Tensor] = {}
         self.head_calls = 0                          # output-head calls made by this object
         if block_rows is not None and int(block_rows) < 1:
@@ -96,12 +98,13 @@ class TreeRows:
         self._first_child = first_child
         self._block: dict[int, list[int]] = {}       # row -> the rows computed in the same head call
         self._softmax: "_Softmax | None" = None
-        self._stored: tuple[list[int], torch.Tensor] | None = None
+        self._stored: _HeadCall | None = None         # the last head call (block reads its rows together)
         self.known_argmax: dict[int, int] = {}       # processed argmax read already (a batched loop's one read)
         if raw is not None:
             every = list(range(n + 1))
             self._block = dict.fromkeys(every, every)
-            self._stored = (every, scores)
+            self._stored = _HeadCall(every, raw, seq.device)
+            self._raw = {r: (self._stored, r) for r in every}
 
     def __len__(self) -> int:
         return self.tree.num_nodes + 1
@@ -119,8 +122,8 @@ class TreeRows:
         """``[V]`` the raw logits of row ``r``."""
         if r not in self._raw:
             self._compute_chain(r)
-        scores, i = self._raw[r]
-        return scores[i]
+        call, i = self._raw[r]
+        return call.kept()[i]
 
     def __getitem__(self, r: int) -> torch.Tensor:
         """``[V]`` the processed logits of row ``r``."""
@@ -131,27 +134,30 @@ class TreeRows:
 
     def argmax_block(self, r: int) -> dict[int, int]:
         """The processed argmax of row ``r`` and of the rows computed in the same head call, ``{row: token}``,
-        in one device read (what greedy acceptance walks through next)."""
-        if int(r) in self.known_argmax:
-            return {row: t for row, t in self.known_argmax.items() if row in self._block.get(int(r), [int(r)])}
-        if self.argmax_head is not None and int(r) not in self._raw:          # the argmax alone: the screen
-            chain = self.plan(int(r))
+        in one device read (what greedy acceptance walks through next); without processors taken on the head's
+        device (only the ids cross, see the module docstring)."""
+        r = int(r)
+        if r in self.known_argmax:
+            return {row: t for row, t in self.known_argmax.items() if row in self._block.get(r, [r])}
+        if self.argmax_head is not None and r not in self._raw:               # the argmax alone: the screen
+            chain = self.plan(r)
             index = upload(torch.tensor(chain, device=HOST), self.hidden.device)
             self.store_argmax(chain, self.argmax_head(self.hidden.index_select(0, index)))
             return {row: self.known_argmax[row] for row in chain}
-        self.raw(r)
-        block = self._block.get(int(r), [int(r)])
-        if not len(self.processors) and self._stored is not None and self._stored[0] is block:
-            best = self._stored[1].argmax(dim=-1).tolist()             # the head call's rows as they came
+        if r not in self._raw:
+            self._compute_chain(r)
+        call = self._raw[r][0]
+        if not len(self.processors):
+            best = _argmax(call.logits).tolist()                       # the head call's rows as they came
         else:
-            best = torch.stack([self[row] for row in block]).argmax(dim=-1).tolist()
-        return dict(zip(block, best))
+            best = torch.stack([self[row] for row in call.chain]).argmax(dim=-1).tolist()
+        return dict(zip(call.chain, best))
 
     def block(self, rows: list[int]) -> torch.Tensor:
         """``[k, V]``: the processed rows ``rows``; without processors, the rows of the last head call as they came
         (no copy per row) where they hold them all."""
         if not len(self.processors) and self._stored is not None:
-            chain, scores = self._stored
+            chain, scores = self._stored.chain, self._stored.kept()
             if rows == chain:
                 return scores
             where = {r: i for i, r in enumerate(chain)}
@@ -196,11 +202,11 @@ class TreeRows:
         return chain
 
     def store(self, chain: list[int], logits: torch.Tensor) -> None:
-        """Raw logits ``[k, V]`` of the rows ``chain``, computed in one head call (kept as :meth:`_scores`)."""
+        """Raw logits ``[k, V]`` of the rows ``chain``, computed in one head call (left where the head returned
+        them until a row is read in full: the module docstring)."""
         self.head_calls += 1
-        scores = self._scores(logits)
-        self._stored = (chain, scores)                 # the last head call's rows together (argmax_block reads them)
-        self._raw.update((r, (scores, i)) for i, r in enumerate(chain))
+        self._stored = _HeadCall(chain, logits, self.seq.device)
+        self._raw.update((r, (self._stored, i)) for i, r in enumerate(chain))
         self._block.update(dict.fromkeys(chain, chain))
 
     def store_argmax(self, chain: list[int], best: list[int], head_call: bool = True) -> None:
@@ -209,10 +215,6 @@ class TreeRows:
         self.head_calls += head_call
         for row, token in zip(chain, best):
             self.known_argmax[row], self._block[row] = int(token), chain
-
-    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` as the rows are kept: float32, on the sequence's device (see the module docstring)."""
-        return logits.to(device=self.seq.device, dtype=torch.float32)
 
     def _process(self, r: int, raw: torch.Tensor) -> torch.Tensor:
         if len(self.processors) == 0:
@@ -231,7 +233,8 @@ class TreeRows:
 def first_blocks(rows: list[TreeRows], hidden: torch.Tensor, heads, greedy: bool = True) -> None:
     """The first block of every tree of a batch (row ``b``'s hidden states: ``hidden[b]``, ``[B, N, H]``) in one
     call: ``heads(m)`` gives ``(head, argmax_head)`` for a call of ``m`` rows (``argmax_head`` may be ``None``).
-    With an ``argmax_head``, their argmaxes alone; else their logits, then (``greedy``) their argmaxes in one read."""
+    With an ``argmax_head``, their argmaxes alone; else their logits, then (``greedy``) their argmaxes in one read:
+    without processors on the head's device, else of the processed rows (read in full: one copy for the batch)."""
     B, N = hidden.shape[:2]
     plans = [r.plan(0) for r in rows]
     flat = torch.tensor([b * N + i for b, plan in enumerate(plans) for i in plan], device=hidden.device)
@@ -240,18 +243,45 @@ def first_blocks(rows: list[TreeRows], hidden: torch.Tensor, heads, greedy: bool
     if argmax_head is not None:
         best = argmax_head(first)
     else:
-        logits = head(first).to(device=rows[0].seq.device, dtype=torch.float32)   # one copy for the batch
+        logits = head(first)
+        argmax_only = greedy and not any(len(r.processors) for r in rows)
+        if not argmax_only:                                      # read in full: one copy for the batch
+            logits = logits.to(device=rows[0].seq.device, dtype=torch.float32)
         start = 0
         for r, plan in zip(rows, plans):
             r.store(plan, logits[start: start + len(plan)])
             start += len(plan)
         if not greedy:
             return
-        best = torch.stack([r[i] for r, plan in zip(rows, plans) for i in plan]).argmax(dim=-1).tolist()
+        if argmax_only:
+            best = _argmax(logits).tolist()
+        else:
+            best = torch.stack([r[i] for r, plan in zip(rows, plans) for i in plan]).argmax(dim=-1).tolist()
     start = 0
     for r, plan in zip(rows, plans):
         r.store_argmax(plan, best[start: start + len(plan)], head_call=argmax_head is not None)
         start += len(plan)
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``[k]`` the argmax ids of raw rows ``[k, V]``, on their device: ``torch.argmax`` of the float32 values every
+    row is read as (the same op on the same values as on the sequence's device, ties included)."""
+    return logits.to(torch.float32).argmax(dim=-1)
+
+
+class _HeadCall:
+    """One head call's rows ``chain``: ``logits`` ``[k, V]`` as the head returned them (its device and dtype) until
+    :meth:`kept` is asked for, the same rows as they are read (float32 on ``device``, the sequence's), copied once;
+    then ``logits`` is that copy (the head's output is not held twice)."""
+
+    def __init__(self, chain: list[int], logits: torch.Tensor, device: torch.device):
+        self.chain, self.logits, self.device = chain, logits, device
+        self._kept: torch.Tensor | None = None
+
+    def kept(self) -> torch.Tensor:
+        if self._kept is None:
+            self._kept = self.logits = self.logits.to(device=self.device, dtype=torch.float32)
+        return self._kept
 
 
 class _Softmax:

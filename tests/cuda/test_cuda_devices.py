@@ -3,8 +3,9 @@
 * flash attention with the documented chain workaround (``GlideSettings.chain()``,
   ``ReDrafterSettings(beam_width=1)``) and the verification profile measured, not pinned: its measurement
   verifies chains, outputs equal plain ``generate`` (needs ``flash_attn``);
-* a target split over two GPUs with an untied head on ``cuda:1``: the rows of logits live on the ids' device
-  (``cuda:0``), so ``repetition_penalty`` works, at batch 1 and in a batch (needs two GPUs);
+* a target split over two GPUs with an untied head on ``cuda:1``: the rows of logits are read on the ids' device
+  (``cuda:0``), so ``repetition_penalty`` works, at batch 1 and in a batch, and greedy acceptance without processors
+  copies only argmax ids off ``cuda:1`` (needs two GPUs; the CPU test of the rule: tests/test_devices.py);
 * the phase timer behind ``last_stats`` synchronises the target's GPU before reading the clock;
 * the bf16 tie rule (``hf_cascade.parity``) on a CUDA target.
 
@@ -17,6 +18,7 @@ import importlib.util
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from hf_cascade import (
@@ -91,15 +93,69 @@ def test_rows_on_the_ids_device_across_two_gpus():
         assert rows[r].device == rows.raw(r).device == seq.device and rows[r].dtype == torch.float32
 
 
+class _Crossings(TorchFunctionMode):
+    """Logs every copy of a tensor from one CUDA device to another (``.to``, ``copy_``, ...): ``(shape, dtype)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.moved: list[tuple[tuple, torch.dtype]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        copy = getattr(func, "__name__", "") == "copy_"
+        source, dest = (args[1], args[0]) if copy else (args[0] if args else None, out)
+        if (isinstance(source, torch.Tensor) and isinstance(dest, torch.Tensor) and source.device != dest.device
+                and source.device.type == dest.device.type == "cuda"):
+            self.moved.append((tuple(source.shape), source.dtype))
+        return out
+
+
 @pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")
+def test_greedy_rows_cross_gpus_as_argmax_ids_only():
+    """The head's rows on ``cuda:1``, the ids on ``cuda:0``: greedy acceptance without processors copies no row
+    between the GPUs (each block's argmax ids go to the host from ``cuda:1``) and accepts what the full rows give,
+    at batch 1 (every row in one head call, or blocks of 2) and for a batch's first blocks; with a processor the
+    ``[k, V]`` rows cross."""
+    from hf_cascade.core import TokenTree, greedy_tree_accept
+    from hf_cascade.core.rows import TreeRows, first_blocks
+
+    def head(h):                                   # [k, 8] -> [k, 32]: no sum, the same values in any block
+        return torch.cat([h, -h, 2 * h, -2 * h], dim=-1)
+
+    seq = torch.tensor([1, 5, 9], device="cuda:0")
+    hidden = torch.randn(4, 8, device="cuda:1", dtype=torch.bfloat16)
+    full = head(hidden).float()                                                 # every row, where the head is
+    best = full.argmax(dim=-1).tolist()
+    tree = TokenTree(torch.tensor([best[0], best[1], (best[0] + 1) % 32]), torch.tensor([-1, 0, -1]))
+    expected = greedy_tree_accept(tree, full)
+    assert expected.nodes == (0, 1)                                             # nodes 0 and 1 accepted
+    for block_rows in (None, 2):
+        rows = TreeRows(tree, seq, LogitsProcessorList(), hidden=hidden, head=head, block_rows=block_rows)
+        with _Crossings() as crossings:
+            got = greedy_tree_accept(tree, rows)
+        assert crossings.moved == [] and (got.nodes, got.bonus) == (expected.nodes, expected.bonus), block_rows
+    rows = [TreeRows(tree, seq, LogitsProcessorList(), hidden=hidden, head=head, block_rows=2) for _ in range(2)]
+    with _Crossings() as crossings:
+        first_blocks(rows, torch.stack([hidden, hidden]), lambda m: (head, None))
+        got = [greedy_tree_accept(tree, r) for r in rows]
+    assert crossings.moved == [] and all((g.nodes, g.bonus) == (expected.nodes, expected.bonus) for g in got)
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)])
+    rows = TreeRows(tree, seq, processors, hidden=hidden, head=head, block_rows=None)
+    with _Crossings() as crossings:
+        greedy_tree_accept(tree, rows)
+    assert crossings.moved == [((4, 32), torch.bfloat16)]                       # one copy of the head call's rows
+
+
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.5}], ids=["greedy", "repetition_penalty"])
 @pytest.mark.parametrize("name", ["glide_cape", "redrafter", "drafter+maxgram"])
-def test_repetition_penalty_with_the_head_on_another_gpu(name, split_head, free_drafts):
+def test_head_on_another_gpu(name, processors, split_head, free_drafts):
     kit = fresh_kit("gemma3", split_head)
     assistant = {"glide_cape": lambda: GlideAssistant(kit.glide),
                  "redrafter": lambda: ReDrafterAssistant(kit.head,
                                                          settings=ReDrafterSettings(beam_width=4, beam_length=4)),
                  "drafter+maxgram": lambda: CascadeAssistant([kit.drafter, MaxGram()])}[name]()
-    kw = {"max_new_tokens": 16, "repetition_penalty": 1.5}
+    kw = {"max_new_tokens": 16, **processors}
     assert greedy(split_head, assistant, **kw) == greedy(split_head, **kw)
     prompts = torch.tensor([[0, 0, 1, 5, 6, 5, 6, 5], [1, 7, 8, 9, 7, 8, 9, 7]], device="cuda:0")   # left-padded
     kw.update(attention_mask=(prompts != 0).long(), pad_token_id=0)
