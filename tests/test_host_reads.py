@@ -35,6 +35,7 @@ from hf_cascade.core.stats import LevelStats
 from hf_cascade.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
 from hf_cascade.recycling import RecyclingAssistant, RecyclingShape
 from hf_cascade.drafters.neural import NeuralLevel
+from hf_cascade.glide.cape import cape_tree
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head
 from tests.test_glide_decode import echo_glide
@@ -228,11 +229,10 @@ def test_glide_draft_reads_do_not_grow_with_the_draft_length(monkeypatch):
 def test_tree_structure_and_greedy_acceptance_read_once():
     logits = torch.randn(33, 12)
     with _scalar_reads() as reads:
-        tree = TokenTree.from_expansions([3, 4, 5, 6], [[1, 2], [7], [], [8, 9, 10]])
+        tree = cape_tree([3, 4, 5, 6], [[1, 2], [7], [], [8, 9, 10]])
         assert reads.reads == 0                                                  # built from host lists
-        tree = TokenTree.from_expansions(torch.tensor([3, 4, 5, 6]), [torch.tensor([1, 2]), torch.tensor([7]),
-                                                                        torch.tensor([], dtype=torch.long),
-                                                                        torch.tensor([8, 9, 10])])
+        tree = cape_tree(torch.tensor([3, 4, 5, 6]), [torch.tensor([1, 2]), torch.tensor([7]),
+                                                      torch.tensor([], dtype=torch.long), torch.tensor([8, 9, 10])])
         assert reads.reads == 1                                                  # one transfer for all sets
         reads.reads = 0
         full = tree.with_root(11).select(torch.ones(tree.num_nodes + 1, dtype=torch.bool))
@@ -270,13 +270,13 @@ def test_batched_sampling_acceptance_is_exact():
         for _ in range(runs):
             if draft == "chain":                           # one stochastic child per node: the two-read walk
                 x0, x1 = torch.multinomial(q[:2], 1, generator=g).flatten().tolist()
-                tree = TokenTree.from_expansions([x0, x1], [[], []])
+                tree = cape_tree([x0, x1], [[], []])
                 acc = sampling_tree_accept(tree, rows[:3], q[:2], generator=g, batched=True)
                 counts[tree.token_list[0] if acc.path.numel() else acc.bonus] += 1
                 continue
             if draft == "drawn_with_point_masses":            # CAPE: a drawn main token, then fixed siblings (the
                 x0 = int(torch.multinomial(q[0], 1, generator=g))   # drawn token among them at times): the two-read walk
-                tree = TokenTree.from_expansions([x0, 4], [[1, 0, 1], []], dedupe=False)
+                tree = cape_tree([x0, 4], [[1, 0, 1], []], dedupe=False)
                 point = torch.nn.functional.one_hot(torch.tensor([4, 1, 0, 1]), V).float()
                 acc = sampling_tree_accept(tree, torch.cat([rows, rows[:1]]), torch.cat([q[:1], point]), generator=g,
                                            batched=True)
@@ -284,7 +284,7 @@ def test_batched_sampling_acceptance_is_exact():
                 continue
             # point masses: fixed siblings (a duplicate among them); stochastic: each sibling drawn from its q
             kids = [1, 0, 1] if draft == "point" else torch.multinomial(q[:3], 1, generator=g).flatten().tolist()
-            tree = TokenTree.from_expansions([kids[0], 4], [kids[1:], []], dedupe=False)   # node 1: below node 0
+            tree = cape_tree([kids[0], 4], [kids[1:], []], dedupe=False)   # node 1: below node 0
             node_q = None if draft == "point" else q[[0, 3, 1, 2]]                  # node order: main, then siblings
             acc = sampling_tree_accept(tree, rows, node_q, generator=g, batched=True)
             first = tree.token_list[int(acc.path[0])] if acc.path.numel() else acc.bonus

@@ -21,9 +21,11 @@ from hf_cascade import (
     ReDrafterSettings,
     ReDrafterStats,
 )
-from hf_cascade.core import TokenTree, tree_attention_mask, unpack, verify_tree
+from hf_cascade.core import tree_attention_mask, verify_tree
+from hf_cascade.core.structure import prefix_tree
 from hf_cascade.measure import measured_verify_cost
 from hf_cascade.redrafter import beam_search, beams_tree, flat_tree
+from hf_cascade.redrafter.beam import unpack
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head, random_head
 from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, models, plain
@@ -74,7 +76,7 @@ def test_tree_masked_forward_equals_per_beam_forwards(name):
     g = torch.Generator().manual_seed(0)
     beams = torch.randint(10, 13, (5, 6), generator=g)                      # 3 tokens: many shared prefixes
     beams[3] = beams[1]
-    tree, beam_to_node = TokenTree.from_beams(beams)
+    tree, beam_to_node, _ = prefix_tree(beams)
     assert len(tree) < beams.numel()
     with torch.no_grad():
         per_beam = torch.stack([model(input_ids=torch.cat([prefix, b])[None]).logits[0, prefix.shape[0]:]

@@ -10,16 +10,17 @@ from transformers import DynamicCache
 
 from hf_cascade.core import (
     TokenTree,
-    get_prefix_match,
     greedy_tree_accept,
     keep_path,
     sampling_tree_accept,
     tree_attention_mask,
     tree_position_ids,
-    unpack,
     verify_tree,
 )
 from hf_cascade.core.attention import query_tree_mask, tree_queries
+from hf_cascade.core.structure import prefix_tree
+from hf_cascade.glide.cape import cape_tree
+from hf_cascade.redrafter.beam import get_prefix_match, unpack
 from tests import tiny_models as tm
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -36,12 +37,12 @@ def test_get_prefix_match_paper_example():
     assert torch.equal(get_prefix_match(PAPER_BEAMS), T([[0, 0, 0, 0], [0, 0, 1, 1], [0, 0, 0, 2]]))
 
 
-def test_from_beams_packs_paper_example():
-    tree, beam_to_node = TokenTree.from_beams(PAPER_BEAMS)
+def test_prefix_tree_packs_paper_example():
+    tree, beam_to_node, host = prefix_tree(PAPER_BEAMS)
     # 12 beam tokens -> 7 nodes: "91 92" shared by all, "93" shared by beams 0 and 2.
     assert torch.equal(tree.tokens, T([91, 92, 93, 95, 94, 96, 97]))
     assert torch.equal(tree.parents, T([-1, 0, 1, 2, 1, 4, 2]))
-    assert torch.equal(beam_to_node, T([[0, 1, 2, 3], [0, 1, 4, 5], [0, 1, 2, 6]]))
+    assert torch.equal(beam_to_node, T([[0, 1, 2, 3], [0, 1, 4, 5], [0, 1, 2, 6]])) and host == beam_to_node.tolist()
     assert torch.equal(tree.depth, T([0, 1, 2, 3, 2, 3, 3]))
     assert tree.paths() == [[0, 1, 2, 3], [0, 1, 4, 5], [0, 1, 2, 6]]
     assert torch.equal(unpack(tree.tokens, beam_to_node), PAPER_BEAMS)
@@ -49,12 +50,12 @@ def test_from_beams_packs_paper_example():
     assert torch.equal(unpack(values, beam_to_node)[..., 0], beam_to_node.float())
 
 
-def test_from_beams_random_round_trip():
+def test_prefix_tree_random_round_trip():
     g = torch.Generator().manual_seed(0)
     for w, L in [(1, 3), (4, 5), (8, 6)]:
         beams = torch.randint(0, 3, (w, L), generator=g)                       # small vocab: much sharing
         beams[w // 2] = beams[0]                                               # a duplicate beam
-        tree, b2n = TokenTree.from_beams(beams)
+        tree, b2n, _ = prefix_tree(beams)
         assert torch.equal(unpack(tree.tokens, b2n), beams)
         assert torch.equal(tree.depth[b2n], torch.arange(L).expand(w, L))
         assert torch.equal(tree.parents[b2n[:, 1:]], b2n[:, :-1]) and bool((tree.parents[b2n[:, 0]] == -1).all())
@@ -136,7 +137,7 @@ def test_cape_expansions_match_algorithm_2():
     # input = T + X_0 + X_1 + X_2, input_pi = [0, 1, 2] + [0, 0] + [] + [2], and Mask_CAPE (§4.2):
     # token i attends to itself and to main tokens j with pos(i) > j.
     a, b, c, d, e, f = 20, 21, 22, 30, 31, 32
-    tree = TokenTree.from_expansions(T([a, b, c]), [T([d, e]), T([], dtype=torch.long), T([f])])
+    tree = cape_tree(T([a, b, c]), [T([d, e]), T([], dtype=torch.long), T([f])])
     assert torch.equal(tree.tokens, T([a, b, c, d, e, f]))
     assert torch.equal(tree.position_offsets(), T([0, 1, 2, 0, 0, 2]))
     vam = T([
@@ -149,9 +150,9 @@ def test_cape_expansions_match_algorithm_2():
     ]).bool()
     assert torch.equal(tree.ancestor_mask(), vam)
     # Algorithm 1's topk includes the argmax: dedupe drops it (and repeats) unless told not to.
-    tree2 = TokenTree.from_expansions(T([a, b]), [T([a, d, d]), T([e])])
+    tree2 = cape_tree(T([a, b]), [T([a, d, d]), T([e])])
     assert torch.equal(tree2.tokens, T([a, b, d, e])) and torch.equal(tree2.parents, T([-1, 0, -1, 0]))
-    raw = TokenTree.from_expansions(T([a, b]), [T([a, d, d]), T([e])], dedupe=False)
+    raw = cape_tree(T([a, b]), [T([a, d, d]), T([e])], dedupe=False)
     assert torch.equal(raw.tokens, T([a, b, a, d, d, e]))
 
 
@@ -174,9 +175,9 @@ def test_tree_validation(tokens, parents, message):
 
 def test_builder_errors():
     with pytest.raises(ValueError, match="one expansion set per main token"):
-        TokenTree.from_expansions(T([1, 2]), [T([3])])
+        cape_tree(T([1, 2]), [T([3])])
     with pytest.raises(ValueError, match=r"\[w, L\]"):
-        TokenTree.from_beams(T([1, 2, 3]))
+        prefix_tree(T([1, 2, 3]))
 
 
 # -- greedy acceptance -----------------------------------------------------------------------------

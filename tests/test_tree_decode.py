@@ -13,6 +13,7 @@ from transformers import LogitsProcessorList
 from hf_cascade import MaxGram
 from hf_cascade.core import TokenTree, greedy_tree_accept
 from hf_cascade.core.stopping import prune_tree
+from hf_cascade.core.structure import prefix_tree
 from hf_cascade.core.rows import TreeRows
 from hf_cascade.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
 from hf_cascade.assistant import TreeAssistant
@@ -74,7 +75,7 @@ class Oracle(TreeDrafter):
         if not right:
             return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
         wrong = [(right[0] + 1) % self.vocab] + right[1:]
-        tree, _ = TokenTree.from_beams(T([wrong, right]))
+        tree, _, _ = prefix_tree(T([wrong, right]))
         return tree, None
 
     def on_accept(self, tree, acceptance, state):

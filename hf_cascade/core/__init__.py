@@ -4,8 +4,8 @@
   :mod:`.batch` -- :func:`~.batch.speculative_decode_batch`, the same steps over a left-padded batch;
   :mod:`.phases` -- each step's work for one row, which both call (and what still differs between them);
 * :mod:`.strategy` -- the drafter contract (:class:`~.strategy.TreeDrafter`, :class:`~.strategy.TreeStep`);
-* :mod:`.structure` -- :class:`TokenTree` (a linear draft is a tree with one path) and its builders; :mod:`.closure`
-  -- its ancestor closure as bits per row;
+* :mod:`.structure` -- :class:`TokenTree` (a linear draft is a tree with one path) and its generic builders (a
+  strategy's own trees are built in its folder); :mod:`.closure` -- its ancestor closure as bits per row;
 * :mod:`.forward` -- one target forward over a draft, and keeping the accepted path in the KV cache;
 * :mod:`.attention` -- the verification queries of a tree, their additive 4D mask and position ids (and the dense
   reference ops they are tested against);
@@ -25,7 +25,6 @@ The core runs the target with its own kernels on any device; optional verificati
 
 from .accept import TreeAcceptance, greedy_tree_accept, sampling_tree_accept
 from .attention import tree_allowed, tree_attention_mask, tree_position_ids
-from .beams import get_prefix_match, unpack
 from .forward import keep_path, verify_tree
 from .payoff import VerifyCost
 from .structure import TokenTree
@@ -34,13 +33,11 @@ __all__ = [
     "TokenTree",
     "TreeAcceptance",
     "VerifyCost",
-    "get_prefix_match",
     "greedy_tree_accept",
     "keep_path",
     "sampling_tree_accept",
     "tree_allowed",
     "tree_attention_mask",
     "tree_position_ids",
-    "unpack",
     "verify_tree",
 ]

@@ -1,4 +1,4 @@
-"""Token trees: the draft structure verified by one target forward (GLIDE+CAPE, ReDrafter).
+"""Token trees: the draft structure verified by one target forward (a linear draft is a tree with one path).
 
 A :class:`TokenTree` of ``n`` nodes hangs below an implicit *root*: the last verified token (the one
 whose K/V the target has not cached yet). Node ``i`` holds ``tokens[i]`` and its parent's index
@@ -6,15 +6,9 @@ whose K/V the target has not cached yet). Node ``i`` holds ``tokens[i]`` and its
 valid linearization for one forward pass, and every node ``i`` sees exactly its ancestors: the tree
 attention of SpecInfer (Miao et al., 2024, §4) and Medusa (Cai et al., 2024).
 
-Builders:
-
-* :meth:`TokenTree.from_beams` -- ReDrafter's *dynamic tree attention* (Cheng et al., 2024,
-  "Recurrent Drafter", §2 and Listing 1): the ``w`` beams of length ``L`` share prefixes; they are
-  deduplicated with tensor ops only (:func:`~hf_cascade.core.beams.get_prefix_match`), packed into unique nodes, and per-node
-  results map back to beams with :func:`~hf_cascade.core.beams.unpack`.
-* :meth:`TokenTree.from_expansions` -- GLIDE's *CAPE* (Du et al., 2024, "GLIDE with a CAPE", §4.2 and
-  Appendix A, Algorithm 2): a main draft path plus, at each step ``t``, expansion tokens that are
-  siblings of ``main[t]`` and leaves of the tree.
+Builders, for every strategy: :meth:`TokenTree.chain` (a linear draft), :meth:`TokenTree.from_host` (host lists,
+for drafters that expand on the host) and :func:`prefix_tree` (paths merged into one tree, each shared prefix one
+node). A strategy's own layout is built from these in its folder (GLIDE's CAPE tree, ReDrafter's beam trees).
 """
 
 from __future__ import annotations
@@ -281,111 +275,44 @@ class TokenTree:
             object.__setattr__(tree, name, value)
         return tree
 
-    @classmethod
-    def from_beams(cls, beams: torch.Tensor) -> tuple["TokenTree", torch.Tensor]:
-        """ReDrafter's dynamic tree attention: pack ``beams`` (``[w, L]``) into unique nodes.
 
-        Position ``(i, j)`` opens a node iff no earlier beam shares ``beams[i, :j + 1]``, i.e. iff
-        ``get_prefix_match(beams)[i, j] == i``. Nodes are numbered in beam-major order (as the
-        reference implementation's ``pack``), which keeps parents before children, because the beam
-        owning the prefix up to ``j - 1`` has an index ``<=`` that owning the prefix up to ``j``.
+def prefix_tree(paths: torch.Tensor, rows: list[list[int]] | None = None
+                ) -> tuple[TokenTree, torch.Tensor, list[list[int]]]:
+    """The ``w`` token paths ``paths`` (``[w, L]``) merged into one tree, each shared prefix one node.
 
-        Returns:
-            ``(tree, beam_to_node)``: ``beam_to_node [w, L]`` is the node holding ``beams[i, j]``
-            (with prefix ``beams[i, :j]``); ``tree.tokens[beam_to_node] == beams``.
-        """
-        tree, beam_to_node, _ = pack_beams(beams)
-        return tree, beam_to_node
+    Position ``(i, j)`` opens a node iff no earlier path shares ``paths[i, :j + 1]``. Nodes are numbered path-major,
+    which keeps parents before children: the path owning the prefix up to ``j - 1`` has an index ``<=`` that owning
+    the prefix up to ``j``. (ReDrafter's dynamic tree attention, Cheng et al., 2024, §2 and Listing 1, packs its
+    beams so, node order included; the Max-Gram tree merges its continuations so.)
 
-    @classmethod
-    def from_expansions(cls, main: torch.Tensor | Sequence[int], expansions: Sequence[torch.Tensor | Sequence[int]],
-                        dedupe: bool = True, device: torch.device | str | None = None) -> "TokenTree":
-        """GLIDE's CAPE expanded proposal (Du et al., 2024, §4.2; Appendix A, Algorithms 1-2).
-
-        ``main`` (``[k]``) is the draft path; ``expansions[t]`` (``[K_t]``, possibly empty) holds the
-        alternative tokens for step ``t``. The node order is Algorithm 2's linearized input: ``main``
-        first, then ``expansions[0]``, ``expansions[1]``, ... Each expansion token of step ``t`` is a
-        sibling of ``main[t]`` (parent ``t - 1``, the root for ``t = 0``) and a leaf ("tokens in the
-        expansion sets are not used for predicting future tokens", §4.2). Hence
-
-        * ``position_offsets()`` is Algorithm 2's ``input_pi``: ``t`` for ``main[t]`` and for every
-          token of ``expansions[t]``;
-        * ``ancestor_mask()`` is §4.2's ``Mask_CAPE``: token ``i`` attends to itself and to the main
-          tokens ``j`` with ``pos(i) > j``. (Algorithm 2's line ``VAM[:, γ:] <- CAM[:, γ:]`` must read
-          ``VAM[:γ, :] <- CAM[:γ, :]``: as printed, main tokens would not see each other and
-          expansion tokens would see earlier expansion tokens, contradicting ``Mask_CAPE`` and the text.)
-
-        ``dedupe`` drops expansion tokens equal to ``main[t]`` or repeated within ``expansions[t]``
-        (Algorithm 1 takes ``topk`` including the argmax, while §4.2 excludes ``x_{t+i}``); with
-        ``dedupe=False`` the tokens are kept exactly as given.
-
-        ``main`` and the sets may be tensors (read to the host in one transfer) or lists of ints (no read;
-        ``device``: where the tree's tensors go, default ``main``'s device or the CPU).
-        """
-        if device is None:
-            device = main.device if isinstance(main, torch.Tensor) else torch.device("cpu")
-        main_list, sets = _host_lists(main, expansions)
-        k = len(main_list)
-        if len(sets) != k:
-            raise ValueError(f"need one expansion set per main token: {k} main tokens, {len(sets)} sets")
-        tokens, parents = list(main_list), list(range(-1, k - 1))
-        for t, x in enumerate(sets):
-            if dedupe and x:
-                seen, keep = {main_list[t]}, []
-                for tok in x:
-                    if tok not in seen:
-                        seen.add(tok)
-                        keep.append(tok)
-                x = keep
-            tokens += x
-            parents += [t - 1] * len(x)
-        return cls.from_host(tokens, parents, device)
-
-
-def _host_lists(main, expansions) -> tuple[list[int], list[list[int]]]:
-    """``main`` and the expansion sets as lists of ints, the tensors among them read in one transfer."""
-    parts = [main, *expansions]
-    tensors = [torch.as_tensor(x).reshape(-1) for x in parts if isinstance(x, torch.Tensor)]
-    flat = torch.cat([t.to(tensors[0].device).long() for t in tensors]).tolist() if tensors else []
-    out, at = [], 0
-    for x in parts:
-        if isinstance(x, torch.Tensor):
-            m = x.numel()
-            out.append(flat[at:at + m])
-            at += m
-        else:
-            out.append([int(t) for t in x])
-    return out[0], out[1:]
-
-
-def pack_beams(beams: torch.Tensor, rows: list[list[int]] | None = None) -> tuple[TokenTree, torch.Tensor, list[list[int]]]:
-    """:meth:`TokenTree.from_beams` with the host copy of ``beam_to_node`` too: ``(tree, beam_to_node [w, L],
-    beam_to_node as lists)``. The beams are read once (not at all when ``rows``, their host copy, is given); the
-    packing runs on the host (``w * L`` small), node order and values those of Listing 1's tensor ops
-    (:func:`~hf_cascade.core.beams.get_prefix_match`)."""
-    beams = torch.as_tensor(beams)
-    if beams.ndim != 2 or beams.shape[0] == 0:
-        raise ValueError(f"beams must be [w, L] with w >= 1, got shape {tuple(beams.shape)}")
-    rows = beams.long().tolist() if rows is None else rows
-    w, L = beams.shape
-    owner: dict[tuple[int, ...], int] = {}                 # prefix -> the smallest beam holding it
+    Returns:
+        ``(tree, path_to_node, path_to_node as lists)``: ``path_to_node [w, L]`` is the node holding ``paths[i, j]``
+        (with prefix ``paths[i, :j]``); ``tree.tokens[path_to_node] == paths``. The paths are read once (not at all
+        when ``rows``, their host copy, is given); the merge runs on the host (``w * L`` small).
+    """
+    paths = torch.as_tensor(paths)
+    if paths.ndim != 2 or paths.shape[0] == 0:
+        raise ValueError(f"paths must be [w, L] with w >= 1, got shape {tuple(paths.shape)}")
+    rows = paths.long().tolist() if rows is None else rows
+    w, L = paths.shape
+    owner: dict[tuple[int, ...], int] = {}                 # prefix -> the smallest path holding it
     match = [[owner.setdefault(tuple(row[: j + 1]), i) for j in range(L)] for i, row in enumerate(rows)]
     node_id = [[-1] * L for _ in range(w)]
     tokens, parents, count = [], [], 0
-    for i in range(w):                                     # beam-major node numbering
+    for i in range(w):                                     # path-major node numbering
         for j in range(L):
             if match[i][j] == i:
                 node_id[i][j] = count
                 count += 1
-    beam_to_node = [[node_id[match[i][j]][j] for j in range(L)] for i in range(w)]
+    path_to_node = [[node_id[match[i][j]][j] for j in range(L)] for i in range(w)]
     for i in range(w):
         for j in range(L):
             if match[i][j] == i:
                 tokens.append(rows[i][j])
-                parents.append(beam_to_node[i][j - 1] if j else -1)
-    device = beams.device
+                parents.append(path_to_node[i][j - 1] if j else -1)
+    device = paths.device
     tree = TokenTree.from_host(tokens, parents, device)
-    return tree, upload(torch.tensor(beam_to_node, dtype=torch.long, device=HOST), device), beam_to_node
+    return tree, upload(torch.tensor(path_to_node, dtype=torch.long, device=HOST), device), path_to_node
 
 
 _EMPTY: dict[torch.device, TokenTree] = {}     # device -> TokenTree.empty's tree

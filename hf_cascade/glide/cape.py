@@ -7,7 +7,7 @@ The draft proposes a main path ``x_{t+1} .. x_{t+gamma}`` greedily. At step ``i`
 leaves: siblings of ``x_{t+i}`` that nothing is drafted after. The linearized proposal
 ``[main, X_0, X_1, ...]``, its position ids (``input_pi``: ``i`` for ``x_{t+i}`` and for every token of
 ``X_i``) and the verification mask (each token sees the main tokens before its position, and itself) are
-those of :meth:`hf_cascade.core.TokenTree.from_expansions` (see there for the erratum in Algorithm 2).
+those of :func:`cape_tree` (see there for the erratum in Algorithm 2).
 
 ``S`` (:class:`CapeSettings`): Section 4.2 sets 7, 5, 3, 1 for ``p`` in ``(0, .3]``, ``(.3, .6]``,
 ``(.6, .8]``, ``(.8, 1]``. Algorithm 1 writes it as a bin array over ``floor(10 p)`` whose entries count
@@ -209,12 +209,64 @@ def cap_expansions(expansions: Sequence[torch.Tensor], main_len: int, max_nodes:
     return out
 
 
-def cape_tree(main: torch.Tensor, expansions: Sequence[torch.Tensor], device=None) -> TokenTree:
-    """The verification tree of an expanded proposal: Algorithm 2's linearized ``input`` in node order,
-    ``input_pi`` as ``position_offsets()`` and ``Mask_CAPE`` as ``ancestor_mask()`` (see
-    :meth:`~hf_cascade.core.TokenTree.from_expansions`). ``main`` ``[k]`` and ``expansions`` are target ids
-    (tensors or lists; ``device``: where the tree goes)."""
-    return TokenTree.from_expansions(main, list(expansions), device=device)
+def cape_tree(main: torch.Tensor | Sequence[int], expansions: Sequence[torch.Tensor | Sequence[int]],
+              dedupe: bool = True, device: torch.device | str | None = None) -> TokenTree:
+    """The verification tree of an expanded proposal (Du et al., 2024, §4.2; Appendix A, Algorithms 1-2).
+
+    ``main`` (``[k]``) is the draft path; ``expansions[t]`` (``[K_t]``, possibly empty) holds the
+    alternative tokens for step ``t``. The node order is Algorithm 2's linearized input: ``main``
+    first, then ``expansions[0]``, ``expansions[1]``, ... Each expansion token of step ``t`` is a
+    sibling of ``main[t]`` (parent ``t - 1``, the root for ``t = 0``) and a leaf ("tokens in the
+    expansion sets are not used for predicting future tokens", §4.2). Hence
+
+    * ``position_offsets()`` is Algorithm 2's ``input_pi``: ``t`` for ``main[t]`` and for every
+      token of ``expansions[t]``;
+    * ``ancestor_mask()`` is §4.2's ``Mask_CAPE``: token ``i`` attends to itself and to the main
+      tokens ``j`` with ``pos(i) > j``. (Algorithm 2's line ``VAM[:, γ:] <- CAM[:, γ:]`` must read
+      ``VAM[:γ, :] <- CAM[:γ, :]``: as printed, main tokens would not see each other and
+      expansion tokens would see earlier expansion tokens, contradicting ``Mask_CAPE`` and the text.)
+
+    ``dedupe`` drops expansion tokens equal to ``main[t]`` or repeated within ``expansions[t]``
+    (Algorithm 1 takes ``topk`` including the argmax, while §4.2 excludes ``x_{t+i}``); with
+    ``dedupe=False`` the tokens are kept exactly as given.
+
+    ``main`` and the sets are target ids, tensors (read to the host in one transfer) or lists of ints (no read;
+    ``device``: where the tree's tensors go, default ``main``'s device or the CPU).
+    """
+    if device is None:
+        device = main.device if isinstance(main, torch.Tensor) else torch.device("cpu")
+    main_list, sets = _host_lists(main, expansions)
+    k = len(main_list)
+    if len(sets) != k:
+        raise ValueError(f"need one expansion set per main token: {k} main tokens, {len(sets)} sets")
+    tokens, parents = list(main_list), list(range(-1, k - 1))
+    for t, x in enumerate(sets):
+        if dedupe and x:
+            seen, keep = {main_list[t]}, []
+            for tok in x:
+                if tok not in seen:
+                    seen.add(tok)
+                    keep.append(tok)
+            x = keep
+        tokens += x
+        parents += [t - 1] * len(x)
+    return TokenTree.from_host(tokens, parents, device)
+
+
+def _host_lists(main, expansions) -> tuple[list[int], list[list[int]]]:
+    """``main`` and the expansion sets as lists of ints, the tensors among them read in one transfer."""
+    parts = [main, *expansions]
+    tensors = [torch.as_tensor(x).reshape(-1) for x in parts if isinstance(x, torch.Tensor)]
+    flat = torch.cat([t.to(tensors[0].device).long() for t in tensors]).tolist() if tensors else []
+    out, at = [], 0
+    for x in parts:
+        if isinstance(x, torch.Tensor):
+            m = x.numel()
+            out.append(flat[at:at + m])
+            at += m
+        else:
+            out.append([int(t) for t in x])
+    return out[0], out[1:]
 
 
 def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettings | None,
@@ -250,7 +302,7 @@ def expanded_lists(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettin
     main_p = list(main_probs) if main_probs is not None else conf.double().tolist()
     k = main.shape[0]
     if settings is None:
-        return TokenTree.from_expansions(main_t, [[] for _ in range(k)], device=device), [], main_p
+        return cape_tree(main_t, [[] for _ in range(k)], device=device), [], main_p
     if read is not None:
         sets, set_probs, set_targets = (x[:k] for x in read)
     else:

@@ -5,7 +5,7 @@ the longest suffix of the sequence that occurred before. When the text branches 
 were followed by different words at different places), that single guess is often wrong while an
 older occurrence, or that of a shorter suffix, was right. :class:`MaxGramTree` proposes up to
 ``branches`` *distinct* continuations of ``depth`` tokens and merges them into one tree
-(:meth:`TokenTree.from_beams`: shared prefixes become shared nodes); the target verifies all of
+(:func:`~hf_cascade.core.structure.prefix_tree`: shared prefixes become shared nodes); the target verifies all of
 them in one forward and keeps the longest one it agrees with.
 
 Continuations, best evidence first (beam 0 is exactly Max-Gram's own guess):
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.strategy import TreeDrafter, TreeStep
-from ..core.structure import TokenTree
+from ..core.structure import TokenTree, prefix_tree
 from ..drafters.maxgram import follow, suffix_match
 
 
@@ -92,7 +92,7 @@ class MaxGramTree(TreeDrafter):
         beams = self.continuation_lists(tokens, depth) if depth > 0 else []
         if not beams:
             return TokenTree.empty(seq.device), None
-        tree, _ = TokenTree.from_beams(torch.tensor(beams, dtype=seq.dtype, device=seq.device))
+        tree, _, _ = prefix_tree(torch.tensor(beams, dtype=seq.dtype, device=seq.device))
         return tree, None
 
 

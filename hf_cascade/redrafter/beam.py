@@ -1,5 +1,7 @@
 """ReDrafter's beam search over the recurrent draft head, and the two ways to lay its beams out for
-verification.
+verification: packed into a prefix tree (dynamic tree attention, §2 and Listing 1: :func:`get_prefix_match` finds the
+beams' shared prefixes, :func:`unpack` maps per-node results back to beams; the tree itself is built on the host by
+:func:`~hf_cascade.core.structure.prefix_tree`, :func:`pack`) or as separate branches (:func:`flat_tree`).
 
 Cheng et al. (2024), "Recurrent Drafter for Fast Speculative Decoding in Large Language Models",
 Section 2 ("Beam search", "Dynamic tree attention after beam search"); the procedure is the one of
@@ -30,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from ..core.structure import TokenTree, pack_beams
+from ..core.structure import TokenTree, prefix_tree
 
 
 @torch.no_grad()
@@ -97,6 +99,39 @@ def _backtrack(kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> t
     return torch.stack(tokens[::-1], dim=1), torch.stack(logps[::-1], dim=1)
 
 
+def get_prefix_match(beams: torch.Tensor) -> torch.Tensor:
+    """ReDrafter Listing 1 (Cheng et al., 2024): ``[w, L] -> [w, L]``.
+
+    ``prefix_match[i, j] = k``: ``k`` is the smallest beam index with ``beams[k, :j + 1] ==
+    beams[i, :j + 1]`` (so ``k <= i``). Paper example::
+
+        beams = [[91, 92, 93, 95],         prefix_match = [[0, 0, 0, 0],
+                 [91, 92, 94, 96],                         [0, 0, 1, 1],
+                 [91, 92, 93, 97]]                         [0, 0, 0, 2]]
+
+    Same steps as the listing: token matches between beams, ``cumsum`` along positions equal to
+    ``1..L`` marks matching prefixes, ``argmax`` over the other beam picks the first one. (The
+    listing's broadcast ``beams[:, :, None] == beams[:, None, :]`` is written for a batched
+    ``[b, w, L]`` input, as in the reference ``_dedup_prefix``; for ``[w, L]`` the pairwise beam
+    comparison is ``beams[:, None, :] == beams[None, :, :]``.)
+    """
+    beams = torch.as_tensor(beams)
+    if beams.ndim != 2:
+        raise ValueError(f"beams must be [w, L], got shape {tuple(beams.shape)}")
+    L = beams.shape[1]
+    beam_index = torch.arange(1, L + 1, device=beams.device)
+    matches = beams[:, None, :] == beams[None, :, :]                              # [w, w, L]
+    seq_matches = torch.cumsum(matches.long(), dim=2) == beam_index[None, None, :]  # [w, w, L]
+    # torch.argmax returns the first maximal index: the smallest beam sharing the prefix.
+    return torch.argmax(seq_matches.long(), dim=1)                                 # [w, L]
+
+
+def unpack(node_values: torch.Tensor, beam_to_node: torch.Tensor) -> torch.Tensor:
+    """Per-node results ``[n, ...]`` back to the beams' layout ``[w, L, ...]`` (ReDrafter's
+    ``unpack``): ``out[i, j] = node_values[beam_to_node[i, j]]``."""
+    return node_values[beam_to_node.to(node_values.device)]
+
+
 def beam_rows(width: int, length: int, columns: int) -> list[int]:
     """Rows (live beams) the head runs at each of the ``length`` steps of :func:`beam_search`: one at the
     first step (the root beam), then ``min(width, rows * columns)`` (``columns``: the head's output
@@ -130,10 +165,11 @@ def read_beams(beams: torch.Tensor, logp: torch.Tensor) -> tuple[list[list[int]]
 
 def pack(beams: torch.Tensor, dedupe: bool = True, rows: list[list[int]] | None = None) -> tuple[TokenTree, list[list[int]]]:
     """The verification tree of ``beams`` (``[w, L]``) and, on the host, the node of each beam token:
-    the packed prefix tree (:func:`~hf_cascade.core.structure.pack_beams`, one read of the beams, none when
-    ``rows`` is their host copy) or :func:`flat_tree` (no read)."""
+    the packed prefix tree (:func:`~hf_cascade.core.structure.prefix_tree`, one read of the beams, none when
+    ``rows`` is their host copy: beam token ``(i, j)`` opens a node iff ``get_prefix_match(beams)[i, j] == i``, nodes
+    numbered beam-major as the reference's ``pack``) or :func:`flat_tree` (no read)."""
     if dedupe:
-        tree, _, beam_to_node = pack_beams(beams, rows)
+        tree, _, beam_to_node = prefix_tree(beams, rows)
         return tree, beam_to_node
     tree = flat_tree(beams)
     w, L = beams.shape
@@ -174,7 +210,7 @@ def kept_nodes(tree: TokenTree, beam_to_node: list[list[int]], keep: torch.Tenso
 
 def beams_tree(beams: torch.Tensor, dedupe: bool = True, keep: torch.Tensor | None = None) -> TokenTree:
     """The verification tree of ``beams`` (``[w, L]``): the packed prefix tree (dynamic tree
-    attention, :meth:`TokenTree.from_beams`) or, with ``dedupe=False``, :func:`flat_tree`.
+    attention, :func:`~hf_cascade.core.structure.prefix_tree`) or, with ``dedupe=False``, :func:`flat_tree`.
 
     ``keep`` (``[w, L]`` bool, each row a prefix: ``True`` then ``False``) drops the beam tokens
     where it is ``False``; a shared node stays when any beam through it keeps it."""
@@ -198,6 +234,6 @@ def head_device_dtype(head) -> tuple[torch.device, torch.dtype]:
     return head.device, head.dtype
 
 
-__all__ = ["beam_rows", "beam_search", "beams_tree", "confident_prefix", "flat_tree", "head_device_dtype", "kept_nodes",
-           "node_probabilities", "pack", "prune", "read_beams"]
+__all__ = ["beam_rows", "beam_search", "beams_tree", "confident_prefix", "flat_tree", "get_prefix_match",
+           "head_device_dtype", "kept_nodes", "node_probabilities", "pack", "prune", "read_beams", "unpack"]
 

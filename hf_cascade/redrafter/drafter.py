@@ -8,9 +8,9 @@ Section 2 ("Speculative decoding with ReDrafter"). Each step, draft -> verify ->
    target forward) and the token the target produced from it (the root, ``seq[-1]``) start a beam
    search with the recurrent head (:func:`~hf_cascade.redrafter.beam.beam_search`): ``w`` beams of
    ``L`` draft tokens.
-2. **Pack**: the beams' shared prefixes are deduplicated with tensor ops
-   (:func:`~hf_cascade.core.beams.get_prefix_match`, Listing 1) into a token tree
-   (:meth:`TokenTree.from_beams`: dynamic tree attention). ``dedupe=False`` verifies the ``w * L``
+2. **Pack**: the beams' shared prefixes are deduplicated as by Listing 1
+   (:func:`~hf_cascade.redrafter.beam.get_prefix_match`) into a token tree
+   (:func:`~hf_cascade.redrafter.beam.pack`: dynamic tree attention). ``dedupe=False`` verifies the ``w * L``
    beam tokens flat instead, each beam its own branch (the paper's "w/o tree attention" baseline).
 3. **Verify and accept** (:func:`~hf_cascade.core.loop.speculative_decode`): one target forward over the
    tree with its tree mask; greedy: the longest path the target agrees with (= the candidate with
