@@ -1,7 +1,7 @@
 """Load drafters and heads given as a loaded model, a local directory or a Hugging Face Hub repo id.
 
 One path for every assistant (``CascadeAssistant``, ``DynamicWindowAssistant``, ``GlideAssistant``,
-``ReDrafterAssistant``) and for :func:`hf_cascade.heads.hub.load_head`. Rules of :func:`load_pretrained`:
+``ReDrafterAssistant``) and for :func:`load_head`. Rules of :func:`load_pretrained`:
 
 * A loaded model (an ``nn.Module``) is returned unchanged; ``dtype`` / ``device_map`` / ``max_memory`` given with
   one raise ``ValueError`` (they apply to checkpoints being loaded; move a loaded model with ``.to(...)``).
@@ -19,6 +19,7 @@ One path for every assistant (``CascadeAssistant``, ``DynamicWindowAssistant``, 
   raise too.
 
 :func:`resolve_file` finds one file (e.g. ``corpus.safetensors``) given a file, a directory or a repo id.
+This module stands above :mod:`hf_cascade.heads` (it reads the heads' registry); :mod:`hf_cascade.heads.hub` saves them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .heads import HEADS, register_heads
 
 #: ``name`` or ``org/name`` (the Hub's repo id syntax).
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -57,8 +60,6 @@ def _check_spec(spec, kind: str) -> str:
 
 def _our_head(model_type) -> tuple[Any, Any] | None:
     """``(config class, model class)`` of the hf_cascade head with this ``model_type``, else ``None``."""
-    from .heads import HEADS, register_heads
-
     register_heads()
     for config_cls, model_cls, _ in HEADS:
         if model_type == config_cls.model_type:
@@ -112,6 +113,16 @@ def load_pretrained(spec, *, revision: str | None = None, token: str | bool | No
         model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, **hub, **load)
         _check_info(path, info, unexpected=False)
     return (model, info) if output_loading_info else model
+
+
+def load_head(path: str | os.PathLike, **kw):
+    """A head (or drafter) from a local directory or Hub repo id, strictly: :func:`load_pretrained` (hf_cascade's own
+    classes, no remote code; missing, unexpected or wrongly shaped tensors raise ``ValueError`` instead of leaving
+    freshly initialised weights). ``kw``: ``revision``, ``token``, ``cache_dir``, ``dtype``, ``device_map``,
+    ``local_files_only``, ``output_loading_info``. The counterpart of :func:`hf_cascade.heads.hub.save_hub`."""
+    if kw.get("ignore_mismatched_sizes"):
+        raise ValueError("load_head never ignores mismatched sizes; use from_pretrained directly for that.")
+    return load_pretrained(path, kind="head", **kw)
 
 
 def _load_head(head, path: str, hub: dict, load: dict):
@@ -197,4 +208,4 @@ def resolve_file(spec: str | os.PathLike, filename: str, *, revision: str | None
                       f"({type(e).__name__}: {e})") from e
 
 
-__all__ = ["load_pretrained", "resolve_file"]
+__all__ = ["load_head", "load_pretrained", "resolve_file"]

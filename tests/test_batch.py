@@ -363,7 +363,7 @@ def test_real_gemma_batch(gemma, open_gate):
     from pathlib import Path
 
     from hf_cascade.data import format_prompt
-    from hf_cascade.heads.hub import load_head
+    from hf_cascade.loading import load_head
 
     model, tok = gemma
     assert tok.padding_side == "left" and tok.pad_token_id is not None

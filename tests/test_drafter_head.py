@@ -14,7 +14,8 @@ import hf_cascade
 from hf_cascade import (CascadeAssistant, CascadeDrafterConfig, CascadeDrafterForCausalLM, CascadeSettings, MaxGram,
                         Policy)
 from hf_cascade.cascade.drafter import _Drafted
-from hf_cascade.heads.hub import load_head, save_hub
+from hf_cascade.heads.hub import save_hub
+from hf_cascade.loading import load_head
 from hf_cascade.core.stats import GenerationStats
 from tests import tiny_models as tm
 from tests.fresh_process import run_offline

@@ -15,7 +15,8 @@ import hf_cascade  # noqa: F401  (registers the heads)
 from hf_cascade import GlideConfig, GlideForCausalLM
 from hf_cascade.heads.glide import glide_cross_mask
 from hf_cascade.heads.glide.convert import convert_reference_checkpoint
-from hf_cascade.heads.hub import load_head, save_hub
+from hf_cascade.heads.hub import save_hub
+from hf_cascade.loading import load_head
 from hf_cascade.training.glide import glide_acceptance, glide_loss
 from hf_cascade.training.loop import Batch
 from tests import tiny_models as tm

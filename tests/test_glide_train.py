@@ -14,7 +14,7 @@ import torch
 
 from hf_cascade import GlideSettings
 from hf_cascade.glide import GlideAssistant
-from hf_cascade.heads.hub import load_head
+from hf_cascade.loading import load_head
 from hf_cascade.training import DistillStore
 from hf_cascade.training.glide import TargetKVMemo, glide_acceptance, target_kv_batch
 from hf_cascade.training.loop import TrainConfig, make_batch, split_records

@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 import hf_cascade
 from hf_cascade import (CascadeAssistant, CorpusNGrams, DynamicWindowAssistant, GlideAssistant, GlideSettings, Loading,
                         MaxGram, ReDrafterAssistant, ReDrafterSettings, load_pretrained)
-from hf_cascade.heads.hub import load_head, save_hub
+from hf_cascade.heads.hub import save_hub
+from hf_cascade.loading import load_head
 from tests import tiny_models as tm
 from tests.hub_cache import CARDS, add_repo, hub_env, offline
 from tests.test_glide_head import make_glide

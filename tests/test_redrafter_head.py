@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import hf_cascade  # noqa: F401  (registers the heads)
 from hf_cascade import ReDrafterConfig, ReDrafterModel
-from hf_cascade.heads.hub import load_head, save_hub
+from hf_cascade.heads.hub import save_hub
+from hf_cascade.loading import load_head
 from hf_cascade.heads.redrafter.convert import convert_reference_checkpoint
 from hf_cascade.training.loop import Batch
 from hf_cascade.training.redrafter import redrafter_acceptance, redrafter_loss

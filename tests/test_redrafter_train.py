@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hf_cascade import Policy, ReDrafterConfig, ReDrafterModel, ReDrafterSettings
-from hf_cascade.heads.hub import load_head
+from hf_cascade.loading import load_head
 from hf_cascade.redrafter import ReDrafterAssistant
 from hf_cascade.training.loop import TrainConfig, make_batch, split_records
 from hf_cascade.training.redrafter import redrafter_loss, target_context

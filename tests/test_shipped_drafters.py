@@ -14,7 +14,7 @@ import torch
 from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, GlideAssistant, GlideSettings,
                         MaxGram,
                         ReDrafterAssistant, ReDrafterSettings)
-from hf_cascade.heads.hub import load_head
+from hf_cascade.loading import load_head
 from tests.fresh_process import run_offline
 from tests.test_verify_linear import threads
 

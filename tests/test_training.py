@@ -15,7 +15,7 @@ import torch
 
 from hf_cascade import CascadeAssistant, MaxGram
 from hf_cascade.data import find_shared_data
-from hf_cascade.heads.hub import load_head
+from hf_cascade.loading import load_head
 from hf_cascade.training import DistillConfig, DistillStore, Prompt, Record, distill, training_prompts
 from hf_cascade.training.loop import TrainConfig, iterate_batches, make_batch, split_records
 from hf_cascade.training.run import train_vanilla

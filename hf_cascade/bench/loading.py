@@ -110,7 +110,7 @@ def _load(spec: str | None, dtype=None, device_map=None, max_memory: dict | None
         raise FileNotFoundError(f"{path} holds no model (no config.json): a model card without weights? Use "
                                 "'default', 'smollm2', a model directory, a Hub repo id or gguf:PATH.")
     if _is_hf_cascade_head(path):
-        from ..heads.hub import load_head
+        from ..loading import load_head
 
         return load_head(path).eval(), None
     return models.load_hf_dir(path, **placed)

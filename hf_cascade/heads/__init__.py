@@ -19,7 +19,7 @@ HEADS = [
     (CascadeDrafterConfig, CascadeDrafterForCausalLM, AutoModelForCausalLM),
     (GlideConfig, GlideForCausalLM, AutoModelForCausalLM),
     # Not a causal LM (it reads hidden states + embeddings): AutoModel, as in Apple's reference. Its
-    # save_pretrained also names AutoModelForCausalLM in auto_map, the class hub.load_head loads with.
+    # save_pretrained also names AutoModelForCausalLM in auto_map, the class hf_cascade.loading.load_head loads with.
     (ReDrafterConfig, ReDrafterModel, AutoModel),
 ]
 

@@ -1,4 +1,5 @@
-"""Save heads in Hub layout (weights + remote code + model card) and load them back strictly."""
+"""Save heads in Hub layout (weights + remote code + model card); :func:`hf_cascade.loading.load_head` loads them back
+strictly."""
 
 from __future__ import annotations
 
@@ -47,15 +48,3 @@ def save_hub(model, path: str | os.PathLike, card: str | dict = "") -> Path:
     text = "---\n" + yaml.safe_dump(front, sort_keys=False, allow_unicode=True) + "---\n\n" + body.strip() + "\n"
     (path / "README.md").write_text(text, encoding="utf-8")
     return path
-
-
-def load_head(path: str | os.PathLike, **kw):
-    """A head (or drafter) from a local directory or Hub repo id, strictly: :func:`hf_cascade.loading.load_pretrained`
-    (hf_cascade's own classes, no remote code; missing, unexpected or wrongly shaped tensors raise
-    ``ValueError`` instead of leaving freshly initialised weights). ``kw``: ``revision``, ``token``,
-    ``cache_dir``, ``dtype``, ``device_map``, ``local_files_only``, ``output_loading_info``."""
-    from ..loading import load_pretrained
-
-    if kw.get("ignore_mismatched_sizes"):
-        raise ValueError("load_head never ignores mismatched sizes; use from_pretrained directly for that.")
-    return load_pretrained(path, kind="head", **kw)

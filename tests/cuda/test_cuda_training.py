@@ -17,7 +17,7 @@ import torch
 
 from hf_cascade.bench.loading import load_model
 from hf_cascade.cli import main
-from hf_cascade.heads.hub import load_head
+from hf_cascade.loading import load_head
 from tests import tiny_models as tm
 from tests.test_training import distilled, target  # noqa: F401  (fixtures: tiny Llama target + its store)
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)

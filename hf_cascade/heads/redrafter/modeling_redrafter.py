@@ -116,7 +116,7 @@ class ReDrafterModel(PreTrainedModel):
         """``PreTrainedModel.save_pretrained``; when the class is registered for an Auto class (so the
         code is saved with the weights), config.json's ``auto_map`` names this class for both
         ``AutoModel`` (its class, as in the reference) and ``AutoModelForCausalLM`` (the class
-        ``hf_cascade.heads.hub.load_head`` loads every head with; the head is not a causal LM)."""
+        ``hf_cascade.loading.load_head`` loads every head with; the head is not a causal LM)."""
         if self._auto_class is not None:
             ref = f"{type(self).__module__.rsplit('.', 1)[-1]}.{type(self).__name__}"
             auto_map = dict(getattr(self.config, "auto_map", None) or {})
