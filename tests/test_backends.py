@@ -5,7 +5,6 @@ targets on CPU (automatic), by one argument (``cpu_kernels=``) and one environme
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
@@ -19,10 +18,9 @@ import hf_cascade
 from hf_cascade import CascadeAssistant, MaxGram, backends
 
 from tests import tiny_models as tm
+from tests.test_layers import PACKAGE, ROOT, imports, module_name
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "hf_cascade"
 CPU = "hf_cascade.backends.cpu"
 
 # -- static: who may import the CPU backend -------------------------------------------------------
@@ -33,38 +31,15 @@ NEVER = ("core", "cascade", "glide", "hsddw", "redrafter", "drafters", "heads", 
 NEVER_MODULES = ("assistant.py", "candidate.py", "hook.py", "processors.py", "models.py", "data.py")
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _cpu_imports(path: Path) -> list[tuple[int, bool]]:
     """``(line, at module level)`` of every import of the CPU backend in ``path``."""
-    tree = ast.parse(path.read_text())
-    name = _module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    inside = {id(c) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-              for c in ast.walk(f) if c is not f}
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")
-            base = base[: len(base) - node.level + 1] if node.level else []
-            module = ".".join(base + ([node.module] if node.module else []))
-            targets = [module] + [f"{module}.{a.name}" for a in node.names]
-        else:
-            continue
-        if any(t == CPU or t.startswith(CPU + ".") for t in targets):
-            found.append((node.lineno, id(node) not in inside))
-    return found
+    return [(line, top) for module, line, top in imports(path) if module == CPU or module.startswith(CPU + ".")]
 
 
 def test_static_imports_of_the_cpu_backend():
     """The core, the strategies and training never import ``hf_cascade.backends.cpu``; the rest of the
     package only inside functions (lazily, where the switch or the user engages it)."""
-    files = [p for p in PACKAGE.rglob("*.py") if not _module_name(p).startswith(CPU)]
+    files = [p for p in PACKAGE.rglob("*.py") if not module_name(p).startswith(CPU)]
     assert len(files) > 30
     for path in files:
         rel = path.relative_to(PACKAGE)
