@@ -17,7 +17,8 @@ from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistan
 from hf_cascade import placement
 from hf_cascade.core import TokenTree
 from hf_cascade.measure import measure_verify_cost
-from hf_cascade.core.forward import _tree_inputs, check_attention_backend, mask_device_dtype, needs_tree_mask
+from hf_cascade.core.attention import needs_tree_mask
+from hf_cascade.core.forward import _tree_inputs, check_attention_backend, mask_device_dtype
 from hf_cascade.drafters.maxgram import MaxGram
 from hf_cascade.drafters.neural import NeuralLevel
 from hf_cascade.drafters.self_draft import first_layers_drafter

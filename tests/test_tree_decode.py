@@ -347,8 +347,13 @@ def test_one_path_trees_are_verified_as_chains(m, monkeypatch):
     tree mask), whatever the drafter's ``linear``; a branched tree with the tree mask; outputs = plain's."""
     import hf_cascade.core.loop as loop
 
-    seen, real = [], loop.verify_tree
-    monkeypatch.setattr(loop, "verify_tree", lambda *a, **kw: seen.append((a[3].num_nodes, kw["chain"])) or real(*a, **kw))
+    seen, real = [], loop.row_inputs
+
+    def inputs(*a, **kw):
+        made = real(*a, **kw)
+        seen.append((a[2].num_nodes, "attention_mask" not in made))        # a chain: the model's own causal mask
+        return made
+    monkeypatch.setattr(loop, "row_inputs", inputs)
     target = m["target"]
     expected = plain(target, REPETITIVE, max_new_tokens=NEW)[0].tolist()
     assert_parity(target, REPETITIVE, Using(lambda: OnePath(expected)))

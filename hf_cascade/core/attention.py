@@ -9,8 +9,11 @@ its ancestors and itself (SpecInfer's tree attention, Miao et al., 2024, §4; Me
 *positions*, not in indices of the linearized tree: transformers' ``sliding_window_overlay`` keeps
 ``kv_idx > q_idx - W``, and on a branch position and index coincide.
 
-Verification builds its inputs with :func:`tree_queries` and :func:`query_tree_mask` (one tree) or
-:func:`batch_tree_allowed` (a batch). :func:`tree_allowed`, :func:`tree_attention_mask` and
+Verification builds its inputs here: :func:`row_inputs` for one row after a dense prefix (a dynamic cache's, or a
+static cache's verified columns; a chain with the model's own causal mask, a tree with :func:`query_tree_mask`), or
+:func:`batch_tree_allowed` over a batch's columns with holes; :func:`per_layer_type` gives each kind of attention
+layer its mask (sliding windows applied by the mask). :func:`tree_queries` is :func:`row_inputs`' queries built
+tensor by tensor, the reference it is tested against. :func:`tree_allowed`, :func:`tree_attention_mask` and
 :func:`tree_position_ids` state the same attention densely over a tree's own nodes (give it the root with
 :meth:`~.structure.TokenTree.with_root`): the public reference those are tested against.
 """
@@ -19,8 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from .closure import closure_bits, unpack_closure
+from ..placement import HOST, upload
+from .closure import closure_bits, closure_matrix, unpack_closure
 from .structure import TokenTree
+
+_SLIDING = "sliding_attention"
+_FULL = "full_attention"
 
 
 def tree_allowed(prefix_len: int, tree: TokenTree, sliding_window: int | None = None) -> torch.Tensor:
@@ -59,6 +66,102 @@ def tree_position_ids(prefix_len: int, tree: TokenTree) -> torch.Tensor:
     return (prefix_len + tree.position_offsets())[None]
 
 
+def needs_tree_mask(tree: TokenTree) -> bool:
+    """Whether verifying ``tree`` needs the custom tree mask: ``False`` for a chain (node ``i``'s parent is
+    ``i - 1``; no nodes included), which plain causal attention at consecutive positions verifies on any
+    attention backend. Read from the tree's host structure (no device read)."""
+    parents = tree.parent_list if hasattr(tree, "parent_list") else tree.parents.tolist()
+    return any(p != i - 1 for i, p in enumerate(parents))
+
+
+def row_inputs(model, prefix_len: int, tree: TokenTree, root: int | torch.Tensor,
+               where: tuple[torch.device, torch.dtype], queries: int | None = None, linear: bool = False,
+               columns: int | None = None) -> dict:
+    """One row's verification inputs: the queries ``[root, nodes, padding]`` (``queries`` of them, default the root
+    and the nodes) written after a dense prefix of ``prefix_len`` columns, ``root`` at position ``prefix_len`` and
+    node ``i`` at ``prefix_len + 1 + depth[i]``; ``columns``: the columns attention sees (a static cache's, with
+    position ids always passed: the counter is on the device), ``None`` for a dynamic cache (the prefix and the
+    queries). ``where``: the device and dtype of the model's inputs and masks.
+
+    A chain (``linear``, or a tree of one path on a dynamic cache: :func:`needs_tree_mask`) runs under the model's own
+    causal mask (padding queries repeat the root after every real query: none sees them); a tree under
+    :func:`query_tree_mask` per kind of layer (:func:`per_layer_type`). Built from the tree's host structure and sent
+    in one copy (:func:`~hf_cascade.placement.upload`): the ids, the positions and the closure's rows as bits
+    (:func:`~hf_cascade.core.closure.closure_bits`), split on the device; a closure seen recently is kept on the
+    device (shared with :func:`query_ancestors`). ``root``: a host int, or a one-element tensor written over the
+    ids on the device (never read)."""
+    device, n = where[0], tree.num_nodes
+    queries = queries or n + 1
+    chain = linear or (columns is None and not needs_tree_mask(tree))
+    if chain and columns is None and (isinstance(root, torch.Tensor) or tree.host_tokens is None):
+        root = torch.as_tensor(root, device=tree.tokens.device).long().reshape(1)           # a host int: no read
+        return dict(input_ids=torch.cat([root, tree.tokens])[None].to(device))
+    host_root = 0 if isinstance(root, torch.Tensor) else int(root)
+    rows = [[host_root, *tree.token_list] + [host_root] * (queries - n - 1)]
+    ancestors = None
+    if chain and columns is not None:
+        rows.append(list(range(prefix_len, prefix_len + queries)))
+    elif not chain:
+        rows.append([prefix_len] + [prefix_len + 1 + d for d in tree.depth_list] + [0] * (queries - n - 1))
+        key = (tree.parent_list, queries, device)
+        ancestors = _CLOSURES.get(key)
+        bits = closure_bits((-1, *(p + 1 for p in tree.parent_list)), queries) if ancestors is None else None
+        if bits is not None and queries <= 64:
+            rows.append(bits)                                   # the root: every node's ancestor
+    packed = upload(torch.tensor(rows, dtype=torch.long, device=HOST), device)                # the step's one copy
+    inputs = dict(input_ids=packed[0:1])
+    if isinstance(root, torch.Tensor):
+        inputs["input_ids"][0, 0] = root.reshape(()).to(device=device, dtype=torch.long)
+    if len(rows) > 1:
+        inputs["position_ids"] = positions = packed[1:2]
+    if chain:
+        return inputs
+    if ancestors is None:
+        ancestors = unpack_closure(packed[2]).bool() if queries <= 64 else closure_matrix(bits, device)
+        if len(_CLOSURES) >= 512:
+            _CLOSURES.clear()
+        _CLOSURES[key] = ancestors
+    width = columns or prefix_len + queries
+    inputs["attention_mask"] = per_layer_type(model, lambda window: query_tree_mask(
+        prefix_len, n + 1, positions, ancestors, width, where[1], window))
+    return inputs
+
+
+def per_layer_type(model, build):
+    """``build(sliding_window)`` (``None``: full attention) for each kind of attention layer ``model`` has:
+    one mask, or a dict ``{layer_type: mask}`` when it mixes full and sliding-window layers."""
+    kinds = _layer_kinds(model.config)
+    masks = {kind: build(window) for kind, window in kinds.items()}
+    return masks if len(masks) > 1 else next(iter(masks.values()))
+
+
+_KINDS: dict[int, tuple] = {}        # id(config) -> (config, its layer kinds): read once per config, not per step
+
+
+def _layer_kinds(config) -> dict[str, int | None]:
+    """``{layer_type: sliding window or None}`` of the kinds of attention layers ``config`` describes (one kind,
+    ``_FULL``, when it names none)."""
+    known = _KINDS.get(id(config))
+    if known is not None and known[0] is config:
+        return known[1]
+    text = config.get_text_config()
+    window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types:
+        unknown = set(layer_types) - {_FULL, _SLIDING}
+        if unknown:
+            raise NotImplementedError(f"tree verification supports full and sliding-window attention layers, not {sorted(unknown)}")
+        kinds = {kind: (window if kind == _SLIDING else None) for kind in sorted(set(layer_types))}
+    elif window is not None and getattr(text, "use_sliding_window", True):
+        kinds = {_SLIDING: window}                             # every layer windowed (Mistral-style)
+    else:
+        kinds = {_FULL: None}
+    if len(_KINDS) > 64:
+        _KINDS.clear()
+    _KINDS[id(config)] = (config, kinds)
+    return kinds
+
+
 def tree_queries(prefix_len: int, root: int | torch.Tensor, tree: TokenTree, queries: int,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The queries ``[root, nodes, padding]`` of one tree's verification, from its host structure: ``input_ids``
@@ -86,11 +189,7 @@ def query_ancestors(parents: tuple[int, ...], queries: int, device: torch.device
     known = _CLOSURES.get(key)
     if known is not None:
         return known
-    rows = closure_bits((-1, *(p + 1 for p in parents)), queries)      # the root: every node's ancestor
-    if queries <= 64:
-        closure = unpack_closure(torch.tensor(rows, dtype=torch.long, device=device)).bool()
-    else:
-        closure = torch.tensor([[(b >> j) & 1 for j in range(queries)] for b in rows], dtype=torch.bool, device=device)
+    closure = closure_matrix(closure_bits((-1, *(p + 1 for p in parents)), queries), device)   # root: all's ancestor
     if len(_CLOSURES) >= 512:
         _CLOSURES.clear()
     _CLOSURES[key] = closure

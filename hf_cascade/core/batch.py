@@ -59,8 +59,7 @@ from .forward import check_attention_backend
 from .head_input import screen_heads
 from .payoff.gate import lagging_rows
 from .phases import accept_row, checked_head, draft_row, emit, keep_last
-from .rows import TreeRows, first_blocks
-from .static_batch import fit_room
+from .rows import Verified, verified
 from .stats import BatchStats
 from .strategy import TreeDrafter
 from .structure import TokenTree
@@ -84,7 +83,7 @@ def speculative_decode_batch(
     ``argmax_screen``: the backend's exact argmax of the head for a number of rows, used as at batch 1
     (:func:`hf_cascade.core.loop.speculative_decode`) for the first blocks of every row and the blocks after.
     ``model_kwargs``: ``generate``'s (a static cache, given or asked for, selects
-    :mod:`hf_cascade.core.static_batch`)."""
+    the static :class:`~hf_cascade.core.static.StaticBatch`)."""
     # under flash attention, chains only: padding and holes are hidden by a 2-D mask (BatchRun.mask, ownership_mask)
     check_attention_backend(target, tree_shaped=not all(d.linear for d in drafters))
     run = BatchRun(target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria,
@@ -104,12 +103,12 @@ def speculative_decode_batch(
                     drafts = fit_room(run, drafts)                  # the next block fits the static cache
             started = time.perf_counter()
             with run.timer("verify"):
-                rows = verify(run, drafts)
+                checked = verify(run, drafts)
             with run.timer("accept"):
-                acceptances = accept(run, drafts, rows)
+                acceptances = accept(run, drafts, checked)
             run.verify_seconds = time.perf_counter() - started      # acceptance read the device: synchronised
             with run.timer("update"):
-                emitted = update(run, drafts, rows, acceptances)
+                emitted = update(run, drafts, checked, acceptances)
             for device in accelerators:                      # the gate decides on the step's time: its work done
                 placement.synchronize(device)
             run.gate.observe(any(tree.num_nodes for tree, _ in drafts), min(emitted[b] for b in lagging),
@@ -259,12 +258,27 @@ def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = Non
     return run.gate.cut(tree, q, min(widths, default=None))             # None: as drafted
 
 
-def verify(run: "BatchRun", drafts) -> list[TreeRows]:
+def fit_room(run, drafts: list[tuple]) -> list[tuple]:
+    """The step's drafts where the next block fits the static cache: compacted first where it would not (forced:
+    :meth:`~hf_cascade.core.batch_state.BatchRun.compact_if_sparse`), then every draft cut to the room left."""
+    static, need = run.static, max(tree.num_nodes for tree, _ in drafts) + 1
+    if static.length + need > static.capacity:
+        run.compact_if_sparse(force=True)
+    room = static.room()
+    if room < 1:
+        raise ValueError(f"the static cache's {static.capacity} columns cannot hold the batch's next step "
+                         f"({static.length} in use); give it max_cache_len >= max_length.")
+    if need <= room:
+        return drafts
+    return [run.gate.cut(tree, q, room - 1) for tree, q in drafts]
+
+
+
+def verify(run: "BatchRun", drafts) -> Verified:
     """One target forward over every row's ``[root, nodes]``; each row's first block of logits in one head call.
     With a static cache, compiled, the block is ``[R, Q]``: the call's rows (finished ones as padding rows) and a
-    query bucket (:meth:`~hf_cascade.core.static_batch.StaticBatch.shape`)."""
+    query bucket (:meth:`~hf_cascade.core.static.StaticBatch.shape`)."""
     B, N = len(run.rows), max(tree.num_nodes for tree, _ in drafts) + 1
-    run.verify_nodes = N - 1                                            # every row's block is padded to it
     R, Q = run.static.shape(B, N) if run.static is not None else (B, N)
     ids, query = [[run.pad_id] * Q for _ in range(R)], [[-1] * Q for _ in range(R)]
     ancestors = torch.eye(Q, dtype=torch.bool).repeat(R, 1, 1)           # padding queries: themselves only
@@ -292,36 +306,26 @@ def verify(run: "BatchRun", drafts) -> list[TreeRows]:
     out = (run.target if full else run.call)(**inputs)
     if run.static is not None:
         run.static.wrote(Q)
-    if full:
-        logits = out.logits[:B, :N]
-        logits = logits.clone() if run.static is not None else logits     # a CUDA graph reuses its output
-        hidden = run.head_input.rows()
-        run.hidden = hidden.reshape(R, Q, -1)[:B, :N] if hidden is not None else None
-        return [TreeRows(tree, row.full, row.processors, raw=logits[b, : tree.num_nodes + 1])
-                for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
-    hidden = out.last_hidden_state[:B, :N]                                          # [B, N, H]
-    run.hidden = hidden = hidden.clone() if run.static is not None else hidden   # a CUDA graph reuses its output
     heads = (run.screen if N > 1 else run.plain_screen) or (lambda rows: (run.head, None))
     head, argmax_head = heads(run.block_rows or 1)                                   # blocks after the first
-    rows = [TreeRows(tree, row.full, row.processors, hidden=hidden[b, : tree.num_nodes + 1], head=head,
-                     block_rows=run.block_rows, argmax_head=argmax_head)
-            for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts))]
-    first_blocks(rows, hidden, heads, greedy=not run.cfg.do_sample)
-    return rows
+    return verified(out, full, run.head_input.rows, [tree for tree, _ in drafts], [row.full for row in run.rows],
+                    [row.processors for row in run.rows], copy=run.static is not None, head=head,
+                    argmax_head=argmax_head, block_rows=run.block_rows, heads=heads, greedy=not run.cfg.do_sample)
 
 
-def accept(run: "BatchRun", drafts, rows: list[TreeRows]) -> list[TreeAcceptance]:
+def accept(run: "BatchRun", drafts, checked: Verified) -> list[TreeAcceptance]:
     """Each row's acceptance, exactly as at batch 1 (:func:`~hf_cascade.core.phases.accept_row`)."""
-    return [accept_row(run.cfg.do_sample, tree, r, q) for (tree, q), r in zip(drafts, rows)]
+    return [accept_row(run.cfg.do_sample, tree, r, q) for (tree, q), r in zip(drafts, checked.rows)]
 
 
-def update(run: "BatchRun", drafts, rows: list[TreeRows], acceptances: list[TreeAcceptance]) -> list[int]:
+def update(run: "BatchRun", drafts, checked: Verified, acceptances: list[TreeAcceptance]) -> list[int]:
     """Emit each row's tokens where plain decoding stops, keep their K/V (holes where a row emitted fewer than
     the longest), give every drafter its feedback, drop finished rows, compact when holes pile up. Returns the
     tokens each row of the step emitted."""
-    kept, done = [], []
+    kept, done, rows, hidden = [], [], checked.rows, checked.hidden
+    run.verify_nodes = checked.nodes                     # what the next step's drafters and gate see
     for b, (row, (tree, _), r, acc) in enumerate(zip(run.rows, drafts, rows, acceptances)):
-        out = emit(row, tree, acc, r, run.hidden[b] if run.hidden is not None else None, run.scores is not None,
+        out = emit(row, tree, acc, r, hidden[b] if hidden is not None else None, run.scores is not None,
                    run.raw_logits is not None)
         kept.append(out.src[: out.count])                                   # the block's columns of its tokens
         if out.finished:

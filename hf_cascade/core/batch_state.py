@@ -1,6 +1,6 @@
 """The state of one batched ``generate()`` call (:mod:`hf_cascade.core.batch`): its rows, the shared cache and
 the columns each row owns in it (holes, dropping finished rows, compaction), the output. A static cache keeps the
-same columns in fixed buffers (:mod:`hf_cascade.core.static_batch`).
+same columns in fixed buffers (:class:`~hf_cascade.core.static.StaticBatch`).
 
 Kept apart from the loop's steps so that each reads on its own; nothing here decides what to draft."""
 
@@ -11,14 +11,14 @@ from transformers import DynamicCache, LogitsProcessorList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..processors import row_processors
-from .attention import additive, batch_tree_allowed
-from .compiled import verify_call
-from .forward import mask_device_dtype, per_layer_type, verifies_trees
+from .attention import additive, batch_tree_allowed, per_layer_type
+from .compiled import open_slots, verify_call
+from .forward import mask_device_dtype, verifies_trees
 from .head_input import HeadInput, input_device
 from .outputs import batch_outputs
 from .payoff.gate import DraftGate
 from .phases import Row
-from .static_batch import StaticBatch, open_slots
+from .static import StaticBatch
 from .stats import PhaseTimer
 from .stopping import Stopper
 from .strategy import TreeStep
@@ -41,7 +41,6 @@ class BatchRun:
         self.head = None
         self.screen = None                               # rows per head call -> (head, argmax head) (head_input.screen_heads)
         self.plain_screen = None                         # the same where no drafter reads the rows (plain steps)
-        self.hidden: torch.Tensor | None = None
         self.verify_seconds: float | None = None
         self.verify_nodes: int | None = None
         self.device = input_device(target, input_ids)
@@ -63,7 +62,7 @@ class BatchRun:
             self._need_pad = False
         self.finished: list[Row] = []
         self.gate = DraftGate()
-        slots = open_slots(target, cfg, given)           # a static cache's bookkeeping (core/static_batch.py)
+        slots = open_slots(target, cfg, given)           # a static cache's bookkeeping (core/static.py)
         self.static = StaticBatch(slots, len(self.rows)) if slots is not None else None
         self.cache = self.static.cache if self.static is not None else DynamicCache()
         # what verifies: the decoder (eager or compiled), or the user's compiled forward (full logits, never bypassed)

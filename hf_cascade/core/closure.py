@@ -33,6 +33,15 @@ def unpack_closure(packed: torch.Tensor) -> torch.Tensor:
     return (packed[:, None] >> _shifts(packed.device)[:n]).bitwise_and_(1)
 
 
+def closure_matrix(bits: list[int], device: torch.device) -> torch.Tensor:
+    """``[n, n]`` bool from :func:`closure_bits`' rows: unpacked on ``device`` up to 64 rows (one copy), row by row on
+    the host past them (the bits no longer fit an int64)."""
+    n = len(bits)
+    if n <= 64:
+        return unpack_closure(torch.tensor(bits, dtype=torch.long, device=device)).bool()
+    return torch.tensor([[(b >> j) & 1 for j in range(n)] for b in bits], dtype=torch.bool, device=device)
+
+
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 

@@ -21,7 +21,8 @@ import weakref
 
 import torch
 
-from ..compat import CACHE
+from ..compat import CACHE, given_cache
+from .static import StaticSlots, call_capacity, is_static
 
 _COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[dict, object]]" = weakref.WeakKeyDictionary()
 
@@ -49,9 +50,6 @@ def call_compiles(target, model_kwargs: dict, generation_config) -> bool:
     (:func:`user_compiled`), or a static cache (given, or asked for with ``cache_implementation="static"``) and
     :func:`compiles`. The CPU kernels then stay off: compiling is what replaces them, and dynamo would trace into
     them."""
-    from ..compat import given_cache
-    from .static import is_static
-
     if user_compiled(target):
         return True
     cache = given_cache(model_kwargs)
@@ -167,5 +165,19 @@ def verify_call(target, cache, generation_config):
     return decoder, False
 
 
-__all__ = ["WithinLimit", "call_compiles", "compiled_decoder", "compiled_draft", "compiles", "records_graphs", "user_compiled",
-           "verify_call"]
+def open_slots(target, cfg, given) -> StaticSlots | None:
+    """The static cache the core verifies in, for one row or a batch, where the call asks for one
+    (``cache_implementation="static"``: ``generate`` built a cache sized for plain decoding, not filled yet, and
+    the core builds its own; or ``given``, the user's ``StaticCache``); ``None`` for a dynamic cache. Its capacity has
+    room for the last bucket of drafts (:func:`~hf_cascade.core.static.call_capacity`). Compiled (or a user's
+    compiled forward), shapes are fixed: the largest capacity per target, queries padded to buckets; eager, neither
+    (padding and unused columns are work a forward does for nothing)."""
+    mine = getattr(cfg, "cache_implementation", None) == "static"
+    if not (mine or is_static(given)):
+        return None
+    fixed = user_compiled(target) or call_compiles(target, {CACHE: given}, cfg)
+    return StaticSlots(target, None if mine else given, call_capacity(target, cfg, fixed), fixed)
+
+
+__all__ = ["WithinLimit", "call_compiles", "compiled_decoder", "compiled_draft", "compiles", "open_slots",
+           "records_graphs", "user_compiled", "verify_call"]

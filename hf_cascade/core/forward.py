@@ -30,12 +30,8 @@ from transformers import Cache, PreTrainedModel
 
 from ..compat import cache_kwargs
 from ..placement import HOST, target_device_dtype, upload
-from .attention import query_ancestors, query_tree_mask
-from .closure import closure_bits, unpack_closure
+from .attention import row_inputs
 from .structure import TokenTree
-
-_SLIDING = "sliding_attention"
-_FULL = "full_attention"
 
 
 def _check_cache(cache: Cache) -> None:
@@ -66,94 +62,14 @@ def mask_device_dtype(model: PreTrainedModel) -> tuple[torch.device, torch.dtype
     return device, dtype if dtype.is_floating_point else torch.float32
 
 
-def per_layer_type(model: PreTrainedModel, build):
-    """``build(sliding_window)`` (``None``: full attention) for each kind of attention layer ``model`` has:
-    one mask, or a dict ``{layer_type: mask}`` when it mixes full and sliding-window layers."""
-    kinds = _layer_kinds(model.config)
-    masks = {kind: build(window) for kind, window in kinds.items()}
-    return masks if len(masks) > 1 else next(iter(masks.values()))
-
-
-_KINDS: dict[int, tuple] = {}        # id(config) -> (config, its layer kinds): read once per config, not per step
-
-
-def _layer_kinds(config) -> dict[str, int | None]:
-    """``{layer_type: sliding window or None}`` of the kinds of attention layers ``config`` describes (one kind,
-    ``_FULL``, when it names none)."""
-    known = _KINDS.get(id(config))
-    if known is not None and known[0] is config:
-        return known[1]
-    text = config.get_text_config()
-    window = getattr(text, "sliding_window", None)
-    layer_types = getattr(text, "layer_types", None)
-    if layer_types:
-        unknown = set(layer_types) - {_FULL, _SLIDING}
-        if unknown:
-            raise NotImplementedError(f"tree verification supports full and sliding-window attention layers, not {sorted(unknown)}")
-        kinds = {kind: (window if kind == _SLIDING else None) for kind in sorted(set(layer_types))}
-    elif window is not None and getattr(text, "use_sliding_window", True):
-        kinds = {_SLIDING: window}                             # every layer windowed (Mistral-style)
-    else:
-        kinds = {_FULL: None}
-    if len(_KINDS) > 64:
-        _KINDS.clear()
-    _KINDS[id(config)] = (config, kinds)
-    return kinds
-
-
 def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: TokenTree, last_token,
                  chain: bool = False, where: tuple[torch.device, torch.dtype] | None = None) -> dict:
+    """:func:`~hf_cascade.core.attention.row_inputs` after a dense ``cache`` of ``prefix_len`` positions, checked."""
     _check_cache(cache)
     if cache.get_seq_length() != prefix_len:
         raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
-    where = where or mask_device_dtype(model)
-    device = where[0]                                             # where the token ids enter the model
-    if chain:
-        # one path: plain causal attention at consecutive positions, which every attention backend builds itself
-        # (flash attention included); the model derives positions from the cache
-        if not isinstance(last_token, torch.Tensor) and tree.host_tokens is not None:
-            ids = upload(torch.tensor([[last_token, *tree.host_tokens]], dtype=torch.long, device=HOST), device)
-        else:
-            root = torch.as_tensor(last_token, device=tree.tokens.device).long().reshape(1)   # a host int: no read
-            ids = torch.cat([root, tree.tokens])[None].to(device)
-        return dict(input_ids=ids, **cache_kwargs(model, cache))
-    # the queries and their mask from the tree's host structure (a tensor root joins the ids on the device)
-    real = tree.num_nodes + 1
-    ids, positions, ancestors = _uploaded_queries(prefix_len, last_token, tree, device)
-    mask = per_layer_type(model, lambda window: query_tree_mask(prefix_len, real, positions, ancestors,
-                                                                 prefix_len + real, where[1], window))
-    return dict(input_ids=ids, position_ids=positions, attention_mask=mask, **cache_kwargs(model, cache))
-
-
-def _uploaded_queries(prefix_len: int, root: int | torch.Tensor, tree: TokenTree,
-                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`~hf_cascade.core.attention.tree_queries`' ``input_ids``, ``position_ids`` and ancestor closure of the
-    queries ``[root, nodes]``, built on the host and sent in one copy (:func:`~hf_cascade.placement.upload`): a
-    ``[3, Q]`` tensor of the ids, the positions and the closure's rows as bits (:func:`closure_bits`), split on the
-    device. A closure seen recently (trees repeat their shapes) is kept on the device and not sent again; past 64
-    queries, where the bits do not fit one int64, it is :func:`query_ancestors`' (a second copy). ``root``: a host
-    int, or a one-element tensor written over the ids on the device (never read)."""
-    queries = tree.num_nodes + 1
-    host_root = 0 if isinstance(root, torch.Tensor) else int(root)
-    rows = [[host_root, *tree.token_list], [prefix_len] + [prefix_len + 1 + d for d in tree.depth_list]]
-    key = (tree.parent_list, device)
-    ancestors = _CLOSURES.get(key)
-    if ancestors is None and queries <= 64:
-        rows.append(closure_bits((-1, *(p + 1 for p in tree.parent_list)), queries))
-    packed = upload(torch.tensor(rows, dtype=torch.long, device=HOST), device)                # the step's one copy
-    ids, positions = packed[0:1], packed[1:2]
-    if isinstance(root, torch.Tensor):
-        ids[0, 0] = root.reshape(()).to(device=device, dtype=torch.long)
-    if ancestors is None:
-        ancestors = unpack_closure(packed[2]).bool() if queries <= 64 else query_ancestors(
-            tree.parent_list, queries, device)
-        if len(_CLOSURES) >= 512:
-            _CLOSURES.clear()
-        _CLOSURES[key] = ancestors
-    return ids, positions, ancestors
-
-
-_CLOSURES: dict[tuple, torch.Tensor] = {}   # (parents, device) -> the queries' closure on the device: read, never write
+    return dict(row_inputs(model, prefix_len, tree, last_token, where or mask_device_dtype(model), linear=chain),
+                **cache_kwargs(model, cache))
 
 
 @torch.no_grad()
@@ -204,14 +120,6 @@ def verify_tree(
 #: ("kernels-community/...") read a 4D mask as padding, or ignore it; flex_attention turns it into a
 #: score_mod whose reads past the mask's padded blocks are unchecked (a CPU run aborted): refused too.
 TREE_ATTENTION = ("eager", "sdpa")
-
-
-def needs_tree_mask(tree: TokenTree) -> bool:
-    """Whether verifying ``tree`` needs the custom tree mask: ``False`` for a chain (node ``i``'s parent is
-    ``i - 1``; no nodes included), which plain causal attention at consecutive positions verifies on any
-    attention backend. Read from the tree's host structure (no device read)."""
-    parents = tree.parent_list if hasattr(tree, "parent_list") else tree.parents.tolist()
-    return any(p != i - 1 for i, p in enumerate(parents))
 
 
 def attention_backend(model: PreTrainedModel) -> str | None:

@@ -5,9 +5,10 @@
 
 1. **draft** -- the strategy's :class:`~hf_cascade.core.strategy.TreeDrafter` proposes a tree below
    the last verified token, pruned to what can still be emitted (:func:`~hf_cascade.core.stopping.prune_tree`).
-2. **verify** -- one target forward over ``[root, nodes]`` (:func:`~hf_cascade.core.forward.verify_tree`):
+2. **verify** -- one target forward over ``[root, nodes]`` (its inputs: :func:`~hf_cascade.core.attention.row_inputs`):
    a tree mask and branch positions for trees, plain causal attention for chains. The decoder
-   alone runs; the output head runs later on the rows acceptance reads (:mod:`hf_cascade.core.rows`).
+   alone runs; the output head runs later on the rows acceptance reads. The step returns what acceptance and the
+   update read, a :class:`~hf_cascade.core.rows.Verified` (:func:`~hf_cascade.core.rows.verified`).
 3. **accept** -- greedy, or exact speculative sampling (recursive rejection over siblings), on
    logits processed with each row's own prefix (:mod:`hf_cascade.core.accept`).
 4. **update** -- keep the accepted path's K/V, emit the tokens one by one where plain ``generate``
@@ -54,13 +55,13 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..compat import CACHE, cache_kwargs, given_cache
 from ..processors import split_processors
 from .accept import TreeAcceptance
-from .compiled import user_compiled, verify_call
-from .forward import check_attention_backend, keep_path, mask_device_dtype, needs_tree_mask, verify_tree
+from .compiled import open_slots, user_compiled, verify_call
+from .attention import row_inputs
+from .forward import check_attention_backend, keep_path, mask_device_dtype
 from .head_input import HeadInput, input_device, screen_heads
 from .phases import Row, accept_row, checked_head, draft_row, emit, keep_last
-from .rows import TreeRows
-from .static import bucket, static_inputs
-from .static_batch import open_slots
+from .rows import Verified, verified
+from .static import bucket
 from .stats import GenerationStats, PhaseTimer
 from .stopping import Stopper
 from .strategy import TreeDrafter, TreeStep
@@ -102,12 +103,12 @@ def speculative_decode(
                 tree, q = draft(run, state)
             started = time.perf_counter()
             with run.timer("verify"):
-                rows = verify(run, tree, drafter.linear)
+                checked = verify(run, tree, drafter.linear)
             with run.timer("accept"):
-                acceptance = accept(run, tree, rows, q)
+                acceptance = accept(run, tree, checked, q)
             run.verify_seconds = time.perf_counter() - started   # acceptance read the device: synchronised
             with run.timer("update"):
-                update(run, drafter, tree, rows, acceptance)
+                update(run, drafter, tree, checked, acceptance)
     return run.result()
 
 
@@ -130,8 +131,6 @@ def prefill(run: "_Run") -> None:
     if hidden is None or user_compiled(run.target):       # the user's compiled forward verifies: never bypassed
         return
     run.head = run.row_head = checked_head(run.target, hidden[-1:], logits[None])
-    if run.head is not None:
-        run.decoder = run.target.get_decoder()            # asked once per call, not per step
     row.last_hidden = hidden[-1]
 
 
@@ -148,62 +147,39 @@ def draft(run: "_Run", state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]
     return tree, q
 
 
-def verify(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
-    """One target forward over ``[root, nodes]``; the rows' logits are computed when acceptance reads them. A tree
-    of one path (no node included: the root alone) is verified as a chain, with plain causal attention, whatever the
-    drafter: a plain decoding step's inputs where the tree is empty. (Static caches keep the drafter's shape: their
-    compiled calls see one kind of input.)"""
-    row, L = run.row, run.row.length
-    if run.slots is not None:
-        return _verify_static(run, tree, linear)
-    linear = linear or not needs_tree_mask(tree)
-    if run.head is not None:
-        hidden = verify_tree(run.target, run.cache, L - 1, tree, row.tokens[-1], hidden_only=True, chain=linear,
-                             where=run.where, decoder=run.decoder)
-        rows = TreeRows(tree, row.seq, run.processors, hidden=hidden, head=run.row_head, block_rows=run.block_rows,
-                        argmax_head=run.screen)
-    else:
-        raw = verify_tree(run.target, run.cache, L - 1, tree, row.tokens[-1], chain=linear, where=run.where)
-        hidden = run.head_input.rows()
-        rows = TreeRows(tree, row.seq, run.processors, raw=raw)
-    run.hidden = hidden
-    return rows
+def verify(run: "_Run", tree: TokenTree, linear: bool) -> Verified:
+    """One target forward over ``[root, nodes]`` (:func:`~hf_cascade.core.attention.row_inputs`), returned as
+    :class:`~hf_cascade.core.rows.Verified`: the rows' logits are computed when acceptance reads them. A tree of one
+    path (no node included: the root alone) is verified as a chain, with plain causal attention, whatever the
+    drafter: a plain decoding step's inputs where the tree is empty. With a static cache the queries are written
+    after the verified prefix, padded to a bucket where the call compiles (:mod:`hf_cascade.core.static`), and keep
+    the drafter's shape (compiled calls see one kind of input)."""
+    row, slots, queries, columns = run.row, run.slots, tree.num_nodes + 1, None
+    if slots is not None:
+        queries = bucket(queries, slots.room()) if run.fixed_shapes else queries
+        columns = slots.columns(queries)                                           # the columns attention sees
+        slots.show(columns)
+    inputs = row_inputs(run.target, row.length - 1, tree, row.tokens[-1], run.where, queries, linear, columns)
+    full = run.head is None or run.full_forward                # the model's logits (a user's compiled forward)
+    out = (run.target if full else run.call)(**inputs, **cache_kwargs(run.target, run.cache))
+    if slots is not None:
+        slots.wrote(queries)
+    return verified(out, full, run.head_input.rows, [tree], [row.seq], [run.processors], copy=slots is not None,
+                    head=run.row_head, argmax_head=run.screen, block_rows=run.block_rows)
 
 
-def _verify_static(run: "_Run", tree: TokenTree, linear: bool) -> TreeRows:
-    """:func:`verify` with a static cache: the queries padded to a bucket, written after the verified prefix
-    (:func:`~hf_cascade.core.static.static_inputs`), through the compiled decoder where the call compiles
-    (:func:`~hf_cascade.core.compiled.verify_call`)."""
-    row, slots, n = run.row, run.slots, tree.num_nodes
-    queries = bucket(n + 1, slots.room()) if run.fixed_shapes else n + 1
-    width = slots.columns(queries)                                                # the columns attention sees
-    slots.show(width)
-    inputs = static_inputs(run.target, slots.length, tree, row.tokens[-1], queries, linear, width, run.device,
-                           run.where)
-    full = run.head is None or run.full_forward
-    call = run.target if run.head is None else run.call
-    out = call(**inputs, **cache_kwargs(run.target, slots.cache))
-    slots.wrote(queries)
-    if full:
-        hidden = run.head_input.rows()
-        run.hidden = hidden[: n + 1] if hidden is not None else None
-        return TreeRows(tree, row.seq, run.processors, raw=out.logits[0, : n + 1].clone())   # CUDA graphs reuse it
-    run.hidden = out.last_hidden_state[0, : n + 1].clone()     # a CUDA graph's output is overwritten by its next run
-    return TreeRows(tree, row.seq, run.processors, hidden=run.hidden, head=run.row_head, block_rows=run.block_rows,
-                    argmax_head=run.screen)
-
-
-def accept(run: "_Run", tree: TokenTree, rows: TreeRows, q: torch.Tensor | None) -> TreeAcceptance:
+def accept(run: "_Run", tree: TokenTree, checked: Verified, q: torch.Tensor | None) -> TreeAcceptance:
     """:func:`~hf_cascade.core.phases.accept_row`; sampling where every row is computed in one head call (an
     accelerator's session) reads the device twice (``batched``)."""
-    return accept_row(run.cfg.do_sample, tree, rows, q, batched=True if run.block_rows is None else None)
+    return accept_row(run.cfg.do_sample, tree, checked.rows[0], q, batched=True if run.block_rows is None else None)
 
 
-def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, rows: TreeRows, acceptance: TreeAcceptance) -> None:
+def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, checked: Verified, acceptance: TreeAcceptance) -> None:
     """Keep the accepted path, emit its tokens and the bonus token up to where plain decoding stops,
     record statistics, give the drafter its feedback."""
-    row, L = run.row, run.row.length
-    out = emit(row, tree, acceptance, rows, run.hidden, run.scores is not None, run.raw_logits is not None)
+    row, L, rows = run.row, run.row.length, checked.rows[0]
+    hidden = checked.hidden[0] if checked.hidden is not None else None
+    out = emit(row, tree, acceptance, rows, hidden, run.scores is not None, run.raw_logits is not None)
     if run.slots is not None:
         run.slots.keep(1 + len(out.path), out.path)
     else:
@@ -238,19 +214,17 @@ class _Run:
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = HeadInput(target)
         self.head = None                                   # the core's output head, once prefill validated it
-        self.decoder = None                                # the target's decoder, which verification runs with the head
         self.row_head = None                               # what computes rows: the head, or the backend's screen
         self.screen = None                                 # the backend's argmax screen, where it applies (greedy)
-        self.hidden: torch.Tensor | None = None            # the last verification's hidden states
         self.verify_seconds: float | None = None
         self.done = False
         self.device = device = input_device(target, input_ids)
         self.where = mask_device_dtype(target)             # the device and dtype of the target's inputs and masks
         self.slots = open_slots(target, cfg, given)        # a static cache's host bookkeeping (core/static.py)
         self.fixed_shapes = self.slots is not None and self.slots.fixed_shapes   # queries padded to buckets (compiled)
-        if self.slots is not None:
-            self.call, self.full_forward = verify_call(target, self.slots.cache, cfg)
         self.cache = self.slots.cache if self.slots is not None else DynamicCache()
+        # what verifies with the core's head: the decoder (eager or compiled), or the user's compiled forward
+        self.call, self.full_forward = verify_call(target, self.cache, cfg)
         self.row = Row(0, 0, input_ids[0].to(device), input_ids[0].tolist(), drafter, Stopper(cfg, stopping_criteria),
                        stats, self.processors)
 

@@ -12,15 +12,17 @@ row). A row is a :class:`Row` in both; at batch 1 it has no padding (``pad == 0`
 
 What still differs between the loops, and why (each loop's docstring has the details):
 
-* **verify** -- one row runs :func:`~hf_cascade.core.forward.verify_tree`: a chain with plain causal attention and
+* **verify** -- both return a :class:`~hf_cascade.core.rows.Verified` (:func:`~hf_cascade.core.rows.verified`, the one
+  place that reads hidden states or full logits). One row's inputs are
+  :func:`~hf_cascade.core.attention.row_inputs`: a chain with plain causal attention and
   no mask, a tree with a mask over the row's own columns; a batch needs per-row positions and one additive mask
   ``[B, 1, N, T + N]`` over padding and holes (:func:`~hf_cascade.core.attention.batch_tree_allowed`), a mask
   built and read by attention at every step, which one row does without.
 * **the cache** -- one row keeps its accepted path in place (:func:`~hf_cascade.core.forward.keep_path`) and its
   cache stays dense; a batch keeps each row's columns with holes, gathers, drops finished rows and compacts
   (:mod:`hf_cascade.core.batch_state`). Static caches: :class:`~hf_cascade.core.static.StaticSlots` at batch 1,
-  the same slots inside :class:`~hf_cascade.core.static_batch.StaticBatch` for a batch (both opened by
-  :func:`~hf_cascade.core.static_batch.open_slots`).
+  the same slots inside :class:`~hf_cascade.core.static.StaticBatch` for a batch (both opened by
+  :func:`~hf_cascade.core.compiled.open_slots`).
 * **who drafts** -- at batch 1 the drafter's own policy; in a batch the
   :class:`~hf_cascade.core.payoff.DraftGate` picks the rows that draft and how wide (rows ahead ride along).
 * **outputs** -- one row streams and returns its cache; a batch pads rows to the longest and computes the tail
@@ -28,8 +30,8 @@ What still differs between the loops, and why (each loop's docstring has the det
 
 So one row does not run yet as a batch of one: the batch's verification builds its positions and mask on the host at
 every step, and its cache update gathers columns, where a single dense row needs neither. The way to one loop is a
-batch whose verification and cache update, at one row without padding or holes, are batch 1's (:func:`verify_tree
-<hf_cascade.core.forward.verify_tree>`, :func:`keep_path <hf_cascade.core.forward.keep_path>`), and whose draft
+batch whose verification and cache update, at one row without padding or holes, are batch 1's (:func:`row_inputs
+<hf_cascade.core.attention.row_inputs>`, :func:`keep_path <hf_cascade.core.forward.keep_path>`), and whose draft
 gate (which takes plain steps to measure them) leaves a lone row's drafter to its own policy, as batch 1 does.
 """
 

@@ -35,7 +35,7 @@ of rows already implies in any batched forward).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from transformers import LogitsProcessorList
@@ -228,6 +228,41 @@ class TreeRows:
             tail = upload(torch.tensor(path[::-1], dtype=self.seq.dtype, device=HOST), self.seq.device)
             ids = torch.cat([self.seq, tail])
         return self.processors(ids[None], raw[None].clone())[0]
+
+
+class Verified(NamedTuple):
+    """What one verification returns to acceptance and the update (:func:`verified`)."""
+
+    rows: list[TreeRows]              #: each row's logits, computed where acceptance reads them
+    hidden: torch.Tensor | None       #: ``[B, N, H]`` the final hidden states (``None``: the forward showed none)
+    nodes: int                        #: ``N - 1``: the widest row's nodes (every row's block is padded to it)
+
+
+def verified(out, full: bool, head_rows: Callable, trees: list[TokenTree], seqs: list[torch.Tensor],
+             processors: list[LogitsProcessorList], copy: bool = False, head: HeadFn | None = None,
+             argmax_head=None, block_rows: int | None = None, heads=None, greedy: bool = True) -> Verified:
+    """A verification forward's output ``out`` as :class:`Verified`, for ``B = len(trees)`` rows of ``N`` queries (the
+    forward's first ``B`` rows and ``N`` queries; more are padding). ``full``: ``out`` is the model's (its logits, the
+    hidden states from ``head_rows()``, the output head's input seen at that forward), else the decoder's (its final
+    hidden states; each row's logits computed by ``head`` when read, ``argmax_head`` and ``block_rows`` as
+    :class:`TreeRows`' and, with ``heads``, every row's first block in one call: :func:`first_blocks`). ``copy``: the
+    forward's output is copied (a CUDA graph overwrites it at its next run)."""
+    B, N = len(trees), max(tree.num_nodes for tree in trees) + 1
+    if full:
+        logits = out.logits[:B, :N]
+        logits = logits.clone() if copy else logits
+        hidden = head_rows()
+        hidden = hidden.reshape(*out.logits.shape[:2], -1)[:B, :N] if hidden is not None else None
+        rows = [TreeRows(tree, seq, p, raw=logits[b, : tree.num_nodes + 1])
+                for b, (tree, seq, p) in enumerate(zip(trees, seqs, processors))]
+        return Verified(rows, hidden, N - 1)
+    hidden = out.last_hidden_state[:B, :N]
+    hidden = hidden.clone() if copy else hidden
+    rows = [TreeRows(tree, seq, p, hidden=hidden[b, : tree.num_nodes + 1], head=head, block_rows=block_rows,
+                     argmax_head=argmax_head) for b, (tree, seq, p) in enumerate(zip(trees, seqs, processors))]
+    if heads is not None:
+        first_blocks(rows, hidden, heads, greedy)
+    return Verified(rows, hidden, N - 1)
 
 
 def first_blocks(rows: list[TreeRows], hidden: torch.Tensor, heads, greedy: bool = True) -> None:

@@ -10,7 +10,8 @@ without moving anything. The core keeps the length on the host (:class:`StaticSl
   causal mask (padding queries come after every real one: no real query sees them, and they are never accepted).
   Under an attention backend that applies no mask of the core's (flash attention), the layers show attention the
   prefix and the queries only, compiled too (:attr:`StaticSlots.sliced`): flash aligns its causal mask to the last key.
-  A tree passes its mask over all ``C`` columns (:func:`static_tree_mask`), each padding query attending to itself.
+  A tree passes its mask over all ``C`` columns (:func:`~hf_cascade.core.attention.row_inputs`), each padding query
+  attending to itself.
   A fixed set of query shapes is what lets a compiled verification run without recompiling (:mod:`.compiled`).
 * **keep** -- a chain's accepted prefix is already in place; a tree's path is copied into the columns after the
   root (one ``index_copy_`` per layer on the device; the index is built on the host from acceptance's host path,
@@ -21,6 +22,23 @@ cannot roll back once past it; a tree also needs, for its deeper nodes, keys the
 holds. The core's static cache therefore has full layers only: sliding layers are replaced by full layers of the
 same capacity and the window is applied by the mask, as with dynamic caches (:mod:`.forward`). The arithmetic is
 the same attention over the same keys; plain ``generate`` computes it over a rolling buffer instead.
+
+A batch (:class:`StaticBatch`): ``B`` rows of the same buffers, each row keeping its own columns with holes, as a
+dynamic batch cache does (:mod:`hf_cascade.core.batch_state`); the layers' shared counter is the host's
+:attr:`StaticSlots.length`.
+
+* **verify** -- the step's rectangular ``[B, N]`` block is written at the counter (columns ``T .. T + N - 1``).
+  Eager, attention sees those ``T + N`` columns of the rows still running, nothing padded. Compiled (or a user's
+  compiled forward), the block is padded to a query bucket and to the call's ``B`` rows (the rows that finished are
+  padding: queries that attend to themselves only), and the mask spans the whole capacity: the shapes are those of
+  the first steps, so nothing recompiles after warm-up.
+* **keep** -- each row's kept columns are gathered to the block's front in place (the same buffers: a compiled graph
+  or a CUDA graph holds them), then the counter goes back to ``T + M`` (``crop``: host arithmetic, no read).
+* **drop** -- the batch dimension is fixed: the rows still running are moved, in place, to the first rows (a copy of
+  their used columns when a row before them finished, as the dynamic cache's ``index_select`` copies every row);
+  eager forwards then run those rows only, compiled ones keep ``B`` rows.
+* **compact** -- as with a dynamic cache, each row's columns gathered right-aligned in place and the counter reset;
+  also when the next block would not fit the capacity, after which drafts are cut to the room.
 """
 
 from __future__ import annotations
@@ -31,9 +49,7 @@ import torch
 from transformers import Cache
 
 from .. import placement
-from .attention import query_tree_mask, tree_queries
-from .forward import mask_device_dtype, per_layer_type, verifies_trees
-from .structure import TokenTree
+from .forward import verifies_trees
 
 try:                                                     # transformers >= 5: static layers roll back (crop)
     from transformers.cache_utils import StaticLayer
@@ -237,24 +253,82 @@ class StaticView:
         return self._length
 
 
-def static_inputs(model, prefix_len: int, tree: TokenTree, root: int, queries: int, chain: bool, capacity: int,
-                  device: torch.device, where: tuple[torch.device, torch.dtype] | None = None) -> dict:
-    """``input_ids``, ``position_ids`` and (trees) ``attention_mask`` for verifying ``[root, tree]`` padded to
-    ``queries`` rows, written at columns ``prefix_len ..`` of a static cache whose first ``capacity`` columns
-    attention sees (all of them when compiled; eager, the prefix and the queries). ``where``: the mask's device and
-    dtype (:func:`~hf_cascade.core.forward.mask_device_dtype`), when the caller keeps them."""
-    if chain:
-        tokens = [root, *tree.token_list] + [root] * (queries - tree.num_nodes - 1)     # host ints: no read
-        ids = torch.tensor([tokens], dtype=torch.long, device=device)
-        positions = torch.arange(prefix_len, prefix_len + queries, dtype=torch.long, device=device)[None]
-        return dict(input_ids=ids, position_ids=positions)
-    ids, positions, ancestors = tree_queries(prefix_len, root, tree, queries, device)  # from the host structure
-    dtype = (where or mask_device_dtype(model))[1]
-    real = tree.num_nodes + 1
-    mask = per_layer_type(model, lambda window: query_tree_mask(prefix_len, real, positions, ancestors, capacity,
-                                                                 dtype, window))
-    return dict(input_ids=ids, position_ids=positions, attention_mask=mask)
+class StaticBatch:
+    """The static cache of a batch of ``batch`` rows, in ``slots`` (:func:`~hf_cascade.core.compiled.open_slots`);
+    ``length`` is the columns in use (``T``)."""
+
+    def __init__(self, slots: StaticSlots, batch: int):
+        self.slots, self.fixed_shapes = slots, slots.fixed_shapes
+        self.cache, self.capacity, self.batch = slots.cache, slots.capacity, batch
+        self.live = batch                          # rows still running: the buffers' first rows
+        self.width = 0                             # the columns the next forward's attention sees
+
+    @property
+    def length(self) -> int:
+        return self.slots.length
+
+    def room(self) -> int:
+        return self.slots.room()
+
+    def shape(self, rows: int, queries: int) -> tuple[int, int]:
+        """``(rows, queries)`` of the forward verifying ``rows`` running rows' ``queries``: compiled, the call's
+        ``B`` rows and a query bucket; eager, as given."""
+        if self.fixed_shapes:
+            return self.batch, bucket(queries, self.room())
+        return rows, queries
+
+    def show(self, rows: int, queries: int) -> int:
+        """Before a forward of ``queries`` columns over the first ``rows`` rows: the columns its attention sees
+        (:meth:`~hf_cascade.core.static.StaticSlots.columns`: the capacity, or where the layers are sliced the columns in
+        use and the queries), returned as the mask's width."""
+        self.width = self.slots.columns(queries)
+        self.slots.show(self.width, rows if rows < self.batch else None)
+        return self.width
+
+    def wrote(self, queries: int) -> None:
+        """A forward wrote ``queries`` columns at the counter."""
+        self.slots.wrote(queries)
+
+    def prefilled(self, columns: int) -> None:
+        self.slots.length = self.slots.written = columns
+
+    def cut(self, length: int) -> None:
+        """``length`` columns in use from now on: the counter goes back to it (from what the last forward, or the
+        columns in use, left it at)."""
+        top = max(self.slots.written, self.slots.length)
+        if top > length:
+            self.cache.crop(-(top - length))
+        self.slots.length = self.slots.written = length
+
+    def _buffers(self):
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                yield layer.keys
+                yield layer.values
+
+    def gather(self, index: list[list[int]], start: int) -> None:
+        """Running row ``b`` keeps, at columns ``start ..``, its columns ``start + index[b]``: gathered, then written
+        back into the same buffers."""
+        rows, width = len(index), len(index[0])
+        host = torch.tensor(index, dtype=torch.long) + start
+        for kv in self._buffers():
+            live = kv[:rows]
+            idx = host.to(kv.device)[:, None, :, None].expand(rows, kv.shape[1], width, kv.shape[3])
+            live[:, :, start:start + width].copy_(live.gather(2, idx))
+
+    def keep_rows(self, stay: list[int]) -> None:
+        """Only the running rows ``stay`` (indices among the running rows) go on: moved to the first rows."""
+        n, T = len(stay), self.length
+        if stay != list(range(n)) and T:
+            index = torch.tensor(stay, dtype=torch.long)
+            for kv in self._buffers():
+                kv[:n, :, :T].copy_(kv[:, :, :T].index_select(0, index.to(kv.device)))
+        self.live = n
+
+    def release(self) -> None:
+        """Handed back (a user's cache): a plain static cache again."""
+        self.slots.show(None)
 
 
-__all__ = ["QUERY_BUCKETS", "StaticSlots", "StaticView", "bucket", "call_capacity", "is_static", "kept_capacity",
-           "static_inputs", "static_rollback_supported"]
+__all__ = ["QUERY_BUCKETS", "StaticBatch", "StaticSlots", "StaticView", "bucket", "call_capacity", "is_static",
+           "kept_capacity", "static_rollback_supported"]
