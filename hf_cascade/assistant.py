@@ -5,7 +5,9 @@ call the hook (:mod:`hf_cascade.hook`) calls :meth:`Assistant.decode` in place o
 ``_assisted_decoding``: it checks the inputs, binds the drafters to the target (device, dtype),
 builds a fresh drafter (no state survives the call), engages the verification backend the switch
 asks for (:mod:`hf_cascade.backends`) and runs the decoding core
-(:func:`~hf_cascade.core.loop.speculative_decode`). The call's statistics are :attr:`last_stats`.
+(:func:`~hf_cascade.core.loop.speculative_decode`). The call's statistics are :attr:`last_stats`. The one
+state kept across calls is the assistant's answer memory (``Policy(memory=...)``, :attr:`Assistant.memory`): the
+emitted tokens of each finished call, added after it (:meth:`Assistant.remember`).
 
 * :class:`TreeAssistant`: strategies whose drafts are token trees (GLIDE+CAPE, ReDrafter, Max-Gram
   trees) implement :meth:`TreeAssistant.new_drafter`.
@@ -17,6 +19,9 @@ asks for (:mod:`hf_cascade.backends`) and runs the decoding core
 
 from __future__ import annotations
 
+import threading
+
+import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from .backends import verification_session
@@ -27,8 +32,12 @@ from .core.compiled import call_compiles
 from .core.forward import check_attention_backend
 from .core.loop import speculative_decode
 from .core.stats import BatchStats, GenerationStats, synchronized_phases
+from .core.stopping import stop_token_ids
 from .core.strategy import TreeDrafter
+from .drafters.memory import AnswerMemory
 from .processors import row_processors
+
+_MEMORY_LOCK = threading.Lock()          # an assistant's memory is made once, whichever thread asks first
 
 
 class Assistant:
@@ -49,6 +58,36 @@ class Assistant:
     last_stats: GenerationStats | None = None
     cpu_kernels: bool | None = None
     trees: bool = True           # drafts may branch (lossy target rules need linear drafts)
+    _memory: AnswerMemory | None = None
+
+    @property
+    def memory(self) -> AnswerMemory | None:
+        """The target's answers of this assistant's earlier calls (``Policy(memory=N)``: at most ``N`` tokens),
+        ``None`` without memory. Its own: two assistants share nothing."""
+        limit = getattr(getattr(self, "policy", None), "memory", 0)
+        if not limit:
+            return None
+        with _MEMORY_LOCK:
+            if self._memory is None or self._memory.max_tokens != limit:
+                self._memory = AnswerMemory(limit)
+            return self._memory
+
+    def forget(self) -> None:
+        """Forget the answers of earlier calls (nothing to forget without memory)."""
+        if self._memory is not None:
+            self._memory.forget()
+
+    def remember(self, input_ids: torch.Tensor, output, generation_config: GenerationConfig) -> None:
+        """After a call: each row's emitted tokens (``output``'s sequences after the prompt's ``input_ids``, up to
+        and including the first stop token: the padding of a finished row is not an answer) join the memory."""
+        memory = self.memory
+        if memory is None:
+            return
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        stop, _ = stop_token_ids(generation_config)
+        for row in sequences[:, input_ids.shape[1]:].tolist():
+            end = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
+            memory.add(row[:end])
 
     @property
     def block_kind(self) -> str:
@@ -96,8 +135,10 @@ class Assistant:
     ):
         """Called by the hook in place of transformers' ``_assisted_decoding`` (same inputs, same outputs)."""
         with synchronized_phases(self.sync_phases):
-            return self._decode(target, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-                                synced_gpus, model_kwargs, target_tokenizer)
+            output = self._decode(target, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                                  synced_gpus, model_kwargs, target_tokenizer)
+        self.remember(input_ids, output, generation_config)
+        return output
 
     @property
     def sync_phases(self) -> bool:

@@ -154,7 +154,9 @@ def _candidate_generator_wrapper(assistant, a, original, args, kwargs):
 def _session_wrapper(assistant, a, original, args, kwargs):
     if getattr(assistant, "loop", "core") == "transformers":
         with assistant.target_session(a["self"]):
-            return original(*args, **kwargs)
+            output = original(*args, **kwargs)
+        assistant.remember(a["input_ids"], output, a["generation_config"])
+        return output
     return assistant.decode(
         target=a["self"],
         input_ids=a["input_ids"],

@@ -109,6 +109,12 @@ class Policy(Options):
             proposes nothing, the cascade sends Max-Gram's match to the target first and lets its smallest neural
             drafter continue it (its drafters do not review it), Token Recycling seeds its tree with the repeats'
             continuations. ``False``: the model's drafts alone, as in the papers.
+        memory: how many tokens of the target's answers of earlier calls the assistant remembers and drafts from
+            (:class:`~hf_cascade.drafters.memory.AnswerMemory`: the emitted tokens of each finished call, the oldest
+            answers evicted beyond this many tokens; ``assistant.forget()`` empties it): Max-Gram (the cascade's,
+            HSDDW's lookup) continues a match found there when it is longer than the sequence's own and its
+            measured acceptance is no lower. Lossless (a draft source like any other); an output never depends on
+            it, only its speed. Each assistant keeps its own. ``0`` (default): no memory.
         sync_phases: the phase timings of ``last_stats.phase_seconds`` wait for the target's accelerators at each
             phase's edges, so that each phase is charged its own device work (about eight synchronisations per step;
             :class:`~hf_cascade.core.stats.PhaseTimer`). ``False`` (default): no phase waits; the timings that decide
@@ -119,12 +125,15 @@ class Policy(Options):
     cost_aware: bool = True
     verify_cost: VerifyCost | None = None
     lookup: bool = True
+    memory: int = 0
     sync_phases: bool = False
 
     def __post_init__(self) -> None:
         if self.verify_cost is not None and not isinstance(self.verify_cost, VerifyCost):
             raise TypeError(f"Policy.verify_cost must be a hf_cascade.VerifyCost or None (measured when the assistant "
                             f"binds), got {type(self.verify_cost).__name__}")
+        if isinstance(self.memory, bool) or not isinstance(self.memory, int) or self.memory < 0:
+            raise ValueError(f"Policy.memory is a number of tokens >= 0 (0: no memory), got {self.memory!r}")
         self._normalize(cost_aware=bool, lookup=bool, sync_phases=bool)
 
     @classmethod

@@ -107,6 +107,7 @@ class CascadeAssistant(LinearAssistant):
         return CascadeCandidateGenerator(
             target, generation_config, logits_processor, stats, self.drafters, self.k_matrix, s.lenience,
             s.maxgram_lenience, s.min_confidence, self.policy.lookup, s.keep_unsure, DraftPolicy.of(self.policy),
+            self.memory,
         )
 
     def __repr__(self) -> str:

@@ -23,11 +23,13 @@ import torch
 from ..candidate import Draft, SpeculativeCandidateGenerator
 from ..core.payoff import AdaptiveLookahead, DraftPolicy, ExpectedGainRule
 from ..drafters.maxgram import MaxGram
+from ..drafters.memory import MEMORY_BUCKETS, AnswerMemory
 from ..drafters.neural import NeuralLevel, model_name
 from ..core.stats import LevelStats
 from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
 
 TARGET = -1  # reviewer index of the target model
+MEMORY_BUCKET_SET = frozenset(MEMORY_BUCKETS.values())
 
 
 @dataclass
@@ -90,7 +92,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     def __init__(self, target, generation_config, logits_processor, stats, drafters, k_matrix, lenience: float,
                  maxgram_lenience: float = 1.0, min_confidence: float = 0.0, maxgram_first: bool = False,
-                 keep_unsure: bool = True, policy: DraftPolicy | None = None):
+                 keep_unsure: bool = True, policy: DraftPolicy | None = None, memory: AnswerMemory | None = None):
         super().__init__(target, generation_config, logits_processor, stats)
         self.k = k_matrix
         self.lenience = float(lenience)
@@ -111,6 +113,11 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         ]
         self._policies: dict[tuple[int, int], AdaptiveLookahead] = {}
         self._pending: _Drafted | None = None
+        self.memory = memory                 # the assistant's answers of earlier calls, Max-Gram's other source
+        self.recalled: LevelStats | None = None     # the target's verdicts on memory drafts (a level after the drafters)
+        if memory is not None:
+            self.recalled = LevelStats("memory")
+            stats.levels.append(self.recalled)
 
     # -- draft ---------------------------------------------------------------------------------
     def neural_levels(self) -> list[NeuralLevel]:
@@ -197,7 +204,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
                         tokens: list[int] | None = None) -> None:
         mg: MaxGram = self.levels[j]
         policy = self._policy(j, reviewer)
-        prop = mg.propose(cur, room, policy, offset=len(out), tokens=tokens)
+        prop = mg.propose(cur, room, policy, offset=len(out), tokens=tokens, memory=self.memory)
         u = prop.tokens.shape[0]
         if u == 0:
             return
@@ -239,6 +246,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         if self._pending is not None:
             self._pending = self._pending.first(num_proposed)      # the target verified a prefix (a batch cuts drafts)
             self._feedback_segments(self._pending.segments, num_accepted)
+            self._record_recalled(self._pending.segments, num_accepted)
             self._calibrate(self._pending, num_proposed, num_accepted)
             self.policy.observe_verdict(self._pending.origin[:num_accepted].count(self.bottom), num_accepted + 1,
                                         verify_seconds)
@@ -269,6 +277,14 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         for seg in segments:
             if n >= seg.start:  # the segment was reached by the review
                 seg.policy.observe(seg.bucket, seg.length, min(n - seg.start, seg.length))
+
+    def _record_recalled(self, segments: list[_Segment], n: int) -> None:
+        """The target accepted ``n`` tokens of a draft: count its memory segments (:attr:`recalled`)."""
+        for seg in segments if self.recalled is not None else ():
+            if seg.bucket in MEMORY_BUCKET_SET and n >= seg.start:          # reached by the target
+                self.recalled.proposals += 1
+                self.recalled.tokens_proposed += seg.length
+                self.recalled.tokens_accepted += max(0, min(n - seg.start, seg.length))
 
     def _record_acceptance(self, d: _Drafted, n: int) -> None:
         if len(d) == 0:

@@ -6,7 +6,9 @@ occurred before, it falls back to a bigram table (the paper's is fitted on Wikip
 fitted by :meth:`BigramTable.fit` on any token sequences, e.g. the target's own outputs, and is
 optional). With a :class:`~hf_cascade.drafters.corpus.CorpusNGrams` (``corpus=``), a suffix that matched
 fewer than ``corpus_below`` tokens of the sequence may be continued from the target's distilled outputs
-instead (retrieval-based drafting, REST-style; see that module).
+instead (retrieval-based drafting, REST-style; see that module). With an assistant's
+:class:`~hf_cascade.drafters.memory.AnswerMemory` (``Policy(memory=...)``), a longer match in the target's answers of
+earlier calls may be continued from there instead (see that module).
 
 Deviations from the paper, and why:
 * the match search extends only the earlier occurrences of the last token, most recent first (the
@@ -30,6 +32,7 @@ import torch
 from ..core.payoff import AdaptiveLookahead, CostModel
 from ..placement import HOST, upload
 from .corpus import CORPUS_PRIORS, CorpusNGrams
+from .memory import MEMORY_PRIORS, AnswerMemory, memory_bucket
 
 BIGRAM_BUCKET = 0
 
@@ -146,7 +149,7 @@ class BigramTable:
 @dataclass
 class MaxGramProposal:
     tokens: torch.Tensor  # [k]
-    bucket: int           # evidence bucket: the match length (capped), BIGRAM_BUCKET, or a CORPUS_BUCKETS value
+    bucket: int           # evidence bucket: the match length (capped), BIGRAM_BUCKET, a CORPUS_BUCKETS or MEMORY_BUCKETS value
     host: list[int] | None = None   # ``tokens`` as host ints (Max-Gram drafts on the host: always given by it)
 
 
@@ -194,9 +197,10 @@ class MaxGram:
 
     def priors(self) -> dict[int, float]:
         """The prior acceptance per evidence bucket its length rule starts from (the corpus's buckets too, where
-        it has one; the user's ``bucket_priors`` win); the rule itself is the call's
+        it has one, and an answer memory's; the user's ``bucket_priors`` win); the rule itself is the call's
         (:meth:`hf_cascade.core.payoff.DraftPolicy.lookahead`)."""
-        return {**CORPUS_PRIORS, **self.bucket_priors} if self.corpus is not None else dict(self.bucket_priors)
+        corpus = CORPUS_PRIORS if self.corpus is not None else {}
+        return {**MEMORY_PRIORS, **corpus, **self.bucket_priors}
 
     def candidates(self, seq: torch.Tensor) -> MaxGramProposal:
         """What the sequence itself (or the bigram table) offers after ``seq`` (``[L]``), before choosing a
@@ -206,24 +210,35 @@ class MaxGram:
 
     def _host_candidates(self, tokens: list[int]) -> tuple[list[int], int]:
         """What :meth:`candidates` offers after ``tokens``, as host ints, and its evidence bucket."""
+        host, bucket, _ = self._sequence_candidates(tokens)
+        return host, bucket
+
+    def _sequence_candidates(self, tokens: list[int]) -> tuple[list[int], int, int]:
+        """:meth:`_host_candidates` and the match length it continues (0: the bigram table's, or nothing)."""
         m, end = suffix_match(tokens, self.max_ngram)
         if m > 0:
-            return follow(tokens, end, self.max_tokens), min(m, 6)
+            return follow(tokens, end, self.max_tokens), min(m, 6), m
         if self.bigram is not None and tokens:
-            return self.bigram.chain(tokens[-1], self.max_tokens).tolist(), BIGRAM_BUCKET   # a host table
-        return [], BIGRAM_BUCKET
+            return self.bigram.chain(tokens[-1], self.max_tokens).tolist(), BIGRAM_BUCKET, 0   # a host table
+        return [], BIGRAM_BUCKET, 0
 
     def propose(self, seq: torch.Tensor, limit: int, policy: AdaptiveLookahead, offset: int = 0,
-                tokens: list[int] | None = None) -> MaxGramProposal:
+                tokens: list[int] | None = None, memory: AnswerMemory | None = None) -> MaxGramProposal:
         """Propose at most ``limit`` tokens after ``seq`` (``[L]``), as many as ``policy`` finds worth
         it; ``offset`` tokens from other drafters precede them in the same review. With a corpus, a
         sequence match shorter than ``corpus_below`` gives way to the corpus's chain when the
-        corpus bucket's estimated acceptance is higher (or the sequence offers nothing). ``tokens``: ``seq``
+        corpus bucket's estimated acceptance is higher (or the sequence offers nothing). With a ``memory`` (the
+        assistant's answers of earlier calls), a match there longer than the sequence's gives way to what followed
+        it when the memory bucket's estimated acceptance is at least the sequence's. ``tokens``: ``seq``
         as host ints when the caller keeps them (the decoding core does): no device read; else ``seq`` is
         read once."""
         if tokens is None:
             tokens = seq.tolist()                               # once per draft: the sequence as a list
-        host, bucket = self._host_candidates(tokens)
+        host, bucket, m = self._sequence_candidates(tokens)
+        if memory is not None:
+            recalled, m_memory = memory.recall(tokens, self.max_ngram, self.max_tokens)
+            if m_memory > m and policy.acceptance(memory_bucket(m_memory)) >= policy.acceptance(bucket):
+                host, bucket = recalled, memory_bucket(m_memory)
         if self.corpus is not None and bucket < self.corpus_below:
             first = self.corpus.match(tokens)                  # decide on the first token before chaining
             if first is not None and first.confidence >= self.corpus_min_confidence and (
