@@ -113,7 +113,8 @@ class Policy(Options):
             (:class:`~hf_cascade.drafters.memory.AnswerMemory`: the emitted tokens of each finished call, the oldest
             answers evicted beyond this many tokens; ``assistant.forget()`` empties it): Max-Gram (the cascade's,
             HSDDW's lookup) continues a match found there when it is longer than the sequence's own and its
-            measured acceptance is no lower. Lossless (a draft source like any other); an output never depends on
+            measured acceptance is no lower; GLIDE's and ReDrafter's lookup branch (with ``lookup``) seeds its
+            continuations there when that match is longer. Lossless (a draft source like any other); an output never depends on
             it, only its speed. Each assistant keeps its own. ``0`` (default): no memory.
         sync_phases: the phase timings of ``last_stats.phase_seconds`` wait for the target's accelerators at each
             phase's edges, so that each phase is charged its own device work (about eight synchronisations per step;

@@ -11,7 +11,7 @@ import torch
 
 from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, DynamicWindowSettings,
                         GlideAssistant,
-                        GlideSettings, MaxGram, ReDrafterAssistant, ReDrafterSettings)
+                        GlideSettings, MaxGram, Policy, ReDrafterAssistant, ReDrafterSettings)
 from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 from hf_cascade.recycling import RecyclingAssistant
 from tests import tiny_models as tm
@@ -64,6 +64,9 @@ REGISTRY: dict[str, Callable[[Kit], object]] = {
     "glide": lambda k: GlideAssistant(k.glide, settings=GlideSettings.chain()),
     "glide_cape": lambda k: GlideAssistant(k.glide),
     "redrafter": lambda k: ReDrafterAssistant(k.head, settings=ReDrafterSettings(beam_width=4, beam_length=4)),
+    # with a memory of the earlier calls' answers (its state between calls, by design: drafts only, so outputs
+    # still equal a fresh assistant's; the statistics do not: STATEFUL)
+    "maxgram_memory": lambda k: CascadeAssistant([MaxGram()], policy=Policy(memory=10_000)),
     "maxgram_tree": lambda k: MaxGramTreeAssistant(),
     "recycling": lambda k: RecyclingAssistant(),
     # without the global tree of earlier calls' outputs (its only state between calls, by design: the contract's
@@ -72,7 +75,11 @@ REGISTRY: dict[str, Callable[[Kit], object]] = {
     "suffix_tree": suffix_decoding(max_cached_requests=0, use_tree_spec=True, max_spec_factor=2.0),
 }
 #: the entries whose drafts are one path (transformers ``CandidateGenerator`` s: they also run in its own loop)
-LINEAR = ["maxgram", "drafter+maxgram", "lenience3", "maxgram_first_cost_aware", "hsddw", "suffix"]
+LINEAR = ["maxgram", "maxgram_memory", "drafter+maxgram", "lenience3", "maxgram_first_cost_aware", "hsddw", "suffix"]
+
+#: entries that keep state between calls on purpose (the answer memory): a reused one gives a fresh one's outputs, not
+#: its statistics
+STATEFUL = ["maxgram_memory"]
 
 #: entries drafting with a model (drafter or head): the placement rules apply to them
 WITH_MODELS = ["drafter+maxgram", "lenience3", "maxgram_first_cost_aware", "hsddw", "glide", "glide_cape", "redrafter"]

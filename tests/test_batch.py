@@ -41,7 +41,7 @@ from hf_cascade.core.payoff import VerifyCost
 from hf_cascade.core.payoff import CostModel
 from hf_cascade.core.stats import BatchStats
 from tests import tiny_models as tm
-from tests.contract_registry import REGISTRY, SETTINGS, base_kit, fresh_kit, input_device, setting_target
+from tests.contract_registry import REGISTRY, SETTINGS, STATEFUL, base_kit, fresh_kit, input_device, setting_target
 from tests.test_contract import assert_no_state_leak as contract_no_state_leak
 from tests.test_contract import ASCENDING, REPETITIVE, FakeClock, _eos_inside_drafts
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
@@ -295,9 +295,10 @@ def test_compaction_keeps_parity(open_gate):
 
 # -- (3) no state leak ----------------------------------------------------------------------------------------
 
-def assert_no_state_leak(target, make_assistant, first, second, do_sample: bool, new: int = 10) -> None:
+def assert_no_state_leak(target, make_assistant, first, second, do_sample: bool, new: int = 10,
+                         stateful: bool = False) -> None:
     """The contract's check (:func:`tests.test_contract.assert_no_state_leak`), batches as ``(ids, mask)``."""
-    contract_no_state_leak(target, make_assistant, first, second, do_sample, new)
+    contract_no_state_leak(target, make_assistant, first, second, do_sample, new, stateful)
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
@@ -307,13 +308,17 @@ def test_no_state_leak(name, monkeypatch, open_gate):
     gemma = base_kit("gemma3").target
     kit = fresh_kit("gemma3", gemma)
     batch, single = left_pad(ROWS), (ASCENDING, None)
-    assert_no_state_leak(gemma, lambda: registry_assistant(name, kit), batch, single, do_sample=False)
-    assert_no_state_leak(gemma, lambda: registry_assistant(name, kit), single, batch, do_sample=False)
+    assert_no_state_leak(gemma, lambda: registry_assistant(name, kit), batch, single, do_sample=False,
+                         stateful=name in STATEFUL)
+    assert_no_state_leak(gemma, lambda: registry_assistant(name, kit), single, batch, do_sample=False,
+                         stateful=name in STATEFUL)
     small = base_kit("small").target
     kit = fresh_kit("small", small)
     batch, single = left_pad([[1, 5, 6, 5, 6, 5], [1, 9, 12], [7]]), (ids(1, 9, 12), None)
-    assert_no_state_leak(small, lambda: registry_assistant(name, kit), single, batch, do_sample=True)
-    assert_no_state_leak(small, lambda: registry_assistant(name, kit), batch, single, do_sample=True)
+    assert_no_state_leak(small, lambda: registry_assistant(name, kit), single, batch, do_sample=True,
+                         stateful=name in STATEFUL)
+    assert_no_state_leak(small, lambda: registry_assistant(name, kit), batch, single, do_sample=True,
+                         stateful=name in STATEFUL)
 
 
 # -- (7) pipeline ----------------------------------------------------------------------------------------------

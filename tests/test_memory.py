@@ -12,11 +12,13 @@ import threading
 import pytest
 import torch
 
-from hf_cascade import CascadeAssistant, MaxGram
+from hf_cascade import (CascadeAssistant, DynamicWindowAssistant, DynamicWindowSettings, GlideAssistant, MaxGram,
+                        ReDrafterAssistant, ReDrafterSettings)
 from hf_cascade.core.payoff import DraftPolicy
 from hf_cascade.drafters.memory import AnswerMemory, memory_bucket
 from hf_cascade.options import Policy
 from tests import tiny_models as tm
+from tests.contract_registry import base_kit, fresh_kit
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 
@@ -123,6 +125,33 @@ def test_greedy_identical_with_and_without_memory(target, prompts):
     assert 0 < accepted < proposed                       # memory drafts reached the target, some rejected
     assert calls["with"] < calls["without"]
     assert [lv.name for lv in without.last_stats.levels] == ["maxgram"] and without.memory is None
+
+
+LOOKUP_USERS = {
+    "glide": lambda kit, policy: GlideAssistant(kit.glide, policy=policy),
+    "redrafter": lambda kit, policy: ReDrafterAssistant(kit.head, settings=ReDrafterSettings(beam_width=4,
+                                                                                              beam_length=4),
+                                                        policy=policy),
+    "hsddw": lambda kit, policy: DynamicWindowAssistant(
+        kit.drafter, kit.big, policy=policy, settings=DynamicWindowSettings(max_window=4, tau_init=2.0, tau2_init=2.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(LOOKUP_USERS))
+def test_lookup_users_draft_from_memory_losslessly(name, prompts):
+    """GLIDE's and ReDrafter's lookup branch and HSDDW's Max-Gram lookup draft from the memory too: outputs equal
+    plain ``generate``'s, fewer target calls than without memory."""
+    kit = fresh_kit("gemma3", base_kit("gemma3").target)
+    target = kit.target
+    with_memory, without = LOOKUP_USERS[name](kit, Policy(memory=5000)), LOOKUP_USERS[name](kit, Policy())
+    calls = {"with": 0, "without": 0}
+    for prompt in prompts[:4] + prompts[:4]:
+        plain = target.generate(prompt, max_new_tokens=NEW, do_sample=False).tolist()
+        for key, assistant in (("with", with_memory), ("without", without)):
+            assert target.generate(prompt, max_new_tokens=NEW, do_sample=False, assistant_model=assistant).tolist() \
+                == plain, key
+            calls[key] += assistant.last_stats.target_calls
+    assert calls["with"] < calls["without"], calls
 
 
 def test_batch_rows_are_remembered_without_padding(target):

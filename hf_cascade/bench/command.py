@@ -25,6 +25,10 @@ plain-compiled on an accelerator (:func:`~hf_cascade.bench.config.default_baseli
 ``Policy(sync_phases=True)`` asks of one assistant): each phase charged its own device work, at the price of the
 synchronisations; by default no phase timer synchronises.
 
+``--workload agent`` runs :mod:`~hf_cascade.bench.agent` instead (Max-Gram with vs without the answer memory on
+separate calls that repeat earlier answers' material, paired; ``--per-category``, ``--max-new-tokens``,
+``--agent-steps``, ``--memory``).
+
 ``--overhead`` runs :mod:`~hf_cascade.bench.overhead` instead (host milliseconds and device reads per target call on
 the tiny target, every strategy, ``--prompts N --new-tokens N``; ``--compiled-strategies`` adds every strategy compiled
 with a static cache, against compiled plain generate); the other arguments do not apply to it.
@@ -110,6 +114,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
                    help="plain: the completion template (default); chat: each question as a user turn through the "
                         "target tokenizer's chat template, as pipeline() prompts an instruct model")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    p.add_argument("--workload", choices=("prompts", "agent"), default="prompts",
+                   help="agent: Max-Gram with vs without the answer memory on separate calls that repeat earlier "
+                        "answers' material (hf_cascade.bench.agent); default: the Spec-Bench prompts")
+    p.add_argument("--agent-steps", type=int, default=3, metavar="N", help="--workload agent: calls per question")
+    p.add_argument("--memory", type=int, default=100_000, metavar="TOKENS",
+                   help="--workload agent: the memory's size limit (Policy(memory=...))")
     p.add_argument("--sampling", action="store_true", help="do_sample=True with --temperature (default: greedy)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     p.add_argument("--seed", type=int, default=0, help="random seed (reset per prompt and method)")
@@ -273,6 +283,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
         from .overhead import run as run_overhead
 
         return run_overhead(args, log=log)
+    if getattr(args, "workload", "prompts") == "agent":
+        from .agent import run as run_agent
+
+        return run_agent(args, log=log)
     if getattr(args, "compare", None):
         from .across import run as run_compare
 

@@ -50,22 +50,27 @@ def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matc
     """The :class:`SeedTrie` of the ``depth`` tokens that followed each occurrence of the longest repeated
     suffix (:func:`suffix_occurrences`)."""
     m, ends = suffix_occurrences(tokens, max_ngram, max_matches)
-    trie = SeedTrie(m)
     if not ends or depth < 1:
-        return trie
-    seen: dict[tuple[int, ...], int] = {}                  # continuation -> its occurrences, in order of first sight
+        return SeedTrie(m)
+    continuations = []
     last = len(tokens) - 1
     for end in ends:                                       # most recent first: ties keep that order
         if last - end >= depth:                            # no wrap-around: follow()'s slice, made here
-            continuation = tuple(tokens[end + 1:end + 1 + depth])
+            continuations.append(tuple(tokens[end + 1:end + 1 + depth]))
         else:
-            continuation = tuple(follow(tokens, end, depth))
-        if continuation in seen:
-            seen[continuation] += 1
-        else:
-            seen[continuation] = 1
+            continuations.append(tuple(follow(tokens, end, depth)))
+    return continuation_trie(m, continuations)
+
+
+def continuation_trie(match: int, continuations: list[tuple[int, ...]]) -> SeedTrie:
+    """The :class:`SeedTrie` of ``continuations`` (non-empty, each what followed one occurrence of a ``match``-token
+    suffix, most recent first), ranked by how many occurrences each branch continues."""
+    seen: dict[tuple[int, ...], int] = {}                  # continuation -> its occurrences, in order of first sight
+    for continuation in continuations:
+        seen[continuation] = seen.get(continuation, 0) + 1
     if len(seen) == 1:                                     # every occurrence continued alike: one path, shares 1
-        return SeedTrie.path(list(continuation), m)        # (the numbering below gives the same nodes)
+        return SeedTrie.path(list(continuations[0]), match)   # (the numbering below gives the same nodes)
+    trie = SeedTrie(match)
     kids_of: dict[int, dict[int, int]] = {}                # node -> token -> child id (in order of first sight)
     through: list[int] = []                                # child id -> occurrences through it
     for continuation, count in seen.items():               # a repeated continuation walked once
@@ -78,7 +83,7 @@ def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matc
             node = kids[token]
             through[node] += count
     for node, kids in kids_of.items():
-        total = len(ends) if node == -1 else through[node]
+        total = len(continuations) if node == -1 else through[node]
         ranked = sorted(kids.items(), key=lambda kv: -through[kv[1]])    # stable: recency among equal counts
         trie.children[node] = [(token, through[child] / total, child) for token, child in ranked]
     return trie
@@ -110,4 +115,4 @@ class SeedRates:
         hits[1] += share
 
 
-__all__ = ["SeedRates", "SeedTrie", "suffix_continuations"]
+__all__ = ["SeedRates", "SeedTrie", "continuation_trie", "suffix_continuations"]

@@ -34,7 +34,11 @@ from ..core.accept import path_list
 from ..core.draws import keep_drawn
 from ..core.stats import LevelStats
 from ..core.structure import TokenTree
-from .continuations import SeedRates, suffix_continuations
+from .continuations import SeedRates, SeedTrie, continuation_trie, suffix_continuations
+from .memory import AnswerMemory
+
+#: The rate buckets of seeds from the answer memory start here (the sequence's own: 1 .. 4).
+MEMORY_SEEDS = 10
 
 
 class LookupBranch:
@@ -44,13 +48,17 @@ class LookupBranch:
         max_ngram: longest suffix match searched for.
         max_matches: most recent occurrences of that suffix whose continuations are counted.
         depth: deepest seed token (further cut to the length budget and by the cost rule).
+        memory: the assistant's answers of earlier calls (``Policy(memory=...)``): where the longest suffix found
+            there is longer than the sequence's own, the seeds are its continuations there (most recent first),
+            rated in buckets of their own (:data:`MEMORY_SEEDS` plus the match's length bucket).
     """
 
-    def __init__(self, max_ngram: int = 8, max_matches: int = 16, depth: int = 8):
+    def __init__(self, max_ngram: int = 8, max_matches: int = 16, depth: int = 8, memory: AnswerMemory | None = None):
         if max_ngram < 1 or max_matches < 1 or depth < 1:
             raise ValueError(f"LookupBranch needs max_ngram, max_matches and depth >= 1, "
                              f"got {max_ngram}, {max_matches}, {depth}")
         self.max_ngram, self.max_matches, self.depth = int(max_ngram), int(max_matches), int(depth)
+        self.memory = memory
         self.rates = SeedRates()
         self._bucket = 0
         self._shares: list[float] = []           # the last selected tree's seed shares per node (0: not a seed)
@@ -72,13 +80,13 @@ class LookupBranch:
         """:meth:`join` on the host: the merged tree as host lists of tokens (``None``: no seed joined, ``tree``
         as it is) and parents, and the node lists."""
         depth = min(self.depth, depth)
-        trie = suffix_continuations(tokens, self.max_ngram, depth, self.max_matches) if depth > 0 else None
+        trie, bucket = self._seeds(tokens, depth) if depth > 0 else (None, 0)
         n = tree.num_nodes
         estimates, from_model, shares = list(estimates), [True] * n, [0.0] * n
         if trie is None or not trie.children:                      # no seed: the tree's tokens are not read
             return None, list(tree.host_parents), estimates, from_model, shares
         host_tokens, host_parents = list(tree.token_list), list(tree.host_parents)
-        self._bucket = SeedRates.bucket(trie.match)
+        self._bucket = bucket
         rate = self.rates.rate(self._bucket)
         below = {(p, t): i for i, (p, t) in enumerate(zip(host_parents, host_tokens))} if merge else {}
         children = trie.children
@@ -103,6 +111,17 @@ class LookupBranch:
                     shares.append(share)
                 todo.append((child, i))
         return host_tokens, host_parents, estimates, from_model, shares
+
+    def _seeds(self, tokens: list[int], depth: int) -> tuple[SeedTrie, int]:
+        """The seed trie after ``tokens`` and its rate bucket: the sequence's own repeats, or the memory's where its
+        match is longer."""
+        trie = suffix_continuations(tokens, self.max_ngram, depth, self.max_matches)
+        if self.memory is not None:
+            m, found = self.memory.occurrences(tokens, self.max_ngram, self.max_matches)
+            if m > trie.match:
+                trie = continuation_trie(m, [tuple(answer[end + 1:end + 1 + depth]) for answer, end in found])
+                return trie, MEMORY_SEEDS + SeedRates.bucket(m)
+        return trie, SeedRates.bucket(trie.match)
 
     def cut(self, policy, tree: TokenTree, probs: list[float], state, linear: bool = False,
             drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
@@ -216,4 +235,4 @@ def _renumbered(parents: list[int], nodes: list[int]) -> list[int]:
     return [new_index[parents[i]] if parents[i] >= 0 else -1 for i in nodes]
 
 
-__all__ = ["LookupBranch", "observe_verdict"]
+__all__ = ["MEMORY_SEEDS", "LookupBranch", "observe_verdict"]

@@ -86,7 +86,8 @@ class GlideAssistant(TreeAssistant):
         eos = generation_config.eos_token_id
         stop = [] if eos is None else [eos] if isinstance(eos, int) else list(torch.as_tensor(eos).flatten().tolist())
         processors = split_processors(logits_processor)[0] if generation_config.do_sample else None
-        return GlideDrafter(self.glide, self.settings, stop, processors, DraftPolicy.of(self.policy, self.verify_cost))
+        return GlideDrafter(self.glide, self.settings, stop, processors, DraftPolicy.of(self.policy, self.verify_cost),
+                            self.memory)
 
     def drafts_branches(self) -> bool:
         """CAPE's trees branch; without CAPE every draft is a chain (:class:`~hf_cascade.glide.drafter.GlideDrafter`)."""

@@ -66,6 +66,7 @@ from ..core.payoff import DraftPolicy
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
+from ..drafters.memory import AnswerMemory
 from ..drafters.maxgram import common_prefix
 from ..drafters.static_forward import StaticDraftForward, keep_draft_prefix
 from ..placement import defer_reads
@@ -81,7 +82,8 @@ class GlideDrafter(TreeDrafter):
     reads_target_cache = True                        # cross-attends to the target's K/V (TreeStep.cache)
 
     def __init__(self, glide, settings: GlideSettings, stop_ids: list[int],
-                 processors: LogitsProcessorList | None = None, policy: DraftPolicy | None = None):
+                 processors: LogitsProcessorList | None = None, policy: DraftPolicy | None = None,
+                 memory: AnswerMemory | None = None):
         self.glide, self.settings = glide, settings
         self._shared = bool(glide.config.share_target_embeddings)   # its rows are the target's vocabulary (read once)
         self._cross = bool(glide.config.cross_attention)            # it reads the target's cache (read once)
@@ -104,7 +106,7 @@ class GlideDrafter(TreeDrafter):
         self.policy = policy if policy is not None else DraftPolicy(cost_aware=False)
         self._probs: list[float | None] = []         # draft probabilities of the verified tree's nodes (None: a seed)
         # the sequence's repeats join the tree (drafters.lookup_branch), cut by the policy
-        self.lookup = LookupBranch() if self.policy.lookup else None
+        self.lookup = LookupBranch(memory=memory) if self.policy.lookup else None
         self._compile: tuple | None = None               # (the call's CompileConfig,) once compile_forwards asked
         self.compiled: StaticDraftForward | None = None  # compiled calls: the draft forward over a static cache
 

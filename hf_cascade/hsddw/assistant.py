@@ -104,7 +104,7 @@ class DynamicWindowAssistant(LinearAssistant):
         return DynamicWindowCandidateGenerator(
             target, generation_config, logits_processor, stats, self.draft_model, self.verifier_model,
             s.max_window, s.target_window, s.tau_init, s.tau2_init, lookup=self.lookup,
-            policy=DraftPolicy.of(self.policy),
+            policy=DraftPolicy.of(self.policy), memory=self.memory,
         )
 
     def __repr__(self) -> str:

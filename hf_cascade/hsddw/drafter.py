@@ -65,6 +65,7 @@ from ..core.stats import LevelStats
 from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
 from ..core.payoff import DraftPolicy
 from ..drafters.maxgram import MaxGram
+from ..drafters.memory import AnswerMemory
 from ..placement import defer_reads
 from .rules import EntropyThreshold, entropy, self_verify_length
 
@@ -135,7 +136,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
 
     def __init__(self, target, generation_config, logits_processor, stats, draft_model, verifier_model,
                  max_window: int, max_target_window: int, tau_init: float, tau2_init: float, lookup: bool = True,
-                 policy: DraftPolicy | None = None):
+                 policy: DraftPolicy | None = None, memory: AnswerMemory | None = None):
         super().__init__(target, generation_config, logits_processor, stats)
         self.max_window = int(max_window)
         self.max_target_window = int(max_target_window)
@@ -149,6 +150,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
             stats.levels = [pre_stats, small_stats]
         # Max-Gram lookup (not in the paper): its own level at the bottom, its length rule fresh per generate() call
         self.maxgram: MaxGram | None = MaxGram() if lookup else None
+        self.memory = memory                 # the assistant's answers of earlier calls, the lookup's other source
         # what pays (core.payoff): the lookup's length, whether the draft models' step pays (not in the paper)
         self.policy = policy if policy is not None else DraftPolicy()
         self.lookahead = self.policy.lookahead(self.maxgram) if self.maxgram is not None else None
@@ -195,7 +197,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     def _lookup_draft(self, seq: torch.Tensor, limit: int) -> Draft | None:
         """Max-Gram's proposal after ``seq`` (at most ``limit`` tokens, as many as its policy finds worth
         verifying), cut after the first stop token; ``None`` when it proposes nothing."""
-        prop = self.maxgram.propose(seq, limit, self.lookahead, tokens=self.host_seq(seq))
+        prop = self.maxgram.propose(seq, limit, self.lookahead, tokens=self.host_seq(seq), memory=self.memory)
         if prop.tokens.shape[0] == 0:
             return None
         host = prop.host if prop.host is not None else prop.tokens.tolist()   # Max-Gram proposes on the host

@@ -93,7 +93,7 @@ class ReDrafterAssistant(TreeAssistant):
 
         s = self.settings
         return ReDrafterDrafter(self.head, embed, s.beam_width, s.beam_length, s.dedupe, s.min_confidence,
-                                DraftPolicy.of(self.policy, self.verify_cost))
+                                DraftPolicy.of(self.policy, self.verify_cost), self.memory)
 
     def finish(self, drafter: "ReDrafterDrafter", stats: TreeStats) -> ReDrafterStats:
         """The call's (or a batch row's) statistics as a :class:`ReDrafterStats`, with the drafter's records."""

@@ -34,6 +34,7 @@ from ..core.payoff import DraftPolicy
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
+from ..drafters.memory import AnswerMemory
 from .beam import (beam_rows, beam_search, confident_prefix, head_device_dtype, kept_nodes, node_probabilities, pack,
                    read_beams)
 
@@ -59,13 +60,13 @@ class ReDrafterDrafter(TreeDrafter):
     """
 
     def __init__(self, head, embed, beam_width: int, beam_length: int, dedupe: bool = True,
-                 min_confidence: float = 0.0, policy: DraftPolicy | None = None):
+                 min_confidence: float = 0.0, policy: DraftPolicy | None = None, memory: AnswerMemory | None = None):
         self.head, self.embed = head, embed
         # what pays on this machine: whether to draft, which nodes (core.payoff); the beams whole without
         self.policy = policy if policy is not None else DraftPolicy(cost_aware=False)
         self._probs: list[float | None] = []        # (None: a lookup seed)
         # the sequence's repeats join the beams' tree (drafters.lookup_branch), cut by the policy
-        self.lookup = LookupBranch() if self.policy.lookup else None
+        self.lookup = LookupBranch(memory=memory) if self.policy.lookup else None
         self.beam_width, self.beam_length, self.dedupe = beam_width, beam_length, dedupe
         self.min_confidence = float(min_confidence)
         self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
