@@ -273,3 +273,29 @@ def test_compiled_and_static_baselines(tiny, monkeypatch):
     if static_rollback_supported():
         assert "maxgram-static/maxgram" in r.summary["paired"]
     assert "speed / plain-compiled" in markdown_report(r)
+
+
+def test_agent_workload_episodes_and_summary():
+    """``--workload agent``: each question asked under every step's scaffold, no earlier answer in a prompt; the
+    summary pairs the methods by group and lists the calls whose outputs differ."""
+    from hf_cascade.bench.agent import AGENT_STEPS, agent_episodes, report, summarize
+
+    items = [{"turns": [" What is 2+2? ", "later"]}, {"turns": ["Name a colour."]}]
+    episodes = agent_episodes(items, 3)
+    assert [len(e) for e in episodes] == [3, 3] and episodes[0][0] == AGENT_STEPS[0].format(question="What is 2+2?")
+    assert all("What is 2+2?" in p for p in episodes[0]) and len(set(episodes[0])) == 3
+    with pytest.raises(ValueError, match="agent-steps"):
+        agent_episodes(items, len(AGENT_STEPS) + 1)
+
+    def rec(tokens, calls, seconds, proposed=0, accepted=0):
+        return {"new_tokens": tokens, "target_calls": calls, "seconds": seconds, "memory_proposed": proposed,
+                "memory_accepted": accepted}
+
+    rows = [{"index": 0, "step": 0, "identical": True, "without": rec(10, 10, 2.0), "memory": rec(10, 10, 2.0)},
+            {"index": 1, "step": 1, "identical": False, "without": rec(10, 5, 1.0), "memory": rec(10, 2, 0.5, 8, 6)}]
+    summary = summarize(rows)
+    assert summary["first step"]["tokens_per_call_ratio"] == 1.0
+    assert summary["later steps"]["tokens_per_call_ratio"] == 2.5 and summary["later steps"]["speed_ratio"] == 2.0
+    assert summary["all"]["memory"]["tokens_per_target_call"] == 20 / 12
+    assert summary["mismatches"] == [1] and (summary["memory_tokens_proposed"], summary["memory_tokens_accepted"]) == (8, 6)
+    assert "outputs differing: 1" in report(summary, "header")
