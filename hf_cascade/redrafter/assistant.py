@@ -80,6 +80,12 @@ class ReDrafterAssistant(TreeAssistant):
             place_like(self.head, target)
         self.verify_cost = bound_verify_cost(self.policy, target)
 
+    @property
+    def lookup(self) -> bool:
+        """Whether its drafts carry the lookup branch: ``Policy.lookup``, under the cost rule that cuts it (the
+        drafter's :class:`~hf_cascade.core.payoff.DraftPolicy` decides the same)."""
+        return self.policy.lookup and self.policy.cost_aware
+
     def new_drafter(
         self, target: PreTrainedModel, generation_config: GenerationConfig, logits_processor: LogitsProcessorList,
         stats=None, target_tokenizer=None,
