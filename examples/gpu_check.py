@@ -382,7 +382,10 @@ def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, t
                 failures += 1
                 rows.append((name, mode, f"ERROR {type(exc).__name__}: {str(exc)[:80]}", None, []))
             print(f"  {name} [{mode}]: {rows[-1][2]}", flush=True)
-    ratio = (lambda r, m: r["tps"] / plain[m]["tps"] if r is not None and m in plain else None)
+
+    def ratio(r, m):
+        return r["tps"] / plain[m]["tps"] if r is not None and m in plain else None
+
     return [{"method": method, "mode": mode,
              "parity": parity + (f" ({r['graphs']} graph(s) compiled while timed)" if r and r["graphs"] else ""),
              "tokens_per_second": r and r["tps"], "vs_compiled": ratio(r, "compiled"), "vs_eager": ratio(r, "eager"),
@@ -459,7 +462,9 @@ def _finite(fields: dict) -> dict:
 
 def print_table(rows, exact: dict, dtype: str) -> None:
     """One line per method and mode: speeds, then parity (float32, when it ran apart, and the speed dtype)."""
-    num = (lambda v, f, suffix="": format(v, f) + suffix if v is not None else "-")
+    def num(v, f, suffix=""):
+        return format(v, f) + suffix if v is not None else "-"
+
     print(f"{'method':<26} {'mode':<9} {'tokens/s':>9} {'vs compiled':>12} {'vs eager':>9} {'tokens/call':>12}  "
           + (f"{'fp32 parity':<24} " if exact else "") + f"{dtype} parity")
     for row in rows:

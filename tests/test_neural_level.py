@@ -34,7 +34,8 @@ def random_walk(level, model, steps, seed, processors=None, max_back=4):
         start = max(1, full.shape[0] - adv - back)
         got = level.scores(full, start)
         torch.testing.assert_close(got, full_scores(model, full, start, processors), atol=1e-4, rtol=1e-4,
-                                   msg=lambda s: f"step {step}, length {full.shape[0]}, start {start}: {s}")
+                                   msg=lambda s, step=step, full=full, start=start:
+                                   f"step {step}, length {full.shape[0]}, start {start}: {s}")
         keep = int(torch.randint(start, full.shape[0] + 1, (1,), generator=g))
         cur = full[:keep]
 

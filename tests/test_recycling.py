@@ -101,7 +101,6 @@ def test_expand_equals_the_expansion_with_every_child_queued():
 
 
 def test_record_keeps_the_computed_rows_top_k():
-    V = 6
     tree = TokenTree(torch.tensor([4, 5]), torch.tensor([-1, 0]))
     raw = torch.tensor([[0.0, 3.0, 2.0, 1.0, -9.0, -9.0],     # row 0 (after the root 7): 1 > 2 > 3
                         [5.0, 0.0, 0.0, 0.0, 0.0, 4.0],       # row 1 (after 4): 0 > 5

@@ -210,14 +210,14 @@ def test_greedy_tree_accept_golden(best, path, bonus):
 
 def test_greedy_tree_accept_equals_walk():
     g = torch.Generator().manual_seed(1)
-    for trial in range(100):
+    for _ in range(100):
         n = int(torch.randint(1, 12, (), generator=g))
         parents = T([int(torch.randint(-1, i, (), generator=g)) for i in range(n)])
         tree = TokenTree(torch.randint(0, 3, (n,), generator=g), parents)
         logits = torch.randn(n + 1, 3, generator=g)
         best = logits.argmax(-1).tolist()
         # Reference: the plain walk, preferring the child with the deepest matching descendant.
-        def walk(node):                     # -> list of nodes accepted below ``node``
+        def walk(node, tree=tree, best=best):   # -> list of nodes accepted below ``node`` (this trial's tree)
             options = [[c] + walk(c) for c in tree.children(node).tolist() if tree.tokens[c] == best[node + 1]]
             return max(options, key=len) if options else []
         ref = walk(-1)

@@ -94,7 +94,7 @@ def markdown(result: dict) -> str:
              "reads/call | host ms/token | target fwd ms/call | wall ms/token | speedup over baseline | "
              "identical to plain |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for name, m in result["methods"].items():
+    for m in result["methods"].values():
         ident = "yes" if m["identical"] else "**NO**"
         if m["reads"].get("error"):
             ident += f" (reads not counted: {m['reads']['error']})"

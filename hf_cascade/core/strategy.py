@@ -91,7 +91,8 @@ class TreeDrafter(ABC):
         a wrong ``draft_probs`` breaks losslessness. An empty tree makes the step a plain decoding step.
         """
 
-    def compile_forwards(self, compile_config) -> None:
+    # an optional hook, empty by default (not abstract): hence noqa B027, here and on on_accept
+    def compile_forwards(self, compile_config) -> None:  # noqa: B027
         """Optional: this call's verification runs compiled (``compile_config``: the call's
         :class:`~transformers.CompileConfig`, ``None`` for its defaults); a drafter compiles its own forwards the same
         way (:func:`~hf_cascade.core.compiled.compiled_draft`). Default: they stay eager."""
@@ -104,7 +105,7 @@ class TreeDrafter(ABC):
         judges drafting by the past steps' outcomes."""
         return None
 
-    def on_accept(self, tree: TokenTree, acceptance: TreeAcceptance, state: TreeStep) -> None:
+    def on_accept(self, tree: TokenTree, acceptance: TreeAcceptance, state: TreeStep) -> None:  # noqa: B027
         """Feedback after a verification: ``acceptance.path`` (node indices, root -> leaf) and
         ``acceptance.bonus``; ``state`` is the *new* state (``seq`` ends with the emitted tokens,
         ``last_hidden`` is the hidden state that produced the last of them). Called after every

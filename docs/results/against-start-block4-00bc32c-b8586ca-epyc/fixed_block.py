@@ -8,5 +8,5 @@ def fixed(vh, *args, **kwargs):
     return 4
 
 v.calibrate_block_rows = fixed
-from hf_cascade.cli import main
+from hf_cascade.cli import main  # noqa: E402 -- after the patch, so every later import sees it
 sys.exit(main())

@@ -1,9 +1,9 @@
 """One fresh process, one profile as 4adc1f8 drew it: a single symmetric round (appended to the file given)."""
 import json, sys, time
 import torch
-torch.set_num_threads(1)
 from hf_cascade.models import load_default_target
 from hf_cascade import measure
+torch.set_num_threads(1)
 out = sys.argv[1]
 model, tok = load_default_target(); model.eval()
 t = time.perf_counter()

@@ -1,7 +1,7 @@
 import json, sys, time, torch
-torch.set_num_threads(1)
 from hf_cascade.models import load_default_target
 from hf_cascade import measure
+torch.set_num_threads(1)
 model, tok = load_default_target(); model.eval()
 t = time.perf_counter()
 measure.measured_verify_cost(model)

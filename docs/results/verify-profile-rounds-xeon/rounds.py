@@ -2,9 +2,9 @@
 round's ratios to the file given (the noise between rounds)."""
 import json, sys, time
 import torch
-torch.set_num_threads(1)
 from hf_cascade.models import load_default_target
 from hf_cascade import measure
+torch.set_num_threads(1)
 model, tok = load_default_target(); model.eval()
 rows = measure._rounds(model, rounds=6, grid=measure.QUICK_GRID, steps=measure.QUICK_SETTINGS["steps"],
                        prompt_len=measure.QUICK_SETTINGS["prompt_len"])
