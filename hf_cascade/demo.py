@@ -73,6 +73,7 @@ def run_demo(max_new_tokens: int = 96) -> int:
     print(f"plain generate : {plain['tokens_per_second']:.1f} tokens/s")
     print(f"hf_cascade     : {ours['tokens_per_second']:.1f} tokens/s, "
           f"{ours['tokens_per_target_call']:.2f} tokens per target call")
-    print(f"speedup        : {ours['speedup']:.2f}x (total time), {ours['speedup_mean_per_prompt']:.2f}x (mean per prompt)")
+    print(f"speedup        : {ours['speedup']:.2f}x (total time), "
+          f"{ours['speedup_mean_per_prompt']:.2f}x (mean per prompt)")
     print(f"identical outputs: {ours['identical']}/{ours['prompts']}")
     return 0

@@ -121,7 +121,8 @@ def test_a_newer_release_with_the_same_entry_points_keeps_working():
         "target = tm.llama_target()\n"
         "ids = tm.ids(1, 5, 6, 7, 5, 6, 7, 5)\n"
         "plain = target.generate(ids, do_sample=False, max_new_tokens=12)\n"
-        "ours = target.generate(ids, assistant_model=CascadeAssistant([MaxGram()]), do_sample=False, max_new_tokens=12)\n"
+        "ours = target.generate(ids, assistant_model=CascadeAssistant([MaxGram()]),"
+        " do_sample=False, max_new_tokens=12)\n"
         "assert ours.tolist() == plain.tolist(), (ours, plain)\n"
         "print('OK')\n")
     assert res.returncode == 0, res.stderr[-3000:]

@@ -104,7 +104,8 @@ class Economize(Method):
             from economize.techniques.lookup import LookupConfig
         except ImportError as exc:
             raise MethodUnavailable(
-                f"baseline 'economize' needs economize=={ECONOMIZE_VERSION}: pip install economize=={ECONOMIZE_VERSION} ({exc})"
+                f"baseline 'economize' needs economize=={ECONOMIZE_VERSION}: "
+                f"pip install economize=={ECONOMIZE_VERSION} ({exc})"
             ) from exc
         version = getattr(economize, "__version__", "?")
         if version != ECONOMIZE_VERSION:

@@ -149,7 +149,8 @@ def markdown_tree(result: BenchResult) -> str | None:
     lines = ["| method | nodes/call | head rows/call | head calls/call | verify ms/call | draft ms/call | draft / verify |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for m, t in trees.items():
-        lines.append(f"| {m} | {t['nodes_per_call']:.1f} | {t['head_rows_per_call']:.1f} | {t.get('head_calls_per_call', 0):.2f} | "
+        lines.append(f"| {m} | {t['nodes_per_call']:.1f} | {t['head_rows_per_call']:.1f} | "
+                     f"{t.get('head_calls_per_call', 0):.2f} | "
                      f"{t['verify_ms_per_call']:.0f} | "
                      f"{t['draft_ms_per_call']:.1f} | {_fmt(t['draft_fraction_of_verify'], '.1%')} |")
     return "\n".join(lines)
@@ -205,8 +206,10 @@ def markdown_report(result: BenchResult) -> str:
     target = env.get("target", {})
     parts = [
         f"**Target** {target.get('class', '?')} ({target.get('parameters', 0) / 1e6:.0f}M params), "
-        f"**{'strategies' if ',' in c['strategy'] else 'strategy'}** `{c['strategy']}`, {c['max_new_tokens']} new tokens, {mode}, "
-        f"torch {env.get('torch', '?')} / transformers {env.get('transformers', '?')}, {env.get('threads', '?')} threads.",
+        f"**{'strategies' if ',' in c['strategy'] else 'strategy'}** `{c['strategy']}`, "
+        f"{c['max_new_tokens']} new tokens, {mode}, "
+        f"torch {env.get('torch', '?')} / transformers {env.get('transformers', '?')}, "
+        f"{env.get('threads', '?')} threads.",
         *_device_line(env.get("device")),
         *_kernel_line(env.get("cpu_kernels")),
     ]

@@ -29,7 +29,8 @@ def validate_k_matrix(k_matrix, num_drafters: int) -> list[list[int]]:
     k = torch.as_tensor(k_matrix)
     if k.dim() != 2 or k.shape != (num_drafters, num_drafters):
         raise ValueError(
-            f"k_matrix must be {num_drafters}x{num_drafters} (one row and column per drafter), got shape {tuple(k.shape)}."
+            f"k_matrix must be {num_drafters}x{num_drafters} (one row and column per drafter), "
+            f"got shape {tuple(k.shape)}."
         )
     if k.is_floating_point() and not torch.equal(k, k.round()):
         raise ValueError("k_matrix entries must be whole numbers of tokens.")

@@ -64,7 +64,8 @@ def check_same_vocabulary(target: PreTrainedModel, drafter: PreTrainedModel, tar
     name = type(drafter).__name__
     if target_tokenizer is not None and drafter_tokenizer is not None:
         if target_tokenizer.get_vocab() != drafter_tokenizer.get_vocab():
-            raise ValueError(f"Drafter {name} uses a different tokenizer than the target; hf_cascade drafters must share the target's vocabulary.")
+            raise ValueError(f"Drafter {name} uses a different tokenizer than the target; "
+                             "hf_cascade drafters must share the target's vocabulary.")
     vt, vd = output_vocab_size(target), output_vocab_size(drafter)
     if abs(vt - vd) > MAX_VOCAB_PADDING:
         raise ValueError(

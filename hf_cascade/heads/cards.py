@@ -152,7 +152,8 @@ def usage_section(kind: str, repo_id: str, target: str | None, beam_length: int 
             "assistant puts it on the target's device and in its dtype")
     where = (f"`repo` is this folder: the Hub repo you uploaded it to (`hf upload {repo_id} <this folder>`; "
              "for a private repo log in with `hf auth login` or pass `token=`), or its path on your disk.")
-    intro = textwrap.fill(f"Install hf_cascade from a clone of its repository (`pip install -e .`; it is not on PyPI). {what}; the target verifies every drafted token (lossless: "
+    intro = textwrap.fill("Install hf_cascade from a clone of its repository (`pip install -e .`; it is not on PyPI). "
+                          f"{what}; the target verifies every drafted token (lossless: "
                           f"the output is the target's own). {where}", width=110, break_on_hyphens=False,
                           break_long_words=False)
     explicit = f"""```python

@@ -98,7 +98,8 @@ Data: `hf-cascade distill --out DATA` (defaults: batch 16, at most 128 new token
 ```
 {command}
 ```
-{state.step} steps (this checkpoint: the best held-out evaluation so far), batch {extra.get('batch_size', '')} sequences, {state.seconds / 60:.1f} min on the machine it ran on.
+{state.step} steps (this checkpoint: the best held-out evaluation so far), batch {extra.get('batch_size', '')} \
+sequences, {state.seconds / 60:.1f} min on the machine it ran on.
 Loss: {_loss_text(extra)}
 
 ## Measured acceptance (held-out, greedy, teacher forced = exact greedy acceptance)
@@ -122,8 +123,8 @@ def _loss_text(extra: dict) -> str:
     if not k:
         return "cross-entropy on the target's tokens (prompt positions weighted down)."
     return (f"cross-entropy against the target's top-{k} distribution over the subset at every position, prompt "
-            f"positions included (teacher-forced soft labels, `--soft-labels`), plus {SoftTerm.hard:g} x cross-entropy on the target's "
-            "greedy tokens at response positions.")
+            f"positions included (teacher-forced soft labels, `--soft-labels`), plus {SoftTerm.hard:g} x cross-entropy "
+            "on the target's greedy tokens at response positions.")
 
 
 def _f(d: dict | None, key: str) -> str:

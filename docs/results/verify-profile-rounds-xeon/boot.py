@@ -13,5 +13,6 @@ for k in (1, 3, 5):
         rs = [random.choice(p) for p in ps]
         outs.append(monotone_profile({n: statistics.median(r[n] for r in rs) for n in rs[0]}))
     print(f"median of {k} rounds of {k} processes | " + " | ".join(
-        f"cost({n}) sd {statistics.pstdev([o[n] for o in outs]):.3f}, 5-95% {statistics.quantiles([o[n] for o in outs], n=20)[0]:.2f}-"
+        f"cost({n}) sd {statistics.pstdev([o[n] for o in outs]):.3f}, "
+        f"5-95% {statistics.quantiles([o[n] for o in outs], n=20)[0]:.2f}-"
         f"{statistics.quantiles([o[n] for o in outs], n=20)[-1]:.2f}" for n in (1, 8, 24)))
