@@ -45,7 +45,8 @@ def bound_verify_cost(policy, model) -> VerifyCost | None:
 def profile_key(model) -> tuple:
     """What a measured profile depends on: the device kind (type, name; CPU threads), the model's shape and dtype,
     whether its attention backend verifies trees or chains only (:func:`~hf_cascade.core.forward.verifies_trees`),
-    and whether the measurement's verification runs on the CPU kernels (:func:`~hf_cascade.backends.wants_cpu_kernels`)."""
+    and whether the measurement's verification runs on the CPU kernels
+    (:func:`~hf_cascade.backends.wants_cpu_kernels`)."""
     device, dtype = target_device_dtype(model)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)

@@ -5,7 +5,8 @@ card), and nothing else: they are not published on the Hugging Face Hub, and a w
 :func:`shipped` returns a folder's path in the checkout this package runs from (a clone, or an editable install
 of one), for any argument that takes a checkpoint::
 
-    pipeline("text-generation", model="google/gemma-3-270m", assistant_model=hf_cascade.shipped("gemma-3-270m-glide-xs"))
+    pipeline("text-generation", model="google/gemma-3-270m",
+             assistant_model=hf_cascade.shipped("gemma-3-270m-glide-xs"))
     GlideAssistant(hf_cascade.shipped("gemma-3-270m-glide-xs"), settings=GlideSettings.chain())
 
 To use one by Hub repo id, upload the folder to a repo of your own (``hf upload <your-org>/gemma-3-270m-glide-xs

@@ -79,8 +79,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
 def pinned_costs(request, monkeypatch):
     """Drafting decisions made from wall time are pinned for every test not marked ``measured_costs``:
     draft forwards cost nothing to :class:`~hf_cascade.core.payoff.AdaptiveBudget` and its verification profile is
-    not rescaled to the call's measured steps, the default verification profile is flat (:meth:`~hf_cascade.core.payoff.VerifyCost.flat`) and a batch's
-    :class:`~hf_cascade.core.payoff.DraftGate` stays open, and so does the cascade's
+    not rescaled to the call's measured steps, the default verification profile is flat
+    (:meth:`~hf_cascade.core.payoff.VerifyCost.flat`) and a batch's :class:`~hf_cascade.core.payoff.DraftGate` stays
+    open, and so does the cascade's
     :class:`~hf_cascade.core.payoff.DrafterPayoff`. On tiny models, and on CI's two busy cores, those
     rules may rightly stop drafting, which would make tests of what drafted steps do depend on the machine's
     load. Outputs never depend on these decisions (lossless either way); the rules themselves have their own

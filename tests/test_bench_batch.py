@@ -80,8 +80,8 @@ def test_batch_sizes_parsed():
 
 
 def test_every_baseline_batches_or_is_skipped():
-    """The baselines outside transformers' assisted loops, and economize run in the core (SuffixDecoding too): they batch,
-    with a static cache too (``<strategy>-static``)."""
+    """The baselines outside transformers' assisted loops, and economize run in the core (SuffixDecoding too): they
+    batch, with a static cache too (``<strategy>-static``)."""
     assert set(UNBATCHED) <= set(BASELINES)
     assert {"plain", "plain-kernels", "maxgram", "maxgram-corpus", "hsddw-single", "hsddw-every-step", "glide-chain",
             "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree", "plain-compiled", "plain-static",

@@ -2,11 +2,12 @@
 
 On an accelerator a step waits for the device at every device-to-host read and every blocking host-to-device copy;
 the bound per verification: a greedy Max-Gram chain step reads once and copies at most once, a GLIDE + CAPE tree step
-reads (or waits) at most three times and copies at most twice, on a target of 2 layers as on one of 6 (the cache update after a
-path that leaves the first branch gathers every layer's K/V with one index on the device). Counted on this CPU by
-:class:`hf_cascade.bench.host_reads.ReadCounter`, which follows which tensors would be host memory on an accelerator
-(its docstring says what counts); ``tests/cuda/test_cuda_syncs.py`` checks it against ``torch.cuda.set_sync_debug_mode``.
-Phase timings synchronise only where asked for (:class:`hf_cascade.core.stats.PhaseTimer`).
+reads (or waits) at most three times and copies at most twice, on a target of 2 layers as on one of 6 (the cache update
+after a path that leaves the first branch gathers every layer's K/V with one index on the device). Counted on this CPU
+by :class:`hf_cascade.bench.host_reads.ReadCounter`, which follows which tensors would be host memory on an
+accelerator (its docstring says what counts); ``tests/cuda/test_cuda_syncs.py`` checks it against
+``torch.cuda.set_sync_debug_mode``. Phase timings synchronise only where asked for
+(:class:`hf_cascade.core.stats.PhaseTimer`).
 """
 
 from __future__ import annotations

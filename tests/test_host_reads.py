@@ -169,7 +169,7 @@ def test_the_test_catches_a_read_per_drafted_token(target, monkeypatch):
     assert long > short + SLACK
 
 
-# -- drafting loops and acceptance: reads counted directly (the accelerator schedule forced on this CPU) ------------------------------------------------------------------------
+# -- drafting loops and acceptance: reads counted directly (the accelerator schedule forced on this CPU) ---------------
 
 def _scalar_reads(module=None) -> ReadCounter:
     """Host reads of tensors (``item``, ``tolist``, ``int``, ``float``, ``bool``, ``index``: no copies) from now on,
@@ -345,7 +345,7 @@ def test_maxgram_chain_reads_once_per_target_call(target, monkeypatch, make):
             assert counter.reads <= verifications, _report(counter, counter)
 
 
-# -- trees and sampling: at most three reads per target call (issue 55) ----------------------------------------------
+# -- trees and sampling: at most three reads per target call (issue 55) ------------------------------------------------
 
 @pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", ["maxgram", "glide_cape", "maxgram_tree", "recycling", "redrafter"])

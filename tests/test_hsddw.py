@@ -1,6 +1,7 @@
 """HSDDW (``DynamicWindowAssistant``): the self-verify rules checked in situ against independent forwards,
-greedy parity, reuse, errors (sampling: ``test_hsddw_sampling.py``; the rules on hand-made inputs: ``test_hsddw_rules.py``;
-the Max-Gram lookup first, on by default: ``test_hsddw_lookup.py``; the in-situ rule checks turn it off).
+greedy parity, reuse, errors (sampling: ``test_hsddw_sampling.py``; the rules on hand-made inputs:
+``test_hsddw_rules.py``; the Max-Gram lookup first, on by default: ``test_hsddw_lookup.py``; the in-situ rule checks
+turn it off).
 
 Greedy helpers and tiny models come from ``tests/test_greedy_parity.py``; the statistical tests
 (per-step calibration, lying ``q``) from ``tests/test_sampling.py``. The contract's HSDDW entry (two draft

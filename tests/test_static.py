@@ -1,4 +1,5 @@
-"""The contract with a static cache, eager and compiled (:mod:`hf_cascade.core.static`, :mod:`hf_cascade.core.compiled`).
+"""The contract with a static cache, eager and compiled (:mod:`hf_cascade.core.static`,
+:mod:`hf_cascade.core.compiled`).
 
 Every assistant of the registry, on targets whose ``generation_config`` asks for ``cache_implementation="static"``
 (so plain ``generate``, the reference, runs static too):

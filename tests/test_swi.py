@@ -40,7 +40,8 @@ DRAFT = DrafterCost("draft", 0.1, 0.02)
 
 # -- the pure functions: golden numbers ----------------------------------------------------------------------
 def test_standardized_time_golden():
-    # measured-style: prefill 1 + target(4) 1.5 + target(0) 1 + target(2) 1.2 = 4.7; draft 5 * 0.1 + (9 - 5) * 0.02 = 0.58
+    # measured-style: prefill 1 + target(4) 1.5 + target(0) 1 + target(2) 1.2 = 4.7;
+    # draft 5 * 0.1 + (9 - 5) * 0.02 = 0.58
     measured = Costs(VerifyCost((1.0, 1.0, 1.2, 1.2, 1.5)), (DRAFT, STATISTICAL))
     assert standardized_time(STATS, measured) == pytest.approx(5.28)
     # params-style: every verification one forward (1 + 3 = 4), the draft a quarter of the target per forward

@@ -95,9 +95,10 @@ def test_a_checkpoint_resumes_only_as_it_was_written(tmp_path):
 
 
 def test_fsdp_in_two_processes_with_fp16_follows_one_process(distilled, target, tmp_path):
-    """FSDP asked by ``--fsdp`` rather than accelerate's config, with fp16 autocast: the sharded gradient scaler (every process skips the same steps) and the sharded head
-    give the 1-process run's curve and head, float16 rounding aside (the processes reduce the halves' gradients in
-    another order than one process's accumulation); the head saved in Hub layout is gathered whole from the shards."""
+    """FSDP asked by ``--fsdp`` rather than accelerate's config, with fp16 autocast: the sharded gradient scaler (every
+    process skips the same steps) and the sharded head give the 1-process run's curve and head, float16 rounding aside
+    (the processes reduce the halves' gradients in another order than one process's accumulation); the head saved in Hub
+    layout is gathered whole from the shards."""
     tiny = tmp_path / "tiny"
     target.save_pretrained(tiny)
     tm.word_tokenizer().save_pretrained(tiny)

@@ -158,8 +158,8 @@ TWO = {"vanilla": ["--preset", "xs"], "glide": ["--target-layers", "0"], "redraf
 @pytest.mark.parametrize("mode", list(LAUNCHERS))
 def test_two_processes_interrupted_and_resumed_follow_one_process(mode, distilled, target, tmp_path):
     """``accelerate launch --multi_gpu --num_processes 2`` on the CPU (gloo), or its FSDP launch (the head, its
-    gradients and AdamW states sharded over the 2 processes, hf_cascade.training.sharding): for every head, each process trains
-    on its half of every batch of 2; interrupted at step 5 (after the checkpoint of step 4) and resumed, the run
+    gradients and AdamW states sharded over the 2 processes, hf_cascade.training.sharding): for every head, each process
+    trains on its half of every batch of 2; interrupted at step 5 (after the checkpoint of step 4) and resumed, the run
     ends as the 1-process run of the same total batch in two micro-batches (the same mean of the halves'
     gradients) does; the resumed run places each process's target with ``--target-device-map auto`` (on the CPU: all
     of it there; on GPUs, its own GPUs, :func:`test_each_process_maps_its_target_over_its_own_gpus`). All heads run in

@@ -48,8 +48,8 @@ class BenchConfig:
             Normalised to the comma-joined names (a single strategy stays its name); :attr:`strategies`
             is the list. ``maxgram`` = ``CascadeAssistant([MaxGram()])``; ``cascade`` =
             ``CascadeAssistant([*drafts, MaxGram()])``; ``hsddw`` = ``DynamicWindowAssistant(drafts[0], verifier)``;
-            ``glide`` = ``GlideAssistant(drafts[0])``; ``redrafter`` = ``ReDrafterAssistant(drafts[0])``; ``recycling`` =
-            ``RecyclingAssistant()`` (no draft model).
+            ``glide`` = ``GlideAssistant(drafts[0])``; ``redrafter`` = ``ReDrafterAssistant(drafts[0])``; ``recycling``
+            = ``RecyclingAssistant()`` (no draft model).
         baselines: baselines besides ours; ``"plain"`` is added when missing, a name that is also a strategy
             of the run is measured once, as the strategy.
         k_matrix / lenience / maxgram_lenience / min_confidence / maxgram_first / keep_unsure / cost_aware: the

@@ -64,10 +64,10 @@ class ReadCounter:
 
     ``target``: count only from its decoder's first forward on (its prefill; the reads before it go to
     ``reads_before``), and count its decoder forwards; ``skip_forwards``: from the one after the first
-    ``skip_forwards`` on (1: from the first verification on, the prefill left out); ``None``: count from entering on. ``names``: the wrapped
-    ``torch.Tensor`` read methods (:data:`READS`). A read or copy made inside a module given to :meth:`pause_in` is
-    not counted (a model's own forward), nor one made while one is being recorded. The wrappers, the mode and the
-    hooks are removed on exit, whatever happened.
+    ``skip_forwards`` on (1: from the first verification on, the prefill left out); ``None``: count from entering on.
+    ``names``: the wrapped ``torch.Tensor`` read methods (:data:`READS`). A read or copy made inside a module given to
+    :meth:`pause_in` is not counted (a model's own forward), nor one made while one is being recorded. The wrappers, the
+    mode and the hooks are removed on exit, whatever happened.
 
     What counts as a copy (``copies``, sites in ``copy_sites``) is decided as on an accelerator, where the target's
     tensors live on the device and host-built ones in host memory; on a CPU both are the same memory, so the counter

@@ -324,8 +324,8 @@ def _summary(name: str, records: list[dict], counts: dict) -> dict:
 
 
 def _chosen(args) -> list[str] | None:
-    """The methods ``--strategy`` and ``--baselines`` name (the bench's names: ``glide`` is GLIDE + CAPE, ``glide-chain``
-    its chain); ``None`` (every method) when ``--strategy`` is not given."""
+    """The methods ``--strategy`` and ``--baselines`` name (the bench's names: ``glide`` is GLIDE + CAPE,
+    ``glide-chain`` its chain); ``None`` (every method) when ``--strategy`` is not given."""
     if getattr(args, "strategy", None) is None:
         return None
     baselines = [b.strip() for b in (getattr(args, "baselines", None) or "").split(",") if b.strip()]

@@ -3,11 +3,11 @@
 Methods are interleaved prompt by prompt: for prompt ``i`` every method runs once, in the base order
 rotated by ``i``, so slow drifts of the machine (thermal, other load) hit all methods alike. Prompts go to the
 target's input device, and every timed call synchronises the target's accelerators before each clock read
-(:func:`~hf_cascade.bench.calls.timed`). Each method first runs one untimed warm-up ``generate`` on the first prompt. Then, before the timed runs, the cost
-tables of the standardized walltime improvement are built (:func:`~hf_cascade.bench.costs.build_costs`;
-``measured`` times the models), and every record gets its ``standardized_time`` per cost model
-(:mod:`hf_cascade.bench.swi`). With ``config.batch_sizes`` the batched sweep follows, with the same
-methods (:mod:`hf_cascade.bench.batched`).
+(:func:`~hf_cascade.bench.calls.timed`). Each method first runs one untimed warm-up ``generate`` on the first prompt.
+Then, before the timed runs, the cost tables of the standardized walltime improvement are built
+(:func:`~hf_cascade.bench.costs.build_costs`; ``measured`` times the models), and every record gets its
+``standardized_time`` per cost model (:mod:`hf_cascade.bench.swi`). With ``config.batch_sizes`` the batched sweep
+follows, with the same methods (:mod:`hf_cascade.bench.batched`).
 """
 
 from __future__ import annotations
@@ -138,7 +138,8 @@ def device_description(model: Any) -> dict:
 
 def _kernel_choices() -> dict:
     """What was timed once in this process (the CPU kernels' head block and screens' choices, the tree assistants'
-    verification profiles): every method of the run shares them, and they differ between processes on one machine (``docs/benchmarks.md``)."""
+    verification profiles): every method of the run shares them, and they differ between processes on one machine
+    (``docs/benchmarks.md``)."""
     from ..backends.cpu.argmax_screen import screen_choices
     from ..backends.cpu.verify_head import calibrated_block_rows
     from ..measure import measured_profiles

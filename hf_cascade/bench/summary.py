@@ -197,9 +197,10 @@ def summarize(records: list[dict], methods: list[str], strategies: list[str] | N
     token, :func:`_speed_ratio`: under greedy the ratio of total times), ``speedup_vs_plain_kernels``
     the same against ``plain-kernels`` (``None`` when it did not run), ``speedup_vs_plain_compiled`` against
     ``plain-compiled``; ``speedup_mean_per_prompt`` the mean of
-    per-prompt ratios to plain (times per token); ``identical`` counts outputs equal to plain's (``None`` when sampling); ``swi``
-    the standardized walltime improvement per cost model (plain's standardized time per generated token over the
-    method's, each totalled over the same prompts, ``None`` when unavailable; :mod:`hf_cascade.bench.swi`).
+    per-prompt ratios to plain (times per token); ``identical`` counts outputs equal to plain's (``None`` when
+    sampling); ``swi`` the standardized walltime improvement per cost model (plain's standardized time per generated
+    token over the method's, each totalled over the same prompts, ``None`` when unavailable;
+    :mod:`hf_cascade.bench.swi`).
     """
     categories = list(dict.fromkeys(r["category"] for r in records))
     out: dict = {OVERALL: {}, "categories": {}, "acceptance_by_position": {}, "tree_verification": {}, "paired": {}}

@@ -8,7 +8,8 @@ node indices from the root down (``tree.tokens[path]`` are the accepted tokens) 
 the target contributes after them.
 
 **Reviews between drafters** (the cascade's and HSDDW's draft models reviewing a smaller level's
-draft, with optional lenience): :func:`hf_cascade.core.review.greedy_review` and :func:`~hf_cascade.core.review.sampling_review`.
+draft, with optional lenience): :func:`hf_cascade.core.review.greedy_review` and
+:func:`~hf_cascade.core.review.sampling_review`.
 
 One review = a reviewer model scores ``k`` draft tokens in one forward and emits ``n + 1`` tokens:
 the ``n`` accepted drafts and one token of its own (a correction after a rejection, or a bonus
@@ -160,9 +161,9 @@ def sampling_tree_accept(
         batched: how the device is read. ``False``: child by child, a uniform drawn only when a child is
             tried (several host reads per child; free on a CPU). ``True``: two reads in all where every node's
             children after its first are point masses (:func:`_walk_gathered`: chains, point-mass siblings, a drawn
-            child with point-mass siblings); otherwise one transfer per node on the walk (the residuals after rejecting each child in turn
-            computed on the device, one uniform per child read with the acceptance probabilities). Uniforms
-            are drawn for every child, so the random stream differs from ``False``'s; the law is the same.
+            child with point-mass siblings); otherwise one transfer per node on the walk (the residuals after rejecting
+            each child in turn computed on the device, one uniform per child read with the acceptance probabilities).
+            Uniforms are drawn for every child, so the random stream differs from ``False``'s; the law is the same.
             ``None`` (default): ``False`` on a CPU, ``True`` elsewhere.
 
     At the current node with target distribution ``p`` and children ``c_1 .. c_m`` (tokens ``x_i``,
@@ -236,11 +237,11 @@ def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> Tre
 
     Point-mass siblings need nothing but ``r(x_i)`` of the residual ``r`` they are tried against: after rejecting
     ``x_1 .. x_{i-1}`` the residual is ``r`` without those tokens, renormalised, so ``r_{i-1}(x_i) = r(x_i) / (1 - sum
-    of the distinct earlier r(x_j))`` (``0`` for a repeated token). A first child drawn from ``q`` needs ``p(x) / q(x)``;
-    after its rejection the residual is ``max(0, p - q) / mass`` (``p`` where ``mass`` vanishes, as :func:`_residual`),
-    so its point-mass siblings (GLIDE's CAPE expansions beside a drawn main token, seeds) are tried against that:
-    ``max(0, p(x_i) - q(x_i))`` and ``mass`` come in the same gather. The bonus is drawn from the residual at the node
-    where the walk stops (:func:`_try_in_turn`'s)."""
+    of the distinct earlier r(x_j))`` (``0`` for a repeated token). A first child drawn from ``q`` needs
+    ``p(x) / q(x)``; after its rejection the residual is ``max(0, p - q) / mass`` (``p`` where ``mass`` vanishes, as
+    :func:`_residual`), so its point-mass siblings (GLIDE's CAPE expansions beside a drawn main token, seeds) are tried
+    against that: ``max(0, p(x_i) - q(x_i))`` and ``mass`` come in the same gather. The bonus is drawn from the
+    residual at the node where the walk stops (:func:`_try_in_turn`'s)."""
     children, tokens = _children(tree), tree.token_list
     n = tree.num_nodes
     if n == 0:

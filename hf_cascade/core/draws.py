@@ -51,7 +51,8 @@ def warpers(processors: LogitsProcessorList | None) -> LogitsProcessorList:
 def draw(warpers: LogitsProcessorList, logits: torch.Tensor,
          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One draw from ``logits`` (``[N]``, raw, over any vocabulary): ``(index [], q [N])``, ``q`` the softmax of
-    the row after ``warpers`` (rule 1). Nothing is read from an accelerator (:func:`~hf_cascade.core.categorical.categorical`)."""
+    the row after ``warpers`` (rule 1). Nothing is read from an accelerator
+    (:func:`~hf_cascade.core.categorical.categorical`)."""
     q = warped(warpers, logits)
     return categorical(q, generator), q
 

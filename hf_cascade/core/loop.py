@@ -20,9 +20,9 @@ config: sliding-window cache layers would evict K/V a long tree still needs; win
 the mask, :mod:`hf_cascade.core.forward`); or, where the call asks for a static cache (``cache_implementation=
 "static"`` or a user's ``StaticCache``), into fixed buffers with full layers: verification then writes each draft
 after the verified prefix, padded to a few query shapes, and runs compiled where transformers would compile the same
-call without an assistant (:mod:`hf_cascade.core.static`, :mod:`hf_cascade.core.compiled`). The last prompt token is the first draft's root, so the
-first verification already carries a draft. The prefill also checks that the core's output head
-(:func:`~hf_cascade.core.forward.output_head`) reproduces the model's logits; if not, or if the
+call without an assistant (:mod:`hf_cascade.core.static`, :mod:`hf_cascade.core.compiled`). The last prompt token is the
+first draft's root, so the first verification already carries a draft. The prefill also checks that the core's output
+head (:func:`~hf_cascade.core.forward.output_head`) reproduces the model's logits; if not, or if the
 prompt has one token, verification computes every row with the full model.
 
 Host and device: token ids, the tree's structure and the statistics are host values; each step reads
@@ -85,9 +85,9 @@ def speculative_decode(
     """Generate with ``drafter``'s drafts, verified by ``target`` (see the module docstring).
     ``block_rows``: most logit rows per output-head call (``None``: all at once). ``argmax_screen``: the
     backend's screen of the head (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`), used where
-    acceptance reads nothing but the argmax of a row or rows filtered to their top k (:func:`~hf_cascade.core.head_input.screen_heads`).
-    ``model_kwargs``: ``generate``'s (the cache it prepared or the user gave: a static one selects the static
-    path, :mod:`hf_cascade.core.static`)."""
+    acceptance reads nothing but the argmax of a row or rows filtered to their top k
+    (:func:`~hf_cascade.core.head_input.screen_heads`). ``model_kwargs``: ``generate``'s (the cache it prepared or the
+    user gave: a static one selects the static path, :mod:`hf_cascade.core.static`)."""
     check_attention_backend(target, tree_shaped=not drafter.linear)      # before any forward
     run = _Run(target, input_ids, logits_processor, stopping_criteria, generation_config, stats, streamer, block_rows,
                given_cache(model_kwargs or {}), drafter)

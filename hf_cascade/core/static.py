@@ -111,9 +111,9 @@ def bucket(queries: int, room: int) -> int:
 class _VisibleStaticLayer(StaticLayer if StaticLayer is not None else object):
     """A static layer that shows attention only its first ``visible`` columns (the verified prefix and the forward's
     own queries) when ``visible`` is set: verification then attends over what a dynamic cache would hold, not
-    the whole buffer (eager, and under flash attention: :attr:`StaticSlots.sliced`); and, in a batch whose finished rows left (``rows`` set), its first ``rows`` rows only, which the
-    forward's ``rows`` inputs write (in place, into a view of the buffers). Unset (``None``), it is transformers'
-    static layer."""
+    the whole buffer (eager, and under flash attention: :attr:`StaticSlots.sliced`); and, in a batch whose finished rows
+    left (``rows`` set), its first ``rows`` rows only, which the forward's ``rows`` inputs write (in place, into a view
+    of the buffers). Unset (``None``), it is transformers' static layer."""
 
     visible: int | None = None
     rows: int | None = None
@@ -279,8 +279,8 @@ class StaticBatch:
 
     def show(self, rows: int, queries: int) -> int:
         """Before a forward of ``queries`` columns over the first ``rows`` rows: the columns its attention sees
-        (:meth:`~hf_cascade.core.static.StaticSlots.columns`: the capacity, or where the layers are sliced the columns in
-        use and the queries), returned as the mask's width."""
+        (:meth:`~hf_cascade.core.static.StaticSlots.columns`: the capacity, or where the layers are sliced the columns
+        in use and the queries), returned as the mask's width."""
         self.width = self.slots.columns(queries)
         self.slots.show(self.width, rows if rows < self.batch else None)
         return self.width

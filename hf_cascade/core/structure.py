@@ -195,7 +195,8 @@ class TokenTree:
                                     host_p, None)
 
     def select(self, keep: torch.Tensor) -> "TokenTree":
-        """The subtree of the nodes where ``keep`` (``[n]`` bool, a tensor or host bools) is true, renumbered in node order.
+        """The subtree of the nodes where ``keep`` (``[n]`` bool, a tensor or host bools) is true, renumbered in node
+        order.
 
         ``keep`` must be closed under ancestors (a kept node's parent is kept), as the masks of
         :func:`~hf_cascade.core.stopping.prune_tree` and of confidence pruning are."""

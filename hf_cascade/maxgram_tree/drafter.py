@@ -16,8 +16,8 @@ Continuations, best evidence first (beam 0 is exactly Max-Gram's own guess):
   just after the previous occurrence (that cut sequence ends with the same ``n`` tokens, so its most
   recent earlier match of length ``n`` is the previous occurrence);
 * a continuation that runs into the end of the sequence wraps around (the text repeats with that
-  period): Max-Gram's :func:`~hf_cascade.drafters.maxgram.follow`; duplicate continuations are skipped; at most ``max_scan`` occurrences
-  are examined per step.
+  period): Max-Gram's :func:`~hf_cascade.drafters.maxgram.follow`; duplicate continuations are skipped; at most
+  ``max_scan`` occurrences are examined per step.
 
 The tree is a deterministic function of the context (``draft_probs = None``), which
 ``sampling_tree_accept`` handles exactly, so sampling stays lossless.

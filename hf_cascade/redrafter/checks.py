@@ -1,4 +1,5 @@
-"""Whether a ReDrafter head was built for a target (vocabulary, hidden size, output head): :func:`check_head_matches`."""
+"""Whether a ReDrafter head was built for a target (vocabulary, hidden size, output head):
+:func:`check_head_matches`."""
 
 from __future__ import annotations
 

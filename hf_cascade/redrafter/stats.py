@@ -20,7 +20,8 @@ class ReDrafterStats(TreeStats):
         skipped_drafts: steps that drafted nothing (no hidden state yet, or no length budget left).
         draft_forwards: forwards of the head: one per beam-search step (a recurrent step and the logits
             of every live beam), ``L'`` per drafted step.
-        draft_tokens: rows those forwards ran (the live beams of each step, :func:`~hf_cascade.redrafter.beam.beam_rows`).
+        draft_tokens: rows those forwards ran (the live beams of each step,
+            :func:`~hf_cascade.redrafter.beam.beam_rows`).
 
     ``levels`` holds one :class:`~hf_cascade.core.stats.LevelStats` named ``"redrafter"`` with these forwards.
     """
@@ -34,7 +35,8 @@ class ReDrafterStats(TreeStats):
 
     @property
     def compression_ratio(self) -> float:
-        """Beam tokens per node of the packed tree, before confidence pruning (the paper's Figure 5b; 1.0 without dedupe)."""
+        """Beam tokens per node of the packed tree, before confidence pruning (the paper's Figure 5b; 1.0
+        without dedupe)."""
         nodes = sum(self.drafted_nodes)
         return sum(self.beam_tokens) / nodes if nodes else 1.0
 

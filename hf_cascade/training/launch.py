@@ -2,11 +2,11 @@
 processes and closing their group (what the commands do is in :mod:`.accel`, :mod:`.loop` and :mod:`.distill`).
 
 ``--num-processes N`` (N > 1) starts the same command under ``accelerate launch --multi_gpu --num_processes N``
-(``ACCELERATE_USE_CPU=true`` without CUDA: gloo processes on the CPU) and waits for it; a command already started by ``accelerate launch`` or
-``torchrun`` ignores it. ``--target-device-map`` loads the frozen target with ``from_pretrained``'s
-``device_map`` (``auto``, ``balanced``, ``sequential``, ``cpu`` or a JSON object of module -> device); with several
-processes a named map shards each process's target over GPUs of its own (:func:`.accel.process_gpus`), and a JSON
-map, which would put every process's target on the same devices, is refused.
+(``ACCELERATE_USE_CPU=true`` without CUDA: gloo processes on the CPU) and waits for it; a command already started by
+``accelerate launch`` or ``torchrun`` ignores it. ``--target-device-map`` loads the frozen target with
+``from_pretrained``'s ``device_map`` (``auto``, ``balanced``, ``sequential``, ``cpu`` or a JSON object of module ->
+device); with several processes a named map shards each process's target over GPUs of its own
+(:func:`.accel.process_gpus`), and a JSON map, which would put every process's target on the same devices, is refused.
 """
 
 from __future__ import annotations

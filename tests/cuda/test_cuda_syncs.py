@@ -4,9 +4,9 @@
 :class:`hf_cascade.bench.host_reads.ReadCounter`'s account of which tensors would be host memory. Here the same steps
 run on a GPU with CUDA's own account: every synchronising call (a read, a blocking copy) warns under
 ``set_sync_debug_mode("warn")``. Per verification, the warnings stay within the bound (a greedy Max-Gram chain: one
-read and at most one blocking copy; GLIDE + CAPE: three reads or waits and two copies) and within what the counter counted in the same run
-(its reads, blocking copies and explicit waits; it also counts reads of host tensors, which CUDA does not see: it
-may only count more).
+read and at most one blocking copy; GLIDE + CAPE: three reads or waits and two copies) and within what the counter
+counted in the same run (its reads, blocking copies and explicit waits; it also counts reads of host tensors, which CUDA
+does not see: it may only count more).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@
 * :mod:`.head_block` -- the rows per head call that the core's row selection uses
   (:attr:`~hf_cascade.backends.VerifySession.block_rows`), priced over the steps a strategy verifies;
 * :mod:`.argmax_screen` -- the head's exact argmax through an int8 copy of its weight (``csrc/screen.cpp``: its
-  candidates, and an integer product where the CPU has AVX512-VNNI), for the rows greedy acceptance only compares (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`).
+  candidates, and an integer product where the CPU has AVX512-VNNI), for the rows greedy acceptance only compares
+  (:attr:`~hf_cascade.backends.VerifySession.argmax_screen`).
 
 They also speed up plain decoding on CPU::
 

@@ -51,8 +51,8 @@ It applies to a bias-free ``nn.Linear`` head in float32 on CPU (the backend's :c
 with no ``output_scores`` / ``output_logits``: greedy with no logits processor (the argmax alone, or top-k rows
 for a drafter that reads the rows only through their top candidates:
 :attr:`~hf_cascade.core.strategy.TreeDrafter.rows_top_k`), or sampling with a top-k filter first (the rows are then
-read in full, as the processed rows they are). The core decides (:func:`hf_cascade.core.head_input.screen_heads`). It costs an
-int8 copy of the weight (a quarter of its memory), and is used only where it is measured faster than the
+read in full, as the processed rows they are). The core decides (:func:`hf_cascade.core.head_input.screen_heads`). It
+costs an int8 copy of the weight (a quarter of its memory), and is used only where it is measured faster than the
 head's own product on the running machine, per use and size of call (:func:`argmax_screen`).
 """
 

@@ -230,7 +230,8 @@ class KernelTuner:
         self._behind.clear()
 
 
-#: The process-wide tuner of the target's CPU kernels (:mod:`hf_cascade.backends.cpu.verify_linear`, :mod:`hf_cascade.backends.cpu.verify_head`).
+#: The process-wide tuner of the target's CPU kernels (:mod:`hf_cascade.backends.cpu.verify_linear`,
+#: :mod:`hf_cascade.backends.cpu.verify_head`).
 TUNER = KernelTuner()
 
 #: The process-wide packed weights of the ``packed`` kernel.
