@@ -258,6 +258,12 @@ def _add_train(sub) -> None:
     p.add_argument("--soft-labels", type=int, default=0, metavar="K",
                    help="vanilla: also distil the target's top-K next-token distribution at every position (one "
                    "teacher-forced pass over --data, cached there; 0 = greedy tokens only)")
+    p.add_argument("--unroll", type=int, default=1, metavar="K",
+                   help="glide, redrafter: training-time test, drafted positions 2..K also trained fed the head's own "
+                        "earlier predictions (HASS / EAGLE-3; default 1: teacher forcing only)")
+    p.add_argument("--feature-weight", type=float, default=0.0, metavar="W",
+                   help="glide, redrafter: add W x the smooth-L1 regression of the head's feature onto the target's "
+                        "last hidden state (EAGLE; needs a store with hidden states; default 0: off)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16, help="sequences per step, all processes together (default 16)")
     p.add_argument("--max-len", type=int, default=256)
@@ -306,6 +312,10 @@ def run_train(args: argparse.Namespace) -> int:
         raise ValueError("--target-layers applies to `train glide` only")
     if args.soft_labels and args.head != "vanilla":
         raise ValueError("--soft-labels applies to `train vanilla` only")
+    if (args.unroll != 1 or args.feature_weight) and args.head == "vanilla":
+        raise ValueError("--unroll and --feature-weight apply to `train glide` and `train redrafter`")
+    if args.unroll < 1 or args.feature_weight < 0:
+        raise ValueError(f"--unroll must be >= 1 and --feature-weight >= 0, got {args.unroll}, {args.feature_weight}")
     processes = num_processes()
     check_processes(args, processes)
     check_layout(args.batch_size, args.grad_accum, args.mixed_precision, processes)
@@ -322,7 +332,8 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(Path(args.out), steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
                       eval_every=args.eval_every, eval_records=args.eval_records, seed=args.seed,
                       grad_accum=args.grad_accum, mixed_precision=args.mixed_precision,
-                      checkpoint_every=args.checkpoint_every, resume=args.resume, fsdp=args.fsdp)
+                      checkpoint_every=args.checkpoint_every, resume=args.resume, fsdp=args.fsdp,
+                      unroll=args.unroll, feature_weight=args.feature_weight)
     DistillStore.open(args.data)  # a missing / foreign --data fails here, before the (slow) target load
     if args.resume and not (Path(args.out) / "checkpoint").is_dir():
         raise ValueError(f"--resume: no checkpoint in {Path(args.out) / 'checkpoint'} (written every --checkpoint-every "

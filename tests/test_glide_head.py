@@ -381,7 +381,8 @@ def test_glide_loss_decreases_and_acceptance():
     weights[:, 0] = 0.0
     batch = Batch(seqs, weights, torch.ones_like(seqs), [0, 1])
     before = glide_acceptance(g, target, batch)
-    assert set(before) == {"alpha", "eval_tokens", "tau@5", "drafts"} and before["drafts"] == 8
+    assert set(before) == {"alpha", "eval_tokens", "tau@5", "drafts", "tau", *(f"accept@{k}" for k in range(1, 6))}
+    assert before["drafts"] == 8 and before["tau"] == before["tau@5"]
     opt = torch.optim.AdamW(g.parameters(), lr=1e-2)
     losses = []
     for _ in range(12):

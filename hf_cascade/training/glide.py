@@ -26,6 +26,8 @@ import torch.nn.functional as F
 
 from ..compat import output_cache
 from ..heads.glide import GlideForCausalLM, glide_cross_mask
+from .acceptance import accept_by_position
+from .features import FeatureRegression, stored_hidden
 from .loop import Batch, make_batch
 
 
@@ -105,53 +107,130 @@ class TargetKVMemo:
         return out
 
 
-def _draft_logits(model: GlideForCausalLM, batch: Batch, kv, block: int, first_block: str) -> torch.Tensor:
-    t = batch.input_ids.shape[1]
-    mask = glide_cross_mask(t, t, block, first_block).to(batch.input_ids.device)          # [T, T]
-    return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, target_key_values=kv,
-                 cross_attention_mask=mask, full_vocab=False).logits                       # [B, T, N]
+def _draft_logits(model: GlideForCausalLM, batch: Batch, kv, block: int, first_block: str, input_ids=None,
+                  hidden: bool = False):
+    """The draft's logits ``[B, T, N]`` over ``input_ids`` (default the batch's) with the block-wise mask, and with
+    ``hidden`` its last layer's output ``[B, T, D]`` too (``(logits, hidden)``)."""
+    ids = batch.input_ids if input_ids is None else input_ids
+    t = ids.shape[1]
+    mask = glide_cross_mask(t, t, block, first_block).to(ids.device)                      # [T, T]
+    out = model(input_ids=ids, attention_mask=batch.attention_mask, target_key_values=kv, cross_attention_mask=mask,
+                full_vocab=False, output_hidden_states=hidden)
+    return (out.logits, out.hidden_states[-1]) if hidden else out.logits                   # [B, T, N] (, [B, T, D])
+
+
+def _weighted_ce(logits: torch.Tensor, labels: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    n = logits.shape[-1]
+    ce = F.cross_entropy(logits.float().reshape(-1, n), labels.reshape(-1).clamp_max(n - 1),
+                         reduction="none").view_as(w)
+    return (ce * w).sum() / w.sum().clamp_min(1.0)
 
 
 def glide_loss(model: GlideForCausalLM, target, batch: Batch, block: int | None = None,
-               first_block: str = "none", kv: list | None = None) -> tuple[torch.Tensor, dict]:
+               first_block: str = "none", kv: list | None = None, unroll: int = 1,
+               features: FeatureRegression | None = None, store=None) -> tuple[torch.Tensor, dict]:
     """Weighted next-token cross-entropy of the GLIDE draft ``model`` reading ``target``'s KV cache through the
     block-wise mask (``block`` defaults to ``model.config.block_size``; ``first_block="causal"`` reproduces the
     authors' code, where block 0 sees the target causally). ``kv``: the target K/V for ``batch`` when already
     at hand (e.g. from a :class:`TargetKVMemo`), else computed by :func:`target_kv_batch`. Returns
-    ``(loss, {"top1": ...})``, ``top1`` = the weighted agreement of the draft's argmax with the batch tokens."""
+    ``(loss, {"top1": ...})``, ``top1`` = the weighted agreement of the draft's argmax with the batch tokens.
+
+    ``unroll = k > 1`` (training-time test, HASS / EAGLE-3): a draft started at a block start feeds its own tokens
+    from its second position on. Pass ``j = 2 .. k`` runs the draft over the batch and a copy (:class:`_Unrolled`) fed,
+    at block offsets ``1 .. j-1``, the previous pass's argmax in place of the batch's tokens; by induction the copy's
+    positions at offset ``j-1`` then see exactly what drafted position ``j`` sees in decoding (offsets below it repeat
+    pass ``j-1``), and their cross-entropy against the batch's tokens is added to the loss (``loss@j``).
+
+    ``features`` (EAGLE's feature loss, :class:`~.features.FeatureRegression`): plus its regression of the draft's last
+    hidden state at position ``t`` onto the target's (``store``'s) at ``t``, the state the target turns into token
+    ``t + 1``, weighted as the token loss."""
     block = block or model.config.block_size
     if kv is None:
         kv = target_kv_batch(model, target, batch)
-    logits = _draft_logits(model, batch, kv, block, first_block)                          # [B, T, N]
+    out = _draft_logits(model, batch, kv, block, first_block, hidden=features is not None)
+    logits, hidden = out if features is not None else (out, None)                         # [B, T, N]
     n = logits.shape[-1]
     labels = model.to_draft_ids(batch.input_ids[:, 1:]).to(logits.device)                 # [B, T-1]
     w = batch.weights[:, 1:].to(logits.device) * (labels < n)
-    ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, n), labels.reshape(-1).clamp_max(n - 1),
-                         reduction="none").view_as(w)
-    loss = (ce * w).sum() / w.sum().clamp_min(1.0)
+    loss = _weighted_ce(logits[:, :-1], labels, w)
     with torch.no_grad():
         hit = (logits[:, :-1].argmax(-1) == labels).float()
-        top1 = float((hit * w).sum() / w.sum().clamp_min(1.0))
-    return loss, {"top1": top1}
+        metrics = {"top1": float((hit * w).sum() / w.sum().clamp_min(1.0))}
+    if features is not None:
+        x = stored_hidden(store, batch)[:, :-1]                                             # [B, T-1, H_target]
+        feature_loss = features(hidden[:, :-1], x, w)
+        loss = loss + feature_loss
+        metrics["feature_loss"] = float(feature_loss.detach())
+    if unroll > 1:
+        ids = batch.input_ids.to(logits.device)
+        unrolled = _Unrolled(ids, batch.attention_mask.to(logits.device), block, first_block)
+        fed, prev = ids, logits
+        for j in range(2, unroll + 1):
+            with torch.no_grad():
+                own = _to_target(model, prev.argmax(-1))                                    # [B, T] own next tokens
+                use = (unrolled.offset[1:] >= 1) & (unrolled.offset[1:] <= j - 1)
+                fed = torch.cat([fed[:, :1], torch.where(use, own[:, :-1], fed[:, 1:])], dim=1)
+            prev = unrolled.logits(model, fed, kv)
+            at = (unrolled.offset[:-1] == j - 1).to(w.dtype)
+            loss_j = _weighted_ce(prev[:, :-1], labels, w * at)
+            loss = loss + loss_j
+            metrics[f"loss@{j}"] = float(loss_j.detach())
+    return loss, metrics
+
+
+class _Unrolled:
+    """The draft's forward over the batch's tokens followed by a copy fed other tokens at the same positions (EAGLE-3's
+    training-time test): a copied position ``i``, in the block starting at ``p``, sees the batch's tokens before ``p``
+    and the copy's from ``p`` to ``i`` (what it sees in decoding, drafting from ``p``), the target's K/V through the
+    block-wise mask of its position. :meth:`logits` returns the copy's ``[B, T, N]``."""
+
+    def __init__(self, ids: torch.Tensor, attention_mask: torch.Tensor, block: int, first_block: str):
+        b, t = ids.shape
+        pos = torch.arange(t, device=ids.device)
+        self.offset = pos % block                                                          # [T] offset in its block
+        start = (pos - self.offset)[:, None]
+        causal = pos[None, :] <= pos[:, None]                                              # [T, T]
+        copy_rows = torch.cat([pos[None, :] < start, (pos[None, :] >= start) & causal], dim=1)
+        self.self_mask = torch.cat([torch.cat([causal, torch.zeros_like(causal)], dim=1), copy_rows])  # [2T, 2T]
+        cross = glide_cross_mask(t, t, block, first_block).to(ids.device)
+        self.cross_mask = torch.cat([cross, cross])                                        # [2T, T]
+        self.position_ids = torch.cat([pos, pos])[None].expand(b, 2 * t)
+        self.attention_mask = torch.cat([attention_mask, attention_mask], dim=1)
+        self.ids, self.keep = ids, torch.arange(t, 2 * t, device=ids.device)
+
+    def logits(self, model: GlideForCausalLM, fed: torch.Tensor, kv) -> torch.Tensor:
+        return model(input_ids=torch.cat([self.ids, fed], dim=1), attention_mask=self.attention_mask,
+                     position_ids=self.position_ids, target_key_values=kv, cross_attention_mask=self.cross_mask,
+                     self_attention_mask=self.self_mask, full_vocab=False, logits_to_keep=self.keep).logits
+
+
+def _to_target(model: GlideForCausalLM, draft_ids: torch.Tensor) -> torch.Tensor:
+    """Target ids of the draft's output columns (the columns themselves with the target's shared embeddings)."""
+    if model.config.share_target_embeddings:
+        return draft_ids
+    return model.vocab_subset.to(draft_ids.device)[draft_ids]
 
 
 @torch.no_grad()
 def glide_acceptance(model: GlideForCausalLM, target, data, index: list[int] | None = None, batch_size: int = 8,
                      max_len: int = 512, block: int | None = None,
-                     kv_fn: Callable[[Batch], list | None] | None = None) -> dict:
-    """Teacher-forced greedy acceptance of the GLIDE draft, against the stored tokens: the distillation store
-    holds the target's own greedy responses, so the token after position ``t`` *is* the target's greedy
-    prediction there and no target logits are needed (only its K/V, from ``kv_fn``, default
+                     kv_fn: Callable[[Batch], list | None] | None = None,
+                     labels_fn: Callable[[Batch], torch.Tensor] | None = None) -> dict:
+    """Teacher-forced greedy acceptance of the GLIDE draft, against the target's greedy tokens: ``labels_fn(batch)``
+    ``[B, T]``, column ``t`` the target's greedy token after position ``t`` (default: the batch's own next tokens, the
+    target's greedy responses in a greedy distillation store; a teacher-forced store's come from
+    :class:`~.acceptance.GreedyLabels`). No target logits are needed (only its K/V, from ``kv_fn``, default
     :func:`target_kv_batch`; a GLIDE without cross-attention needs no target forward at all).
 
     ``data``: a :class:`Batch`, an iterable of them, or a DistillStore with ``index`` (its held-out records;
-    prompt positions then weigh 0). Counted positions: those whose next token has ``weights > 0`` (with a
-    hand-made Batch, its tokens there must be the target's greedy ones).
+    prompt positions then weigh 0). Counted positions: those whose next token has ``weights > 0``.
 
-    ``alpha``: fraction of counted positions where the draft's argmax (block-wise mask) equals the next token;
-    ``tau@L``: mean number of tokens accepted from an ``L``-token draft started at a block start (``L`` =
-    ``block``), ``drafts``: how many such drafts were scored. The same metric serves the paper's controlled
-    comparison (Figure 4): GLIDE against the same architecture with ``cross_attention=False``."""
+    ``alpha``: fraction of counted positions where the draft's argmax (block-wise mask) equals the label;
+    drafts of ``L`` = ``block`` tokens start at block starts (with the mask, such a draft sees exactly what it sees in
+    decoding after the target verified the tokens before it, and teacher forcing is exact up to its first miss):
+    ``tau@L`` (= ``tau``) their mean accepted length, ``accept@k`` the share with at least ``k`` accepted
+    (:func:`~.acceptance.accept_by_position`), ``drafts`` how many were scored. The same metric serves the paper's
+    controlled comparison (Figure 4): GLIDE against the same architecture with ``cross_attention=False``."""
     block = block or model.config.block_size
     kv_fn = kv_fn or (lambda b: target_kv_batch(model, target, b))
     if isinstance(data, Batch):
@@ -166,8 +245,9 @@ def glide_acceptance(model: GlideForCausalLM, target, data, index: list[int] | N
     model.eval()
     for b in batches:
         logits = _draft_logits(model, b, kv_fn(b), block, "none")                          # [B, T, N]
-        draft = model.vocab_subset[logits.argmax(-1)] if not model.config.share_target_embeddings else logits.argmax(-1)
-        ok = (draft[:, :-1] == b.input_ids[:, 1:].to(draft.device)).cpu().numpy()         # position t predicts t + 1
+        draft = _to_target(model, logits.argmax(-1))
+        labels = labels_fn(b) if labels_fn is not None else b.input_ids[:, 1:]
+        ok = (draft[:, :-1] == labels[:, : draft.shape[1] - 1].to(draft.device)).cpu().numpy()  # t predicts t + 1
         use = (b.weights[:, 1:] > 0).cpu().numpy()
         for r in range(ok.shape[0]):
             hits.append(ok[r][use[r]])
@@ -178,8 +258,9 @@ def glide_acceptance(model: GlideForCausalLM, target, data, index: list[int] | N
                     runs.append(int(np.argmin(np.append(seg, False))))
     model.train(was_training)
     flat = np.concatenate(hits) if hits else np.zeros(0, dtype=bool)
+    by_position = accept_by_position(runs, block)
     return {"alpha": float(flat.mean()) if flat.size else 0.0, "eval_tokens": counted,
-            f"tau@{block}": float(np.mean(runs)) if runs else 0.0, "drafts": len(runs)}
+            f"tau@{block}": by_position["tau"], "drafts": len(runs), **by_position}
 
 
 __all__ = ["TargetKVMemo", "glide_acceptance", "glide_loss", "target_kv_batch"]

@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import accel, sharding
+from .acceptance import plot_acceptance
 from .batches import Batch, BatchIterator, BatchStream, iterate_batches, make_batch, split_records  # noqa: F401
 
 
@@ -51,6 +52,8 @@ class TrainConfig:
     eval_every: int = 100
     eval_records: int = 48        # held-out sequences (never trained on)
     prompt_weight: float = 0.1    # loss weight of prompt positions (responses weigh 1)
+    unroll: int = 1               # glide, redrafter: drafted positions 2..unroll fed the head's own predictions (HASS)
+    feature_weight: float = 0.0   # glide, redrafter: weight of the feature regression beside the token loss (EAGLE)
     seed: int = 0
     grad_accum: int = 1           # micro-batches per process and step (the batch per step stays batch_size)
     mixed_precision: str = "no"   # "no", "bf16" or "fp16" (autocast, float32 weights)
@@ -81,7 +84,7 @@ class _Step(torch.nn.Module):
 
     def __init__(self, head: torch.nn.Module, loss_fn: Callable):
         super().__init__()
-        self.head, self.loss_fn = head, loss_fn
+        self.head, self.loss_fn = head, loss_fn       # a loss that is a module (features.HeadLoss) trains with the head
 
     def forward(self, batch: Batch):
         return self.loss_fn(self.head, batch)
@@ -109,8 +112,12 @@ def train(
         step_module = sharding.shard(_Step(model, loss_fn), fsdp, device)
     else:
         step_module = acc.prepare(_Step(model, loss_fn), device_placement=[False])
+    own = [p for p in loss_fn.parameters()] if isinstance(loss_fn, torch.nn.Module) else []
+    if fsdp and own:
+        raise ValueError("a loss with its own parameters (a feature regression) trains data parallel, not with FSDP")
     trained = step_module.head if fsdp else model
-    params = [p for p in trained.parameters() if p.requires_grad]
+    whole = trained if fsdp else acc.unwrap_model(step_module)   # the head, and a loss's own parameters (features)
+    params = [p for p in whole.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, cfg))
     autocast, scaler = accel.precision(cfg.mixed_precision, device, sharded=fsdp is not None)
@@ -196,7 +203,7 @@ def _run_settings(cfg: TrainConfig) -> dict:
     micro-batches and the precision may change; the batches and the schedule may not; the number of processes
     is checked with the checkpoint's RNG states, :func:`.accel.load_checkpoint`)."""
     keep = ("steps", "batch_size", "max_len", "lr", "warmup", "weight_decay", "grad_clip", "eval_records",
-            "prompt_weight", "seed")
+            "prompt_weight", "seed", "unroll", "feature_weight")
     return {k: getattr(cfg, k) for k in keep}
 
 
@@ -210,12 +217,16 @@ def _mean_over_parts(acc, logged: list[list[float]]) -> list[float]:
 
 
 def write_state(state: TrainState, cfg: TrainConfig, out: Path, extra: dict | None = None) -> None:
-    """``trainer_state.json`` and ``training_curve.png`` (if matplotlib is installed) in ``out``."""
+    """``trainer_state.json`` and ``training_curve.png`` (if matplotlib is installed) in ``out``; with evaluations
+    that report acceptance by drafted position, ``acceptance_by_position.png`` too (one curve per evaluation)."""
     out.mkdir(parents=True, exist_ok=True)
     cfg_d = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
     doc = {"config": cfg_d, "processes": accel.num_processes(), "step": state.step, "seconds": round(state.seconds, 1),
            "best": state.best, "layout": state.layout, "history": state.history, **(extra or {})}
     (out / "trainer_state.json").write_text(json.dumps(doc, indent=1) + "\n")
+    by_step = {f"step {h['step']}": h["eval"] for h in state.history if "eval" in h and "accept@1" in h["eval"]}
+    if by_step:
+        plot_acceptance(by_step, out / "acceptance_by_position.png")
     try:
         import matplotlib
 

@@ -35,6 +35,8 @@ import torch
 from ..heads import GlideConfig, GlideForCausalLM
 from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
+from .acceptance import GreedyLabels
+from .features import FeatureRegression, HeadLoss, require_hidden
 from .glide import TargetKVMemo, glide_acceptance, glide_loss
 from .accel import head_device, is_main_process
 from .loop import TrainConfig, TrainState, iterate_batches, split_records, train, write_state
@@ -116,13 +118,23 @@ def train_glide(target, data: str | Path, cfg: TrainConfig, spec: GlideSpec, tar
     train_idx, eval_idx = split_records(store, cfg.eval_records)
     command = command or "hf-cascade " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     memo = TargetKVMemo(model, target, kv_cache_bytes)
+    labels = GreedyLabels(store, target)
     baseline = None
 
-    def loss_fn(m, batch):
-        return glide_loss(m, target, batch, spec.block_size, spec.first_block, kv=memo(batch))
+    def head_loss(m, batch, features=None):
+        return glide_loss(m, target, batch, spec.block_size, spec.first_block, kv=memo(batch), unroll=cfg.unroll,
+                          features=features, store=store)
+
+    loss_fn = head_loss
+    if cfg.feature_weight:
+        require_hidden(store)
+        regression = FeatureRegression(spec.hidden_size, int(target.config.get_text_config().hidden_size),
+                                       cfg.feature_weight).to(model.device)
+        loss_fn = HeadLoss(head_loss, features=regression)
 
     def eval_fn(m):
-        return glide_acceptance(m, target, store, eval_idx, max_len=cfg.max_len, block=spec.block_size, kv_fn=memo)
+        return glide_acceptance(m, target, store, eval_idx, max_len=cfg.max_len, block=spec.block_size, kv_fn=memo,
+                                labels_fn=labels)
 
     def save_fn(m, state: TrainState):
         extra = {"batch_size": cfg.batch_size, "spec": asdict(spec), "cross_attention": cross_attention,

@@ -35,7 +35,9 @@ from tqdm.auto import tqdm
 from ..heads import ReDrafterConfig, ReDrafterModel
 from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
+from .acceptance import GreedyLabels
 from .accel import head_device, is_main_process
+from .features import FeatureRegression, HeadLoss, require_hidden
 from .loop import TrainConfig, TrainState, iterate_batches, make_batch, split_records, train, write_state
 from .redrafter import redrafter_acceptance, redrafter_loss, target_context
 from .run import _data_facts, _f
@@ -168,11 +170,19 @@ def train_redrafter(target, data: str | Path, cfg: TrainConfig, spec: ReDrafterS
             hidden_from = "cached"
     with_hidden = source.hidden_size > 0
 
-    def loss_fn(m, batch):
-        return redrafter_loss(m, target, batch, L, source if with_hidden else None)
+    labels = GreedyLabels(store, target)
+
+    def head_loss(m, batch, features=None):
+        return redrafter_loss(m, target, batch, L, source if with_hidden else None, cfg.unroll, features)
+
+    loss_fn = head_loss
+    if cfg.feature_weight:
+        require_hidden(source)
+        h = int(tc.hidden_size)
+        loss_fn = HeadLoss(head_loss, features=FeatureRegression(h, h, cfg.feature_weight).to(head.device))
 
     def eval_fn(m):
-        return redrafter_acceptance(m, target, source, eval_idx, L, use_store_hidden=with_hidden)
+        return redrafter_acceptance(m, target, source, eval_idx, L, use_store_hidden=with_hidden, labels_fn=labels)
 
     baseline = None
 

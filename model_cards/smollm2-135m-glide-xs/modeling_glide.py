@@ -231,6 +231,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         target_key_values=None,
         cross_attention_mask: torch.Tensor | None = None,
+        self_attention_mask: torch.Tensor | None = None,
         full_vocab: bool = True,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
@@ -247,6 +248,8 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 are taken. ``None``: no cross-attention.
             cross_attention_mask: bool, True = may attend, ``[T, S]``, ``[B, T, S]`` or ``[B, 1|h, T, S]``
                 (training: :func:`glide_cross_mask`); ``None`` = query at sequence index ``i`` sees entries ``< i``.
+            self_attention_mask: bool, True = may attend, ``[T, P + T]`` or ``[B, 1, T, P + T]``, in place of the causal
+                mask (padding still applies; training's unrolled drafts, ``hf_cascade.training.glide``).
             labels: ``[B, T]`` target ids, shifted inside (-100 and ids outside the subset ignored).
             full_vocab: ``[B, T', V]`` logits (``finfo.min`` outside the subset) or ``[B, T', N]``.
             return_dict: ``False``: the output's fields that are set, as a tuple (``(logits, cache)`` for a
@@ -291,6 +294,9 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         if attention_mask is not None or first is None or t > 1:
             keys = torch.arange(width, device=device)
             self_allowed = (keys[None, :] <= cache_position[:, None])[None, None]          # [1, 1, T, P+T]
+            if self_attention_mask is not None:
+                given = self_attention_mask.to(device=device, dtype=torch.bool)
+                self_allowed = given[None, None] if given.dim() == 2 else given
         if attention_mask is not None:
             if attention_mask.dim() != 2:
                 raise ValueError("attention_mask must be a [B, P + T] padding mask.")
