@@ -30,6 +30,8 @@ def no_target_load(monkeypatch):
     (["train", "redrafter", "--no-cross-attention"], "--no-cross-attention applies to `train glide` only"),
     (["train", "vanilla", "--target-layers", "1"], "--target-layers applies to `train glide` only"),
     (["train", "glide", "--target-layers", "0", "1"], "--target-layers needs one target layer per draft layer (1), got 2"),
+    (["train", "vanilla", "--unroll", "3"], "--unroll and --feature-weight apply to `train glide` and `train redrafter`"),
+    (["train", "glide", "--unroll", "0"], "--unroll must be >= 1 and --feature-weight >= 0, got 0, 0.0"),
 ])
 def test_cli_train_rejects_bad_arguments_before_loading_the_target(argv, message, tmp_path, capsys, no_target_load):
     assert main([*argv, "--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 2

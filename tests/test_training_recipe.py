@@ -153,6 +153,16 @@ def test_redrafter_unrolled_step_is_fed_its_own_token(redrafter, target, store):
     assert abs(metrics["own@2"] - metrics["loss@2"]) > 1e-3
 
 
+def test_redrafter_feature_loss_regresses_every_step(redrafter, target, store):
+    batch = make_batch(store, list(range(len(store))), 16, 0.5)
+    h = int(target.config.hidden_size)
+    with torch.no_grad():
+        plain, _ = redrafter_loss(redrafter, target, batch, L=3, store=store)
+        both, metrics = redrafter_loss(redrafter, target, batch, L=3, store=store, features=FeatureRegression(h, h))
+    terms = [metrics[f"feature@{k}"] for k in (1, 2, 3)]
+    assert min(terms) > 0 and both.item() == pytest.approx(plain.item() + sum(terms), rel=1e-5)
+
+
 def test_redrafter_acceptance_scores_against_its_labels(redrafter, target, store):
     _, held = split_records(store, 4)
     default = redrafter_acceptance(redrafter, target, store, held, L=3)
@@ -176,7 +186,8 @@ def test_feature_loss_is_added_and_trained_beside_the_head_not_saved(glide, targ
     with torch.no_grad():
         plain, _ = glide_loss(glide, target, batch, BLOCK)
         both, metrics = glide_loss(glide, target, batch, BLOCK, features=regression, store=store)
-    assert metrics["feature_loss"] > 0 and both.item() == pytest.approx(plain.item() + metrics["feature_loss"], rel=1e-5)
+    assert metrics["feature_loss"] > 0
+    assert both.item() == pytest.approx(plain.item() + metrics["feature_loss"], rel=1e-5)
 
     model = build_glide(target, store, GLIDE_SPEC, "tiny")[0]
     before, keys = regression.proj.weight.detach().clone(), set(model.state_dict())

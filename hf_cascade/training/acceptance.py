@@ -38,8 +38,8 @@ def runs_from_hits(hits: torch.Tensor) -> torch.Tensor:
 
 class GreedyLabels:
     """The target's greedy next token at every position of a store's records: the stored tokens of a greedy store;
-    for a store with teacher-forced records (``meta["teacher_forced"]``, with hidden states), the argmax of the target's LM head
-    over the stored last hidden state (computed once per record, in chunks of ``chunk`` positions).
+    for a store with teacher-forced records (``meta["teacher_forced"]``, with hidden states), the argmax of the
+    target's LM head over the stored last hidden state (computed once per record, in chunks of ``chunk`` positions).
 
     ``labels(batch)``: ``[B, T]`` long, column ``t`` the target's greedy token after position ``t`` of the batch's
     tokens (the last column of a record: its next stored token, or the computed one; unused by the metrics)."""
