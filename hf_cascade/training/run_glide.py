@@ -159,6 +159,8 @@ def _card(model: GlideForCausalLM, spec: GlideSpec, state: TrainState, extra: di
     data, c = extra["data"], model.config
     block = spec.block_size
     tau = f"tau@{block}"
+    accept_cols = " | ".join(f"accept@{k}" for k in range(1, block + 1))
+    row = lambda d: " | ".join(_f(d, f"accept@{k}") for k in range(1, block + 1))  # noqa: E731
     if c.cross_attention:
         title = "GLIDE draft model"
         what = (f"Each layer cross-attends to the target's cached keys/values of layer(s) {c.target_layer_ids} "
@@ -194,10 +196,14 @@ Data: `hf-cascade distill --out DATA`, then
 (prompt positions weighted down), draft positions in block `b` seeing the target's K/V of blocks `< b` only.
 
 ## Measured acceptance (held-out, greedy, teacher forced against the target's greedy tokens)
-| | alpha (per token) | {tau} (tokens accepted of a {block}-token draft) |
-|---|---:|---:|
-| before training | {_f(baseline, 'alpha')} | {_f(baseline, tau)} |
-| this checkpoint (step {state.step}) | {_f(last, 'alpha')} | {_f(last, tau)} |
+accept@k = share of {block}-token drafts with at least k tokens accepted (by drafted position).
+
+| | alpha (per token) | {tau} (tokens accepted of a {block}-token draft) | {accept_cols} |
+|---|---:|---:|{'---:|' * block}
+| before training | {_f(baseline, 'alpha')} | {_f(baseline, tau)} | {row(baseline)} |
+| this checkpoint (step {state.step}) | {_f(last, 'alpha')} | {_f(last, tau)} | {row(last)} |
+
+![held-out acceptance by drafted position, per evaluation](acceptance_by_position.png)
 
 {usage_section("glide", repo_id, c.target_name_or_path)}"""
     # no pipeline_tag: the draft cannot generate without the target's K/V

@@ -241,6 +241,8 @@ fraction of drafts with at least k tokens accepted. Beam search (width > 1) acce
 | before training | {_f(baseline, 'alpha')} | {_f(baseline, 'tau')} | {row(baseline)} |
 | this checkpoint (step {state.step}) | {_f(last, 'alpha')} | {_f(last, 'tau')} | {row(last)} |
 
+![held-out acceptance by drafted position, per evaluation](acceptance_by_position.png)
+
 {usage_section("redrafter", repo_id, cfg.target_name_or_path, beam_length=L)}"""
     # no pipeline_tag: the head cannot generate without the target's hidden states
     return {"body": body, "datasets": hub_datasets(data["by_source"]), "sources": data["by_source"]}
