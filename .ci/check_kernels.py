@@ -19,8 +19,12 @@ def cpu_flags() -> set[str]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return set()
-    return {flag for line in text.splitlines() if line.startswith(("flags", "Features"))
-            for flag in line.split(":", 1)[1].split()}
+    return {
+        flag
+        for line in text.splitlines()
+        if line.startswith(("flags", "Features"))
+        for flag in line.split(":", 1)[1].split()
+    }
 
 
 def main() -> int:

@@ -88,13 +88,24 @@ PROMPTS = [
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="default",
-                   help="target: 'default' (the embedded Gemma-3-270M), a local directory or a Hub repo id")
-    p.add_argument("--dtype", choices=list(DTYPES), default=None,
-                   help="dtype of the speed table (parity is checked in fp32 first); default: bf16 on a GPU, fp32 on the CPU")
-    p.add_argument("--tie-ulps", type=float, default=TIE_ULPS,
-                   help="bf16/fp16 only: a difference is a tie when the other token's logit is within this many "
-                        "units in the last place of the plain path's top-1 logit")
+    p.add_argument(
+        "--model",
+        default="default",
+        help="target: 'default' (the embedded Gemma-3-270M), a local directory or a Hub repo id",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default=None,
+        help="dtype of the speed table (parity is checked in fp32 first); default: bf16 on a GPU, fp32 on the CPU",
+    )
+    p.add_argument(
+        "--tie-ulps",
+        type=float,
+        default=TIE_ULPS,
+        help="bf16/fp16 only: a difference is a tie when the other token's logit is within this many "
+        "units in the last place of the plain path's top-1 logit",
+    )
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--device-map", default=None, help="load the target with this device_map (e.g. 'auto')")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -102,15 +113,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="timed runs per prompt (the fastest counts)")
     p.add_argument("--assistants", default=None, help="comma-separated names (default: all)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)} (default: all)")
-    p.add_argument("--compile-backend", default=None,
-                   help="compiled mode's CompileConfig backend (default: CompileConfig's, inductor; aot_eager on a CPU)")
-    p.add_argument("--compile-mode", default=None,
-                   help="compiled mode's CompileConfig mode, 'none' for none (default: CompileConfig's, reduce-overhead; "
-                        "none on a CPU)")
+    p.add_argument(
+        "--compile-backend",
+        default=None,
+        help="compiled mode's CompileConfig backend (default: CompileConfig's, inductor; aot_eager on a CPU)",
+    )
+    p.add_argument(
+        "--compile-mode",
+        default=None,
+        help="compiled mode's CompileConfig mode, 'none' for none (default: CompileConfig's, reduce-overhead; "
+        "none on a CPU)",
+    )
     for name in SHIPPED:
         p.add_argument(f"--{name}", default=None, help=f"{name} checkpoint (directory or Hub repo id)")
-    p.add_argument("--cuda-tests", choices=("auto", "yes", "no"), default="auto",
-                   help="run the cuda tests (tests/cuda) first: auto (default) on a CUDA device, yes, no")
+    p.add_argument(
+        "--cuda-tests",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="run the cuda tests (tests/cuda) first: auto (default) on a CUDA device, yes, no",
+    )
     p.add_argument("--json", default="gpu_check.json", metavar="PATH", help="the summary (default gpu_check.json)")
     args = p.parse_args(argv)
     if args.device is None:
@@ -124,6 +145,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # -- loading ---------------------------------------------------------------------------------------------
+
 
 def load_target(args, dtype_name: str):
     dtype = DTYPES[dtype_name]
@@ -162,8 +184,17 @@ def load_drafters(args) -> dict:
 
 def assistants(d: dict) -> dict:
     """name -> (factory, the drafters it needs): the registry of tests/contract_registry.py."""
-    from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, DynamicWindowSettings,
-                            GlideAssistant, GlideSettings, MaxGram, ReDrafterAssistant, ReDrafterSettings)
+    from hf_cascade import (
+        CascadeAssistant,
+        CascadeSettings,
+        DynamicWindowAssistant,
+        DynamicWindowSettings,
+        GlideAssistant,
+        GlideSettings,
+        MaxGram,
+        ReDrafterAssistant,
+        ReDrafterSettings,
+    )
     from hf_cascade.maxgram_tree import MaxGramTreeAssistant
     from hf_cascade.recycling import RecyclingAssistant
 
@@ -173,11 +204,16 @@ def assistants(d: dict) -> dict:
     return {
         "maxgram": (lambda: CascadeAssistant([MaxGram()]), []),
         "drafter+maxgram": (lambda: CascadeAssistant([d["drafter"], MaxGram()]), ["drafter"]),
-        "lenience3": (lambda: CascadeAssistant([d["drafter"], MaxGram(adaptive=False, max_tokens=5)],
-                                               settings=CascadeSettings(lenience=3.0)), ["drafter"]),
-        "maxgram_first_cost_aware": (lambda: CascadeAssistant([d["drafter"], MaxGram()],
-                                                              settings=CascadeSettings(k_matrix=[[6, 10], [0, 10]])),
-                                     ["drafter"]),
+        "lenience3": (
+            lambda: CascadeAssistant(
+                [d["drafter"], MaxGram(adaptive=False, max_tokens=5)], settings=CascadeSettings(lenience=3.0)
+            ),
+            ["drafter"],
+        ),
+        "maxgram_first_cost_aware": (
+            lambda: CascadeAssistant([d["drafter"], MaxGram()], settings=CascadeSettings(k_matrix=[[6, 10], [0, 10]])),
+            ["drafter"],
+        ),
         "hsddw": (hsddw, ["drafter"]),
         "glide": (lambda: GlideAssistant(d["glide"], settings=GlideSettings.chain()), ["glide"]),
         "glide_cape": (lambda: GlideAssistant(d["glide"]), ["glide"]),
@@ -188,6 +224,7 @@ def assistants(d: dict) -> dict:
 
 
 # -- modes -----------------------------------------------------------------------------------------------
+
 
 def compile_config(args, device: torch.device):
     """The compiled mode's ``CompileConfig``: transformers' defaults on an accelerator; on a CPU ``aot_eager`` without
@@ -214,7 +251,7 @@ def mode_kwargs(mode: str, args, device: torch.device, max_cache_len: int) -> di
     if mode == "eager":
         return {}
     kw = {"cache_implementation": "static"}
-    if hasattr(GenerationConfig(), "max_cache_len"):              # one cache shape for every prompt
+    if hasattr(GenerationConfig(), "max_cache_len"):  # one cache shape for every prompt
         kw["max_cache_len"] = max_cache_len
     if mode == "static":
         kw["disable_compile"] = True
@@ -243,6 +280,7 @@ def strict_recompiles(compiled: bool):
 
 # -- the cuda tests --------------------------------------------------------------------------------------
 
+
 def run_cuda_tests(args) -> dict:
     """The ``cuda`` tests of a source checkout (:data:`CUDA_TESTS`) in a pytest subprocess: its counts (junit XML),
     exit code and seconds; ``{"ran": False, "reason": ...}`` where they do not run (``--cuda-tests``, no CUDA
@@ -258,8 +296,21 @@ def run_cuda_tests(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "cuda.xml"
         start = time.perf_counter()
-        code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda",
-                                f"--junitxml={report}", str(CUDA_TESTS)], cwd=CUDA_TESTS.parent.parent)
+        code = subprocess.call(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "cuda",
+                f"--junitxml={report}",
+                str(CUDA_TESTS),
+            ],
+            cwd=CUDA_TESTS.parent.parent,
+        )
         seconds = time.perf_counter() - start
         suites = list(ElementTree.parse(report).getroot().iter("testsuite")) if report.is_file() else []
         counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
@@ -273,6 +324,7 @@ def cuda_tests_failed(result: dict) -> bool:
 
 
 # -- running ---------------------------------------------------------------------------------------------
+
 
 def timed_generate(model, ids, assistant, max_new_tokens: int, repeats: int, **kw):
     """``(output ids, fastest wall time)`` of greedy generate (optionally with ``assistant``)."""
@@ -296,9 +348,10 @@ def run_method(model, prompts, assistant, kw: dict, args, timed: bool, compiled:
     extra = {} if assistant is None else {"assistant_model": assistant}
     with strict_recompiles(compiled):
         if timed:
-            for ids in (prompts if compiled else prompts[:1]):
-                model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens if compiled else 4,
-                               **extra, **kw)
+            for ids in prompts if compiled else prompts[:1]:
+                model.generate(
+                    ids, do_sample=False, max_new_tokens=args.max_new_tokens if compiled else 4, **extra, **kw
+                )
         before = unique_graphs()
         outs, seconds, tokens, per_call = [], 0.0, 0, []
         for ids in prompts:
@@ -307,8 +360,12 @@ def run_method(model, prompts, assistant, kw: dict, args, timed: bool, compiled:
             seconds += t
             tokens += out.shape[1] - ids.shape[1]
             per_call.append(assistant.last_stats.tokens_per_target_call if assistant is not None else 1.0)
-    return {"outs": outs, "tps": tokens / seconds, "per_call": statistics.mean(per_call),
-            "graphs": unique_graphs() - before if timed else 0}
+    return {
+        "outs": outs,
+        "tps": tokens / seconds,
+        "per_call": statistics.mean(per_call),
+        "graphs": unique_graphs() - before if timed else 0,
+    }
 
 
 def judge(model, expected: list, got: list, label: str, exact: bool, ulps: float):
@@ -318,8 +375,10 @@ def judge(model, expected: list, got: list, label: str, exact: bool, ulps: float
     if got == expected:
         return "same", None
     d = divergence(model, expected, got, ulps=ulps)
-    where = f"{label}, first difference at position {d.position} (plain {expected[d.position:d.position + 5]}, " \
-            f"got {got[d.position:d.position + 5]})"
+    where = (
+        f"{label}, first difference at position {d.position} (plain {expected[d.position : d.position + 5]}, "
+        f"got {got[d.position : d.position + 5]})"
+    )
     gaps = f"top-1 - top-2 logit {d.gap:.4g}, top-1 - its token {d.got_gap:.4g}, tie tolerance {d.tolerance:.3g}"
     verdict = "mismatch" if exact or not d.tie else "tie"
     print(f"  {'tie' if verdict == 'tie' else 'MISMATCH'} {where}: {gaps}", flush=True)
@@ -346,7 +405,7 @@ def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, t
 
     device = prompts[0].device
     max_cache_len = max(p.shape[1] for p in prompts) + args.max_new_tokens
-    modes = ["eager"] + [m for m in args.modes if m != "eager"]          # plain eager: the reference of the others
+    modes = ["eager"] + [m for m in args.modes if m != "eager"]  # plain eager: the reference of the others
     plain, rows, failures = {}, [], 0
     for mode in modes:
         kw = mode_kwargs(mode, args, device, max_cache_len)
@@ -357,8 +416,14 @@ def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, t
                 raise
             rows.append(("plain generate", mode, f"ERROR {type(exc).__name__}: {str(exc)[:60]}", None, []))
             continue
-        verdicts = [judge(model, e, g, f"plain [{mode}]", exact, args.tie_ulps)
-                    for e, g in zip(plain["eager"]["outs"], r["outs"])] if mode != "eager" else []
+        verdicts = (
+            [
+                judge(model, e, g, f"plain [{mode}]", exact, args.tie_ulps)
+                for e, g in zip(plain["eager"]["outs"], r["outs"])
+            ]
+            if mode != "eager"
+            else []
+        )
         rows.append(("plain generate", mode, parity_text(verdicts) if verdicts else "-", r, verdicts))
     for name in wanted:
         make, needs = table[name]
@@ -367,18 +432,25 @@ def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, t
             if mode not in args.modes:
                 continue
             if missing or mode not in plain or (mode != "eager" and not static_rollback_supported()):
-                why = f"no --{missing[0]}" if missing else "no plain baseline" if mode not in plain else \
-                    "static caches need transformers >= 5"
+                why = (
+                    f"no --{missing[0]}"
+                    if missing
+                    else "no plain baseline"
+                    if mode not in plain
+                    else "static caches need transformers >= 5"
+                )
                 rows.append((name, mode, f"skipped ({why})", None, []))
                 continue
             try:
                 kw = mode_kwargs(mode, args, device, max_cache_len)
                 r = run_method(model, prompts, make(), kw, args, timed, mode == "compiled")
-                verdicts = [judge(model, e, g, f"{name} [{mode}], prompt {i}", exact, args.tie_ulps)
-                            for i, (e, g) in enumerate(zip(plain[mode]["outs"], r["outs"]))]
+                verdicts = [
+                    judge(model, e, g, f"{name} [{mode}], prompt {i}", exact, args.tie_ulps)
+                    for i, (e, g) in enumerate(zip(plain[mode]["outs"], r["outs"]))
+                ]
                 failures += sum(v == "mismatch" for v, _ in verdicts)
                 rows.append((name, mode, parity_text(verdicts), r, verdicts))
-            except Exception as exc:                                   # report and go on with the others
+            except Exception as exc:  # report and go on with the others
                 failures += 1
                 rows.append((name, mode, f"ERROR {type(exc).__name__}: {str(exc)[:80]}", None, []))
             print(f"  {name} [{mode}]: {rows[-1][2]}", flush=True)
@@ -386,13 +458,23 @@ def run_assistants(model, prompts, table, wanted, drafters, args, exact: bool, t
     def ratio(r, m):
         return r["tps"] / plain[m]["tps"] if r is not None and m in plain else None
 
-    return [{"method": method, "mode": mode,
-             "parity": parity + (f" ({r['graphs']} graph(s) compiled while timed)" if r and r["graphs"] else ""),
-             "tokens_per_second": r and r["tps"], "vs_compiled": ratio(r, "compiled"), "vs_eager": ratio(r, "eager"),
-             "tokens_per_call": r and r["per_call"],
-             "differences": [{"prompt": i, "verdict": v, **_finite(dataclasses.asdict(d))}
-                             for i, (v, d) in enumerate(verdicts) if d is not None]}
-            for method, mode, parity, r, verdicts in rows], failures
+    return [
+        {
+            "method": method,
+            "mode": mode,
+            "parity": parity + (f" ({r['graphs']} graph(s) compiled while timed)" if r and r["graphs"] else ""),
+            "tokens_per_second": r and r["tps"],
+            "vs_compiled": ratio(r, "compiled"),
+            "vs_eager": ratio(r, "eager"),
+            "tokens_per_call": r and r["per_call"],
+            "differences": [
+                {"prompt": i, "verdict": v, **_finite(dataclasses.asdict(d))}
+                for i, (v, d) in enumerate(verdicts)
+                if d is not None
+            ],
+        }
+        for method, mode, parity, r, verdicts in rows
+    ], failures
 
 
 def main(argv=None) -> int:
@@ -403,14 +485,27 @@ def main(argv=None) -> int:
     import hf_cascade  # noqa: F401  (installs the generate() hook)
 
     gpu = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else None
-    print(f"torch {torch.__version__}, device {args.device}" + (f" ({gpu})" if gpu else "")
-          + f", dtype {args.dtype} (parity in fp32), target {args.model}", flush=True)
-    summary = {"environment": {"torch": torch.__version__, "transformers": transformers.__version__,
-                               "python": platform.python_version(), "device": args.device,
-                               "device_name": gpu or f"CPU ({platform.machine()})", "dtype": args.dtype,
-                               "target": args.model, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
-                               "modes": args.modes},
-               "cuda_tests": run_cuda_tests(args)}
+    print(
+        f"torch {torch.__version__}, device {args.device}"
+        + (f" ({gpu})" if gpu else "")
+        + f", dtype {args.dtype} (parity in fp32), target {args.model}",
+        flush=True,
+    )
+    summary = {
+        "environment": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "device": args.device,
+            "device_name": gpu or f"CPU ({platform.machine()})",
+            "dtype": args.dtype,
+            "target": args.model,
+            "prompts": args.prompts,
+            "max_new_tokens": args.max_new_tokens,
+            "modes": args.modes,
+        },
+        "cuda_tests": run_cuda_tests(args),
+    }
     drafters = load_drafters(args)
     print("drafters: " + (", ".join(f"{k}={getattr(args, k) or SHIPPED[k].name}" for k in drafters) or "none"))
     table = assistants(drafters)
@@ -421,22 +516,23 @@ def main(argv=None) -> int:
         return 2
 
     failures, exact, tables = 0, {}, {}
-    for dtype_name in dict.fromkeys(["fp32", args.dtype]):     # parity in fp32 first, then the speed dtype
+    for dtype_name in dict.fromkeys(["fp32", args.dtype]):  # parity in fp32 first, then the speed dtype
         print(f"\n{dtype_name}:", flush=True)
-        torch._dynamo.reset()                   # the other dtype's graphs would count against the recompile limit
+        torch._dynamo.reset()  # the other dtype's graphs would count against the recompile limit
         model, tok = load_target(args, dtype_name)
         device = model.get_input_embeddings().weight.device
         if device.type == "meta":
             device = torch.device(args.device)
         prompts = [tok(p, return_tensors="pt").input_ids.to(device) for p in PROMPTS[: args.prompts]]
         timed = dtype_name == args.dtype
-        rows, failed = run_assistants(model, prompts, table, wanted, drafters, args, exact=dtype_name == "fp32",
-                                      timed=timed)
+        rows, failed = run_assistants(
+            model, prompts, table, wanted, drafters, args, exact=dtype_name == "fp32", timed=timed
+        )
         failures += failed
         tables[dtype_name] = rows
         if not timed:
             exact = {(row["method"], row["mode"]): row["parity"] for row in rows}
-        del model                                                   # before the next dtype's copy is loaded
+        del model  # before the next dtype's copy is loaded
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -444,11 +540,20 @@ def main(argv=None) -> int:
     print_table(rows, exact, args.dtype)
     cuda = summary["cuda_tests"]
     failures += cuda_tests_failed(cuda)
-    print(f"\n{args.prompts} prompts x {args.max_new_tokens} new tokens, greedy, {args.device}; parity in fp32, speed in "
-          f"{args.dtype}; vs compiled / vs eager: tokens/s over plain generate compiled / eager; "
-          + ("all outputs identical to plain generate (or ties)" if not failures else f"{failures} FAILURE(S)"))
-    print("cuda tests: " + (f"{cuda['passed']} passed, {cuda['failures'] + cuda['errors']} failed, {cuda['skipped']} "
-                            f"skipped (exit {cuda['exit_code']})" if cuda["ran"] else f"not run ({cuda['reason']})"))
+    print(
+        f"\n{args.prompts} prompts x {args.max_new_tokens} new tokens, greedy, {args.device}; parity in fp32, speed in "
+        f"{args.dtype}; vs compiled / vs eager: tokens/s over plain generate compiled / eager; "
+        + ("all outputs identical to plain generate (or ties)" if not failures else f"{failures} FAILURE(S)")
+    )
+    print(
+        "cuda tests: "
+        + (
+            f"{cuda['passed']} passed, {cuda['failures'] + cuda['errors']} failed, {cuda['skipped']} "
+            f"skipped (exit {cuda['exit_code']})"
+            if cuda["ran"]
+            else f"not run ({cuda['reason']})"
+        )
+    )
     summary.update(rows=tables, failures=failures, seconds=round(time.perf_counter() - start, 1), ok=not failures)
     Path(args.json).write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     print(f"wrote {args.json} ({summary['seconds']:.0f} s)")
@@ -462,17 +567,24 @@ def _finite(fields: dict) -> dict:
 
 def print_table(rows, exact: dict, dtype: str) -> None:
     """One line per method and mode: speeds, then parity (float32, when it ran apart, and the speed dtype)."""
+
     def num(v, f, suffix=""):
         return format(v, f) + suffix if v is not None else "-"
 
-    print(f"{'method':<26} {'mode':<9} {'tokens/s':>9} {'vs compiled':>12} {'vs eager':>9} {'tokens/call':>12}  "
-          + (f"{'fp32 parity':<24} " if exact else "") + f"{dtype} parity")
+    print(
+        f"{'method':<26} {'mode':<9} {'tokens/s':>9} {'vs compiled':>12} {'vs eager':>9} {'tokens/call':>12}  "
+        + (f"{'fp32 parity':<24} " if exact else "")
+        + f"{dtype} parity"
+    )
     for row in rows:
         method, mode = row["method"], row["mode"]
-        print(f"{method:<26} {mode:<9} {num(row['tokens_per_second'], '9.1f'):>9} "
-              f"{num(row['vs_compiled'], '.2f', 'x'):>12} {num(row['vs_eager'], '.2f', 'x'):>9} "
-              f"{num(row['tokens_per_call'], '12.2f'):>12}  "
-              + (f"{exact.get((method, mode), '-'):<24} " if exact else "") + row["parity"])
+        print(
+            f"{method:<26} {mode:<9} {num(row['tokens_per_second'], '9.1f'):>9} "
+            f"{num(row['vs_compiled'], '.2f', 'x'):>12} {num(row['vs_eager'], '.2f', 'x'):>9} "
+            f"{num(row['tokens_per_call'], '12.2f'):>12}  "
+            + (f"{exact.get((method, mode), '-'):<24} " if exact else "")
+            + row["parity"]
+        )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 ``import hf_cascade`` lets ``pipeline(..., assistant_model=...)`` accept a CascadeAssistant; every call of the
 pipeline then drafts with it. Greedy outputs are identical to the pipeline without an assistant.
 """
+
 from transformers import pipeline
 
 import hf_cascade

@@ -1,4 +1,5 @@
 """Quickstart: faster greedy generate() on the default model, same output (run: python examples/quickstart.py)."""
+
 import hf_cascade
 from hf_cascade.models import load_default_target
 

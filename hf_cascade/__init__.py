@@ -23,19 +23,27 @@ from .assistant import Assistant
 from .auto import assistant_for
 from .backends import VerifySession
 from .cascade import CascadeAssistant, CascadeSettings
+from .core.payoff import CostModel, VerifyCost
+from .core.stats import GenerationStats
 from .drafters import BigramTable, CorpusNGrams, MaxGram
 from .glide import CapeSettings, GlideAssistant, GlideSettings, GlideStats
+from .heads import (
+    CascadeDrafterConfig,
+    CascadeDrafterForCausalLM,
+    GlideConfig,
+    GlideForCausalLM,
+    ReDrafterConfig,
+    ReDrafterModel,
+    register_heads,
+)
 from .hsddw import DynamicWindowAssistant, DynamicWindowSettings, DynamicWindowStats
 from .loading import load_pretrained
-from .heads import CascadeDrafterConfig, CascadeDrafterForCausalLM, GlideConfig, GlideForCausalLM, ReDrafterConfig, ReDrafterModel, register_heads
-from .processors import LossyLenientTarget, LossyTypicalAcceptance
+from .measure import measure_verify_cost
 from .options import Loading, Policy
+from .processors import LossyLenientTarget, LossyTypicalAcceptance
+from .recycling import RecyclingAssistant, RecyclingSettings, RecyclingShape
 from .redrafter import ReDrafterAssistant, ReDrafterSettings, ReDrafterStats
 from .shipped_folders import shipped
-from .recycling import RecyclingAssistant, RecyclingSettings, RecyclingShape
-from .core.stats import GenerationStats
-from .core.payoff import CostModel, VerifyCost
-from .measure import measure_verify_cost
 
 __version__ = "0.1.0"
 

@@ -37,7 +37,7 @@ from .core.strategy import TreeDrafter
 from .drafters.memory import AnswerMemory
 from .processors import row_processors
 
-_MEMORY_LOCK = threading.Lock()          # an assistant's memory is made once, whichever thread asks first
+_MEMORY_LOCK = threading.Lock()  # an assistant's memory is made once, whichever thread asks first
 
 
 class Assistant:
@@ -57,7 +57,7 @@ class Assistant:
 
     last_stats: GenerationStats | None = None
     cpu_kernels: bool | None = None
-    trees: bool = True           # drafts may branch (lossy target rules need linear drafts)
+    trees: bool = True  # drafts may branch (lossy target rules need linear drafts)
     _memory: AnswerMemory | None = None
 
     @property
@@ -85,7 +85,7 @@ class Assistant:
             return
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
         stop, _ = stop_token_ids(generation_config)
-        for row in sequences[:, input_ids.shape[1]:].tolist():
+        for row in sequences[:, input_ids.shape[1] :].tolist():
             end = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
             memory.add(row[:end])
 
@@ -100,8 +100,14 @@ class Assistant:
         """A fresh statistics object for one call."""
         return GenerationStats()
 
-    def new_drafter(self, target: PreTrainedModel, generation_config: GenerationConfig,
-                    logits_processor: LogitsProcessorList, stats: GenerationStats, target_tokenizer=None) -> TreeDrafter:
+    def new_drafter(
+        self,
+        target: PreTrainedModel,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList,
+        stats: GenerationStats,
+        target_tokenizer=None,
+    ) -> TreeDrafter:
         """A fresh drafter for one ``generate()`` call (no state survives the call)."""
         raise NotImplementedError
 
@@ -135,8 +141,17 @@ class Assistant:
     ):
         """Called by the hook in place of transformers' ``_assisted_decoding`` (same inputs, same outputs)."""
         with synchronized_phases(self.sync_phases):
-            output = self._decode(target, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-                                  synced_gpus, model_kwargs, target_tokenizer)
+            output = self._decode(
+                target,
+                input_ids,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+                streamer,
+                synced_gpus,
+                model_kwargs,
+                target_tokenizer,
+            )
         self.remember(input_ids, output, generation_config)
         return output
 
@@ -146,45 +161,108 @@ class Assistant:
         policy = getattr(self, "policy", None)
         return bool(getattr(policy, "sync_phases", False))
 
-    def _decode(self, target, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-                synced_gpus, model_kwargs, target_tokenizer):
+    def _decode(
+        self,
+        target,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        streamer,
+        synced_gpus,
+        model_kwargs,
+        target_tokenizer,
+    ):
         model_kwargs = model_kwargs or {}
         processors = logits_processor or LogitsProcessorList()
-        check_supported(target, input_ids, generation_config, model_kwargs, processors, synced_gpus, self.trees, streamer)
+        check_supported(
+            target, input_ids, generation_config, model_kwargs, processors, synced_gpus, self.trees, streamer
+        )
         batched = is_batched(input_ids, model_kwargs)
         # before binding measures; a batch of chains runs under flash too (a 2-D ownership mask hides its padding
         # and holes: hf_cascade.core.batch_state.ownership_mask), a tree nowhere without the core's 4-D mask
         check_attention_backend(target, tree_shaped=self.drafts_branches())
         self.bind(target)
         if batched:
-            return self._decode_batch(target, input_ids, model_kwargs.get("attention_mask"), processors,
-                                      stopping_criteria, generation_config, target_tokenizer, model_kwargs)
+            return self._decode_batch(
+                target,
+                input_ids,
+                model_kwargs.get("attention_mask"),
+                processors,
+                stopping_criteria,
+                generation_config,
+                target_tokenizer,
+                model_kwargs,
+            )
         stats = self.new_stats()
         self.last_stats = stats
         drafter = self.new_drafter(target, generation_config, processors, stats, target_tokenizer)
         compiled = _compile_drafters([drafter], target, model_kwargs, generation_config)
         kernels = False if compiled else self.cpu_kernels
         try:
-            return self._in_session(target, kernels, stats, lambda session: speculative_decode(
-                target, drafter, input_ids, processors, stopping_criteria, generation_config, stats, streamer,
-                session.block_rows, session.argmax_screen, model_kwargs))
+            return self._in_session(
+                target,
+                kernels,
+                stats,
+                lambda session: speculative_decode(
+                    target,
+                    drafter,
+                    input_ids,
+                    processors,
+                    stopping_criteria,
+                    generation_config,
+                    stats,
+                    streamer,
+                    session.block_rows,
+                    session.argmax_screen,
+                    model_kwargs,
+                ),
+            )
         finally:
             self.last_stats = self.finish(drafter, stats)
 
-    def _decode_batch(self, target, input_ids, attention_mask, processors, stopping_criteria, generation_config,
-                      target_tokenizer, model_kwargs=None):
+    def _decode_batch(
+        self,
+        target,
+        input_ids,
+        attention_mask,
+        processors,
+        stopping_criteria,
+        generation_config,
+        target_tokenizer,
+        model_kwargs=None,
+    ):
         """A batch (or a padded row): one drafter and one statistics object per row, one batched loop
         (:mod:`hf_cascade.core.batch`); :attr:`last_stats` is a :class:`~hf_cascade.core.stats.BatchStats`."""
         stats = BatchStats(rows=[self.new_stats() for _ in range(input_ids.shape[0])])
         self.last_stats = stats
-        drafters = [self.new_drafter(target, generation_config, row_processors(processors, b, padded=False), s,
-                                     target_tokenizer) for b, s in enumerate(stats.rows)]
+        drafters = [
+            self.new_drafter(
+                target, generation_config, row_processors(processors, b, padded=False), s, target_tokenizer
+            )
+            for b, s in enumerate(stats.rows)
+        ]
         compiled = _compile_drafters(drafters, target, model_kwargs or {}, generation_config)
         kernels = False if compiled else self.cpu_kernels
         try:
-            return self._in_session(target, kernels, stats, lambda session: speculative_decode_batch(
-                target, drafters, input_ids, attention_mask, processors, stopping_criteria, generation_config, stats,
-                session.block_rows, session.argmax_screen, model_kwargs))
+            return self._in_session(
+                target,
+                kernels,
+                stats,
+                lambda session: speculative_decode_batch(
+                    target,
+                    drafters,
+                    input_ids,
+                    attention_mask,
+                    processors,
+                    stopping_criteria,
+                    generation_config,
+                    stats,
+                    session.block_rows,
+                    session.argmax_screen,
+                    model_kwargs,
+                ),
+            )
         finally:
             stats.rows = [self.finish(d, s) for d, s in zip(drafters, stats.rows)]
 
@@ -220,7 +298,8 @@ class TreeAssistant(Assistant):
     def candidate_generator(self, *args, **kwargs):
         raise RuntimeError(
             f"{type(self).__name__} is a tree assistant: transformers' assisted loop verifies one linear candidate, "
-            "so it runs in hf_cascade's decoding core only, which the hook selects (is it installed? `import hf_cascade`)."
+            "so it runs in hf_cascade's decoding core only, which the hook selects (is it installed? `import "
+            "hf_cascade`)."
         )
 
 
@@ -232,7 +311,9 @@ class LinearAssistant(Assistant):
     trees = False
     loop: str = "core"
 
-    def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> SpeculativeCandidateGenerator:
+    def build(
+        self, target, generation_config, logits_processor, stats, target_tokenizer=None
+    ) -> SpeculativeCandidateGenerator:
         raise NotImplementedError
 
     def new_drafter(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> TreeDrafter:
@@ -251,7 +332,7 @@ class LinearAssistant(Assistant):
         check_supported(target, input_ids, generation_config, model_kwargs, logits_processor, trees=False, batch=False)
         self.bind(target)
         stats = self.new_stats()
-        with synchronized_phases(self.sync_phases):                    # its phase timer is built here
+        with synchronized_phases(self.sync_phases):  # its phase timer is built here
             generator = self.build(target, generation_config, logits_processor, stats, target_tokenizer)
         self.last_stats = stats
         return generator

@@ -41,8 +41,13 @@ def _hub(revision, token, cache_dir) -> dict:
     return {k: (os.fspath(v) if k == "cache_dir" else v) for k, v in kw.items() if v is not None}
 
 
-def checkpoint_kind(obj: Any, *, revision: str | None = None, token: str | bool | None = None,
-                    cache_dir: str | os.PathLike | None = None) -> str | None:
+def checkpoint_kind(
+    obj: Any,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> str | None:
     """``"glide"``, ``"redrafter"`` or ``"cascade"`` for an hf_cascade checkpoint (a loaded model, a local
     directory or a Hub repo id, read with ``revision`` / ``token`` / ``cache_dir``), else ``None`` (including a
     string that names no readable config)."""
@@ -57,8 +62,13 @@ def checkpoint_kind(obj: Any, *, revision: str | None = None, token: str | bool 
     return KINDS.get(str(getattr(getattr(obj, "config", None), "model_type", None)))
 
 
-def assistant_for(checkpoint: Any, *, revision: str | None = None, token: str | bool | None = None,
-                  cache_dir: str | os.PathLike | None = None):
+def assistant_for(
+    checkpoint: Any,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+):
     """The assistant of an hf_cascade checkpoint with its defaults (see the module docstring); a path or repo id
     loads with ``revision`` / ``token`` / ``cache_dir``; a loaded model keeps its assistant for later calls.
     ``ValueError`` for anything else."""
@@ -66,7 +76,9 @@ def assistant_for(checkpoint: Any, *, revision: str | None = None, token: str | 
     hub = {} if loaded else _hub(revision, token, cache_dir)
     kind = checkpoint_kind(checkpoint, **hub)
     if kind is None:
-        raise ValueError(f"{checkpoint!r} is not an hf_cascade checkpoint (config.model_type not one of {sorted(KINDS)}).")
+        raise ValueError(
+            f"{checkpoint!r} is not an hf_cascade checkpoint (config.model_type not one of {sorted(KINDS)})."
+        )
     if loaded and getattr(checkpoint, _ATTRIBUTE, None) is not None:
         return getattr(checkpoint, _ATTRIBUTE)
     from .options import Loading
@@ -86,7 +98,7 @@ def assistant_for(checkpoint: Any, *, revision: str | None = None, token: str | 
 
         assistant = CascadeAssistant([checkpoint, MaxGram()], loading=loading)
     if loaded:
-        object.__setattr__(checkpoint, _ATTRIBUTE, assistant)     # not a submodule: no state_dict entry
+        object.__setattr__(checkpoint, _ATTRIBUTE, assistant)  # not a submodule: no state_dict entry
     return assistant
 
 
@@ -104,8 +116,10 @@ def pipeline_hub_kwargs() -> dict:
                 local = frame.f_locals
                 model_kwargs = local.get("model_kwargs") or {}
                 token = local.get("token")
-                found = {"token": model_kwargs.get("token") if token is None else token,
-                         "cache_dir": model_kwargs.get("cache_dir")}
+                found = {
+                    "token": model_kwargs.get("token") if token is None else token,
+                    "cache_dir": model_kwargs.get("cache_dir"),
+                }
                 return {k: v for k, v in found.items() if v is not None}
             frame = frame.f_back
         return {}

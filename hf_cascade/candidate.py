@@ -26,13 +26,13 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from .drafters.neural import output_vocab_size
-from .processors import split_processors
 from .core.accept import TreeAcceptance
 from .core.stats import GenerationStats, PhaseTimer
 from .core.stopping import stop_token_ids
 from .core.strategy import TreeDrafter, TreeStep
 from .core.structure import TokenTree
+from .drafters.neural import output_vocab_size
+from .processors import split_processors
 
 
 @dataclass
@@ -72,7 +72,7 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         self.timer = PhaseTimer(stats, target)
         self._last_draft_len = 0
         self._verify_started: float | None = None
-        self._host_seq: list[int] | None = None         # the sequence as host ints, during a draft from the core
+        self._host_seq: list[int] | None = None  # the sequence as host ints, during a draft from the core
 
     def host_seq(self, seq: torch.Tensor) -> list[int] | None:
         """``seq`` as host ints when the caller handed them over (the decoding core does, during :meth:`draft`:
@@ -85,7 +85,9 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
         """At most ``budget`` draft tokens to follow ``seq`` (``[L]``)."""
         raise NotImplementedError
 
-    def on_target_review(self, seq: torch.Tensor, num_proposed: int, num_accepted: int, verify_seconds: float | None) -> None:
+    def on_target_review(
+        self, seq: torch.Tensor, num_proposed: int, num_accepted: int, verify_seconds: float | None
+    ) -> None:
         """Feedback after the target reviewed the last draft (``seq`` now includes its output).
         ``verify_seconds`` is ``None`` for the first call, whose time is dominated by the prompt's prefill."""
 
@@ -113,7 +115,9 @@ class SpeculativeCandidateGenerator(CandidateGenerator):
             level.compile_forwards(compile_config, self.max_cache_len)
 
     # -- transformers' CandidateGenerator contract --------------------------------------------
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+    def get_candidates(
+        self, input_ids: torch.LongTensor, **kwargs
+    ) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         """1. Draft. Returns ``([1, L + k] candidates, [1, k, V] log q or None)``."""
         if input_ids.shape[0] != 1:
             raise ValueError("hf_cascade assistants support batch size 1 only.")
@@ -169,7 +173,7 @@ class ChainDrafter(TreeDrafter):
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
         if state.budget <= 0:
             return TokenTree.chain(seq[:0], host_tokens=()), None
-        self.generator._host_seq = state.tokens                 # the loop's host copy of seq: no read to draft
+        self.generator._host_seq = state.tokens  # the loop's host copy of seq: no read to draft
         try:
             d = self.generator.draft(seq, state.budget)
         finally:
@@ -201,6 +205,6 @@ class ChainDrafter(TreeDrafter):
         # own draft length costs only when that was its own (otherwise a row that drafted nothing beside a row
         # that drafted much would learn that drafting nothing is slow).
         own = state.verify_nodes is None or state.verify_nodes == tree.num_nodes
-        self.generator.on_target_review(state.seq, tree.num_nodes, len(acceptance.path),
-                                        state.verify_seconds if own else None)
-
+        self.generator.on_target_review(
+            state.seq, tree.num_nodes, len(acceptance.path), state.verify_seconds if own else None
+        )

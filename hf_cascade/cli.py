@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .bench.command import add_bench_arguments, bench_config  # noqa: F401  (bench_config: part of the CLI's API)
 
@@ -35,7 +35,8 @@ def _add_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="compare plain generate, baselines and hf_cascade's strategies on Spec-Bench prompts",
-        description="Methods (the baselines and every --strategy) are interleaved prompt by prompt (rotating order) after "
+        description="Methods (the baselines and every --strategy) are interleaved prompt by prompt (rotating "
+        "order) after "
         "one warm-up generate each; speedups are against plain generate (and plain-kernels) in the same run. "
         "`hf-cascade bench --strategy all --baselines plain-kernels,maxgram` measures every strategy with its defaults "
         "and, on the default target, its shipped head. `hf-cascade bench --overhead` measures instead the library's "
@@ -57,7 +58,9 @@ def _add_cards(sub) -> None:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--sync", action="store_true", help="write the copies from hf_cascade/heads/")
     mode.add_argument("--check", action="store_true", help="list the copies that differ; exit 1 if any")
-    p.add_argument("--root", default=None, metavar="DIR", help="the folders' parent (default: the clone's model_cards/)")
+    p.add_argument(
+        "--root", default=None, metavar="DIR", help="the folders' parent (default: the clone's model_cards/)"
+    )
 
 
 def run_cards(args: argparse.Namespace) -> int:
@@ -73,7 +76,9 @@ def run_cards(args: argparse.Namespace) -> int:
 
 
 def _add_demo(sub) -> None:
-    p = sub.add_parser("demo", help="stream answers of the default model with CascadeAssistant([MaxGram()]) and time it")
+    p = sub.add_parser(
+        "demo", help="stream answers of the default model with CascadeAssistant([MaxGram()]) and time it"
+    )
     p.add_argument("--max-new-tokens", type=int, default=96, help="new tokens per prompt (default 96)")
 
 
@@ -87,37 +92,61 @@ def _add_distill(sub) -> None:
     )
     p.add_argument("--out", required=True, metavar="DIR", help="distillation directory (created or resumed)")
     p.add_argument("--target", default=None, help="target model (as for bench; default Gemma-3-270M)")
-    p.add_argument("--prompts", action="extend", nargs="+", default=None, metavar="FILE",
-                   help="JSONL prompt files (fields turns / instruction / question / prompt / text)")
-    p.add_argument("--dataset", default=None, metavar="ID_OR_PATH",
-                   help="a `datasets` dataset instead: Hub id, save_to_disk folder or data file (chats: first user "
-                        "turn; default without shared/data/train_prompts: HuggingFaceH4/ultrachat_200k)")
+    p.add_argument(
+        "--prompts",
+        action="extend",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="JSONL prompt files (fields turns / instruction / question / prompt / text)",
+    )
+    p.add_argument(
+        "--dataset",
+        default=None,
+        metavar="ID_OR_PATH",
+        help="a `datasets` dataset instead: Hub id, save_to_disk folder or data file (chats: first user "
+        "turn; default without shared/data/train_prompts: HuggingFaceH4/ultrachat_200k)",
+    )
     p.add_argument("--split", default=None, help="the dataset's split (default: its only one, or 'train')")
     p.add_argument("--field", default=None, help="the rows' prompt field (default: found from the layout)")
-    p.add_argument("--prompt-format", choices=("plain", "chat"), default=None,
-                   help="plain: the package's completion template; chat: the tokenizer's chat template "
-                        "(default: chat for --dataset when the tokenizer has one, else plain)")
+    p.add_argument(
+        "--prompt-format",
+        choices=("plain", "chat"),
+        default=None,
+        help="plain: the package's completion template; chat: the tokenizer's chat template "
+        "(default: chat for --dataset when the tokenizer has one, else plain)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128, help="response length cap (default 128)")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per batched generate (default 16)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="stop once N prompts are stored")
     p.add_argument("--hidden-states", action="store_true", help="also store the target's last hidden states")
-    p.add_argument("--teacher-forced", action="store_true",
-                   help="no generation: the training files' prompts with their own answers (and long contexts), one "
-                        "forward each, stored with the target's last hidden states into a sharded store (default "
-                        "files: every one of shared/data/train_prompts; --prompts FILE for others)")
+    p.add_argument(
+        "--teacher-forced",
+        action="store_true",
+        help="no generation: the training files' prompts with their own answers (and long contexts), one "
+        "forward each, stored with the target's last hidden states into a sharded store (default "
+        "files: every one of shared/data/train_prompts; --prompts FILE for others)",
+    )
     p.add_argument("--max-len", type=int, default=512, help="--teacher-forced: tokens per record (default 512)")
-    p.add_argument("--batch-tokens", type=int, default=4096,
-                   help="--teacher-forced: padded tokens per forward (default 4096)")
-    p.add_argument("--shard-tokens", type=int, default=1 << 20,
-                   help="--teacher-forced: tokens per shard (default 1048576)")
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
-                   help="--teacher-forced: stop once N tokens are stored")
-    p.add_argument("--no-speculative", dest="speculative", action="store_false",
-                   help="plain batched generate (default: the package's batched speculative decoding with Max-Gram "
-                        "drafts, drafting only where its gate expects a gain; greedy either way)")
+    p.add_argument(
+        "--batch-tokens", type=int, default=4096, help="--teacher-forced: padded tokens per forward (default 4096)"
+    )
+    p.add_argument(
+        "--shard-tokens", type=int, default=1 << 20, help="--teacher-forced: tokens per shard (default 1048576)"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=None, metavar="N", help="--teacher-forced: stop once N tokens are stored"
+    )
+    p.add_argument(
+        "--no-speculative",
+        dest="speculative",
+        action="store_false",
+        help="plain batched generate (default: the package's batched speculative decoding with Max-Gram "
+        "drafts, drafting only where its gate expects a gain; greedy either way)",
+    )
     from .training.launch import add_process_options
 
-    add_process_options(p)   # several processes: disjoint prompt shards, merged into one store
+    add_process_options(p)  # several processes: disjoint prompt shards, merged into one store
     _add_run_options(p)
 
 
@@ -145,13 +174,19 @@ def run_distill(args: argparse.Namespace) -> int:
     _log(f"{len(prompts)} training prompts (Spec-Bench questions excluded); loading target {args.target or 'default'}")
     model, tokenizer = _load_target(args.target, device_map(args.target_device_map))
     place_target(model)
-    chat = args.prompt_format == "chat" or (args.prompt_format is None and dataset
-                                             and bool(getattr(tokenizer, "chat_template", None)))
-    cfg = DistillConfig(Path(args.out), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                        hidden_states=args.hidden_states, limit=args.limit, prompt_format=CHAT if chat else PROMPT_FORMAT,
-                        assistant=_maxgram_assistant if args.speculative else None)
-    store = distill(model, tokenizer, cfg, prompts, target_name=args.target or "default",
-                    progress=not args.no_progress)
+    chat = args.prompt_format == "chat" or (
+        args.prompt_format is None and dataset and bool(getattr(tokenizer, "chat_template", None))
+    )
+    cfg = DistillConfig(
+        Path(args.out),
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        hidden_states=args.hidden_states,
+        limit=args.limit,
+        prompt_format=CHAT if chat else PROMPT_FORMAT,
+        assistant=_maxgram_assistant if args.speculative else None,
+    )
+    store = distill(model, tokenizer, cfg, prompts, target_name=args.target or "default", progress=not args.no_progress)
     from .training.accel import is_main_process
 
     if is_main_process():
@@ -171,11 +206,18 @@ def _run_teacher_forced(args: argparse.Namespace) -> int:
     texts = training_texts(args.prompts)
     _log(f"{len(texts)} training texts (Spec-Bench excluded); loading target {args.target or 'default'}")
     model, tokenizer = _load_target(args.target, None)
-    cfg = TeacherConfig(Path(args.out), prompt_format=CHAT if args.prompt_format == "chat" else PROMPT_FORMAT,
-                        max_len=args.max_len, batch_tokens=args.batch_tokens, shard_tokens=args.shard_tokens,
-                        limit=args.limit, max_tokens=args.max_tokens)
-    store = teacher_forced(model, tokenizer, cfg, texts, target_name=args.target or "default",
-                           progress=not args.no_progress)
+    cfg = TeacherConfig(
+        Path(args.out),
+        prompt_format=CHAT if args.prompt_format == "chat" else PROMPT_FORMAT,
+        max_len=args.max_len,
+        batch_tokens=args.batch_tokens,
+        shard_tokens=args.shard_tokens,
+        limit=args.limit,
+        max_tokens=args.max_tokens,
+    )
+    store = teacher_forced(
+        model, tokenizer, cfg, texts, target_name=args.target or "default", progress=not args.no_progress
+    )
     print(f"{len(store)} sequences, {store.num_tokens} tokens in {args.out}")
     return 0
 
@@ -188,7 +230,7 @@ def _add_questions(sub) -> None:
         "(Alpaca seed tasks and Vicuna bench; GSM8K in a few); appends them to a JSONL file for "
         "`hf-cascade distill --prompts FILE`. Running it again adds --n more.",
     )
-    p.add_argument("--out", required=True, metavar="FILE", help="JSONL file of {\"question\": ...} lines (appended)")
+    p.add_argument("--out", required=True, metavar="FILE", help='JSONL file of {"question": ...} lines (appended)')
     p.add_argument("--n", type=int, default=600, help="questions to add (default 600)")
     p.add_argument("--target", default=None, help="target model (as for bench; default Gemma-3-270M)")
     p.add_argument("--batch-size", type=int, default=32, help="seed prompts per sampled batch (default 32)")
@@ -241,38 +283,73 @@ def _add_train(sub) -> None:
         help="train a drafter head on distillation data (target frozen); saves Hub layout with a model card",
         description="vanilla: a small independent causal-LM drafter (for CascadeAssistant / DynamicWindowAssistant); "
         "glide: a GLIDE draft reading the target's KV cache (GlideAssistant); redrafter: a recurrent draft head on the "
-        "target's last hidden state (ReDrafterAssistant). Evaluates held-out greedy acceptance every --eval-every steps "
+        "target's last hidden state (ReDrafterAssistant). Evaluates held-out greedy acceptance every "
+        "--eval-every steps "
         "and keeps the best checkpoint.",
     )
     p.add_argument("head", choices=["vanilla", "glide", "redrafter"])
     p.add_argument("--data", required=True, metavar="DIR", help="directory written by `hf-cascade distill`")
     p.add_argument("--out", required=True, metavar="DIR", help="checkpoint directory (Hub layout)")
     p.add_argument("--target", default=None, help="target model (as for bench; default Gemma-3-270M)")
-    p.add_argument("--preset", default=None,
-                   help="size preset: vanilla xs, s, m (default s); glide xs, s (default xs); redrafter xs, s (default s)")
-    p.add_argument("--no-cross-attention", action="store_true",
-                   help="glide: train the paper's controlled baseline, the same draft without cross-attention")
-    p.add_argument("--target-layers", type=int, nargs="+", default=None, metavar="L",
-                   help="glide: the target layer each draft layer reads (default: the paper's l = N_T - N_D + m)")
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N", help="reduced vocabulary size (default: preset's)")
-    p.add_argument("--soft-labels", type=int, default=0, metavar="K",
-                   help="vanilla: also distil the target's top-K next-token distribution at every position (one "
-                   "teacher-forced pass over --data, cached there; 0 = greedy tokens only)")
-    p.add_argument("--unroll", type=int, default=1, metavar="K",
-                   help="glide, redrafter: training-time test, drafted positions 2..K also trained fed the head's own "
-                        "earlier predictions (HASS / EAGLE-3; default 1: teacher forcing only)")
-    p.add_argument("--feature-weight", type=float, default=0.0, metavar="W",
-                   help="glide, redrafter: add W x the smooth-L1 regression of the head's feature onto the target's "
-                        "last hidden state (EAGLE; needs a store with hidden states; default 0: off)")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="size preset: vanilla xs, s, m (default s); glide xs, s (default xs); redrafter xs, s (default s)",
+    )
+    p.add_argument(
+        "--no-cross-attention",
+        action="store_true",
+        help="glide: train the paper's controlled baseline, the same draft without cross-attention",
+    )
+    p.add_argument(
+        "--target-layers",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="L",
+        help="glide: the target layer each draft layer reads (default: the paper's l = N_T - N_D + m)",
+    )
+    p.add_argument(
+        "--draft-vocab", type=int, default=None, metavar="N", help="reduced vocabulary size (default: preset's)"
+    )
+    p.add_argument(
+        "--soft-labels",
+        type=int,
+        default=0,
+        metavar="K",
+        help="vanilla: also distil the target's top-K next-token distribution at every position (one "
+        "teacher-forced pass over --data, cached there; 0 = greedy tokens only)",
+    )
+    p.add_argument(
+        "--unroll",
+        type=int,
+        default=1,
+        metavar="K",
+        help="glide, redrafter: training-time test, drafted positions 2..K also trained fed the head's own "
+        "earlier predictions (HASS / EAGLE-3; default 1: teacher forcing only)",
+    )
+    p.add_argument(
+        "--feature-weight",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="glide, redrafter: add W x the smooth-L1 regression of the head's feature onto the target's "
+        "last hidden state (EAGLE; needs a store with hidden states; default 0: off)",
+    )
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=16, help="sequences per step, all processes together (default 16)")
     p.add_argument("--max-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-records", type=int, default=48)
-    p.add_argument("--measure-prompts", type=int, default=8, metavar="N",
-                   help="after training, greedy generate with the saved head on N held-out prompts: tokens per target "
-                        "call and parity with plain generate, into trainer_state.json and the card (0: skip)")
+    p.add_argument(
+        "--measure-prompts",
+        type=int,
+        default=8,
+        metavar="N",
+        help="after training, greedy generate with the saved head on N held-out prompts: tokens per target "
+        "call and parity with plain generate, into trainer_state.json and the card (0: skip)",
+    )
     p.add_argument("--seed", type=int, default=0)
     from .training.launch import add_train_options
 
@@ -284,10 +361,14 @@ def _trainers() -> dict:
     """``head -> (presets, default preset, train function)`` of ``hf-cascade train``."""
     from .training.run import PRESETS, train_vanilla
     from .training.run_glide import GLIDE_PRESETS, train_glide
-    from .training.run_redrafter import DEFAULT_PRESET, PRESETS as REDRAFTER_PRESETS, train_redrafter
+    from .training.run_redrafter import DEFAULT_PRESET, train_redrafter
+    from .training.run_redrafter import PRESETS as REDRAFTER_PRESETS
 
-    return {"vanilla": (PRESETS, "s", train_vanilla), "glide": (GLIDE_PRESETS, "xs", train_glide),
-            "redrafter": (REDRAFTER_PRESETS, DEFAULT_PRESET, train_redrafter)}
+    return {
+        "vanilla": (PRESETS, "s", train_vanilla),
+        "glide": (GLIDE_PRESETS, "xs", train_glide),
+        "redrafter": (REDRAFTER_PRESETS, DEFAULT_PRESET, train_redrafter),
+    }
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -319,41 +400,65 @@ def run_train(args: argparse.Namespace) -> int:
     processes = num_processes()
     check_processes(args, processes)
     check_layout(args.batch_size, args.grad_accum, args.mixed_precision, processes)
-    requested(args.fsdp, processes)             # a sharding strategy FSDP cannot apply fails before the target loads
+    requested(args.fsdp, processes)  # a sharding strategy FSDP cannot apply fails before the target loads
     _set_threads(args)
     spec = presets[preset]
     if args.draft_vocab:
         spec = dataclasses.replace(spec, draft_vocab_size=args.draft_vocab)
     if args.target_layers:
         if len(args.target_layers) != spec.num_hidden_layers:
-            raise ValueError(f"--target-layers needs one target layer per draft layer ({spec.num_hidden_layers}), "
-                             f"got {len(args.target_layers)}")
+            raise ValueError(
+                f"--target-layers needs one target layer per draft layer ({spec.num_hidden_layers}), "
+                f"got {len(args.target_layers)}"
+            )
         spec = dataclasses.replace(spec, target_layer_ids=tuple(args.target_layers))
-    cfg = TrainConfig(Path(args.out), steps=args.steps, batch_size=args.batch_size, max_len=args.max_len, lr=args.lr,
-                      eval_every=args.eval_every, eval_records=args.eval_records, seed=args.seed,
-                      grad_accum=args.grad_accum, mixed_precision=args.mixed_precision,
-                      checkpoint_every=args.checkpoint_every, resume=args.resume, fsdp=args.fsdp,
-                      unroll=args.unroll, feature_weight=args.feature_weight)
+    cfg = TrainConfig(
+        Path(args.out),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        max_len=args.max_len,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        eval_records=args.eval_records,
+        seed=args.seed,
+        grad_accum=args.grad_accum,
+        mixed_precision=args.mixed_precision,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        fsdp=args.fsdp,
+        unroll=args.unroll,
+        feature_weight=args.feature_weight,
+    )
     DistillStore.open(args.data)  # a missing / foreign --data fails here, before the (slow) target load
     if args.resume and not (Path(args.out) / "checkpoint").is_dir():
-        raise ValueError(f"--resume: no checkpoint in {Path(args.out) / 'checkpoint'} (written every --checkpoint-every "
-                         "steps); run without --resume to start over")
+        raise ValueError(
+            f"--resume: no checkpoint in {Path(args.out) / 'checkpoint'} (written every --checkpoint-every "
+            "steps); run without --resume to start over"
+        )
     _log(f"loading target {args.target or 'default (Gemma-3-270M)'}")
     target, _ = _load_target(args.target, device_map(args.target_device_map))
     place_target(target)
-    torch.manual_seed(args.seed)    # the head's initialisation (every process builds the same one)
+    torch.manual_seed(args.seed)  # the head's initialisation (every process builds the same one)
     extra = {"cross_attention": False} if args.no_cross_attention else {}
     if args.soft_labels:
         extra["soft_labels"] = args.soft_labels
-    _, state = train_fn(target, args.data, cfg, spec, target_name=args.target or "gemma-3-270m",
-                        progress=not args.no_progress, **extra)
-    if is_main_process():               # it evaluates and saves
+    _, state = train_fn(
+        target, args.data, cfg, spec, target_name=args.target or "gemma-3-270m", progress=not args.no_progress, **extra
+    )
+    if is_main_process():  # it evaluates and saves
         print(f"saved {args.out} (step {state.step}); best held-out acceptance: {state.best}")
-        if args.measure_prompts > 0:        # then what the saved head does in generate (main process only)
+        if args.measure_prompts > 0:  # then what the saved head does in generate (main process only)
             from .bench.heldout import measure_generation, record_generation
 
-            measured = measure_generation(target, args.out, args.head, args.data, args.eval_records,
-                                          args.measure_prompts, progress=not args.no_progress)
+            measured = measure_generation(
+                target,
+                args.out,
+                args.head,
+                args.data,
+                args.eval_records,
+                args.measure_prompts,
+                progress=not args.no_progress,
+            )
             record_generation(args.out, measured)
             print(f"held-out generate: {measured}")
     return 0
@@ -371,12 +476,14 @@ def _load_target(spec, device_map):
     memory = None if device_map is None else target_max_memory(device_map)
     if memory is not None:
         kwargs["max_memory"] = memory
-    with hidden_from_libraries():          # every process loads all of the target, whatever FSDP config launched it
+    with hidden_from_libraries():  # every process loads all of the target, whatever FSDP config launched it
         return load_model(spec, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-cascade", description="Lossless speculative decoding for model.generate().")
+    parser = argparse.ArgumentParser(
+        prog="hf-cascade", description="Lossless speculative decoding for model.generate()."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
     _add_cards(sub)
@@ -389,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _log(msg: str) -> None:
-    if os.environ.get("RANK", "0") != "0":      # one line per run from a launched run's processes
+    if os.environ.get("RANK", "0") != "0":  # one line per run from a launched run's processes
         return
     print(f"[hf-cascade] {msg}", file=sys.stderr, flush=True)
 
@@ -430,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":          # also how `accelerate launch -m hf_cascade.cli` and --num-processes start it
+if __name__ == "__main__":  # also how `accelerate launch -m hf_cascade.cli` and --num-processes start it
     status = main()
     from .training.launch import launched, leave_process_group
 

@@ -22,7 +22,7 @@ CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else 
 _NAMES = ("cache", "past_key_values")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _keyword_of(forward: Any) -> str:
     try:
         params = inspect.signature(forward).parameters

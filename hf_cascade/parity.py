@@ -70,14 +70,16 @@ class Divergence:
         return self.got_gap <= self.tolerance
 
 
-def logit_gap(logits: torch.Tensor, position: int, expected: int, got: int, dtype: torch.dtype,
-              ulps: float = TIE_ULPS) -> Divergence:
+def logit_gap(
+    logits: torch.Tensor, position: int, expected: int, got: int, dtype: torch.dtype, ulps: float = TIE_ULPS
+) -> Divergence:
     """The :class:`Divergence` at ``position`` from the target's ``[V]`` logits after the plain path's prefix."""
     row = logits.detach().float().flatten().cpu()
     top = torch.topk(row, 2).values.tolist()
     got_gap = top[0] - float(row[got]) if 0 <= got < row.numel() and expected >= 0 else math.inf
-    return Divergence(position, int(expected), int(got), top[0], top[1], top[0] - top[1], got_gap,
-                      ulps * ulp(top[0], dtype))
+    return Divergence(
+        position, int(expected), int(got), top[0], top[1], top[0] - top[1], got_gap, ulps * ulp(top[0], dtype)
+    )
 
 
 @torch.no_grad()
@@ -95,7 +97,7 @@ def divergence(model, expected, got, ulps: float = TIE_ULPS) -> Divergence | Non
     device, dtype = target_device_dtype(model)
     prefix = torch.tensor([a[:position]], dtype=torch.long, device=device)
     logits = model(input_ids=prefix).logits[0, -1]
-    token = lambda seq: seq[position] if position < len(seq) else -1                     # noqa: E731
+    token = lambda seq: seq[position] if position < len(seq) else -1  # noqa: E731
     return logit_gap(logits, position, token(a), token(b), dtype if dtype.is_floating_point else torch.float32, ulps)
 
 

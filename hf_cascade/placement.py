@@ -29,8 +29,18 @@ import fnmatch
 import torch
 from torch import nn
 
-__all__ = ["DEFER_READS", "HOST", "accelerators", "defer_reads", "execution_device", "is_dispatched", "place_like",
-           "synchronize", "target_device_dtype", "upload"]
+__all__ = [
+    "DEFER_READS",
+    "HOST",
+    "accelerators",
+    "defer_reads",
+    "execution_device",
+    "is_dispatched",
+    "place_like",
+    "synchronize",
+    "target_device_dtype",
+    "upload",
+]
 
 #: The host: where host-built tensors are made (``torch.tensor(..., device=HOST)``), whatever the default device.
 HOST = torch.device("cpu")
@@ -68,7 +78,7 @@ def is_dispatched(module: nn.Module) -> bool:
     device_map = getattr(module, "hf_device_map", None)
     if isinstance(device_map, dict) and len(set(map(str, device_map.values()))) > 1:
         return True
-    return any(vars(m).get("_hf_hook") is not None for m in module.modules())   # an instance attribute (no __getattr__)
+    return any(vars(m).get("_hf_hook") is not None for m in module.modules())  # an instance attribute (no __getattr__)
 
 
 def target_device_dtype(target: nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -112,15 +122,22 @@ def _tensors(module: nn.Module):
                 yield m, name, f"{prefix}.{name}" if prefix else name, b, "transient" if name in transient else "buffer"
 
 
-def _wanted(t: torch.Tensor, kind: str, full_name: str, device, dtype, fp32: list[str]) -> tuple[torch.device, torch.dtype]:
+def _wanted(
+    t: torch.Tensor, kind: str, full_name: str, device, dtype, fp32: list[str]
+) -> tuple[torch.device, torch.dtype]:
     want = t.dtype
     if t.is_floating_point() and kind != "transient":
         want = torch.float32 if fp32 and _kept_fp32(full_name, fp32) else dtype
     return device, want
 
 
-def place_like(module: nn.Module, target: nn.Module | None = None, *, device: torch.device | str | None = None,
-               dtype: torch.dtype | None = None) -> nn.Module:
+def place_like(
+    module: nn.Module,
+    target: nn.Module | None = None,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
     """Move ``module`` (a drafter or a draft head) to ``target``'s input-embedding device and cast its
     floating-point weights to their dtype (see the module docstring for what is cast); in place, returns
     ``module``. ``device`` / ``dtype`` override the target's. A module dispatched by accelerate is left
@@ -135,22 +152,25 @@ def place_like(module: nn.Module, target: nn.Module | None = None, *, device: to
         return module
     device = torch.device(device) if device is not None else None
     fp32 = _fp32_names(module)
-    shared: dict[int, torch.Tensor] = {}           # one converted tensor per source tensor (tied weights)
+    shared: dict[int, torch.Tensor] = {}  # one converted tensor per source tensor (tied weights)
     with torch.no_grad():
         for owner, name, full_name, t, kind in list(_tensors(module)):
             want_device, want_dtype = _wanted(t, kind, full_name, device or t.device, dtype or t.dtype, fp32)
             if t.device == want_device and t.dtype == want_dtype:
                 continue
             if t.device.type == "meta":
-                raise ValueError(f"{type(module).__name__}.{full_name} is on the meta device (not loaded): "
-                                 "load the drafter's weights before generating with it.")
+                raise ValueError(
+                    f"{type(module).__name__}.{full_name} is on the meta device (not loaded): "
+                    "load the drafter's weights before generating with it."
+                )
             key = id(t)
             if key not in shared:
                 shared[key] = t.to(device=want_device, dtype=want_dtype)
             new = shared[key]
             if kind == "param":
-                owner._parameters[name] = nn.Parameter(new, requires_grad=t.requires_grad) if not isinstance(
-                    new, nn.Parameter) else new
+                owner._parameters[name] = (
+                    nn.Parameter(new, requires_grad=t.requires_grad) if not isinstance(new, nn.Parameter) else new
+                )
                 shared[key] = owner._parameters[name]
             else:
                 owner._buffers[name] = new

@@ -145,10 +145,10 @@ def row_processors(processors: LogitsProcessorList | None, b: int, padded: bool 
     ``padded=False``: the view of row ``b``'s drafters, whose sequences carry no padding (nothing to ignore)."""
     out = LogitsProcessorList()
     for p in processors or []:
-        ignore = getattr(p, "prompt_ignore_length", None)          # transformers >= 5: per row, a tensor
+        ignore = getattr(p, "prompt_ignore_length", None)  # transformers >= 5: per row, a tensor
         if isinstance(p, RepetitionPenaltyLogitsProcessor) and isinstance(ignore, torch.Tensor):
             p = copy.copy(p)
-            p.prompt_ignore_length = ignore[b: b + 1] if padded else None
+            p.prompt_ignore_length = ignore[b : b + 1] if padded else None
         elif isinstance(p, PrefixConstrainedLogitsProcessor):
             p, fn = copy.copy(p), p._prefix_allowed_tokens_fn
             p._prefix_allowed_tokens_fn = lambda _, sent, fn=fn, b=b: fn(b, sent)

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
-from importlib import metadata
 import os
 import platform
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -53,6 +53,7 @@ def _path() -> Path | None:
     if mode() == "0":
         return None
     from .models import cache_dir
+
     return cache_dir() / FILE
 
 
@@ -69,13 +70,15 @@ def _cpu_name() -> str:
 def store_key(key: tuple, settings: dict) -> str:
     """The text a kept round is filed under: ``key`` (:func:`hf_cascade.measure.profile_key`), the CPU, the torch
     and package versions, and the measurement's ``settings`` (grid, steps, prompt length)."""
-    return json.dumps([list(map(str, key)), _cpu_name(), torch.__version__, _package_version(), settings], sort_keys=True)
+    return json.dumps(
+        [list(map(str, key)), _cpu_name(), torch.__version__, _package_version(), settings], sort_keys=True
+    )
 
 
 def _package_version() -> str:
     try:
         return metadata.version("hf-cascade")
-    except metadata.PackageNotFoundError:                  # run from a checkout without installing
+    except metadata.PackageNotFoundError:  # run from a checkout without installing
         return "unknown"
 
 
@@ -91,13 +94,13 @@ def kept_rounds(key: str) -> list[dict[int, float]]:
             try:
                 rec = json.loads(line)
             except ValueError:
-                continue                                  # a line cut by a concurrent writer
+                continue  # a line cut by a concurrent writer
             if rec.get("key") == key:
                 rounds.append({int(n): float(r) for n, r in rec["ratios"].items()})
     except OSError as err:
         _log.warning("hf_cascade: cannot read the kept verification rounds (%s)", err)
         return []
-    return rounds[-(KEPT - 1):]
+    return rounds[-(KEPT - 1) :]
 
 
 def keep_rounds(key: str, rounds: list[dict[int, float]]) -> None:
@@ -105,8 +108,9 @@ def keep_rounds(key: str, rounds: list[dict[int, float]]) -> None:
     path = _path()
     if path is None or not rounds:
         return
-    text = "".join(json.dumps({"key": key, "ratios": {str(n): r for n, r in sorted(rnd.items())}}) + "\n"
-                   for rnd in rounds)
+    text = "".join(
+        json.dumps({"key": key, "ratios": {str(n): r for n, r in sorted(rnd.items())}}) + "\n" for rnd in rounds
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:

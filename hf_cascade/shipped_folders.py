@@ -30,8 +30,9 @@ def shipped(name: str) -> str:
         return str(folder)
     if MODEL_CARDS.is_dir():
         names = sorted(d.name for d in MODEL_CARDS.iterdir() if d.is_dir() and not d.name.startswith("."))
-        raise FileNotFoundError(f"hf_cascade.shipped({name!r}): {MODEL_CARDS} has no folder {name!r}; "
-                                f"the shipped ones: {', '.join(names)}.")
+        raise FileNotFoundError(
+            f"hf_cascade.shipped({name!r}): {MODEL_CARDS} has no folder {name!r}; the shipped ones: {', '.join(names)}."
+        )
     raise FileNotFoundError(
         f"hf_cascade.shipped({name!r}): the shipped drafters and heads are the folders of model_cards/ in "
         f"hf_cascade's source repository, and this install has none ({MODEL_CARDS} does not exist: a wheel does "

@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 
 
-def _timed_rounds(runs: Mapping[Hashable, Callable[[], object]], warmup: int, symmetric: bool,
-                  clock: Callable[[], float], sync: Callable[[], None] | None,
-                  self_timed: bool) -> Iterator[dict[Hashable, float]]:
+def _timed_rounds(
+    runs: Mapping[Hashable, Callable[[], object]],
+    warmup: int,
+    symmetric: bool,
+    clock: Callable[[], float],
+    sync: Callable[[], None] | None,
+    self_timed: bool,
+) -> Iterator[dict[Hashable, float]]:
     """``{key: seconds}`` of each timed round, endlessly, after ``warmup`` discarded ones (the rules of
     :func:`interleaved_medians`)."""
     keys = list(runs)
@@ -31,7 +36,7 @@ def _timed_rounds(runs: Mapping[Hashable, Callable[[], object]], warmup: int, sy
     while True:
         timed = round_ >= warmup
         round_ += 1
-        order = keys + keys[::-1] if symmetric and timed else keys        # a warm-up round runs each once
+        order = keys + keys[::-1] if symmetric and timed else keys  # a warm-up round runs each once
         sample = dict.fromkeys(keys, 0.0)
         for k in order:
             if self_timed:
@@ -49,10 +54,15 @@ def _timed_rounds(runs: Mapping[Hashable, Callable[[], object]], warmup: int, sy
             yield sample
 
 
-def interleaved_medians(runs: Mapping[Hashable, Callable[[], object]], repeats: int, warmup: int = 1,
-                        symmetric: bool = False, clock: Callable[[], float] = time.perf_counter,
-                        sync: Callable[[], None] | None = None,
-                        self_timed: bool = False) -> dict[Hashable, float]:
+def interleaved_medians(
+    runs: Mapping[Hashable, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    symmetric: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] | None = None,
+    self_timed: bool = False,
+) -> dict[Hashable, float]:
     """``{key: median seconds}`` of ``runs`` over ``repeats`` rounds after ``warmup`` discarded ones.
 
     Args:
@@ -67,9 +77,16 @@ def interleaved_medians(runs: Mapping[Hashable, Callable[[], object]], repeats: 
     return {k: statistics.median(s[k] for s in samples) for k in runs}
 
 
-def round_ratios(runs: Mapping[Hashable, Callable[[], object]], unit: Hashable, rounds: int, warmup: int = 1,
-                 symmetric: bool = True, clock: Callable[[], float] = time.perf_counter,
-                 sync: Callable[[], None] | None = None, self_timed: bool = False) -> list[dict[Hashable, float]]:
+def round_ratios(
+    runs: Mapping[Hashable, Callable[[], object]],
+    unit: Hashable,
+    rounds: int,
+    warmup: int = 1,
+    symmetric: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] | None = None,
+    self_timed: bool = False,
+) -> list[dict[Hashable, float]]:
     """Each timed round's ``{key: time / unit's time}`` (the rules of :func:`interleaved_medians`, symmetric by
     default): ratios within a round, so a round slowed evenly keeps them, and rounds that can be pooled with rounds
     measured elsewhere (:mod:`hf_cascade.profile_rounds`)."""
@@ -90,7 +107,7 @@ def monotone_profile(measured: dict[int, float]) -> tuple[float, ...]:
     after it, not carried over them as a running maximum would: that made every larger size look as cheap as the
     spike, and trees grow to the next measured size."""
     sizes = sorted(n for n in measured if n > 0)
-    blocks: list[list[float]] = []                          # [sum, count] of each pooled run of sizes
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run of sizes
     for n in sizes:
         blocks.append([float(measured[n]), 1.0])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:

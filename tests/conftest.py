@@ -50,7 +50,9 @@ def pytest_runtest_makereport(item, call):
     required = REQUIRED & {mark.name for mark in item.iter_markers()}
     if report.skipped and required and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
-        report.longrepr = f"required by HF_CASCADE_REQUIRE={','.join(sorted(required))}, but skipped: {skip_reason(report)}"
+        report.longrepr = (
+            f"required by HF_CASCADE_REQUIRE={','.join(sorted(required))}, but skipped: {skip_reason(report)}"
+        )
 
 
 def skip_reason(report) -> str:

@@ -4,22 +4,31 @@ configurations, the tiny targets and the target settings it runs on."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, DynamicWindowSettings,
-                        GlideAssistant,
-                        GlideSettings, MaxGram, Policy, ReDrafterAssistant, ReDrafterSettings)
+from hf_cascade import (
+    CascadeAssistant,
+    CascadeSettings,
+    DynamicWindowAssistant,
+    DynamicWindowSettings,
+    GlideAssistant,
+    GlideSettings,
+    MaxGram,
+    Policy,
+    ReDrafterAssistant,
+    ReDrafterSettings,
+)
 from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 from hf_cascade.recycling import RecyclingAssistant
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head
 from tests.test_glide_decode import echo_glide
 
-
 # -- the registry ---------------------------------------------------------------------------------------
+
 
 @dataclass
 class Kit:
@@ -40,27 +49,33 @@ class Kit:
 def suffix_decoding(**settings) -> Callable[[Kit], object]:
     """A :class:`~hf_cascade.suffix.SuffixAssistant` factory; the test skips where ArcticInference's suffix trees
     are not installed (its C++ build does not fit CI's time: ``pip install -e '.[suffix]'``)."""
+
     def make(kit: Kit):
         import pytest
 
-        pytest.importorskip("arctic_inference.suffix_decoding",
-                            reason="SuffixDecoding needs arctic-inference (pip install -e '.[suffix]'; not in CI)")
+        pytest.importorskip(
+            "arctic_inference.suffix_decoding",
+            reason="SuffixDecoding needs arctic-inference (pip install -e '.[suffix]'; not in CI)",
+        )
         from hf_cascade.suffix import SuffixAssistant, SuffixSettings
 
         return SuffixAssistant(settings=SuffixSettings(**settings))
+
     return make
 
 
 REGISTRY: dict[str, Callable[[Kit], object]] = {
     "maxgram": lambda k: CascadeAssistant([MaxGram()]),
     "drafter+maxgram": lambda k: CascadeAssistant([k.drafter, MaxGram()]),
-    "lenience3": lambda k: CascadeAssistant([k.drafter, MaxGram(adaptive=False, max_tokens=5)],
-                                            settings=CascadeSettings(lenience=3.0)),
-    "maxgram_first_cost_aware": lambda k: CascadeAssistant([k.drafter, MaxGram()],
-                                                           settings=CascadeSettings(k_matrix=[[6, 10], [0, 10]])),
-    "hsddw": lambda k: DynamicWindowAssistant(k.drafter, k.big,
-                                              settings=DynamicWindowSettings(max_window=4, tau_init=2.0,
-                                                                             tau2_init=2.0)),
+    "lenience3": lambda k: CascadeAssistant(
+        [k.drafter, MaxGram(adaptive=False, max_tokens=5)], settings=CascadeSettings(lenience=3.0)
+    ),
+    "maxgram_first_cost_aware": lambda k: CascadeAssistant(
+        [k.drafter, MaxGram()], settings=CascadeSettings(k_matrix=[[6, 10], [0, 10]])
+    ),
+    "hsddw": lambda k: DynamicWindowAssistant(
+        k.drafter, k.big, settings=DynamicWindowSettings(max_window=4, tau_init=2.0, tau2_init=2.0)
+    ),
     "glide": lambda k: GlideAssistant(k.glide, settings=GlideSettings.chain()),
     "glide_cape": lambda k: GlideAssistant(k.glide),
     "redrafter": lambda k: ReDrafterAssistant(k.head, settings=ReDrafterSettings(beam_width=4, beam_length=4)),
@@ -114,7 +129,7 @@ def base_kit(arch: str) -> Kit:
     if arch not in _BASE:
         if arch == "small":
             target = tm.llama(vocab_size=16, layers=1, hidden=16, seed=3)
-            target.generation_config.eos_token_id = None           # every sampled run has the same length
+            target.generation_config.eos_token_id = None  # every sampled run has the same length
             drafter, big = tm.noisy_copy(target, noise=0.6, seed=2), tm.noisy_copy(target, noise=0.3, seed=4)
             head = fit_head(target, "small", steps=60, L=3)
         else:
@@ -145,8 +160,9 @@ def fresh_kit(arch: str, target) -> Kit:
     """Fresh fp32 CPU copies of ``arch``'s drafters and head (binding may move and cast them in place: no
     test sees another's) and a GLIDE tied to ``target``."""
     base = base_kit(arch)
-    return Kit(target, copy.deepcopy(base.drafter), copy.deepcopy(base.big), echo_glide(target, 0.3),
-               copy.deepcopy(base.head))
+    return Kit(
+        target, copy.deepcopy(base.drafter), copy.deepcopy(base.big), echo_glide(target, 0.3), copy.deepcopy(base.head)
+    )
 
 
 def input_device(model) -> torch.device:

@@ -25,15 +25,26 @@ import torch
 NAME = "flash_like"
 
 
-def flash_like_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                         sliding_window=None, softcap=None, is_causal=None, **kwargs):
+def flash_like_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling=None,
+    sliding_window=None,
+    softcap=None,
+    is_causal=None,
+    **kwargs,
+):
     """Flash-attention-2's output for transformers' inputs (``query`` ``[B, H, q, D]``, ``key``/``value``
     ``[B, Hkv, K, D]``); returns ``([B, q, H, D], None)`` as transformers' attention functions do."""
     is_causal = module.is_causal if is_causal is None else is_causal
     B, H, q, D = query.shape
-    key_length = key.shape[2]                              # what flash's window rule compares (before any slicing)
-    mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None   # 4-D: not read
-    if mask is not None and key.shape[2] > mask.shape[-1]:                 # _upad_input: a static layer's capacity
+    key_length = key.shape[2]  # what flash's window rule compares (before any slicing)
+    mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None  # 4-D: not read
+    if mask is not None and key.shape[2] > mask.shape[-1]:  # _upad_input: a static layer's capacity
         key, value = key[:, :, : mask.shape[-1]], value[:, :, : mask.shape[-1]]
     K = key.shape[2]
     keys = torch.ones(B, K, dtype=torch.bool, device=query.device) if mask is None else mask.bool()
@@ -41,9 +52,9 @@ def flash_like_attention(module, query, key, value, attention_mask, dropout: flo
         queries = torch.ones(B, q, dtype=torch.bool, device=query.device)
     else:
         queries = keys if q == K else keys[:, -q:]
-    key_rank = keys.long().cumsum(-1) - 1                                 # rank among the row's kept keys
+    key_rank = keys.long().cumsum(-1) - 1  # rank among the row's kept keys
     query_rank = queries.long().cumsum(-1) - 1
-    diagonal = keys.sum(-1, keepdim=True) - queries.sum(-1, keepdim=True) + query_rank       # [B, q]: bottom-right
+    diagonal = keys.sum(-1, keepdim=True) - queries.sum(-1, keepdim=True) + query_rank  # [B, q]: bottom-right
     allowed = keys[:, None, :] & queries[:, :, None]
     if is_causal:
         allowed &= key_rank[:, None, :] <= diagonal[:, :, None]
@@ -52,11 +63,11 @@ def flash_like_attention(module, query, key, value, attention_mask, dropout: flo
     groups = H // key.shape[1]
     k = key.float().repeat_interleave(groups, dim=1)
     v = value.float().repeat_interleave(groups, dim=1)
-    scores = query.float() @ k.transpose(-1, -2) * (D ** -0.5 if scaling is None else scaling)
+    scores = query.float() @ k.transpose(-1, -2) * (D**-0.5 if scaling is None else scaling)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)                # a query with no key: zeros, as flash pads
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a query with no key: zeros, as flash pads
     out = (weights @ v).masked_fill(~queries[:, None, :, None], 0.0)
     return out.to(query.dtype).transpose(1, 2).contiguous(), None
 

@@ -13,9 +13,11 @@ def run_offline(script: str, cwd: Path, timeout: int = 600) -> str:
     """Run ``script`` with ``python -c`` in ``cwd`` (hub offline, no ``PYTHONPATH``, a private
     remote-code module cache); assert it succeeds and return its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_MODULES_CACHE=str(Path(cwd) / "modules"),
-               OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
-                         timeout=timeout)
+    env.update(
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_MODULES_CACHE=str(Path(cwd) / "modules"), OMP_NUM_THREADS="1"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout

@@ -45,8 +45,9 @@ def commit_sha(repo_id: str, src: Path | None = None) -> str:
     return h.hexdigest()
 
 
-def add_repo(cache: Path, repo_id: str, src: Path, sha: str | None = None, ref: str | None = "main",
-             skip: tuple[str, ...] = ()) -> str:
+def add_repo(
+    cache: Path, repo_id: str, src: Path, sha: str | None = None, ref: str | None = "main", skip: tuple[str, ...] = ()
+) -> str:
     """Copy the files of the directory ``src`` into ``cache`` as the snapshot ``sha`` of the model repo
     ``repo_id`` (files named in ``skip`` left out); point ``refs/<ref>`` at it; return the sha."""
     sha = sha or commit_sha(repo_id, src)
@@ -63,7 +64,7 @@ def add_repo(cache: Path, repo_id: str, src: Path, sha: str | None = None, ref: 
             shutil.copyfile(f, blob)
         (snap / rel).parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(blob, snap / rel)             # a second name of the blob: no second copy of large files
+            os.link(blob, snap / rel)  # a second name of the blob: no second copy of large files
         except OSError:
             shutil.copyfile(blob, snap / rel)
     if ref:
@@ -94,6 +95,11 @@ def offline(monkeypatch) -> None:
 def hub_env(cache: Path, tmp: Path) -> dict:
     """Environment of a fresh interpreter using ``cache`` as its default Hub cache, offline."""
     env = dict(os.environ)
-    env.update(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_MODULES_CACHE=str(Path(tmp) / "modules"), OMP_NUM_THREADS="1")
+    env.update(
+        HF_HUB_CACHE=str(cache),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_MODULES_CACHE=str(Path(tmp) / "modules"),
+        OMP_NUM_THREADS="1",
+    )
     return env

@@ -61,5 +61,5 @@ def run(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     status = run(sys.argv[1:])
-    leave_process_group(finished=status in (0, 3))       # 3: every process was interrupted at the same step
+    leave_process_group(finished=status in (0, 3))  # 3: every process was interrupted at the same step
     sys.exit(status)

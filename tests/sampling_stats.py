@@ -13,9 +13,14 @@ def chi2_isf(df: int, z: float = 3.719) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
-def processed_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                    top_p: float | None = None, repetition_penalty: float | None = None,
-                    prefixes: list[list[int]] | None = None) -> torch.Tensor:
+def processed_probs(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float | None = None,
+    prefixes: list[list[int]] | None = None,
+) -> torch.Tensor:
     """``[..., V]`` logits -> the target's processed sampling distributions (float32), in plain ``generate``'s
     order: the repetition penalty over each row's prefix (``prefixes``: one id list per row), then temperature,
     top-k, top-p (transformers' own processors for the penalty and top-p)."""
@@ -24,7 +29,9 @@ def processed_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
         rows = logits.reshape(-1, logits.shape[-1])
         assert prefixes is not None and len(prefixes) == rows.shape[0], "the penalty needs every row's prefix"
         penalty = RepetitionPenaltyLogitsProcessor(repetition_penalty)
-        penalised = [penalty(torch.tensor([prefix], device=row.device), row[None].clone()) for prefix, row in zip(prefixes, rows)]
+        penalised = [
+            penalty(torch.tensor([prefix], device=row.device), row[None].clone()) for prefix, row in zip(prefixes, rows)
+        ]
         logits = torch.cat(penalised).view_as(logits)
     logits = logits / temperature
     if top_k is not None:
@@ -62,15 +69,27 @@ class _Indicator:
         self.observed = self.expected = self.variance = 0.0
 
     def add(self, hit: bool, p: float) -> None:
-        self.observed, self.expected, self.variance = self.observed + hit, self.expected + p, self.variance + p * (1 - p)
+        self.observed, self.expected, self.variance = (
+            self.observed + hit,
+            self.expected + p,
+            self.variance + p * (1 - p),
+        )
 
     @property
     def z(self) -> float:
         return (self.observed - self.expected) / math.sqrt(max(self.variance, 1e-9))
 
 
-def calibration(model, drafter, sequences, prompt_len: int, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, repetition_penalty: float | None = None) -> dict:
+def calibration(
+    model,
+    drafter,
+    sequences,
+    prompt_len: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float | None = None,
+) -> dict:
     """Emitted tokens against the target's exact processed distribution given the actual prefix.
 
     The token counts ``O_v`` and ``E_v = sum_t p_t(v)`` differ by a martingale, so the pooled chi-square is (at
@@ -82,9 +101,10 @@ def calibration(model, drafter, sequences, prompt_len: int, temperature: float =
     for seq in sequences:
         with torch.no_grad():
             prefixes = [seq[:t].tolist() for t in range(prompt_len, len(seq))] if repetition_penalty else None
-            p = processed_probs(model(seq[None]).logits[0, prompt_len - 1: -1], temperature, top_k, top_p,
-                                repetition_penalty, prefixes).cpu()
-            q = None if drafter is None else drafter(seq[None]).logits[0, prompt_len - 1: -1].argmax(-1).tolist()
+            p = processed_probs(
+                model(seq[None]).logits[0, prompt_len - 1 : -1], temperature, top_k, top_p, repetition_penalty, prefixes
+            ).cpu()
+            q = None if drafter is None else drafter(seq[None]).logits[0, prompt_len - 1 : -1].argmax(-1).tolist()
         seq = seq.cpu()
         tokens = seq[prompt_len:]
         observed = observed + torch.bincount(tokens, minlength=p.shape[-1]).float()
@@ -97,10 +117,17 @@ def calibration(model, drafter, sequences, prompt_len: int, temperature: float =
             if q is not None:
                 draft.add(x == q[i], float(p[i, q[i]]))
     chi2, limit = pooled_chi2(observed, expected)
-    return {"n": int(observed.sum()), "chi2": chi2, "limit": limit, "z_copy": copy.z,
-            "z_draft": draft.z if drafter is not None else 0.0}
+    return {
+        "n": int(observed.sum()),
+        "chi2": chi2,
+        "limit": limit,
+        "z_copy": copy.z,
+        "z_draft": draft.z if drafter is not None else 0.0,
+    }
 
 
 def passes(stats: dict) -> bool:
     """The chi-square under its 1e-4 limit and every z-score within 4."""
-    return stats["chi2"] < stats["limit"] and abs(stats.get("z_copy", 0.0)) < 4.0 and abs(stats.get("z_draft", 0.0)) < 4.0
+    return (
+        stats["chi2"] < stats["limit"] and abs(stats.get("z_copy", 0.0)) < 4.0 and abs(stats.get("z_draft", 0.0)) < 4.0
+    )

@@ -80,8 +80,10 @@ def static_cases(target, settings: dict) -> list[tuple[str, torch.Tensor, dict, 
 
 
 def describe(d: Divergence, label: str) -> str:
-    return (f"{label}: first divergence at position {d.position} (plain {d.expected}, assisted {d.got}); top-1 - top-2 "
-            f"logit {d.gap:.4g}, top-1 - assisted token's {d.got_gap:.4g}, tie tolerance {d.tolerance:.3g}")
+    return (
+        f"{label}: first divergence at position {d.position} (plain {d.expected}, assisted {d.got}); top-1 - top-2 "
+        f"logit {d.gap:.4g}, top-1 - assisted token's {d.got_gap:.4g}, tie tolerance {d.tolerance:.3g}"
+    )
 
 
 def judge(model, expected: list[int], got: list[int], exact: bool, label: str) -> str | None:
@@ -124,7 +126,7 @@ def check_static_parity(target, assistant, cases, exact: bool) -> list[str]:
         report = judge(target, expected[0], got[0].tolist(), exact, case)
         if report is not None:
             ties.append(report)
-    assert accepted > 0                                                   # drafts were accepted
+    assert accepted > 0  # drafts were accepted
     return ties
 
 
@@ -194,9 +196,9 @@ def check_every_strategy(target, make_assistants: dict, settings: dict, exact: b
 
 #: the padding token of the batches (the tiny targets' ``PAD``), given to plain and assisted ``generate`` alike
 PAD = 0
-REP = REPETITIVE[0].tolist()                           # drafts get accepted
-THREE = [REP, [1, 40], ASCENDING[0].tolist()[:8]]      # 9, 2 and 8 tokens
-TWO = [[9], REP]                                       # 1 and 9 tokens
+REP = REPETITIVE[0].tolist()  # drafts get accepted
+THREE = [REP, [1, 40], ASCENDING[0].tolist()[:8]]  # 9, 2 and 8 tokens
+TWO = [[9], REP]  # 1 and 9 tokens
 
 
 def left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,7 +216,7 @@ def static_batch_cases(target, settings: dict) -> list[tuple[str, tuple, dict, l
     three, two = left_padded(THREE, device), left_padded(TWO, device)
     cases = [
         ("three_rows", three, {"max_new_tokens": 20}),
-        ("three_rows_eos_in_draft", three, {"max_new_tokens": 24, "eos_token_id": eos}),    # rows finish apart
+        ("three_rows_eos_in_draft", three, {"max_new_tokens": 24, "eos_token_id": eos}),  # rows finish apart
         ("two_rows_max_new_tokens_5", two, {"max_new_tokens": 5}),
         ("two_rows_repetition_penalty", two, {"max_new_tokens": 12, "repetition_penalty": 1.5}),
     ]
@@ -240,11 +242,27 @@ def check_static_batch_parity(target, assistant, cases, exact: bool) -> list[str
             report = judge(target, expected[b][pad:], got[b].tolist()[pad:], exact, f"{case}, row {b}")
             if report is not None:
                 ties.append(report)
-    assert accepted > 0                                                   # drafts were accepted
+    assert accepted > 0  # drafts were accepted
     return ties
 
 
-__all__ = ["CACHE_LEN", "MODES", "PAD", "check_every_strategy", "check_second_pass", "check_static_batch_parity",
-           "check_static_parity", "compile_config", "default_recompile_limit", "describe", "judge", "left_padded",
-           "static_batch_cases", "static_cases", "static_settings", "strict_recompiles", "target_settings",
-           "unique_graphs"]
+__all__ = [
+    "CACHE_LEN",
+    "MODES",
+    "PAD",
+    "check_every_strategy",
+    "check_second_pass",
+    "check_static_batch_parity",
+    "check_static_parity",
+    "compile_config",
+    "default_recompile_limit",
+    "describe",
+    "judge",
+    "left_padded",
+    "static_batch_cases",
+    "static_cases",
+    "static_settings",
+    "strict_recompiles",
+    "target_settings",
+    "unique_graphs",
+]

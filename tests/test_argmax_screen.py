@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import LogitsProcessorList
 
 from hf_cascade.backends.cpu.argmax_screen import ArgmaxScreen, argmax_screen, screen_choices
 from hf_cascade.backends.cpu.panel import PANEL, extension
 from hf_cascade.core.accept import greedy_tree_accept
 from hf_cascade.core.rows import TreeRows
 from hf_cascade.core.structure import TokenTree
-from transformers import LogitsProcessorList
 
 pytestmark = pytest.mark.skipif(not PANEL.available(), reason="the panel kernel did not build on this machine")
 
@@ -43,22 +43,23 @@ def test_int8_panel_product_is_the_widened_scaled_int8_product():
     panels, scale = extension().pack_panels_i8(w)
     assert panels.dtype == torch.int8 and panels.shape == (3, 24, 16) and scale.shape == (48,)
     assert torch.equal(scale[:37], w.abs().amax(dim=1) / 127) and scale[37:].eq(0).all()
-    for m in (1, 3, 8, 11):                                    # one pass, and chunks of 8 rows
+    for m in (1, 3, 8, 11):  # one pass, and chunks of 8 rows
         x = torch.randn(m, 24, generator=g)
         got = extension().panel_linear_i8(x, panels, scale, 37)
         want = F.linear(x.double(), _int8_copy(w))
         assert got.shape == (m, 37) and torch.allclose(got.double(), want, atol=1e-4, rtol=1e-5)
         assert got[:, 5].eq(0).all()
-    for n in (8, 27):                                          # half a panel; a last panel ending in its second half
+    for n in (8, 27):  # half a panel; a last panel ending in its second half
         w = torch.randn(n, 24, generator=g)
         panels, scale = extension().pack_panels_i8(w)
-        for m in (1, 5, 7, 13):                                # every row count of a pass (6 or 8), and chunks
+        for m in (1, 5, 7, 13):  # every row count of a pass (6 or 8), and chunks
             x = torch.randn(m, 24, generator=g)
             got = extension().panel_linear_i8(x, panels, scale, n)
-            assert got.shape == (m, n) and torch.allclose(got.double(), F.linear(x.double(), _int8_copy(w)),
-                                                          atol=1e-4, rtol=1e-5)
+            assert got.shape == (m, n) and torch.allclose(
+                got.double(), F.linear(x.double(), _int8_copy(w)), atol=1e-4, rtol=1e-5
+            )
     exact = torch.tensor([[1.0, 0.0, 2.0]])
-    w = torch.tensor([[127.0, -3.0, 5.0], [0.0, 0.0, -1.0]])     # integers: the copy is the weight
+    w = torch.tensor([[127.0, -3.0, 5.0], [0.0, 0.0, -1.0]])  # integers: the copy is the weight
     panels, scale = extension().pack_panels_i8(w)
     assert extension().panel_linear_i8(exact, panels, scale, 2).tolist() == [[137.0, -2.0]]
 
@@ -71,7 +72,7 @@ def test_int8_copy_rounds_half_to_even_and_its_norms_are_float64():
     w = torch.cat([w, torch.randn(30, 6, generator=torch.Generator().manual_seed(3))])
     panels, scale = extension().pack_panels_i8(w)
     assert panels[0, :, 0].tolist() == [127, 0, 2, 2, 0, -2] and panels[0, :, 1].eq(0).all()
-    assert panels[0, :, 2].tolist() == [127, 0, 2, -2, 0, 1]                  # 3 / 2 -> 2, -5 / 2 -> -2, 1 / 2 -> 0
+    assert panels[0, :, 2].tolist() == [127, 0, 2, -2, 0, 1]  # 3 / 2 -> 2, -5 / 2 -> -2, 1 / 2 -> 0
     q = torch.stack([panels[j // 16, :, j % 16] for j in range(33)])
     a = w.abs().amax(dim=1, keepdim=True) / 127
     assert torch.equal(q, (w / torch.where(a > 0, a, torch.ones_like(a))).round().clamp(-127, 127).to(torch.int8))
@@ -86,10 +87,10 @@ def test_int8_copy_rounds_half_to_even_and_its_norms_are_float64():
 def test_integer_layout_is_the_panels_regrouped():
     """Golden: ``pack_vnni`` lays the int8 panels ``[P, K, 16]`` out as ``[P, Kp / 4, 64]`` (byte ``4 r + i`` of
     block ``t``: input ``4 t + i`` of output ``r``; zeros past ``K``) and sums ``q`` per group of inputs and output."""
-    w = torch.randn(40, 70, generator=torch.Generator().manual_seed(4))         # K not a multiple of 4 or 64
+    w = torch.randn(40, 70, generator=torch.Generator().manual_seed(4))  # K not a multiple of 4 or 64
     panels, _ = extension().pack_panels_i8(w)
     vnni, qsum = extension().pack_vnni(panels, 64)
-    q = F.pad(panels, (0, 0, 0, 128 - 70))                                      # [P, Kp, 16]
+    q = F.pad(panels, (0, 0, 0, 128 - 70))  # [P, Kp, 16]
     assert torch.equal(vnni, q.view(3, -1, 4, 16).transpose(2, 3).reshape(3, -1, 64))
     assert torch.equal(qsum, q.view(3, -1, 64, 16).sum(dim=2, dtype=torch.int32))
 
@@ -107,15 +108,15 @@ def test_the_bound_holds_and_the_argmax_is_exact_on_near_ties(product):
     keeps them all as candidates, and their float32 logits decide."""
     g = torch.Generator().manual_seed(1)
     base = torch.randn(4096, 64, generator=g) / 8
-    twins = base[:16] + torch.randn(16, 64, generator=g) * 1e-5            # near-copies of rows 0..15
+    twins = base[:16] + torch.randn(16, 64, generator=g) * 1e-5  # near-copies of rows 0..15
     w = torch.cat([base, twins])
     screen = ArgmaxScreen(w, product)
-    x = torch.cat([w[:16] * 40, torch.randn(32, 64, generator=g) * 30])   # rows aimed at a twin pair, and random
+    x = torch.cat([w[:16] * 40, torch.randn(32, 64, generator=g) * 30])  # rows aimed at a twin pair, and random
     approx, reach = _reach(screen, x)
     exact = F.linear(x, w)
-    assert ((exact - approx).abs() <= reach).all()                          # the bound the screen relies on
+    assert ((exact - approx).abs() <= reach).all()  # the bound the screen relies on
     assert screen(x) == exact.argmax(dim=1).tolist()
-    assert screen.candidates > x.shape[0]                                   # near-ties were settled in float32
+    assert screen.candidates > x.shape[0]  # near-ties were settled in float32
 
 
 @pytest.mark.parametrize("product", PRODUCTS)
@@ -126,12 +127,12 @@ def test_the_bound_holds_on_rows_with_outliers_and_zero_rows(product):
     candidates are exact."""
     g = torch.Generator().manual_seed(3)
     w = torch.randn(2000, 96, generator=g) * torch.logspace(-2, 1, 2000)[:, None]
-    w[::7, 0] *= 300.0                                                      # one outlier per row
+    w[::7, 0] *= 300.0  # one outlier per row
     w[11] = 0.0
     screen = ArgmaxScreen(w, product)
     x = torch.randn(24, 96, generator=g) * torch.logspace(-1, 2, 24)[:, None]
-    x[::3, 70] *= 50.0                                                      # an outlier coordinate
-    x[5, :64] = 0.0                                                         # a zero group
+    x[::3, 70] *= 50.0  # an outlier coordinate
+    x[5, :64] = 0.0  # a zero group
     exact = F.linear(x, w)
     approx, reach = _reach(screen, x)
     assert ((exact - approx).abs() <= reach).all()
@@ -152,18 +153,18 @@ def test_integer_product_is_the_grouped_exact_integer_product():
         w = torch.randn(n, k, generator=g)
         screen = ArgmaxScreen(w, "integer")
         a = w.abs().amax(dim=1, keepdim=True) / 127
-        q = (w / a).round().clamp(-127, 127).double()                                   # q_j (no zero rows here)
+        q = (w / a).round().clamp(-127, 127).double()  # q_j (no zero rows here)
         for m in (1, 2, 3, 5, 8, 9, 17):
             x = torch.randn(m, k, generator=g) * 4
             got, term = screen.screen_logits(x)
             padded = F.pad(x, (0, screen.padded - k)).view(m, -1, GROUP)
             b = padded.abs().amax(dim=2, keepdim=True) / 127
             b = torch.where(b > 0, b, torch.ones_like(b))
-            t = (torch.round(padded / b).clamp(-127, 127) * b).double().view(m, -1)[:, :k]   # the row multiplied
+            t = (torch.round(padded / b).clamp(-127, 127) * b).double().view(m, -1)[:, :k]  # the row multiplied
             want = F.linear(t, q) * a.double().view(1, -1)
             assert got.shape == (m, n) and torch.allclose(got.double(), want, atol=1e-5, rtol=1e-6)
             assert term.shape == (m,) and (term.double() >= (x.double() - t).norm(dim=1)).all()
-    exact = torch.tensor([[127.0, 0.0, -127.0, 1.0]])                         # integers: x~ = x, w~ = w
+    exact = torch.tensor([[127.0, 0.0, -127.0, 1.0]])  # integers: x~ = x, w~ = w
     w = torch.tensor([[127.0, -3.0, 5.0, 0.0], [0.0, 0.0, -127.0, 2.0]])
     got, term = ArgmaxScreen(w, "integer").screen_logits(exact)
     assert got.tolist() == [[16129.0 - 635.0, 16129.0 + 2.0]] and term.item() < 1e-2
@@ -200,7 +201,11 @@ def test_candidates_are_every_output_whose_upper_bound_reaches_the_kth_lower_bou
     """Golden: ``screen_candidates`` against the elementwise rule (blocks of 64 outputs, a partial last one, fewer
     blocks than ``k``): every output the rule keeps is kept, and at most rounding's worth more."""
     g = torch.Generator().manual_seed(n)
-    y, c, norm = torch.randn(m, n, generator=g) * 5, torch.rand(n, generator=g) * 0.02, torch.rand(m, generator=g) * 100 + 1
+    y, c, norm = (
+        torch.randn(m, n, generator=g) * 5,
+        torch.rand(n, generator=g) * 0.02,
+        torch.rand(m, generator=g) * 100 + 1,
+    )
     reach = norm[:, None] * c
     for k in (1, 5, 50):
         low = y - reach
@@ -230,8 +235,15 @@ def test_screen_choices_record_what_was_timed():
 
 
 def _rows(tree, hidden, weight, screen=None):
-    return TreeRows(tree, torch.tensor([5, 6]), LogitsProcessorList(), hidden=hidden,
-                    head=lambda h: F.linear(h, weight), block_rows=2, argmax_head=screen)
+    return TreeRows(
+        tree,
+        torch.tensor([5, 6]),
+        LogitsProcessorList(),
+        hidden=hidden,
+        head=lambda h: F.linear(h, weight),
+        block_rows=2,
+        argmax_head=screen,
+    )
 
 
 def test_greedy_acceptance_with_the_screen_is_unchanged_and_full_rows_still_come():
@@ -245,8 +257,8 @@ def test_greedy_acceptance_with_the_screen_is_unchanged_and_full_rows_still_come
     rows = _rows(tree, hidden, weight, ArgmaxScreen(weight))
     screened = greedy_tree_accept(tree, rows)
     assert screened.path.tolist() == plain.path.tolist() == [0, 2] and screened.bonus == plain.bonus
-    assert rows.computed() == [] and rows.rows_computed >= 3               # argmax only, no float32 rows
-    assert torch.allclose(rows.raw(0), F.linear(hidden[0], weight), atol=1e-4)   # a full row when asked for
+    assert rows.computed() == [] and rows.rows_computed >= 3  # argmax only, no float32 rows
+    assert torch.allclose(rows.raw(0), F.linear(hidden[0], weight), atol=1e-4)  # a full row when asked for
 
 
 def test_processors_turn_the_screen_off():
@@ -254,8 +266,14 @@ def test_processors_turn_the_screen_off():
 
     weight, hidden = torch.randn(50, 8), torch.randn(3, 8)
     tree = TokenTree.chain(torch.tensor([1, 2]))
-    rows = TreeRows(tree, torch.tensor([5]), LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)]),
-                    hidden=hidden, head=lambda h: F.linear(h, weight), argmax_head=ArgmaxScreen(weight))
+    rows = TreeRows(
+        tree,
+        torch.tensor([5]),
+        LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)]),
+        hidden=hidden,
+        head=lambda h: F.linear(h, weight),
+        argmax_head=ArgmaxScreen(weight),
+    )
     assert rows.argmax_head is None
 
 
@@ -273,7 +291,7 @@ def test_greedy_with_the_screen_matches_plain_generate(name, monkeypatch, free_d
     from tests.contract_registry import base_kit
     from tests.test_batch import ROWS, left_pad
 
-    target = base_kit("gemma3").target                  # (a vocabulary too small for the CPU backend's head)
+    target = base_kit("gemma3").target  # (a vocabulary too small for the CPU backend's head)
     screen, asked = ArgmaxScreen(target.get_output_embeddings().weight), []
 
     @contextmanager
@@ -288,8 +306,8 @@ def test_greedy_with_the_screen_matches_plain_generate(name, monkeypatch, free_d
         a = make()
         assert target.generate(batch[0], attention_mask=batch[1], assistant_model=a, **kw).tolist() == plain.tolist()
         stats = a.last_stats.rows if hasattr(a.last_stats, "rows") else [a.last_stats]
-        assert sum(sum(r.accepted_per_call) for r in stats) > 0                 # drafts were accepted
-    assert screen.candidates > 0 and max(rows for rows, _ in asked) > 2         # first blocks of several rows at once
+        assert sum(sum(r.accepted_per_call) for r in stats) > 0  # drafts were accepted
+    assert screen.candidates > 0 and max(rows for rows, _ in asked) > 2  # first blocks of several rows at once
     # the drafter's top-k where rows are recorded; the argmax alone where they are not (maxgram; a batch's plain steps)
     assert {k for _, k in asked} - {None} == (set() if name == "maxgram" else {64}) and None in {k for _, k in asked}
 
@@ -303,11 +321,12 @@ def test_gemma_greedy_uses_the_screen_and_matches_plain():
     from hf_cascade.bench.loading import load_model
 
     model, tok = load_model(None)
-    ids = tok("Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
-              return_tensors="pt").input_ids
+    ids = tok(
+        "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox", return_tensors="pt"
+    ).input_ids
     plain = model.generate(ids, do_sample=False, max_new_tokens=24)
     weight = model.get_output_embeddings().weight
-    screen = ArgmaxScreen(weight)                    # in use whatever this machine's timing would decide
+    screen = ArgmaxScreen(weight)  # in use whatever this machine's timing would decide
     screen.faster = {(1 << i, top): True for i in range(12) for top in (False, True)}
     saved = module._SCREENS.get(id(weight))
     module._SCREENS[id(weight)] = (weight._version, screen)

@@ -29,8 +29,11 @@ def target():
 
 
 def _heads(target):
-    return {"glide": (echo_glide(target), GlideAssistant), "redrafter": (fit_head(target, "auto"), ReDrafterAssistant),
-            "cascade": (restricted_copy(target), CascadeAssistant)}
+    return {
+        "glide": (echo_glide(target), GlideAssistant),
+        "redrafter": (fit_head(target, "auto"), ReDrafterAssistant),
+        "cascade": (restricted_copy(target), CascadeAssistant),
+    }
 
 
 @pytest.mark.parametrize("kind", ["glide", "redrafter", "cascade"])
@@ -41,7 +44,7 @@ def test_generate_with_a_loaded_head_runs_its_strategy(target, kind):
     out = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, assistant_model=head)
     assert out.tolist() == plain.tolist()
     assistant = assistant_for(head)
-    assert type(assistant) is cls and assistant_for(head) is assistant          # one assistant per head object
+    assert type(assistant) is cls and assistant_for(head) is assistant  # one assistant per head object
     stats = assistant.last_stats
     assert stats is not None and stats.new_tokens == NEW and stats.target_calls <= NEW
     assert "_hf_cascade_assistant" not in str(list(head.state_dict()))
@@ -65,9 +68,14 @@ def test_a_head_for_another_target_fails_clearly(target):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("name, cls", [("gemma-3-270m-glide-xs", GlideAssistant),
-                                       ("gemma-3-270m-redrafter-xs", ReDrafterAssistant),
-                                       ("gemma-3-270m-drafter-xs", CascadeAssistant)])
+@pytest.mark.parametrize(
+    "name, cls",
+    [
+        ("gemma-3-270m-glide-xs", GlideAssistant),
+        ("gemma-3-270m-redrafter-xs", ReDrafterAssistant),
+        ("gemma-3-270m-drafter-xs", CascadeAssistant),
+    ],
+)
 def test_generate_with_a_shipped_checkpoint_loaded_by_auto_class(gemma, name, cls, free_drafts):
     """The shipped checkpoint loaded as a user loads it (``AutoModelForCausalLM``, remote code) and given to
     ``generate``: the real target's greedy text, made by the checkpoint's strategy (draft forwards counted free:
@@ -76,8 +84,11 @@ def test_generate_with_a_shipped_checkpoint_loaded_by_auto_class(gemma, name, cl
 
     model, tok = gemma
     head = AutoModelForCausalLM.from_pretrained(CARDS / name, trust_remote_code=True).eval()
-    ids = tok("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
-              "in May. How many clips did Natalia sell altogether in April and May?\n\nAnswer:", return_tensors="pt").input_ids
+    ids = tok(
+        "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+        "in May. How many clips did Natalia sell altogether in April and May?\n\nAnswer:",
+        return_tensors="pt",
+    ).input_ids
     plain = model.generate(ids, do_sample=False, max_new_tokens=24)
     out = model.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=head)
     assert out.tolist() == plain.tolist()
@@ -108,7 +119,7 @@ def tiny_hub(tmp_path, monkeypatch):
     tm.word_tokenizer().save_pretrained(tmp_path / "target")
     cache = tmp_path / "hub"
     sha = add_repo(cache, TINY_TARGET, tmp_path / "target")
-    (cache / "models--someone--tiny-target" / "refs" / "exp").write_text(sha)     # a branch of the model
+    (cache / "models--someone--tiny-target" / "refs" / "exp").write_text(sha)  # a branch of the model
     save_hub(make_glide(target), tmp_path / "glide", "")
     add_repo(cache, TINY_HEAD, tmp_path / "glide")
     broken = tmp_path / "glide"
@@ -136,10 +147,10 @@ def hub_reads(monkeypatch):
 
 def test_a_repo_id_reads_with_the_download_options(tiny_hub):
     cache, _ = tiny_hub
-    assert checkpoint_kind(TINY_HEAD) is None                        # not in the default cache
+    assert checkpoint_kind(TINY_HEAD) is None  # not in the default cache
     assert checkpoint_kind(TINY_HEAD, cache_dir=cache) == "glide"
     assert type(assistant_for(TINY_HEAD, cache_dir=cache, revision="main")) is GlideAssistant
-    with pytest.raises(ValueError, match="missing_keys"):            # the revision reaches the loader
+    with pytest.raises(ValueError, match="missing_keys"):  # the revision reaches the loader
         assistant_for(TINY_HEAD, cache_dir=cache, revision="exp")
 
 
@@ -150,12 +161,19 @@ def test_pipeline_passes_its_token_and_cache_dir_to_the_head_not_its_revision(ti
     from transformers import pipeline
 
     cache, target = tiny_hub
-    pipe = pipeline("text-generation", model=TINY_TARGET, revision="exp", token="hf_secret",
-                    model_kwargs={"cache_dir": str(cache)}, assistant_model=TINY_HEAD)
+    pipe = pipeline(
+        "text-generation",
+        model=TINY_TARGET,
+        revision="exp",
+        token="hf_secret",
+        model_kwargs={"cache_dir": str(cache)},
+        assistant_model=TINY_HEAD,
+    )
     assert type(pipe.assistant_model) is GlideAssistant
     head_reads = [r for r in hub_reads if r[0] == TINY_HEAD]
-    assert head_reads and all(r[1] == "hf_secret" and r[3] == str(cache) and r[2] in (None, "main")
-                              for r in head_reads), head_reads
+    assert head_reads and all(
+        r[1] == "hf_secret" and r[3] == str(cache) and r[2] in (None, "main") for r in head_reads
+    ), head_reads
     assert any(r[0] == TINY_TARGET and r[2] not in (None, "main") for r in hub_reads)  # the model's revision: exp
     prompt = "w5 w6 w7 w5 w6 w7 w5 w6"
     kw = dict(do_sample=False, max_new_tokens=NEW, return_full_text=False)
@@ -171,6 +189,7 @@ def test_pipeline_without_the_cache_dir_does_not_find_the_head(tiny_hub, hub_rea
 
     _, target = tiny_hub
     with pytest.raises(OSError, match="cached files"):
-        pipeline("text-generation", model=target, tokenizer=tm.word_tokenizer(), token="hf_secret",
-                 assistant_model=TINY_HEAD)
+        pipeline(
+            "text-generation", model=target, tokenizer=tm.word_tokenizer(), token="hf_secret", assistant_model=TINY_HEAD
+        )
     assert any(r[0] == TINY_HEAD and r[1] == "hf_secret" for r in hub_reads)

@@ -16,7 +16,6 @@ import torch
 
 import hf_cascade
 from hf_cascade import CascadeAssistant, MaxGram, backends
-
 from tests import tiny_models as tm
 from tests.test_layers import PACKAGE, ROOT, imports, module_name
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
@@ -103,8 +102,9 @@ print(json.dumps({"sessions": sessions, "same": same,
 def _fresh(*args: str, env: dict | None = None, script: str = _SCRIPT) -> dict:
     environ = {k: v for k, v in os.environ.items() if k != "HF_CASCADE_CPU_KERNELS"}
     environ.update(env or {}, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    res = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=environ, capture_output=True,
-                         text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=600
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -166,6 +166,7 @@ OPTIONAL_PACKAGES = {"arctic_inference", "economize", "datasets", "matplotlib", 
 
 # -- the switch, in process ---------------------------------------------------------------------------
 
+
 def test_switch_rules(monkeypatch):
     fp32, bf16 = tm.llama_target(), tm.llama_target().to(torch.bfloat16)
     monkeypatch.delenv(backends.ENV, raising=False)
@@ -190,8 +191,9 @@ def test_cpu_kernels_true_on_a_bf16_target_is_a_clear_error(monkeypatch):
     target = tm.llama_target().to(torch.bfloat16)
     prompt = tm.random_prompts(1, seed=2)[0]
     with pytest.raises(ValueError, match=r"cpu_kernels=True needs a float32 target on CPU.*bfloat16"):
-        target.generate(prompt, max_new_tokens=8, do_sample=False,
-                        assistant_model=CascadeAssistant([MaxGram()], cpu_kernels=True))
+        target.generate(
+            prompt, max_new_tokens=8, do_sample=False, assistant_model=CascadeAssistant([MaxGram()], cpu_kernels=True)
+        )
     with pytest.raises(ValueError, match="float32"):
         with hf_cascade.cpu_kernels(target):
             pass
@@ -208,7 +210,7 @@ def test_plain_generate_inside_cpu_kernels(vocab):
     with hf_cascade.cpu_kernels(target) as session:
         assert session.backend == "cpu" and session.block_rows >= 1
         switched = [m for m in target.modules() if "forward" in vars(m)]
-        assert len(switched) == 14 + (vocab >= 32768)          # 2 layers x 7 linears (+ the head)
+        assert len(switched) == 14 + (vocab >= 32768)  # 2 layers x 7 linears (+ the head)
         out = target.generate(prompt, max_new_tokens=24, do_sample=False)
     assert torch.equal(out, ref)
     assert all("forward" not in vars(m) for m in target.modules())

@@ -37,13 +37,12 @@ from transformers import pipeline
 import hf_cascade  # noqa: F401  (installs the generate() hook)
 from hf_cascade import CascadeAssistant, GlideAssistant, MaxGram, ReDrafterAssistant
 from hf_cascade.core.batch import prefill_by_row
-from hf_cascade.core.payoff import VerifyCost
-from hf_cascade.core.payoff import CostModel
+from hf_cascade.core.payoff import CostModel, VerifyCost
 from hf_cascade.core.stats import BatchStats
 from tests import tiny_models as tm
 from tests.contract_registry import REGISTRY, SETTINGS, STATEFUL, base_kit, fresh_kit, input_device, setting_target
-from tests.test_contract import assert_no_state_leak as contract_no_state_leak
 from tests.test_contract import ASCENDING, REPETITIVE, FakeClock, _eos_inside_drafts
+from tests.test_contract import assert_no_state_leak as contract_no_state_leak
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 
@@ -81,8 +80,9 @@ def assert_batch_stats(stats, expected: list[list[int]], P: int, eos: set[int]) 
     calls = [r.target_calls for r in stats.rows]
     assert stats.target_calls == max(calls) == len(stats.rows_per_call) == len(stats.width_per_call)
     assert stats.rows_per_call == [sum(c > k for c in calls) for k in range(stats.target_calls)]
-    assert stats.width_per_call == [1 + max(r.draft_len_per_call[k] for r in stats.rows if r.target_calls > k)
-                                    for k in range(stats.target_calls)]
+    assert stats.width_per_call == [
+        1 + max(r.draft_len_per_call[k] for r in stats.rows if r.target_calls > k) for k in range(stats.target_calls)
+    ]
     assert stats.prefill_calls == prefill_forwards(expected, P)
 
 
@@ -97,9 +97,9 @@ def prefill_forwards(expected: list[list[int]], P: int) -> int:
 
 # -- (1) greedy parity ------------------------------------------------------------------------------------
 
-REP = REPETITIVE[0].tolist()                                   # 9 tokens: drafts get accepted
-LONG = [1] + [30 + i % 7 for i in range(24)]                   # 25 tokens
-ROWS = [[9], [1, 40], REP, LONG]                               # B = 4: 1, 2, 9 and 25 tokens
+REP = REPETITIVE[0].tolist()  # 9 tokens: drafts get accepted
+LONG = [1] + [30 + i % 7 for i in range(24)]  # 25 tokens
+ROWS = [[9], [1, 40], REP, LONG]  # B = 4: 1, 2, 9 and 25 tokens
 
 
 def _finishes_at_once(target) -> tuple[list[list[int]], int]:
@@ -119,10 +119,10 @@ def batch_cases(target, more: bool = True) -> list[tuple[str, tuple, dict, list]
     """``(case, (input_ids, attention_mask), generate kwargs, plain batched generate's output)`` on ``target``:
     the ``B = 4`` cases, and with ``more`` a repetition penalty, one padded row, two rows one finishing at once."""
     device = input_device(target)
-    eos = _eos_inside_drafts(target)                           # emitted on REP, inside Max-Gram's drafts
+    eos = _eos_inside_drafts(target)  # emitted on REP, inside Max-Gram's drafts
     four = left_pad(ROWS, device=device)
     cases = [
-        ("max_new_tokens_13", four, {"max_new_tokens": 13}),          # ends inside the repetitive rows' drafts
+        ("max_new_tokens_13", four, {"max_new_tokens": 13}),  # ends inside the repetitive rows' drafts
         ("eos_in_draft", four, {"max_new_tokens": 16, "eos_token_id": eos}),
         ("max_new_tokens_5", four, {"max_new_tokens": 5}),
         ("max_new_tokens_1", four, {"max_new_tokens": 1}),
@@ -134,8 +134,10 @@ def batch_cases(target, more: bool = True) -> list[tuple[str, tuple, dict, list]
             ("one_padded_row", left_pad([REP], extra=3, device=device), {"max_new_tokens": 10}),
             ("one_row_finishes_at_once", left_pad(two, device=device), {"max_new_tokens": 10, "eos_token_id": first}),
         ]
-    return [(name, batch, kw, target.generate(batch[0], attention_mask=batch[1], do_sample=False, **kw).tolist())
-            for name, batch, kw in cases]
+    return [
+        (name, batch, kw, target.generate(batch[0], attention_mask=batch[1], do_sample=False, **kw).tolist())
+        for name, batch, kw in cases
+    ]
 
 
 def assert_batch_parity(target, assistant, cases) -> None:
@@ -148,7 +150,7 @@ def assert_batch_parity(target, assistant, cases) -> None:
         stats = assistant.last_stats
         assert_batch_stats(stats, expected, input_ids.shape[1], stop_ids(target, kw))
         accepted += sum(sum(r.accepted_per_call) for r in stats.rows)
-    assert accepted > 0                                                   # drafts were accepted
+    assert accepted > 0  # drafts were accepted
 
 
 BATCH_SETTINGS = ["llama-sdpa", "gemma3-sdpa", "gemma3-eager", "gemma3-bf16", "gemma3-offload"]
@@ -174,15 +176,15 @@ def test_batch_cases_are_meaningful(setting, free_drafts, open_gate, monkeypatch
     out = {case: (batch, kw, expected) for case, batch, kw, expected in setting_cases(setting)}
     (input_ids, mask), kw, expected = out["eos_in_draft"]
     n = emitted(expected, input_ids.shape[1], {kw["eos_token_id"]})
-    assert min(n) < 16 and len(set(n)) > 1, n                              # rows stop at different steps
+    assert min(n) < 16 and len(set(n)) > 1, n  # rows stop at different steps
     assert any(row[input_ids.shape[1] + k - 1] == kw["eos_token_id"] for row, k in zip(expected, n) if k < 16)
     target = setting_target(setting)
-    kit = fresh_kit(SETTINGS[setting][0], target)            # Max-Gram's lengths from fixed costs, not this machine's
+    kit = fresh_kit(SETTINGS[setting][0], target)  # Max-Gram's lengths from fixed costs, not this machine's
     a = CascadeAssistant([kit.drafter, MaxGram(cost=CostModel(measure=False))])
     with monkeypatch.context() as m:
         m.setattr(time, "perf_counter", FakeClock())
         target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=a, **kw)
-    assert any(len(r.accepted_paths[-1]) > r.accepted_per_call[-1] for r in a.last_stats.rows)   # cut at the EOS
+    assert any(len(r.accepted_paths[-1]) > r.accepted_per_call[-1] for r in a.last_stats.rows)  # cut at the EOS
     (input_ids, _), kw, expected = out["one_row_finishes_at_once"]
     P = input_ids.shape[1]
     assert emitted(expected, P, {kw["eos_token_id"]})[1] == 1 < len(expected[0]) - P
@@ -239,14 +241,15 @@ def test_prefill_ways_agree(name, setting, free_drafts, open_gate, monkeypatch):
 
 def test_prefill_by_row_rule():
     """Row by row where padding is at least half of the padded block, never for one row."""
-    assert prefill_by_row([0, 1, 8, 24], 24)                   # 33 of 96 positions are prompt tokens
-    assert prefill_by_row([12, 12], 24)                         # exactly half
+    assert prefill_by_row([0, 1, 8, 24], 24)  # 33 of 96 positions are prompt tokens
+    assert prefill_by_row([12, 12], 24)  # exactly half
     assert not prefill_by_row([13, 12], 24)
     assert not prefill_by_row([20, 24, 24, 3], 24)
     assert not prefill_by_row([3], 24)
 
 
 # -- (2) statistics --------------------------------------------------------------------------------------
+
 
 def test_batch_stats_show_speculation(open_gate):
     """Repetitive rows: every row's tokens in fewer batched calls than plain decoding's steps; a row that
@@ -257,21 +260,23 @@ def test_batch_stats_show_speculation(open_gate):
     new = 24
     plain = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=None)
     a = CascadeAssistant([MaxGram()])
-    out = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=None,
-                          assistant_model=a)
+    out = target.generate(
+        input_ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=None, assistant_model=a
+    )
     assert out.tolist() == plain.tolist()
     stats = a.last_stats
     assert_batch_stats(stats, plain.tolist(), input_ids.shape[1], set())
     assert [r.new_tokens for r in stats.rows] == [new] * 4
-    assert stats.target_calls < new                                       # plain: one forward per token
+    assert stats.target_calls < new  # plain: one forward per token
     assert all(r.target_calls < new for r in stats.rows)
     assert stats.tokens_per_target_call > 4
     assert stats.to_dict()["rows"][0]["new_tokens"] == new
     # rows stop on their own: the row that emits the EOS first leaves, the others go on
     eos = plain[1, input_ids.shape[1] + 3].item()
     plain = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=eos)
-    out = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=eos,
-                          assistant_model=a)
+    out = target.generate(
+        input_ids, attention_mask=mask, do_sample=False, max_new_tokens=new, eos_token_id=eos, assistant_model=a
+    )
     assert out.tolist() == plain.tolist()
     stats = a.last_stats
     assert_batch_stats(stats, plain.tolist(), input_ids.shape[1], {eos})
@@ -287,16 +292,19 @@ def test_compaction_keeps_parity(open_gate):
     input_ids, mask = left_pad(ROWS)
     plain = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=32, eos_token_id=None)
     a = CascadeAssistant([MaxGram()])
-    out = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=32, eos_token_id=None,
-                          assistant_model=a)
+    out = target.generate(
+        input_ids, attention_mask=mask, do_sample=False, max_new_tokens=32, eos_token_id=None, assistant_model=a
+    )
     assert out.tolist() == plain.tolist()
     assert a.last_stats.compactions > 0
 
 
 # -- (3) no state leak ----------------------------------------------------------------------------------------
 
-def assert_no_state_leak(target, make_assistant, first, second, do_sample: bool, new: int = 10,
-                         stateful: bool = False) -> None:
+
+def assert_no_state_leak(
+    target, make_assistant, first, second, do_sample: bool, new: int = 10, stateful: bool = False
+) -> None:
     """The contract's check (:func:`tests.test_contract.assert_no_state_leak`), batches as ``(ids, mask)``."""
     contract_no_state_leak(target, make_assistant, first, second, do_sample, new, stateful)
 
@@ -308,23 +316,33 @@ def test_no_state_leak(name, monkeypatch, open_gate):
     gemma = base_kit("gemma3").target
     kit = fresh_kit("gemma3", gemma)
     batch, single = left_pad(ROWS), (ASCENDING, None)
-    assert_no_state_leak(gemma, lambda: registry_assistant(name, kit), batch, single, do_sample=False,
-                         stateful=name in STATEFUL)
-    assert_no_state_leak(gemma, lambda: registry_assistant(name, kit), single, batch, do_sample=False,
-                         stateful=name in STATEFUL)
+    assert_no_state_leak(
+        gemma, lambda: registry_assistant(name, kit), batch, single, do_sample=False, stateful=name in STATEFUL
+    )
+    assert_no_state_leak(
+        gemma, lambda: registry_assistant(name, kit), single, batch, do_sample=False, stateful=name in STATEFUL
+    )
     small = base_kit("small").target
     kit = fresh_kit("small", small)
     batch, single = left_pad([[1, 5, 6, 5, 6, 5], [1, 9, 12], [7]]), (ids(1, 9, 12), None)
-    assert_no_state_leak(small, lambda: registry_assistant(name, kit), single, batch, do_sample=True,
-                         stateful=name in STATEFUL)
-    assert_no_state_leak(small, lambda: registry_assistant(name, kit), batch, single, do_sample=True,
-                         stateful=name in STATEFUL)
+    assert_no_state_leak(
+        small, lambda: registry_assistant(name, kit), single, batch, do_sample=True, stateful=name in STATEFUL
+    )
+    assert_no_state_leak(
+        small, lambda: registry_assistant(name, kit), batch, single, do_sample=True, stateful=name in STATEFUL
+    )
 
 
 # -- (7) pipeline ----------------------------------------------------------------------------------------------
 
-PIPE_TEXTS = ["w5 w6 w7 w5 w6 w7 w5", "w9", "w30 w31 w32 w33 w34 w35 w36 w30 w31 w32 w33 w34", "w12 w13",
-              "w50 w51 w50 w51 w50", "w70 w71 w72"]
+PIPE_TEXTS = [
+    "w5 w6 w7 w5 w6 w7 w5",
+    "w9",
+    "w30 w31 w32 w33 w34 w35 w36 w30 w31 w32 w33 w34",
+    "w12 w13",
+    "w50 w51 w50 w51 w50",
+    "w70 w71 w72",
+]
 
 
 def test_pipeline_batch_size_4(open_gate):
@@ -339,7 +357,7 @@ def test_pipeline_batch_size_4(open_gate):
     pipe = pipeline("text-generation", model=target, tokenizer=tok, batch_size=4, assistant_model=a)
     out = pipe(PIPE_TEXTS, **kw)
     assert out == plain
-    assert isinstance(a.last_stats, BatchStats) and len(a.last_stats.rows) == 2       # the last batch: 2 prompts
+    assert isinstance(a.last_stats, BatchStats) and len(a.last_stats.rows) == 2  # the last batch: 2 prompts
     assert any(t[0]["generated_text"] != p for t, p in zip(out, PIPE_TEXTS))
 
 
@@ -347,13 +365,17 @@ def test_pipeline_batch_size_4(open_gate):
 
 SPEC_BENCH_LIKE = [
     "Write a haiku about autumn.",
-    ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
-     "clips did Natalia sell altogether in April and May?"),
+    (
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "
+        "clips did Natalia sell altogether in April and May?"
+    ),
     "Translate to German: The weather is nice today.",
-    ("Summarize the following text: The Industrial Revolution began in Great Britain in the late 18th century and "
-     "spread to other parts of the world. It marked a major turning point in history, as almost every aspect of "
-     "daily life was influenced in some way. Average income and population began to exhibit unprecedented "
-     "sustained growth."),
+    (
+        "Summarize the following text: The Industrial Revolution began in Great Britain in the late 18th century and "
+        "spread to other parts of the world. It marked a major turning point in history, as almost every aspect of "
+        "daily life was influenced in some way. Average income and population began to exhibit unprecedented "
+        "sustained growth."
+    ),
 ]
 
 
@@ -383,7 +405,7 @@ def test_real_gemma_batch(gemma, open_gate):
         return [r[0]["generated_token_ids"] for r in result]
 
     plain = ids_of(pipeline("text-generation", model=model, tokenizer=tok, batch_size=4)(prompts, **kw))
-    assert [row[:P] for row in plain] == enc.input_ids.tolist()               # the same padded batch
+    assert [row[:P] for row in plain] == enc.input_ids.tolist()  # the same padded batch
     a = CascadeAssistant([MaxGram()], cpu_kernels=False)
     out = pipeline("text-generation", model=model, tokenizer=tok, batch_size=4, assistant_model=a)(prompts, **kw)
     assert ids_of(out) == plain

@@ -7,7 +7,6 @@ batch see each row as plain batched ``generate`` gives it."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
@@ -18,8 +17,8 @@ from tests.contract_registry import REGISTRY, base_kit, detached_copy, fresh_kit
 from tests.test_batch import REP, ROWS, left_pad
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
-
 # -- (5) errors and (6) return_dict_in_generate ---------------------------------------------------------------
+
 
 class _Streamer(BaseStreamer):
     def put(self, value):
@@ -50,8 +49,13 @@ def test_batch_errors(error):
     target = base_kit("llama").target
     match, extra = ERRORS[error]
     input_ids, mask = left_pad(ROWS)
-    kw = {"attention_mask": mask, "assistant_model": CascadeAssistant([MaxGram()]), "do_sample": False,
-          "max_new_tokens": 5, **extra()}
+    kw = {
+        "attention_mask": mask,
+        "assistant_model": CascadeAssistant([MaxGram()]),
+        "do_sample": False,
+        "max_new_tokens": 5,
+        **extra(),
+    }
     forwards = []
     handle = target.register_forward_pre_hook(lambda *a: forwards.append(1))
     try:
@@ -61,16 +65,18 @@ def test_batch_errors(error):
         handle.remove()
     assert forwards == []
     plain = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=5)
-    out = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=5,
-                          assistant_model=CascadeAssistant([MaxGram()]))
+    out = target.generate(
+        input_ids, attention_mask=mask, do_sample=False, max_new_tokens=5, assistant_model=CascadeAssistant([MaxGram()])
+    )
     assert out.tolist() == plain.tolist()
 
 
 def test_transformers_loop_refuses_one_padded_row():
     input_ids, mask = left_pad([REP], extra=2)
     with pytest.raises(ValueError, match="one unpadded row"):
-        base_kit("llama").target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=5,
-                                          assistant_model=_transformers_loop())
+        base_kit("llama").target.generate(
+            input_ids, attention_mask=mask, do_sample=False, max_new_tokens=5, assistant_model=_transformers_loop()
+        )
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
@@ -101,12 +107,22 @@ def assert_batch_scores(target, kit, name: str, extra: dict, tol: float = 1e-4) 
 
     device = target.get_input_embeddings().weight.device
     input_ids, mask = left_pad(ROWS, device=device)
-    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=20, eos_token_id=_eos_inside_drafts(target),
-              return_dict_in_generate=True, output_scores=True, output_logits=True, **extra)
+    kw = dict(
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=20,
+        eos_token_id=_eos_inside_drafts(target),
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+        **extra,
+    )
     expected = target.generate(input_ids, **kw)
-    ends = [row.index(kw["eos_token_id"]) if kw["eos_token_id"] in row else None
-            for row in expected.sequences[:, input_ids.shape[1]:].tolist()]
-    assert any(e is not None and e < 19 for e in ends)                 # a row stops before the others
+    ends = [
+        row.index(kw["eos_token_id"]) if kw["eos_token_id"] in row else None
+        for row in expected.sequences[:, input_ids.shape[1] :].tolist()
+    ]
+    assert any(e is not None and e < 19 for e in ends)  # a row stops before the others
     a = REGISTRY[name](kit)
     got = target.generate(input_ids, assistant_model=a, **kw)
     assert got.sequences.tolist() == expected.sequences.tolist()
@@ -116,8 +132,8 @@ def assert_batch_scores(target, kit, name: str, extra: dict, tol: float = 1e-4) 
         for s_got, s_exp in zip(ours, plain):
             assert s_got.dtype == torch.float32 and s_got.device == s_exp.device
             torch.testing.assert_close(s_got, s_exp, atol=tol, rtol=tol)
-    if not extra:                                                       # (the penalty leaves little to accept)
-        assert sum(sum(r.accepted_per_call) for r in a.last_stats.rows) > 0   # drafts were accepted
+    if not extra:  # (the penalty leaves little to accept)
+        assert sum(sum(r.accepted_per_call) for r in a.last_stats.rows) > 0  # drafts were accepted
 
 
 @pytest.mark.parametrize("name", SCORED)
@@ -148,6 +164,7 @@ def test_batch_specific_logits_processors():
         plain = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=8, **kw)
         for name in ("maxgram", "drafter+maxgram"):
             a = REGISTRY[name](fresh_kit("llama", target))
-            out = target.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=8,
-                                  assistant_model=a, **kw)
+            out = target.generate(
+                input_ids, attention_mask=mask, do_sample=False, max_new_tokens=8, assistant_model=a, **kw
+            )
             assert out.tolist() == plain.tolist(), (kw, name)

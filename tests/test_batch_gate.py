@@ -21,15 +21,15 @@ def test_gate_refusals_keep_parity(name, free_drafts, monkeypatch):
 
     target = setting_target("gemma3-sdpa")
     cases = [c for c in setting_cases("gemma3-sdpa") if c[0] in ("max_new_tokens_13", "eos_in_draft")]
-    for every in (3, 1):                                  # refuse every third step, then every step
+    for every in (3, 1):  # refuse every third step, then every step
 
         def allows(gate, every=every):
             gate.steps = getattr(gate, "steps", 0) + 1
             return gate.steps % every != 0
 
         monkeypatch.setattr(DraftGate, "allows", allows)
-        monkeypatch.setattr(DraftGate, "follows_lagging", False)        # every row drafts (tested apart)
-        monkeypatch.setattr(DraftGate, "by_estimate", False)            # the rate rule (widths by estimate: apart)
+        monkeypatch.setattr(DraftGate, "follows_lagging", False)  # every row drafts (tested apart)
+        monkeypatch.setattr(DraftGate, "by_estimate", False)  # the rate rule (widths by estimate: apart)
         assistant = registry_assistant(name, fresh_kit("gemma3", target))
         for case, (input_ids, mask), kw, expected in cases:
             out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
@@ -56,7 +56,7 @@ def test_gate_width_keeps_parity(name, free_drafts, open_gate, monkeypatch):
             gate.width = width
 
         monkeypatch.setattr(DraftGate, "__init__", narrow)
-        monkeypatch.setattr(DraftGate, "observe", lambda gate, *a, **k: None)     # the width stays as set
+        monkeypatch.setattr(DraftGate, "observe", lambda gate, *a, **k: None)  # the width stays as set
         assistant = registry_assistant(name, fresh_kit("llama", target))
         for case, (input_ids, mask), kw, expected in cases:
             out = target.generate(input_ids, attention_mask=mask, do_sample=False, assistant_model=assistant, **kw)
@@ -83,8 +83,8 @@ def test_gate_width_keeps_sampling_exact(name, free_drafts, open_gate, monkeypat
         gate.width = 2
 
     monkeypatch.setattr(DraftGate, "__init__", narrow)
-    monkeypatch.setattr(DraftGate, "observe", lambda gate, *a, **k: None)         # the width stays as set
-    monkeypatch.setattr(time, "perf_counter", FakeClock())                        # reproducible runs
+    monkeypatch.setattr(DraftGate, "observe", lambda gate, *a, **k: None)  # the width stays as set
+    monkeypatch.setattr(time, "perf_counter", FakeClock())  # reproducible runs
     target = base_kit("small").target
     kit = fresh_kit("small", target)
     assert_exact_batch_sampling(target, lambda: registry_assistant(name, kit))
@@ -115,7 +115,7 @@ def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, ride_share
     assistant = registry_assistant(name, fresh_kit("llama", target))
     given, new_drafter = [], assistant.new_drafter
 
-    def watched(*args, **kwargs):                     # each row's drafter: what its on_accept is given
+    def watched(*args, **kwargs):  # each row's drafter: what its on_accept is given
         drafter = new_drafter(*args, **kwargs)
         on_accept = drafter.on_accept
         drafter.on_accept = lambda tree, acc, state: given.append(state.rows) or on_accept(tree, acc, state)
@@ -128,13 +128,13 @@ def test_only_lagging_rows_draft_and_plain_steps_record_nothing(name, ride_share
         assert out.tolist() == expected, case
         accepted += sum(sum(r.accepted_per_call) for r in assistant.last_stats.rows)
     assert accepted > 0
-    assert all(limit is None for lagging, _, limit, _ in steps if lagging)       # the lagging rows: the gate's width
+    assert all(limit is None for lagging, _, limit, _ in steps if lagging)  # the lagging rows: the gate's width
     rides = [(allowed, limit, n) for lagging, allowed, limit, n in steps if not lagging]
-    assert name == "maxgram" or rides                             # rows got ahead (drafting at every step)
+    assert name == "maxgram" or rides  # rows got ahead (drafting at every step)
     assert all(limit is not None and n <= limit and (allowed or n == 0) for allowed, limit, n in rides)
-    if ride_share == 0.0 or name == "glide_cape":                 # GLIDE reads the target's cache: never rides
+    if ride_share == 0.0 or name == "glide_cape":  # GLIDE reads the target's cache: never rides
         assert all(not allowed for allowed, _, _ in rides)
-    else:                                                         # every row ahead rides where the lagging rows drafted
+    else:  # every row ahead rides where the lagging rows drafted
         assert all(allowed == (limit > 0) for allowed, limit, _ in rides)
     assert any(rows is None for rows in given) and any(rows is not None for rows in given)
 
@@ -155,7 +155,7 @@ def test_estimated_widths_keep_parity(name, free_drafts, monkeypatch):
         return widths[gate.steps % len(widths)]
 
     monkeypatch.setattr(DraftGate, "allows", lambda gate: True)
-    monkeypatch.setattr(DraftGate, "follows_lagging", False)            # every row drafts: more cut drafts
+    monkeypatch.setattr(DraftGate, "follows_lagging", False)  # every row drafts: more cut drafts
     monkeypatch.setattr(DraftGate, "width_for", width_for)
     target = setting_target("llama-sdpa")
     assistant = registry_assistant(name, fresh_kit("llama", target))
@@ -183,8 +183,8 @@ def test_the_cascade_learns_from_the_verified_prefix_only():
     assert cut.tokens.tolist() == [5, 6] and cut.segments[0].length == 2 and len(cut) == 2
     assert d.first(9) is d
     before = policy.acceptance(3)
-    CascadeCandidateGenerator._feedback_segments(cut.segments, 2)         # both verified tokens accepted
-    assert policy.acceptance(3) > before                                  # no rejection counted
+    CascadeCandidateGenerator._feedback_segments(cut.segments, 2)  # both verified tokens accepted
+    assert policy.acceptance(3) > before  # no rejection counted
 
 
 def test_rides_rule():
@@ -206,10 +206,10 @@ def test_rides_rule():
 
     share = DraftGate.ride_share
     assert rides(run(None), 0, 3) and rides(run(share * 0.1), 0, 1)
-    assert not rides(run(None), 0, 0)                                   # the lagging rows drafted nothing
-    assert not rides(run(None, reads_cache=True), 0, 3)                 # GLIDE: a gather per layer
-    assert not rides(run(share * 0.1 * 1.01), 0, 3)                     # dearer than its share of a step
-    assert rides(run(1.0, last_step=None), 0, 3)                        # no step measured yet
+    assert not rides(run(None), 0, 0)  # the lagging rows drafted nothing
+    assert not rides(run(None, reads_cache=True), 0, 3)  # GLIDE: a gather per layer
+    assert not rides(run(share * 0.1 * 1.01), 0, 3)  # dearer than its share of a step
+    assert rides(run(1.0, last_step=None), 0, 3)  # no step measured yet
 
 
 @pytest.mark.measured_costs
@@ -221,13 +221,13 @@ def test_gate_idles_after_costly_drafts_cut_to_nothing():
 
     gate = DraftGate(explore_every=4)
     gate.estimated, gate.last_step = True, 0.1
-    gate.sized_to(0, 0.001)                                  # a lookup cut to nothing: costs nothing, keeps drafting
+    gate.sized_to(0, 0.001)  # a lookup cut to nothing: costs nothing, keeps drafting
     assert [gate.allows() for _ in range(3)] == [True] * 3
-    gate.sized_to(0, 0.05)                                   # a drafter's forwards cut to nothing
+    gate.sized_to(0, 0.05)  # a drafter's forwards cut to nothing
     assert [gate.allows() for _ in range(8)] == [False, False, False, True] * 2
     gate.sized_to(0, 0.05)
     gate.sized_to(0, 0.05)
     gate.sized_to(0, 0.05)
     assert gate.idle_interval == 16
-    gate.sized_to(3, 0.05)                                   # a draft that pays: every step drafts again
+    gate.sized_to(3, 0.05)  # a draft that pays: every step drafts again
     assert [gate.allows() for _ in range(3)] == [True] * 3

@@ -13,10 +13,8 @@ import hf_cascade  # noqa: F401  (installs the generate() hook)
 from tests.contract_registry import REGISTRY, base_kit, fresh_kit, input_device
 from tests.sampling_stats import calibration, passes
 from tests.test_batch import left_pad, registry_assistant
-from tests.test_contract import (JPROMPT, SAMPLING_KW, SPROMPT, V, FakeClock, binned_chi2, exact_first_three,
-                                 lie_about_q)
+from tests.test_contract import JPROMPT, SAMPLING_KW, SPROMPT, FakeClock, V, binned_chi2, exact_first_three, lie_about_q
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
-
 
 # -- (4) exact sampling per row ---------------------------------------------------------------------------------
 
@@ -36,8 +34,9 @@ def _groups(rows: list[list[int]]) -> dict[tuple, list[int]]:
     return out
 
 
-def joint_test_batch(model, assistant, rows=JOINT_ROWS, runs: int = JOINT_RUNS, seed: int = 1000,
-                     **sampling) -> list[dict]:
+def joint_test_batch(
+    model, assistant, rows=JOINT_ROWS, runs: int = JOINT_RUNS, seed: int = 1000, **sampling
+) -> list[dict]:
     """The first three tokens of each row of ``runs`` sampled batches against the row's
     :func:`exact_first_three`: one chi-square per row, and one per prompt over its rows pooled (``sampling``:
     ``generate``'s processor keywords, none of them a repetition penalty)."""
@@ -47,22 +46,24 @@ def joint_test_batch(model, assistant, rows=JOINT_ROWS, runs: int = JOINT_RUNS, 
     accepted = 0
     for r in range(runs):
         torch.manual_seed(seed + r)
-        out = model.generate(input_ids, attention_mask=mask, do_sample=True, max_new_tokens=3,
-                             assistant_model=assistant, **sampling)[:, -3:].tolist()
+        out = model.generate(
+            input_ids, attention_mask=mask, do_sample=True, max_new_tokens=3, assistant_model=assistant, **sampling
+        )[:, -3:].tolist()
         for b, tokens in enumerate(out):
             counts[(b, *tokens)] += 1
         accepted += sum(sum(s.accepted_per_call) for s in assistant.last_stats.rows)
     results = []
     for prompt, group in _groups(rows).items():
         exact = exact_first_three(model, ids(*prompt), **sampling).flatten()
-        for members in ([[b] for b in group] + ([group] if len(group) > 1 else [])):
+        for members in [[b] for b in group] + ([group] if len(group) > 1 else []):
             chi2, limit = binned_chi2(counts[members].sum(0).flatten(), exact * runs * len(members))
             results.append({"rows": members, "chi2": chi2, "limit": limit, "accepted": accepted})
     return results
 
 
-def calibrate_batch(model, assistant, rows=CALIBRATION_ROWS, calls: int = CALLS, new: int = NEW,
-                    seed: int = 0) -> list[dict]:
+def calibrate_batch(
+    model, assistant, rows=CALIBRATION_ROWS, calls: int = CALLS, new: int = NEW, seed: int = 0
+) -> list[dict]:
     """Per-step calibration (:func:`calibration`) of each prompt's rows (its padding stripped) over ``calls``
     sampled batches of ``new`` tokens, with temperature, top-k, top-p and a repetition penalty."""
     device = input_device(model)
@@ -71,10 +72,11 @@ def calibrate_batch(model, assistant, rows=CALIBRATION_ROWS, calls: int = CALLS,
     accepted = drafted = 0
     for c in range(calls):
         torch.manual_seed(seed + c)
-        out = model.generate(input_ids, attention_mask=mask, do_sample=True, max_new_tokens=new,
-                             assistant_model=assistant, **SAMPLING_KW)
+        out = model.generate(
+            input_ids, attention_mask=mask, do_sample=True, max_new_tokens=new, assistant_model=assistant, **SAMPLING_KW
+        )
         for b, row in enumerate(rows):
-            seqs[b].append(out[b, input_ids.shape[1] - len(row):])
+            seqs[b].append(out[b, input_ids.shape[1] - len(row) :])
         accepted += sum(sum(s.accepted_per_call) for s in assistant.last_stats.rows)
         drafted += sum(sum(s.tree_depths) for s in assistant.last_stats.rows)
     results = []
@@ -100,12 +102,12 @@ def assert_exact_batch_sampling(target, make_assistant) -> None:
     assert 0 < cal[0]["accepted"] < cal[0]["drafted"], cal
 
 
-SAMPLING_ASSISTANTS = list(REGISTRY)         # every assistant of the contract
+SAMPLING_ASSISTANTS = list(REGISTRY)  # every assistant of the contract
 
 
 @pytest.mark.parametrize("name", SAMPLING_ASSISTANTS)
 def test_exact_sampling_per_row(name, monkeypatch, free_drafts, open_gate):
-    monkeypatch.setattr(time, "perf_counter", FakeClock())           # timed decisions: reproducible runs
+    monkeypatch.setattr(time, "perf_counter", FakeClock())  # timed decisions: reproducible runs
     target = base_kit("small").target
     kit = fresh_kit("small", target)
     assert_exact_batch_sampling(target, lambda: registry_assistant(name, kit))

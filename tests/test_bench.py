@@ -23,8 +23,11 @@ from hf_cascade.cli import bench_config, build_parser  # noqa: E402
 # economize (the `bench` extra) needs transformers>=5; CI's second pass (transformers 4.57) runs without it.
 # economize 0.3.2 does not run on transformers >= 5.24 (the renamed cache keyword): there the baseline is unavailable.
 HAS_ECONOMIZE = importlib.util.find_spec("economize") is not None and ECONOMIZE_RUNS_HERE
-needs_economize = pytest.mark.skipif(not HAS_ECONOMIZE, reason="economize is not installed (pip install 'hf-cascade[bench]') "
-                                                               "or cannot run on this transformers (< 5.24 needed)")
+needs_economize = pytest.mark.skipif(
+    not HAS_ECONOMIZE,
+    reason="economize is not installed (pip install 'hf-cascade[bench]') "
+    "or cannot run on this transformers (< 5.24 needed)",
+)
 
 # transformers 4.x prompt lookup can run past max_new_tokens (its candidates are not capped by the
 # length budget; fixed in 5.x). That is the baseline's bug, not ours: its length and equality with
@@ -37,7 +40,10 @@ def _strict(method: str) -> bool:
 
 
 PROMPTS = [
-    {"category": "code", "prompt": "def add ( a , b ) : return a + b def sub ( a , b ) : return a - b def mul ( a , b ) :"},
+    {
+        "category": "code",
+        "prompt": "def add ( a , b ) : return a + b def sub ( a , b ) : return a - b def mul ( a , b ) :",
+    },
     {"category": "qa", "prompt": "the cat sat on the mat . the dog sat on the log . the cat sat on the"},
 ]
 NEW_TOKENS = 16
@@ -50,15 +56,25 @@ def _tokenizer() -> PreTrainedTokenizerFast:
         vocab[f"w{i}"] = i
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
 
 
 def _llama(seed: int, layers: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -71,8 +87,7 @@ def tiny():
 def greedy_result(tiny):
     model, draft, tok = tiny
     baselines = ["plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted"] + (["economize"] if HAS_ECONOMIZE else [])
-    config = BenchConfig(strategy="cascade", baselines=baselines,
-                         max_new_tokens=NEW_TOKENS, warmup_tokens=2)
+    config = BenchConfig(strategy="cascade", baselines=baselines, max_new_tokens=NEW_TOKENS, warmup_tokens=2)
     return run_benchmark(config, model, tok, PROMPTS, drafts=[draft])
 
 
@@ -82,7 +97,8 @@ def test_records_and_equality(greedy_result):
     assert r.methods[0] == "plain" and "cascade" in r.methods
     ran = set(r.methods)
     assert {"plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "cascade"} | (
-        {"economize"} if HAS_ECONOMIZE else set()) <= ran, r.errors
+        {"economize"} if HAS_ECONOMIZE else set()
+    ) <= ran, r.errors
     assert len(r.records) == len(PROMPTS) * len(ran)
     for rec in r.records:
         assert rec["seconds"] > 0
@@ -115,20 +131,24 @@ def test_summary_structure(greedy_result):
         assert s["acceptance_by_position"]["economize"]["target"]["proposed"]
     assert set(s["paired"]) == {f"{m}/cascade" for m in greedy_result.methods[:-1]}
     for pair in s["paired"].values():
-        assert pair["prompts"] == len(PROMPTS) and pair["low"] <= pair["high"] and 0 <= pair["faster_on"] <= len(PROMPTS)
+        assert (
+            pair["prompts"] == len(PROMPTS) and pair["low"] <= pair["high"] and 0 <= pair["faster_on"] <= len(PROMPTS)
+        )
     assert "### Paired" in markdown_report(greedy_result)
 
 
 def test_paired_ratio_and_interval():
     """Golden: b takes half of a's time on every prompt but one; the interval brackets the ratio."""
-    recs = [{"prompt_index": i, "method": m, "seconds": t, "new_tokens": 10}
-            for i, (ta, tb) in enumerate([(2.0, 1.0), (4.0, 2.0), (3.0, 1.5), (1.0, 2.0)])
-            for m, t in (("a", ta), ("b", tb))]
+    recs = [
+        {"prompt_index": i, "method": m, "seconds": t, "new_tokens": 10}
+        for i, (ta, tb) in enumerate([(2.0, 1.0), (4.0, 2.0), (3.0, 1.5), (1.0, 2.0)])
+        for m, t in (("a", ta), ("b", tb))
+    ]
     p = paired(recs, "a", "b")
     assert p["prompts"] == 4 and p["faster_on"] == 3
     assert p["ratio"] == pytest.approx(10.0 / 6.5)
     assert p["low"] <= p["ratio"] <= p["high"] and p["low"] >= 0.5 and p["high"] <= 2.0
-    assert p["geomean"] == pytest.approx((2 * 2 * 2 * 0.5) ** 0.25)          # per-prompt ratios 2, 2, 2, 0.5
+    assert p["geomean"] == pytest.approx((2 * 2 * 2 * 0.5) ** 0.25)  # per-prompt ratios 2, 2, 2, 0.5
     assert 0.5 <= p["geomean_low"] <= p["geomean"] <= p["geomean_high"] <= 2.0
     assert paired(recs, "a", "missing") is None
 
@@ -136,8 +156,10 @@ def test_paired_ratio_and_interval():
 def test_sampled_runs_of_different_lengths_compare_per_token():
     """Sampled outputs stop at different lengths: b, which stopped after 5 tokens in the time a took for 10, is
     as fast as a, not twice as fast."""
-    recs = [{"prompt_index": 0, "method": "plain", "seconds": 2.0, "new_tokens": 10},
-            {"prompt_index": 0, "method": "b", "seconds": 1.0, "new_tokens": 5}]
+    recs = [
+        {"prompt_index": 0, "method": "plain", "seconds": 2.0, "new_tokens": 10},
+        {"prompt_index": 0, "method": "b", "seconds": 1.0, "new_tokens": 5},
+    ]
     assert paired(recs, "plain", "b")["ratio"] == pytest.approx(1.0)
     assert paired(recs, "plain", "b")["geomean"] == pytest.approx(1.0)
     for r in recs:
@@ -151,7 +173,11 @@ def test_outputs_written(greedy_result, tmp_path):
     paths = write_results(greedy_result, tmp_path)
     data = json.loads((tmp_path / "results.json").read_text())
     assert set(data) >= {"config", "methods", "errors", "environment", "summary", "records"}
-    assert set(data["environment"]["cpu_kernels"]) == {"head_blocks", "screens", "verify_profiles"}   # the process's one-time choices
+    assert set(data["environment"]["cpu_kernels"]) == {
+        "head_blocks",
+        "screens",
+        "verify_profiles",
+    }  # the process's one-time choices
     assert len(data["records"]) == len(greedy_result.records)
     for png in ("acceptance_by_position.png", "speedup_by_category.png"):
         assert (tmp_path / png).stat().st_size > 1000
@@ -165,16 +191,24 @@ def test_outputs_written(greedy_result, tmp_path):
 @needs_economize
 def test_maxgram_sampling_and_missing_draft(tiny):
     model, _, tok = tiny
-    config = BenchConfig(strategy="maxgram", baselines=["plain", "hf-assisted", "economize"], max_new_tokens=8,
-                         sampling=True, temperature=0.8, warmup_tokens=2)
+    config = BenchConfig(
+        strategy="maxgram",
+        baselines=["plain", "hf-assisted", "economize"],
+        max_new_tokens=8,
+        sampling=True,
+        temperature=0.8,
+        warmup_tokens=2,
+    )
     r = run_benchmark(config, model, tok, PROMPTS[:1])
     assert r.methods == ["plain", "economize", "maxgram"], r.errors
     assert "needs a draft model" in r.errors["hf-assisted"]
     assert r.summary["overall"]["maxgram"]["identical"] is None  # no equality claim when sampling
 
 
-@pytest.mark.skipif(ECONOMIZE_RUNS_HERE or importlib.util.find_spec("economize") is None,
-                    reason="economize installed beside a transformers it runs on (or not installed)")
+@pytest.mark.skipif(
+    ECONOMIZE_RUNS_HERE or importlib.util.find_spec("economize") is None,
+    reason="economize installed beside a transformers it runs on (or not installed)",
+)
 def test_economize_unavailable_on_a_transformers_it_cannot_run_on(tiny):
     """economize 0.3.2 beside transformers >= 5.24: the baseline is reported unavailable, with the reason."""
     model, _, tok = tiny
@@ -187,8 +221,15 @@ def test_draws_run_each_prompt_with_its_own_seeds(tiny):
     """``draws``: every prompt runs N times through every method, draw d seeded seed + prompt + d * prompts
     (draw 0 reproduces a one-draw run); records pair per run and pool per category."""
     model, _, tok = tiny
-    kwargs = dict(strategy="maxgram", baselines=["plain"], max_new_tokens=6, sampling=True, temperature=1.0,
-                  warmup_tokens=2, cost_models=[])
+    kwargs = dict(
+        strategy="maxgram",
+        baselines=["plain"],
+        max_new_tokens=6,
+        sampling=True,
+        temperature=1.0,
+        warmup_tokens=2,
+        cost_models=[],
+    )
     one = run_benchmark(BenchConfig(**kwargs), model, tok, PROMPTS[:2])
     three = run_benchmark(BenchConfig(draws=3, **kwargs), model, tok, PROMPTS[:2])
     plain = [r for r in three.records if r["method"] == "plain"]
@@ -196,8 +237,8 @@ def test_draws_run_each_prompt_with_its_own_seeds(tiny):
     assert len({r["prompt_index"] for r in plain}) == 6 and three.summary["overall"]["maxgram"]["prompts"] == 6
     first = {r["prompt_index"]: r["output_text"] for r in one.records if r["method"] == "plain"}
     again = [r["output_text"] for r in plain if r["draw"] == 0]
-    assert again == [first[0], first[1]]                       # draw 0: the one-draw run's seeds
-    assert len({r["output_text"] for r in plain if r["prompt"] == PROMPTS[0]["prompt"]}) > 1   # other draws differ
+    assert again == [first[0], first[1]]  # draw 0: the one-draw run's seeds
+    assert len({r["output_text"] for r in plain if r["prompt"] == PROMPTS[0]["prompt"]}) > 1  # other draws differ
     with pytest.raises(ValueError, match="draws"):
         BenchConfig(draws=0)
 
@@ -208,14 +249,45 @@ def test_rotation():
 
 
 def test_cli_parsing():
-    args = build_parser().parse_args([
-        "bench", "--strategy", "cascade", "--draft", "big", "small", "--k-matrix", "[[2, 10], [0, 10]]",
-        "--lenience", "2", "--baselines", "pld,economize", "--per-category", "1", "--max-new-tokens", "32",
-        "--sampling", "--temperature", "0.5", "--seed", "3", "--out", "/tmp/x",
-        "--maxgram-first", "--min-confidence", "0.4", "--drop-unsure", "--cost-aware",
-    ])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--strategy",
+            "cascade",
+            "--draft",
+            "big",
+            "small",
+            "--k-matrix",
+            "[[2, 10], [0, 10]]",
+            "--lenience",
+            "2",
+            "--baselines",
+            "pld,economize",
+            "--per-category",
+            "1",
+            "--max-new-tokens",
+            "32",
+            "--sampling",
+            "--temperature",
+            "0.5",
+            "--seed",
+            "3",
+            "--out",
+            "/tmp/x",
+            "--maxgram-first",
+            "--min-confidence",
+            "0.4",
+            "--drop-unsure",
+            "--cost-aware",
+        ]
+    )
     config = bench_config(args)
-    assert (config.maxgram_first, config.min_confidence, config.keep_unsure, config.cost_aware) == (True, 0.4, False, True)
+    assert (config.maxgram_first, config.min_confidence, config.keep_unsure, config.cost_aware) == (
+        True,
+        0.4,
+        False,
+        True,
+    )
     assert config.drafts == ["big", "small"]
     assert config.k_matrix == [[2, 10], [0, 10]]
     assert config.methods == ["plain", "pld", "economize", "cascade"]
@@ -223,10 +295,18 @@ def test_cli_parsing():
     assert args.out == "/tmp/x" and args.target is None
     defaults = bench_config(build_parser().parse_args(["bench"]))
     assert (defaults.strategy, defaults.methods, defaults.max_new_tokens, defaults.per_category) == (
-        "maxgram", ["plain", "maxgram"], 128, 3)
+        "maxgram",
+        ["plain", "maxgram"],
+        128,
+        3,
+    )
     # not given: not set (None), so the assistants get their library defaults
     assert (defaults.maxgram_first, defaults.min_confidence, defaults.keep_unsure, defaults.cost_aware) == (
-        None, None, None, None)
+        None,
+        None,
+        None,
+        None,
+    )
     assert build_parser().parse_args(["demo"]).max_new_tokens == 96
     with pytest.raises(ValueError):
         bench_config(build_parser().parse_args(["bench", "--baselines", "nope"]))
@@ -236,16 +316,32 @@ def test_cli_parsing():
 
 def test_corpus_methods(tiny, tmp_path):
     model, draft, tok = tiny
-    seqs = [(model.generate(tok(p["prompt"], return_tensors="pt").input_ids, do_sample=False, max_new_tokens=12)[0].tolist(), 1)
-            for p in PROMPTS]
+    seqs = [
+        (
+            model.generate(tok(p["prompt"], return_tensors="pt").input_ids, do_sample=False, max_new_tokens=12)[
+                0
+            ].tolist(),
+            1,
+        )
+        for p in PROMPTS
+    ]
     hf_cascade.CorpusNGrams.fit(seqs, vocab_size=64, max_n=3, min_count=1).save(tmp_path / "c.safetensors")
-    config = BenchConfig(strategy="cascade", baselines=["plain", "maxgram", "maxgram-corpus"], max_new_tokens=8,
-                         warmup_tokens=2, corpus=str(tmp_path / "c.safetensors"))
+    config = BenchConfig(
+        strategy="cascade",
+        baselines=["plain", "maxgram", "maxgram-corpus"],
+        max_new_tokens=8,
+        warmup_tokens=2,
+        corpus=str(tmp_path / "c.safetensors"),
+    )
     r = run_benchmark(config, model, tok, PROMPTS, drafts=[draft])
     assert r.methods == ["plain", "maxgram", "maxgram-corpus", "cascade"], r.errors
     assert all(r.summary["overall"][m]["identical"] == len(PROMPTS) for m in r.methods)
-    r = run_benchmark(BenchConfig(strategy="maxgram", baselines=["plain", "maxgram-corpus"], max_new_tokens=4,
-                                  warmup_tokens=2), model, tok, PROMPTS[:1])
+    r = run_benchmark(
+        BenchConfig(strategy="maxgram", baselines=["plain", "maxgram-corpus"], max_new_tokens=4, warmup_tokens=2),
+        model,
+        tok,
+        PROMPTS[:1],
+    )
     assert "needs corpus n-grams" in r.errors["maxgram-corpus"]
     with pytest.raises(ValueError, match="corpus"):
         BenchConfig(strategy="glide", corpus="x.safetensors")
@@ -262,11 +358,16 @@ def test_compiled_and_static_baselines(tiny, monkeypatch):
 
     monkeypatch.setattr(PlainCompiled, "BACKEND", "aot_eager")
     model, _, tok = tiny
-    config = BenchConfig(strategy="maxgram", baselines=["plain", "plain-compiled", "plain-static", "maxgram-static"],
-                         max_new_tokens=NEW_TOKENS, warmup_tokens=2)
+    config = BenchConfig(
+        strategy="maxgram",
+        baselines=["plain", "plain-compiled", "plain-static", "maxgram-static"],
+        max_new_tokens=NEW_TOKENS,
+        warmup_tokens=2,
+    )
     r = run_benchmark(config, model, tok, PROMPTS)
-    expected = {"plain", "plain-compiled", "plain-static", "maxgram"} | ({"maxgram-static"} if static_rollback_supported()
-                                                                            else set())
+    expected = {"plain", "plain-compiled", "plain-static", "maxgram"} | (
+        {"maxgram-static"} if static_rollback_supported() else set()
+    )
     assert set(r.methods) == expected
     assert all(rec["identical_to_plain"] for rec in r.records)
     assert r.summary["overall"]["maxgram"]["speedup_vs_plain_compiled"] > 0
@@ -288,14 +389,24 @@ def test_agent_workload_episodes_and_summary():
         agent_episodes(items, len(AGENT_STEPS) + 1)
 
     def rec(tokens, calls, seconds, proposed=0, accepted=0):
-        return {"new_tokens": tokens, "target_calls": calls, "seconds": seconds, "memory_proposed": proposed,
-                "memory_accepted": accepted}
+        return {
+            "new_tokens": tokens,
+            "target_calls": calls,
+            "seconds": seconds,
+            "memory_proposed": proposed,
+            "memory_accepted": accepted,
+        }
 
-    rows = [{"index": 0, "step": 0, "identical": True, "without": rec(10, 10, 2.0), "memory": rec(10, 10, 2.0)},
-            {"index": 1, "step": 1, "identical": False, "without": rec(10, 5, 1.0), "memory": rec(10, 2, 0.5, 8, 6)}]
+    rows = [
+        {"index": 0, "step": 0, "identical": True, "without": rec(10, 10, 2.0), "memory": rec(10, 10, 2.0)},
+        {"index": 1, "step": 1, "identical": False, "without": rec(10, 5, 1.0), "memory": rec(10, 2, 0.5, 8, 6)},
+    ]
     summary = summarize(rows)
     assert summary["first step"]["tokens_per_call_ratio"] == 1.0
     assert summary["later steps"]["tokens_per_call_ratio"] == 2.5 and summary["later steps"]["speed_ratio"] == 2.0
     assert summary["all"]["memory"]["tokens_per_target_call"] == 20 / 12
-    assert summary["mismatches"] == [1] and (summary["memory_tokens_proposed"], summary["memory_tokens_accepted"]) == (8, 6)
+    assert summary["mismatches"] == [1] and (summary["memory_tokens_proposed"], summary["memory_tokens_accepted"]) == (
+        8,
+        6,
+    )
     assert "outputs differing: 1" in report(summary, "header")

@@ -10,17 +10,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.test_bench import PROMPTS, _llama, _tokenizer
-from tests.test_glide_decode import echo_glide
-from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
-
 from hf_cascade.bench import BenchConfig, BenchResult, loading, markdown_report, run_benchmark, write_results  # noqa: E402
-from hf_cascade.bench.batched import (UNBATCHED, make_batches, pad_token_id, run_batched, skipped,  # noqa: E402
-                                      stopped_rows, versus)
+from hf_cascade.bench.batched import (
+    UNBATCHED,
+    make_batches,
+    pad_token_id,
+    run_batched,
+    skipped,  # noqa: E402
+    stopped_rows,
+    versus,
+)
 from hf_cascade.bench.config import BASELINES, STRATEGIES, parse_batch_sizes  # noqa: E402
 from hf_cascade.bench.methods import Method  # noqa: E402
 from hf_cascade.bench.report import markdown_batched  # noqa: E402
 from hf_cascade.cli import bench_config, build_parser, main  # noqa: E402
+from tests.test_bench import PROMPTS, _llama, _tokenizer
+from tests.test_glide_decode import echo_glide
+from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 #: three prompts of different lengths (32, 19 and 7 tokens): batches of 2 are one padded pair and one single
 BATCH_PROMPTS = [*PROMPTS, {"category": "qa", "prompt": "the dog sat on the mat ."}]
@@ -47,16 +53,17 @@ def test_batches_are_left_padded_like_the_tokenizer():
     no_pad = SimpleNamespace(pad_token_id=None, eos_token_id=2)
     assert pad_token_id(no_pad) == 2 and pad_token_id(tok) == 0
     (batch,) = make_batches(no_pad, [{"input_ids": [5, 6, 7]}, {"input_ids": [8]}], 2)
-    assert batch.input_ids.tolist() == [[5, 6, 7], [2, 2, 8]] and batch.attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert batch.input_ids.tolist() == [[5, 6, 7], [2, 2, 8]] and batch.attention_mask.tolist() == [
+        [1, 1, 1],
+        [0, 0, 1],
+    ]
     with pytest.raises(ValueError, match="pad"):
         pad_token_id(SimpleNamespace(pad_token_id=None, eos_token_id=None))
 
 
 def test_tokens_counted_through_eos():
     """Golden: width-2 prompts; row 0 stops at EOS 9 (kept), its pads are not counted; row 1 never stops."""
-    out = torch.tensor([[0, 4, 5, 9, 0, 0],
-                        [3, 4, 5, 6, 7, 8],
-                        [3, 4, 7, 9, 9, 0]])
+    out = torch.tensor([[0, 4, 5, 9, 0, 0], [3, 4, 5, 6, 7, 8], [3, 4, 7, 9, 9, 0]])
     assert stopped_rows(out, 2, {9}) == [[5, 9], [5, 6, 7, 8], [7, 9]]
     assert stopped_rows(out, 2, {7, 9}) == [[5, 9], [5, 6, 7], [7]]
     assert stopped_rows(out, 2, set()) == [[5, 9, 0, 0], [5, 6, 7, 8], [7, 9, 9, 0]]
@@ -83,9 +90,22 @@ def test_every_baseline_batches_or_is_skipped():
     """The baselines outside transformers' assisted loops, and economize run in the core (SuffixDecoding too): they
     batch, with a static cache too (``<strategy>-static``)."""
     assert set(UNBATCHED) <= set(BASELINES)
-    assert {"plain", "plain-kernels", "maxgram", "maxgram-corpus", "hsddw-single", "hsddw-every-step", "glide-chain",
-            "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree", "plain-compiled", "plain-static",
-            *(f"{name}-static" for name in STRATEGIES)} == set(BASELINES) - set(UNBATCHED)
+    assert {
+        "plain",
+        "plain-kernels",
+        "maxgram",
+        "maxgram-corpus",
+        "hsddw-single",
+        "hsddw-every-step",
+        "glide-chain",
+        "redrafter-w1",
+        "redrafter-flat",
+        "suffix",
+        "suffix-tree",
+        "plain-compiled",
+        "plain-static",
+        *(f"{name}-static" for name in STRATEGIES),
+    } == set(BASELINES) - set(UNBATCHED)
     assert skipped(["plain", "pld", "maxgram", "suffix"], 1) == {}
     assert list(skipped(["plain", "pld", "maxgram", "suffix"], 2)) == ["pld"]
     assert skipped(["maxgram-static", "glide-static"], 2) == {}
@@ -102,14 +122,23 @@ def eos_run():
     free = []
     for p in BATCH_PROMPTS:
         ids = tok(p["prompt"], return_tensors="pt").input_ids
-        free.append(model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW,
-                                   pad_token_id=0)[0, ids.shape[1]:].tolist())
+        free.append(
+            model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW, pad_token_id=0
+            )[0, ids.shape[1] :].tolist()
+        )
     eos = next(t for k, t in enumerate(free[0]) if k >= 2 and t not in free[0][:k] and t not in free[1])
     model.generation_config.eos_token_id = [2, eos]
     expected = [next((k + 1 for k, t in enumerate(f) if t in (2, eos)), NEW) for f in free]
     assert expected[0] < NEW and expected[1] == NEW
-    config = BenchConfig(strategy="maxgram,glide", baselines=["plain", "plain-kernels", "pld", "maxgram-hf-loop", "glide-chain"],
-                         max_new_tokens=NEW, warmup_tokens=2, cost_models=[], batch_sizes=[2, 1])
+    config = BenchConfig(
+        strategy="maxgram,glide",
+        baselines=["plain", "plain-kernels", "pld", "maxgram-hf-loop", "glide-chain"],
+        max_new_tokens=NEW,
+        warmup_tokens=2,
+        cost_models=[],
+        batch_sizes=[2, 1],
+    )
     result = run_benchmark(config, model, tok, BATCH_PROMPTS, strategy_drafts={"glide": [echo_glide(model)]})
     return SimpleNamespace(result=result, eos=eos, expected=expected)
 
@@ -125,18 +154,22 @@ def test_rows_counted_and_equal_to_plain(eos_run):
     for size, batches in ((1, [[0], [1], [2]]), (2, [[0, 1], [2]])):
         ran = [m for m in methods if m not in skipped(methods, size)]
         for j, rows in enumerate(batches):
-            recs = sorted((x for x in b["records"] if x["batch_size"] == size and x["batch_index"] == j),
-                          key=lambda x: x["order"])
-            assert [x["method"] for x in recs] == ran[j % len(ran):] + ran[:j % len(ran)]     # rotated per batch
+            recs = sorted(
+                (x for x in b["records"] if x["batch_size"] == size and x["batch_index"] == j), key=lambda x: x["order"]
+            )
+            assert [x["method"] for x in recs] == ran[j % len(ran) :] + ran[: j % len(ran)]  # rotated per batch
             for x in recs:
                 assert x["prompt_indices"] == rows and x["rows"] == len(rows)
                 assert x["new_tokens"] == sum(x["row_tokens"])
-                if x["method"] != "pld":            # transformers 4.57's prompt lookup runs past this EOS
-                    assert x["row_tokens"] == [eos_run.expected[i] for i in rows], (x["method"], size)   # EOS in, pads out
+                if x["method"] != "pld":  # transformers 4.57's prompt lookup runs past this EOS
+                    assert x["row_tokens"] == [eos_run.expected[i] for i in rows], (
+                        x["method"],
+                        size,
+                    )  # EOS in, pads out
                     assert x["identical_rows"] == len(rows)
     pair = next(x for x in b["records"] if x["batch_size"] == 2 and x["batch_index"] == 0 and x["method"] == "maxgram")
     assert pair["stats"]["target_calls"] >= 1 and pair["prompt_width"] == 32
-    assert pair["verified_tokens"] == pair["new_tokens"]       # BatchStats counts the same tokens
+    assert pair["verified_tokens"] == pair["new_tokens"]  # BatchStats counts the same tokens
 
 
 def test_skipped_baselines_noted(eos_run):
@@ -167,7 +200,7 @@ def test_summary_report_json_and_png(eos_run, tmp_path):
     assert maxgram["vs_plain_kernels"]["batches"] == 2
     report = markdown_report(r)
     assert "### Batched" in report and "| 2 | maxgram | 2 |" in report and "| 1 | pld | 3 |" in report
-    assert "### Batched" in report and "### Overall" not in report      # a sweep: no single-prompt tables
+    assert "### Batched" in report and "### Overall" not in report  # a sweep: no single-prompt tables
     paths = write_results(r, tmp_path)
     data = json.loads(paths["json"].read_text())
     assert data["config"]["batch_sizes"] == [1, 2] and len(data["records"]) == len(r.records)
@@ -195,7 +228,7 @@ def test_a_row_unlike_plain_is_reported():
     b = run_batched(config, model, tok, BATCH_PROMPTS, methods)
     assert b["mismatches"] == [{"batch_size": 2, "method": "broken", "batch_index": 0, "prompt_indices": [1]}]
     assert b["sizes"][0]["methods"]["broken"]["identical_rows"] == 2
-    assert b["sizes"][0]["methods"]["broken"]["tokens_per_target_call"] is None       # no statistics, not plain
+    assert b["sizes"][0]["methods"]["broken"]["tokens_per_target_call"] is None  # no statistics, not plain
     table = markdown_batched(b)
     assert "| 2 | broken | 2 |" in table and "**2/3 ✗**" in table
     assert "**✗ MISMATCH: broken at batch size 2, batch 0: prompt(s) 1 differ from plain**" in table
@@ -203,11 +236,13 @@ def test_a_row_unlike_plain_is_reported():
 
 def test_versus_golden():
     """Batch 0: b twice as fast as a on the same tokens; batch 1: b emits twice the tokens in a's time."""
-    recs = [{"batch_index": 0, "method": "a", "seconds": 2.0, "new_tokens": 10},
-            {"batch_index": 0, "method": "b", "seconds": 1.0, "new_tokens": 10},
-            {"batch_index": 1, "method": "a", "seconds": 1.0, "new_tokens": 5},
-            {"batch_index": 1, "method": "b", "seconds": 1.0, "new_tokens": 10},
-            {"batch_index": 2, "method": "a", "seconds": 1.0, "new_tokens": 5}]
+    recs = [
+        {"batch_index": 0, "method": "a", "seconds": 2.0, "new_tokens": 10},
+        {"batch_index": 0, "method": "b", "seconds": 1.0, "new_tokens": 10},
+        {"batch_index": 1, "method": "a", "seconds": 1.0, "new_tokens": 5},
+        {"batch_index": 1, "method": "b", "seconds": 1.0, "new_tokens": 10},
+        {"batch_index": 2, "method": "a", "seconds": 1.0, "new_tokens": 5},
+    ]
     v = versus(recs, "b", "a")
     assert v["batches"] == 2 and v["faster_on"] == 2
     assert v["geomean"] == pytest.approx(2.0) and v["throughput_ratio"] == pytest.approx((20 / 2) / (15 / 3))
@@ -219,10 +254,28 @@ def test_cli_notes_skipped_baselines(monkeypatch, tmp_path, capsys):
     makes no equality claim."""
     model, tok = _llama(0, 2), _tokenizer()
     monkeypatch.setattr(loading, "load_model", lambda spec, **placement: (model, tok))
-    monkeypatch.setattr(loading, "load_prompts",
-                        lambda path, per_category, tokenizer=None, prompt_format="plain": BATCH_PROMPTS)
-    code = main(["bench", "--strategy", "maxgram", "--baselines", "plain-kernels,pld", "--batch-size", "2",
-                 "--max-new-tokens", "4", "--cost-model", "none", "--sampling", "--no-progress", "--out", str(tmp_path)])
+    monkeypatch.setattr(
+        loading, "load_prompts", lambda path, per_category, tokenizer=None, prompt_format="plain": BATCH_PROMPTS
+    )
+    code = main(
+        [
+            "bench",
+            "--strategy",
+            "maxgram",
+            "--baselines",
+            "plain-kernels,pld",
+            "--batch-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--cost-model",
+            "none",
+            "--sampling",
+            "--no-progress",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     out, err = capsys.readouterr()
     assert "note: pld is skipped for batch sizes above 1 (transformers' prompt lookup" in err

@@ -10,8 +10,7 @@ import torch
 
 pytest.importorskip("matplotlib")
 
-from hf_cascade.bench import BenchConfig, markdown_report, run_benchmark  # noqa: E402
-from hf_cascade.bench import calls, runner  # noqa: E402
+from hf_cascade.bench import BenchConfig, calls, markdown_report, run_benchmark, runner  # noqa: E402  # noqa: E402
 from hf_cascade.bench.loading import load_drafts, load_model, target_placement  # noqa: E402
 from hf_cascade.bench.methods import Method  # noqa: E402
 from hf_cascade.cli import bench_config, build_parser  # noqa: E402
@@ -36,7 +35,12 @@ def test_cpu_defaults_unchanged(monkeypatch):
     """Without an accelerator: the CPU, float32, plain alone, no map or attention set (left out of results)."""
     _accelerator(monkeypatch, cuda=False)
     config = _config()
-    assert (config.device, config.dtype, config.device_map, config.attn_implementation) == ("cpu", "float32", None, None)
+    assert (config.device, config.dtype, config.device_map, config.attn_implementation) == (
+        "cpu",
+        "float32",
+        None,
+        None,
+    )
     assert config.methods == ["plain", "maxgram"]
     assert {"device_map", "attn_implementation"}.isdisjoint(config.to_dict())
     assert target_placement(config) == {"dtype": torch.float32, "device_map": None, "attn_implementation": None}
@@ -50,11 +54,24 @@ def test_accelerator_defaults(monkeypatch):
     assert (config.device, config.dtype) == ("cuda", "bfloat16")
     assert config.methods == ["plain", "plain-compiled", "glide"]
     assert target_placement(config) == {"dtype": torch.bfloat16, "device_map": "cuda", "attn_implementation": None}
-    given = _config("--device", "cuda:1", "--dtype", "float16", "--baselines", "pld", "--device-map", "auto",
-                    "--attn-implementation", "flash_attention_2")
+    given = _config(
+        "--device",
+        "cuda:1",
+        "--dtype",
+        "float16",
+        "--baselines",
+        "pld",
+        "--device-map",
+        "auto",
+        "--attn-implementation",
+        "flash_attention_2",
+    )
     assert (given.device, given.dtype, given.methods) == ("cuda:1", "float16", ["plain", "pld", "maxgram"])
-    assert target_placement(given) == {"dtype": torch.float16, "device_map": "auto",
-                                       "attn_implementation": "flash_attention_2"}
+    assert target_placement(given) == {
+        "dtype": torch.float16,
+        "device_map": "auto",
+        "attn_implementation": "flash_attention_2",
+    }
     assert given.to_dict()["device_map"] == "auto"
     assert _config("--device-map", '{"": 0}').device_map == {"": 0}
     cpu = _config("--device", "cpu")
@@ -75,9 +92,9 @@ def test_bad_device_options(monkeypatch):
 
 def test_help_shows_the_device_options():
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices["bench"]
-    text = " ".join(sub.format_help().split())            # argparse wraps lines
+    text = " ".join(sub.format_help().split())  # argparse wraps lines
     assert all(option in text for option in DEVICE_OPTIONS)
-    assert "--device cuda" in text                        # how a GPU user runs it
+    assert "--device cuda" in text  # how a GPU user runs it
 
 
 def test_loader_honours_the_placement(tmp_path, monkeypatch):
@@ -90,10 +107,14 @@ def test_loader_honours_the_placement(tmp_path, monkeypatch):
     _tokenizer().save_pretrained(tmp_path / "m")
     maps = []
     load = AutoModelForCausalLM.from_pretrained.__func__
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
-                        classmethod(lambda cls, *a, **kw: (maps.append(kw.get("device_map")), load(cls, *a, **kw))[1]))
-    model, tok = load_model(str(tmp_path / "m"), dtype=torch.bfloat16, device_map={"": "cpu"},
-                            attn_implementation="eager")
+    monkeypatch.setattr(
+        AutoModelForCausalLM,
+        "from_pretrained",
+        classmethod(lambda cls, *a, **kw: (maps.append(kw.get("device_map")), load(cls, *a, **kw))[1]),
+    )
+    model, tok = load_model(
+        str(tmp_path / "m"), dtype=torch.bfloat16, device_map={"": "cpu"}, attn_implementation="eager"
+    )
     assert tok is not None and {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert maps == [{"": "cpu"}]
     assert model.config._attn_implementation == "eager"
@@ -115,8 +136,14 @@ def test_every_timed_call_synchronises(monkeypatch):
             events.append("run")
             return ids, None
 
-    calls.timed(Recorded("m", None), torch.ones(1, 2, dtype=torch.long), None, {}, 0,
-                devices=(torch.device("cuda", 0), torch.device("cuda", 1)))
+    calls.timed(
+        Recorded("m", None),
+        torch.ones(1, 2, dtype=torch.long),
+        None,
+        {},
+        0,
+        devices=(torch.device("cuda", 0), torch.device("cuda", 1)),
+    )
     assert events == [("sync", "cuda:0"), ("sync", "cuda:1"), "run", ("sync", "cuda:0"), ("sync", "cuda:1")]
 
     events.clear()
@@ -125,15 +152,16 @@ def test_every_timed_call_synchronises(monkeypatch):
     model, tok = _llama(0, 1), _tokenizer()
     config = BenchConfig(strategy="maxgram", max_new_tokens=4, warmup_tokens=2, cost_models=[])
     result = run_benchmark(config, model, tok, PROMPTS[:1])
-    timed_runs = 2 * len(config.methods)                  # a warm-up and one prompt per method
+    timed_runs = 2 * len(config.methods)  # a warm-up and one prompt per method
     assert events.count(("sync", "cuda:0")) == 2 * timed_runs
-    assert result.environment["device"]["name"] == "Fake GPU"    # the report names the accelerator
+    assert result.environment["device"]["name"] == "Fake GPU"  # the report names the accelerator
 
 
 def test_report_names_the_device():
     model, tok = _llama(0, 1), _tokenizer()
-    result = run_benchmark(BenchConfig(strategy="maxgram", max_new_tokens=4, warmup_tokens=2, cost_models=[]),
-                           model, tok, PROMPTS[:1])
+    result = run_benchmark(
+        BenchConfig(strategy="maxgram", max_new_tokens=4, warmup_tokens=2, cost_models=[]), model, tok, PROMPTS[:1]
+    )
     device = result.environment["device"]
     assert (device["device"], device["dtype"], device["accelerators"]) == ("cpu", "float32", [])
     assert device["name"].startswith("CPU")

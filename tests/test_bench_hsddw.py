@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_bench import NEW_TOKENS, PROMPTS, _llama, tiny  # noqa: F401  (tiny: fixture)
-from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
-
 from hf_cascade.bench import BenchConfig, markdown_report, run_benchmark, write_results  # noqa: E402
 from hf_cascade.bench.build import build_method  # noqa: E402
 from hf_cascade.bench.peers import ASSISTED_WINDOW, assisted_settings  # noqa: E402
 from hf_cascade.cli import bench_config, build_parser  # noqa: E402
+from tests.test_bench import NEW_TOKENS, PROMPTS, _llama, tiny  # noqa: F401  (tiny: fixture)
+from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 BASELINES = ["plain", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence"]
 
@@ -52,25 +51,30 @@ def test_assisted_variants_set_the_draft_config_per_call_only(tiny, name, window
     original = type(model).generate
 
     def spy(self, *args, **kwargs):
-        if "assistant_model" in kwargs:   # the target's call (not the draft's own generate inside it)
+        if "assistant_model" in kwargs:  # the target's call (not the draft's own generate inside it)
             gc = kwargs["assistant_model"].generation_config
             seen.append((gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold))
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(type(model), "generate", spy)
     method = build_method(name, model, [draft], strategy_kwargs={}, sampling=False, window=window)
-    method.run(torch.tensor([[1, 5, 6, 7]]), torch.ones(1, 4, dtype=torch.long), {"max_new_tokens": 4, "do_sample": False})
+    method.run(
+        torch.tensor([[1, 5, 6, 7]]), torch.ones(1, 4, dtype=torch.long), {"max_new_tokens": 4, "do_sample": False}
+    )
     threshold = {"hf-assisted-constant": 0.0, "hf-assisted-confidence": 0.4}[name]
     assert seen == [(window, "constant", threshold)]
-    assert assisted_settings(name, window)["num_assistant_tokens"] == window and assisted_settings("hf-assisted") is None
-    assert draft.generation_config.to_dict() == before        # the shared draft model is left as it was
+    assert (
+        assisted_settings(name, window)["num_assistant_tokens"] == window and assisted_settings("hf-assisted") is None
+    )
+    assert draft.generation_config.to_dict() == before  # the shared draft model is left as it was
 
 
 def test_single_and_hierarchical_in_one_run_with_a_window(tiny, verifier):
     """``hsddw-single`` (Algorithm 1) beside ``hsddw`` with a verifier (Algorithm 2); ``window`` is both max_windows."""
     model, draft, tok = tiny
-    config = BenchConfig(strategy="hsddw", baselines=["hsddw-single"], window=3, max_new_tokens=NEW_TOKENS,
-                         warmup_tokens=2)
+    config = BenchConfig(
+        strategy="hsddw", baselines=["hsddw-single"], window=3, max_new_tokens=NEW_TOKENS, warmup_tokens=2
+    )
     r = run_benchmark(config, model, tok, PROMPTS[:2], drafts=[draft], verifier=verifier)
     assert r.methods == ["plain", "hsddw-single", "hsddw"], r.errors
     for rec in r.records:
@@ -85,14 +89,28 @@ def test_single_and_hierarchical_in_one_run_with_a_window(tiny, verifier):
 
 def test_hsddw_needs_a_draft(tiny):
     model, _, tok = tiny
-    r = run_benchmark(BenchConfig(strategy="hsddw", baselines=["plain"], max_new_tokens=4, warmup_tokens=1),
-                      model, tok, PROMPTS[:1])
+    r = run_benchmark(
+        BenchConfig(strategy="hsddw", baselines=["plain"], max_new_tokens=4, warmup_tokens=1), model, tok, PROMPTS[:1]
+    )
     assert r.methods == ["plain"] and "needs a draft model" in r.errors["hsddw"]
 
 
 def test_cli_and_config():
-    args = build_parser().parse_args(["bench", "--strategy", "hsddw", "--draft", "small", "--verifier", "big",
-                                      "--baselines", "hf-assisted-constant,hf-assisted-confidence", "--window", "16"])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--strategy",
+            "hsddw",
+            "--draft",
+            "small",
+            "--verifier",
+            "big",
+            "--baselines",
+            "hf-assisted-constant,hf-assisted-confidence",
+            "--window",
+            "16",
+        ]
+    )
     config = bench_config(args)
     assert (config.strategy, config.drafts, config.verifier, config.window) == ("hsddw", ["small"], "big", 16)
     assert config.methods == ["plain", "hf-assisted-constant", "hf-assisted-confidence", "hsddw"]

@@ -30,15 +30,31 @@ def forget_graphs_compiled_while_counting():
     yield
     torch._dynamo.reset()
 
+
 needs_static = pytest.mark.skipif(not static_rollback_supported(), reason="static caches need transformers >= 5")
 
 
-@pytest.mark.measured_costs           # the command runs the cost rules as users get them
+@pytest.mark.measured_costs  # the command runs the cost rules as users get them
 def test_overhead_command_writes_every_method(tmp_path, capsys):
     out = tmp_path / "overhead"
     threads = torch.get_num_threads()
-    code = main(["bench", "--overhead", "--new-tokens", "12", "--prompts", "1", "--repeats", "1",
-                 "--compile-backend", "eager", "--no-progress", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--overhead",
+            "--new-tokens",
+            "12",
+            "--prompts",
+            "1",
+            "--repeats",
+            "1",
+            "--compile-backend",
+            "eager",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     result = json.loads((out / "results.json").read_text())
     report = (out / "report.md").read_text()
@@ -46,25 +62,26 @@ def test_overhead_command_writes_every_method(tmp_path, capsys):
     assert set(result["methods"]) == {*METHODS, COMPILED}, result["errors"]
     assert not result["errors"], result["errors"]
     for name, m in result["methods"].items():
-        assert m["identical"] is True, name                       # timed and counted runs alike
+        assert m["identical"] is True, name  # timed and counted runs alike
         assert m["host_ms_per_call"] > 0 and m["target_calls"] > 0, name
         assert m["tokens_per_call"] > 0 and m["reads_per_call"] is not None, name
         assert m["label"] in report and m["label"] in printed, name
     plain = result["methods"]["plain"]
-    assert plain["reads_per_call"] >= 1.0 and plain["reads"]["sites"]       # sanity: plain reads once per token
+    assert plain["reads_per_call"] >= 1.0 and plain["reads"]["sites"]  # sanity: plain reads once per token
     assert plain["tokens_per_call"] == 1.0 and plain["host_vs_plain"] == 1.0
     assert result["compiled"]["warmup_seconds"] > 0 and "error" not in result["compiled"]
     env = result["environment"]
     assert env["torch"] == torch.__version__ and env["commit"]
     assert report.startswith("# hf-cascade bench --overhead") and "Machine:" in report
     assert f"transformers {env['transformers']}" in report
-    assert torch.get_num_threads() == threads                    # the command's own thread setting was undone
+    assert torch.get_num_threads() == threads  # the command's own thread setting was undone
 
 
 def test_a_failing_compile_is_reported_not_raised(monkeypatch):
     def broken(target, backend, mode, max_cache_len):
         def run(ids, new):
             raise RuntimeError("no C++ compiler\nmore detail")
+
         return overhead.OverheadMethod(COMPILED, target, run), target, {"compile_config": {"backend": backend}}
 
     monkeypatch.setattr(overhead, "_compiled_method", broken)
@@ -92,7 +109,7 @@ def test_counter_and_timer_are_removed_and_pause():
     original = model.forward
 
     def reading_forward(x):
-        x.sum().item()                                       # a read inside the module: paused
+        x.sum().item()  # a read inside the module: paused
         return original(x)
 
     model.forward = reading_forward
@@ -109,8 +126,14 @@ def test_counter_and_timer_are_removed_and_pause():
 def test_compiled_strategies_rows():
     """A strategy's compiled row: the same assistant with a static cache and compiled plain's CompileConfig, its
     output plain's, its verification compiled, its ratios against compiled plain (the eager row's against plain)."""
-    result = overhead.measure_overhead(new_tokens=10, prompts=2, repeats=1, methods=["plain", "maxgram"],
-                                       compile_backend="aot_eager", compiled_strategies=True)
+    result = overhead.measure_overhead(
+        new_tokens=10,
+        prompts=2,
+        repeats=1,
+        methods=["plain", "maxgram"],
+        compile_backend="aot_eager",
+        compiled_strategies=True,
+    )
     assert not result["errors"], result["errors"]
     methods = result["methods"]
     assert list(methods) == ["plain", "maxgram", COMPILED, "maxgram-compiled"]
@@ -120,7 +143,8 @@ def test_compiled_strategies_rows():
     assert row["host_vs_plain"] == pytest.approx(row["host_ms_per_call"] / base["host_ms_per_token"])
     assert row["speedup"] == pytest.approx(base["wall_ms_per_token"] / row["wall_ms_per_token"])
     assert eager["baseline"] == "plain" and eager["host_vs_plain"] == pytest.approx(
-        eager["host_ms_per_call"] / plain["host_ms_per_call"])
+        eager["host_ms_per_call"] / plain["host_ms_per_call"]
+    )
     assert eager["speedup"] == pytest.approx(plain["wall_ms_per_token"] / eager["wall_ms_per_token"])
     info = result["compiled_strategies"]
     assert info["compiled"] == {"maxgram-compiled": True} and info["warmup_seconds"]["maxgram-compiled"] > 0
@@ -133,12 +157,32 @@ def test_strategy_and_baselines_choose_the_methods(tmp_path):
     """``--strategy`` and ``--baselines`` name what ``--overhead`` measures, in the bench's names (``glide``: GLIDE +
     CAPE; ``glide-chain``: its chain), plain always; a baseline it cannot measure is an error naming those it can."""
     out = tmp_path / "overhead"
-    code = main(["bench", "--overhead", "--strategy", "maxgram,glide", "--baselines", "glide-chain", "--new-tokens",
-                 "8", "--prompts", "1", "--repeats", "1", "--no-compile", "--no-progress", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--overhead",
+            "--strategy",
+            "maxgram,glide",
+            "--baselines",
+            "glide-chain",
+            "--new-tokens",
+            "8",
+            "--prompts",
+            "1",
+            "--repeats",
+            "1",
+            "--no-compile",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     methods = json.loads((out / "results.json").read_text())["methods"]
     assert list(methods) == ["plain", "maxgram", "glide", "glide-chain"]
-    assert methods["glide"]["label"].startswith("GLIDE + CAPE") and methods["glide-chain"]["label"].startswith("GLIDE chain")
+    assert methods["glide"]["label"].startswith("GLIDE + CAPE") and methods["glide-chain"]["label"].startswith(
+        "GLIDE chain"
+    )
     assert main(["bench", "--overhead", "--strategy", "maxgram", "--baselines", "suffix", "--no-compile"]) == 2
 
 
@@ -159,11 +203,18 @@ def test_timed_compiled_decoder_counts_the_compiled_forward():
     config = compile_config("aot_eager", None)
 
     def run():
-        return target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=assistant,
-                               cache_implementation="static", compile_config=config, max_cache_len=40)
+        return target.generate(
+            prompt,
+            do_sample=False,
+            max_new_tokens=12,
+            assistant_model=assistant,
+            cache_implementation="static",
+            compile_config=config,
+            max_cache_len=40,
+        )
 
     timer = ModuleTimer()
-    with TimedCompiledDecoder(target, timer):                # nothing compiled yet: nothing wrapped
+    with TimedCompiledDecoder(target, timer):  # nothing compiled yet: nothing wrapped
         run()
     assert timer.calls == 0
     kept = compiled._COMPILED[target.get_decoder()]

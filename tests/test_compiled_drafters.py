@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from transformers import CompileConfig
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
@@ -22,8 +21,15 @@ from hf_cascade.core.compiled import records_graphs
 from hf_cascade.core.draws import ProposalChoice
 from hf_cascade.core.static import static_rollback_supported
 from tests.contract_registry import REGISTRY, fresh_kit, models_used, setting_target
-from tests.static_contract import (check_second_pass, compile_config, default_recompile_limit, static_cases,
-                                   static_settings, strict_recompiles, unique_graphs)
+from tests.static_contract import (
+    check_second_pass,
+    compile_config,
+    default_recompile_limit,
+    static_cases,
+    static_settings,
+    strict_recompiles,
+    unique_graphs,
+)
 from tests.test_contract import ASCENDING, REPETITIVE
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -79,10 +85,10 @@ def test_drafter_forwards_compile_where_verification_does(name, free_drafts, ope
     plain = target.generate(prompt, do_sample=False, **kw)
     assert torch.equal(target.generate(prompt, do_sample=False, assistant_model=assistant, **kw), plain)
     assert not any(compiled_entries(m) for m in models)
-    with strict_recompiles(recompile_limit=4 * default_recompile_limit()):     # the module's targets share frames
+    with strict_recompiles(recompile_limit=4 * default_recompile_limit()):  # the module's targets share frames
         assert check_second_pass(target, assistant, cases(), exact=True) == []
     for model in models:
-        (fn_name, call), = compiled_entries(model)
+        ((fn_name, call),) = compiled_entries(model)
         assert call.seen and dynamo_entries(fn_name) > 0
 
 
@@ -102,9 +108,9 @@ def test_no_recompile_over_a_long_generation(free_drafts, open_gate):
         assert unique_graphs() == before, f"{name}: {unique_graphs() - before} new dynamo graph(s) after warm-up"
         assert torch.equal(out, plain), name
         accepted = assistant.last_stats.accepted_per_call
-        assert len(set(accepted)) > 2, (name, accepted)                  # drafts of varying fates
-        (_, call), = compiled_entries(models_used(assistant, kit)[0])
-        assert len({key[0] for key in call.seen}) > 1                    # catch-up forwards of several lengths
+        assert len(set(accepted)) > 2, (name, accepted)  # drafts of varying fates
+        ((_, call),) = compiled_entries(models_used(assistant, kit)[0])
+        assert len({key[0] for key in call.seen}) > 1  # catch-up forwards of several lengths
 
 
 # -- CUDA graphs' output semantics ---------------------------------------------------------------------------
@@ -154,14 +160,21 @@ def graph_settings(backend) -> dict:
 def test_records_graphs_follows_inductor():
     """The modes and options under which inductor records CUDA graphs (``triton.cudagraphs``), dynamo's
     ``cudagraphs`` backend, and a callable backend (unknown: copied)."""
-    cases = [("inductor", "reduce-overhead", None, True), ("inductor", "max-autotune", None, True),
-             ("inductor", "max-autotune-no-cudagraphs", None, False), ("inductor", "default", None, False),
-             ("inductor", None, None, False), ("inductor", None, {"triton.cudagraphs": True}, True),
-             ("inductor", None, {"max_autotune": True}, False), ("aot_eager", None, None, False),
-             ("cudagraphs", None, None, True), (replaying, None, None, True)]
+    cases = [
+        ("inductor", "reduce-overhead", None, True),
+        ("inductor", "max-autotune", None, True),
+        ("inductor", "max-autotune-no-cudagraphs", None, False),
+        ("inductor", "default", None, False),
+        ("inductor", None, None, False),
+        ("inductor", None, {"triton.cudagraphs": True}, True),
+        ("inductor", None, {"max_autotune": True}, False),
+        ("aot_eager", None, None, False),
+        ("cudagraphs", None, None, True),
+        (replaying, None, None, True),
+    ]
     for backend, mode, options, expected in cases:
         assert records_graphs(CompileConfig(backend=backend, mode=mode, options=options)) is expected, (backend, mode)
-    assert records_graphs(None) is True                                  # CompileConfig()'s reduce-overhead
+    assert records_graphs(None) is True  # CompileConfig()'s reduce-overhead
 
 
 @pytest.mark.parametrize("name", ["lenience3", "hsddw", "glide_cape", "redrafter"])
@@ -183,16 +196,25 @@ def test_glide_root_row_survives_replays(free_drafts, open_gate, fresh_dynamo, m
     and the seeded outputs are those of the same graphs without replays."""
     seen: list = []
     observe = ProposalChoice.observe
-    monkeypatch.setattr(ProposalChoice, "observe",
-                        lambda self, p, q, *a, **kw: (seen.append(q.clone()), observe(self, p, q, *a, **kw))[1])
+    monkeypatch.setattr(
+        ProposalChoice,
+        "observe",
+        lambda self, p, q, *a, **kw: (seen.append(q.clone()), observe(self, p, q, *a, **kw))[1],
+    )
     target = setting_target(SETTING)
     kit = fresh_kit("llama", target)
     runs = []
     for backend in (running, replaying):
         seen.clear()
         torch.manual_seed(0)
-        out = target.generate(ASCENDING, do_sample=True, temperature=1.5, assistant_model=REGISTRY["glide_cape"](kit),
-                              max_new_tokens=60, **graph_settings(backend))
+        out = target.generate(
+            ASCENDING,
+            do_sample=True,
+            temperature=1.5,
+            assistant_model=REGISTRY["glide_cape"](kit),
+            max_new_tokens=60,
+            **graph_settings(backend),
+        )
         runs.append((out, list(seen)))
     (plain_out, plain_seen), (out, replayed) = runs
     assert len(plain_seen) > 3 and len(replayed) == len(plain_seen)

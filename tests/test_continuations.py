@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 
 from hf_cascade.drafters.continuations import SeedTrie, suffix_continuations
-from hf_cascade.drafters.maxgram import suffix_match, follow, suffix_occurrences
+from hf_cascade.drafters.maxgram import follow, suffix_match, suffix_occurrences
 from hf_cascade.recycling import RecycledCandidates, RecyclingShape
 
 
 def test_occurrences_of_the_longest_suffix_most_recent_first():
     #        0  1  2  3  4  5  6  7  8  9
     seq = [5, 1, 2, 7, 1, 2, 8, 3, 1, 2]
-    assert suffix_occurrences(seq, 8, 16) == (2, [5, 2])          # "1 2" ended at 5 and at 2
+    assert suffix_occurrences(seq, 8, 16) == (2, [5, 2])  # "1 2" ended at 5 and at 2
     assert suffix_occurrences(seq, 8, 1) == (2, [5])
-    assert suffix_occurrences(seq, 1, 16) == (1, [5, 2])          # capped at one token: "2" ended at 5, 2
+    assert suffix_occurrences(seq, 1, 16) == (1, [5, 2])  # capped at one token: "2" ended at 5, 2
     assert suffix_occurrences([4, 9], 8, 16) == (0, [])
     assert suffix_occurrences(seq, 0, 16) == (0, [])
     # one occurrence: Max-Gram's match, the same end
@@ -34,7 +34,7 @@ def test_continuations_are_ranked_by_frequency_then_recency():
     kids = trie.children[-1]
     assert [(t, round(s, 3)) for t, s, _ in kids] == [(4, 0.667), (5, 0.333)]
     four = kids[0][2]
-    assert [(t, s) for t, s, _ in trie.children[four]] == [(7, 0.5), (6, 0.5)]     # a tie: the most recent first
+    assert [(t, s) for t, s, _ in trie.children[four]] == [(7, 0.5), (6, 0.5)]  # a tie: the most recent first
     assert [(t, s) for t, s, _ in trie.children[kids[1][2]]] == [(9, 1.0)]
     assert len(trie) == 5
     # one occurrence: Max-Gram's continuation as one path, wrapping around the period at the end

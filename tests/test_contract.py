@@ -13,7 +13,8 @@ a :class:`Kit` holds the target and the drafters / heads built for it). For each
 (b) **exact sampling** -- on a 16-token vocabulary: the joint distribution of the first three sampled tokens
     over many runs against the one enumerated from target forwards (chi-square over bins of the exact law),
     and per-step calibration of long sampled generations, with temperature, top-k, top-p and a repetition
-    penalty, against the target's exact processed distributions; a negative control shows both fail for a sampler that lies about ``q``;
+    penalty, against the target's exact processed distributions; a negative control shows both fail for a sampler
+    that lies about ``q``;
 (c) **no state leak** -- a second ``generate()`` with the same assistant gives what a fresh assistant gives
     (sequences, greedy and sampled with a fixed seed, and statistics, on a deterministic clock).
 
@@ -33,12 +34,23 @@ import pytest
 import torch
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
-from tests.contract_registry import (LINEAR, REGISTRY, SETTINGS, STATEFUL, TREE_ASSISTANTS, WITH_MODELS,  # noqa: F401
-                                     assert_placed,
-                                     base_kit, fresh_kit, input_device, models_used, setting_target, with_attention)
+from tests.contract_registry import (
+    LINEAR,
+    REGISTRY,
+    SETTINGS,
+    STATEFUL,
+    TREE_ASSISTANTS,
+    WITH_MODELS,  # noqa: F401
+    assert_placed,
+    base_kit,
+    fresh_kit,
+    input_device,
+    models_used,
+    setting_target,
+    with_attention,
+)
 from tests.sampling_stats import calibration, chi2_isf, passes, processed_probs
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
-
 
 # -- (a) greedy parity ------------------------------------------------------------------------------------
 
@@ -51,7 +63,7 @@ def _eos_inside_drafts(target) -> int:
     """A token the target emits on REPETITIVE that it emitted before (its outputs cycle, so drafts copy it):
     as EOS, generation stops inside a draft."""
     prompt = REPETITIVE.to(input_device(target))
-    free = target.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0, prompt.shape[1]:].tolist()
+    free = target.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0, prompt.shape[1] :].tolist()
     return next((free[i] for i in range(4, len(free)) if free[i] in free[:i]), free[6])
 
 
@@ -68,8 +80,10 @@ def greedy_cases(target) -> list[tuple[str, torch.Tensor, dict, list]]:
         ("no_repeat_ngram_size", REPETITIVE, {"max_new_tokens": 16, "no_repeat_ngram_size": 2}),
     ]
     device = input_device(target)
-    return [(name, prompt.to(device), kw, target.generate(prompt.to(device), do_sample=False, **kw).tolist())
-            for name, prompt, kw in cases]
+    return [
+        (name, prompt.to(device), kw, target.generate(prompt.to(device), do_sample=False, **kw).tolist())
+        for name, prompt, kw in cases
+    ]
 
 
 def assert_greedy_parity(target, assistant, cases) -> None:
@@ -81,7 +95,7 @@ def assert_greedy_parity(target, assistant, cases) -> None:
         stats = assistant.last_stats
         assert stats.new_tokens == got.shape[1] - prompt.shape[1], case
         accepted += sum(stats.accepted_per_call)
-    assert accepted > 0                                                   # drafts were accepted
+    assert accepted > 0  # drafts were accepted
 
 
 _CASES: dict = {}
@@ -108,14 +122,15 @@ def test_greedy_parity(name, setting, free_drafts):
     # free_drafts: on tiny models a draft forward costs about what the target's does, so the measured-cost
     # defaults (GLIDE, ReDrafter) may rightly stop drafting; parity must be shown on drafted steps
     target = setting_target(setting)
-    kit = fresh_kit(SETTINGS[setting][0], target)                  # fp32 drafters and heads
+    kit = fresh_kit(SETTINGS[setting][0], target)  # fp32 drafters and heads
     assistant = REGISTRY[name](kit)
     assert_greedy_parity(target, assistant, setting_cases(setting))
-    if setting.endswith("bf16"):                                    # cast when the assistant bound to the target
+    if setting.endswith("bf16"):  # cast when the assistant bound to the target
         assert_placed(models_used(assistant, kit), torch.device("cpu"), torch.bfloat16)
 
 
 # -- (c) no state leak ----------------------------------------------------------------------------------------
+
 
 class FakeClock:
     """``time.perf_counter`` advancing 1 ms per call: measured "durations" (adaptive lookahead, cost-aware
@@ -131,17 +146,20 @@ class FakeClock:
 
 def comparable(stats) -> dict:
     """``stats.to_dict()`` without wall times and costs (measured, not decided)."""
+
     def clean(x):
         if isinstance(x, dict):
             return {k: clean(v) for k, v in x.items() if not any(s in k for s in ("second", "cost", "time"))}
         if isinstance(x, list):
             return [clean(v) for v in x]
         return x
+
     return clean(stats.to_dict())
 
 
-def assert_no_state_leak(target, make_assistant, first, second, do_sample: bool, new: int = 20,
-                         stateful: bool = False) -> None:
+def assert_no_state_leak(
+    target, make_assistant, first, second, do_sample: bool, new: int = 20, stateful: bool = False
+) -> None:
     """After a call on ``first``, the same assistant gives on ``second`` exactly what a fresh one gives
     (outputs with the same seed, statistics; ``stateful``: an assistant that remembers earlier calls on purpose,
     the greedy outputs only: its drafts differ, so a sampled call draws another sample of the same law, which the
@@ -152,8 +170,13 @@ def assert_no_state_leak(target, make_assistant, first, second, do_sample: bool,
     def run(assistant, prompt):
         input_ids, mask = prompt if isinstance(prompt, tuple) else (prompt, None)
         torch.manual_seed(7)
-        out = target.generate(input_ids.to(device), attention_mask=None if mask is None else mask.to(device),
-                              do_sample=do_sample, max_new_tokens=new, assistant_model=assistant)
+        out = target.generate(
+            input_ids.to(device),
+            attention_mask=None if mask is None else mask.to(device),
+            do_sample=do_sample,
+            max_new_tokens=new,
+            assistant_model=assistant,
+        )
         return out.tolist(), comparable(assistant.last_stats)
 
     reused = make_assistant()
@@ -173,12 +196,14 @@ def test_no_state_leak(name, monkeypatch):
     gemma = base_kit("gemma3").target
     kit = fresh_kit("gemma3", gemma)
     stateful = name in STATEFUL
-    assert_no_state_leak(gemma, lambda: REGISTRY[name](kit), REPETITIVE, ASCENDING, do_sample=False, new=12,
-                         stateful=stateful)
+    assert_no_state_leak(
+        gemma, lambda: REGISTRY[name](kit), REPETITIVE, ASCENDING, do_sample=False, new=12, stateful=stateful
+    )
     small = base_kit("small").target
     kit = fresh_kit("small", small)
-    assert_no_state_leak(small, lambda: REGISTRY[name](kit), ids(1, 5, 6, 5, 6, 5), ids(1, 9, 12), do_sample=True,
-                         stateful=stateful)
+    assert_no_state_leak(
+        small, lambda: REGISTRY[name](kit), ids(1, 5, 6, 5, 6, 5), ids(1, 9, 12), do_sample=True, stateful=stateful
+    )
 
 
 # -- (b) exact sampling -----------------------------------------------------------------------------------------
@@ -214,13 +239,13 @@ def exact_first_three(model, prompt, **sampling) -> torch.Tensor:
     device = input_device(model)
     prompt = prompt.to(device)
 
-    def probs(ids: torch.Tensor) -> torch.Tensor:                                             # [N, L] -> [N, V]
+    def probs(ids: torch.Tensor) -> torch.Tensor:  # [N, L] -> [N, V]
         return processed_probs(model(ids).logits[:, -1], prefixes=ids.tolist(), **sampling).cpu()
 
     with torch.no_grad():
         p1 = probs(prompt)[0]
-        one = torch.cat([prompt.repeat(V, 1), torch.arange(V, device=device)[:, None]], dim=1)   # [V, L + 1]
-        p2 = probs(one)                                                                          # [V, V]
+        one = torch.cat([prompt.repeat(V, 1), torch.arange(V, device=device)[:, None]], dim=1)  # [V, L + 1]
+        p2 = probs(one)  # [V, V]
         two = torch.cat([one.repeat_interleave(V, dim=0), torch.arange(V, device=device).repeat(V)[:, None]], dim=1)
         p3 = probs(two).view(V, V, V)
     return p1[:, None, None] * p2[:, :, None] * p3
@@ -234,8 +259,9 @@ def joint_test(model, assistant, runs: int, seed: int, **sampling) -> dict:
     accepted = 0
     for r in range(runs):
         torch.manual_seed(seed + r)
-        out = model.generate(prompt, do_sample=True, max_new_tokens=3, assistant_model=assistant,
-                             **sampling)[0, -3:].tolist()
+        out = model.generate(prompt, do_sample=True, max_new_tokens=3, assistant_model=assistant, **sampling)[
+            0, -3:
+        ].tolist()
         counts[tuple(out)] += 1
         accepted += sum(assistant.last_stats.accepted_per_call)
     exact = exact_first_three(model, JPROMPT, **sampling)
@@ -254,8 +280,9 @@ def calibrate(model, assistant, calls: int = CALLS, new: int = NEW, seed: int = 
     seqs, accepted, drafted = [], 0, 0
     for c in range(calls):
         torch.manual_seed(seed + c)
-        seqs.append(model.generate(prompt, do_sample=True, max_new_tokens=new, assistant_model=assistant,
-                                   **SAMPLING_KW)[0])
+        seqs.append(
+            model.generate(prompt, do_sample=True, max_new_tokens=new, assistant_model=assistant, **SAMPLING_KW)[0]
+        )
         accepted += sum(assistant.last_stats.accepted_per_call)
         drafted += sum(assistant.last_stats.tree_depths)
     stats = calibration(model, None, seqs, prompt.shape[1], **SAMPLING_KW)
@@ -277,7 +304,7 @@ def assert_exact_sampling(target, make_assistant) -> None:
 
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_exact_sampling(name, monkeypatch):
-    monkeypatch.setattr(time, "perf_counter", FakeClock())           # timed decisions: reproducible runs
+    monkeypatch.setattr(time, "perf_counter", FakeClock())  # timed decisions: reproducible runs
     target = base_kit("small").target
     kit = fresh_kit("small", target)
     assert_exact_sampling(target, lambda: REGISTRY[name](kit))
@@ -336,10 +363,12 @@ def test_exact_sampling_detects_a_wrong_q(name, monkeypatch):
 # which changes from release to release (5.25 reads ``num_drafting_tokens``). The same greedy parity and exact
 # sampling hold there.
 
+
 def in_transformers_loop(make_assistant):
     """``make_assistant`` with ``loop = "transformers"``, whose generators are checked to propose no draft longer
     than the ``num_drafting_tokens`` they declare (transformers >= 5.25 sizes a linear-attention cache's recorded
     states by it)."""
+
     def make():
         assistant = make_assistant()
         assistant.loop = "transformers"
@@ -359,6 +388,7 @@ def in_transformers_loop(make_assistant):
 
         assistant.build = checked_build
         return assistant
+
     return make
 
 
@@ -378,7 +408,7 @@ def test_transformers_loop_greedy_parity(name, setting, free_drafts):
     kit = fresh_kit(SETTINGS[setting][0], target)
     assistant = in_transformers_loop(lambda: REGISTRY[name](kit))()
     assert_greedy_parity(target, assistant, setting_cases(setting))
-    assert assistant.last_stats.prefill_calls == 0                   # transformers' loop ran, not the core's
+    assert assistant.last_stats.prefill_calls == 0  # transformers' loop ran, not the core's
 
 
 @pytest.mark.parametrize("name", LINEAR)
@@ -391,10 +421,11 @@ def test_transformers_loop_exact_sampling(name, monkeypatch):
 
 # -- flash attention: a clear error before any forward ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", TREE_ASSISTANTS)
 def test_tree_assistant_refuses_flash_attention(name):
     target = with_attention(base_kit("gemma3").target, "eager")
-    target.config._attn_implementation = "flash_attention_2"        # flash-attn itself is not installed here
+    target.config._attn_implementation = "flash_attention_2"  # flash-attn itself is not installed here
     assistant = REGISTRY[name](fresh_kit("gemma3", target))
     forwards = []
     handle = target.register_forward_pre_hook(lambda *a: forwards.append(1))

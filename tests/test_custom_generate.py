@@ -56,18 +56,22 @@ class Chunks(BaseStreamer):
 
 @pytest.fixture(scope="module")
 def target():
-    return tm.gemma3_target()          # sliding-window layers: plain generate() prepares a sliding cache
+    return tm.gemma3_target()  # sliding-window layers: plain generate() prepares a sliding cache
 
 
 @pytest.fixture
 def no_assisted_loop(monkeypatch):
     """The recipe decodes through transformers' callable ``custom_generate``, not its assisted loop (nor the hook
     that replaces it)."""
-    monkeypatch.setattr(GenerationMixin, "_assisted_decoding",
-                        lambda *a, **k: pytest.fail("transformers' assisted loop (or hf_cascade's hook) ran"))
+    monkeypatch.setattr(
+        GenerationMixin,
+        "_assisted_decoding",
+        lambda *a, **k: pytest.fail("transformers' assisted loop (or hf_cascade's hook) ran"),
+    )
 
 
 # -- the repository layout ------------------------------------------------------------------------
+
 
 def test_recipe_layout():
     readme = (RECIPE / "README.md").read_text(encoding="utf-8")
@@ -82,6 +86,7 @@ def test_recipe_layout():
 
 # -- tiny models ----------------------------------------------------------------------------------
 
+
 def test_default_assistant_and_given_ones_match_plain(target, no_assisted_loop):
     plain = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW)
     assert target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, **RUN).tolist() == plain.tolist()
@@ -89,9 +94,9 @@ def test_default_assistant_and_given_ones_match_plain(target, no_assisted_loop):
     a = CascadeAssistant([MaxGram()])
     out = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, assistant_model=a, **RUN)
     assert out.tolist() == plain.tolist()
-    assert a.last_stats.new_tokens == NEW and a.last_stats.target_calls < NEW          # it drafted
+    assert a.last_stats.new_tokens == NEW and a.last_stats.target_calls < NEW  # it drafted
 
-    head = echo_glide(target)                                   # an hf_cascade checkpoint, loaded
+    head = echo_glide(target)  # an hf_cascade checkpoint, loaded
     out = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, assistant_model=head, **RUN)
     assert out.tolist() == plain.tolist()
     assert isinstance(hf_cascade.assistant_for(head), GlideAssistant)
@@ -108,8 +113,14 @@ def test_left_padded_batch_matches_plain(target, no_assisted_loop):
 
 
 def test_return_dict_scores_and_logits_match_plain(target, no_assisted_loop):
-    kw = {"do_sample": False, "max_new_tokens": NEW, "return_dict_in_generate": True, "output_scores": True,
-          "output_logits": True, "repetition_penalty": 1.3}
+    kw = {
+        "do_sample": False,
+        "max_new_tokens": NEW,
+        "return_dict_in_generate": True,
+        "output_scores": True,
+        "output_logits": True,
+        "repetition_penalty": 1.3,
+    }
     plain = target.generate(PROMPT, **kw)
     out = target.generate(PROMPT, **kw, assistant_model=CascadeAssistant([MaxGram()]), **RUN)
     assert type(out) is type(plain)
@@ -122,19 +133,28 @@ def test_return_dict_scores_and_logits_match_plain(target, no_assisted_loop):
 def test_streamer_receives_what_plain_streams(target, no_assisted_loop):
     ref, s = Chunks(), Chunks()
     plain = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, streamer=ref)
-    out = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, streamer=s,
-                          assistant_model=CascadeAssistant([MaxGram()]), **RUN)
+    out = target.generate(
+        PROMPT, do_sample=False, max_new_tokens=NEW, streamer=s, assistant_model=CascadeAssistant([MaxGram()]), **RUN
+    )
     assert out.tolist() == plain.tolist()
     assert s.chunks[0] == PROMPT[0].tolist() and s.ended == ref.ended == 1
-    assert sum(s.chunks[1:], []) == sum(ref.chunks[1:], []) == plain[0, PROMPT.shape[1]:].tolist()
+    assert sum(s.chunks[1:], []) == sum(ref.chunks[1:], []) == plain[0, PROMPT.shape[1] :].tolist()
 
 
 def test_sampling_runs_through_the_assistant(target, no_assisted_loop):
     a = CascadeAssistant([MaxGram()])
     torch.manual_seed(0)
-    out = target.generate(PROMPT, do_sample=True, temperature=0.7, top_k=20, max_new_tokens=NEW, min_new_tokens=NEW,
-                          assistant_model=a, **RUN)
-    assert out.shape == (1, PROMPT.shape[1] + NEW) and out[0, :PROMPT.shape[1]].tolist() == PROMPT[0].tolist()
+    out = target.generate(
+        PROMPT,
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        max_new_tokens=NEW,
+        min_new_tokens=NEW,
+        assistant_model=a,
+        **RUN,
+    )
+    assert out.shape == (1, PROMPT.shape[1] + NEW) and out[0, : PROMPT.shape[1]].tolist() == PROMPT[0].tolist()
     assert a.last_stats.new_tokens == NEW
 
 
@@ -146,8 +166,9 @@ def test_tokenizer_calls_go_through_the_hook(target, monkeypatch):
     monkeypatch.setattr(GenerationMixin, "_assisted_decoding", lambda *a, **k: calls.append(1) or hooked(*a, **k))
     tok = tm.word_tokenizer()
     plain = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, tokenizer=tok)
-    out = target.generate(PROMPT, do_sample=False, max_new_tokens=NEW, tokenizer=tok,
-                          assistant_model=CascadeAssistant([MaxGram()]), **RUN)
+    out = target.generate(
+        PROMPT, do_sample=False, max_new_tokens=NEW, tokenizer=tok, assistant_model=CascadeAssistant([MaxGram()]), **RUN
+    )
     assert out.tolist() == plain.tolist() and calls == [1]
 
 
@@ -161,14 +182,17 @@ def test_pipeline_call(target, no_assisted_loop):
     assert a.last_stats.new_tokens == NEW
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"num_beams": 2}, "beam search"),
-    ({"penalty_alpha": 0.6, "top_k": 4}, "greedy decoding and sampling"),
-    ({"prompt_lookup_num_tokens": 3}, "draft source"),
-    ({"cache_implementation": "offloaded"}, "dynamic or a static cache"),
-    ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
-    ({"synced_gpus": True}, "synced_gpus"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"num_beams": 2}, "beam search"),
+        ({"penalty_alpha": 0.6, "top_k": 4}, "greedy decoding and sampling"),
+        ({"prompt_lookup_num_tokens": 3}, "draft source"),
+        ({"cache_implementation": "offloaded"}, "dynamic or a static cache"),
+        ({"num_return_sequences": 2, "do_sample": True}, "num_return_sequences"),
+        ({"synced_gpus": True}, "synced_gpus"),
+    ],
+)
 def test_settings_the_assistants_cannot_honour_fail_clearly(target, no_assisted_loop, kw, match):
     kw = {"do_sample": False, "max_new_tokens": 5, **kw}
     with pytest.raises(ValueError, match=match):
@@ -176,7 +200,7 @@ def test_settings_the_assistants_cannot_honour_fail_clearly(target, no_assisted_
 
 
 def test_bad_assistants_and_inputs_fail_clearly(target, no_assisted_loop, tmp_path):
-    for bad in (tm.truncated_copy(target), str(tmp_path)):     # an ordinary draft model; a folder with no checkpoint
+    for bad in (tm.truncated_copy(target), str(tmp_path)):  # an ordinary draft model; a folder with no checkpoint
         with pytest.raises(ValueError, match="neither an hf_cascade assistant nor an hf_cascade checkpoint"):
             target.generate(PROMPT, max_new_tokens=5, assistant_model=bad, **RUN)
     input_ids, mask = left_pad([[5, 6, 7], [9, 10]])
@@ -211,7 +235,7 @@ def real_plain(gemma):
 def test_real_maxgram(gemma, real_plain, no_assisted_loop):
     model, _ = gemma
     enc, plain, _ = real_plain
-    a = CascadeAssistant([MaxGram()], cpu_kernels=False)   # the kernels' one-time setup for 262k rows: ~15 s
+    a = CascadeAssistant([MaxGram()], cpu_kernels=False)  # the kernels' one-time setup for 262k rows: ~15 s
     out = model.generate(**enc, do_sample=False, max_new_tokens=REAL_NEW, assistant_model=a, **RUN)
     assert out.tolist() == plain.tolist()
     assert a.last_stats.target_calls < REAL_NEW
@@ -222,7 +246,7 @@ def test_real_glide_cape(gemma, real_plain, no_assisted_loop):
     model, _ = gemma
     enc, plain, _ = real_plain
     g = GlideAssistant(str(GLIDE_CARD), cpu_kernels=False)
-    assert g.settings.cape is not None                     # GLIDE + CAPE (the default)
+    assert g.settings.cape is not None  # GLIDE + CAPE (the default)
     out = model.generate(**enc, do_sample=False, max_new_tokens=REAL_NEW, assistant_model=g, **RUN)
     assert out.tolist() == plain.tolist()
     assert g.last_stats.new_tokens == REAL_NEW
@@ -233,7 +257,7 @@ def test_real_left_padded_batch(gemma, no_assisted_loop):
     model, tok = gemma
     assert tok.padding_side == "left"
     enc = tok(REAL_PROMPTS, return_tensors="pt", padding=True)
-    assert len(set(enc.attention_mask.sum(1).tolist())) > 1                 # padded
+    assert len(set(enc.attention_mask.sum(1).tolist())) > 1  # padded
     plain = model.generate(**enc, do_sample=False, max_new_tokens=REAL_NEW)
     a = CascadeAssistant([MaxGram()], cpu_kernels=False)
     out = model.generate(**enc, do_sample=False, max_new_tokens=REAL_NEW, assistant_model=a, **RUN)
@@ -245,8 +269,14 @@ def test_real_text_streamer(gemma, real_plain, no_assisted_loop):
     model, tok = gemma
     enc, plain, text = real_plain
     s = TextCollect(tok)
-    out = model.generate(**enc, do_sample=False, max_new_tokens=REAL_NEW, streamer=s,
-                         assistant_model=CascadeAssistant([MaxGram()], cpu_kernels=False), **RUN)
+    out = model.generate(
+        **enc,
+        do_sample=False,
+        max_new_tokens=REAL_NEW,
+        streamer=s,
+        assistant_model=CascadeAssistant([MaxGram()], cpu_kernels=False),
+        **RUN,
+    )
     assert out.tolist() == plain.tolist()
     assert s.text == text and s.text.strip()
 
@@ -255,10 +285,10 @@ def test_real_text_streamer(gemma, real_plain, no_assisted_loop):
 def test_real_stop_strings(gemma, real_plain):
     model, tok = gemma
     enc, plain, text = real_plain
-    stop = text.split()[3]                                    # a word the continuation reaches
+    stop = text.split()[3]  # a word the continuation reaches
     kw = {"do_sample": False, "max_new_tokens": REAL_NEW, "tokenizer": tok, "stop_strings": [stop]}
     expected = model.generate(**enc, **kw)
-    assert expected.shape[1] < plain.shape[1]                 # it stopped early
+    assert expected.shape[1] < plain.shape[1]  # it stopped early
     out = model.generate(**enc, **kw, assistant_model=CascadeAssistant([MaxGram()], cpu_kernels=False), **RUN)
     assert out.tolist() == expected.tolist()
 
@@ -272,7 +302,7 @@ def test_real_bad_inputs_fail_before_any_forward(gemma):
         _refused_on_the_real_target(model, tok)
     finally:
         handle.remove()
-    assert not ran                                            # refused before the target's first forward
+    assert not ran  # refused before the target's first forward
 
 
 def _refused_on_the_real_target(model, tok):
@@ -284,8 +314,9 @@ def _refused_on_the_real_target(model, tok):
     with pytest.raises(ValueError, match="neither an hf_cascade assistant nor an hf_cascade checkpoint"):
         model.generate(**enc, max_new_tokens=REAL_NEW, assistant_model=model, **RUN)
     with pytest.raises(ValueError, match="beam search"):
-        model.generate(**enc, max_new_tokens=REAL_NEW, num_beams=2, assistant_model=GlideAssistant(str(GLIDE_CARD)),
-                       **RUN)
+        model.generate(
+            **enc, max_new_tokens=REAL_NEW, num_beams=2, assistant_model=GlideAssistant(str(GLIDE_CARD)), **RUN
+        )
 
 
 @pytest.mark.real_model
@@ -329,7 +360,13 @@ for kw, again in greedy:
     assert again.tolist() == plain.tolist(), sorted(kw)
 print("README" + "-OK", out.shape[1])
 """
-    res = subprocess.run([sys.executable, "-c", record + block + check], cwd=ROOT, env=hub_env(card_hub, tmp_path),
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-c", record + block + check],
+        cwd=ROOT,
+        env=hub_env(card_hub, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     assert "README-OK" in res.stdout

@@ -17,34 +17,46 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 datasets = pytest.importorskip("datasets")
 
-SHAREGPT = {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "w4 w5"},
-                              {"from": "gpt", "value": "w6"}, {"from": "human", "value": "w7"}]}
+SHAREGPT = {
+    "conversations": [
+        {"from": "system", "value": "Be brief."},
+        {"from": "human", "value": "w4 w5"},
+        {"from": "gpt", "value": "w6"},
+        {"from": "human", "value": "w7"},
+    ]
+}
 OPENAI = {"messages": [{"role": "user", "content": "w8 w9"}, {"role": "assistant", "content": "w10"}]}
 
 
 # -- one row -> the prompt's messages ------------------------------------------------------------
-@pytest.mark.parametrize("row, field, expected", [
-    (SHAREGPT, None, ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "w4 w5"})),
-    (OPENAI, None, ({"role": "user", "content": "w8 w9"},)),
-    ({"instruction": "Sum.", "input": "1 2", "output": "3"}, None, ({"role": "user", "content": "Sum.\n\n1 2"},)),
-    ({"instruction": "Sum.", "input": "", "output": "3"}, None, ({"role": "user", "content": "Sum."},)),
-    ({"turns": ["first", "second"]}, None, ({"role": "user", "content": "first"},)),
-    ({"question": "why?", "answer": "because"}, None, ({"role": "user", "content": "why?"},)),
-    ({"body": "w4", "title": "t"}, "body", ({"role": "user", "content": "w4"},)),
-    ({"chat": OPENAI["messages"]}, "chat", ({"role": "user", "content": "w8 w9"},)),
-    ({"messages": [{"role": "assistant", "content": "hello"}]}, None, None),     # nothing asked
-    ({"prompt": "   "}, None, None),                                              # an empty prompt
-])
+@pytest.mark.parametrize(
+    "row, field, expected",
+    [
+        (SHAREGPT, None, ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "w4 w5"})),
+        (OPENAI, None, ({"role": "user", "content": "w8 w9"},)),
+        ({"instruction": "Sum.", "input": "1 2", "output": "3"}, None, ({"role": "user", "content": "Sum.\n\n1 2"},)),
+        ({"instruction": "Sum.", "input": "", "output": "3"}, None, ({"role": "user", "content": "Sum."},)),
+        ({"turns": ["first", "second"]}, None, ({"role": "user", "content": "first"},)),
+        ({"question": "why?", "answer": "because"}, None, ({"role": "user", "content": "why?"},)),
+        ({"body": "w4", "title": "t"}, "body", ({"role": "user", "content": "w4"},)),
+        ({"chat": OPENAI["messages"]}, "chat", ({"role": "user", "content": "w8 w9"},)),
+        ({"messages": [{"role": "assistant", "content": "hello"}]}, None, None),  # nothing asked
+        ({"prompt": "   "}, None, None),  # an empty prompt
+    ],
+)
 def test_prompt_messages_reads_every_layout(row, field, expected):
     assert prompt_messages(row, field) == expected
 
 
-@pytest.mark.parametrize("row, field, error, message", [
-    ({"body": "x"}, None, ValueError, "no prompt field found in ['body']; name one with --field"),
-    ({"body": "x"}, "text", KeyError, "no field 'text'; the rows have ['body']"),
-    ({"messages": [{"role": "narrator", "content": "x"}]}, None, ValueError, "a chat turn needs role/from"),
-    ({"messages": "w4"}, None, ValueError, "a chat must be a list of turns"),
-])
+@pytest.mark.parametrize(
+    "row, field, error, message",
+    [
+        ({"body": "x"}, None, ValueError, "no prompt field found in ['body']; name one with --field"),
+        ({"body": "x"}, "text", KeyError, "no field 'text'; the rows have ['body']"),
+        ({"messages": [{"role": "narrator", "content": "x"}]}, None, ValueError, "a chat turn needs role/from"),
+        ({"messages": "w4"}, None, ValueError, "a chat must be a list of turns"),
+    ],
+)
 def test_prompt_messages_rejects_unreadable_rows(row, field, error, message):
     with pytest.raises(error, match=message.replace("[", r"\[").replace("]", r"\]").replace("?", r"\?")):
         prompt_messages(row, field)
@@ -74,10 +86,12 @@ def test_dataset_prompts_from_a_data_file_dedups_drops_the_benchmark_and_limits(
 
 def test_dataset_prompts_from_a_saved_dataset_dict_picks_the_split(tmp_path):
     saved = tmp_path / "saved"
-    datasets.DatasetDict({
-        "train_sft": datasets.Dataset.from_list([{"question": "w4"}, {"question": "w5"}]),
-        "test_sft": datasets.Dataset.from_list([{"question": "w6"}]),
-    }).save_to_disk(str(saved))
+    datasets.DatasetDict(
+        {
+            "train_sft": datasets.Dataset.from_list([{"question": "w4"}, {"question": "w5"}]),
+            "test_sft": datasets.Dataset.from_list([{"question": "w6"}]),
+        }
+    ).save_to_disk(str(saved))
     assert [p.text for p in dataset_prompts(str(saved), split="test_sft")] == ["w6"]
     assert dataset_prompts(str(saved), split="train_sft")[1].id == "saved:train_sft:1"
     with pytest.raises(ValueError, match=r"has the splits \['train_sft', 'test_sft'\]; choose one with --split"):
@@ -91,9 +105,11 @@ def test_dataset_prompts_from_a_saved_dataset_dict_picks_the_split(tmp_path):
 def test_a_hub_dataset_offline_fails_with_what_to_do_instead(tmp_path):
     """No network (HF_HUB_OFFLINE, as in CI): the default dataset id cannot be read; the error says how to
     pass a local copy. A fresh process, since ``datasets`` reads the switch at import."""
-    code = ("from hf_cascade.training.sources import dataset_prompts, DEFAULT_DATASET\n"
-            "try:\n    dataset_prompts(DEFAULT_DATASET, 'train_sft', limit=2)\n"
-            "except ConnectionError as e:\n    print('ERROR', e)\n")
+    code = (
+        "from hf_cascade.training.sources import dataset_prompts, DEFAULT_DATASET\n"
+        "try:\n    dataset_prompts(DEFAULT_DATASET, 'train_sft', limit=2)\n"
+        "except ConnectionError as e:\n    print('ERROR', e)\n"
+    )
     env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -116,16 +132,18 @@ def test_distill_prompts_sources(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "dataset_prompts", lambda *a: asked.append(a) or ["p"])
     assert distill_prompts(None, None, limit=7, log=logged.append) == (["p"], True)
     assert asked == [(DEFAULT_DATASET, "train_sft", None, 7)] and DEFAULT_DATASET in logged[0]
-    with pytest.raises(FileNotFoundError):             # files named by the user are never replaced
+    with pytest.raises(FileNotFoundError):  # files named by the user are never replaced
         distill_prompts(["missing.jsonl"], None)
     monkeypatch.setenv("HF_CASCADE_TRAIN_PROMPTS", str(tmp_path / "nowhere"))
-    with pytest.raises(FileNotFoundError):             # nor a folder the user pointed to
+    with pytest.raises(FileNotFoundError):  # nor a folder the user pointed to
         distill_prompts(None, None)
 
 
 # -- the chat template ---------------------------------------------------------------------------
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def _chat_tokenizer():
@@ -139,7 +157,7 @@ def test_prompt_ids_applies_the_chat_template_once():
     chat = Prompt("a:0", "a", "w8 w9", ({"role": "system", "content": "w4"}, {"role": "user", "content": "w8 w9"}))
     expected = tok("<s> <system> w4 <user> w8 w9 <assistant>", add_special_tokens=False).input_ids
     assert prompt_ids(chat, tok, CHAT) == expected and expected.count(tok.bos_token_id) == 1
-    text_only = Prompt("b:0", "b", "w8 w9")                          # a JSONL prompt: one user turn
+    text_only = Prompt("b:0", "b", "w8 w9")  # a JSONL prompt: one user turn
     assert prompt_ids(text_only, tok, CHAT) == tok("<s> <user> w8 w9 <assistant>", add_special_tokens=False).input_ids
     assert prompt_ids(chat, tok, "{question}") == tok("w8 w9").input_ids
     with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
@@ -155,15 +173,25 @@ def test_cli_distills_a_dataset_with_the_chat_template(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "load_model", lambda spec: (target, tok))
     data = _jsonl(tmp_path / "chats.jsonl", [SHAREGPT, OPENAI, {"question": "w12 w13"}])
     out = tmp_path / "store"
-    argv = ["distill", "--dataset", str(data), "--out", str(out), "--max-new-tokens", "4", "--batch-size", "2",
-            "--no-progress"]
+    argv = [
+        "distill",
+        "--dataset",
+        str(data),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "4",
+        "--batch-size",
+        "2",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     store = DistillStore.open(out)
     assert store.meta["prompt_format"] == CHAT and len(store) == 3
     first = next(r for r in store.records if r.id == "chats:train:0")
     prompt = store.sequence(store.records.index(first))[0][: first.prompt_len].tolist()
     assert prompt == tok("<s> <system> Be brief. <user> w4 w5 <assistant>", add_special_tokens=False).input_ids
-    assert main(argv) == 0 and len(DistillStore.open(out)) == 3          # resumed: nothing new to do
+    assert main(argv) == 0 and len(DistillStore.open(out)) == 3  # resumed: nothing new to do
     plain = tmp_path / "plain"
     assert main([*argv[:4], str(plain), *argv[5:], "--prompt-format", "plain"]) == 0
     assert DistillStore.open(plain).meta["prompt_format"] != CHAT
@@ -172,8 +200,13 @@ def test_cli_distills_a_dataset_with_the_chat_template(tmp_path, monkeypatch):
 def test_distill_in_chat_format_matches_formatting_by_hand(tmp_path):
     target, tok = tm.llama_target(), _chat_tokenizer()
     prompts = [Prompt("a:0", "a", "w4 w5"), Prompt("a:1", "a", "w6", ({"role": "user", "content": "w6"},))]
-    store = distill(target, tok, DistillConfig(tmp_path / "s", prompt_format=CHAT, max_new_tokens=3, batch_size=2),
-                    prompts, progress=False)
+    store = distill(
+        target,
+        tok,
+        DistillConfig(tmp_path / "s", prompt_format=CHAT, max_new_tokens=3, batch_size=2),
+        prompts,
+        progress=False,
+    )
     lens = {r.id: r.prompt_len for r in store.records}
     assert lens == {"a:0": len(prompt_ids(prompts[0], tok, CHAT)), "a:1": len(prompt_ids(prompts[1], tok, CHAT))}
 

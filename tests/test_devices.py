@@ -10,27 +10,38 @@ import copy
 
 import pytest
 import torch
+from transformers import DynamicCache, LogitsProcessorList
 
 import hf_cascade  # noqa: F401  (installs the generate() hook)
-from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, DynamicWindowSettings, GlideConfig,
-                        GlideForCausalLM, GlideSettings, Loading, Policy, ReDrafterAssistant, ReDrafterSettings)
-from hf_cascade import placement
+from hf_cascade import (
+    CascadeAssistant,
+    CascadeSettings,
+    DynamicWindowAssistant,
+    DynamicWindowSettings,
+    GlideConfig,
+    GlideForCausalLM,
+    GlideSettings,
+    Loading,
+    Policy,
+    ReDrafterAssistant,
+    ReDrafterSettings,
+    placement,
+)
 from hf_cascade.core import TokenTree
-from hf_cascade.measure import measure_verify_cost
 from hf_cascade.core.attention import needs_tree_mask
 from hf_cascade.core.forward import _tree_inputs, check_attention_backend, mask_device_dtype
+from hf_cascade.core.stats import LevelStats
 from hf_cascade.drafters.maxgram import MaxGram
 from hf_cascade.drafters.neural import NeuralLevel
 from hf_cascade.drafters.self_draft import first_layers_drafter
 from hf_cascade.glide import GlideAssistant
-from hf_cascade.core.stats import LevelStats
+from hf_cascade.measure import measure_verify_cost
 from hf_cascade.placement import is_dispatched, place_like, synchronize, target_device_dtype
 from tests import tiny_models as tm
 from tests.redrafter_helpers import fit_head
 from tests.test_glide_decode import echo_glide
 from tests.test_greedy_parity import REPETITIVE
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
-from transformers import DynamicCache, LogitsProcessorList
 
 NEW = 30
 
@@ -54,11 +65,20 @@ def float_dtypes(module) -> set:
 
 # -- placement ----------------------------------------------------------------------------------------------
 
+
 def test_place_like_casts_float_weights_keeps_int_buffers_and_rotary_and_is_idempotent(pair):
     target = pair["bf16"]
     assert target_device_dtype(target) == (torch.device("cpu"), torch.bfloat16)
-    glide = GlideForCausalLM(GlideConfig.from_target(pair["fp32"], draft_vocab_size=24, num_hidden_layers=1,
-                                                     intermediate_size=32, num_attention_heads=4, num_key_value_heads=2))
+    glide = GlideForCausalLM(
+        GlideConfig.from_target(
+            pair["fp32"],
+            draft_vocab_size=24,
+            num_hidden_layers=1,
+            intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     glide.set_vocab_subset(torch.arange(24) * 2)
     inv_freq = {n: b.dtype for n, b in glide.named_buffers() if n.endswith("inv_freq")}
     assert place_like(glide, target) is glide
@@ -66,20 +86,20 @@ def test_place_like_casts_float_weights_keeps_int_buffers_and_rotary_and_is_idem
     assert glide.vocab_subset.dtype == torch.long and glide.vocab_subset.tolist() == (torch.arange(24) * 2).tolist()
     assert inv_freq and all(dict(glide.named_buffers())[n].dtype == d for n, d in inv_freq.items())  # transient: kept
     before = {n: t for n, t in list(glide.named_parameters()) + list(glide.named_buffers())}
-    place_like(glide, target)                                                   # already placed: nothing changes
+    place_like(glide, target)  # already placed: nothing changes
     after = {n: t for n, t in list(glide.named_parameters()) + list(glide.named_buffers())}
     assert all(after[n] is t for n, t in before.items())
 
 
 def test_place_like_keeps_tied_weights_tied_and_respects_keep_in_fp32():
     model = tm.llama(seed=1)
-    model.lm_head.weight = model.model.embed_tokens.weight                     # tied
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied
     model._keep_in_fp32_modules = ["norm"]
     place_like(model, dtype=torch.bfloat16)
     assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.dtype == torch.bfloat16
     assert model.model.norm.weight.dtype == torch.float32
-    assert model.model.layers[0].input_layernorm.weight.dtype == torch.float32     # matched inside names, as
-    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16         # transformers' regex does
+    assert model.model.layers[0].input_layernorm.weight.dtype == torch.float32  # matched inside names, as
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16  # transformers' regex does
 
 
 def test_dispatched_and_offloaded_modules_are_left_alone():
@@ -87,12 +107,12 @@ def test_dispatched_and_offloaded_modules_are_left_alone():
 
     model = tm.llama(seed=2)
     expected = greedy(model)
-    cpu_offload(model, execution_device="cpu")                                   # weights on meta, hooks load them
+    cpu_offload(model, execution_device="cpu")  # weights on meta, hooks load them
     assert is_dispatched(model) and model.model.embed_tokens.weight.is_meta
-    assert target_device_dtype(model) == (torch.device("cpu"), torch.float32)    # the hook's execution device
+    assert target_device_dtype(model) == (torch.device("cpu"), torch.float32)  # the hook's execution device
     place_like(model, dtype=torch.bfloat16)
     assert model.model.embed_tokens.weight.is_meta and model.model.embed_tokens.weight.dtype == torch.float32
-    drafter = first_layers_drafter(model, 1)                                     # borrows the offload hooks
+    drafter = first_layers_drafter(model, 1)  # borrows the offload hooks
     assert drafter(torch.tensor([[1, 5, 6]])).logits.shape == (1, 3, tm.VOCAB)
     assert greedy(model) == expected
 
@@ -102,11 +122,12 @@ def test_first_layers_drafter_does_not_move_the_targets_parameters():
     params = {n: (p, p.data_ptr(), p.dtype) for n, p in target.named_parameters()}
     drafter = first_layers_drafter(target, 2)
     assert drafter.model.layers[0].self_attn.q_proj.weight is target.model.layers[0].self_attn.q_proj.weight
-    CascadeAssistant([drafter]).bind(target)                                     # placing the drafter: no-op here
+    CascadeAssistant([drafter]).bind(target)  # placing the drafter: no-op here
     assert all(p is params[n][0] and p.data_ptr() == params[n][1] for n, p in target.named_parameters())
 
 
 # -- bf16 target, fp32 drafters and heads: cast at bind, outputs identical to plain bf16 generate -----------
+
 
 def test_bf16_target_cascade_and_hsddw_drafters_cast(pair):
     target, fp32 = pair["bf16"], pair["fp32"]
@@ -116,8 +137,9 @@ def test_bf16_target_cascade_and_hsddw_drafters_cast(pair):
     assert greedy(target, a) == expected
     assert float_dtypes(drafter) == {torch.bfloat16} and sum(a.last_stats.accepted_per_call) > 0
     small, big = tm.noisy_copy(fp32, 0.3, seed=5), tm.noisy_copy(fp32, 0.1, seed=6)
-    a = DynamicWindowAssistant(small, big,
-                               settings=DynamicWindowSettings(tau_init=float("inf"), tau2_init=float("inf")))
+    a = DynamicWindowAssistant(
+        small, big, settings=DynamicWindowSettings(tau_init=float("inf"), tau2_init=float("inf"))
+    )
     assert greedy(target, a) == expected
     assert float_dtypes(small) == float_dtypes(big) == {torch.bfloat16}
 
@@ -125,19 +147,21 @@ def test_bf16_target_cascade_and_hsddw_drafters_cast(pair):
 @pytest.mark.parametrize("cape", [True, False])
 def test_bf16_target_glide_cast(pair, cape, free_drafts):
     target = pair["bf16"]
-    glide = echo_glide(pair["fp32"])                                            # shares the target's embeddings
-    a = GlideAssistant(glide, settings=GlideSettings(cape=cape),
-                       policy=Policy(cost_aware=False))       # drafts at every step
+    glide = echo_glide(pair["fp32"])  # shares the target's embeddings
+    a = GlideAssistant(
+        glide, settings=GlideSettings(cape=cape), policy=Policy(cost_aware=False)
+    )  # drafts at every step
     assert greedy(target, a) == greedy(target)
     assert {p.dtype for p in glide.parameters()} == {torch.bfloat16}
-    assert sum(a.last_stats.accepted_per_call) > 0 or not cape          # (the echo GLIDE's chains miss on llama)
+    assert sum(a.last_stats.accepted_per_call) > 0 or not cape  # (the echo GLIDE's chains miss on llama)
 
 
 def test_bf16_target_redrafter_cast(pair, free_drafts):
     target = pair["bf16"]
     head = copy.deepcopy(fit_head(pair["fp32"], pair["name"], steps=80))
-    a = ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=4, beam_length=5),
-                           policy=Policy(cost_aware=False))
+    a = ReDrafterAssistant(
+        head, settings=ReDrafterSettings(beam_width=4, beam_length=5), policy=Policy(cost_aware=False)
+    )
     assert greedy(target, a) == greedy(target)
     assert {p.dtype for p in head.parameters()} == {torch.bfloat16}
     assert sum(a.last_stats.accepted_per_call) > 0
@@ -147,19 +171,25 @@ def test_place_drafters_false_leaves_drafters_untouched(pair):
     target, fp32 = pair["bf16"], pair["fp32"]
     expected = greedy(target)
     drafter = tm.noisy_copy(fp32, 0.3)
-    glide = echo_glide(fp32)                                # fp32, sharing the bf16 target's embeddings and head
+    glide = echo_glide(fp32)  # fp32, sharing the bf16 target's embeddings and head
     head = copy.deepcopy(fit_head(fp32, pair["name"], steps=80))
-    for assistant, module in ((CascadeAssistant([drafter], loading=Loading(place=False)), drafter),
-                              (GlideAssistant(glide, loading=Loading(place=False)), glide),
-                              (ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=2, beam_length=3),
-                                                  loading=Loading(place=False)),
-                               head)):
+    for assistant, module in (
+        (CascadeAssistant([drafter], loading=Loading(place=False)), drafter),
+        (GlideAssistant(glide, loading=Loading(place=False)), glide),
+        (
+            ReDrafterAssistant(
+                head, settings=ReDrafterSettings(beam_width=2, beam_length=3), loading=Loading(place=False)
+            ),
+            head,
+        ),
+    ):
         before = {n: t for n, t in module.named_parameters()}
-        assert greedy(target, assistant) == expected                            # drafting in fp32 works, exact
+        assert greedy(target, assistant) == expected  # drafting in fp32 works, exact
         assert all(t is before[n] and t.dtype == torch.float32 for n, t in module.named_parameters())
 
 
 # -- devices: reviews, K/V, cache gathers ----------------------------------------------------------------------
+
 
 def test_glide_moves_the_glimpsed_kv_to_its_own_device(monkeypatch):
     """The target's cache layers may live on other devices (device_map): the cross-attention moves each
@@ -167,16 +197,25 @@ def test_glide_moves_the_glimpsed_kv_to_its_own_device(monkeypatch):
     from hf_cascade.heads.glide import attention_glide
 
     target = tm.llama_target()
-    c = GlideConfig.from_target(target, share_target_embeddings=True, num_hidden_layers=1, intermediate_size=32,
-                                num_attention_heads=4, num_key_value_heads=2)
+    c = GlideConfig.from_target(
+        target,
+        share_target_embeddings=True,
+        num_hidden_layers=1,
+        intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     attn = attention_glide.GlideCrossAttention(c, 0).to(device="meta", dtype=torch.bfloat16)
     # rotary embeddings on ``meta`` (transformers 4.57's autocast guard has no meta device): same shapes
-    monkeypatch.setattr(type(attn.rotary_emb), "forward",
-                        lambda self, q, pos: (q.new_ones(*pos.shape, q.shape[-1]), q.new_zeros(*pos.shape, q.shape[-1])))
+    monkeypatch.setattr(
+        type(attn.rotary_emb),
+        "forward",
+        lambda self, q, pos: (q.new_ones(*pos.shape, q.shape[-1]), q.new_zeros(*pos.shape, q.shape[-1])),
+    )
     seen = []
     original = attention_glide._repeat_kv
     monkeypatch.setattr(attention_glide, "_repeat_kv", lambda x, n: seen.append((x.device, x.dtype)) or original(x, n))
-    kv = torch.randn(1, 2, 5, c.target_head_dim)                                 # float32, on the CPU
+    kv = torch.randn(1, 2, 5, c.target_head_dim)  # float32, on the CPU
     x = torch.zeros(1, 3, c.hidden_size, device="meta", dtype=torch.bfloat16)
     allowed = torch.ones(1, 1, 3, 5, dtype=torch.bool, device="meta")
     out = attn(x, torch.arange(3, device="meta")[None], kv, kv, allowed)
@@ -203,11 +242,13 @@ def test_rows_are_kept_on_the_ids_device():
     tree = TokenTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, -1]))
     seq = torch.tensor([1, 5, 9], device="meta")
     weight = torch.randn(tm.VOCAB, 8)
-    head = lambda h: (h @ weight.T).to(torch.bfloat16)                           # noqa: E731  (on the CPU)
-    built = [TreeRows(tree, seq, processors, hidden=torch.randn(4, 8), head=head, block_rows=2),
-             TreeRows(tree, seq, processors, raw=torch.randn(4, tm.VOCAB, dtype=torch.bfloat16))]
+    head = lambda h: (h @ weight.T).to(torch.bfloat16)  # noqa: E731  (on the CPU)
+    built = [
+        TreeRows(tree, seq, processors, hidden=torch.randn(4, 8), head=head, block_rows=2),
+        TreeRows(tree, seq, processors, raw=torch.randn(4, tm.VOCAB, dtype=torch.bfloat16)),
+    ]
     first = [TreeRows(tree, seq, processors, hidden=torch.randn(4, 8), head=head, block_rows=2) for _ in range(2)]
-    first_blocks(first, torch.randn(2, 4, 8), lambda m: (head, None), greedy=False)   # a batch's first blocks
+    first_blocks(first, torch.randn(2, 4, 8), lambda m: (head, None), greedy=False)  # a batch's first blocks
     for rows in built + first:
         for r in (0, 1, 3):
             assert rows.raw(r).device == rows[r].device == seq.device, r
@@ -231,17 +272,18 @@ class OnHeadGPU(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
             source = args[0] if args and isinstance(args[0], cls) else None
-            moves = name == "cpu" or (name == "to" and any(
-                isinstance(a, (str, torch.device, torch.Tensor)) for a in (*args[1:], kwargs.get("device"))))
+            moves = name == "cpu" or (
+                name == "to"
+                and any(isinstance(a, (str, torch.device, torch.Tensor)) for a in (*args[1:], kwargs.get("device")))
+            )
             if name == "copy_" and not isinstance(args[0], cls):
                 source, moves = args[1], True
             if source is not None and (moves or name in cls.READS):
                 cls.crossed["moved" if moves else "read"].append((tuple(source.shape), source.dtype))
-                return out.as_subclass(torch.Tensor) if isinstance(out, cls) else out     # (a no-op move: a view)
+                return out.as_subclass(torch.Tensor) if isinstance(out, cls) else out  # (a no-op move: a view)
             if name == "copy_":
                 return out
-            return torch.utils._pytree.tree_map(
-                lambda t: t.as_subclass(cls) if type(t) is torch.Tensor else t, out)
+            return torch.utils._pytree.tree_map(lambda t: t.as_subclass(cls) if type(t) is torch.Tensor else t, out)
 
 
 @pytest.fixture
@@ -252,7 +294,7 @@ def head_on_gpu1(monkeypatch):
 
     monkeypatch.setenv(backends.ENV, "0")
     target = tm.gemma3_target()
-    assert target.get_output_embeddings().weight is not target.get_input_embeddings().weight   # an untied head
+    assert target.get_output_embeddings().weight is not target.get_input_embeddings().weight  # an untied head
     crossed = {"moved": [], "read": []}
     monkeypatch.setattr(OnHeadGPU, "crossed", crossed)
     hook = target.get_output_embeddings().register_forward_hook(lambda m, a, out: out.as_subclass(OnHeadGPU))
@@ -264,21 +306,30 @@ def _float_rows(log: list, vocab: int) -> list:
     return [(shape, dtype) for shape, dtype in log if dtype.is_floating_point and shape and shape[-1] == vocab]
 
 
-@pytest.mark.parametrize("batch, full_forward, every_row, tree", [
-    (1, False, True, False), (1, False, False, True), (1, True, True, True),
-    (2, False, True, False), (2, False, False, False), (2, True, True, False)],
-    ids=["chain", "tree-blocks_of_4", "model_logits-tree", "batch-chain", "batch-blocks_of_4", "batch-model_logits"])
+@pytest.mark.parametrize(
+    "batch, full_forward, every_row, tree",
+    [
+        (1, False, True, False),
+        (1, False, False, True),
+        (1, True, True, True),
+        (2, False, True, False),
+        (2, False, False, False),
+        (2, True, True, False),
+    ],
+    ids=["chain", "tree-blocks_of_4", "model_logits-tree", "batch-chain", "batch-blocks_of_4", "batch-model_logits"],
+)
 def test_greedy_rows_cross_devices_as_argmax_ids_only(head_on_gpu1, batch, full_forward, every_row, tree, monkeypatch):
     """Greedy acceptance without processors reads argmaxes only: taken where the head's rows are, only the ids
     cross (to the host, as acceptance reads them anyway; no ``[k, V]`` float32 block is copied to the ids' device,
     1 MB a row at Gemma 3's vocabulary): through the core's head as through the model's own logits (a head the core
     does not reproduce), every row in one head call (accelerators) or blocks of 4, at batch 1 and in a batch (each
     row's first block in one call). The output is plain ``generate``'s."""
-    from hf_cascade.core import batch as batch_loop, loop
+    from hf_cascade.core import batch as batch_loop
+    from hf_cascade.core import loop
     from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 
     target, crossed = head_on_gpu1
-    monkeypatch.setattr(placement, "DEFER_READS", every_row)         # the accelerator schedule, or the CPU's
+    monkeypatch.setattr(placement, "DEFER_READS", every_row)  # the accelerator schedule, or the CPU's
     if full_forward:
         for module in (loop, batch_loop):
             monkeypatch.setattr(module, "checked_head", lambda *a: None)
@@ -286,14 +337,17 @@ def test_greedy_rows_cross_devices_as_argmax_ids_only(head_on_gpu1, batch, full_
     kw = {} if batch == 1 else {"attention_mask": (prompts != 0).long(), "pad_token_id": 0}
     assistant = MaxGramTreeAssistant(branches=3, depth=4) if tree else CascadeAssistant([MaxGram()])
     out = target.generate(prompts, do_sample=False, max_new_tokens=NEW, assistant_model=assistant, **kw)
-    assert assistant.last_stats.tokens_per_target_call > 1.2                     # drafts verified and accepted
-    assert not crossed["moved"], crossed["moved"][:4]                      # nothing copied off the head's GPU
+    assert assistant.last_stats.tokens_per_target_call > 1.2  # drafts verified and accepted
+    assert not crossed["moved"], crossed["moved"][:4]  # nothing copied off the head's GPU
     assert crossed["read"] and all(d == torch.int64 and len(s) == 1 for s, d in crossed["read"]), crossed["read"]
     assert out.tolist() == target.generate(prompts, do_sample=False, max_new_tokens=NEW, **kw).tolist()
 
 
-@pytest.mark.parametrize("kw", [{"do_sample": False, "repetition_penalty": 1.5}, {"do_sample": True, "top_k": 1}],
-                         ids=["repetition_penalty", "sampling"])
+@pytest.mark.parametrize(
+    "kw",
+    [{"do_sample": False, "repetition_penalty": 1.5}, {"do_sample": True, "top_k": 1}],
+    ids=["repetition_penalty", "sampling"],
+)
 def test_rows_read_in_full_still_cross_to_the_ids_device(head_on_gpu1, kw):
     """Where the rows are read in full (a processor indexes them with the ids, sampling takes their softmax), a head
     call's ``[k, V]`` rows cross to the ids' device, and the output is plain ``generate``'s (``top_k=1``: sampling
@@ -307,6 +361,7 @@ def test_rows_read_in_full_still_cross_to_the_ids_device(head_on_gpu1, kw):
 
 # -- attention backends and the tree mask ---------------------------------------------------------------------
 
+
 def test_needs_tree_mask():
     assert not needs_tree_mask(TokenTree.chain(torch.tensor([5, 6, 7])))
     assert not needs_tree_mask(TokenTree(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)))
@@ -314,13 +369,14 @@ def test_needs_tree_mask():
     assert needs_tree_mask(TokenTree(torch.tensor([5, 6]), torch.tensor([-1, -1])))
 
 
-@pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3", "paged|sdpa",
-                                  "kernels-community/flash-attn", "flex_attention"])
+@pytest.mark.parametrize(
+    "impl", ["flash_attention_2", "flash_attention_3", "paged|sdpa", "kernels-community/flash-attn", "flex_attention"]
+)
 def test_attention_backend_check(impl):
     model = tm.llama(seed=4)
-    check_attention_backend(model, tree_shaped=True)                             # eager / sdpa: fine
-    model.config._attn_implementation = impl                                     # no kernel needed: no forward runs
-    check_attention_backend(model, tree_shaped=False)                            # chains: plain causal, any backend
+    check_attention_backend(model, tree_shaped=True)  # eager / sdpa: fine
+    model.config._attn_implementation = impl  # no kernel needed: no forward runs
+    check_attention_backend(model, tree_shaped=False)  # chains: plain causal, any backend
     with pytest.raises(ValueError, match="eager or sdpa"):
         check_attention_backend(model, tree_shaped=True)
 
@@ -335,7 +391,7 @@ def test_flash_attention_tree_assistant_refused_before_any_forward(monkeypatch):
     assert calls == []
 
 
-@pytest.mark.measured_costs                     # the profile measured as users get it (tests/conftest.py: pinned_costs)
+@pytest.mark.measured_costs  # the profile measured as users get it (tests/conftest.py: pinned_costs)
 @pytest.mark.parametrize("kind", ["glide", "redrafter"])
 def test_chain_workaround_under_flash_attention_measures_chains(kind, monkeypatch):
     """The documented workaround for flash attention (chains only: ``cape=False``, ``beam_width=1``) with the
@@ -352,15 +408,19 @@ def test_chain_workaround_under_flash_attention_measures_chains(kind, monkeypatc
     monkeypatch.setattr(forward, "attention_backend", lambda model: "flash_attention_2")
     masks = []
     handle = target.get_decoder().register_forward_pre_hook(
-        lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True)
-    assistant = (GlideAssistant(echo_glide(target), settings=GlideSettings.chain()) if kind == "glide"
-                 else ReDrafterAssistant(random_head(target), settings=ReDrafterSettings(beam_width=1)))
+        lambda module, args, kwargs: masks.append(kwargs.get("attention_mask")), with_kwargs=True
+    )
+    assistant = (
+        GlideAssistant(echo_glide(target), settings=GlideSettings.chain())
+        if kind == "glide"
+        else ReDrafterAssistant(random_head(target), settings=ReDrafterSettings(beam_width=1))
+    )
     try:
         assert greedy(target, assistant, max_new_tokens=12) == plain
     finally:
         handle.remove()
-    assert len(measure._MEASURED) == 1                                           # the profile was measured
-    assert masks and all(m is None for m in masks)                               # chains only: no tree mask
+    assert len(measure._MEASURED) == 1  # the profile was measured
+    assert masks and all(m is None for m in masks)  # chains only: no tree mask
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
@@ -372,15 +432,16 @@ def test_tree_mask_dtype_follows_the_embeddings(pair, impl):
     cache = DynamicCache()
     with torch.no_grad():
         target(input_ids=torch.arange(6)[None], past_key_values=cache, use_cache=True)
-    mask = _tree_inputs(target, cache, 6, tree, 3)["attention_mask"]            # what verify_tree passes
-    for m in (mask.values() if isinstance(mask, dict) else [mask]):
+    mask = _tree_inputs(target, cache, 6, tree, 3)["attention_mask"]  # what verify_tree passes
+    for m in mask.values() if isinstance(mask, dict) else [mask]:
         assert m.dtype == torch.bfloat16 and m.shape == (1, 1, 5, 11)
         assert float(m.min()) == torch.finfo(torch.bfloat16).min
     glide = echo_glide(pair["fp32"])
-    assert greedy(target, GlideAssistant(glide)) == greedy(target)   # bf16 tree verification, exact
+    assert greedy(target, GlideAssistant(glide)) == greedy(target)  # bf16 tree verification, exact
 
 
 # -- clocks: synchronised before reading --------------------------------------------------------------------
+
 
 def test_synchronize_is_a_noop_on_cpu(monkeypatch):
     """On a CPU (and for a CPU module, and for ``None`` where no accelerator is available) no accelerator's
@@ -388,15 +449,16 @@ def test_synchronize_is_a_noop_on_cpu(monkeypatch):
     calls = []
     for backend in ("cuda", "xpu", "mps"):
         if hasattr(torch, backend):
-            monkeypatch.setattr(getattr(torch, backend), "synchronize",
-                                lambda *a, backend=backend: calls.append(backend), raising=False)
+            monkeypatch.setattr(
+                getattr(torch, backend), "synchronize", lambda *a, backend=backend: calls.append(backend), raising=False
+            )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     synchronize("cpu")
     synchronize(torch.device("cpu"))
     synchronize(tm.llama(seed=5))
     synchronize(None)
     assert calls == []
-    synchronize(torch.device("cuda", 0))                  # the rule does call it where there is a device to wait for
+    synchronize(torch.device("cuda", 0))  # the rule does call it where there is a device to wait for
     assert calls == ["cuda"]
 
 
@@ -404,8 +466,8 @@ def test_accelerators_of_a_module():
     from types import SimpleNamespace
 
     model = tm.llama(seed=5)
-    assert placement.accelerators(model) == ()                                   # CPU: nothing to wait for
-    offloaded = copy.deepcopy(model).to("meta")                                  # weights offloaded, run on cuda:0
+    assert placement.accelerators(model) == ()  # CPU: nothing to wait for
+    offloaded = copy.deepcopy(model).to("meta")  # weights offloaded, run on cuda:0
     offloaded.get_input_embeddings()._hf_hook = SimpleNamespace(execution_device=0)
     assert placement.accelerators(offloaded) == (torch.device("cuda", 0),)
 
@@ -421,15 +483,15 @@ def test_phase_timer_synchronises_accelerators_only(monkeypatch):
     stats, target = GenerationStats(), tm.llama(seed=5)
     with PhaseTimer(stats, target, synchronize=True)("draft"):
         pass
-    assert calls == [] and "draft" in stats.phase_seconds                        # CPU target: no call
-    two = (torch.device("cuda", 0), torch.device("cuda", 1))                     # a fake target over two GPUs
+    assert calls == [] and "draft" in stats.phase_seconds  # CPU target: no call
+    two = (torch.device("cuda", 0), torch.device("cuda", 1))  # a fake target over two GPUs
     monkeypatch.setattr(placement, "accelerators", lambda module: two)
     with PhaseTimer(stats, target)("draft"):
         pass
-    assert calls == []                                                           # not asked for: no call
+    assert calls == []  # not asked for: no call
     with PhaseTimer(stats, target, synchronize=True)("verify"):
-        assert calls == list(two)                                                # before the first clock read
-    assert calls == list(two) * 2 and "verify" in stats.phase_seconds           # ... and before the second
+        assert calls == list(two)  # before the first clock read
+    assert calls == list(two) * 2 and "verify" in stats.phase_seconds  # ... and before the second
 
 
 @pytest.mark.parametrize("kind", ["glide", "cascade"])
@@ -439,15 +501,21 @@ def test_decoding_phases_synchronise_the_targets_accelerator(kind, monkeypatch):
     target = tm.llama_target()
     plain = greedy(target, max_new_tokens=12)
     assert calls == []
-    monkeypatch.setattr(placement, "accelerators", lambda module: (torch.device("cuda", 0),) if module is target else ())
-    synced = Policy(sync_phases=True)                                           # asked for (default: no phase waits)
-    assistant = (GlideAssistant(echo_glide(target), policy=synced) if kind == "glide"
-                 else CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()],
-                                       settings=CascadeSettings(k_matrix=[[2, 4], [0, 4]]), policy=synced))
+    monkeypatch.setattr(
+        placement, "accelerators", lambda module: (torch.device("cuda", 0),) if module is target else ()
+    )
+    synced = Policy(sync_phases=True)  # asked for (default: no phase waits)
+    assistant = (
+        GlideAssistant(echo_glide(target), policy=synced)
+        if kind == "glide"
+        else CascadeAssistant(
+            [tm.noisy_copy(target, 0.3), MaxGram()], settings=CascadeSettings(k_matrix=[[2, 4], [0, 4]]), policy=synced
+        )
+    )
     assert greedy(target, assistant, max_new_tokens=12) == plain
     timed = assistant.last_stats.phase_seconds
     assert {"prefill", "draft", "verify", "accept", "update"} <= set(timed)
-    phases = [c for c in calls if c.type != "cpu"]              # GLIDE's timed drafts wait on its own (CPU) device too
+    phases = [c for c in calls if c.type != "cpu"]  # GLIDE's timed drafts wait on its own (CPU) device too
     assert phases and set(phases) == {torch.device("cuda", 0)} and len(phases) % 2 == 0
 
 
@@ -457,15 +525,18 @@ def test_timed_forwards_synchronise(monkeypatch):
     calls = []
     monkeypatch.setattr(neural, "synchronize", lambda device=None: calls.append(device))
     target = tm.llama_target()
-    a = CascadeAssistant([tm.noisy_copy(target, 0.3), MaxGram()], settings=CascadeSettings(k_matrix=[[2, 4], [0, 4]]),
-                         policy=Policy(lookup=False))   # reviews
+    a = CascadeAssistant(
+        [tm.noisy_copy(target, 0.3), MaxGram()],
+        settings=CascadeSettings(k_matrix=[[2, 4], [0, 4]]),
+        policy=Policy(lookup=False),
+    )  # reviews
     out = greedy(target, a, max_new_tokens=12)
     assert out == greedy(target, max_new_tokens=12)
     assert calls and len(calls) % 2 == 0 and set(calls) == {torch.device("cpu")}  # around each review forward
     calls.clear()
     level = NeuralLevel(target, tm.VOCAB, LogitsProcessorList(), LevelStats("t"))
     level.scores(REPETITIVE[0], 3)
-    assert calls == []                                                           # untimed: no synchronisation
+    assert calls == []  # untimed: no synchronisation
     level.scores(REPETITIVE[0], 3, timed=True)
     assert len(calls) == 2
 
@@ -480,19 +551,24 @@ def test_verify_cost_measurement_synchronises_and_default_is_measured_per_device
     model = tm.gemma3_target()
     cost = measure_verify_cost(model, prompt_len=8, steps=2, repeats=1, grid=(0, 2, 4))
     assert len(cost.relative) == 5 and cost.relative[0] == 1.0 and list(cost.relative) == sorted(cost.relative)
-    assert calls and len(calls) % 2 == 0                                         # before and after every timed run
+    assert calls and len(calls) % 2 == 0  # before and after every timed run
     monkeypatch.setattr(measure, "_MEASURED", {})
     monkeypatch.setattr(measure, "_ROUNDS", {})
     measured = []
-    monkeypatch.setattr(measure, "_rounds", lambda m, rounds, **kw: measured.append({"rounds": rounds, **kw})
-                        or [{n: 1 + 0.05 * n for n in measure.QUICK_GRID}] * rounds)
+    monkeypatch.setattr(
+        measure,
+        "_rounds",
+        lambda m, rounds, **kw: (
+            measured.append({"rounds": rounds, **kw}) or [{n: 1 + 0.05 * n for n in measure.QUICK_GRID}] * rounds
+        ),
+    )
     first = measure.bound_verify_cost(Policy(), model)
     assert first.relative == pytest.approx([1 + 0.05 * n for n in range(25)])
     assert measure.bound_verify_cost(Policy(), model) is first
-    assert len(measured) == 1 and measured[0]["grid"] == measure.QUICK_GRID       # measured once per device kind
-    assert measured[0]["rounds"] == 1                                             # nothing kept (conftest): one
+    assert len(measured) == 1 and measured[0]["grid"] == measure.QUICK_GRID  # measured once per device kind
+    assert measured[0]["rounds"] == 1  # nothing kept (conftest): one
     assert [p["rounds"] for p in measure.measured_profiles()] == [{"measured": 1, "kept": 0}]
     given = Policy(verify_cost=VerifyCost.reference())
-    assert measure.bound_verify_cost(given, model) == VerifyCost.reference()      # a given profile: not measured
-    assert measure.bound_verify_cost(Policy(cost_aware=False), model) is None     # no cost rule: nothing measured
+    assert measure.bound_verify_cost(given, model) == VerifyCost.reference()  # a given profile: not measured
+    assert measure.bound_verify_cost(Policy(cost_aware=False), model) is None  # no cost rule: nothing measured
     assert len(measured) == 1

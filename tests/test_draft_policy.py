@@ -26,13 +26,13 @@ def test_paper_policy_drafts_and_verifies_everything():
     assert paper.calibrated(0.3) == 0.3
 
 
-@pytest.mark.measured_costs                                     # the rules as users get them (hand-fed times)
+@pytest.mark.measured_costs  # the rules as users get them (hand-fed times)
 def test_cost_aware_policy_answers_as_its_rules():
     """Twin rules fed the same measurements give the same decisions: whether and how deep to draft (an exploring
     step drafts ``explore_tokens``), which nodes pay, whether a consultation pays, the token floor."""
     policy, twin = DraftPolicy.of(Policy(), STEEP), AdaptiveBudget(STEEP)
-    assert policy.lookup and policy.reads_scores                    # Policy() joins the lookup branch, cut by it
-    for step in range(20):                                          # rejected drafts: drafting stops paying
+    assert policy.lookup and policy.reads_scores  # Policy() joins the lookup branch, cut by it
+    for step in range(20):  # rejected drafts: drafting stops paying
         planned, drafts = policy.plan(4), twin.should_draft()
         assert planned == (twin.draft_limit(4) if drafts else 0), step
         for rule in (policy, twin):
@@ -47,10 +47,11 @@ def test_cost_aware_policy_answers_as_its_rules():
         rule.observe_consult(0.5, 0.2)
         rule.observe_verdict(0, 1, 0.01)
     refusals = [payoff.worth(0.5) for _ in range(8)]
-    assert [policy.consult(0.5) for _ in range(8)] == refusals == [False] * 7 + [True]   # every 8th explores
+    assert [policy.consult(0.5) for _ in range(8)] == refusals == [False] * 7 + [True]  # every 8th explores
     floor = policy.token_rule(lambda: [0.9, 0.5])
-    assert floor.floor() == pytest.approx(ExpectedGainRule.after([0.9, 0.5], policy.target_cost,
-                                                                 policy.calibration).floor())
+    assert floor.floor() == pytest.approx(
+        ExpectedGainRule.after([0.9, 0.5], policy.target_cost, policy.calibration).floor()
+    )
 
 
 def test_lookahead_from_the_drafters_declared_shape():

@@ -10,13 +10,18 @@ import pytest
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 
-import hf_cascade
-from hf_cascade import (CascadeAssistant, CascadeDrafterConfig, CascadeDrafterForCausalLM, CascadeSettings, MaxGram,
-                        Policy)
+from hf_cascade import (
+    CascadeAssistant,
+    CascadeDrafterConfig,
+    CascadeDrafterForCausalLM,
+    CascadeSettings,
+    MaxGram,
+    Policy,
+)
 from hf_cascade.cascade.drafter import _Drafted
+from hf_cascade.core.stats import GenerationStats
 from hf_cascade.heads.hub import save_hub
 from hf_cascade.loading import load_head
-from hf_cascade.core.stats import GenerationStats
 from tests import tiny_models as tm
 from tests.fresh_process import run_offline
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
@@ -28,10 +33,21 @@ EVEN = torch.arange(0, tm.VOCAB, 2)  # a subset covering half the target vocabul
 def make_drafter(subset=EVEN, seed: int = 0, tie: bool = True, **kw) -> CascadeDrafterForCausalLM:
     torch.manual_seed(seed)
     config = CascadeDrafterConfig(
-        vocab_size=tm.VOCAB, draft_vocab_size=len(subset), hidden_size=32, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=tm.BOS, eos_token_id=tm.EOS, pad_token_id=tm.PAD, initializer_range=0.5,
-        tie_word_embeddings=tie, target_name_or_path="tiny/llama", **kw,
+        vocab_size=tm.VOCAB,
+        draft_vocab_size=len(subset),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tm.BOS,
+        eos_token_id=tm.EOS,
+        pad_token_id=tm.PAD,
+        initializer_range=0.5,
+        tie_word_embeddings=tie,
+        target_name_or_path="tiny/llama",
+        **kw,
     )
     model = CascadeDrafterForCausalLM(config)
     model.set_vocab_subset(subset)
@@ -63,8 +79,12 @@ def test_to_draft_ids_golden():
 
 def test_set_vocab_subset_validates():
     d = make_drafter()
-    for bad in (torch.arange(47), torch.arange(47, -1, -1), torch.tensor([0] * 2 + list(range(2, 48))),
-                torch.arange(50, 98)):
+    for bad in (
+        torch.arange(47),
+        torch.arange(47, -1, -1),
+        torch.tensor([0] * 2 + list(range(2, 48))),
+        torch.arange(50, 98),
+    ):
         with pytest.raises(ValueError):
             d.set_vocab_subset(bad)
 
@@ -72,8 +92,8 @@ def test_set_vocab_subset_validates():
 def test_full_vocab_logits_and_loss():
     d = make_drafter()
     x = ids(1, 4, 5, 6, 7, 8, 10)
-    full = d(x).logits                                                   # [1, 7, 96]
-    reduced = d(x, full_vocab=False).logits                              # [1, 7, 48]
+    full = d(x).logits  # [1, 7, 96]
+    reduced = d(x, full_vocab=False).logits  # [1, 7, 48]
     assert full.shape == (1, 7, tm.VOCAB) and reduced.shape == (1, 7, N)
     outside = torch.ones(tm.VOCAB, dtype=torch.bool)
     outside[EVEN] = False
@@ -83,15 +103,15 @@ def test_full_vocab_logits_and_loss():
     torch.testing.assert_close(d(x, logits_to_keep=2).logits, full[:, -2:])  # matmul of 2 rows: not bitwise
 
     # Labels: position t predicts labels[t + 1]; -100 and ids outside the subset are ignored.
-    labels = torch.tensor([[1, 4, 5, -100, 7, 8, 10]])                   # 5, 7 odd: OOV
+    labels = torch.tensor([[1, 4, 5, -100, 7, 8, 10]])  # 5, 7 odd: OOV
     logp = reduced[0].log_softmax(-1)
-    expected = -(logp[0, 2] + logp[4, 4] + logp[5, 5]) / 3              # 4 -> 2, 8 -> 4, 10 -> 5
+    expected = -(logp[0, 2] + logp[4, 4] + logp[5, 5]) / 3  # 4 -> 2, 8 -> 4, 10 -> 5
     loss = d(x, labels=labels).loss
     torch.testing.assert_close(loss, expected)
 
     d.requires_grad_(True)
     d(x, labels=labels).loss.backward()
-    grad = d.lm_head.weight.grad                                         # tied: embedding + head
+    grad = d.lm_head.weight.grad  # tied: embedding + head
     assert grad is not None and grad[:N].abs().sum() > 0
 
 
@@ -104,7 +124,7 @@ def test_incremental_dynamic_cache_matches_full_forward():
         out = d(x[:, a:b], past_key_values=cache, use_cache=True, full_vocab=False)
         steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
-    cache.crop(-4)                   # roll back to 6 tokens and redo (5.x rejects a positive crop length)
+    cache.crop(-4)  # roll back to 6 tokens and redo (5.x rejects a positive crop length)
     out = d(x[:, 6:], past_key_values=cache, use_cache=True, full_vocab=False)
     torch.testing.assert_close(out.logits, full[:, 6:], rtol=1e-5, atol=1e-5)
 
@@ -112,10 +132,10 @@ def test_incremental_dynamic_cache_matches_full_forward():
 def test_left_padded_batch_matches_single_rows():
     d = make_drafter()
     a, b = ids(1, 4, 5, 6, 7, 8), ids(1, 9, 10)
-    batch = torch.cat([a, torch.cat([torch.full((1, 3), tm.PAD), b], dim=1)])       # [2, 6]
+    batch = torch.cat([a, torch.cat([torch.full((1, 3), tm.PAD), b], dim=1)])  # [2, 6]
     mask = (torch.arange(6) >= torch.tensor([[0], [3]])).long()
     out = d(batch, attention_mask=mask, output_hidden_states=True)
-    assert len(out.hidden_states) == 3                                               # embeddings + 2 layers
+    assert len(out.hidden_states) == 3  # embeddings + 2 layers
     torch.testing.assert_close(out.logits[0, -1], d(a).logits[0, -1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out.logits[1, -1], d(b).logits[0, -1], rtol=1e-4, atol=1e-4)
 
@@ -133,8 +153,13 @@ def test_save_hub_reload_as_remote_code_in_fresh_process(tmp_path):
     repo = tmp_path / "repo"
     save_hub(d, repo, "# Tiny drafter\n\nFor tests.")
     files = set(os.listdir(repo))
-    assert {"config.json", "model.safetensors", "README.md", "configuration_cascade_drafter.py",
-            "modeling_cascade_drafter.py"} <= files
+    assert {
+        "config.json",
+        "model.safetensors",
+        "README.md",
+        "configuration_cascade_drafter.py",
+        "modeling_cascade_drafter.py",
+    } <= files
     config = json.loads((repo / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_cascade_drafter.CascadeDrafterForCausalLM"
     card = (repo / "README.md").read_text()
@@ -198,9 +223,10 @@ def test_greedy_parity(target, kind, prompt):
     got = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=assistant)
     assert got.tolist() == expected.tolist()
     assert assistant.last_stats.levels[0].forward_calls >= 1
-    if kind == "restricted_copy":   # the paper's fixed lengths: the default's measured costs may rightly refuse
-        fixed = CascadeAssistant([drafter, MaxGram()],
-                                 policy=Policy(cost_aware=False))     # a drafter as slow as the target
+    if kind == "restricted_copy":  # the paper's fixed lengths: the default's measured costs may rightly refuse
+        fixed = CascadeAssistant(
+            [drafter, MaxGram()], policy=Policy(cost_aware=False)
+        )  # a drafter as slow as the target
         got = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=fixed)
         assert got.tolist() == expected.tolist() and sum(fixed.last_stats.accepted_per_call) > 0
 
@@ -213,8 +239,8 @@ def test_reduced_greedy_step_equals_the_full_row():
     probability of the full-vocabulary row, and ``generate`` drafts the same tokens with it."""
     from transformers import LogitsProcessorList
 
-    from hf_cascade.drafters.neural import NeuralLevel
     from hf_cascade.core.stats import LevelStats
+    from hf_cascade.drafters.neural import NeuralLevel
 
     drafter = make_drafter(seed=3)
     for prompt in tm.random_prompts(6, seed=4):
@@ -239,8 +265,9 @@ def test_greedy_parity_drafting_below_maxgram(target, prompt):
     drafter = restricted_copy(target)
     expected = target.generate(prompt, do_sample=False, max_new_tokens=20)
     for policy in (Policy(cost_aware=False), Policy()):
-        assistant = CascadeAssistant([drafter, MaxGram()], settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]]),
-                                     policy=policy)
+        assistant = CascadeAssistant(
+            [drafter, MaxGram()], settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]]), policy=policy
+        )
         got = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=assistant)
         assert got.tolist() == expected.tolist()
         assert assistant.last_stats.levels[0].forward_calls >= 1
@@ -250,16 +277,20 @@ def test_cost_aware_calibration_learns_from_the_targets_verdicts(target):
     """Only the smallest neural drafter's tokens the target reached teach the calibration: here a draft
     [Max-Gram, Max-Gram, drafter p=.5, drafter p=.7, drafter p=.9] of which the target accepted 3."""
     assistant = CascadeAssistant([restricted_copy(target), MaxGram()])
-    gen = assistant.build(target, GenerationConfig(do_sample=False, max_length=64), LogitsProcessorList(), GenerationStats())
+    gen = assistant.build(
+        target, GenerationConfig(do_sample=False, max_length=64), LogitsProcessorList(), GenerationStats()
+    )
     d = _Drafted.empty(ids(1)[0], tm.VOCAB, do_sample=False)
     d.append(ids(5, 6)[0], torch.ones(2), None, origin=1, lenient=False)
     d.append(ids(7, 8, 9)[0], torch.tensor([0.5, 0.7, 0.9]), None, origin=0, lenient=True)
     gen._pending = d
     gen.on_target_review(ids(1, 5, 6, 7)[0], num_proposed=5, num_accepted=3, verify_seconds=None)
     cal = gen.policy.calibration
-    assert cal._hits == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]               # p=.5 accepted
-    assert cal._expected == pytest.approx([0.0, 0.0, 0.5, 0.7, 0.0, 0.0])   # p=.7 reached and rejected, p=.9 never reached
-    assert cal(0.7) < 0.7 < cal(0.5) / 0.5 * 0.7                     # a rejection lowers, an acceptance raises
+    assert cal._hits == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]  # p=.5 accepted
+    assert cal._expected == pytest.approx(
+        [0.0, 0.0, 0.5, 0.7, 0.0, 0.0]
+    )  # p=.7 reached and rejected, p=.9 never reached
+    assert cal(0.7) < 0.7 < cal(0.5) / 0.5 * 0.7  # a rejection lowers, an acceptance raises
 
 
 @pytest.mark.measured_costs
@@ -277,11 +308,14 @@ def test_cascade_stops_consulting_a_drafter_that_does_not_pay(target, monkeypatc
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(drafter, "forward", slow_forward)
-    prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)                    # 25 target calls, one drafter forward each if pinned
+    prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)  # 25 target calls, one drafter forward each if pinned
     expected = target.generate(prompt, do_sample=False, max_new_tokens=40)
     assistant = CascadeAssistant([drafter, MaxGram()])
     got = target.generate(prompt, do_sample=False, max_new_tokens=40, assistant_model=assistant)
     assert got.tolist() == expected.tolist()
     stats = assistant.last_stats
     assert stats.target_calls >= 16
-    assert stats.levels[0].forward_calls <= 3 + stats.target_calls // 8, (stats.levels[0].forward_calls, stats.target_calls)
+    assert stats.levels[0].forward_calls <= 3 + stats.target_calls // 8, (
+        stats.levels[0].forward_calls,
+        stats.target_calls,
+    )

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
-
-from transformers import RepetitionPenaltyLogitsProcessor
+from transformers import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 
 from hf_cascade.core.draws import ProposalChoice, draw, keep_drawn, tree_draft_probs, warpers
 from hf_cascade.core.structure import TokenTree
@@ -15,7 +18,7 @@ from hf_cascade.core.structure import TokenTree
 def test_draw_hands_the_processed_distribution_it_draws_from():
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
     processors = LogitsProcessorList([TemperatureLogitsWarper(0.5), TopKLogitsWarper(2)])
-    expected = torch.tensor([4.0, 2.0]).softmax(-1)                       # logits / 0.5, the two best kept
+    expected = torch.tensor([4.0, 2.0]).softmax(-1)  # logits / 0.5, the two best kept
     counts = torch.zeros(4)
     torch.manual_seed(0)
     for _ in range(4000):
@@ -23,8 +26,8 @@ def test_draw_hands_the_processed_distribution_it_draws_from():
         counts[int(token)] += 1
     assert torch.allclose(q, torch.cat([expected, torch.zeros(2)]), atol=1e-6)
     assert counts[2:].sum() == 0
-    assert abs(counts[0] / 4000 - float(expected[0])) < 0.03              # 6 sigma of a binomial(4000, 0.88)
-    _, raw = draw(LogitsProcessorList(), logits)                          # no warpers: the softmax itself
+    assert abs(counts[0] / 4000 - float(expected[0])) < 0.03  # 6 sigma of a binomial(4000, 0.88)
+    _, raw = draw(LogitsProcessorList(), logits)  # no warpers: the softmax itself
     assert torch.allclose(raw, logits.softmax(-1))
 
 
@@ -37,8 +40,7 @@ def test_warpers_keep_the_sequence_free_processors_in_order():
 def test_tree_draft_probs_golden():
     # main path 5 -> 6 (nodes 0, 1) drawn; node 2 (token 3) a sibling of node 0, node 3 (token 1) of node 1
     tree = TokenTree(torch.tensor([5, 6, 3, 1]), torch.tensor([-1, 0, -1, 0]))
-    drawn = torch.tensor([[0.0, 0.0, 0.0, 0.2, 0.0, 0.5, 0.3, 0.0],
-                          [0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.9, 0.0]])
+    drawn = torch.tensor([[0.0, 0.0, 0.0, 0.2, 0.0, 0.5, 0.3, 0.0], [0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.9, 0.0]])
     out = tree_draft_probs(tree, drawn)
     expected = torch.zeros(4, 8)
     expected[:2] = drawn
@@ -60,7 +62,7 @@ def test_keep_drawn_keeps_the_drawn_path_whatever_the_budget_chose():
 
 def test_proposal_choice_draws_only_while_draws_are_accepted_more_often():
     choice = ProposalChoice(decay=0.5)
-    assert not choice.draws()                                             # starts with the argmax
+    assert not choice.draws()  # starts with the argmax
     p = torch.tensor([0.4, 0.3, 0.3, 0.0])
     # q close to p: a draw is accepted with sum min(p, q) = 0.9, the argmax (token 0) with p = 0.4
     choice.observe(p, torch.tensor([0.5, 0.3, 0.2, 0.0]))
@@ -103,13 +105,16 @@ def test_proposal_choice_keeps_one_choice_per_confidence_bucket():
     choice = ProposalChoice(bounds=(0.5,))
     assert choice.table("cpu") is None
     near, sharp = torch.tensor([0.4, 0.3, 0.3, 0.0]), torch.tensor([0.95, 0.05, 0.0, 0.0])
-    choice.observe(near, torch.tensor([0.5, 0.3, 0.2, 0.0]), confidence=0.45)     # bucket 0: a draw is ahead
-    choice.observe(sharp, torch.tensor([0.6, 0.2, 0.1, 0.1]), confidence=0.9)     # bucket 1: the argmax is
-    assert choice.draws(0.45) and choice.draws(0.5) and not choice.draws(0.9)     # 0.5 lies in (0, 0.5]
+    choice.observe(near, torch.tensor([0.5, 0.3, 0.2, 0.0]), confidence=0.45)  # bucket 0: a draw is ahead
+    choice.observe(sharp, torch.tensor([0.6, 0.2, 0.1, 0.1]), confidence=0.9)  # bucket 1: the argmax is
+    assert choice.draws(0.45) and choice.draws(0.5) and not choice.draws(0.9)  # 0.5 lies in (0, 0.5]
     assert choice.table("cpu").tolist() == [True, False]
     bounds = torch.tensor(choice.bounds)
     assert [choice.table("cpu")[torch.bucketize(torch.tensor(c), bounds)].item() for c in (0.2, 0.5, 0.51)] == [
-        True, True, False]
+        True,
+        True,
+        False,
+    ]
 
 
 def test_categorical_draws_with_the_entries_probabilities():
@@ -118,9 +123,9 @@ def test_categorical_draws_with_the_entries_probabilities():
     probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
     gen = torch.Generator().manual_seed(0)
     counts = torch.bincount(torch.stack([categorical(probs, gen) for _ in range(6000)]), minlength=6).float()
-    assert counts[[0, 2, 5]].sum() == 0                                   # no mass, never drawn
-    assert torch.allclose(counts / 6000, probs, atol=0.025)               # > 3.5 sigma of each binomial
-    assert int(categorical(torch.tensor([0.0, 0.0, 2.0, 0.0]))) == 2     # any positive total; a single mass
+    assert counts[[0, 2, 5]].sum() == 0  # no mass, never drawn
+    assert torch.allclose(counts / 6000, probs, atol=0.025)  # > 3.5 sigma of each binomial
+    assert int(categorical(torch.tensor([0.0, 0.0, 2.0, 0.0]))) == 2  # any positive total; a single mass
     assert categorical(probs).dim() == 0
 
 

@@ -35,6 +35,7 @@ def gen(target, assistant, prompt=PROMPT, **kw):
 
 # -- vocabulary ---------------------------------------------------------------------------------
 
+
 def test_vocabulary_size_mismatch(target):
     other = tm.llama(vocab_size=tm.VOCAB + 1025, seed=3)
     with pytest.raises(ValueError, match="Vocabulary mismatch.*96.*1121"):
@@ -68,6 +69,7 @@ def test_same_tokenizer_is_fine(target):
 
 # -- unsupported generation settings -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_beam_search(target, do_sample):
     """transformers silently drops an assistant under beam search; ours must refuse instead of
@@ -91,11 +93,17 @@ def test_static_refused_before_5(target):
         gen(target, CascadeAssistant([MaxGram()]), cache_implementation="static")
     with pytest.raises(ValueError, match="transformers >= 5 for a static cache"):
         gen(target, CascadeAssistant([MaxGram()]), **{CACHE: StaticCache(config=target.config, max_cache_len=64)})
-    batch = torch.tensor([[0, 1, 5, 6], [1, 9, 10, 11]])                   # a batch too (batched loop)
+    batch = torch.tensor([[0, 1, 5, 6], [1, 9, 10, 11]])  # a batch too (batched loop)
     for static in ({"cache_implementation": "static"}, {CACHE: StaticCache(config=target.config, max_cache_len=64)}):
         with pytest.raises(ValueError, match="transformers >= 5 for a static cache"):
-            gen(target, CascadeAssistant([MaxGram()]), batch, attention_mask=(batch != 0).long(), pad_token_id=0,
-                **static)
+            gen(
+                target,
+                CascadeAssistant([MaxGram()]),
+                batch,
+                attention_mask=(batch != 0).long(),
+                pad_token_id=0,
+                **static,
+            )
 
 
 def test_other_caches(target):
@@ -122,6 +130,7 @@ def test_no_cache(target):
 
 
 # -- bad settings ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "k, message",
@@ -154,7 +163,7 @@ def test_maxgram_must_be_last(target):
         CascadeAssistant([MaxGram(), MaxGram()])
 
 
-@pytest.mark.parametrize("bad", [torch.nn.Linear(2, 2), None, 3])   # strings are paths / Hub ids: test_hub_loading
+@pytest.mark.parametrize("bad", [torch.nn.Linear(2, 2), None, 3])  # strings are paths / Hub ids: test_hub_loading
 def test_non_model_drafter(bad):
     with pytest.raises(TypeError, match="Drafter 0 must be a transformers causal LM or MaxGram"):
         CascadeAssistant([bad, MaxGram()])

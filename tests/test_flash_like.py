@@ -19,7 +19,6 @@ tests/cuda/test_cuda_contract.py (``cuda``).
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -36,9 +35,11 @@ from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 #: entries whose drafts are trees with branches: they need a tree mask, which flash does not apply
 BRANCHING = TREE_ASSISTANTS + ["maxgram_tree", "recycling", "suffix_tree"]
 #: every entry of the registry whose drafts are chains, and the tree strategies' chain settings
-CHAIN_FACTORIES = {**{n: REGISTRY[n] for n in REGISTRY if n not in BRANCHING},
-                   "redrafter_beam1": lambda k: ReDrafterAssistant(k.head, settings=ReDrafterSettings(beam_width=1)),
-                   "maxgram_tree_branch1": lambda k: MaxGramTreeAssistant(branches=1)}
+CHAIN_FACTORIES = {
+    **{n: REGISTRY[n] for n in REGISTRY if n not in BRANCHING},
+    "redrafter_beam1": lambda k: ReDrafterAssistant(k.head, settings=ReDrafterSettings(beam_width=1)),
+    "maxgram_tree_branch1": lambda k: MaxGramTreeAssistant(branches=1),
+}
 CHAINS = list(CHAIN_FACTORIES)
 static_only = pytest.mark.skipif(not static_rollback_supported(), reason="static caches need transformers >= 5")
 
@@ -58,10 +59,10 @@ def test_stand_in_is_bottom_right_causal():
         w = torch.softmax(q[0, 0, query] @ k[0, 0, :keys].T * 0.5, -1)
         return w @ v[0, 0, :keys]
 
-    assert torch.allclose(out[0, 0, 0], reference(4, 0), atol=1e-6)          # bottom-right: K - q + 0 = 3
+    assert torch.allclose(out[0, 0, 0], reference(4, 0), atol=1e-6)  # bottom-right: K - q + 0 = 3
     assert torch.allclose(out[0, 1, 0], reference(5, 1), atol=1e-6)
     sliced, _ = flash_like_attention(_Module(), q, k, v, torch.ones(1, 3, dtype=torch.bool))
-    assert torch.allclose(sliced[0, 0, 0], reference(2, 0), atol=1e-6)       # keys sliced to the mask's 3 columns
+    assert torch.allclose(sliced[0, 0, 0], reference(2, 0), atol=1e-6)  # keys sliced to the mask's 3 columns
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
@@ -99,21 +100,21 @@ def test_chains_equal_plain_under_flash(name, mode):
     target = gemma3_for(mode)
     assistant = CHAIN_FACTORIES[name](fresh_kit("gemma3", target))
     with flash_like(target):
-        cases = static_cases(target, _settings(mode))                  # plain generate under the same attention
+        cases = static_cases(target, _settings(mode))  # plain generate under the same attention
         if mode == "compiled":
             check_second_pass(target, assistant, cases, exact=True)
         else:
             check_static_parity(target, assistant, cases, exact=True)
 
 
-@pytest.mark.measured_costs                   # the verification profile measured at bind time, as users get it
+@pytest.mark.measured_costs  # the verification profile measured at bind time, as users get it
 @pytest.mark.parametrize("mode", ["dynamic", pytest.param("compiled", marks=static_only)])
 @pytest.mark.parametrize("name", BRANCHING)
 def test_trees_refused_before_any_forward(name, mode, monkeypatch):
     from hf_cascade import measure
 
     monkeypatch.setattr(measure, "_MEASURED", {})
-    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "0")        # nothing read or kept on disk
+    monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "0")  # nothing read or kept on disk
     target = base_kit("gemma3").target
     assistant = REGISTRY[name](fresh_kit("gemma3", target))
     forwards = []
@@ -129,6 +130,7 @@ def test_trees_refused_before_any_forward(name, mode, monkeypatch):
 
 # -- batches ------------------------------------------------------------------------------------------------------
 
+
 def _count_holes(monkeypatch) -> list[int]:
     """A list that counts the batched steps whose rows kept different numbers of columns (holes)."""
     from hf_cascade.core.batch_state import BatchRun
@@ -143,16 +145,23 @@ def _count_holes(monkeypatch) -> list[int]:
     return holes
 
 
-@pytest.mark.parametrize("name,mode", [(n, m) for m in ("dynamic", "eager") for n in CHAINS]
-                         + [pytest.param(n, "compiled", marks=static_only) for n in ("maxgram", "glide")])
+@pytest.mark.parametrize(
+    "name,mode",
+    [(n, m) for m in ("dynamic", "eager") for n in CHAINS]
+    + [pytest.param(n, "compiled", marks=static_only) for n in ("maxgram", "glide")],
+)
 def test_batches_of_chains_equal_plain_under_flash(name, mode, free_drafts, open_gate, monkeypatch):
     """A left-padded batch of chains under flash: its padding, its rejected drafts' holes and the finished rows'
     columns hidden by a 2-D ownership mask (``hf_cascade.core.batch_state.ownership_mask``), which flash unpads,
     aligning causal attention (and Gemma3's sliding window) bottom-right over each row's own columns. Plain batched
     ``generate``'s rows under the same attention, float32, identical: dynamic cache on 4 ragged rows (1, 2, 9 and 25
     tokens: compaction), static cache on 2 and 3 ragged rows (rows finishing apart), eager and compiled."""
-    from tests.static_contract import (check_static_batch_parity, default_recompile_limit, static_batch_cases,
-                                       strict_recompiles)
+    from tests.static_contract import (
+        check_static_batch_parity,
+        default_recompile_limit,
+        static_batch_cases,
+        strict_recompiles,
+    )
     from tests.test_batch import assert_batch_parity, batch_cases, flat_profile
 
     if mode == "eager" and not static_rollback_supported():
@@ -162,7 +171,7 @@ def test_batches_of_chains_equal_plain_under_flash(name, mode, free_drafts, open
     holes = _count_holes(monkeypatch)
     with flash_like(target):
         if mode == "dynamic":
-            cases = batch_cases(target)                                   # plain batched generate, same attention
+            cases = batch_cases(target)  # plain batched generate, same attention
             assert_batch_parity(target, assistant, cases)
         else:
             cases = static_batch_cases(target, _settings(mode))
@@ -173,11 +182,12 @@ def test_batches_of_chains_equal_plain_under_flash(name, mode, free_drafts, open
 
                 torch._dynamo.reset()
                 with strict_recompiles(recompile_limit=4 * default_recompile_limit()):
-                    assert check_second_pass(target, assistant, cases, exact=True,
-                                             parity=check_static_batch_parity) == []
+                    assert (
+                        check_second_pass(target, assistant, cases, exact=True, parity=check_static_batch_parity) == []
+                    )
             else:
                 assert check_static_batch_parity(target, assistant, cases, exact=True) == []
-    assert holes                                                  # rows kept different counts: holes were masked
+    assert holes  # rows kept different counts: holes were masked
     if mode != "compiled":
         with flash_like(target):
             _assert_logits_match(target, assistant, mode)
@@ -191,8 +201,14 @@ def _assert_logits_match(target, assistant, mode: str) -> None:
     from tests.test_batch import ROWS
 
     ids, mask = left_padded(ROWS if mode == "dynamic" else THREE, "cpu")
-    kw = dict(do_sample=False, max_new_tokens=16, return_dict_in_generate=True, output_logits=True, pad_token_id=0,
-              **_settings(mode))
+    kw = dict(
+        do_sample=False,
+        max_new_tokens=16,
+        return_dict_in_generate=True,
+        output_logits=True,
+        pad_token_id=0,
+        **_settings(mode),
+    )
     plain = target.generate(ids, attention_mask=mask, **kw)
     got = target.generate(ids, attention_mask=mask, assistant_model=assistant, **kw)
     assert got.sequences.tolist() == plain.sequences.tolist()
@@ -210,13 +226,21 @@ def test_ownership_mask_is_flash_exact():
     from hf_cascade.core.batch_state import ownership_mask
 
     torch.manual_seed(0)
-    past = torch.tensor([[-1, -1, 0, 1, -1, 2, 3, -1],          # padding, a hole between, a hole at the end
-                         [0, 1, 2, 3, 4, 5, 6, 7],
-                         [-1, -1, -1, -1, -1, 0, -1, 1]])
+    past = torch.tensor(
+        [
+            [-1, -1, 0, 1, -1, 2, 3, -1],  # padding, a hole between, a hole at the end
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            [-1, -1, -1, -1, -1, 0, -1, 1],
+        ]
+    )
     query = torch.tensor([[4, 5, 6, -1], [8, -1, -1, -1], [2, 3, 4, 5]])
     n = query.shape[1]
-    ancestors = torch.stack([torch.ones(n, n, dtype=torch.bool).tril() & ((query[b] >= 0)[None, :] | torch.eye(n, dtype=torch.bool))
-                             for b in range(3)])
+    ancestors = torch.stack(
+        [
+            torch.ones(n, n, dtype=torch.bool).tril() & ((query[b] >= 0)[None, :] | torch.eye(n, dtype=torch.bool))
+            for b in range(3)
+        ]
+    )
     q, k, v = torch.randn(3, 2, n, 8), torch.randn(3, 2, 8 + n, 8), torch.randn(3, 2, 8 + n, 8)
     for window in (None, 3):
         out, _ = flash_like_attention(_Module(), q, k, v, ownership_mask(past, query), sliding_window=window)
@@ -243,8 +267,9 @@ def test_batches_of_trees_refused_before_any_forward(name, monkeypatch):
     handle = target.register_forward_pre_hook(lambda *a, **k: forwards.append(1))
     try:
         with flash_like(target), pytest.raises(ValueError, match=NAME) as err:
-            target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=5, pad_token_id=0,
-                            assistant_model=assistant)
+            target.generate(
+                ids, attention_mask=mask, do_sample=False, max_new_tokens=5, pad_token_id=0, assistant_model=assistant
+            )
     finally:
         handle.remove()
     assert "tree" in str(err.value) and "sdpa" in str(err.value)

@@ -12,18 +12,25 @@ import pytest
 import torch
 
 from hf_cascade import CapeSettings, GlideSettings, Policy
-from hf_cascade.glide import GlideAssistant
 from hf_cascade.core.payoff import VerifyCost
+from hf_cascade.glide import GlideAssistant
 from tests.test_glide_decode import echo_glide
 from tests.test_sampling import PROMPT as SPROMPT
 from tests.test_sampling import calibration, passes, run_long, small  # noqa: F401  (fixture)
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
 
-@pytest.mark.parametrize("kw,settings,policy", [
-    ({}, GlideSettings(3, CapeSettings(max_nodes=10, min_prob=0.05), min_confidence=0.4), Policy(cost_aware=False)),
-    ({"temperature": 1.3}, GlideSettings(3, CapeSettings(max_nodes=10)),
-     Policy(verify_cost=VerifyCost((1.0, 1.0, 1.0, 1.0, 1.2))))])
+@pytest.mark.parametrize(
+    "kw,settings,policy",
+    [
+        ({}, GlideSettings(3, CapeSettings(max_nodes=10, min_prob=0.05), min_confidence=0.4), Policy(cost_aware=False)),
+        (
+            {"temperature": 1.3},
+            GlideSettings(3, CapeSettings(max_nodes=10)),
+            Policy(verify_cost=VerifyCost((1.0, 1.0, 1.0, 1.0, 1.2))),
+        ),
+    ],
+)
 def test_sampling_calibration(small, kw, settings, policy, free_drafts):
     target = small["target"]
     a = GlideAssistant(echo_glide(target, 0.3), settings=settings, policy=policy, cpu_kernels=False)
@@ -39,8 +46,9 @@ def always_draw(monkeypatch):
     """GLIDE draws its main path at every step (not only while draws are ahead: core.draws.ProposalChoice)."""
     from hf_cascade.core.draws import ProposalChoice
 
-    monkeypatch.setattr(ProposalChoice, "table", lambda self, device: torch.ones(len(self.rate), dtype=torch.bool,
-                                                                                 device=device))
+    monkeypatch.setattr(
+        ProposalChoice, "table", lambda self, device: torch.ones(len(self.rate), dtype=torch.bool, device=device)
+    )
 
 
 @pytest.mark.parametrize("cape", [False, True])
@@ -54,8 +62,9 @@ def test_drawn_main_path_is_exact(always_draw, cape):
     glide = echo_glide(target, 0.0)
 
     def make():
-        return GlideAssistant(glide, settings=GlideSettings(cape=cape), policy=Policy(cost_aware=False),
-                              cpu_kernels=False)   # drafts at every step
+        return GlideAssistant(
+            glide, settings=GlideSettings(cape=cape), policy=Policy(cost_aware=False), cpu_kernels=False
+        )  # drafts at every step
 
     for sampling in ({}, SAMPLING_KW):
         joint = joint_test(target, make(), runs=JOINT_RUNS, seed=1000, **sampling)
@@ -80,7 +89,7 @@ def test_drawn_main_path_with_lookup_seeds_is_exact(always_draw, monkeypatch):
     def spy(self, budget, tree, probs, tokens, depth, linear=False, drawn=0):
         out = select(self, budget, tree, probs, tokens, depth, linear, drawn)
         if drawn:
-            beside_draws.append(sum(p is None for p in out[1]))       # seed-only nodes verified beside draws
+            beside_draws.append(sum(p is None for p in out[1]))  # seed-only nodes verified beside draws
         return out
 
     monkeypatch.setattr(LookupBranch, "select", spy)
@@ -109,15 +118,16 @@ def test_joint_law_detects_a_glide_lying_about_its_draws(always_draw, monkeypatc
     glide = echo_glide(target, 0.0)
 
     def make():
-        return GlideAssistant(glide, settings=GlideSettings(cape=cape), policy=Policy(cost_aware=False),
-                              cpu_kernels=False)   # drafts at every step
+        return GlideAssistant(
+            glide, settings=GlideSettings(cape=cape), policy=Policy(cost_aware=False), cpu_kernels=False
+        )  # drafts at every step
 
     honest = glide_drafter.draw
     assert passes(joint_test(target, make(), runs=JOINT_RUNS, seed=1000))
 
     def lying_draw(warpers, logits, generator=None):
         _, q = honest(warpers, logits, generator)
-        flat = q ** 0.25
+        flat = q**0.25
         return torch.multinomial(flat / flat.sum(), 1, generator=generator)[0], q
 
     monkeypatch.setattr(glide_drafter, "draw", lying_draw)
@@ -131,8 +141,12 @@ def test_glide_draws_only_while_draws_pay(small, monkeypatch):
     from hf_cascade.glide.drafter import GlideDrafter
 
     target = small["target"]
-    a = GlideAssistant(echo_glide(target, 0.0), settings=GlideSettings.chain(draft_length=3),
-                       policy=Policy(cost_aware=False), cpu_kernels=False)
+    a = GlideAssistant(
+        echo_glide(target, 0.0),
+        settings=GlideSettings.chain(draft_length=3),
+        policy=Policy(cost_aware=False),
+        cpu_kernels=False,
+    )
     honest, seen = GlideDrafter.draft_tree, []
 
     def spy(self, seq, state):

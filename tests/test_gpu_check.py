@@ -31,14 +31,17 @@ def test_modes_and_their_kwargs(gpu_check):
     assert gpu_check.mode_kwargs("eager", args, cpu, 40) == {}
     from transformers import GenerationConfig
 
-    sized = {"max_cache_len": 40} if hasattr(GenerationConfig(), "max_cache_len") else {}   # 4.57 has none
-    assert gpu_check.mode_kwargs("static", args, cuda, 40) == {"cache_implementation": "static", **sized,
-                                                               "disable_compile": True}
+    sized = {"max_cache_len": 40} if hasattr(GenerationConfig(), "max_cache_len") else {}  # 4.57 has none
+    assert gpu_check.mode_kwargs("static", args, cuda, 40) == {
+        "cache_implementation": "static",
+        **sized,
+        "disable_compile": True,
+    }
     kw = gpu_check.mode_kwargs("compiled", args, cpu, 40)
     config = kw.pop("compile_config")
     assert kw == {"cache_implementation": "static", **sized}
     assert (config.backend, config.mode, config._compile_all_devices) == ("aot_eager", None, True)
-    gpu = gpu_check.compile_config(args, cuda)                          # CompileConfig(): CUDA graphs on CUDA
+    gpu = gpu_check.compile_config(args, cuda)  # CompileConfig(): CUDA graphs on CUDA
     assert (gpu.backend, gpu.mode, gpu._compile_all_devices) == ("inductor", "reduce-overhead", None)
     args = gpu_check.parse_args(["--device", "cpu", "--compile-backend", "inductor", "--compile-mode", "max-autotune"])
     assert args.modes == list(gpu_check.MODES)
@@ -84,21 +87,33 @@ def test_runs_on_the_cpu(gpu_check, tmp_path):
     _llama(0, 2).save_pretrained(tmp_path / "tiny")
     _tokenizer().save_pretrained(tmp_path / "tiny")
     out = tmp_path / "summary.json"
-    code = gpu_check.main(["--device", "cpu", "--model", str(tmp_path / "tiny"), "--prompts", "1",
-                           "--max-new-tokens", "8", "--json", str(out)])
+    code = gpu_check.main(
+        [
+            "--device",
+            "cpu",
+            "--model",
+            str(tmp_path / "tiny"),
+            "--prompts",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            str(out),
+        ]
+    )
     summary = json.loads(out.read_text())
     assert code == 0 and summary["ok"] and summary["failures"] == 0
     assert summary["cuda_tests"] == {"ran": False, "reason": "device cpu"}
     assert summary["environment"]["device"] == "cpu" and list(summary["rows"]) == ["fp32"]
     rows = {(r["method"], r["mode"]): r for r in summary["rows"]["fp32"]}
     assert set(rows) == {(m, mode) for m in ["plain generate", *gpu_check.assistants({})] for mode in gpu_check.MODES}
-    compiled = rows["plain generate", "compiled"]["tokens_per_second"]      # the baseline of every speed
+    compiled = rows["plain generate", "compiled"]["tokens_per_second"]  # the baseline of every speed
     from hf_cascade.core.static import static_rollback_supported
 
-    for name in ("maxgram", "maxgram_tree", "recycling"):              # the assistants without a drafter
+    for name in ("maxgram", "maxgram_tree", "recycling"):  # the assistants without a drafter
         for mode in gpu_check.MODES:
             row = rows[name, mode]
-            if mode != "eager" and not static_rollback_supported():     # transformers 4.57: a row that says why
+            if mode != "eager" and not static_rollback_supported():  # transformers 4.57: a row that says why
                 assert row["parity"] == "skipped (static caches need transformers >= 5)", row
                 continue
             assert row["parity"].startswith("1/1") and row["differences"] == [], row

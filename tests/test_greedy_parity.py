@@ -83,36 +83,45 @@ CONFIGS = {
     "drafter": lambda m: CascadeAssistant([m["noisy"]]),
     "drafter_k5": lambda m: CascadeAssistant([m["trunc"]], settings=CascadeSettings(k_matrix=[[5]])),
     "big+small+maxgram": lambda m: CascadeAssistant([m["big"], m["trunc"], MaxGram()]),
-    "big+small": lambda m: CascadeAssistant([m["big"], m["noisy"]],
-                                            settings=CascadeSettings(k_matrix=[[3, 1], [0, 2]])),
-    "k_1_5_0_3": lambda m: CascadeAssistant([m["noisy"], mg_fixed()],
-                                            settings=CascadeSettings(k_matrix=[[1, 5], [0, 3]])),
-    "k_4_0_0_1": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False)],
-                                            settings=CascadeSettings(k_matrix=[[4, 0], [0, 1]])),
-    "k_unused_drafter": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False)],
-                                                   settings=CascadeSettings(k_matrix=[[0, 10], [0, 0]])),
-    "lenience3": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=5)],
-                                            settings=CascadeSettings(lenience=3.0)),
-    "lenience3_drafters": lambda m: CascadeAssistant([m["big"], m["noisy"], mg_fixed()],
-                                                     settings=CascadeSettings(lenience=3.0)),
-    "lenience3_k": lambda m: CascadeAssistant([m["big"], m["noisy"]],
-                                              settings=CascadeSettings(k_matrix=[[4, 2], [0, 3]], lenience=3.0)),
-    "maxgram_lenient_conf": lambda m: CascadeAssistant([m["noisy"], mg_fixed()],
-                                                       settings=CascadeSettings(k_matrix=[[4, 10], [0, 10]],
-                                                                                maxgram_lenience=float("inf"),
-                                                                                min_confidence=0.4)),
-    "maxgram_first": lambda m: CascadeAssistant([m["noisy"], mg_fixed()],
-                                                settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]],
-                                                                         min_confidence=0.3)),
-    "maxgram_first_drop_unsure": lambda m: CascadeAssistant([m["noisy"], mg_fixed()],
-                                                            settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]],
-                                                                                     min_confidence=0.3,
-                                                                                     keep_unsure=False)),
-    "maxgram_first_cost_aware": lambda m: CascadeAssistant([m["noisy"], MaxGram()],
-                                                           settings=CascadeSettings(k_matrix=[[6, 10], [0, 10]])),
+    "big+small": lambda m: CascadeAssistant(
+        [m["big"], m["noisy"]], settings=CascadeSettings(k_matrix=[[3, 1], [0, 2]])
+    ),
+    "k_1_5_0_3": lambda m: CascadeAssistant(
+        [m["noisy"], mg_fixed()], settings=CascadeSettings(k_matrix=[[1, 5], [0, 3]])
+    ),
+    "k_4_0_0_1": lambda m: CascadeAssistant(
+        [m["noisy"], MaxGram(adaptive=False)], settings=CascadeSettings(k_matrix=[[4, 0], [0, 1]])
+    ),
+    "k_unused_drafter": lambda m: CascadeAssistant(
+        [m["noisy"], MaxGram(adaptive=False)], settings=CascadeSettings(k_matrix=[[0, 10], [0, 0]])
+    ),
+    "lenience3": lambda m: CascadeAssistant(
+        [m["noisy"], MaxGram(adaptive=False, max_tokens=5)], settings=CascadeSettings(lenience=3.0)
+    ),
+    "lenience3_drafters": lambda m: CascadeAssistant(
+        [m["big"], m["noisy"], mg_fixed()], settings=CascadeSettings(lenience=3.0)
+    ),
+    "lenience3_k": lambda m: CascadeAssistant(
+        [m["big"], m["noisy"]], settings=CascadeSettings(k_matrix=[[4, 2], [0, 3]], lenience=3.0)
+    ),
+    "maxgram_lenient_conf": lambda m: CascadeAssistant(
+        [m["noisy"], mg_fixed()],
+        settings=CascadeSettings(k_matrix=[[4, 10], [0, 10]], maxgram_lenience=float("inf"), min_confidence=0.4),
+    ),
+    "maxgram_first": lambda m: CascadeAssistant(
+        [m["noisy"], mg_fixed()], settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]], min_confidence=0.3)
+    ),
+    "maxgram_first_drop_unsure": lambda m: CascadeAssistant(
+        [m["noisy"], mg_fixed()],
+        settings=CascadeSettings(k_matrix=[[3, 10], [0, 10]], min_confidence=0.3, keep_unsure=False),
+    ),
+    "maxgram_first_cost_aware": lambda m: CascadeAssistant(
+        [m["noisy"], MaxGram()], settings=CascadeSettings(k_matrix=[[6, 10], [0, 10]])
+    ),
     "maxgram_first_two": lambda m: CascadeAssistant([m["big"], m["noisy"], MaxGram()]),
-    "maxgram_lenience2": lambda m: CascadeAssistant([m["noisy"], MaxGram(adaptive=False, max_tokens=5)],
-                                                    settings=CascadeSettings(maxgram_lenience=2.0)),
+    "maxgram_lenience2": lambda m: CascadeAssistant(
+        [m["noisy"], MaxGram(adaptive=False, max_tokens=5)], settings=CascadeSettings(maxgram_lenience=2.0)
+    ),
     "padded_drafter": lambda m: CascadeAssistant([m["padded"], MaxGram()]),
     "padded_drafter_alone": lambda m: CascadeAssistant([m["padded"]], settings=CascadeSettings(k_matrix=[[3]])),
 }
@@ -146,18 +155,25 @@ def test_neural_drafts_rejected_sometimes(m):
 
 def test_long_generation_through_sliding_window(m):
     """Sequences several times the sliding window (8 on Gemma3): drafter caches roll back through it."""
-    for a in (CascadeAssistant([m["trunc"], MaxGram()]),
-              CascadeAssistant([m["noisy"]], settings=CascadeSettings(k_matrix=[[6]]))):
+    for a in (
+        CascadeAssistant([m["trunc"], MaxGram()]),
+        CascadeAssistant([m["noisy"]], settings=CascadeSettings(k_matrix=[[6]])),
+    ):
         assert_parity(m["target"], REPETITIVE, a, max_new_tokens=60)
 
 
 # -- counts --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make, neural_tokens", [
-    (lambda m: CascadeAssistant([m["copy"]], policy=Policy.paper()), 2),
-    (lambda m: CascadeAssistant([m["copy"]], settings=CascadeSettings(k_matrix=[[4]]), policy=Policy.paper()), 4),
-    (lambda m: CascadeAssistant([m["copy"], MaxGram(adaptive=False)], policy=Policy.paper()), 2),
-], ids=["copy", "copy_k4", "copy+maxgram"])
+
+@pytest.mark.parametrize(
+    "make, neural_tokens",
+    [
+        (lambda m: CascadeAssistant([m["copy"]], policy=Policy.paper()), 2),
+        (lambda m: CascadeAssistant([m["copy"]], settings=CascadeSettings(k_matrix=[[4]]), policy=Policy.paper()), 4),
+        (lambda m: CascadeAssistant([m["copy"], MaxGram(adaptive=False)], policy=Policy.paper()), 2),
+    ],
+    ids=["copy", "copy_k4", "copy+maxgram"],
+)
 def test_drafter_equal_to_target_accepts_everything(m, make, neural_tokens):
     a = make(m)
     stats = assert_parity(m["target"], REPETITIVE, a)
@@ -180,10 +196,11 @@ def test_drafter_equal_to_target_count_is_exact(m):
 
 # -- EOS, max length --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("config", ["copy_k6", "copy+maxgram", "maxgram_fixed10", "noisy"])
 def test_eos_inside_a_draft(m, config):
     target = m["target"]
-    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1]:].tolist()
+    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1] :].tolist()
     eos = free[6]  # a token the model emits (our targets loop, so it recurs in drafts)
     first = free.index(eos)
     assistant = {
@@ -215,6 +232,7 @@ def test_max_new_tokens_reached_mid_draft(m, new, config):
 
 # -- outputs ---------------------------------------------------------------------------------------
 
+
 def test_scores_and_logits_match_plain(m):
     target = m["target"]
     kw = dict(max_new_tokens=20, return_dict_in_generate=True, output_scores=True, output_logits=True)
@@ -236,7 +254,7 @@ def assert_same_outputs(got, expected, steps: int) -> None:
 
 
 def _processor_kwargs(target, name):
-    free = plain(target, REPETITIVE)[0, REPETITIVE.shape[1]:].tolist()
+    free = plain(target, REPETITIVE)[0, REPETITIVE.shape[1] :].tolist()
     return {
         "repetition_penalty": {"repetition_penalty": 1.5},
         "no_repeat_ngram_size": {"no_repeat_ngram_size": 2},
@@ -245,13 +263,16 @@ def _processor_kwargs(target, name):
     }[name]
 
 
-@pytest.mark.parametrize("name, config", [
-    (name, config)
-    for name in ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "combined")
-    for config in ("drafter+maxgram", "maxgram_fixed10", "lenience3_drafters")
-    # repetition_penalty / no_repeat_ngram_size with drafter + Max-Gram: tests/test_contract.py
-    if not (config == "drafter+maxgram" and name in ("repetition_penalty", "no_repeat_ngram_size"))
-])
+@pytest.mark.parametrize(
+    "name, config",
+    [
+        (name, config)
+        for name in ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "combined")
+        for config in ("drafter+maxgram", "maxgram_fixed10", "lenience3_drafters")
+        # repetition_penalty / no_repeat_ngram_size with drafter + Max-Gram: tests/test_contract.py
+        if not (config == "drafter+maxgram" and name in ("repetition_penalty", "no_repeat_ngram_size"))
+    ],
+)
 def test_logits_processors(m, name, config):
     target = m["target"]
     kw = _processor_kwargs(target, name)
@@ -279,10 +300,10 @@ def test_streamer_receives_exactly_the_generated_tokens(m):
     s = Collect()
     got = ours(target, REPETITIVE, CascadeAssistant([m["trunc"], MaxGram()]), streamer=s)
     assert got.tolist() == expected.tolist()
-    assert s.chunks[0] == REPETITIVE[0].tolist()                        # the prompt first
-    assert sum(s.chunks[1:], []) == got[0, REPETITIVE.shape[1]:].tolist()
+    assert s.chunks[0] == REPETITIVE[0].tolist()  # the prompt first
+    assert sum(s.chunks[1:], []) == got[0, REPETITIVE.shape[1] :].tolist()
     assert s.ended == 1
-    assert len(s.chunks) - 1 < NEW                                       # some chunks hold several tokens
+    assert len(s.chunks) - 1 < NEW  # some chunks hold several tokens
 
 
 class TextCollect(TextStreamer):
@@ -302,10 +323,11 @@ def test_text_streamer(m):
     got = ours(target, REPETITIVE, CascadeAssistant([m["noisy"], MaxGram()]), streamer=s)
     assert got.tolist() == expected.tolist()
     assert s.text == ref.text
-    assert s.text.split() == tok.decode(got[0, REPETITIVE.shape[1]:]).split()
+    assert s.text.split() == tok.decode(got[0, REPETITIVE.shape[1] :]).split()
 
 
 # -- pipeline ---------------------------------------------------------------------------------------
+
 
 def test_pipeline(m):
     target, tok = m["target"], tm.word_tokenizer()
@@ -325,6 +347,7 @@ def test_pipeline(m):
 
 
 # -- the hook leaves every other generate() call alone ------------------------------------------------
+
 
 def _other_calls(target, hf_assistant):
     out = [plain(target, REPETITIVE), plain(target, ONE_TOKEN)]
@@ -366,5 +389,5 @@ def test_install_is_idempotent():
     hf_cascade.hook.install()
     hf_cascade.hook.install()
     wrapper = GenerationMixin._get_candidate_generator
-    original = getattr(wrapper, "__hf_cascade_original__")
+    original = wrapper.__hf_cascade_original__
     assert getattr(original, "__hf_cascade_original__", None) is None

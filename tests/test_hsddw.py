@@ -20,15 +20,16 @@ from transformers import pipeline
 from hf_cascade import DynamicWindowAssistant, DynamicWindowSettings, DynamicWindowStats, MaxGram, Policy
 from hf_cascade.hsddw import entropy
 from tests import tiny_models as tm
+from tests.test_contract import FakeClock
 from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, Collect, assert_parity, m, ours, plain  # noqa: F401  (m: fixture)
 from tests.test_sampling import PROMPT, _lying_q, calibration, passes, processed_probs, run_long, small  # noqa: F401
-from tests.test_contract import FakeClock
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 INF = float("inf")
 
 
 # -- the rules in situ: windows and thresholds against independent forwards ----------------------------
+
 
 def _entropies_along(model, out: torch.Tensor) -> torch.Tensor:
     """``h[t]``: entropy of ``model``'s next-token distribution given ``out[:t]`` (index ``t >= 1``)."""
@@ -37,7 +38,7 @@ def _entropies_along(model, out: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros(1), entropy(logits.softmax(-1))])
 
 
-NO_EOS = {"eos_token_id": tm.VOCAB + 7}   # a stop token no model can emit: every window end is the stop rule's
+NO_EOS = {"eos_token_id": tm.VOCAB + 7}  # a stop token no model can emit: every window end is the stop rule's
 
 
 def _check_windows(stats, window_model, out, prompt_len, max_new, caps, taus, tau_init):
@@ -52,7 +53,7 @@ def _check_windows(stats, window_model, out, prompt_len, max_new, caps, taus, ta
         tau = sum(rejected) / len(rejected) if rejected else tau_init
         assert taus[i] == pytest.approx(tau), (i, taus[i], tau)
         cap = min(caps, prompt_len + max_new - start - 1)
-        for j in range(min(k, n + 1)):   # positions whose distribution is conditioned on the output
+        for j in range(min(k, n + 1)):  # positions whose distribution is conditioned on the output
             if j < k - 1:
                 assert h[start + j] <= tau + 1e-5, (i, j)
             elif k < cap:
@@ -66,8 +67,9 @@ def _check_windows(stats, window_model, out, prompt_len, max_new, caps, taus, ta
 @pytest.mark.parametrize("tau_init", [0.0, 1.9])
 def test_sd_self_verify_windows_and_threshold_in_situ(m, tau_init):
     target, drafter = m["target"], m["noisy"]
-    a = DynamicWindowAssistant(drafter, settings=DynamicWindowSettings(max_window=6, tau_init=tau_init),
-                               policy=Policy(lookup=False))   # the paper's rules alone
+    a = DynamicWindowAssistant(
+        drafter, settings=DynamicWindowSettings(max_window=6, tau_init=tau_init), policy=Policy(lookup=False)
+    )  # the paper's rules alone
     stats = assert_parity(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     out = ours(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     rejected = _check_windows(a.last_stats, drafter, out, REPETITIVE.shape[1], 40, 6, stats.tau_trajectory, tau_init)
@@ -78,10 +80,12 @@ def test_sd_self_verify_windows_and_threshold_in_situ(m, tau_init):
 
 def test_hsddw_windows_and_thresholds_in_situ(m):
     target, small_model, verifier = m["target"], m["noisy"], m["big"]
-    a = DynamicWindowAssistant(small_model, verifier,
-                               settings=DynamicWindowSettings(max_window=3, tau_init=2.0, tau2_init=1.5,
-                                                              max_target_window=8),
-                               policy=Policy(lookup=False))
+    a = DynamicWindowAssistant(
+        small_model,
+        verifier,
+        settings=DynamicWindowSettings(max_window=3, tau_init=2.0, tau2_init=1.5, max_target_window=8),
+        policy=Policy(lookup=False),
+    )
     stats = assert_parity(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     out = ours(target, REPETITIVE, a, max_new_tokens=40, **NO_EOS)
     rejected2 = _check_windows(a.last_stats, verifier, out, REPETITIVE.shape[1], 40, 8, stats.tau2_trajectory, 1.5)
@@ -93,7 +97,7 @@ def test_hsddw_windows_and_thresholds_in_situ(m):
         while tau != pytest.approx(means[pos]):
             pos += 1
     assert len(stats.rejected_entropies) >= 1 and max(stats.window_per_step) > 1
-    assert len(stats.draft_windows) > stats.target_calls          # several draft stages per target step
+    assert len(stats.draft_windows) > stats.target_calls  # several draft stages per target step
     assert all(1 <= w <= 3 for w in stats.draft_windows)
 
 
@@ -102,30 +106,35 @@ def test_hsddw_windows_and_thresholds_in_situ(m):
 CONFIGS = {
     "sd_w1": lambda m: DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=1)),
     "sd_w4": lambda m: DynamicWindowAssistant(m["trunc"], settings=DynamicWindowSettings(max_window=4)),
-    "sd_w16_tau2": lambda m: DynamicWindowAssistant(m["noisy"],
-                                                    settings=DynamicWindowSettings(max_window=16, tau_init=2.0)),
-    "sd_w16_fixed": lambda m: DynamicWindowAssistant(m["noisy"],
-                                                     settings=DynamicWindowSettings(max_window=16, tau_init=INF)),
-    "sd_padded": lambda m: DynamicWindowAssistant(m["padded"],
-                                                  settings=DynamicWindowSettings(max_window=4, tau_init=INF)),
+    "sd_w16_tau2": lambda m: DynamicWindowAssistant(
+        m["noisy"], settings=DynamicWindowSettings(max_window=16, tau_init=2.0)
+    ),
+    "sd_w16_fixed": lambda m: DynamicWindowAssistant(
+        m["noisy"], settings=DynamicWindowSettings(max_window=16, tau_init=INF)
+    ),
+    "sd_padded": lambda m: DynamicWindowAssistant(
+        m["padded"], settings=DynamicWindowSettings(max_window=4, tau_init=INF)
+    ),
     "hsddw_w1": lambda m: DynamicWindowAssistant(m["noisy"], m["big"], settings=DynamicWindowSettings(max_window=1)),
-    "hsddw_w4": lambda m: DynamicWindowAssistant(m["trunc"], m["big"],
-                                                 settings=DynamicWindowSettings(max_window=4, tau_init=2.0,
-                                                                                tau2_init=2.0)),
-    "hsddw_w16": lambda m: DynamicWindowAssistant(m["noisy"], m["trunc"],
-                                                  settings=DynamicWindowSettings(max_window=16, tau_init=2.0,
-                                                                                 tau2_init=2.2)),
-    "hsddw_w4_fixed": lambda m: DynamicWindowAssistant(m["noisy"], m["big"],
-                                                       settings=DynamicWindowSettings(max_window=4, tau_init=INF,
-                                                                                      tau2_init=INF)),
+    "hsddw_w4": lambda m: DynamicWindowAssistant(
+        m["trunc"], m["big"], settings=DynamicWindowSettings(max_window=4, tau_init=2.0, tau2_init=2.0)
+    ),
+    "hsddw_w16": lambda m: DynamicWindowAssistant(
+        m["noisy"], m["trunc"], settings=DynamicWindowSettings(max_window=16, tau_init=2.0, tau2_init=2.2)
+    ),
+    "hsddw_w4_fixed": lambda m: DynamicWindowAssistant(
+        m["noisy"], m["big"], settings=DynamicWindowSettings(max_window=4, tau_init=INF, tau2_init=INF)
+    ),
     # the paper's drafters alone (every config above also runs the Max-Gram lookup first)
-    "sd_w4_no_lookup": lambda m: DynamicWindowAssistant(m["noisy"],
-                                                        settings=DynamicWindowSettings(max_window=4, tau_init=2.0),
-                                                        policy=Policy(lookup=False)),
-    "hsddw_w4_no_lookup": lambda m: DynamicWindowAssistant(m["trunc"], m["big"],
-                                                           settings=DynamicWindowSettings(max_window=4, tau_init=2.0,
-                                                                                          tau2_init=2.0),
-                                                           policy=Policy(lookup=False)),
+    "sd_w4_no_lookup": lambda m: DynamicWindowAssistant(
+        m["noisy"], settings=DynamicWindowSettings(max_window=4, tau_init=2.0), policy=Policy(lookup=False)
+    ),
+    "hsddw_w4_no_lookup": lambda m: DynamicWindowAssistant(
+        m["trunc"],
+        m["big"],
+        settings=DynamicWindowSettings(max_window=4, tau_init=2.0, tau2_init=2.0),
+        policy=Policy(lookup=False),
+    ),
 }
 
 
@@ -140,21 +149,26 @@ def test_greedy_parity(m, config, prompt):
     names = [lv.name for lv in stats.levels]
     assert len(names) == (2 if a.verifier_model is not None else 1) + a.lookup
     assert ("maxgram" in names) == a.lookup == (names[-1] == "maxgram") and stats.lookup == a.lookup
-    steps = stats.levels[0].proposals + (stats.levels[-1].proposals if a.lookup else 0)   # target steps by who drafted
+    steps = stats.levels[0].proposals + (stats.levels[-1].proposals if a.lookup else 0)  # target steps by who drafted
     assert steps == sum(k > 0 for k in stats.window_per_step)
 
 
 def test_greedy_parity_with_processors(m):
     """SD + self-verify (the contract's HSDDW with processors: tests/test_contract.py)."""
     kw = {"repetition_penalty": 1.5, "no_repeat_ngram_size": 3}
-    assert_parity(m["target"], REPETITIVE,
-                  DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=4, tau_init=2.0)), **kw)
+    assert_parity(
+        m["target"],
+        REPETITIVE,
+        DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=4, tau_init=2.0)),
+        **kw,
+    )
 
 
 def test_long_windows_are_used(m):
     """With an exact copy as draft and ``tau = inf`` every window is full and fully accepted."""
-    a = DynamicWindowAssistant(m["copy"], settings=DynamicWindowSettings(max_window=4, tau_init=INF),
-                               policy=Policy(lookup=False))
+    a = DynamicWindowAssistant(
+        m["copy"], settings=DynamicWindowSettings(max_window=4, tau_init=INF), policy=Policy(lookup=False)
+    )
     stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=30)
     assert stats.window_per_step == [4] * 6 and stats.accepted_per_call == [4] * 6
     assert stats.redundancy == 0.0 and stats.target_utilization == pytest.approx(6 / 30)
@@ -164,12 +178,16 @@ def test_long_windows_are_used(m):
 @pytest.mark.parametrize("config", ["sd", "hsddw"])
 def test_eos_inside_a_window(m, config):
     target = m["target"]
-    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1]:].tolist()
+    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1] :].tolist()
     eos = free[6]
     first = free.index(eos)
-    a = (DynamicWindowAssistant(m["copy"], settings=DynamicWindowSettings(max_window=8, tau_init=INF)) if config == "sd"
-         else DynamicWindowAssistant(m["copy"], m["big"],
-                                     settings=DynamicWindowSettings(max_window=3, tau_init=INF, tau2_init=INF)))
+    a = (
+        DynamicWindowAssistant(m["copy"], settings=DynamicWindowSettings(max_window=8, tau_init=INF))
+        if config == "sd"
+        else DynamicWindowAssistant(
+            m["copy"], m["big"], settings=DynamicWindowSettings(max_window=3, tau_init=INF, tau2_init=INF)
+        )
+    )
     expected = plain(target, REPETITIVE, max_new_tokens=40, eos_token_id=eos)
     got = ours(target, REPETITIVE, a, max_new_tokens=40, eos_token_id=eos)
     assert got.tolist() == expected.tolist()
@@ -181,15 +199,20 @@ def test_eos_inside_a_window(m, config):
 @pytest.mark.parametrize("new", [1, 2, 3, 5])
 @pytest.mark.parametrize("config", ["sd", "hsddw"])
 def test_max_new_tokens_reached_mid_window(m, new, config):
-    a = (DynamicWindowAssistant(m["copy"], settings=DynamicWindowSettings(max_window=4, tau_init=INF)) if config == "sd"
-         else DynamicWindowAssistant(m["copy"], m["trunc"],
-                                     settings=DynamicWindowSettings(max_window=4, tau_init=INF, tau2_init=INF)))
+    a = (
+        DynamicWindowAssistant(m["copy"], settings=DynamicWindowSettings(max_window=4, tau_init=INF))
+        if config == "sd"
+        else DynamicWindowAssistant(
+            m["copy"], m["trunc"], settings=DynamicWindowSettings(max_window=4, tau_init=INF, tau2_init=INF)
+        )
+    )
     stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=new)
     assert stats.new_tokens == new
     assert all(k <= new - 1 for k in stats.window_per_step)
 
 
 # -- reuse ------------------------------------------------------------------------------------------
+
 
 def _copying_prompt(m) -> torch.Tensor:
     """REPETITIVE and the target's first 20 greedy tokens: the target's outputs cycle from there, so what it
@@ -223,15 +246,20 @@ def test_pipeline_and_streaming(m, config):
 
 
 def test_reuse_without_state_leaks(m, monkeypatch):
-    monkeypatch.setattr(time, "perf_counter", FakeClock())     # the lookup's measured verify cost: deterministic
+    monkeypatch.setattr(time, "perf_counter", FakeClock())  # the lookup's measured verify cost: deterministic
     target = m["target"]
     g = torch.Generator().manual_seed(5)
-    prompts = [REPETITIVE, _copying_prompt(m), ONE_TOKEN] + [ids(*torch.randint(4, tm.VOCAB, (int(n),), generator=g).tolist())
-                                         for n in torch.randint(1, 10, (3,), generator=g)]
+    prompts = [REPETITIVE, _copying_prompt(m), ONE_TOKEN] + [
+        ids(*torch.randint(4, tm.VOCAB, (int(n),), generator=g).tolist())
+        for n in torch.randint(1, 10, (3,), generator=g)
+    ]
     # SD + self-verify; HSDDW (two draft models): tests/test_contract.py
-    make = {"sd": lambda: DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=4)),
-            "sd_no_lookup": lambda: DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=4),
-                                                           policy=Policy(lookup=False))}
+    make = {
+        "sd": lambda: DynamicWindowAssistant(m["noisy"], settings=DynamicWindowSettings(max_window=4)),
+        "sd_no_lookup": lambda: DynamicWindowAssistant(
+            m["noisy"], settings=DynamicWindowSettings(max_window=4), policy=Policy(lookup=False)
+        ),
+    }
     for name, build in make.items():
         reused, seen = build(), []
         for prompt in prompts:
@@ -242,11 +270,12 @@ def test_reuse_without_state_leaks(m, monkeypatch):
             assert _comparable(reused.last_stats) == _comparable(fresh.last_stats), (name, prompt)
             assert all(reused.last_stats is not s for s in seen)
             seen.append(reused.last_stats)
-            again = ours(target, prompt, reused, max_new_tokens=15)          # the same call twice: the same
+            again = ours(target, prompt, reused, max_new_tokens=15)  # the same call twice: the same
             assert again.tolist() == a.tolist() and _comparable(reused.last_stats) == _comparable(fresh.last_stats)
 
 
 # -- errors -----------------------------------------------------------------------------------------
+
 
 def test_argument_errors():
     target = tm.llama_target()
@@ -279,13 +308,21 @@ def test_generate_time_errors():
     d = tm.truncated_copy(target)
     gen = dict(max_new_tokens=4, do_sample=False)
     with pytest.raises(ValueError, match="Vocabulary mismatch"):
-        target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(tm.llama(vocab_size=tm.VOCAB + 1025, seed=3)), **gen)
+        target.generate(
+            REPETITIVE, assistant_model=DynamicWindowAssistant(tm.llama(vocab_size=tm.VOCAB + 1025, seed=3)), **gen
+        )
     with pytest.raises(ValueError, match="Vocabulary mismatch"):
-        target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(d, tm.llama(vocab_size=tm.VOCAB + 1025)), **gen)
+        target.generate(
+            REPETITIVE, assistant_model=DynamicWindowAssistant(d, tm.llama(vocab_size=tm.VOCAB + 1025)), **gen
+        )
     with pytest.raises(ValueError, match="eos_token_id"):
         target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(d, tm.llama(eos_token_id=3, seed=3)), **gen)
     with pytest.raises(ValueError, match="own draft model"):
         target.generate(REPETITIVE, assistant_model=DynamicWindowAssistant(target), **gen)
-    with pytest.raises(ValueError, match="left padding"):                       # right padding is refused
-        target.generate(REPETITIVE.repeat(2, 1), attention_mask=torch.tensor([[1] * 9, [1] * 8 + [0]]),
-                        assistant_model=DynamicWindowAssistant(d), **gen)
+    with pytest.raises(ValueError, match="left padding"):  # right padding is refused
+        target.generate(
+            REPETITIVE.repeat(2, 1),
+            attention_mask=torch.tensor([[1] * 9, [1] * 8 + [0]]),
+            assistant_model=DynamicWindowAssistant(d),
+            **gen,
+        )

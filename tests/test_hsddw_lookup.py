@@ -16,13 +16,16 @@ from tests.test_greedy_parity import REPETITIVE, assert_parity, m, ours, plain  
 from tests.test_hsddw import NO_EOS, _copying_prompt
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
-
 LOOKUP = {
     "sd": lambda m, max_window=6, **policy: DynamicWindowAssistant(
-        m["noisy"], settings=DynamicWindowSettings(max_window, tau_init=2.0), policy=Policy(**policy)),
+        m["noisy"], settings=DynamicWindowSettings(max_window, tau_init=2.0), policy=Policy(**policy)
+    ),
     "hsddw": lambda m, max_window=3, **policy: DynamicWindowAssistant(
-        m["noisy"], m["big"], settings=DynamicWindowSettings(max_window, tau_init=2.0, tau2_init=2.0),
-        policy=Policy(**policy)),
+        m["noisy"],
+        m["big"],
+        settings=DynamicWindowSettings(max_window, tau_init=2.0, tau2_init=2.0),
+        policy=Policy(**policy),
+    ),
 }
 
 
@@ -42,7 +45,7 @@ def test_lookup_greedy_parity_on_a_copying_prompt(m, config, monkeypatch):
     _assert_lookup_drafted(stats)
     drafted = stats.levels[0].tokens_proposed + stats.levels[-1].tokens_proposed
     assert drafted == sum(stats.window_per_step) and len(stats.window_per_step) == stats.target_calls
-    assert stats.levels[-1].tokens_accepted / stats.levels[-1].tokens_proposed > 0.5   # the answer copies the prompt
+    assert stats.levels[-1].tokens_accepted / stats.levels[-1].tokens_proposed > 0.5  # the answer copies the prompt
     # thresholds only from the draft models' tokens: one tau per neural stage, tau2 per neural target step
     assert len(stats.tau_trajectory) == len(stats.draft_windows)
     if a.verifier_model is not None:
@@ -73,7 +76,7 @@ def test_lookup_cuts_its_draft_after_an_eos(m, config, monkeypatch):
     """An EOS the lookup copies from the prompt ends its draft, and generation, as in plain ``generate``."""
     monkeypatch.setattr(time, "perf_counter", FakeClock())
     target, prompt = m["target"], _copying_prompt(m)
-    free = plain(target, prompt, max_new_tokens=20, **NO_EOS)[0, prompt.shape[1]:].tolist()
+    free = plain(target, prompt, max_new_tokens=20, **NO_EOS)[0, prompt.shape[1] :].tolist()
     eos = next(t for t in free[3:] if t in prompt[0].tolist() and t not in free[:3])
     raw, drafts = [], []
     propose, lookup_draft = MaxGram.propose, DynamicWindowCandidateGenerator._lookup_draft
@@ -90,17 +93,17 @@ def test_lookup_cuts_its_draft_after_an_eos(m, config, monkeypatch):
 
     monkeypatch.setattr(MaxGram, "propose", spy_propose)
     monkeypatch.setattr(DynamicWindowCandidateGenerator, "_lookup_draft", spy_draft)
-    a = LOOKUP[config](m, max_window=6)                 # room for the EOS inside a lookup draft
+    a = LOOKUP[config](m, max_window=6)  # room for the EOS inside a lookup draft
     expected = plain(target, prompt, max_new_tokens=40, eos_token_id=eos)
     got = ours(target, prompt, a, max_new_tokens=40, eos_token_id=eos)
     assert got.tolist() == expected.tolist() and int(got[0, -1]) == eos
     assert a.last_stats.new_tokens == free.index(eos) + 1
     _assert_lookup_drafted(a.last_stats)
-    for r, d in zip(raw, drafts):                 # cut right after the first EOS, nothing drafted past it
+    for r, d in zip(raw, drafts):  # cut right after the first EOS, nothing drafted past it
         if d is not None:
             assert d == (r[: r.index(eos) + 1] if eos in r else r)
     assert any(d and d[-1] == eos for d in drafts)
-    assert any(eos in r and r[-1] != eos for r in raw)     # the raw proposal went on past the EOS
+    assert any(eos in r and r[-1] != eos for r in raw)  # the raw proposal went on past the EOS
 
 
 def test_lookup_steps_do_not_update_the_thresholds(m, monkeypatch):
@@ -121,5 +124,5 @@ def test_lookup_steps_do_not_update_the_thresholds(m, monkeypatch):
     for config in LOOKUP:
         a = LOOKUP[config](m)
         stats = assert_parity(m["target"], REPETITIVE, a, max_new_tokens=40, **NO_EOS)
-        assert stats.levels[-1].tokens_accepted < stats.levels[-1].tokens_proposed     # lookup rejections happened
+        assert stats.levels[-1].tokens_accepted < stats.levels[-1].tokens_proposed  # lookup rejections happened
     assert any(seen)

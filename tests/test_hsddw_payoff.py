@@ -28,12 +28,12 @@ def test_hsddw_payoff_charges_the_rows_its_window_adds(m):
         observe(reach, seconds, surcharge)
 
     gen.policy.payoff.observe_consult = spy
-    gen.policy.observe_window(3, 1, 0.050, 0.004)    # 3 drafted rows (4 ms of forwards), no plain step measured yet
-    gen.policy.observe_window(0, 0, 0.040, None)     # a plain step (nothing consulted): 40 ms
-    gen.policy.observe_window(3, 2, 0.050, 0.005)    # 3 rows again: t(3) is now 0.8 * 50 + 0.2 * 50 ms
+    gen.policy.observe_window(3, 1, 0.050, 0.004)  # 3 drafted rows (4 ms of forwards), no plain step measured yet
+    gen.policy.observe_window(0, 0, 0.040, None)  # a plain step (nothing consulted): 40 ms
+    gen.policy.observe_window(3, 2, 0.050, 0.005)  # 3 rows again: t(3) is now 0.8 * 50 + 0.2 * 50 ms
     assert seen == [(1.0, 0.004, 0.0), (1.0, 0.005, pytest.approx(0.010))]
-    assert gen.policy.payoff._accepted == 3          # the draft models' accepted tokens only
-    rate = (2 + 1 + 3) / (0.004 + 0.005 + 0.050 + 0.040 + 0.050)                # no surcharge
+    assert gen.policy.payoff._accepted == 3  # the draft models' accepted tokens only
+    rate = (2 + 1 + 3) / (0.004 + 0.005 + 0.050 + 0.040 + 0.050)  # no surcharge
     assert gen.policy.payoff.rate() == pytest.approx(rate)
     assert gen.policy.payoff._consult_seconds == pytest.approx(0.8 * 0.004 + 0.2 * 0.015)
 
@@ -44,10 +44,11 @@ def test_hsddw_stops_drafting_where_the_draft_model_does_not_pay(m, monkeypatch)
     millisecond) drafts only to keep learning (every 8th refused step); the output is plain greedy's. With
     ``cost_aware=False`` it drafts every step, as in the paper."""
     drafter = m["noisy"]
-    paper = DynamicWindowAssistant(drafter, settings=DynamicWindowSettings(max_window=2, tau_init=2.0),
-                                   policy=Policy.paper())
+    paper = DynamicWindowAssistant(
+        drafter, settings=DynamicWindowSettings(max_window=2, tau_init=2.0), policy=Policy.paper()
+    )
     stats = assert_parity(m["target"], ONE_TOKEN, paper, max_new_tokens=30, **NO_EOS)
-    assert len(stats.draft_windows) >= stats.target_calls - 1 and stats.plain_steps == 0   # the last may have no room
+    assert len(stats.draft_windows) >= stats.target_calls - 1 and stats.plain_steps == 0  # the last may have no room
 
     forward = drafter.forward
 
@@ -56,8 +57,9 @@ def test_hsddw_stops_drafting_where_the_draft_model_does_not_pay(m, monkeypatch)
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(drafter, "forward", slow_forward)
-    a = DynamicWindowAssistant(drafter, settings=DynamicWindowSettings(max_window=2, tau_init=2.0),
-                               policy=Policy(lookup=False))
+    a = DynamicWindowAssistant(
+        drafter, settings=DynamicWindowSettings(max_window=2, tau_init=2.0), policy=Policy(lookup=False)
+    )
     assert a.cost_aware and "cost_aware=True" in repr(a)
     stats = assert_parity(m["target"], ONE_TOKEN, a, max_new_tokens=30, **NO_EOS)
     consulted = len(stats.draft_windows)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hf_cascade import DynamicWindowAssistant, DynamicWindowSettings
-from hf_cascade.hsddw import DynamicWindowCandidateGenerator, entropy
 from hf_cascade.core.review import output_distribution
+from hf_cascade.hsddw import DynamicWindowCandidateGenerator, entropy
 from tests.test_sampling import PROMPT, _lying_q, calibration, passes, processed_probs, run_long, small  # noqa: F401
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -20,15 +20,19 @@ INF = float("inf")
 
 SAMPLING = {
     "sd": (lambda s: DynamicWindowAssistant(s["noisy"], settings=DynamicWindowSettings(max_window=4)), {}),
-    "sd_fixed_temp_topk": (lambda s: DynamicWindowAssistant(s["noisy"],
-                                                            settings=DynamicWindowSettings(max_window=5, tau_init=INF)),
-                           {"temperature": 1.5, "top_k": 6}),
+    "sd_fixed_temp_topk": (
+        lambda s: DynamicWindowAssistant(s["noisy"], settings=DynamicWindowSettings(max_window=5, tau_init=INF)),
+        {"temperature": 1.5, "top_k": 6},
+    ),
     # "hsddw" (noisy, noisy2, max_window=4): tests/test_contract.py
-    "hsddw_fixed_temp": (lambda s: DynamicWindowAssistant(s["noisy"], s["noisy2"],
-                                                          settings=DynamicWindowSettings(max_window=2, tau_init=INF,
-                                                                                         tau2_init=INF,
-                                                                                         max_target_window=6)),
-                         {"temperature": 0.8}),
+    "hsddw_fixed_temp": (
+        lambda s: DynamicWindowAssistant(
+            s["noisy"],
+            s["noisy2"],
+            settings=DynamicWindowSettings(max_window=2, tau_init=INF, tau2_init=INF, max_target_window=6),
+        ),
+        {"temperature": 0.8},
+    ),
 }
 
 
@@ -36,7 +40,9 @@ def _calibrate(small, name, calls=8, new=100, seed=0):
     make, kw = SAMPLING[name]
     a = make(small)
     seqs = run_long(small["target"], a, calls, new, seed, **kw)
-    stats = calibration(small["target"], small["noisy"], seqs, PROMPT.shape[1], kw.get("temperature", 1.0), kw.get("top_k"))
+    stats = calibration(
+        small["target"], small["noisy"], seqs, PROMPT.shape[1], kw.get("temperature", 1.0), kw.get("top_k")
+    )
     return stats, a
 
 
@@ -50,7 +56,7 @@ def test_sampling_per_step_calibration(small, name, monkeypatch):
     st = a.last_stats
     assert 0 < sum(st.accepted_per_call) < sum(st.draft_len_per_call)
     if a.verifier_model is not None:
-        assert 0 < st.levels[1].tokens_accepted < st.levels[1].tokens_proposed   # pre-verifier rejections
+        assert 0 < st.levels[1].tokens_accepted < st.levels[1].tokens_proposed  # pre-verifier rejections
     # the lookup (default) drafted on this repetitive prompt: point masses accepted and rejected
     assert a.lookup and len(runs) == 8 and all(r.levels[-1].name == "maxgram" for r in runs)
     assert 0 < sum(r.levels[-1].tokens_accepted for r in runs) < sum(r.levels[-1].tokens_proposed for r in runs)
@@ -80,11 +86,11 @@ def _target_output(q1, p2, p, q_resampled):
 def test_q_of_a_resampled_token_must_be_the_marginal_p2():
     """Why the q handed to the target is ``sampling_review``'s ``dists`` (= ``p2`` for accepted and
     resampled tokens alike) and not the residual a resampled token is drawn from given a rejection."""
-    marginal = lambda residual, p2: p2          # noqa: E731  (what DynamicWindowCandidateGenerator hands over)
-    residual = lambda residual, p2: residual    # noqa: E731
+    marginal = lambda residual, p2: p2  # noqa: E731  (what DynamicWindowCandidateGenerator hands over)
+    residual = lambda residual, p2: residual  # noqa: E731
     q1, p2, p = torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.5])
     torch.testing.assert_close(_target_output(q1, p2, p, marginal), p)
-    torch.testing.assert_close(_target_output(q1, p2, p, residual), torch.tensor([0.75, 0.25]))   # lossy
+    torch.testing.assert_close(_target_output(q1, p2, p, residual), torch.tensor([0.75, 0.25]))  # lossy
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
         q1, p2, p = (x / x.sum() for x in torch.rand(3, 6, generator=g) ** 4)
@@ -100,7 +106,7 @@ def test_entropy_is_taken_on_the_q_handed_to_the_target(small, monkeypatch):
 
     def spy(self, seq, budget):
         d = original(self, seq, budget)
-        if self._lookup is not None:            # a lookup step: point masses, no entropies for the thresholds
+        if self._lookup is not None:  # a lookup step: point masses, no entropies for the thresholds
             assert self._pending.numel() == 0 and d.dists is not None
             torch.testing.assert_close(d.dists, torch.nn.functional.one_hot(d.tokens, d.dists.shape[-1]).float())
             lookups.append(d.tokens.numel())
@@ -109,19 +115,23 @@ def test_entropy_is_taken_on_the_q_handed_to_the_target(small, monkeypatch):
         return d
 
     monkeypatch.setattr(DynamicWindowCandidateGenerator, "draft", spy)
-    for a, handing in ((DynamicWindowAssistant(small["noisy"],
-                                               settings=DynamicWindowSettings(max_window=4, tau_init=1.0)),
-                        "noisy"),
-                       (DynamicWindowAssistant(small["noisy"], small["noisy2"],
-                                               settings=DynamicWindowSettings(max_window=4, tau_init=1.0,
-                                                                              tau2_init=1.0)),
-                        "noisy2")):
+    for a, handing in (
+        (DynamicWindowAssistant(small["noisy"], settings=DynamicWindowSettings(max_window=4, tau_init=1.0)), "noisy"),
+        (
+            DynamicWindowAssistant(
+                small["noisy"],
+                small["noisy2"],
+                settings=DynamicWindowSettings(max_window=4, tau_init=1.0, tau2_init=1.0),
+            ),
+            "noisy2",
+        ),
+    ):
         seen.clear()
         torch.manual_seed(0)
         small["target"].generate(PROMPT, do_sample=True, max_new_tokens=30, temperature=0.7, top_k=8, assistant_model=a)
         assert len(seen) > 5
         levels = a.last_stats.levels
-        assert levels[-1].tokens_accepted < levels[-1].tokens_proposed   # rejections (and resampled tokens) happened
+        assert levels[-1].tokens_accepted < levels[-1].tokens_proposed  # rejections (and resampled tokens) happened
         for candidates, q, used in seen:
             torch.testing.assert_close(entropy(q), used, atol=1e-4, rtol=1e-4)
             # and q is exactly the processed distribution of the model handing the tokens over

@@ -15,8 +15,18 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import hf_cascade
-from hf_cascade import (CascadeAssistant, CorpusNGrams, DynamicWindowAssistant, GlideAssistant, GlideSettings, Loading,
-                        MaxGram, ReDrafterAssistant, ReDrafterSettings, load_pretrained)
+from hf_cascade import (
+    CascadeAssistant,
+    CorpusNGrams,
+    DynamicWindowAssistant,
+    GlideAssistant,
+    GlideSettings,
+    Loading,
+    MaxGram,
+    ReDrafterAssistant,
+    ReDrafterSettings,
+    load_pretrained,
+)
 from hf_cascade.heads.hub import save_hub
 from hf_cascade.loading import load_head
 from tests import tiny_models as tm
@@ -24,8 +34,9 @@ from tests.hub_cache import CARDS, add_repo, hub_env, offline
 from tests.test_glide_head import make_glide
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
-DRAFTER, GLIDE, REDRAFTER, CORPUS = (f"hf-cascade/gemma-3-270m-{n}" for n in ("drafter-xs", "glide-xs", "redrafter-xs",
-                                                                                "corpus-ngrams"))
+DRAFTER, GLIDE, REDRAFTER, CORPUS = (
+    f"hf-cascade/gemma-3-270m-{n}" for n in ("drafter-xs", "glide-xs", "redrafter-xs", "corpus-ngrams")
+)
 HEADS = {DRAFTER: "CascadeDrafterForCausalLM", GLIDE: "GlideForCausalLM", REDRAFTER: "ReDrafterModel"}
 
 
@@ -33,8 +44,10 @@ HEADS = {DRAFTER: "CascadeDrafterForCausalLM", GLIDE: "GlideForCausalLM", REDRAF
 def hub(tmp_path_factory):
     """``(cache dir, {repo id: commit sha})``: the four shipped checkpoints as Hub repos in a local cache."""
     cache = tmp_path_factory.mktemp("hub")
-    shas = {repo: add_repo(cache, repo, CARDS / repo.split("/")[1], skip=("training_curve.png",))
-            for repo in (DRAFTER, GLIDE, REDRAFTER, CORPUS)}
+    shas = {
+        repo: add_repo(cache, repo, CARDS / repo.split("/")[1], skip=("training_curve.png",))
+        for repo in (DRAFTER, GLIDE, REDRAFTER, CORPUS)
+    }
     return cache, shas
 
 
@@ -60,10 +73,10 @@ def test_heads_load_by_repo_id_with_own_classes(hub, repo):
     model = load_pretrained(repo, revision=shas[repo], cache_dir=cache)
     assert type(model).__name__ == HEADS[repo]
     assert type(model).__module__.startswith("hf_cascade.heads."), type(model).__module__
-    assert not _new_remote_modules(before)                 # the repo's modeling_*.py never ran
+    assert not _new_remote_modules(before)  # the repo's modeling_*.py never ran
     assert _same_weights(model, load_head(CARDS / repo.split("/")[1]))
     assert next(model.parameters()).dtype == torch.float32
-    by_ref = load_pretrained(repo, cache_dir=cache)        # no revision: refs/main
+    by_ref = load_pretrained(repo, cache_dir=cache)  # no revision: refs/main
     assert _same_weights(model, by_ref)
 
 
@@ -91,7 +104,7 @@ def test_unknown_repo_and_bad_paths(hub, tmp_path):
     cache, _ = hub
     with pytest.raises(OSError, match="no-org/no-model"):
         load_pretrained("no-org/no-model", cache_dir=cache)
-    with pytest.raises(OSError, match=r"drafters\[0\] 'gpt2'"):        # a bare name is a Hub id too
+    with pytest.raises(OSError, match=r"drafters\[0\] 'gpt2'"):  # a bare name is a Hub id too
         CascadeAssistant(["gpt2", MaxGram()], loading=Loading(cache_dir=cache))
     with pytest.raises(FileNotFoundError, match="no such directory"):
         load_pretrained(tmp_path / "missing")
@@ -104,7 +117,7 @@ def test_unknown_repo_and_bad_paths(hub, tmp_path):
         load_pretrained(3)
     from hf_cascade.bench.loading import load_model
 
-    (tmp_path / "card").mkdir()                                     # a model card without weights (the CLI's specs)
+    (tmp_path / "card").mkdir()  # a model card without weights (the CLI's specs)
     (tmp_path / "card" / "README.md").write_text("# a card")
     with pytest.raises(FileNotFoundError, match="holds no model \\(no config.json\\)"):
         load_model(str(tmp_path / "card"))
@@ -113,7 +126,7 @@ def test_unknown_repo_and_bad_paths(hub, tmp_path):
 def test_loaded_model_passes_through_and_rejects_placement(hub):
     model = tm.llama()
     assert load_pretrained(model) is model
-    assert load_pretrained(model, revision="x", cache_dir="y") is model   # download options: nothing to do
+    assert load_pretrained(model, revision="x", cache_dir="y") is model  # download options: nothing to do
     for kw in (dict(dtype=torch.bfloat16), dict(device_map="cpu"), dict(max_memory={"cpu": 1 << 30})):
         with pytest.raises(ValueError, match="only to a draft_model given as a local path or Hub repo id"):
             load_pretrained(model, kind="draft_model", **kw)
@@ -169,8 +182,14 @@ assert {{p.dtype for m in b for p in m.parameters()}} == {{torch.float32}}
 print(type(g.glide).__module__, next(g.glide.parameters()).dtype, type(r.head).__module__,
       type(c.drafters[0]).__module__, len(c.drafters[1].corpus) > 0)
 """
-    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=hub_env(cache, tmp_path),
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=hub_env(cache, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     glide_mod, dtype, red_mod, drafter_mod, corpus_ok = res.stdout.split()
     assert all(m.startswith("hf_cascade.") for m in (glide_mod, red_mod, drafter_mod))
@@ -182,29 +201,36 @@ def test_assistants_load_by_repo_id(hub):
     cache, shas = hub
     kw = dict(cache_dir=cache, dtype=torch.bfloat16)
     glide = GlideAssistant(GLIDE, settings=GlideSettings.chain(), loading=Loading(revision=shas[GLIDE], **kw)).glide
-    head = ReDrafterAssistant(REDRAFTER, settings=ReDrafterSettings(beam_width=1),
-                              loading=Loading(revision=shas[REDRAFTER], **kw)).head
+    head = ReDrafterAssistant(
+        REDRAFTER, settings=ReDrafterSettings(beam_width=1), loading=Loading(revision=shas[REDRAFTER], **kw)
+    ).head
     cascade = CascadeAssistant([DRAFTER, MaxGram()], loading=Loading(revision=shas[DRAFTER], **kw))
     hsddw = DynamicWindowAssistant(DRAFTER, loading=Loading(revision=shas[DRAFTER], **kw))
-    for model, name in ((glide, "GlideForCausalLM"), (head, "ReDrafterModel"),
-                        (cascade.drafters[0], "CascadeDrafterForCausalLM"),
-                        (hsddw.draft_model, "CascadeDrafterForCausalLM")):
+    for model, name in (
+        (glide, "GlideForCausalLM"),
+        (head, "ReDrafterModel"),
+        (cascade.drafters[0], "CascadeDrafterForCausalLM"),
+        (hsddw.draft_model, "CascadeDrafterForCausalLM"),
+    ):
         assert type(model).__name__ == name and type(model).__module__.startswith("hf_cascade.heads.")
         assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert isinstance(cascade.drafters[1], MaxGram)
     with pytest.raises(ValueError, match="different"):
-        DynamicWindowAssistant(DRAFTER, verifier_model=DRAFTER,
-                               loading=Loading(revision=shas[DRAFTER], cache_dir=cache))
+        DynamicWindowAssistant(
+            DRAFTER, verifier_model=DRAFTER, loading=Loading(revision=shas[DRAFTER], cache_dir=cache)
+        )
 
 
 def test_corpus_by_repo_id_directory_and_file(hub):
     cache, shas = hub
     local = CARDS / "gemma-3-270m-corpus-ngrams"
     expected = CorpusNGrams.load(local / "corpus.safetensors")
-    for got in (CorpusNGrams.load(CORPUS, revision=shas[CORPUS], cache_dir=cache),
-                CorpusNGrams.load(CORPUS, cache_dir=cache),
-                CorpusNGrams.load(local),
-                CorpusNGrams.load(str(local), filename="corpus.safetensors")):
+    for got in (
+        CorpusNGrams.load(CORPUS, revision=shas[CORPUS], cache_dir=cache),
+        CorpusNGrams.load(CORPUS, cache_dir=cache),
+        CorpusNGrams.load(local),
+        CorpusNGrams.load(str(local), filename="corpus.safetensors"),
+    ):
         assert got.table == expected.table and got.vocab_size == expected.vocab_size
     with pytest.raises(OSError, match="revision '" + "1" * 40):
         CorpusNGrams.load(CORPUS, revision="1" * 40, cache_dir=cache)
@@ -226,8 +252,9 @@ def test_tiny_glide_and_drafter_by_repo_id_generate_like_plain(hub, tmp_path):
     prompt = ids(5, 9, 3, 17, 5, 9)
     plain = target.generate(prompt, do_sample=False, max_new_tokens=20)
     glide = GlideAssistant("someone/tiny-glide", loading=Loading(revision=glide_sha, cache_dir=cache))
-    cascade = CascadeAssistant(["someone/tiny-llama", MaxGram()],
-                               loading=Loading(revision=drafter_sha, cache_dir=cache))
+    cascade = CascadeAssistant(
+        ["someone/tiny-llama", MaxGram()], loading=Loading(revision=drafter_sha, cache_dir=cache)
+    )
     assert type(cascade.drafters[0]).__module__.startswith("transformers.models.llama")
     for assistant in (glide, cascade):
         out = target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=assistant)
@@ -238,11 +265,15 @@ def test_tiny_glide_and_drafter_by_repo_id_generate_like_plain(hub, tmp_path):
 def test_glide_by_repo_id_on_the_real_target(hub, gemma):
     cache, shas = hub
     model, tok = gemma
-    prompt = tok("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
-                 "in May. How many clips did Natalia sell altogether?\n\nAnswer:", return_tensors="pt").input_ids
+    prompt = tok(
+        "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+        "in May. How many clips did Natalia sell altogether?\n\nAnswer:",
+        return_tensors="pt",
+    ).input_ids
     plain = model.generate(prompt, do_sample=False, max_new_tokens=16)
-    assistant = GlideAssistant(GLIDE, settings=GlideSettings.chain(min_confidence=0.3),
-                               loading=Loading(revision=shas[GLIDE], cache_dir=cache))
+    assistant = GlideAssistant(
+        GLIDE, settings=GlideSettings.chain(min_confidence=0.3), loading=Loading(revision=shas[GLIDE], cache_dir=cache)
+    )
     out = model.generate(prompt, do_sample=False, max_new_tokens=16, assistant_model=assistant)
     assert out.tolist() == plain.tolist()
     assert assistant.last_stats.target_calls < 16

@@ -29,8 +29,13 @@ def imports(path: Path) -> list[tuple[str, int, bool]]:
     tree = ast.parse(path.read_text())
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    inside = {id(c) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-              for c in ast.walk(f) if c is not f}
+    inside = {
+        id(c)
+        for f in ast.walk(tree)
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for c in ast.walk(f)
+        if c is not f
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

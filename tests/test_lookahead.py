@@ -10,6 +10,7 @@ from hf_cascade.core.payoff import AcceptanceCalibration, AdaptiveLookahead, Cos
 
 # -- AdaptiveLookahead / CostModel -----------------------------------------------------------------------
 
+
 def _fixed():
     return CostModel(measure=False)
 
@@ -24,8 +25,8 @@ def test_cost_model_prior_and_measurements():
     m.observe(0, 1.0)
     m.observe(4, 2.0)
     assert math.isclose(m.cost(4), 2.0)
-    assert math.isclose(m.cost(2), 2.0 * 1.7 / 1.8)       # interpolated from k = 4 with the prior's shape
-    m.observe(4, 4.0)                                     # EMA: 0.8 * 2 + 0.2 * 4
+    assert math.isclose(m.cost(2), 2.0 * 1.7 / 1.8)  # interpolated from k = 4 with the prior's shape
+    m.observe(4, 4.0)  # EMA: 0.8 * 2 + 0.2 * 4
     assert math.isclose(m.cost(4), 2.4)
 
 
@@ -61,18 +62,20 @@ def test_lookahead_non_adaptive_and_limits():
 
 def test_lookahead_observe_updates_beta_estimate():
     la = AdaptiveLookahead(prior_accept=0.5, prior_strength=4.0, cost=_fixed())
-    la.observe(3, proposed=5, accepted=2)       # 2 accepted, 1 rejected trial
+    la.observe(3, proposed=5, accepted=2)  # 2 accepted, 1 rejected trial
     assert math.isclose(la.acceptance(3), (2 + 2) / (3 + 4))
-    la.observe(3, proposed=3, accepted=3)       # all accepted: 3 trials
+    la.observe(3, proposed=3, accepted=3)  # all accepted: 3 trials
     assert math.isclose(la.acceptance(3), (5 + 2) / (6 + 4))
-    la.observe(3, proposed=0, accepted=0)       # ignored
+    la.observe(3, proposed=0, accepted=0)  # ignored
     assert math.isclose(la.acceptance(3), 7 / 10)
 
 
 def test_lookahead_middle_acceptance_picks_interior_length():
     # a = 0.5, cost(k) = 1.6 + 0.05 k: E(k)/cost(k) = (2 - 0.5^k) / (1.6 + 0.05 k), best at k = 4 ... 5
-    la = AdaptiveLookahead(max_tokens=10, cost=CostModel(prior_step=0.6, prior_slope=0.05, measure=False), prior_accept=0.75)
-    values = {k: (sum(0.75 ** i for i in range(k + 1))) / (1.6 + 0.05 * k) for k in range(1, 11)}
+    la = AdaptiveLookahead(
+        max_tokens=10, cost=CostModel(prior_step=0.6, prior_slope=0.05, measure=False), prior_accept=0.75
+    )
+    values = {k: (sum(0.75**i for i in range(k + 1))) / (1.6 + 0.05 * k) for k in range(1, 11)}
     assert la.choose(2, available=10) == max(values, key=values.get)
     assert 0 < la.choose(2, available=10) < 10
 
@@ -80,10 +83,10 @@ def test_lookahead_middle_acceptance_picks_interior_length():
 def test_expected_gain_rule_golden():
     """Prior cost(k) = 1 + 0.6 [k > 0] + 0.05 k: the first token must lift E from 1 to >= 1.65."""
     rule = ExpectedGainRule.after([], CostModel(measure=False))
-    assert rule.threshold() == pytest.approx(0.65)           # (1 + p) / 1.65 >= 1 / 1
-    rule.extend(0.7)                                          # E = 1.7, reach 0.7
-    assert rule.threshold() == pytest.approx(1.7 * (1.70 / 1.65 - 1) / 0.7)   # 0.0736
-    rule.extend(0.5)                                          # E = 2.05, reach 0.35
+    assert rule.threshold() == pytest.approx(0.65)  # (1 + p) / 1.65 >= 1 / 1
+    rule.extend(0.7)  # E = 1.7, reach 0.7
+    assert rule.threshold() == pytest.approx(1.7 * (1.70 / 1.65 - 1) / 0.7)  # 0.0736
+    rule.extend(0.5)  # E = 2.05, reach 0.35
     assert rule.threshold() == pytest.approx(2.05 * (1.75 / 1.70 - 1) / 0.35)  # 0.1723
     # after two Max-Gram tokens accepted half the time: E = 1.75, reach 0.25
     rule = ExpectedGainRule.after([0.5, 0.5], CostModel(measure=False))
@@ -132,7 +135,7 @@ def test_calibration_floor_is_safe_for_every_higher_p():
     for t in (0.02, 0.1, 0.2, 0.35, 0.5, 0.8):
         f = cal.floor(t)
         assert all(cal(p) >= t - 1e-9 for p in grid if p >= f)
-        assert math.isinf(f) or f == 0.0 or cal(f - 1e-6) < t   # and it is the lowest such floor
+        assert math.isinf(f) or f == 0.0 or cal(f - 1e-6) < t  # and it is the lowest such floor
 
 
 def test_rule_floor_uses_the_calibration():
@@ -147,36 +150,37 @@ def test_rule_floor_uses_the_calibration():
 
 # -- DrafterPayoff -------------------------------------------------------------------------------------------
 
-@pytest.mark.measured_costs                                   # the rule itself, unpinned
+
+@pytest.mark.measured_costs  # the rule itself, unpinned
 def test_drafter_payoff_consults_until_both_times_are_measured():
     from hf_cascade.core.payoff import DrafterPayoff
 
     pay = DrafterPayoff()
-    assert pay.worth(0.01)                                    # nothing measured yet
+    assert pay.worth(0.01)  # nothing measured yet
     pay.observe_consult(1.0, 0.004)
-    assert pay.worth(0.01)                                    # no target step measured yet
-    pay.observe_verdict(0, 1, None)                           # the prefill's step: not measured
+    assert pay.worth(0.01)  # no target step measured yet
+    pay.observe_verdict(0, 1, None)  # the prefill's step: not measured
     assert pay.worth(0.01) and pay.rate() is None
 
 
-@pytest.mark.measured_costs                                   # the rule itself, unpinned
+@pytest.mark.measured_costs  # the rule itself, unpinned
 def test_drafter_payoff_golden_rule_and_exploration():
     from hf_cascade.core.payoff import DrafterPayoff
 
     pay = DrafterPayoff(prior=0.5, strength=2.0, explore_every=4)
-    pay.observe_consult(1.0, 0.004)                           # one consultation at reach 1: 4 ms
-    pay.observe_verdict(1, 3, 0.056)                          # one of its tokens accepted, 3 emitted in a 56 ms step
-    assert pay.gain_per_reach() == pytest.approx((1 + 2 * 0.5) / (1 + 2))        # g = 2/3
-    assert pay.rate() == pytest.approx(3 / 0.060)                                # R = 50 tokens per second
+    pay.observe_consult(1.0, 0.004)  # one consultation at reach 1: 4 ms
+    pay.observe_verdict(1, 3, 0.056)  # one of its tokens accepted, 3 emitted in a 56 ms step
+    assert pay.gain_per_reach() == pytest.approx((1 + 2 * 0.5) / (1 + 2))  # g = 2/3
+    assert pay.rate() == pytest.approx(3 / 0.060)  # R = 50 tokens per second
     # worth it while reach * 2/3 >= 50 * 4 ms = 0.2, i.e. reach >= 0.3
     assert pay.worth(0.31) and pay.worth(1.0)
-    assert [pay.worth(0.29) for _ in range(8)] == [False, False, False, True] * 2   # every 4th refusal explores
-    for _ in range(20):                                       # a drafter the target never agrees with
+    assert [pay.worth(0.29) for _ in range(8)] == [False, False, False, True] * 2  # every 4th refusal explores
+    for _ in range(20):  # a drafter the target never agrees with
         pay.observe_consult(1.0, 0.004)
         pay.observe_verdict(0, 3, 0.056)
     assert pay.gain_per_reach() == pytest.approx(2.0 / 23.0)
-    assert not pay.worth(1.0)                                 # 0.087 < 0.2: even at reach 1
-    pay.observe_consult(1.0, 0.001)                           # a consultation's time is a moving average
+    assert not pay.worth(1.0)  # 0.087 < 0.2: even at reach 1
+    pay.observe_consult(1.0, 0.001)  # a consultation's time is a moving average
     assert pay._consult_seconds == pytest.approx(0.8 * 0.004 + 0.2 * 0.001)
 
 
@@ -205,18 +209,19 @@ def test_drafter_payoff_values_a_token_at_the_generations_rate():
     for pay, emitted in ((slow, 1), (fast, 4)):
         for _ in range(10):
             pay.observe_consult(1.0, 0.005)
-            pay.observe_verdict(1 if _ % 4 == 0 else 0, emitted, 0.045)   # g about 0.3
+            pay.observe_verdict(1 if _ % 4 == 0 else 0, emitted, 0.045)  # g about 0.3
     assert slow.worth(1.0) and not fast.worth(1.0)
 
 
 def test_frozen_calibration_gives_the_same_values_until_the_next_verdict():
     import random
+
     rng = random.Random(0)
     cal = AcceptanceCalibration()
     for _ in range(50):
         cal.observe(rng.random(), rng.random() < 0.5)
     frozen = cal.frozen()
     probs = [0.0, 0.2, 0.5, 0.9, 1.0, 1.2] + [rng.random() for _ in range(200)]
-    assert [frozen(p) for p in probs] == [cal(p) for p in probs]                 # equal floats, not close ones
+    assert [frozen(p) for p in probs] == [cal(p) for p in probs]  # equal floats, not close ones
     cal.observe(0.95, False)
-    assert frozen(0.95) != cal(0.95)                                             # a snapshot: the verdict is not in it
+    assert frozen(0.95) != cal(0.95)  # a snapshot: the verdict is not in it

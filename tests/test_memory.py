@@ -12,8 +12,15 @@ import threading
 import pytest
 import torch
 
-from hf_cascade import (CascadeAssistant, DynamicWindowAssistant, DynamicWindowSettings, GlideAssistant, MaxGram,
-                        ReDrafterAssistant, ReDrafterSettings)
+from hf_cascade import (
+    CascadeAssistant,
+    DynamicWindowAssistant,
+    DynamicWindowSettings,
+    GlideAssistant,
+    MaxGram,
+    ReDrafterAssistant,
+    ReDrafterSettings,
+)
 from hf_cascade.core.payoff import DraftPolicy
 from hf_cascade.drafters.memory import AnswerMemory, memory_bucket
 from hf_cascade.options import Policy
@@ -21,18 +28,18 @@ from tests import tiny_models as tm
 from tests.contract_registry import base_kit, fresh_kit
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
-
 # -- the memory on token lists -------------------------------------------------------------------------
+
 
 def test_recall_takes_the_longest_match_most_recent_first():
     memory = AnswerMemory(max_tokens=100, key=2)
     memory.add([5, 6, 7, 8, 9])
     memory.add([1, 6, 7, 3, 4])
-    assert memory.recall([0, 6, 7], max_ngram=10, k=2) == ([3, 4], 2)      # a tie: the most recent answer
-    assert memory.recall([5, 6, 7], max_ngram=10, k=5) == ([8, 9], 3)      # longer in the older: it wins
-    assert memory.recall([5, 6, 7], max_ngram=2, k=1) == ([3], 2)          # capped: a tie again
-    assert memory.recall([8, 9], max_ngram=10, k=3) == ([], 0)             # nothing follows an answer's end
-    assert memory.recall([7], max_ngram=10, k=3) == ([], 0)                # shorter than the key
+    assert memory.recall([0, 6, 7], max_ngram=10, k=2) == ([3, 4], 2)  # a tie: the most recent answer
+    assert memory.recall([5, 6, 7], max_ngram=10, k=5) == ([8, 9], 3)  # longer in the older: it wins
+    assert memory.recall([5, 6, 7], max_ngram=2, k=1) == ([3], 2)  # capped: a tie again
+    assert memory.recall([8, 9], max_ngram=10, k=3) == ([], 0)  # nothing follows an answer's end
+    assert memory.recall([7], max_ngram=10, k=3) == ([], 0)  # shorter than the key
     m, found = memory.occurrences([0, 6, 7], max_ngram=10, max_matches=4)
     assert m == 2 and [end for _, end in found] == [2, 2] and found[0][0] == [1, 6, 7, 3, 4]
 
@@ -41,14 +48,14 @@ def test_eviction_keeps_the_limit_and_the_newest_answers():
     memory = AnswerMemory(max_tokens=10, key=2)
     memory.add([1, 2, 3, 4])
     memory.add([5, 6, 7, 8])
-    memory.add([9, 10, 11, 12])                          # 12 tokens: the oldest answer goes
+    memory.add([9, 10, 11, 12])  # 12 tokens: the oldest answer goes
     assert (len(memory), memory.answers, memory.entries) == (8, 2, 4)
     assert memory.recall([1, 2], 10, 2) == ([], 0)
     assert memory.recall([9, 10], 10, 2) == ([11, 12], 2)
-    memory.add(list(range(20, 40)))                      # longer than the limit: its last 10 tokens, alone
+    memory.add(list(range(20, 40)))  # longer than the limit: its last 10 tokens, alone
     assert (len(memory), memory.answers, memory.entries) == (10, 1, 8)
     assert memory.recall([30, 31], 10, 3) == ([32, 33, 34], 2) and memory.recall([20, 21], 10, 1) == ([], 0)
-    memory.add([1, 2])                                   # nothing follows its only context: not kept
+    memory.add([1, 2])  # nothing follows its only context: not kept
     assert memory.answers == 1
     memory.forget()
     assert (len(memory), memory.answers, memory.entries) == (0, 0, 0)
@@ -60,12 +67,12 @@ def test_bounded_over_10k_fills():
     2000-token memory: never above the limit, one index entry per kept context, lookups still find the newest."""
     g = torch.Generator().manual_seed(0)
     memory = AnswerMemory(max_tokens=2000, key=2)
-    for i in range(10_000):
+    for _ in range(10_000):
         n = int(torch.randint(5, 61, (1,), generator=g))
         answer = torch.randint(0, 50, (n,), generator=g).tolist()
         memory.add(answer)
         assert len(memory) <= 2000
-    assert memory.entries == len(memory) - 2 * memory.answers        # (each answer of n tokens: n - key entries)
+    assert memory.entries == len(memory) - 2 * memory.answers  # (each answer of n tokens: n - key entries)
     assert memory.recall(answer[:-1], 10, 1) == ([answer[-1]], min(10, len(answer) - 1))
 
 
@@ -82,11 +89,11 @@ def test_maxgram_takes_the_memory_when_its_match_is_longer():
     policy = DraftPolicy.lookahead(MaxGram(adaptive=False))
     memory = AnswerMemory(100)
     memory.add([7, 8, 9, 10, 11, 12])
-    seq = torch.tensor([9, 20, 7, 8, 9])                # the sequence's own match: "9" (1 token); memory's: 3
+    seq = torch.tensor([9, 20, 7, 8, 9])  # the sequence's own match: "9" (1 token); memory's: 3
     prop = MaxGram(adaptive=False).propose(seq, 10, policy, memory=memory)
     assert prop.host == [10, 11, 12] and prop.bucket == memory_bucket(3)
     assert MaxGram(adaptive=False).propose(seq, 10, policy).host[:2] == [20, 7]
-    for _ in range(20):                                 # the memory's drafts keep being rejected: the sequence's
+    for _ in range(20):  # the memory's drafts keep being rejected: the sequence's
         policy.observe(memory_bucket(3), 3, 0)
     assert MaxGram(adaptive=False).propose(seq, 10, policy, memory=memory).host[:2] == [20, 7]
 
@@ -116,24 +123,27 @@ def test_greedy_identical_with_and_without_memory(target, prompts):
     for prompt in prompts + prompts:
         plain = target.generate(prompt, max_new_tokens=NEW, do_sample=False).tolist()
         for name, assistant in (("with", with_memory), ("without", without)):
-            assert target.generate(prompt, max_new_tokens=NEW, do_sample=False, assistant_model=assistant).tolist() \
-                == plain, name
+            assert (
+                target.generate(prompt, max_new_tokens=NEW, do_sample=False, assistant_model=assistant).tolist()
+                == plain
+            ), name
             calls[name] += assistant.last_stats.target_calls
         level = with_memory.last_stats.levels[-1]
         assert level.name == "memory"
         proposed, accepted = proposed + level.tokens_proposed, accepted + level.tokens_accepted
-    assert 0 < accepted < proposed                       # memory drafts reached the target, some rejected
+    assert 0 < accepted < proposed  # memory drafts reached the target, some rejected
     assert calls["with"] < calls["without"]
     assert [lv.name for lv in without.last_stats.levels] == ["maxgram"] and without.memory is None
 
 
 LOOKUP_USERS = {
     "glide": lambda kit, policy: GlideAssistant(kit.glide, policy=policy),
-    "redrafter": lambda kit, policy: ReDrafterAssistant(kit.head, settings=ReDrafterSettings(beam_width=4,
-                                                                                              beam_length=4),
-                                                        policy=policy),
+    "redrafter": lambda kit, policy: ReDrafterAssistant(
+        kit.head, settings=ReDrafterSettings(beam_width=4, beam_length=4), policy=policy
+    ),
     "hsddw": lambda kit, policy: DynamicWindowAssistant(
-        kit.drafter, kit.big, policy=policy, settings=DynamicWindowSettings(max_window=4, tau_init=2.0, tau2_init=2.0)),
+        kit.drafter, kit.big, policy=policy, settings=DynamicWindowSettings(max_window=4, tau_init=2.0, tau2_init=2.0)
+    ),
 }
 
 
@@ -148,8 +158,10 @@ def test_lookup_users_draft_from_memory_losslessly(name, prompts):
     for prompt in prompts[:4] + prompts[:4]:
         plain = target.generate(prompt, max_new_tokens=NEW, do_sample=False).tolist()
         for key, assistant in (("with", with_memory), ("without", without)):
-            assert target.generate(prompt, max_new_tokens=NEW, do_sample=False, assistant_model=assistant).tolist() \
-                == plain, key
+            assert (
+                target.generate(prompt, max_new_tokens=NEW, do_sample=False, assistant_model=assistant).tolist()
+                == plain
+            ), key
             calls[key] += assistant.last_stats.target_calls
     assert calls["with"] < calls["without"], calls
 
@@ -160,12 +172,11 @@ def test_batch_rows_are_remembered_without_padding(target):
     width = max(map(len, rows))
     input_ids = torch.tensor([[tm.PAD] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    out = target.generate(input_ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
-                          assistant_model=assistant)
+    out = target.generate(input_ids, attention_mask=mask, max_new_tokens=12, do_sample=False, assistant_model=assistant)
     answers = [a for _, a in assistant.memory._answers]
     expected = []
     for row in out[:, width:].tolist():
-        expected.append(row[:row.index(tm.EOS) + 1] if tm.EOS in row else row)
+        expected.append(row[: row.index(tm.EOS) + 1] if tm.EOS in row else row)
     assert answers == [a for a in expected if len(a) > assistant.memory.key]
 
 
@@ -181,13 +192,16 @@ def test_no_state_leaks_between_assistants_and_forget_empties(target, prompts):
     def stats(assistant):
         target.generate(prompts[0], max_new_tokens=NEW, do_sample=False, assistant_model=assistant)
         s = assistant.last_stats
-        return s.target_calls, s.accepted_per_call, [(lv.name, lv.tokens_proposed, lv.tokens_accepted)
-                                                     for lv in s.levels]
+        return (
+            s.target_calls,
+            s.accepted_per_call,
+            [(lv.name, lv.tokens_proposed, lv.tokens_accepted) for lv in s.levels],
+        )
 
     fresh = stats(CascadeAssistant([MaxGram()], policy=Policy(memory=5000)))
-    assert stats(b) == fresh                             # b saw none of a's answers
+    assert stats(b) == fresh  # b saw none of a's answers
     remembered = stats(a)
-    assert remembered != fresh                           # a drafts from its memory
+    assert remembered != fresh  # a drafts from its memory
     a.forget()
     assert (len(a.memory), a.memory.answers) == (0, 0)
     assert stats(a) == fresh
@@ -202,10 +216,11 @@ def test_one_assistant_called_from_several_threads(target, prompts):
     def work(i):
         try:
             for _ in range(2):
-                got[i] = target.generate(prompts[i], max_new_tokens=NEW, do_sample=False,
-                                         assistant_model=assistant).tolist()
+                got[i] = target.generate(
+                    prompts[i], max_new_tokens=NEW, do_sample=False, assistant_model=assistant
+                ).tolist()
                 assert got[i] == plain[i], i
-        except Exception as exc:                          # reported below: a thread's assert does not fail the test
+        except Exception as exc:  # reported below: a thread's assert does not fail the test
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]

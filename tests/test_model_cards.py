@@ -20,8 +20,16 @@ import pytest
 import yaml
 
 from hf_cascade.cli import main as cli_main
-from hf_cascade.heads.cards import (REPO_LINE, card_code, front_matter, hub_datasets, hub_repo_id, license_section,
-                                    sync_cards, usage_section)
+from hf_cascade.heads.cards import (
+    REPO_LINE,
+    card_code,
+    front_matter,
+    hub_datasets,
+    hub_repo_id,
+    license_section,
+    sync_cards,
+    usage_section,
+)
 from hf_cascade.heads.hub import CARD_TAGS
 from tests.hub_cache import CARDS, TARGET, hub_env, other_repo
 
@@ -39,8 +47,10 @@ CARD_KINDS = {
 }
 #: folder-name prefix -> (``hf-cascade train --target`` name the card was written with, its Hub id, licence, a phrase
 #: of the licence note)
-TARGETS = {"gemma-3-270m": ("gemma-3-270m", TARGET, "gemma", "Gemma Terms of Use"),
-           "smollm2-135m": ("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0", "Apache License 2.0")}
+TARGETS = {
+    "gemma-3-270m": ("gemma-3-270m", TARGET, "gemma", "Gemma Terms of Use"),
+    "smollm2-135m": ("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0", "Apache License 2.0"),
+}
 #: folders whose snippets run against the card hub's saved target: one Gemma folder per kind. A kind's snippets are
 #: the same text in each of its folders but for the ``repo`` line (test_usage_section_is_the_generated_one), so a
 #: second folder of a kind (``gemma-3-270m-drafter-m``) would run the same code on another checkpoint; every shipped
@@ -57,7 +67,7 @@ def read_card(name: str) -> tuple[dict, str]:
     text = (CARDS / name / "README.md").read_text()
     m = re.match(r"---\n(.*?)\n---\n", text, re.S)
     assert m, f"{name}: no front matter"
-    return yaml.safe_load(m.group(1)), text[m.end():]
+    return yaml.safe_load(m.group(1)), text[m.end() :]
 
 
 def python_blocks(body: str) -> list[str]:
@@ -76,9 +86,9 @@ def test_front_matter(name):
     assert front["license"] == license_id and front["base_model"] == hub_id
     assert front["datasets"] == ["openai/gsm8k"] == hub_datasets(dict.fromkeys(sources, 1))
     assert "hf-cascade" in front["tags"] and "speculative-decoding" in front["tags"]
-    assert front.get("pipeline_tag") == pipeline_tag           # GLIDE / ReDrafter cannot generate alone
+    assert front.get("pipeline_tag") == pipeline_tag  # GLIDE / ReDrafter cannot generate alone
     assert front.get("library_name") == (None if kind == "corpus" else "transformers")
-    if kind != "corpus":                                       # exactly what save_hub writes for a retrained head
+    if kind != "corpus":  # exactly what save_hub writes for a retrained head
         meta = {"datasets": front["datasets"], **({"pipeline_tag": pipeline_tag} if pipeline_tag else {})}
         assert front == front_matter(spec, meta, tags=CARD_TAGS)
     assert phrase in body and body.rstrip().endswith(license_section(license_id, sources).rstrip())
@@ -92,28 +102,30 @@ def test_smollm2_is_a_known_target():
         front = front_matter(spec, {"datasets": ["openai/gsm8k"]}, tags=CARD_TAGS)
         assert front["license"] == "apache-2.0" and front["base_model"] == hub_id
     assert f'pipeline("text-generation", model="{hub_id}"' in usage_section("glide", "<your-org>/x", "smollm2")
-    assert "Apache License 2.0" in license_section("apache-2.0", THREE) and "Gemma" not in license_section("apache-2.0", THREE)
+    assert "Apache License 2.0" in license_section("apache-2.0", THREE) and "Gemma" not in license_section(
+        "apache-2.0", THREE
+    )
 
 
 @pytest.mark.parametrize("name", list(CARD_KINDS))
 def test_usage_section_is_the_generated_one(name):
     kind = CARD_KINDS[name][0]
     _, body = read_card(name)
-    blocks = python_blocks(body)                               # the examples the real-model test runs
+    blocks = python_blocks(body)  # the examples the real-model test runs
     assert hub_repo_id(CARDS / name) == f"<your-org>/{name}"  # a placeholder: nothing is published under our org
     spec, hub_id, _, _ = target_of(name)
     assert usage_section(kind, f"<your-org>/{name}", spec) in body
     explicit = blocks[-1]
     line = REPO_LINE.format(repo=f"<your-org>/{name}")
-    assert all(b.count(line) == 1 and b.count("repo = ") == 1 for b in blocks)   # named once, in the line to fill in
+    assert all(b.count(line) == 1 and b.count("repo = ") == 1 for b in blocks)  # named once, in the line to fill in
     assert f'from_pretrained("{hub_id}", device_map="auto")' in explicit
-    if kind != "corpus":                                       # the one-line use comes first (issue 30)
+    if kind != "corpus":  # the one-line use comes first (issue 30)
         assert len(blocks) == 2 and body.index(blocks[0]) < body.index(explicit)
         assert "assistant_model=repo," in blocks[0] and "import hf_cascade" in blocks[0]
     else:
         assert len(blocks) == 1
     assert not [b for b in blocks if "model_cards" in b or "trust_remote_code" in b or "hf-cascade/" in b]
-    assert "hf-cascade/" not in body                           # no Hub id of ours anywhere in the card
+    assert "hf-cascade/" not in body  # no Hub id of ours anywhere in the card
 
 
 def with_repo(snippet: str, name: str, repo: str) -> str:
@@ -203,11 +215,19 @@ def test_card_snippets_run_under_any_repo_id_and_from_its_folder(name, card_hub,
     variants = []
     for i, snippet in enumerate(blocks):
         check = CHECKS["pipeline" if "pipeline(" in snippet else "explicit"]
-        variants += [(f"snippet {i} hub {other_repo(name)}", with_repo(snippet, name, other_repo(name)) + check),
-                     (f"snippet {i} folder {name}", with_repo(snippet, name, str(CARDS / name)) + check)]
+        variants += [
+            (f"snippet {i} hub {other_repo(name)}", with_repo(snippet, name, other_repo(name)) + check),
+            (f"snippet {i} folder {name}", with_repo(snippet, name, str(CARDS / name)) + check),
+        ]
     script = f"VARIANTS = {variants!r}\nTARGET = {TARGET!r}\n" + RUNNER
-    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=hub_env(card_hub, tmp_path),
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=hub_env(card_hub, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     body_out, loads = res.stdout.rsplit("TARGET-LOADS", 1)
     assert 1 <= int(loads) <= len(blocks), f"the target loaded {loads.strip()} times for {len(blocks)} snippets"
@@ -226,8 +246,14 @@ def test_model_cards_readme_snippet_runs_from_the_repository_root(tmp_path):
     blocks = python_blocks((CARDS / "README.md").read_text())
     assert len(blocks) == 1 and "hf-cascade/" not in blocks[0]
     check = "\nprint('SNIPPET-OK', type(glide).__name__, type(redrafter).__name__, type(cascade).__name__)\n"
-    res = subprocess.run([sys.executable, "-c", blocks[0] + check], cwd=CARDS.parent,
-                         env=hub_env(tmp_path / "empty-hub", tmp_path), capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", blocks[0] + check],
+        cwd=CARDS.parent,
+        env=hub_env(tmp_path / "empty-hub", tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     assert res.stdout.split("SNIPPET-OK", 1)[1].split() == ["GlideAssistant", "ReDrafterAssistant", "CascadeAssistant"]
 
@@ -239,8 +265,8 @@ def test_remote_code_is_what_cards_sync_writes():
     assert not differ, f"differ from hf_cascade/heads/ (run hf-cascade cards --sync): {[str(p) for p in differ]}"
     kinds = {name: sorted(card_code(CARDS / name)) for name in CARD_KINDS}
     assert kinds["gemma-3-270m-glide-xs"] == ["attention_glide.py", "configuration_glide.py", "modeling_glide.py"]
-    assert kinds["gemma-3-270m-corpus-ngrams"] == []                # no remote code: not a model
-    shipped = [name for name in CARD_KINDS if (CARDS / name / "config.json").is_file()]   # a card-only folder has none
+    assert kinds["gemma-3-270m-corpus-ngrams"] == []  # no remote code: not a model
+    shipped = [name for name in CARD_KINDS if (CARDS / name / "config.json").is_file()]  # a card-only folder has none
     assert all(kinds[name] for name in shipped if CARD_KINDS[name][0] != "corpus")
     assert kinds["smollm2-135m-drafter-xs"] == [] and "smollm2-135m-drafter-xs" not in shipped
 

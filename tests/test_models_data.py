@@ -25,6 +25,7 @@ needs_specbench = pytest.mark.skipif(not _specbench_available(), reason="shared/
 
 # ---------------------------------------------------------------- synthetic data (always runs)
 
+
 @pytest.fixture
 def mini_specbench(tmp_path: Path) -> Path:
     rows = []
@@ -136,6 +137,7 @@ def test_gguf_to_hf_dir_atomic_and_idempotent(tmp_path: Path, monkeypatch: pytes
 
 # ---------------------------------------------------------------- the shipped data (skips without shared/)
 
+
 @needs_specbench
 def test_specbench_real_file_counts() -> None:
     full = load_specbench(per_category=None)
@@ -161,6 +163,7 @@ def test_train_prompts_real_files() -> None:
 
 # ---------------------------------------------------------------- the real model
 
+
 @pytest.mark.real_model
 def test_default_target_greedy_is_deterministic(gemma) -> None:
     model, tok = gemma
@@ -172,5 +175,5 @@ def test_default_target_greedy_is_deterministic(gemma) -> None:
         a = model.generate(ids, max_new_tokens=12, do_sample=False)
         b = model.generate(ids, max_new_tokens=12, do_sample=False)
     assert torch.equal(a, b)
-    text = tok.decode(a[0, ids.shape[1]:], skip_special_tokens=True)
+    text = tok.decode(a[0, ids.shape[1] :], skip_special_tokens=True)
     assert "Paris" in text

@@ -11,9 +11,9 @@ import torch
 from transformers import LogitsProcessorList
 
 from hf_cascade.core.payoff import AcceptanceCalibration, CostModel, ExpectedGainRule
+from hf_cascade.core.stats import LevelStats
 from hf_cascade.drafters.maxgram import common_prefix
 from hf_cascade.drafters.neural import NeuralLevel, _as_float32
-from hf_cascade.core.stats import LevelStats
 from tests import tiny_models as tm
 from tests.test_drafter_head import EVEN, make_drafter
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
@@ -26,12 +26,13 @@ def test_greedy_reduced_drafts_equal_the_full_row_path(rule):
     model = make_drafter(seed=5)
     fast = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("fast"))
     full = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("full"))
-    full._greedy_reduced = lambda: False                                      # full-vocabulary rows
+    full._greedy_reduced = lambda: False  # full-vocabulary rows
     assert fast._greedy_reduced()
     calibration = AcceptanceCalibration()
     for p, hit in [(0.3, False), (0.5, True), (0.7, False), (0.9, True)]:
         calibration.observe(p, hit)
     seq = torch.tensor([1, 4, 6, 8, 4, 6])
+
     def make_rule(call):
         return ExpectedGainRule.after([0.6] * (call % 3), CostModel(measure=False), calibration) if rule else None
 
@@ -39,7 +40,7 @@ def test_greedy_reduced_drafts_equal_the_full_row_path(rule):
         got = fast.generate(seq, 4, False, set(), rule=make_rule(call))
         expected = full.generate(seq, 4, False, set(), rule=make_rule(call))
         assert got[0].tolist() == expected[0].tolist(), f"call {call}"
-        torch.testing.assert_close(got[1], expected[1], rtol=1e-6, atol=1e-7)   # softmax over N vs V: last bits
+        torch.testing.assert_close(got[1], expected[1], rtol=1e-6, atol=1e-7)  # softmax over N vs V: last bits
         # the target accepts a prefix and adds its own token; sometimes a different one
         keep = call % (got[0].shape[0] + 1)
         seq = torch.cat([seq, got[0][:keep], torch.tensor([2 * (call % 40) + 2])])
@@ -51,7 +52,7 @@ def test_float32_floor_matches_the_tensor_comparison():
     g = torch.Generator().manual_seed(0)
     q = torch.rand(2000, generator=g)
     for floor in [0.7, 0.3, 0.1, 1 / 3, 0.0, 1.0, *torch.rand(20, generator=g, dtype=torch.float64).tolist()]:
-        nearest = float(torch.tensor(floor, dtype=torch.float32))             # q values at the rounding edge
+        nearest = float(torch.tensor(floor, dtype=torch.float32))  # q values at the rounding edge
         for value in [*q.tolist(), nearest, *torch.tensor([nearest]).nextafter(torch.tensor([2.0])).tolist()]:
             tensor_says = bool(torch.tensor(value, dtype=torch.float32) >= floor)
             assert tensor_says == (value >= _as_float32(floor)), (value, floor)
@@ -74,9 +75,10 @@ def test_cost_model_remembers_costs_until_the_next_observation():
         model.observe(k, seconds)
         fresh.observe(k, seconds)
         fresh._costs.clear()
-    model.prior_step = fresh.prior_step = 0.9                                 # settings changed in place
-    assert [model.cost(j) for j in range(8)] == [CostModel(prior_step=0.9, _seconds=dict(fresh._seconds)).cost(j)
-                                                 for j in range(8)]
+    model.prior_step = fresh.prior_step = 0.9  # settings changed in place
+    assert [model.cost(j) for j in range(8)] == [
+        CostModel(prior_step=0.9, _seconds=dict(fresh._seconds)).cost(j) for j in range(8)
+    ]
 
 
 def test_reduced_subset_covers_the_drafted_tokens():

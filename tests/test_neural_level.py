@@ -8,8 +8,8 @@ import torch
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
 from hf_cascade.core.payoff import CostModel, ExpectedGainRule
-from hf_cascade.drafters.neural import NeuralLevel, check_same_vocabulary, output_vocab_size
 from hf_cascade.core.stats import LevelStats
+from hf_cascade.drafters.neural import NeuralLevel, check_same_vocabulary, output_vocab_size
 from tests import tiny_models as tm
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -33,9 +33,13 @@ def random_walk(level, model, steps, seed, processors=None, max_back=4):
         full = torch.cat([cur, torch.randint(4, tm.VOCAB, (adv,), generator=g)])
         start = max(1, full.shape[0] - adv - back)
         got = level.scores(full, start)
-        torch.testing.assert_close(got, full_scores(model, full, start, processors), atol=1e-4, rtol=1e-4,
-                                   msg=lambda s, step=step, full=full, start=start:
-                                   f"step {step}, length {full.shape[0]}, start {start}: {s}")
+        torch.testing.assert_close(
+            got,
+            full_scores(model, full, start, processors),
+            atol=1e-4,
+            rtol=1e-4,
+            msg=lambda s, step=step, full=full, start=start: f"step {step}, length {full.shape[0]}, start {start}: {s}",
+        )
         keep = int(torch.randint(start, full.shape[0] + 1, (1,), generator=g))
         cur = full[:keep]
 
@@ -73,14 +77,14 @@ def test_smaller_drafter_vocabulary_is_padded_with_minus_inf():
     level = NeuralLevel(target, tm.VOCAB + 8, LogitsProcessorList(), LevelStats("d"))
     s = level.scores(torch.tensor([1, 5, 6]), 3)
     assert s.shape == (1, tm.VOCAB + 8)
-    assert torch.isneginf(s[:, tm.VOCAB:]).all() and torch.isfinite(s[:, : tm.VOCAB]).all()
+    assert torch.isneginf(s[:, tm.VOCAB :]).all() and torch.isfinite(s[:, : tm.VOCAB]).all()
 
 
 def test_generate_greedy_and_stop():
     model = tm.llama_target()
     level = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("d"))
     seq = torch.tensor([1, 5, 6, 7, 5, 6, 7, 5, 6])
-    expected = model.generate(seq[None], max_new_tokens=5, do_sample=False)[0, seq.shape[0]:]
+    expected = model.generate(seq[None], max_new_tokens=5, do_sample=False)[0, seq.shape[0] :]
     tokens, probs, dists = level.generate(seq, 5, do_sample=False, stop_ids=set())
     assert tokens.tolist() == expected.tolist() and dists is None
     assert probs.shape == (5,) and ((probs > 0) & (probs <= 1)).all()
@@ -99,13 +103,16 @@ def test_min_confidence_keeps_or_drops_the_unsure_token(threshold):
     dropped (``keep_unsure=False``), so that every drafted token is one the drafter was sure of."""
     model = tm.llama_target()
     seq = torch.tensor([1, 5, 6, 7, 5, 6])
-    kept = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("d")).generate(seq, 6, False, set(), threshold)
+    kept = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("d")).generate(
+        seq, 6, False, set(), threshold
+    )
     dropped = NeuralLevel(model, tm.VOCAB, LogitsProcessorList(), LevelStats("d")).generate(
-        seq, 6, False, set(), threshold, keep_unsure=False)
+        seq, 6, False, set(), threshold, keep_unsure=False
+    )
     k_tokens, k_probs, _ = kept
     d_tokens, d_probs, _ = dropped
     assert bool((k_probs[:-1] >= threshold).all())
-    if k_tokens.shape[0] < 6 or float(k_probs[-1]) < threshold:      # stopped at an unsure token
+    if k_tokens.shape[0] < 6 or float(k_probs[-1]) < threshold:  # stopped at an unsure token
         assert float(k_probs[-1]) < threshold
         assert d_tokens.tolist() == k_tokens[:-1].tolist()
     else:

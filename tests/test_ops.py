@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from hf_cascade.cascade.k_matrix import default_k_matrix, validate_k_matrix
-from hf_cascade.drafters.maxgram import BIGRAM_BUCKET, BigramTable, MaxGram, longest_suffix_match
 from hf_cascade.core.payoff import DraftPolicy
-from hf_cascade.core.stats import GenerationStats, PositionCounts
 from hf_cascade.core.review import greedy_review, one_hot_dists, output_distribution, sampling_review
+from hf_cascade.core.stats import GenerationStats, PositionCounts
+from hf_cascade.drafters.maxgram import BIGRAM_BUCKET, BigramTable, MaxGram, longest_suffix_match
 
 
 def T(*xs):
@@ -17,24 +17,25 @@ def T(*xs):
 
 # -- longest_suffix_match ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "seq, max_ngram, expected",
     [
-        ((1, 2, 3, 4), 10, (0, -1)),                 # no token repeats
+        ((1, 2, 3, 4), 10, (0, -1)),  # no token repeats
         ((3, 7), 10, (0, -1)),
-        ((7,), 10, (0, -1)),                         # too short
+        ((7,), 10, (0, -1)),  # too short
         ((), 10, (0, -1)),
         ((7, 7), 10, (1, 0)),
-        ((5, 1, 2, 3, 9, 1, 2, 3), 10, (3, 3)),      # [1 2 3] ended at index 3 before
-        ((5, 1, 2, 3, 9, 1, 2, 3), 2, (2, 3)),       # capped by max_ngram
+        ((5, 1, 2, 3, 9, 1, 2, 3), 10, (3, 3)),  # [1 2 3] ended at index 3 before
+        ((5, 1, 2, 3, 9, 1, 2, 3), 2, (2, 3)),  # capped by max_ngram
         ((5, 1, 2, 3, 9, 1, 2, 3), 1, (1, 3)),
         ((5, 1, 2, 3, 9, 1, 2, 3), 0, (0, -1)),
-        ((1, 2, 7, 1, 2, 8, 1, 2), 10, (2, 4)),      # two occurrences: the most recent one
+        ((1, 2, 7, 1, 2, 8, 1, 2), 10, (2, 4)),  # two occurrences: the most recent one
         ((1, 2, 3, 9, 2, 3, 5, 1, 2, 3), 10, (3, 2)),  # the longest match beats a more recent shorter one
-        ((7, 7, 7, 7), 10, (3, 2)),                  # self-overlapping run
-        ((7, 7, 7, 7), 2, (2, 2)),                   # capped: the most recent end of [7 7] is index 2
+        ((7, 7, 7, 7), 10, (3, 2)),  # self-overlapping run
+        ((7, 7, 7, 7), 2, (2, 2)),  # capped: the most recent end of [7 7] is index 2
         ((4, 7, 7, 7, 7, 7), 10, (4, 4)),
-        ((1, 2, 1, 2, 1, 2), 10, (4, 3)),            # overlapping periodic match
+        ((1, 2, 1, 2, 1, 2), 10, (4, 3)),  # overlapping periodic match
     ],
 )
 def test_longest_suffix_match(seq, max_ngram, expected):
@@ -63,6 +64,7 @@ def test_longest_suffix_match_agrees_with_brute_force():
 
 # -- BigramTable ------------------------------------------------------------------------------------
 
+
 def test_bigram_fit_keeps_most_frequent_successor():
     table = BigramTable.fit([[1, 2, 1, 2, 1, 3], [4, 0], [3]], vocab_size=5)
     assert table.next_token.tolist() == [-1, 2, 1, -1, 0]
@@ -80,11 +82,11 @@ def test_bigram_fit_empty():
 def test_bigram_chain():
     table = BigramTable.fit([[1, 2, 1, 2, 1, 3], [4, 0]], vocab_size=5)
     assert table.chain(1, 5).tolist() == [2, 1, 2, 1, 2]
-    assert table.chain(4, 5).tolist() == [0]          # 0 has no successor: stops
+    assert table.chain(4, 5).tolist() == [0]  # 0 has no successor: stops
     assert table.chain(3, 4).tolist() == []
     assert table.chain(1, 0).tolist() == []
     assert table.chain(-1, 3).tolist() == []
-    assert table.chain(99, 3).tolist() == []          # out of range
+    assert table.chain(99, 3).tolist() == []  # out of range
     assert table.chain(1, 2).dtype == torch.long
 
 
@@ -125,6 +127,7 @@ def test_maxgram_settings_validation():
 
 
 # -- greedy_review ----------------------------------------------------------------------------------
+
 
 def _logits(*rows):
     return torch.tensor(rows, dtype=torch.float32).log()
@@ -229,8 +232,8 @@ def test_sampling_review_certain_rejection_samples_residual():
     for seed in range(5):
         r = sampling_review(T(0), q, p, generator=torch.Generator().manual_seed(seed))
         assert r.num_accepted == 0
-        assert r.tokens.tolist() == [2]                   # residual max(0, p - q) = [0, 0, .8]
-        torch.testing.assert_close(r.dists, p[:1])        # lossless: the emitted token ~ p
+        assert r.tokens.tolist() == [2]  # residual max(0, p - q) = [0, 0, .8]
+        torch.testing.assert_close(r.dists, p[:1])  # lossless: the emitted token ~ p
 
 
 def test_sampling_review_lenient_dists_golden():
@@ -278,6 +281,7 @@ def test_one_hot_dists():
 
 # -- K-matrix ------------------------------------------------------------------------------------------
 
+
 def test_default_k_matrix_values():
     assert default_k_matrix([False, True]) == [[2, 10], [0, 10]]
     assert default_k_matrix([False, False, True]) == [[2, 2, 10], [0, 2, 10], [0, 0, 10]]
@@ -316,6 +320,7 @@ def test_validate_k_matrix_errors(k, n, message):
 
 
 # -- statistics ----------------------------------------------------------------------------------------
+
 
 def test_position_counts_and_generation_stats():
     pc = PositionCounts()

@@ -33,23 +33,87 @@ from hf_cascade.suffix import SuffixAssistant, SuffixSettings
 
 #: What each assistant's __init__ took before its options became data (keyword names, in their old order).
 OLD_KEYWORDS = {
-    CascadeAssistant: ("k_matrix", "lenience", "tokenizer", "maxgram_lenience", "min_confidence", "maxgram_first",
-                       "keep_unsure", "cost_aware", "revision", "token", "cache_dir", "dtype", "device_map",
-                       "place_drafters"),
-    DynamicWindowAssistant: ("max_window", "tau_init", "tau2_init", "max_target_window", "tokenizer", "revision",
-                             "token", "cache_dir", "dtype", "device_map", "place_drafters", "lookup", "cost_aware"),
-    GlideAssistant: ("cape", "draft_length", "cape_sizes", "cape_thresholds", "max_tree_nodes", "min_confidence",
-                     "min_expansion_prob", "verify_cost", "lookup", "revision", "token", "cache_dir", "dtype",
-                     "device_map", "place_drafters"),
-    ReDrafterAssistant: ("beam_width", "beam_length", "dedupe", "min_confidence", "verify_cost", "lookup", "revision",
-                         "token", "cache_dir", "dtype", "device_map", "place_drafters"),
+    CascadeAssistant: (
+        "k_matrix",
+        "lenience",
+        "tokenizer",
+        "maxgram_lenience",
+        "min_confidence",
+        "maxgram_first",
+        "keep_unsure",
+        "cost_aware",
+        "revision",
+        "token",
+        "cache_dir",
+        "dtype",
+        "device_map",
+        "place_drafters",
+    ),
+    DynamicWindowAssistant: (
+        "max_window",
+        "tau_init",
+        "tau2_init",
+        "max_target_window",
+        "tokenizer",
+        "revision",
+        "token",
+        "cache_dir",
+        "dtype",
+        "device_map",
+        "place_drafters",
+        "lookup",
+        "cost_aware",
+    ),
+    GlideAssistant: (
+        "cape",
+        "draft_length",
+        "cape_sizes",
+        "cape_thresholds",
+        "max_tree_nodes",
+        "min_confidence",
+        "min_expansion_prob",
+        "verify_cost",
+        "lookup",
+        "revision",
+        "token",
+        "cache_dir",
+        "dtype",
+        "device_map",
+        "place_drafters",
+    ),
+    ReDrafterAssistant: (
+        "beam_width",
+        "beam_length",
+        "dedupe",
+        "min_confidence",
+        "verify_cost",
+        "lookup",
+        "revision",
+        "token",
+        "cache_dir",
+        "dtype",
+        "device_map",
+        "place_drafters",
+    ),
     RecyclingAssistant: ("top_k", "max_nodes", "max_depth", "max_ngram", "max_matches", "verify_cost", "hot_start"),
-    SuffixAssistant: ("num_speculative_tokens", "max_tree_depth", "max_cached_requests", "max_spec_factor",
-                      "min_token_prob", "use_tree_spec"),
+    SuffixAssistant: (
+        "num_speculative_tokens",
+        "max_tree_depth",
+        "max_cached_requests",
+        "max_spec_factor",
+        "min_token_prob",
+        "use_tree_spec",
+    ),
 }
 #: The model each assistant is built from in these tests (never loaded: the old keyword is refused first).
-FIRST = {CascadeAssistant: ([MaxGram()],), DynamicWindowAssistant: ("org/drafter",), GlideAssistant: ("org/glide",),
-         ReDrafterAssistant: ("org/redrafter",), RecyclingAssistant: (), SuffixAssistant: ()}
+FIRST = {
+    CascadeAssistant: ([MaxGram()],),
+    DynamicWindowAssistant: ("org/drafter",),
+    GlideAssistant: ("org/glide",),
+    ReDrafterAssistant: ("org/redrafter",),
+    RecyclingAssistant: (),
+    SuffixAssistant: (),
+}
 
 
 def public_assistants() -> set[type]:
@@ -67,13 +131,20 @@ def public_assistants() -> set[type]:
 def test_every_public_assistant_takes_at_most_six_parameters():
     classes = public_assistants()
     exported = {getattr(hf_cascade, n) for n in hf_cascade.__all__}
-    assert {CascadeAssistant, DynamicWindowAssistant, GlideAssistant, ReDrafterAssistant, RecyclingAssistant,
-            MaxGramTreeAssistant, SuffixAssistant} <= classes
+    assert {
+        CascadeAssistant,
+        DynamicWindowAssistant,
+        GlideAssistant,
+        ReDrafterAssistant,
+        RecyclingAssistant,
+        MaxGramTreeAssistant,
+        SuffixAssistant,
+    } <= classes
     assert {c for c in exported if isinstance(c, type) and issubclass(c, Assistant) and c is not Assistant} <= classes
     for cls in classes:
         params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
         assert len(params) <= 6, (cls.__name__, [p.name for p in params])
-        options = [p for p in params if p.kind is not p.KEYWORD_ONLY]       # the model(s) alone are positional
+        options = [p for p in params if p.kind is not p.KEYWORD_ONLY]  # the model(s) alone are positional
         assert len(options) <= 2 and not any(p.kind is p.VAR_KEYWORD for p in params), (cls.__name__, options)
 
 
@@ -95,20 +166,29 @@ def test_old_keywords_error_examples():
         GlideAssistant("org/glide", cape_sizes=(3, 1))
     with pytest.raises(TypeError, match=r"policy=Policy\(lookup=\.\.\.\)\) \[Max-Gram's match first"):
         CascadeAssistant([MaxGram()], maxgram_first=False)
-    with pytest.raises(TypeError, match=r"Policy\(cost_aware=False\)"):                # verify_cost=None: the paper
+    with pytest.raises(TypeError, match=r"Policy\(cost_aware=False\)"):  # verify_cost=None: the paper
         ReDrafterAssistant("org/redrafter", verify_cost=None)
-    with pytest.raises(TypeError) as info:                                   # every old keyword of the call is named
+    with pytest.raises(TypeError) as info:  # every old keyword of the call is named
         DynamicWindowAssistant("org/drafter", max_window=4, revision="main", place_drafters=False)
     for place in ("settings=DynamicWindowSettings(max_window=", "loading=Loading(revision=", "loading=Loading(place="):
         assert place in str(info.value)
-    with pytest.raises(TypeError, match="positional"):                       # options are keywords
+    with pytest.raises(TypeError, match="positional"):  # options are keywords
         ReDrafterAssistant("org/redrafter", ReDrafterSettings())
 
 
 def test_options_are_frozen_checked_data():
-    for value in (Loading(), Policy(), Policy.paper(), CascadeSettings(k_matrix=[[2, 10], [0, 10]]),
-                  DynamicWindowSettings(), GlideSettings(), GlideSettings.chain(), ReDrafterSettings(),
-                  RecyclingSettings(), SuffixSettings()):
+    for value in (
+        Loading(),
+        Policy(),
+        Policy.paper(),
+        CascadeSettings(k_matrix=[[2, 10], [0, 10]]),
+        DynamicWindowSettings(),
+        GlideSettings(),
+        GlideSettings.chain(),
+        ReDrafterSettings(),
+        RecyclingSettings(),
+        SuffixSettings(),
+    ):
         assert dataclasses.is_dataclass(value) and type(value).__dataclass_params__.frozen
     assert CascadeSettings(k_matrix=[[2, 10], [0, 10]]).k_matrix == ((2, 10), (0, 10))
     assert GlideSettings(cape=True).cape == CapeSettings() and GlideSettings(cape=False).cape is None

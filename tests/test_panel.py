@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from hf_cascade.backends.cpu import panel
 from hf_cascade.backends.cpu.panel import PANEL, PanelPacker
-
 from tests.test_verify_linear import threads
 
 pytestmark = pytest.mark.skipif(not PANEL.available(), reason="the panel kernel did not build on this machine")
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.skipif(not PANEL.available(), reason="the panel kernel 
 
 def test_panel_layout_golden():
     """W [18, 2] -> [2 panels, K=2, 16]: panel p, row k holds W[16p:16p+16, k], zeros past W's rows."""
-    w = torch.arange(36, dtype=torch.float32).reshape(18, 2)                  # w[n, k] = 2n + k
+    w = torch.arange(36, dtype=torch.float32).reshape(18, 2)  # w[n, k] = 2n + k
     got = panel.extension().pack_panels(w)
     assert got.shape == (2, 2, 16)
     assert got[0, 0].tolist() == [float(2 * n) for n in range(16)]
@@ -45,12 +44,12 @@ def test_products_equal_linear(d_out, d_in, n_threads):
     packer = PanelPacker()
     lin = torch.nn.Linear(d_in, d_out)
     with threads(n_threads):
-        for m in list(range(1, 18)) + [33]:           # one pass, then chunks (8 rows with AVX-512, 6 elsewhere)
+        for m in list(range(1, 18)) + [33]:  # one pass, then chunks (8 rows with AVX-512, 6 elsewhere)
             x = torch.randn(m, d_in)
             out = packer.product(lin.weight, x, lin.bias)
             assert out.shape == (m, d_out) and out.is_contiguous()
             torch.testing.assert_close(out, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
-    assert len(packer._packed) == 1                                            # one copy for all those calls
+    assert len(packer._packed) == 1  # one copy for all those calls
 
 
 def test_copies_are_made_once_remade_after_an_update_and_dropped_with_the_weight():
@@ -78,9 +77,9 @@ def test_bad_panels_raise_a_clear_error():
     ext = panel.extension()
     w = torch.randn(20, 8)
     with pytest.raises(RuntimeError, match="do not fit"):
-        ext.panel_linear(torch.randn(2, 9), ext.pack_panels(w), 20)           # d_in 9 against 8
+        ext.panel_linear(torch.randn(2, 9), ext.pack_panels(w), 20)  # d_in 9 against 8
     with pytest.raises(RuntimeError, match="do not fit"):
-        ext.panel_linear(torch.randn(2, 8), ext.pack_panels(w), 40)           # 40 outputs from 2 panels
+        ext.panel_linear(torch.randn(2, 8), ext.pack_panels(w), 40)  # 40 outputs from 2 panels
     with pytest.raises(RuntimeError, match="float32"):
         ext.pack_panels(w.double())
 

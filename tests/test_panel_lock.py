@@ -15,9 +15,9 @@ def test_a_stale_lock_is_removed_and_a_fresh_one_kept(tmp_path, monkeypatch):
     lock = tmp_path / "ext" / "lock"
     assert _get_build_directory("ext", verbose=False) == str(lock.parent)
     lock.write_text("")
-    assert not clear_stale_lock("ext") and lock.exists()                  # a build may be running
+    assert not clear_stale_lock("ext") and lock.exists()  # a build may be running
     os.utime(lock, (lock.stat().st_atime, lock.stat().st_mtime - 3600))
     with pytest.warns(RuntimeWarning, match="stale build lock"):
         assert clear_stale_lock("ext")
     assert not lock.exists()
-    assert not clear_stale_lock("ext")                                     # none left
+    assert not clear_stale_lock("ext")  # none left

@@ -19,9 +19,9 @@ def test_rounds_are_kept_per_key_and_the_last_ones_read(store):
         profile_rounds.keep_rounds(key, [{0: 1.0, 1: 1.0 + i / 100}])
     profile_rounds.keep_rounds(other, [{0: 1.0, 1: 2.0}])
     with open(store, "a") as f:
-        f.write('{"key": "cut by a concurrent wri')                             # a torn line is skipped
+        f.write('{"key": "cut by a concurrent wri')  # a torn line is skipped
     kept = profile_rounds.kept_rounds(key)
-    assert [r[1] for r in kept] == pytest.approx([1.03, 1.04, 1.05, 1.06])     # the newest KEPT - 1, oldest first
+    assert [r[1] for r in kept] == pytest.approx([1.03, 1.04, 1.05, 1.06])  # the newest KEPT - 1, oldest first
     assert profile_rounds.rounds_to_measure(0) == profile_rounds.LEAST and profile_rounds.rounds_to_measure(4) == 1
 
 
@@ -38,13 +38,13 @@ def test_kept_rounds_off_and_unwritable(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "0")
     profile_rounds.keep_rounds("k", [{0: 1.0}])
     assert not (tmp_path / profile_rounds.FILE).exists() and profile_rounds.kept_rounds("k") == []
-    assert profile_rounds.rounds_to_measure(0) == 1                            # one round of its own, as before
+    assert profile_rounds.rounds_to_measure(0) == 1  # one round of its own, as before
     monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "1")
     monkeypatch.setenv("HF_CASCADE_CACHE", str(tmp_path / "a-file"))
     (tmp_path / "a-file").write_text("")
-    profile_rounds.keep_rounds("k", [{0: 1.0}])                                # a cache that is a file: warns only
+    profile_rounds.keep_rounds("k", [{0: 1.0}])  # a cache that is a file: warns only
     assert "cannot keep" in caplog.text
-    assert profile_rounds.rounds_to_measure(0) == 1                            # nothing can be kept: one round
+    assert profile_rounds.rounds_to_measure(0) == 1  # nothing can be kept: one round
 
 
 @pytest.mark.measured_costs
@@ -59,7 +59,7 @@ def test_a_process_measures_one_round_once_enough_are_kept_and_a_spoiled_one_is_
         return lambda model, rounds, **kw: measured.append(rounds) or [draw] * rounds
 
     model = object()
-    monkeypatch.setattr(measure, "profile_key", lambda m: ("cpu", "fake", len(measured)))   # a new process each time
+    monkeypatch.setattr(measure, "profile_key", lambda m: ("cpu", "fake", len(measured)))  # a new process each time
     monkeypatch.setattr(measure, "_MEASURED", {})
     monkeypatch.setattr(measure, "_ROUNDS", {})
     monkeypatch.setattr(profile_rounds, "store_key", lambda key, settings: "the machine")
@@ -80,13 +80,13 @@ def test_reuse_measures_nothing_once_enough_are_kept(store, monkeypatch):
     monkeypatch.setenv("HF_CASCADE_PROFILE_ROUNDS", "reuse")
     draw = {n: 1 + 0.05 * n for n in measure.QUICK_GRID}
     measured = []
-    monkeypatch.setattr(measure, "profile_key", lambda m: ("cpu", "fake", len(measured)))   # a new process each time
+    monkeypatch.setattr(measure, "profile_key", lambda m: ("cpu", "fake", len(measured)))  # a new process each time
     monkeypatch.setattr(measure, "_MEASURED", {})
     monkeypatch.setattr(measure, "_ROUNDS", {})
     monkeypatch.setattr(measure, "store_key", lambda key, settings: "the machine")
     monkeypatch.setattr(measure, "_rounds", lambda model, rounds, **kw: measured.append(rounds) or [draw] * rounds)
     profiles = [measure.measured_verify_cost(object()) for _ in range(3)]
-    assert measured == [profile_rounds.LEAST]                     # the first process; the next two measured nothing
+    assert measured == [profile_rounds.LEAST]  # the first process; the next two measured nothing
     assert profiles[0].relative == profiles[2].relative == pytest.approx([1 + 0.05 * n for n in range(25)])
     assert measure.measured_profiles()[-1]["rounds"] == {"measured": 0, "kept": profile_rounds.LEAST}
     assert profile_rounds.rounds_to_measure(profile_rounds.LEAST - 1) == 1

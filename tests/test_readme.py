@@ -42,7 +42,7 @@ def _strings(block: str) -> list[str]:
 
 
 #: recorder run before a block: every generate() call with an assistant, kept with its inputs and output
-PRELUDE = '''
+PRELUDE = """
 import functools as _functools
 import transformers.generation.utils as _generation
 _CALLS = []
@@ -58,10 +58,10 @@ def _recording_generate(self, *args, **kwargs):
 
 
 _generation.GenerationMixin.generate = _recording_generate
-'''
+"""
 
 #: run after a block: each recorded call again without its assistant (once per distinct call), the same tokens
-EPILOGUE = '''
+EPILOGUE = """
 import sys as _sys
 import hf_cascade as _hf_cascade
 assert _CALLS, "the block generated nothing with an assistant"
@@ -79,7 +79,7 @@ for _model, _args, _kwargs, _out in _CALLS:
     assert _seq[0].tolist() == _seq[1].tolist(), ("output differs from plain greedy decoding", type(_assistant))
     print("README-CALL", type(_assistant).__name__, _assistant.last_stats.target_calls, _seq[0].shape[1])
 print("README-OK", len(_CALLS))
-'''
+"""
 
 
 def test_readme_blocks_are_well_formed():
@@ -87,8 +87,8 @@ def test_readme_blocks_are_well_formed():
     the real target's and, in blocks marked as needing the network, ``<your-org>/...`` (nothing is published as
     ``hf-cascade/...``)."""
     blocks = python_blocks()
-    assert len(blocks) >= 3 and not needs_network(blocks[0])         # the first example runs on a fresh clone
-    assert any(needs_network(b) for b in blocks)                      # the Hub form is shown, marked
+    assert len(blocks) >= 3 and not needs_network(blocks[0])  # the first example runs on a fresh clone
+    assert any(needs_network(b) for b in blocks)  # the Hub form is shown, marked
     assert "hf-cascade/" not in README.read_text()
     folders = {d.name for d in CARDS.iterdir() if d.is_dir()}
     for block in blocks:
@@ -116,8 +116,11 @@ def test_shipped_names_the_folders_and_fails_clearly(tmp_path, monkeypatch):
     from hf_cascade import shipped_folders as shipped_module
 
     monkeypatch.setattr(shipped_module, "MODEL_CARDS", tmp_path / "site-packages" / "model_cards")  # as in a wheel
-    with pytest.raises(FileNotFoundError, match=r"(?s)a wheel does not carry them.*pip install -e \..*hf upload "
-                                                r"<your-org>/gemma-3-270m-glide-xs"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"(?s)a wheel does not carry them.*pip install -e \..*hf upload "
+        r"<your-org>/gemma-3-270m-glide-xs",
+    ):
         hf_cascade.shipped("gemma-3-270m-glide-xs")
 
 
@@ -128,9 +131,15 @@ def test_readme_block_runs_as_written(index, card_hub, tmp_path):
     env = hub_env(card_hub, tmp_path)
     if needs_network(block):
         block = PLACEHOLDER.sub(lambda m: other_repo(m.group(1)), block)
-        env["HF_TOKEN"] = "hf_" + "x" * 34             # a login, for token=True (offline: never sent)
-    res = subprocess.run([sys.executable, "-c", PRELUDE + block + EPILOGUE], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
+        env["HF_TOKEN"] = "hf_" + "x" * 34  # a login, for token=True (offline: never sent)
+    res = subprocess.run(
+        [sys.executable, "-c", PRELUDE + block + EPILOGUE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     calls = [line.split() for line in res.stdout.splitlines() if line.startswith("README-CALL")]
     assert calls and res.stdout.rstrip().endswith(f"README-OK {len(calls)}"), res.stdout

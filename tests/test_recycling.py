@@ -30,8 +30,8 @@ def test_expand_is_best_first_by_path_probability():
     assert got.probs == got.estimates == [0.6, 0.9, 0.3, 0.5, 0.2]
     assert not any(got.on_seed)
     got = c.expand(1, RecyclingShape(max_nodes=10, max_depth=1), depth=1)
-    assert (got.tokens, got.parents) == ([2, 3], [-1, -1])             # depth 1: the root's children only
-    assert c.expand(9, RecyclingShape(), depth=8).tokens == []         # nothing recycled after 9
+    assert (got.tokens, got.parents) == ([2, 3], [-1, -1])  # depth 1: the root's children only
+    assert c.expand(9, RecyclingShape(), depth=8).tokens == []  # nothing recycled after 9
     # an estimate of the recycled probabilities reorders: 3 (.3 -> .9) before 2 (.6 -> .2)
     got = c.expand(1, RecyclingShape(max_nodes=2, max_depth=1), depth=1, estimate=lambda p: 0.9 if p < 0.5 else 0.2)
     assert got.tokens == [3, 2] and got.probs == [0.3, 0.6] and got.estimates == [0.9, 0.2]
@@ -43,15 +43,16 @@ def test_expand_merges_a_seed_path():
     got = c.expand(1, RecyclingShape(max_nodes=10, max_depth=8), depth=8, seed=[3, 8], seed_estimate=0.7)
     assert got.tokens == [3, 2, 4, 8] and got.parents == [-1, -1, 1, 0]
     assert got.estimates == [0.7, 0.6, 0.9, 0.7]
-    assert got.probs == [0.3, 0.6, 0.9, 0.0]                           # 8 is not in the table after 3
+    assert got.probs == [0.3, 0.6, 0.9, 0.0]  # 8 is not in the table after 3
     assert got.on_seed == [True, False, False, True]
-    assert got.tokens.count(3) == 1                                    # the table's 3 and the seed's 3: one node
+    assert got.tokens.count(3) == 1  # the table's 3 and the seed's 3: one node
 
 
 def _expand_every_child(table, root, shape, depth, seed, seed_estimate, estimate):
     """The expansion by its definition: every child of an expanded node enters one heap (ties by push order); a
     seed path's token ``i`` is a child of the seed token ``i - 1`` (share 1)."""
     import heapq
+
     heap, out, count = [], ([], [], [], []), 0
 
     def push(parent, token, path, level, at):
@@ -83,6 +84,7 @@ def test_expand_equals_the_expansion_with_every_child_queued():
     """The heap holds one child per expanded node (its siblings wait in order): the same nodes in the same order as
     queueing every child, seeds and ties included."""
     import random
+
     rng = random.Random(0)
     for _ in range(400):
         vocab, k = rng.choice([5, 12, 40]), rng.choice([2, 4, 8])
@@ -102,19 +104,23 @@ def test_expand_equals_the_expansion_with_every_child_queued():
 
 def test_record_keeps_the_computed_rows_top_k():
     tree = TokenTree(torch.tensor([4, 5]), torch.tensor([-1, 0]))
-    raw = torch.tensor([[0.0, 3.0, 2.0, 1.0, -9.0, -9.0],     # row 0 (after the root 7): 1 > 2 > 3
-                        [5.0, 0.0, 0.0, 0.0, 0.0, 4.0],       # row 1 (after 4): 0 > 5
-                        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])      # row 2 (after 5): not computed
+    raw = torch.tensor(
+        [
+            [0.0, 3.0, 2.0, 1.0, -9.0, -9.0],  # row 0 (after the root 7): 1 > 2 > 3
+            [5.0, 0.0, 0.0, 0.0, 0.0, 4.0],  # row 1 (after 4): 0 > 5
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        ]
+    )  # row 2 (after 5): not computed
     hidden = torch.eye(3)
     rows = TreeRows(tree, torch.tensor([1, 7]), [], hidden=hidden, head=lambda h: h @ raw, block_rows=2)
-    rows.raw(0)                                               # computes rows 0 and 1 (its first-child chain)
+    rows.raw(0)  # computes rows 0 and 1 (its first-child chain)
     c = RecycledCandidates(top_k=2)
     c.record(rows, [7, 4, 5])
-    assert set(c.table) == {7, 4}                              # row 2 was never computed: nothing about 5
+    assert set(c.table) == {7, 4}  # row 2 was never computed: nothing about 5
     assert c.table[7][0] == [1, 2] and c.table[4][0] == [0, 5]
     p = torch.softmax(raw[0], -1)
     assert c.table[7][1] == pytest.approx([float(p[1]), float(p[2])])
-    assert rows.rows_computed == 2                            # recording computed no row
+    assert rows.rows_computed == 2  # recording computed no row
 
 
 def test_shape_and_settings_are_checked():
@@ -134,10 +140,10 @@ def test_hot_start_keeps_the_table_per_target():
     assert len(hot_table) > 0
     for a in (cold, hot):
         target.generate(prompt, do_sample=False, max_new_tokens=12, assistant_model=a)
-    assert cold.candidates is not cold_table                   # one table per call
-    assert hot.candidates is hot_table                         # kept, and grown by the second call
+    assert cold.candidates is not cold_table  # one table per call
+    assert hot.candidates is hot_table  # kept, and grown by the second call
     other = tm.llama(vocab_size=16, layers=1, hidden=16, seed=4)
     other.generate(prompt, do_sample=False, max_new_tokens=4, assistant_model=hot)
-    assert hot.candidates is not hot_table                     # another target: a new table
+    assert hot.candidates is not hot_table  # another target: a new table
     hot.reset()
     assert len(hot.candidates) == 0

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hf_cascade import Policy, ReDrafterAssistant, ReDrafterSettings
-from hf_cascade.redrafter import beam_search, beams_tree, confident_prefix
 from hf_cascade.core import TokenTree
+from hf_cascade.redrafter import beam_search, beams_tree, confident_prefix
 from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, plain
 from tests.test_redrafter_decode import assert_parity, m  # noqa: F401  (fixture)
 from tests.test_tree import PAPER_BEAMS
@@ -67,29 +67,42 @@ def test_greedy_parity_with_fewer_nodes(m, width, length, dedupe, threshold):
     target, head = m["target"], m["head"]
     kept = drafted = 0
     for prompt in (REPETITIVE, ids(1, 40, 41, 42), ids(1, 70, 9, 70, 9), ONE_TOKEN):
-        full = assert_parity(target, prompt,
-                             ReDrafterAssistant(head,
-                                                settings=ReDrafterSettings(beam_width=width, beam_length=length,
-                                                                           dedupe=dedupe),
-                                                policy=Policy(cost_aware=False)))
-        st = assert_parity(target, prompt,
-                           ReDrafterAssistant(head,
-                                              settings=ReDrafterSettings(beam_width=width, beam_length=length,
-                                                                         dedupe=dedupe, min_confidence=threshold),
-                                              policy=Policy(cost_aware=False)))
+        full = assert_parity(
+            target,
+            prompt,
+            ReDrafterAssistant(
+                head,
+                settings=ReDrafterSettings(beam_width=width, beam_length=length, dedupe=dedupe),
+                policy=Policy(cost_aware=False),
+            ),
+        )
+        st = assert_parity(
+            target,
+            prompt,
+            ReDrafterAssistant(
+                head,
+                settings=ReDrafterSettings(
+                    beam_width=width, beam_length=length, dedupe=dedupe, min_confidence=threshold
+                ),
+                policy=Policy(cost_aware=False),
+            ),
+        )
         assert len(st.confident_nodes) == len(st.drafted_nodes)
         assert all(c <= d for c, d in zip(st.confident_nodes, st.drafted_nodes))
         assert sum(st.tree_sizes) <= sum(full.tree_sizes)
         kept, drafted = kept + sum(st.confident_nodes), drafted + sum(st.drafted_nodes)
-    assert kept < drafted                                                       # something was pruned
+    assert kept < drafted  # something was pruned
     assert st.to_dict()["confident_nodes"] == st.confident_nodes
 
 
 def test_min_confidence_one_is_plain_decoding(m):
     """Nothing is confident enough: every step verifies only the root, i.e. plain decoding (the head's own
     beams; without the lookup branch, whose seeds are not the head's)."""
-    a = ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=4, beam_length=4, min_confidence=1.0),
-                           policy=Policy(lookup=False))
+    a = ReDrafterAssistant(
+        m["head"],
+        settings=ReDrafterSettings(beam_width=4, beam_length=4, min_confidence=1.0),
+        policy=Policy(lookup=False),
+    )
     got = m["target"].generate(REPETITIVE, do_sample=False, assistant_model=a, max_new_tokens=12)
     assert got.tolist() == plain(m["target"], REPETITIVE, max_new_tokens=12).tolist()
     assert sum(a.last_stats.tree_sizes) == 0 and a.last_stats.target_calls == 12

@@ -39,25 +39,31 @@ NEW = 30
 
 # -- golden tensors: the paper's example (Listing 1 / Figure 2) ------------------------------------
 
+
 def test_paper_example_tree_mask_and_flat_layout():
-    tree = beams_tree(PAPER_BEAMS)                                            # 12 beam tokens -> 7 nodes
+    tree = beams_tree(PAPER_BEAMS)  # 12 beam tokens -> 7 nodes
     assert tree.tokens.tolist() == [91, 92, 93, 95, 94, 96, 97]
     # node i attends to itself and its ancestors: 91 <- 92 <- {93 <- {95, 97}, 94 <- 96}
-    assert torch.equal(tree.ancestor_mask().int(), T([
-        [1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0, 0],
-        [1, 1, 0, 0, 1, 0, 0],
-        [1, 1, 0, 0, 1, 1, 0],
-        [1, 1, 1, 0, 0, 0, 1],
-    ]).int())
+    assert torch.equal(
+        tree.ancestor_mask().int(),
+        T(
+            [
+                [1, 0, 0, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0, 0, 0],
+                [1, 1, 1, 0, 0, 0, 0],
+                [1, 1, 1, 1, 0, 0, 0],
+                [1, 1, 0, 0, 1, 0, 0],
+                [1, 1, 0, 0, 1, 1, 0],
+                [1, 1, 1, 0, 0, 0, 1],
+            ]
+        ).int(),
+    )
     # the additive mask the target gets after 2 cached tokens and the root (verify_tree adds the root)
     rooted = tree.with_root(90)
     mask = tree_attention_mask(2, rooted)[0, 0]
     assert mask.shape == (8, 10) and bool((mask[:, :2] == 0).all())
     assert torch.equal(mask[:, 2:] == 0, rooted.ancestor_mask())
-    assert mask[3, 2 + 4] == NEG and mask[7, 2 + 3] == 0                      # 93 !-> 94 ; 97 -> 93
+    assert mask[3, 2 + 4] == NEG and mask[7, 2 + 3] == 0  # 93 !-> 94 ; 97 -> 93
     flat = flat_tree(PAPER_BEAMS)
     assert flat.tokens.tolist() == PAPER_BEAMS.flatten().tolist()
     assert flat.parents.tolist() == [-1, 0, 1, 2, -1, 4, 5, 6, -1, 8, 9, 10]
@@ -74,27 +80,35 @@ def test_tree_masked_forward_equals_per_beam_forwards(name):
     model = tm.llama() if name == "llama" else tm.gemma3(sliding_window=4)
     prefix = T([1, 17, 42, 5, 63, 8, 21])
     g = torch.Generator().manual_seed(0)
-    beams = torch.randint(10, 13, (5, 6), generator=g)                      # 3 tokens: many shared prefixes
+    beams = torch.randint(10, 13, (5, 6), generator=g)  # 3 tokens: many shared prefixes
     beams[3] = beams[1]
     tree, beam_to_node, _ = prefix_tree(beams)
     assert len(tree) < beams.numel()
     with torch.no_grad():
-        per_beam = torch.stack([model(input_ids=torch.cat([prefix, b])[None]).logits[0, prefix.shape[0]:]
-                                for b in beams])                              # [w, L, V]
+        per_beam = torch.stack(
+            [model(input_ids=torch.cat([prefix, b])[None]).logits[0, prefix.shape[0] :] for b in beams]
+        )  # [w, L, V]
         for t, b2n in ((tree, beam_to_node), (flat_tree(beams), torch.arange(beams.numel()).view(beams.shape))):
             cache = DynamicCache()
             model(input_ids=prefix[None, :-1], past_key_values=cache, use_cache=True)
-            logits = verify_tree(model, cache, prefix.shape[0] - 1, t, prefix[-1])   # [n + 1, V]
+            logits = verify_tree(model, cache, prefix.shape[0] - 1, t, prefix[-1])  # [n + 1, V]
             torch.testing.assert_close(unpack(logits[1:], b2n), per_beam, rtol=1e-4, atol=1e-4)
 
 
 # -- beam search -------------------------------------------------------------------------------------
 
+
 def _head(vocab=8, hidden=6, subset=None, seed=0) -> ReDrafterModel:
     torch.manual_seed(seed)
-    head = ReDrafterModel(ReDrafterConfig(vocab_size=vocab, hidden_size=hidden, num_draft_layers=1,
-                                          initializer_range=0.5,
-                                          draft_vocab_size=None if subset is None else len(subset))).eval()
+    head = ReDrafterModel(
+        ReDrafterConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_draft_layers=1,
+            initializer_range=0.5,
+            draft_vocab_size=None if subset is None else len(subset),
+        )
+    ).eval()
     if subset is not None:
         head.set_vocab_subset(subset)
     return head
@@ -116,8 +130,9 @@ def test_beam_search_against_brute_force(subset):
     x, root = torch.randn(6, generator=g), 4
     cols = list(range(8)) if subset is None else subset
     with torch.no_grad():
-        every = sorted(((_joint_logp(head, x, emb, root, s), s) for s in itertools.product(cols, repeat=2)),
-                       key=lambda t: -t[0])
+        every = sorted(
+            ((_joint_logp(head, x, emb, root, s), s) for s in itertools.product(cols, repeat=2)), key=lambda t: -t[0]
+        )
         # width >= N ** L: every sequence, best first
         beams, scores = beam_search(head, x, root, emb, width=100, length=2)
         assert beams.shape == (len(cols) ** 2, 2)
@@ -143,6 +158,7 @@ def test_beam_search_against_brute_force(subset):
 
 # -- decoding through generate() ---------------------------------------------------------------------
 
+
 @pytest.fixture(params=["llama", "gemma3"], scope="module")
 def m(request):
     target = models(request.param)["target"]
@@ -165,18 +181,23 @@ def assert_parity(target, prompt, assistant, **kw) -> ReDrafterStats:
     return stats
 
 
-@pytest.mark.parametrize("width, length, dedupe", [(1, 1, True), (1, 5, True), (4, 5, True), (4, 5, False),
-                                                   (3, 2, True), (8, 6, True)])
+@pytest.mark.parametrize(
+    "width, length, dedupe", [(1, 1, True), (1, 5, True), (4, 5, True), (4, 5, False), (3, 2, True), (8, 6, True)]
+)
 @pytest.mark.parametrize("prompt", [REPETITIVE, ONE_TOKEN], ids=["repetitive", "one_token"])
 def test_greedy_parity(m, width, length, dedupe, prompt):
-    stats = assert_parity(m["target"], prompt,
-                          ReDrafterAssistant(m["head"],
-                                             settings=ReDrafterSettings(beam_width=width, beam_length=length,
-                                                                        dedupe=dedupe),
-                                             policy=Policy(cost_aware=False)))
+    stats = assert_parity(
+        m["target"],
+        prompt,
+        ReDrafterAssistant(
+            m["head"],
+            settings=ReDrafterSettings(beam_width=width, beam_length=length, dedupe=dedupe),
+            policy=Policy(cost_aware=False),
+        ),
+    )
     assert max(stats.tree_depths) <= length and max(stats.tree_leaves) <= width
-    assert sum(stats.accepted_per_call) > 0                                    # the trained head's drafts are used
-    if prompt is ONE_TOKEN:                                                    # no hidden state before the first step
+    assert sum(stats.accepted_per_call) > 0  # the trained head's drafts are used
+    if prompt is ONE_TOKEN:  # no hidden state before the first step
         assert stats.tree_sizes[0] == 0 and stats.skipped_drafts >= 1
 
 
@@ -185,20 +206,30 @@ def test_packed_and_flat_trees_accept_the_same_tokens(m):
     prompts = [REPETITIVE, ids(1, 40, 41, 42), ids(1, 70, 9, 70, 9)]
     ratios = []
     for prompt in prompts:
-        packed = assert_parity(m["target"], prompt,
-                               ReDrafterAssistant(m["head"],
-                                                  settings=ReDrafterSettings(beam_width=6, beam_length=4, dedupe=True),
-                                                  policy=Policy(cost_aware=False)))
-        flat = assert_parity(m["target"], prompt,
-                             ReDrafterAssistant(m["head"],
-                                                settings=ReDrafterSettings(beam_width=6, beam_length=4, dedupe=False),
-                                                policy=Policy(cost_aware=False)))
+        packed = assert_parity(
+            m["target"],
+            prompt,
+            ReDrafterAssistant(
+                m["head"],
+                settings=ReDrafterSettings(beam_width=6, beam_length=4, dedupe=True),
+                policy=Policy(cost_aware=False),
+            ),
+        )
+        flat = assert_parity(
+            m["target"],
+            prompt,
+            ReDrafterAssistant(
+                m["head"],
+                settings=ReDrafterSettings(beam_width=6, beam_length=4, dedupe=False),
+                policy=Policy(cost_aware=False),
+            ),
+        )
         assert packed.accepted_per_call == flat.accepted_per_call
         assert flat.drafted_nodes == flat.beam_tokens and flat.compression_ratio == 1.0
         assert packed.beam_tokens == flat.beam_tokens
         assert all(p <= f for p, f in zip(packed.drafted_nodes, flat.drafted_nodes))
         ratios.append(packed.compression_ratio)
-    assert min(ratios) > 1.0, ratios                                          # beams do share prefixes
+    assert min(ratios) > 1.0, ratios  # beams do share prefixes
     d = packed.to_dict()
     assert d["compression_ratio"] == packed.compression_ratio and d["beam_tokens"] == packed.beam_tokens
     assert packed.draft_cost_ratio > 0 and "draft" in d["phase_seconds"]
@@ -209,7 +240,7 @@ def test_no_extra_target_forward(m):
     step (counted on the target's decoder, which verification calls without the output head)."""
     target = m["target"]
     a = ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=4, beam_length=4))
-    measured_verify_cost(target)              # the default profile is measured once per process, not counted here
+    measured_verify_cost(target)  # the default profile is measured once per process, not counted here
     calls = []
     handle = target.get_decoder().register_forward_hook(lambda mod, args, out: calls.append(1))
     try:
@@ -222,17 +253,23 @@ def test_no_extra_target_forward(m):
 
 def test_eos_and_length_cuts(m):
     target = m["target"]
-    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1]:].tolist()
+    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1] :].tolist()
     for eos in dict.fromkeys(free[3:12]):
-        stats = assert_parity(target, REPETITIVE,
-                              ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=4, beam_length=5)),
-                              max_new_tokens=40,
-                              eos_token_id=eos)
+        stats = assert_parity(
+            target,
+            REPETITIVE,
+            ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=4, beam_length=5)),
+            max_new_tokens=40,
+            eos_token_id=eos,
+        )
         assert stats.new_tokens == free.index(eos) + 1
     for new in (1, 2, 3, 5, 7):
-        stats = assert_parity(target, REPETITIVE,
-                              ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=3, beam_length=6)),
-                              max_new_tokens=new)
+        stats = assert_parity(
+            target,
+            REPETITIVE,
+            ReDrafterAssistant(m["head"], settings=ReDrafterSettings(beam_width=3, beam_length=6)),
+            max_new_tokens=new,
+        )
         assert stats.new_tokens == new and all(d <= new - 1 for d in stats.tree_depths)
 
 
@@ -247,9 +284,9 @@ def test_wider_beams_accept_more(m):
     seq = target.generate(REPETITIVE, do_sample=True, max_new_tokens=60)[0]
     with torch.no_grad():
         out = target(input_ids=seq[None], output_hidden_states=True)
-    hidden, greedy_next = out.hidden_states[-1][0], out.logits[0].argmax(-1)     # [L, H], [L]
+    hidden, greedy_next = out.hidden_states[-1][0], out.logits[0].argmax(-1)  # [L, H], [L]
     hits = {1: 0, 4: 0}
-    for p in range(1, seq.shape[0]):                                           # root seq[p], produced by hidden[p - 1]
+    for p in range(1, seq.shape[0]):  # root seq[p], produced by hidden[p - 1]
         ok = {}
         for w in hits:
             beams, _ = beam_search(head, hidden[p - 1], seq[p], emb, width=w, length=1)
@@ -261,26 +298,32 @@ def test_wider_beams_accept_more(m):
     for w in (1, 4):
         calls = tokens = 0
         for prompt in (REPETITIVE, ids(1, 40, 41, 42), ids(1, 70, 9, 70, 9), ids(1, 33, 12)):
-            st = assert_parity(target, prompt,
-                               ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=w, beam_length=4),
-                                                  policy=Policy(cost_aware=False)))
+            st = assert_parity(
+                target,
+                prompt,
+                ReDrafterAssistant(
+                    head, settings=ReDrafterSettings(beam_width=w, beam_length=4), policy=Policy(cost_aware=False)
+                ),
+            )
             calls, tokens = calls + st.target_calls, tokens + st.new_tokens
         per_call[w] = tokens / calls
     assert per_call[4] >= per_call[1], per_call
 
 
 def test_untrained_head_still_exact(m):
-    assert_parity(m["target"], REPETITIVE,
-                  ReDrafterAssistant(random_head(m["target"]), settings=ReDrafterSettings(beam_width=4, beam_length=5)))
+    assert_parity(
+        m["target"],
+        REPETITIVE,
+        ReDrafterAssistant(random_head(m["target"]), settings=ReDrafterSettings(beam_width=4, beam_length=5)),
+    )
 
 
 def test_errors():
     target = models("llama")["target"]
     head = fit_head(target, "llama", steps=80)
     a = ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=4, beam_length=4))
-    with pytest.raises(ValueError, match="left padding"):                       # right padding is refused
-        ours(target, torch.cat([REPETITIVE, REPETITIVE]), a,
-             attention_mask=torch.tensor([[1] * 9, [1] * 8 + [0]]))
+    with pytest.raises(ValueError, match="left padding"):  # right padding is refused
+        ours(target, torch.cat([REPETITIVE, REPETITIVE]), a, attention_mask=torch.tensor([[1] * 9, [1] * 8 + [0]]))
     with pytest.raises(ValueError, match="beam"):
         ours(target, REPETITIVE, a, num_beams=2)
     other_vocab = ReDrafterModel(ReDrafterConfig(vocab_size=tm.VOCAB + 32, hidden_size=32))

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 import hf_cascade  # noqa: F401  (registers the heads)
 from hf_cascade import ReDrafterConfig, ReDrafterModel
 from hf_cascade.heads.hub import save_hub
-from hf_cascade.loading import load_head
 from hf_cascade.heads.redrafter.convert import convert_reference_checkpoint
+from hf_cascade.loading import load_head
 from hf_cascade.training.loop import Batch
 from hf_cascade.training.redrafter import redrafter_acceptance, redrafter_loss
 from hf_cascade.training.store import DistillStore
@@ -22,16 +22,21 @@ from tests import tiny_models as tm
 from tests.fresh_process import run_offline
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
-H = 32                                   # the tiny targets' hidden size
-EVEN = torch.arange(0, tm.VOCAB, 2)      # a reduced vocabulary: half of the target's
+H = 32  # the tiny targets' hidden size
+EVEN = torch.arange(0, tm.VOCAB, 2)  # a reduced vocabulary: half of the target's
 
 
 def make_head(seed: int = 0, subset=None, **kw) -> ReDrafterModel:
     torch.manual_seed(seed)
     kw.setdefault("num_draft_layers", 2)
-    config = ReDrafterConfig(vocab_size=tm.VOCAB, hidden_size=H, initializer_range=0.2,
-                             draft_vocab_size=None if subset is None else len(subset),
-                             target_name_or_path="tiny/llama", **kw)
+    config = ReDrafterConfig(
+        vocab_size=tm.VOCAB,
+        hidden_size=H,
+        initializer_range=0.2,
+        draft_vocab_size=None if subset is None else len(subset),
+        target_name_or_path="tiny/llama",
+        **kw,
+    )
     head = ReDrafterModel(config)
     if subset is not None:
         head.set_vocab_subset(subset)
@@ -93,7 +98,7 @@ def test_emb_norm_checkpoint_layout():
 def test_shapes_step_and_logits():
     head = make_head(subset=EVEN)
     g = torch.Generator().manual_seed(2)
-    x, embs = torch.randn(2, 5, H, generator=g), torch.randn(2, 5, 3, H, generator=g)   # [B, T, H], [B, T, K, H]
+    x, embs = torch.randn(2, 5, H, generator=g), torch.randn(2, 5, 3, H, generator=g)  # [B, T, H], [B, T, K, H]
     out = head(x, embs)
     assert out.logits.shape == (2, 5, 3, tm.VOCAB) and out.states.shape == (2, 5, 3, H)
     reduced = head(x, embs, full_vocab=False).logits
@@ -139,7 +144,7 @@ def test_config_roundtrip(tmp_path):
     c.save_pretrained(tmp_path)
     c2 = ReDrafterConfig.from_pretrained(tmp_path)
     assert c2.to_dict() == c.to_dict() and c2.exit_dim == 48 and c2.draft_vocab_size == 48 and not c2.rnn
-    assert ReDrafterConfig(hidden_size=8, vocab_size=10, exit_dim=-1).exit_dim == 16   # reference "unset"
+    assert ReDrafterConfig(hidden_size=8, vocab_size=10, exit_dim=-1).exit_dim == 16  # reference "unset"
     with pytest.raises(ValueError, match="draft_vocab_size"):
         ReDrafterConfig(vocab_size=10, hidden_size=8, draft_vocab_size=11)
 
@@ -150,8 +155,13 @@ def test_save_hub_reload_as_remote_code_in_fresh_process(tmp_path):
     repo = tmp_path / "repo"
     save_hub(head, repo, "# Tiny ReDrafter\n\nFor tests.")
     files = set(os.listdir(repo))
-    assert {"config.json", "model.safetensors", "README.md", "configuration_redrafter.py",
-            "modeling_redrafter.py"} <= files and "convert.py" not in files
+    assert {
+        "config.json",
+        "model.safetensors",
+        "README.md",
+        "configuration_redrafter.py",
+        "modeling_redrafter.py",
+    } <= files and "convert.py" not in files
     config = json.loads((repo / "config.json").read_text())
     assert config["model_type"] == "hf_cascade_redrafter"
     assert config["auto_map"]["AutoModel"] == "modeling_redrafter.ReDrafterModel"
@@ -162,8 +172,9 @@ def test_save_hub_reload_as_remote_code_in_fresh_process(tmp_path):
     with torch.no_grad():
         out = head(x, embs)
         reduced = head(x, embs, full_vocab=False).logits
-    torch.save({"x": x, "embs": embs, "logits": out.logits, "states": out.states, "reduced": reduced},
-               tmp_path / "expected.pt")
+    torch.save(
+        {"x": x, "embs": embs, "logits": out.logits, "states": out.states, "reduced": reduced}, tmp_path / "expected.pt"
+    )
     script = f"""
 import sys, torch
 from transformers import AutoModel
@@ -192,7 +203,7 @@ def test_load_head_roundtrip_and_wrong_shape(tmp_path):
 
     save_hub(head, tmp_path / "bad", "")
     cfg = json.loads((tmp_path / "bad" / "config.json").read_text())
-    cfg["exit_dim"] = 48                                   # input_proj appears, block shapes change
+    cfg["exit_dim"] = 48  # input_proj appears, block shapes change
     (tmp_path / "bad" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="does not match its config"):
         load_head(tmp_path / "bad")
@@ -203,14 +214,24 @@ def write_reference_checkpoint(path, rnn: bool, exit_dim: int, layers: int, fmt:
     """A synthetic checkpoint laid out as the reference's ``Drafter.save_pretrained`` writes it."""
     path.mkdir(parents=True)
     config = {  # what transformers writes for recurrent_drafting.configuration_drafter.DrafterConfig
-        "_name_or_path": "", "architectures": ["Drafter"], "exit_dim": exit_dim, "hidden_size": H,
-        "model_type": "recurrent_drafting_drafter", "num_draft_layers": layers, "num_lookback_tokens": -1,
-        "rnn": rnn, "torch_dtype": str(dtype).split(".")[-1], "transformers_version": "4.41.2", "vocab_size": tm.VOCAB,
+        "_name_or_path": "",
+        "architectures": ["Drafter"],
+        "exit_dim": exit_dim,
+        "hidden_size": H,
+        "model_type": "recurrent_drafting_drafter",
+        "num_draft_layers": layers,
+        "num_lookback_tokens": -1,
+        "rnn": rnn,
+        "torch_dtype": str(dtype).split(".")[-1],
+        "transformers_version": "4.41.2",
+        "vocab_size": tm.VOCAB,
     }
     (path / "config.json").write_text(json.dumps(config, indent=2))
     g = torch.Generator().manual_seed(seed)
-    tensors = {k: (0.3 * torch.randn(s, generator=g)).to(dtype)
-               for k, s in reference_names(H, exit_dim, layers, tm.VOCAB, rnn).items()}
+    tensors = {
+        k: (0.3 * torch.randn(s, generator=g)).to(dtype)
+        for k, s in reference_names(H, exit_dim, layers, tm.VOCAB, rnn).items()
+    }
     if fmt == "safetensors":
         from safetensors.torch import save_file
 
@@ -226,7 +247,9 @@ def test_convert_reference_checkpoint(tmp_path, rnn, exit_dim, layers, fmt):
     out = convert_reference_checkpoint(tmp_path / "ref", tmp_path / "hub", target_name_or_path="tiny/llama")
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "hf_cascade_redrafter" and config["rnn"] is rnn
-    assert config["exit_dim"] == exit_dim and config["num_draft_layers"] == layers and config["draft_vocab_size"] is None
+    assert (
+        config["exit_dim"] == exit_dim and config["num_draft_layers"] == layers and config["draft_vocab_size"] is None
+    )
     m = load_head(out)
     assert set(m.state_dict()) == set(raw)
     g = torch.Generator().manual_seed(4)
@@ -311,8 +334,9 @@ def test_loss_matches_reference_trainer(target, sequences):
 
 
 def test_loss_reads_store_hidden_states(target, sequences, tmp_path):
-    store = DistillStore.create_or_resume(tmp_path / "store", {"target": "tiny", "prompt_format": "raw",
-                                                               "max_new_tokens": 18, "hidden_size": H})
+    store = DistillStore.create_or_resume(
+        tmp_path / "store", {"target": "tiny", "prompt_format": "raw", "max_new_tokens": 18, "hidden_size": H}
+    )
     for i, (s, plen) in enumerate(sequences):
         with torch.no_grad():
             hid = target(torch.tensor([s]), output_hidden_states=True).hidden_states[-1][0].numpy()
@@ -321,7 +345,7 @@ def test_loss_reads_store_hidden_states(target, sequences, tmp_path):
     batch = make_train_batch(sequences, prompt_weight=0.1)
     from_target, _ = redrafter_loss(head, target, batch, L=3)
     from_store, _ = redrafter_loss(head, target, batch, L=3, store=store)
-    torch.testing.assert_close(from_store, from_target, rtol=2e-3, atol=2e-3)   # float16 storage
+    torch.testing.assert_close(from_store, from_target, rtol=2e-3, atol=2e-3)  # float16 storage
 
     ev = redrafter_acceptance(head, target, store, [0, 1, 2, 3], L=3)
     assert ev["eval_positions"] > 0 and 0.0 <= ev["alpha"] <= 1.0 and ev["tau"] == pytest.approx(3 * ev["alpha"])

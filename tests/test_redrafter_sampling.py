@@ -33,9 +33,10 @@ def head(small):
 
 SAMPLING = {
     "flat": (dict(settings=ReDrafterSettings(3, 3, dedupe=False), policy=Policy(cost_aware=False)), {}),
-    "wide_temp": (dict(settings=ReDrafterSettings(6, 4),
-                       policy=Policy(verify_cost=VerifyCost.flat())),  # the budget's path
-                  {"temperature": 0.7}),
+    "wide_temp": (
+        dict(settings=ReDrafterSettings(6, 4), policy=Policy(verify_cost=VerifyCost.flat())),  # the budget's path
+        {"temperature": 0.7},
+    ),
     "confident": (dict(settings=ReDrafterSettings(4, 4, min_confidence=0.2), policy=Policy(cost_aware=False)), {}),
 }
 
@@ -49,14 +50,15 @@ def test_per_step_calibration(small, head, name, free_drafts):
     assert stats["n"] == 8 * 100
     assert passes(stats), stats
     st = assistant.last_stats
-    assert 0 < sum(st.accepted_per_call) < sum(st.tree_depths)                 # speculation, with rejections
+    assert 0 < sum(st.accepted_per_call) < sum(st.tree_depths)  # speculation, with rejections
 
 
 def test_first_two_tokens_joint_distribution_flat_beams(small, head):
-    chi2, limit, tv = joint_test(small["target"],
-                                 ReDrafterAssistant(head,
-                                                    settings=ReDrafterSettings(beam_width=3, beam_length=2,
-                                                                               dedupe=False)),
-                                 runs=600, seed=900,
-                                 temperature=1.3)
+    chi2, limit, tv = joint_test(
+        small["target"],
+        ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=3, beam_length=2, dedupe=False)),
+        runs=600,
+        seed=900,
+        temperature=1.3,
+    )
     assert chi2 < limit, (chi2, limit, tv)

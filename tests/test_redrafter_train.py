@@ -57,7 +57,7 @@ def trained(target, data, tmp_path_factory):
     out = tmp_path_factory.mktemp("rd-train") / "head"
     cfg = TrainConfig(out, steps=10, batch_size=4, eval_every=10, eval_records=3, max_len=64, lr=1e-2, warmup=1)
     torch.manual_seed(0)
-    initial, _ = build_redrafter(target, DistillStore.open(data), SPEC, "tiny")     # what training starts from
+    initial, _ = build_redrafter(target, DistillStore.open(data), SPEC, "tiny")  # what training starts from
     torch.manual_seed(0)
     head, state = train_redrafter(target, data, cfg, SPEC, target_name="tiny", command=COMMAND, progress=False)
     return out, head, state, initial, cfg
@@ -83,10 +83,14 @@ def test_train_redrafter_learns_and_saves_hub_layout(trained, target, data):
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_redrafter.ReDrafterModel"
     assert config["draft_vocab_size"] == 64 and config["vocab_size"] == tm.VOCAB and config["hidden_size"] == 32
     assert config["exit_dim"] == 24 and config["num_draft_layers"] == 1
-    assert {"model.safetensors", "modeling_redrafter.py", "configuration_redrafter.py", "README.md"} <= set(os.listdir(out))
+    assert {"model.safetensors", "modeling_redrafter.py", "configuration_redrafter.py", "README.md"} <= set(
+        os.listdir(out)
+    )
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers\n") and COMMAND in card
-    assert "## Measured acceptance" in card and "| before training |" in card and "| this checkpoint (step 10) |" in card
+    assert (
+        "## Measured acceptance" in card and "| before training |" in card and "| this checkpoint (step 10) |" in card
+    )
     assert f"{ev['tau']:.3f}" in card
     ts = json.loads((out / "trainer_state.json").read_text())
     assert ts["spec"]["beam_length"] == 3 and ts["hidden_states"] == "cached" and ts["baseline"]["eval_positions"] > 0
@@ -97,17 +101,22 @@ def test_train_redrafter_learns_and_saves_hub_layout(trained, target, data):
 def test_reloaded_head_has_identical_logits_and_decodes_exactly(trained, target):
     out, head = trained[:2]
     reloaded = load_head(out).eval()
-    assert type(reloaded).__name__ == "ReDrafterModel"                      # the remote-code class of the checkpoint
+    assert type(reloaded).__name__ == "ReDrafterModel"  # the remote-code class of the checkpoint
     assert torch.equal(reloaded.vocab_subset, head.vocab_subset)
     g = torch.Generator().manual_seed(0)
     x, e = torch.randn(2, 32, generator=g), torch.randn(2, 4, 32, generator=g)
     with torch.no_grad():
-        assert torch.equal(reloaded(hidden_states=x, inputs_embeds=e).logits, head(hidden_states=x, inputs_embeds=e).logits)
+        assert torch.equal(
+            reloaded(hidden_states=x, inputs_embeds=e).logits, head(hidden_states=x, inputs_embeds=e).logits
+        )
     for prompt in (ids(1, 5, 9), ids(1, 50, 51, 52, 53)):
         expected = target.generate(prompt, do_sample=False, max_new_tokens=20)
-        a = ReDrafterAssistant(str(out), settings=ReDrafterSettings(beam_width=4, beam_length=3),
-                               policy=Policy(cost_aware=False))   # loads the head from its path
-        assert target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=a).tolist() == expected.tolist()
+        a = ReDrafterAssistant(
+            str(out), settings=ReDrafterSettings(beam_width=4, beam_length=3), policy=Policy(cost_aware=False)
+        )  # loads the head from its path
+        assert (
+            target.generate(prompt, do_sample=False, max_new_tokens=20, assistant_model=a).tolist() == expected.tolist()
+        )
         assert a.last_stats.target_calls < 20
 
 
@@ -133,10 +142,16 @@ def test_cached_hidden_states_equal_the_targets(target, data):
 def test_presets_fit_25mb_for_gemma_270m(name):
     spec = PRESETS[name]
     with torch.device("meta"):
-        head = ReDrafterModel(ReDrafterConfig(vocab_size=262144, hidden_size=640, exit_dim=spec.exit_dim,
-                                              num_draft_layers=spec.num_draft_layers,
-                                              draft_vocab_size=spec.draft_vocab_size))
-    size = sum(p.numel() * 4 for p in head.parameters()) + spec.draft_vocab_size * 8     # float32 + id buffer
+        head = ReDrafterModel(
+            ReDrafterConfig(
+                vocab_size=262144,
+                hidden_size=640,
+                exit_dim=spec.exit_dim,
+                num_draft_layers=spec.num_draft_layers,
+                draft_vocab_size=spec.draft_vocab_size,
+            )
+        )
+    size = sum(p.numel() * 4 for p in head.parameters()) + spec.draft_vocab_size * 8  # float32 + id buffer
     assert 5e6 < size <= 25e6, size
 
 

@@ -18,15 +18,21 @@ configurations, the detection of a lying ``q``, top-k in the joint test, and the
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
-from hf_cascade import (CascadeAssistant, CascadeSettings, CorpusNGrams, LossyLenientTarget, LossyTypicalAcceptance,
-                        MaxGram, Policy)
+from hf_cascade import (
+    CascadeAssistant,
+    CascadeSettings,
+    CorpusNGrams,
+    LossyLenientTarget,
+    LossyTypicalAcceptance,
+    MaxGram,
+    Policy,
+)
 from hf_cascade.candidate import ChainDrafter
-from tests.sampling_stats import calibration, passes, pooled_chi2, processed_probs  # noqa: F401  (re-exported to other tests)
 from tests import tiny_models as tm
+from tests.sampling_stats import calibration, passes, pooled_chi2, processed_probs  # noqa: F401  (re-exported to other tests)
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 V = 16
@@ -53,8 +59,9 @@ def run_long(model, assistant, calls, new, seed, **kw):
 
 
 # corpus n-grams over V = 16 (hand sequences: what the corpus proposes is often not what the target samples)
-CORPUS = CorpusNGrams.fit([([1, 5, 6, 5, 6, 5, 7, 8, 9, 5, 6, 7], 1), ([3, 4, 5, 6, 7, 8], 1)], vocab_size=V, max_n=2,
-                          min_count=1)
+CORPUS = CorpusNGrams.fit(
+    [([1, 5, 6, 5, 6, 5, 7, 8, 9, 5, 6, 7], 1), ([3, 4, 5, 6, 7, 8], 1)], vocab_size=V, max_n=2, min_count=1
+)
 
 #: The paper's cascade (fixed K-matrix lengths, largest drafter first): the configurations below exercise each
 #: review and verification path at every step; the defaults (``maxgram_first``, ``cost_aware``) are their own entry.
@@ -62,42 +69,85 @@ CORPUS = CorpusNGrams.fit([([1, 5, 6, 5, 6, 5, 7, 8, 9, 5, 6, 7], 1), ([3, 4, 5,
 CONFIGS = {
     "maxgram": (lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3)]), None, {}),
     "maxgram_corpus": (
-        lambda s: CascadeAssistant([MaxGram(adaptive=False, max_tokens=3, corpus=CORPUS, corpus_below=99)],
-                                   policy=Policy.paper()), None, {}),
+        lambda s: CascadeAssistant(
+            [MaxGram(adaptive=False, max_tokens=3, corpus=CORPUS, corpus_below=99)], policy=Policy.paper()
+        ),
+        None,
+        {},
+    ),
     "drafter+maxgram_l2": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
-                                   settings=CascadeSettings(lenience=2.0), policy=Policy.paper()), "noisy", {}),
+        lambda s: CascadeAssistant(
+            [s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+            settings=CascadeSettings(lenience=2.0),
+            policy=Policy.paper(),
+        ),
+        "noisy",
+        {},
+    ),
     "drafter+maxgram_l2_temp_topk": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
-                                   settings=CascadeSettings(lenience=2.0), policy=Policy.paper()), "noisy",
-        {"temperature": 1.5, "top_k": 6}),
+        lambda s: CascadeAssistant(
+            [s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+            settings=CascadeSettings(lenience=2.0),
+            policy=Policy.paper(),
+        ),
+        "noisy",
+        {"temperature": 1.5, "top_k": 6},
+    ),
     "maxgram_lenient_conf": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
-                                   settings=CascadeSettings(k_matrix=[[3, 3], [0, 3]], maxgram_lenience=3.0,
-                                                            min_confidence=0.5),
-                                   policy=Policy.paper()), "noisy", {}),
+        lambda s: CascadeAssistant(
+            [s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+            settings=CascadeSettings(k_matrix=[[3, 3], [0, 3]], maxgram_lenience=3.0, min_confidence=0.5),
+            policy=Policy.paper(),
+        ),
+        "noisy",
+        {},
+    ),
     "maxgram_first": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
-                                   settings=CascadeSettings(k_matrix=[[2, 3], [0, 3]],
-                                                            min_confidence=0.3)), "noisy", {}),
+        lambda s: CascadeAssistant(
+            [s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+            settings=CascadeSettings(k_matrix=[[2, 3], [0, 3]], min_confidence=0.3),
+        ),
+        "noisy",
+        {},
+    ),
     "maxgram_first_drop_unsure": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
-                                   settings=CascadeSettings(k_matrix=[[2, 3], [0, 3]], min_confidence=0.3,
-                                                            keep_unsure=False)), "noisy", {}),
+        lambda s: CascadeAssistant(
+            [s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+            settings=CascadeSettings(k_matrix=[[2, 3], [0, 3]], min_confidence=0.3, keep_unsure=False),
+        ),
+        "noisy",
+        {},
+    ),
     "maxgram_first_cost_aware": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
-                                   settings=CascadeSettings(k_matrix=[[3, 3], [0, 3]])), "noisy", {}),
+        lambda s: CascadeAssistant(
+            [s["noisy"], MaxGram(adaptive=False, max_tokens=3)], settings=CascadeSettings(k_matrix=[[3, 3], [0, 3]])
+        ),
+        "noisy",
+        {},
+    ),
     "maxgram_unreviewed": (
-        lambda s: CascadeAssistant([s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
-                                   settings=CascadeSettings(maxgram_lenience=float("inf")),
-                                   policy=Policy.paper()), "noisy", {}),
-    "drafter_alone": (lambda s: CascadeAssistant([s["noisy"]], settings=CascadeSettings(k_matrix=[[3]]),
-                                                 policy=Policy.paper()),
-                      "noisy", {"temperature": 0.8}),
+        lambda s: CascadeAssistant(
+            [s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+            settings=CascadeSettings(maxgram_lenience=float("inf")),
+            policy=Policy.paper(),
+        ),
+        "noisy",
+        {},
+    ),
+    "drafter_alone": (
+        lambda s: CascadeAssistant([s["noisy"]], settings=CascadeSettings(k_matrix=[[3]]), policy=Policy.paper()),
+        "noisy",
+        {"temperature": 0.8},
+    ),
     "two_drafters_l3": (
-        lambda s: CascadeAssistant([s["noisy2"], s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
-                                   settings=CascadeSettings(lenience=3.0), policy=Policy.paper()),
-        "noisy", {}),
+        lambda s: CascadeAssistant(
+            [s["noisy2"], s["noisy"], MaxGram(adaptive=False, max_tokens=3)],
+            settings=CascadeSettings(lenience=3.0),
+            policy=Policy.paper(),
+        ),
+        "noisy",
+        {},
+    ),
 }
 
 
@@ -105,8 +155,14 @@ def _calibrate(small, name, calls=8, new=100, seed=0):
     make, drafter, kw = CONFIGS[name]
     assistant = make(small)
     seqs = run_long(small["target"], assistant, calls, new, seed, **kw)
-    stats = calibration(small["target"], small[drafter] if drafter else None, seqs, PROMPT.shape[1],
-                        kw.get("temperature", 1.0), kw.get("top_k"))
+    stats = calibration(
+        small["target"],
+        small[drafter] if drafter else None,
+        seqs,
+        PROMPT.shape[1],
+        kw.get("temperature", 1.0),
+        kw.get("top_k"),
+    )
     return stats, assistant
 
 
@@ -137,8 +193,15 @@ def _lying_q(monkeypatch, how):
     monkeypatch.setattr(ChainDrafter, "draft_tree", draft_tree)
 
 
-@pytest.mark.parametrize("name, how", [("maxgram", "uniform"), ("maxgram", "flattened"),
-                                       ("drafter+maxgram_l2", "uniform"), ("drafter_alone", "flattened")])
+@pytest.mark.parametrize(
+    "name, how",
+    [
+        ("maxgram", "uniform"),
+        ("maxgram", "flattened"),
+        ("drafter+maxgram_l2", "uniform"),
+        ("drafter_alone", "flattened"),
+    ],
+)
 def test_per_step_calibration_detects_a_wrong_q(small, monkeypatch, name, how):
     _lying_q(monkeypatch, how)
     stats, _ = _calibrate(small, name)
@@ -147,11 +210,12 @@ def test_per_step_calibration_detects_a_wrong_q(small, monkeypatch, name, how):
 
 # -- the joint distribution of the first two tokens ------------------------------------------------------
 
+
 def exact_first_two(model, prompt, temperature=1.0, top_k=None):
     with torch.no_grad():
         p1 = processed_probs(model(prompt).logits[0, -1:], temperature, top_k)[0]
         batch = torch.cat([prompt.repeat(V, 1), torch.arange(V)[:, None]], dim=1)
-        p2 = processed_probs(model(batch).logits[:, -1], temperature, top_k)      # [V, V]
+        p2 = processed_probs(model(batch).logits[:, -1], temperature, top_k)  # [V, V]
     return p1[:, None] * p2
 
 
@@ -174,6 +238,7 @@ def test_first_two_tokens_joint_distribution_maxgram_topk(small):
 
 # -- lossy target rules ----------------------------------------------------------------------------------
 
+
 def _greedy(model, prompt, assistant=None, processors=None, new=30):
     kw = {"assistant_model": assistant} if assistant is not None else {}
     if processors:
@@ -181,8 +246,9 @@ def _greedy(model, prompt, assistant=None, processors=None, new=30):
     return model.generate(prompt, do_sample=False, max_new_tokens=new, **kw)
 
 
-@pytest.mark.parametrize("rule", [lambda: LossyLenientTarget(1e9), lambda: LossyTypicalAcceptance(epsilon=0.0)],
-                         ids=["lenient", "typical"])
+@pytest.mark.parametrize(
+    "rule", [lambda: LossyLenientTarget(1e9), lambda: LossyTypicalAcceptance(epsilon=0.0)], ids=["lenient", "typical"]
+)
 def test_lossy_rules_accept_every_draft(rule):
     target = tm.llama_target()
     drafter = tm.noisy_copy(target, noise=0.3)
@@ -193,14 +259,15 @@ def test_lossy_rules_accept_every_draft(rule):
     lossy = CascadeAssistant([drafter], settings=CascadeSettings(k_matrix=[[3]]), policy=Policy.paper())
     out = _greedy(target, prompt, lossy, [rule()])
     st = lossy.last_stats
-    assert st.accepted_per_call == st.draft_len_per_call       # the target accepts every draft
+    assert st.accepted_per_call == st.draft_len_per_call  # the target accepts every draft
     assert st.tokens_per_target_call > strict.last_stats.tokens_per_target_call
     assert st.tokens_per_target_call > 3.5 or st.target_calls <= 8
-    assert out.shape == plain.shape and out.tolist() != plain.tolist()   # lossy: the output changed
+    assert out.shape == plain.shape and out.tolist() != plain.tolist()  # lossy: the output changed
 
 
-@pytest.mark.parametrize("rule", [lambda: LossyLenientTarget(4.0), lambda: LossyTypicalAcceptance()],
-                         ids=["lenient", "typical"])
+@pytest.mark.parametrize(
+    "rule", [lambda: LossyLenientTarget(4.0), lambda: LossyTypicalAcceptance()], ids=["lenient", "typical"]
+)
 def test_lossy_rules_change_nothing_with_drafter_equal_to_target(rule):
     target = tm.gemma3_target()
     prompt = ids(1, 5, 6, 7, 5, 6, 7, 5, 6)
@@ -214,8 +281,9 @@ def test_lossy_rules_change_nothing_with_drafter_equal_to_target(rule):
 def test_lossy_rule_under_sampling_accepts_every_draft(small):
     a = CascadeAssistant([small["noisy"]], settings=CascadeSettings(k_matrix=[[3]]), policy=Policy.paper())
     torch.manual_seed(0)
-    out = small["target"].generate(PROMPT, do_sample=True, max_new_tokens=30, assistant_model=a,
-                                   logits_processor=[LossyLenientTarget(1e9)])
+    out = small["target"].generate(
+        PROMPT, do_sample=True, max_new_tokens=30, assistant_model=a, logits_processor=[LossyLenientTarget(1e9)]
+    )
     st = a.last_stats
     assert out.shape[1] == PROMPT.shape[1] + 30
     assert st.accepted_per_call[:-1] == st.draft_len_per_call[:-1]

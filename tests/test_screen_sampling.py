@@ -46,7 +46,7 @@ def _warpers(k: int) -> LogitsProcessorList:
 def test_top_rows_process_to_the_full_rows():
     g = torch.Generator().manual_seed(5)
     base = torch.randn(3000, 48, generator=g) / 8
-    w = torch.cat([base, base[:40] + torch.randn(40, 48, generator=g) * 1e-5])   # near-copies: ties at any k
+    w = torch.cat([base, base[:40] + torch.randn(40, 48, generator=g) * 1e-5])  # near-copies: ties at any k
     screen = ArgmaxScreen(w)
     x = torch.cat([w[:8] * 40, torch.randn(24, 48, generator=g) * 30])
     full = F.linear(x, w)
@@ -54,9 +54,9 @@ def test_top_rows_process_to_the_full_rows():
         top = screen.top(x, k)
         kept = torch.isfinite(top)
         assert (kept.sum(dim=1) >= k).all()
-        assert torch.allclose(top[kept], full[kept], atol=1e-4)                   # exact where kept
+        assert torch.allclose(top[kept], full[kept], atol=1e-4)  # exact where kept
         kth = full.topk(k, dim=1).values[:, -1:]
-        assert (full[~kept] < kth.expand_as(full)[~kept]).all()                   # dropped: below the k-th
+        assert (full[~kept] < kth.expand_as(full)[~kept]).all()  # dropped: below the k-th
         ids = torch.zeros(x.shape[0], 1, dtype=torch.long)
         a, b = _warpers(k)(ids, full.clone()), _warpers(k)(ids, top.clone())
         assert torch.equal(torch.isfinite(a), torch.isfinite(b))
@@ -113,7 +113,7 @@ def test_batched_sampling_with_the_top_k_screen_is_exact(forced_screen, open_gat
     target, screen, uses = forced_screen
     joint = joint_test_batch(target, CascadeAssistant([MaxGram()]), **KW)
     assert all(map(joint_passes, joint)) and joint[0]["accepted"] > 0, joint
-    assert uses and max(rows for rows, _ in uses) > 2 and screen.candidates > 0     # several rows' first blocks
+    assert uses and max(rows for rows, _ in uses) > 2 and screen.candidates > 0  # several rows' first blocks
 
 
 def test_a_screen_keeping_one_output_too_few_is_detected(forced_screen, monkeypatch):

@@ -11,9 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_cascade import (CascadeAssistant, CascadeSettings, DynamicWindowAssistant, GlideAssistant, GlideSettings,
-                        MaxGram,
-                        ReDrafterAssistant, ReDrafterSettings)
+from hf_cascade import (
+    CascadeAssistant,
+    CascadeSettings,
+    DynamicWindowAssistant,
+    GlideAssistant,
+    GlideSettings,
+    MaxGram,
+    ReDrafterAssistant,
+    ReDrafterSettings,
+)
 from hf_cascade.loading import load_head
 from tests.fresh_process import run_offline
 from tests.test_verify_linear import threads
@@ -21,14 +28,20 @@ from tests.test_verify_linear import threads
 CARDS = Path(__file__).resolve().parent.parent / "model_cards"
 SHIPPED = ["gemma-3-270m-drafter-xs", "gemma-3-270m-drafter-m"]
 #: tree-strategy heads: name -> (model_type, training command in the card)
-TREE_HEADS = {"gemma-3-270m-glide-xs": ("hf_cascade_glide", "hf-cascade train glide"),
-              "gemma-3-270m-redrafter-xs": ("hf_cascade_redrafter", "hf-cascade train redrafter")}
+TREE_HEADS = {
+    "gemma-3-270m-glide-xs": ("hf_cascade_glide", "hf-cascade train glide"),
+    "gemma-3-270m-redrafter-xs": ("hf_cascade_redrafter", "hf-cascade train redrafter"),
+}
 #: SmolLM2-135M-Instruct's heads (Llama architecture, 49152-token vocabulary): name -> (model_type, command)
-SMOLLM2_HEADS = {name: kind for name, kind in {
-    "smollm2-135m-drafter-xs": ("hf_cascade_drafter", "hf-cascade train vanilla --target smollm2"),
-    "smollm2-135m-glide-xs": ("hf_cascade_glide", "hf-cascade train glide --target smollm2"),
-    "smollm2-135m-redrafter-xs": ("hf_cascade_redrafter", "hf-cascade train redrafter --target smollm2"),
-}.items() if (CARDS / name / "config.json").is_file()}      # a head that does not pay ships its card only
+SMOLLM2_HEADS = {
+    name: kind
+    for name, kind in {
+        "smollm2-135m-drafter-xs": ("hf_cascade_drafter", "hf-cascade train vanilla --target smollm2"),
+        "smollm2-135m-glide-xs": ("hf_cascade_glide", "hf-cascade train glide --target smollm2"),
+        "smollm2-135m-redrafter-xs": ("hf_cascade_redrafter", "hf-cascade train redrafter --target smollm2"),
+    }.items()
+    if (CARDS / name / "config.json").is_file()
+}  # a head that does not pay ships its card only
 VOCAB = {"gemma-3-270m": 262144, "smollm2-135m": 49152}
 #: the SmolLM2 heads that draft more tokens per target call than Max-Gram (their cards: 2.1 against 1.6; none is
 #: faster than Max-Gram on this 135M target, and the vanilla drafter adds little, see the cards)
@@ -73,7 +86,10 @@ def _tree_head_inputs(name: str) -> dict:
         return {"input_ids": ids}
     if config["model_type"] == "hf_cascade_glide":
         shape = (1, config["target_num_key_value_heads"], 7, config["target_head_dim"])
-        return {"input_ids": ids, "target_key_values": [(torch.randn(*shape, generator=g), torch.randn(*shape, generator=g))]}
+        return {
+            "input_ids": ids,
+            "target_key_values": [(torch.randn(*shape, generator=g), torch.randn(*shape, generator=g))],
+        }
     h = config["hidden_size"]
     return {"hidden_states": torch.randn(1, h, generator=g), "inputs_embeds": torch.randn(1, 3, h, generator=g)}
 
@@ -83,7 +99,7 @@ def test_tree_head_reloads_offline_in_fresh_interpreter(name, tmp_path):
     d = CARDS / name
     model = load_head(d).eval()
     inputs = _tree_head_inputs(name)
-    with threads(1), torch.no_grad():     # as the fresh interpreter (OMP_NUM_THREADS=1): see the test below
+    with threads(1), torch.no_grad():  # as the fresh interpreter (OMP_NUM_THREADS=1): see the test below
         torch.save({"inputs": inputs, "logits": model(**inputs).logits}, tmp_path / "expected.pt")
     script = f"""
 import sys, torch
@@ -139,25 +155,33 @@ def test_greedy_parity_with_gemma(gemma):
 @pytest.mark.real_model
 def test_tree_heads_greedy_parity_with_gemma(gemma):
     model, tok = gemma
-    ids = tok("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
-              "in May. How many clips did Natalia sell altogether in April and May?\n\nAnswer:", return_tensors="pt").input_ids
+    ids = tok(
+        "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+        "in May. How many clips did Natalia sell altogether in April and May?\n\nAnswer:",
+        return_tensors="pt",
+    ).input_ids
     plain = model.generate(ids, do_sample=False, max_new_tokens=24)
     glide = load_head(CARDS / "gemma-3-270m-glide-xs").eval()
     head = load_head(CARDS / "gemma-3-270m-redrafter-xs").eval()
-    for assistant in (GlideAssistant(glide), GlideAssistant(glide, settings=GlideSettings.chain()),
-                      ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=4, beam_length=5))):
+    for assistant in (
+        GlideAssistant(glide),
+        GlideAssistant(glide, settings=GlideSettings.chain()),
+        ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=4, beam_length=5)),
+    ):
         out = model.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=assistant)
         assert out.tolist() == plain.tolist(), repr(assistant)
         stats = assistant.last_stats
-        assert stats.target_calls < 24                       # the trained heads get tokens accepted on GSM8K-like text
-        if max(stats.tree_leaves) > 1:                       # branching trees: Gemma's head runs on the walked rows only
+        assert stats.target_calls < 24  # the trained heads get tokens accepted on GSM8K-like text
+        if max(stats.tree_leaves) > 1:  # branching trees: Gemma's head runs on the walked rows only
             assert sum(stats.head_rows) < sum(n + 1 for n in stats.tree_sizes)
 
 
 #: SmolLM2 prompts it answers at length with the completion template (to many others it answers with its end token
 #: at once); not Spec-Bench questions
-SMOLLM2_PROMPTS = ["Question: Describe a sunrise over the mountains.\n\nAnswer:",
-                   "Question: Write a short story about a robot who learns to paint.\n\nAnswer:"]
+SMOLLM2_PROMPTS = [
+    "Question: Describe a sunrise over the mountains.\n\nAnswer:",
+    "Question: Write a short story about a robot who learns to paint.\n\nAnswer:",
+]
 
 
 @pytest.mark.real_model
@@ -185,8 +209,9 @@ def test_smollm2_heads_greedy_parity(smollm2):
 def test_smollm2_pipeline_takes_a_head_by_path(smollm2):
     """``pipeline("text-generation", model=..., assistant_model=<folder path>)`` (after ``import hf_cascade``) runs
     the head's assistant and returns plain greedy's text."""
-    import hf_cascade
     from transformers import pipeline
+
+    import hf_cascade
 
     model, tok = smollm2
     name = SMOLLM2_FEWER_CALLS[0]
@@ -194,4 +219,8 @@ def test_smollm2_pipeline_takes_a_head_by_path(smollm2):
     pipe = pipeline("text-generation", model=model, tokenizer=tok, assistant_model=str(CARDS / name))
     assert isinstance(pipe.assistant_model, hf_cascade.Assistant)
     text = pipe(SMOLLM2_PROMPTS[0], **kw)[0]["generated_text"]
-    assert text and text == pipeline("text-generation", model=model, tokenizer=tok)(SMOLLM2_PROMPTS[0], **kw)[0]["generated_text"]
+    assert (
+        text
+        and text
+        == pipeline("text-generation", model=model, tokenizer=tok)(SMOLLM2_PROMPTS[0], **kw)[0]["generated_text"]
+    )

@@ -35,30 +35,34 @@ def hand_store(path) -> DistillStore:
 
 
 def test_soft_cross_entropy_golden():
-    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]]))     # [1, 2, 3]
-    ids = torch.tensor([[[0, 1], [2, 0]]])                                        # [1, 2, 2]
-    logp = torch.log(torch.tensor([[[0.6, 0.2], [0.5, 0.5]]]))                    # renormalised: [.75 .25], [.5 .5]
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]]))  # [1, 2, 3]
+    ids = torch.tensor([[[0, 1], [2, 0]]])  # [1, 2, 2]
+    logp = torch.log(torch.tensor([[[0.6, 0.2], [0.5, 0.5]]]))  # renormalised: [.75 .25], [.5 .5]
     got = soft_cross_entropy(logits, ids, logp)
-    want = torch.tensor([[-(0.75 * math.log(0.5) + 0.25 * math.log(0.25)), -(0.5 * math.log(0.8) + 0.5 * math.log(0.1))]])
+    want = torch.tensor(
+        [[-(0.75 * math.log(0.5) + 0.25 * math.log(0.25)), -(0.5 * math.log(0.8) + 0.5 * math.log(0.1))]]
+    )
     torch.testing.assert_close(got, want)
     # A one-hot label is plain cross-entropy.
     one_hot = torch.tensor([[[0.0, -float("inf")], [0.0, -float("inf")]]])
-    torch.testing.assert_close(soft_cross_entropy(logits, ids, one_hot), torch.tensor([[-math.log(0.5), -math.log(0.8)]]))
+    torch.testing.assert_close(
+        soft_cross_entropy(logits, ids, one_hot), torch.tensor([[-math.log(0.5), -math.log(0.8)]])
+    )
 
 
 def test_rows_layout_and_padding(tmp_path):
     store = hand_store(tmp_path / "d")
-    n_tok = store.num_tokens                                                      # 5 + 3 + 9 + 4
+    n_tok = store.num_tokens  # 5 + 3 + 9 + 4
     table_ids = np.arange(n_tok * 2, dtype=np.int16).reshape(n_tok, 2)
     table_logp = -np.arange(n_tok * 2, dtype=np.float16).reshape(n_tok, 2) / 8
     soft = SoftLabels(torch.arange(64), table_ids, table_logp)
-    ids, logp = soft.rows(store, [1, 0], width=5)                                 # record 1 has 3 tokens: 2 pad rows
+    ids, logp = soft.rows(store, [1, 0], width=5)  # record 1 has 3 tokens: 2 pad rows
     assert ids.shape == (2, 5, 2) and logp.shape == (2, 5, 2)
     assert ids[0, :3].tolist() == [[10, 11], [12, 13], [14, 15]] and ids[1].tolist() == table_ids[:5].tolist()
     torch.testing.assert_close(logp[1], torch.from_numpy(table_logp[:5].astype(np.float32)))
     assert ids[0, 3:].eq(0).all() and logp[0, 3:, 0].eq(0).all() and logp[0, 3:, 1].eq(-float("inf")).all()
-    assert torch.isfinite(logp[0, 3:].softmax(-1)).all()                          # padding renormalises cleanly
-    cut_ids, _ = soft.rows(store, [2], width=4)                                   # longer records are cut
+    assert torch.isfinite(logp[0, 3:].softmax(-1)).all()  # padding renormalises cleanly
+    cut_ids, _ = soft.rows(store, [2], width=4)  # longer records are cut
     assert cut_ids[0].tolist() == table_ids[8:12].tolist()
 
 
@@ -72,7 +76,7 @@ def test_compute_matches_a_direct_forward_and_is_reused(tmp_path, make_target, m
     for i, rec in enumerate(store.records):
         seq, _ = store.sequence(i)
         with torch.no_grad():
-            full = target(input_ids=torch.from_numpy(seq.astype(np.int64))[None]).logits[0]   # [L, V] unbatched
+            full = target(input_ids=torch.from_numpy(seq.astype(np.int64))[None]).logits[0]  # [L, V] unbatched
         want = full[:, subset].log_softmax(-1).topk(3, dim=-1)
         got_ids = torch.from_numpy(soft.ids[rec.offset : rec.offset + rec.length].astype(np.int64))
         got_logp = torch.from_numpy(soft.logp[rec.offset : rec.offset + rec.length].astype(np.float32))
@@ -87,9 +91,9 @@ def test_compute_matches_a_direct_forward_and_is_reused(tmp_path, make_target, m
     monkeypatch.setattr(target, "get_decoder", boom)
     again = compute_soft_labels(target, store, subset, top_k=3, progress=False)
     assert np.array_equal(again.ids, soft.ids)
-    assert load_soft_labels(store, subset, 4) is None                             # another K: another table
+    assert load_soft_labels(store, subset, 4) is None  # another K: another table
     assert soft_label_dir(store, subset[:-1], 3) != soft_label_dir(store, subset, 3)
-    store.append("r9", "hand", [1, 2], [3], False)                                # the store grew: stale
+    store.append("r9", "hand", [1, 2], [3], False)  # the store grew: stale
     assert load_soft_labels(store, subset, 3) is None
     with pytest.raises(ValueError, match="top_k"):
         compute_soft_labels(tm.llama_target(), store, subset, top_k=17, progress=False)
@@ -98,8 +102,15 @@ def test_compute_matches_a_direct_forward_and_is_reused(tmp_path, make_target, m
 def test_vanilla_loss_with_the_soft_term(tmp_path):
     target = tm.llama_target()
     store = hand_store(tmp_path / "d")
-    spec = VanillaSpec(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                       intermediate_size=32, draft_vocab_size=32)
+    spec = VanillaSpec(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        intermediate_size=32,
+        draft_vocab_size=32,
+    )
     torch.manual_seed(0)
     model, _ = build_vanilla(target, store, spec, "tiny")
     labels = compute_soft_labels(target, store, model.vocab_subset, top_k=4, progress=False)
@@ -119,6 +130,8 @@ def test_vanilla_loss_with_the_soft_term(tmp_path):
     soft_ce = -(logp[:, :-1].softmax(-1) * logq.gather(-1, ids[:, :-1])).sum(-1)
     w = batch.attention_mask[:, 1:].float() * torch.where(resp, 1.0, 0.25)
     soft = (soft_ce * w).sum() / w.sum()
-    assert parts["hard"] == pytest.approx(float(hard), rel=1e-5) and parts["soft"] == pytest.approx(float(soft), rel=1e-5)
+    assert parts["hard"] == pytest.approx(float(hard), rel=1e-5) and parts["soft"] == pytest.approx(
+        float(soft), rel=1e-5
+    )
     assert float(loss) == pytest.approx(0.5 * float(hard) + float(soft), rel=1e-5)
     assert batch.response.tolist()[0] == [False, False, False, True, True, False, False, False, False]

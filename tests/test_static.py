@@ -26,12 +26,20 @@ import hf_cascade  # noqa: F401
 from hf_cascade import CascadeAssistant, MaxGram
 from hf_cascade.core.static import QUERY_BUCKETS, bucket, static_rollback_supported
 from tests.contract_registry import REGISTRY, base_kit, detached_copy, fresh_kit, setting_target
-from tests.test_contract import (ASCENDING, REPETITIVE, FakeClock, assert_exact_sampling, assert_greedy_parity,
-                                 greedy_cases)
+from tests.test_contract import (
+    ASCENDING,
+    REPETITIVE,
+    FakeClock,
+    assert_exact_sampling,
+    assert_greedy_parity,
+    greedy_cases,
+)
 from tests.tiny_models import ids, single_thread  # noqa: F401
 
-pytestmark = pytest.mark.skipif(not static_rollback_supported(),
-                                reason="static caches need transformers >= 5 (test_static_refused_before_5 runs there)")
+pytestmark = pytest.mark.skipif(
+    not static_rollback_supported(),
+    reason="static caches need transformers >= 5 (test_static_refused_before_5 runs there)",
+)
 
 
 def static_target(target, compiled: bool = False):
@@ -65,6 +73,7 @@ def test_static_greedy_parity(name, setting, free_drafts):
 
 def unique_graphs() -> int:
     from torch._dynamo.utils import counters
+
     return int(counters["stats"]["unique_graphs"])
 
 
@@ -72,7 +81,7 @@ def unique_graphs() -> int:
 def test_compiled_greedy_parity_without_recompiles(name, free_drafts):
     target, cases = static_setting("llama-sdpa", compiled=True)
     assistant = REGISTRY[name](fresh_kit("llama", target))
-    assert_greedy_parity(target, assistant, cases)                      # warm-up: every bucket the cases reach
+    assert_greedy_parity(target, assistant, cases)  # warm-up: every bucket the cases reach
     before = unique_graphs()
     assert_greedy_parity(target, assistant, cases)
     assert unique_graphs() == before
@@ -109,11 +118,21 @@ def test_user_static_cache(setting):
     target = setting_target(setting)
     prompt, new = REPETITIVE, 24
     size = prompt.shape[1] + new
-    plain = target.generate(prompt, do_sample=False, max_new_tokens=new,
-                            **{hf_cascade.compat.CACHE: StaticCache(config=target.config, max_cache_len=size)})
+    plain = target.generate(
+        prompt,
+        do_sample=False,
+        max_new_tokens=new,
+        **{hf_cascade.compat.CACHE: StaticCache(config=target.config, max_cache_len=size)},
+    )
     cache = StaticCache(config=target.config, max_cache_len=size)
-    out = target.generate(prompt, do_sample=False, max_new_tokens=new, return_dict_in_generate=True,
-                          assistant_model=CascadeAssistant([MaxGram()]), **{hf_cascade.compat.CACHE: cache})
+    out = target.generate(
+        prompt,
+        do_sample=False,
+        max_new_tokens=new,
+        return_dict_in_generate=True,
+        assistant_model=CascadeAssistant([MaxGram()]),
+        **{hf_cascade.compat.CACHE: cache},
+    )
     assert out.sequences.tolist() == plain.tolist()
     assert getattr(out, hf_cascade.compat.CACHE) is cache
     assert all(layer.is_initialized and not layer.is_sliding for layer in cache.layers)
@@ -133,35 +152,41 @@ def test_user_compiled_forward_is_used():
     target.forward = torch.compile(forward, backend="eager")
     for cache_implementation in (None, "static"):
         seen.clear()
-        out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=20, cache_implementation=cache_implementation,
-                              assistant_model=CascadeAssistant([MaxGram()]))
+        out = target.generate(
+            REPETITIVE,
+            do_sample=False,
+            max_new_tokens=20,
+            cache_implementation=cache_implementation,
+            assistant_model=CascadeAssistant([MaxGram()]),
+        )
         assert out.tolist() == plain.tolist()
-        assert len(seen) > 2 and max(seen[1:]) > 1              # prefill, then verifications with drafts
+        assert len(seen) > 2 and max(seen[1:]) > 1  # prefill, then verifications with drafts
 
 
 def test_max_cache_len_sizes_the_cache_once(free_drafts):
     """With ``max_cache_len`` set, the core's static cache has the same size for every prompt (``max_cache_len`` +
     the last query bucket), so prompts of other lengths run the graphs already compiled (none new)."""
-    target = static_target(setting_target("llama-sdpa"), compiled=True)       # a fresh copy: its own graphs
+    target = static_target(setting_target("llama-sdpa"), compiled=True)  # a fresh copy: its own graphs
     assistant = CascadeAssistant([MaxGram()])
     plain = detached_copy(setting_target("llama-sdpa"))
     for i, prompt in enumerate((REPETITIVE, ids(1, 9), REPETITIVE[:, :5], ASCENDING)):
         out = target.generate(prompt, do_sample=False, max_new_tokens=24, max_cache_len=64, assistant_model=assistant)
         assert out.tolist() == plain.generate(prompt, do_sample=False, max_new_tokens=24).tolist()
         if i == 0:
-            before = unique_graphs()                    # the first prompt compiled every shape the others reach
+            before = unique_graphs()  # the first prompt compiled every shape the others reach
     assert unique_graphs() == before
 
 
 def test_compiled_redrafter_ends_generations_without_new_graphs(free_drafts):
     """Compiled, ReDrafter's beam search runs at its full length and cuts the beams where fewer tokens may still be
     emitted, so a generation whose last step has room for 1, 2 or 3 tokens compiles nothing new after warm-up."""
-    target = static_target(setting_target("llama-sdpa"), compiled=True)       # a fresh copy: its own graphs
-    assistant = REGISTRY["redrafter"](fresh_kit("llama", target))             # beam length 4
+    target = static_target(setting_target("llama-sdpa"), compiled=True)  # a fresh copy: its own graphs
+    assistant = REGISTRY["redrafter"](fresh_kit("llama", target))  # beam length 4
     plain = detached_copy(setting_target("llama-sdpa"))
     for i, new_tokens in enumerate((24, 21, 22, 23, 25)):
-        out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=new_tokens, max_cache_len=64,
-                              assistant_model=assistant)
+        out = target.generate(
+            REPETITIVE, do_sample=False, max_new_tokens=new_tokens, max_cache_len=64, assistant_model=assistant
+        )
         assert out.tolist() == plain.generate(REPETITIVE, do_sample=False, max_new_tokens=new_tokens).tolist()
         if i == 0:
             before = unique_graphs()
@@ -179,19 +204,31 @@ def test_core_sized_cache_honours_max_cache_len():
 
     compile_config = CompileConfig(backend="aot_eager", mode=None)
     compile_config._compile_all_devices = True
-    for compiled, sizes in ((True, ((None, 30, 30), (48, 30, 48), (None, 40, 48), (None, 60, 60))),
-                            (False, ((None, 30, 30), (48, 30, 48), (None, 40, 40), (None, 60, 60)))):
-        target = detached_copy(setting_target("llama-sdpa"))        # compiled: the largest so far; eager: the call's
+    for compiled, sizes in (
+        (True, ((None, 30, 30), (48, 30, 48), (None, 40, 48), (None, 60, 60))),
+        (False, ((None, 30, 30), (48, 30, 48), (None, 40, 40), (None, 60, 60))),
+    ):
+        target = detached_copy(setting_target("llama-sdpa"))  # compiled: the largest so far; eager: the call's
         for max_cache_len, max_length, capacity in sizes:
-            cfg = GenerationConfig(max_length=max_length, cache_implementation="static", max_cache_len=max_cache_len,
-                                   compile_config=compile_config if compiled else None)
+            cfg = GenerationConfig(
+                max_length=max_length,
+                cache_implementation="static",
+                max_cache_len=max_cache_len,
+                compile_config=compile_config if compiled else None,
+            )
             run = _Run(target, REPETITIVE, None, None, cfg, GenerationStats(), None, 4)
             assert run.slots.capacity == capacity + QUERY_BUCKETS[-1], (compiled, max_cache_len, max_length)
             assert run.fixed_shapes == compiled
     # through generate, which builds a cache sized for plain decoding: the core's own has room for the last bucket
     target = detached_copy(setting_target("llama-sdpa"))
-    out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=20, cache_implementation="static",
-                          return_dict_in_generate=True, assistant_model=CascadeAssistant([MaxGram()]))
+    out = target.generate(
+        REPETITIVE,
+        do_sample=False,
+        max_new_tokens=20,
+        cache_implementation="static",
+        return_dict_in_generate=True,
+        assistant_model=CascadeAssistant([MaxGram()]),
+    )
     cache = getattr(out, hf_cascade.compat.CACHE)
     assert {layer.max_cache_len for layer in cache.layers} == {REPETITIVE.shape[1] + 20 + QUERY_BUCKETS[-1]}
 
@@ -209,12 +246,23 @@ def test_static_refuses_a_filled_cache():
     cache = StaticCache(config=target.config, max_cache_len=64)
     target(ids(1, 2, 3), **{hf_cascade.compat.CACHE: cache})
     with pytest.raises(ValueError, match="filled StaticCache"):
-        target.generate(REPETITIVE, do_sample=False, max_new_tokens=4, assistant_model=CascadeAssistant([MaxGram()]),
-                        **{hf_cascade.compat.CACHE: cache})
+        target.generate(
+            REPETITIVE,
+            do_sample=False,
+            max_new_tokens=4,
+            assistant_model=CascadeAssistant([MaxGram()]),
+            **{hf_cascade.compat.CACHE: cache},
+        )
     batch = torch.tensor([[1, 5, 6, 7], [1, 9, 10, 11]])
     with pytest.raises(ValueError, match="filled StaticCache"):
-        target.generate(batch, attention_mask=torch.ones_like(batch), do_sample=False, max_new_tokens=4,
-                        assistant_model=CascadeAssistant([MaxGram()]), **{hf_cascade.compat.CACHE: cache})
+        target.generate(
+            batch,
+            attention_mask=torch.ones_like(batch),
+            do_sample=False,
+            max_new_tokens=4,
+            assistant_model=CascadeAssistant([MaxGram()]),
+            **{hf_cascade.compat.CACHE: cache},
+        )
 
 
 def test_static_takes_an_early_initialised_cache():
@@ -236,12 +284,14 @@ def test_static_takes_an_early_initialised_cache():
         kwargs = dict(do_sample=False, max_new_tokens=12, attention_mask=mask)
         plain = target.generate(prompt, **kwargs, **{hf_cascade.compat.CACHE: early(prompt.shape[0])})
         cache = early(prompt.shape[0])
-        out = target.generate(prompt, **kwargs, assistant_model=CascadeAssistant([MaxGram()]),
-                              **{hf_cascade.compat.CACHE: cache})
+        out = target.generate(
+            prompt, **kwargs, assistant_model=CascadeAssistant([MaxGram()]), **{hf_cascade.compat.CACHE: cache}
+        )
         assert torch.equal(out, plain)
         with pytest.raises(ValueError, match="filled StaticCache"):
-            target.generate(prompt, **kwargs, assistant_model=CascadeAssistant([MaxGram()]),
-                            **{hf_cascade.compat.CACHE: cache})
+            target.generate(
+                prompt, **kwargs, assistant_model=CascadeAssistant([MaxGram()]), **{hf_cascade.compat.CACHE: cache}
+            )
 
 
 def test_eager_static_attention_sees_the_prefix_and_the_queries_only():
@@ -258,8 +308,14 @@ def test_eager_static_attention_sees_the_prefix_and_the_queries_only():
     slots.show(None)
     assert layer.update(torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))[0].shape[2] == 32
     assert layer.get_mask_sizes(1) == (32, 0)
-    out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=12, cache_implementation="static",
-                          return_dict_in_generate=True, assistant_model=CascadeAssistant([MaxGram()]))
+    out = target.generate(
+        REPETITIVE,
+        do_sample=False,
+        max_new_tokens=12,
+        cache_implementation="static",
+        return_dict_in_generate=True,
+        assistant_model=CascadeAssistant([MaxGram()]),
+    )
     assert all(getattr(layer, "visible", None) is None for layer in getattr(out, hf_cascade.compat.CACHE).layers)
 
 
@@ -283,14 +339,16 @@ def test_compiled_verification_compiles_its_shapes_beyond_a_shared_recompile_lim
             out = call(input_ids=x, use_cache=False).last_hidden_state
             torch.testing.assert_close(out, decoder(input_ids=x, use_cache=False).last_hidden_state)
         assert torch._dynamo.config.recompile_limit == 3
-        with pytest.raises(Exception, match="recompile_limit|cache_size_limit"):       # the limit it overcomes
+        with pytest.raises(Exception, match="recompile_limit|cache_size_limit"):  # the limit it overcomes
             plain = torch.compile(decoder.__call__, backend="aot_eager", dynamic=False)
             for rows, queries in shapes:
                 plain(input_ids=torch.full((rows, queries + 8), 5), use_cache=False)
 
 
-@pytest.mark.parametrize("parents, queries", [((), 1), ((-1, 0, 1), 4), ((-1, 0, 1, 2, 0, 4, 1, 6), 16),
-                                              ((-1, -1, 1, 1), 8), (tuple(range(-1, 70)), 72)])
+@pytest.mark.parametrize(
+    "parents, queries",
+    [((), 1), ((-1, 0, 1), 4), ((-1, 0, 1, 2, 0, 4, 1, 6), 16), ((-1, -1, 1, 1), 8), (tuple(range(-1, 70)), 72)],
+)
 def test_query_ancestors_golden(parents, queries):
     """The verification's query closure ``[root, nodes, padding]`` from host bits equals the row-by-row closure:
     the root an ancestor of every node, each node its parent's ancestors and itself, padding itself only."""
@@ -301,5 +359,9 @@ def test_query_ancestors_golden(parents, queries):
         expected[i] |= expected[p + 1]
     assert torch.equal(_query_ancestors(parents, queries, torch.device("cpu")), expected)
     chain = _query_ancestors((-1, 0, 1), 4, torch.device("cpu"))
-    assert chain.tolist() == [[True, False, False, False], [True, True, False, False], [True, True, True, False],
-                              [True, True, True, True]]
+    assert chain.tolist() == [
+        [True, False, False, False],
+        [True, True, False, False],
+        [True, True, True, False],
+        [True, True, True, True],
+    ]

@@ -15,10 +15,23 @@ from hf_cascade import CascadeAssistant, MaxGram
 from hf_cascade.core import compiled
 from hf_cascade.core.static import static_rollback_supported
 from tests.contract_registry import REGISTRY, base_kit, detached_copy, fresh_kit, setting_target
-from tests.static_contract import (CACHE_LEN, PAD, THREE, check_every_strategy, check_second_pass,
-                                   check_static_batch_parity, check_static_parity, default_recompile_limit, judge,
-                                   left_padded, static_batch_cases, static_cases, static_settings, strict_recompiles,
-                                   target_settings)
+from tests.static_contract import (
+    CACHE_LEN,
+    PAD,
+    THREE,
+    check_every_strategy,
+    check_second_pass,
+    check_static_batch_parity,
+    check_static_parity,
+    default_recompile_limit,
+    judge,
+    left_padded,
+    static_batch_cases,
+    static_cases,
+    static_settings,
+    strict_recompiles,
+    target_settings,
+)
 from tests.test_batch import registry_assistant
 from tests.test_batch_sampling import assert_exact_batch_sampling
 from tests.test_contract import REPETITIVE, FakeClock
@@ -28,8 +41,11 @@ pytestmark = pytest.mark.skipif(not static_rollback_supported(), reason="static 
 
 
 def test_settings_of_each_mode():
-    assert static_settings("eager", "cuda") == {"cache_implementation": "static", "disable_compile": True,
-                                                "max_cache_len": CACHE_LEN}
+    assert static_settings("eager", "cuda") == {
+        "cache_implementation": "static",
+        "disable_compile": True,
+        "max_cache_len": CACHE_LEN,
+    }
     assert "max_cache_len" not in static_settings("compiled", "cpu", max_cache_len=None)
     gpu = static_settings("compiled", torch.device("cuda", 0))["compile_config"]
     assert (gpu.backend, gpu.mode, gpu._compile_all_devices) == ("inductor", "reduce-overhead", None)
@@ -58,7 +74,7 @@ def test_static_parity_fp32(free_drafts):
     target = setting_target("gemma3-sdpa")
     cases = static_cases(target, target_settings("eager", target))
     assert all(kw["cache_implementation"] == "static" for _, _, kw, _ in cases)
-    for name in ("maxgram", "glide_cape"):                          # a chain and a tree
+    for name in ("maxgram", "glide_cape"):  # a chain and a tree
         assert check_static_parity(target, REGISTRY[name](fresh_kit("gemma3", target)), cases, exact=True) == []
 
 
@@ -66,7 +82,7 @@ def test_second_compiled_pass_bf16(free_drafts):
     """bf16, compiled: parity up to ties (judged), the compiled decoder ran, a second pass compiles nothing."""
     target = detached_copy(base_kit("llama").target).to(torch.bfloat16)
     cases = static_cases(target, target_settings("compiled", target))
-    check_second_pass(target, CascadeAssistant([MaxGram()]), cases, exact=False)         # ties judged, and rare
+    check_second_pass(target, CascadeAssistant([MaxGram()]), cases, exact=False)  # ties judged, and rare
 
 
 def test_redrafter_beam_search_compiles_where_verification_does(free_drafts):
@@ -79,10 +95,10 @@ def test_redrafter_beam_search_compiles_where_verification_does(free_drafts):
     compiled._DRAFTS.pop(head, None)
     assert check_static_parity(target, assistant, static_cases(target, target_settings("eager", target)), True) == []
     assert head not in compiled._DRAFTS
-    with strict_recompiles(recompile_limit=4 * default_recompile_limit()):     # the module's targets share frames
+    with strict_recompiles(recompile_limit=4 * default_recompile_limit()):  # the module's targets share frames
         cases = static_cases(target, target_settings("compiled", target))
         assert check_second_pass(target, assistant, cases, exact=True) == []
-    (_, search), = compiled._DRAFTS[head].values()
+    ((_, search),) = compiled._DRAFTS[head].values()
     assert search.seen and all(width == assistant.settings.beam_width for _, width, _ in search.seen)
 
 
@@ -94,7 +110,7 @@ def test_one_target_every_strategy(sized, free_drafts):
     target = detached_copy(base_kit("gemma3").target).to(torch.bfloat16)
     makers = {name: (lambda make=make: make(fresh_kit("gemma3", target))) for name, make in REGISTRY.items()}
     settings = target_settings("compiled", target, **({} if sized else {"max_cache_len": None}))
-    check_every_strategy(target, makers, settings, exact=False)                          # ties judged, and rare
+    check_every_strategy(target, makers, settings, exact=False)  # ties judged, and rare
 
 
 # -- batches ----------------------------------------------------------------------------------------------------
@@ -117,8 +133,10 @@ def test_static_batch_cases_are_meaningful():
     cases = {case: (batch, kw, out) for case, batch, kw, out in batch_cases_of("llama-sdpa", "eager")}
     (input_ids, mask), kw, out = cases["three_rows_eos_in_draft"]
     assert len(set(mask.sum(1).tolist())) == 3
-    ends = [len(row) - row[::-1].index(kw["eos_token_id"]) if kw["eos_token_id"] in row[input_ids.shape[1]:]
-            else len(row) for row in out]
+    ends = [
+        len(row) - row[::-1].index(kw["eos_token_id"]) if kw["eos_token_id"] in row[input_ids.shape[1] :] else len(row)
+        for row in out
+    ]
     assert len(set(ends)) > 1, ends
     dynamic = {k: v for k, v in kw.items() if k not in ("cache_implementation", "disable_compile", "max_cache_len")}
     assert target.generate(input_ids, attention_mask=mask, do_sample=False, **dynamic).tolist() == out
@@ -135,7 +153,7 @@ def test_static_batch_parity(name, mode, free_drafts, open_gate):
     if mode == "eager":
         assert check_static_batch_parity(target, assistant, cases, exact=True) == []
     else:
-        with strict_recompiles(recompile_limit=4 * default_recompile_limit()):     # the module's targets share frames
+        with strict_recompiles(recompile_limit=4 * default_recompile_limit()):  # the module's targets share frames
             assert check_second_pass(target, assistant, cases, exact=True, parity=check_static_batch_parity) == []
 
 
@@ -144,8 +162,10 @@ def test_static_batch_parity_sliding_layers(name, free_drafts, open_gate):
     """Gemma3 (sliding-window layers: the static batch keeps them full and windows by the mask), eager."""
     target = setting_target("gemma3-sdpa")
     cases = batch_cases_of("gemma3-sdpa", "eager")
-    assert check_static_batch_parity(target, registry_assistant(name, fresh_kit("gemma3", target)), cases,
-                                     exact=True) == []
+    assert (
+        check_static_batch_parity(target, registry_assistant(name, fresh_kit("gemma3", target)), cases, exact=True)
+        == []
+    )
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
@@ -174,15 +194,19 @@ def test_user_static_cache_batch(setting, open_gate):
     new = 32
     size = input_ids.shape[1] + new
     kw = {"max_new_tokens": new, "do_sample": False, "pad_token_id": PAD, "eos_token_id": None}
-    plain = target.generate(input_ids, attention_mask=mask, **kw,
-                            **{hf_cascade.compat.CACHE: StaticCache(config=target.config, max_cache_len=size)})
+    plain = target.generate(
+        input_ids,
+        attention_mask=mask,
+        **kw,
+        **{hf_cascade.compat.CACHE: StaticCache(config=target.config, max_cache_len=size)},
+    )
     cache = StaticCache(config=target.config, max_cache_len=size)
     a = CascadeAssistant([MaxGram()])
     out = target.generate(input_ids, attention_mask=mask, assistant_model=a, **kw, **{hf_cascade.compat.CACHE: cache})
     assert out.tolist() == plain.tolist()
     assert all(layer.is_initialized and layer.keys.shape[:3:2] == (3, size) for layer in cache.layers)
     stats = a.last_stats
-    assert stats.rows[0].target_calls < new and stats.compactions > 0, stats     # the repetitive row drafted
+    assert stats.rows[0].target_calls < new and stats.compactions > 0, stats  # the repetitive row drafted
 
 
 def test_user_compiled_forward_verifies_a_batch(open_gate):
@@ -202,7 +226,12 @@ def test_user_compiled_forward_verifies_a_batch(open_gate):
     target.forward = torch.compile(forward, backend="eager")
     for cache_implementation in (None, "static"):
         seen.clear()
-        out = target.generate(input_ids, attention_mask=mask, cache_implementation=cache_implementation,
-                              assistant_model=CascadeAssistant([MaxGram()]), **kw)
+        out = target.generate(
+            input_ids,
+            attention_mask=mask,
+            cache_implementation=cache_implementation,
+            assistant_model=CascadeAssistant([MaxGram()]),
+            **kw,
+        )
         assert out.tolist() == plain.tolist(), cache_implementation
-        assert len(seen) > 2 and max(q for _, q in seen[1:]) > 1, seen      # prefill, then verifications with drafts
+        assert len(seen) > 2 and max(q for _, q in seen[1:]) > 1, seen  # prefill, then verifications with drafts

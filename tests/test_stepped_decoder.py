@@ -8,13 +8,16 @@ from transformers import DynamicCache
 
 from hf_cascade.bench import tiny
 from hf_cascade.compat import cache_kwargs
-from hf_cascade.drafters.static_forward import keep_draft_prefix
 from hf_cascade.drafters import stepped as stepped_module
+from hf_cascade.drafters.static_forward import keep_draft_prefix
 from hf_cascade.drafters.stepped import SteppedDecoder
 
 #: the installed transformers' Llama forward is the one the stepped forward was written against (5.x)
-known = pytest.mark.skipif(not stepped_module._KNOWN, reason="this transformers' LlamaModel.forward has another "
-                           "signature: the decoder runs (test_another_signature_runs_the_decoder)")
+known = pytest.mark.skipif(
+    not stepped_module._KNOWN,
+    reason="this transformers' LlamaModel.forward has another "
+    "signature: the decoder runs (test_another_signature_runs_the_decoder)",
+)
 
 
 @known
@@ -32,13 +35,13 @@ def test_stepped_equals_decoder(attention, inference):
         full, mine, pos = DynamicCache(), DynamicCache(), 0
         for _ in range(4):
             for t in (9, 1, 1, 3, 1, 5, 1, 1, 2, 1, 1, 1):
-                x = ids[:, pos:pos + t]
+                x = ids[:, pos : pos + t]
                 pos += t
                 want = decoder(input_ids=x, **cache_kwargs(decoder, full)).last_hidden_state
                 assert torch.equal(stepped(x, mine), want)
                 for a, b in zip(full.layers, mine.layers):
                     assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-            pos -= 7                                          # roll back: the same positions drafted again
+            pos -= 7  # roll back: the same positions drafted again
             keep_draft_prefix(None, full, pos)
             keep_draft_prefix(None, mine, pos)
 
@@ -52,12 +55,12 @@ def test_stepped_only_where_nothing_observes_the_decoder():
     assert not stepped.usable()
     handle.remove()
     assert stepped.usable()
-    decoder.forward = decoder.forward                         # an instance forward (as accelerate's hooks install)
+    decoder.forward = decoder.forward  # an instance forward (as accelerate's hooks install)
     assert not stepped.usable()
     del decoder.forward
     decoder.train()
     assert not stepped.usable()
-    assert SteppedDecoder.of(tiny.echo_glide(tiny.llama_target()).get_decoder()) is None   # not a LlamaModel
+    assert SteppedDecoder.of(tiny.echo_glide(tiny.llama_target()).get_decoder()) is None  # not a LlamaModel
 
 
 def test_another_signature_runs_the_decoder(monkeypatch):
@@ -65,8 +68,17 @@ def test_another_signature_runs_the_decoder(monkeypatch):
     ``past_key_values`` and ``cache_position``), there is no stepped forward: the drafter runs the decoder."""
 
     class Older:
-        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                    inputs_embeds=None, cache_position=None, use_cache=None, **kwargs):
+        def forward(
+            self,
+            input_ids=None,
+            attention_mask=None,
+            position_ids=None,
+            past_key_values=None,
+            inputs_embeds=None,
+            cache_position=None,
+            use_cache=None,
+            **kwargs,
+        ):
             pass
 
     monkeypatch.setattr(stepped_module, "LlamaModel", Older)

@@ -23,8 +23,15 @@ from hf_cascade.bench.build import build_method
 from hf_cascade.bench.methods import MethodUnavailable
 from tests import tiny_models as tm
 from tests.contract_registry import offloaded, with_attention
-from tests.test_contract import (ASCENDING, REPETITIVE, FakeClock, assert_exact_sampling, assert_greedy_parity,
-                                 assert_no_state_leak, greedy_cases)
+from tests.test_contract import (
+    ASCENDING,
+    REPETITIVE,
+    FakeClock,
+    assert_exact_sampling,
+    assert_greedy_parity,
+    assert_no_state_leak,
+    greedy_cases,
+)
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 #: prompts whose suffix "5 6" was followed by different tokens: the speculation trees branch
@@ -69,9 +76,10 @@ def small_target():
 
 # -- the package ------------------------------------------------------------------------------------------
 
+
 def test_missing_package_names_the_pip_command(monkeypatch):
     for name in ("arctic_inference", "arctic_inference.suffix_decoding"):
-        monkeypatch.setitem(sys.modules, name, None)                 # import fails as if not installed
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
     with pytest.raises(ImportError, match="pip install arctic-inference"):
         suffix()
     for name in ("suffix", "suffix-tree"):
@@ -81,11 +89,12 @@ def test_missing_package_names_the_pip_command(monkeypatch):
 
 # -- the contract -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_greedy_parity(arctic, name, mode):
     target, cases = setting(name)
-    assistant = suffix(**MODES[mode])                                # one assistant: its cache grows over the cases
+    assistant = suffix(**MODES[mode])  # one assistant: its cache grows over the cases
     assert_greedy_parity(target, assistant, cases)
     assert list(assistant.cache.active_requests) == []
     assert len(assistant.cache.cached_requests) == len(cases)
@@ -108,6 +117,7 @@ def test_no_state_leak_without_global_cache(arctic, mode, monkeypatch):
 
 # -- the global cache of earlier responses --------------------------------------------------------------------
 
+
 def test_cache_grows_across_calls_and_is_the_only_state(arctic):
     target = tm.gemma3_target()
     plain = target.generate(REPETITIVE, do_sample=False, max_new_tokens=40).tolist()
@@ -117,11 +127,11 @@ def test_cache_grows_across_calls_and_is_the_only_state(arctic):
         out = target.generate(REPETITIVE, do_sample=False, max_new_tokens=40, assistant_model=a)
         assert out.tolist() == plain
         runs.append(a.last_stats.to_dict())
-        assert list(a.cache.active_requests) == []                   # the request stopped, its prompt tree dropped
-    assert sorted(a.cache.cached_requests) == [0, 1]                 # each call a new request, its response cached
-    assert runs[1]["target_calls"] < runs[0]["target_calls"]         # the first response drafts the second
+        assert list(a.cache.active_requests) == []  # the request stopped, its prompt tree dropped
+    assert sorted(a.cache.cached_requests) == [0, 1]  # each call a new request, its response cached
+    assert runs[1]["target_calls"] < runs[0]["target_calls"]  # the first response drafts the second
     assert runs[0]["levels"][0]["name"] == "suffix" and runs[0]["levels"][0]["tokens_accepted"] > 0
-    a.clear()                                                        # without the cached responses: a fresh assistant
+    a.clear()  # without the cached responses: a fresh assistant
     target.generate(REPETITIVE, do_sample=False, max_new_tokens=40, assistant_model=a)
     fresh = suffix()
     target.generate(REPETITIVE, do_sample=False, max_new_tokens=40, assistant_model=fresh)
@@ -175,6 +185,7 @@ def test_trees_branch(arctic):
 
 # -- the bench baseline -----------------------------------------------------------------------------------
 
+
 def test_bench_method_forgets_the_warmup(arctic):
     target = tm.gemma3_target()
     method = build_method("suffix", target, [], strategy_kwargs={}, sampling=False)
@@ -189,7 +200,10 @@ def test_bench_method_forgets_the_warmup(arctic):
 def test_bench_runs_the_suffix_baselines(arctic):
     from hf_cascade.bench import BenchConfig, run_benchmark
 
-    prompts = [{"category": "a", "input_ids": REPETITIVE[0].tolist()}, {"category": "b", "input_ids": ASCENDING[0].tolist()}]
+    prompts = [
+        {"category": "a", "input_ids": REPETITIVE[0].tolist()},
+        {"category": "b", "input_ids": ASCENDING[0].tolist()},
+    ]
     config = BenchConfig(strategy="maxgram", baselines=["suffix", "suffix-tree"], max_new_tokens=12, warmup_tokens=2)
     result = run_benchmark(config, tm.gemma3_target(), tm.word_tokenizer(), prompts)
     assert result.errors == {}
@@ -204,7 +218,7 @@ def test_greedy_parity_with_gemma(arctic, gemma):
     ids_ = tok("Question: Write a short poem about the sea.\n\nAnswer:", return_tensors="pt").input_ids
     plain = model.generate(ids_, do_sample=False, max_new_tokens=24).tolist()
     a, calls = suffix(), []
-    for _ in range(2):                                               # the second call drafts from the first response
+    for _ in range(2):  # the second call drafts from the first response
         assert model.generate(ids_, do_sample=False, max_new_tokens=24, assistant_model=a).tolist() == plain
         calls.append(a.last_stats.target_calls)
     assert calls[1] < calls[0] <= 24, calls

@@ -28,8 +28,15 @@ def _words(rng: random.Random, n: int) -> str:
 
 def _texts(n: int = 13, seed: int = 3) -> list[Text]:
     rng = random.Random(seed)
-    return [Text(f"text:t:{i}", "t", _words(rng, rng.randrange(2, 9)),
-                 None if i % 4 == 3 else _words(rng, rng.randrange(1, 14))) for i in range(n)]
+    return [
+        Text(
+            f"text:t:{i}",
+            "t",
+            _words(rng, rng.randrange(2, 9)),
+            None if i % 4 == 3 else _words(rng, rng.randrange(1, 14)),
+        )
+        for i in range(n)
+    ]
 
 
 TEXTS = _texts()
@@ -71,7 +78,7 @@ def test_resume_after_an_interruption_writes_the_same_store(extracted, target, t
     part = tmp_path / "part"
     first = teacher_forced(target, tok, _config(part, limit=6), TEXTS, target_name="tiny", progress=False)
     assert len(first) == 6
-    last = sorted(part.iterdir())[-1]                     # interrupted again while writing the next record
+    last = sorted(part.iterdir())[-1]  # interrupted again while writing the next record
     with open(last / "tokens.bin", "ab") as f:
         f.write(b"\x05\x00\x00\x00\x09")
     with open(last / "hidden.bin", "ab") as f:
@@ -84,8 +91,14 @@ def test_resume_after_an_interruption_writes_the_same_store(extracted, target, t
     again = teacher_forced(target, tok, _config(part), TEXTS, target_name="tiny", progress=False)
     assert again.num_tokens == resumed.num_tokens and _shard_bytes(part) == _shard_bytes(out)
     with pytest.raises(ValueError, match="other settings"):
-        teacher_forced(target, tok, TeacherConfig(part, prompt_format="{question}", max_len=8), TEXTS,
-                       target_name="tiny", progress=False)
+        teacher_forced(
+            target,
+            tok,
+            TeacherConfig(part, prompt_format="{question}", max_len=8),
+            TEXTS,
+            target_name="tiny",
+            progress=False,
+        )
 
 
 @torch.no_grad()
@@ -103,7 +116,7 @@ def test_features_are_the_targets_forward_on_the_text(extracted, target):
         alone = target(input_ids=torch.tensor([seq.tolist()]), output_hidden_states=True).hidden_states[-1][0]
         got = torch.from_numpy(np.asarray(hidden[r.offset : r.offset + r.length], dtype=np.float32))
         torch.testing.assert_close(got, alone.to(torch.float16).float(), atol=2e-3, rtol=2e-3)
-    assert cut > 0                                          # max_len cut some texts
+    assert cut > 0  # max_len cut some texts
 
 
 def _write_jsonl(path, rows):
@@ -113,27 +126,38 @@ def _write_jsonl(path, rows):
 
 def test_no_specbench_text_passes(tmp_path, monkeypatch):
     turn = "Describe in detail how the old lighthouse keeper spent the long winter nights alone on the rocky island."
-    bench = _write_jsonl(tmp_path / "question.jsonl", [{"question_id": 1, "category": "writing",
-                                                        "turns": ["Name a river.", turn]}])
+    bench = _write_jsonl(
+        tmp_path / "question.jsonl", [{"question_id": 1, "category": "writing", "turns": ["Name a river.", turn]}]
+    )
     monkeypatch.setenv("HF_CASCADE_SPECBENCH", str(bench))
-    article = "Some news first. " + " ".join(turn.split()[2:15]) + " And more."     # a 13-word run of the turn
-    f = _write_jsonl(tmp_path / "mine.jsonl", [
-        {"question": "  name a RIVER. ", "answer": "The Nile."},                 # a Spec-Bench question
-        {"question": "What is 2 + 2?", "answer": "It is 4. " + turn.upper()},     # its turn in the answer
-        {"prompt": article},                                                   # inside a long context
-        {"question": "Mary has <<3*2=6>>6 apples?", "answer": "She has 3*2 = <<3*2=6>>6 apples.\n#### 6"},
-        {"prompt": " ".join(turn.split()[:11]) + " (eleven words)."},            # shorter runs pass
-        {"instruction": "Sort these.", "instances": [{"input": "b a", "output": "a b"}]},
-        {"turns": ["Tell a joke."]}])
+    article = "Some news first. " + " ".join(turn.split()[2:15]) + " And more."  # a 13-word run of the turn
+    f = _write_jsonl(
+        tmp_path / "mine.jsonl",
+        [
+            {"question": "  name a RIVER. ", "answer": "The Nile."},  # a Spec-Bench question
+            {"question": "What is 2 + 2?", "answer": "It is 4. " + turn.upper()},  # its turn in the answer
+            {"prompt": article},  # inside a long context
+            {"question": "Mary has <<3*2=6>>6 apples?", "answer": "She has 3*2 = <<3*2=6>>6 apples.\n#### 6"},
+            {"prompt": " ".join(turn.split()[:11]) + " (eleven words)."},  # shorter runs pass
+            {"instruction": "Sort these.", "instances": [{"input": "b a", "output": "a b"}]},
+            {"turns": ["Tell a joke."]},
+        ],
+    )
     got = training_texts([f])
-    assert [(t.id, t.answer) for t in got] == [("text:mine:3", "She has 3*2 = 6 apples.\n#### 6"),
-                                               ("text:mine:4", None), ("text:mine:5", "a b"), ("text:mine:6", None)]
+    assert [(t.id, t.answer) for t in got] == [
+        ("text:mine:3", "She has 3*2 = 6 apples.\n#### 6"),
+        ("text:mine:4", None),
+        ("text:mine:5", "a b"),
+        ("text:mine:6", None),
+    ]
     assert got[2].prompt == "Sort these.\n\nb a"
     assert len(training_texts([f], exclude_benchmark=False)) == 7
 
 
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} </turn> {% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} </turn> {% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def test_chat_records_use_the_chat_template(target, tmp_path):
@@ -157,16 +181,23 @@ def test_training_streams_from_a_sharded_store(extracted, target, tmp_path):
     mixed.mkdir()
     for shard in sorted(out.iterdir()):
         (mixed / shard.name).symlink_to(shard)
-    greedy = DistillStore.create_or_resume(tmp_path / "greedy", {"target": "tiny", "prompt_format": "{question}",
-                                                                  "max_new_tokens": 8, "hidden_size": 0,
-                                                                  "vocab_size": tm.VOCAB})
+    greedy = DistillStore.create_or_resume(
+        tmp_path / "greedy",
+        {
+            "target": "tiny",
+            "prompt_format": "{question}",
+            "max_new_tokens": 8,
+            "hidden_size": 0,
+            "vocab_size": tm.VOCAB,
+        },
+    )
     greedy.append("g:0", "g", [5, 6], [7, 8, 2], True)
     (mixed / "zz-greedy").symlink_to(tmp_path / "greedy")
 
     store = DistillStore.open(mixed)
     shards = [DistillStore.open(d) for d in sorted(out.iterdir())] + [greedy]
     assert isinstance(store, ShardedStore) and len(store) == sum(len(s) for s in shards)
-    assert store.hidden_size == 0 and store.meta["max_new_tokens"] == [None, 8]       # one shard has none
+    assert store.hidden_size == 0 and store.meta["max_new_tokens"] == [None, 8]  # one shard has none
     flat = [(s, i) for s in shards for i in range(len(s))]
     for k, (s, i) in enumerate(flat):
         r = store.records[k]
@@ -174,18 +205,19 @@ def test_training_streams_from_a_sharded_store(extracted, target, tmp_path):
         assert np.array_equal(seq, s.sequence(i)[0])
         assert np.array_equal(store.tokens()[r.offset : r.offset + r.length], seq)
 
-    tf = DistillStore.open(out)                                  # every shard with hidden states
+    tf = DistillStore.open(out)  # every shard with hidden states
     rows = tf.hidden()
-    assert not isinstance(rows, np.ndarray)                      # read by slice from each shard's memory map
+    assert not isinstance(rows, np.ndarray)  # read by slice from each shard's memory map
     base = 0
     for s in tf.shards:
         assert isinstance(s.hidden(), np.memmap)
         assert np.array_equal(rows[base : base + s.num_tokens], s.hidden())
         base += s.num_tokens
-    assert np.array_equal(rows[25:70], np.concatenate([s.hidden() for s in tf.shards])[25:70])   # across shards
+    assert np.array_equal(rows[25:70], np.concatenate([s.hidden() for s in tf.shards])[25:70])  # across shards
 
-    cfg = TrainConfig(tmp_path / "head", steps=2, batch_size=4, eval_every=2, eval_records=2, max_len=16, lr=1e-2,
-                      warmup=1)
+    cfg = TrainConfig(
+        tmp_path / "head", steps=2, batch_size=4, eval_every=2, eval_records=2, max_len=16, lr=1e-2, warmup=1
+    )
     spec = ReDrafterSpec(exit_dim=24, num_draft_layers=1, draft_vocab_size=64, beam_length=3)
     _, state = train_redrafter(target, out, cfg, spec, target_name="tiny", command="test", progress=False)
     ts = json.loads((tmp_path / "head" / "trainer_state.json").read_text())

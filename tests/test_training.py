@@ -47,8 +47,8 @@ def test_store_append_and_read_round_trip(tmp_path):
     r1 = store.append("b:0", "b", [1], np.array([7]), False, h1)
     assert r0 == Record("a:0", "a", 0, 3, 5, True) and r1 == Record("b:0", "b", 5, 1, 2, False)
     with pytest.raises(ValueError, match="hidden states"):
-        store.append("c:0", "c", [1, 4], [5], False, np.zeros((2, 3)))       # 3 rows expected
-    assert len(store) == 2 and store.num_tokens == 7                        # the failed append wrote nothing
+        store.append("c:0", "c", [1, 4], [5], False, np.zeros((2, 3)))  # 3 rows expected
+    assert len(store) == 2 and store.num_tokens == 7  # the failed append wrote nothing
 
     again = DistillStore.open(tmp_path / "d")
     assert again.meta == {"format_version": 1, **meta}
@@ -110,9 +110,9 @@ def test_store_resume_with_other_settings_raises(tmp_path):
 # -- vocabulary subsets --------------------------------------------------------------------------
 def test_frequent_subset_golden():
     counts = np.array([0, 5, 3, 5, 0, 1, 3, 0])
-    assert frequent_subset(counts, 4).tolist() == [1, 2, 3, 6]                # ties by id: 1 < 3, 2 < 6
+    assert frequent_subset(counts, 4).tolist() == [1, 2, 3, 6]  # ties by id: 1 < 3, 2 < 6
     assert frequent_subset(counts, 3).tolist() == [1, 2, 3]
-    assert frequent_subset(counts, 6).tolist() == [0, 1, 2, 3, 5, 6]          # unseen slot: lowest id 0
+    assert frequent_subset(counts, 6).tolist() == [0, 1, 2, 3, 5, 6]  # unseen slot: lowest id 0
     assert frequent_subset(counts, 8).tolist() == list(range(8))
     assert frequent_subset(counts, 4, always=[7, 0]).tolist() == [0, 1, 3, 7]  # specials first, then 1, 3
     assert frequent_subset(counts, 3, always=[7, 7, 99, -1]).tolist() == [1, 3, 7]  # dupes / out of range dropped
@@ -133,7 +133,7 @@ def test_token_counts_weights_responses(tmp_path):
     plain = token_counts(store, 8, response_weight=1)
     assert plain.tolist() == [0, 1, 1, 0, 3, 3, 0, 0] and plain.dtype == np.int64
     weighted = token_counts(store, 8, response_weight=4)
-    assert weighted.tolist() == [0, 1, 4, 0, 3, 12, 0, 0]                      # 2 and 5 are response tokens
+    assert weighted.tolist() == [0, 1, 4, 0, 3, 12, 0, 0]  # 2 and 5 are response tokens
 
 
 # -- batches, splits, acceptance -----------------------------------------------------------------
@@ -151,7 +151,7 @@ def test_make_batch_weights(tmp_path):
     assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
     torch.testing.assert_close(b.weights, torch.tensor([[0, 0.1, 0.1, 1, 1], [0, 0.1, 1, 0, 0]]))
 
-    cut = make_batch(store, [1, 0, 2], max_len=4, prompt_weight=0.5, pad_id=3)   # cut at 4 tokens, pad 3
+    cut = make_batch(store, [1, 0, 2], max_len=4, prompt_weight=0.5, pad_id=3)  # cut at 4 tokens, pad 3
     assert cut.input_ids.tolist() == [[1, 7, 8, 3], [1, 4, 5, 6], [9, 10, 11, 3]]
     torch.testing.assert_close(cut.weights, torch.tensor([[0, 0.5, 1, 0], [0, 0.5, 0.5, 1], [0, 1, 1, 0]]))
 
@@ -169,7 +169,7 @@ def test_split_records_deterministic_and_disjoint(tmp_path):
     for i in reversed(range(10)):
         rev.append(f"r{i}", "hand", *seqs[i])
     assert sorted(rev.records[j].id for j in split_records(rev, 3)[1]) == sorted(f"r{i}" for i in held)
-    assert len(split_records(store, 50)[1]) == 9                                 # at least one record trains
+    assert len(split_records(store, 50)[1]) == 9  # at least one record trains
     assert split_records(store, 0) == (list(range(10)), [])
 
 
@@ -180,17 +180,27 @@ def _write_jsonl(path, rows):
 
 
 def test_training_prompts_interleave_dedupe_and_exclude_specbench(tmp_path, monkeypatch):
-    bench = _write_jsonl(tmp_path / "question.jsonl", [{"question_id": 1, "category": "writing",
-                                                        "turns": ["Write a  poem about Rust.", "Again."]}])
+    bench = _write_jsonl(
+        tmp_path / "question.jsonl",
+        [{"question_id": 1, "category": "writing", "turns": ["Write a  poem about Rust.", "Again."]}],
+    )
     monkeypatch.setenv("HF_CASCADE_SPECBENCH", str(bench))
-    a = _write_jsonl(tmp_path / "a.jsonl", [{"question": "A zero"}, {"question": "A one"}, {"question": "A two"},
-                                           {"question": "A three"}])
-    b = _write_jsonl(tmp_path / "b.jsonl", [{"instruction": "B zero"}, {"instruction": "  a ONE "},
-                                           {"turns": ["write a poem\nabout rust."]}])
+    a = _write_jsonl(
+        tmp_path / "a.jsonl",
+        [{"question": "A zero"}, {"question": "A one"}, {"question": "A two"}, {"question": "A three"}],
+    )
+    b = _write_jsonl(
+        tmp_path / "b.jsonl",
+        [{"instruction": "B zero"}, {"instruction": "  a ONE "}, {"turns": ["write a poem\nabout rust."]}],
+    )
     got = training_prompts([a, b])
     assert [(p.id, p.source, p.text) for p in got] == [
-        ("a:0", "a", "A zero"), ("b:0", "b", "B zero"), ("a:1", "a", "A one"), ("a:2", "a", "A two"),
-        ("a:3", "a", "A three")]
+        ("a:0", "a", "A zero"),
+        ("b:0", "b", "B zero"),
+        ("a:1", "a", "A one"),
+        ("a:2", "a", "A two"),
+        ("a:3", "a", "A three"),
+    ]
     kept = training_prompts([a, b], exclude_benchmark=False)
     assert [p.id for p in kept] == ["a:0", "b:0", "a:1", "a:2", "b:2", "a:3"]
     assert training_prompts([b, a])[0].id == "b:0"
@@ -204,14 +214,20 @@ def test_training_prompts_exclude_the_real_specbench(tmp_path, monkeypatch):
     except FileNotFoundError:
         pytest.skip("shared/data/specbench is not next to this checkout")
     question = json.loads(path.read_text().splitlines()[0])["turns"][0]
-    f = _write_jsonl(tmp_path / "mine.jsonl", [{"prompt": "Tell me a joke."}, {"prompt": question.upper()},
-                                              {"prompt": "Name three rivers."}])
+    f = _write_jsonl(
+        tmp_path / "mine.jsonl",
+        [{"prompt": "Tell me a joke."}, {"prompt": question.upper()}, {"prompt": "Name three rivers."}],
+    )
     assert [p.id for p in training_prompts([f])] == ["mine:0", "mine:2"]
 
 
 # -- the whole path: distill, train, save, reload, generate --------------------------------------
-PROMPTS = [Prompt(f"t:{i}", "t", text) for i, text in enumerate(
-    ["w5 w9", "w7 w11 w13", "w20 w21", "w30 w31 w32 w33", "w40 w41 w42", "w50 w51 w52 w53 w54", "w60 w61 w62"])]
+PROMPTS = [
+    Prompt(f"t:{i}", "t", text)
+    for i, text in enumerate(
+        ["w5 w9", "w7 w11 w13", "w20 w21", "w30 w31 w32 w33", "w40 w41 w42", "w50 w51 w52 w53 w54", "w60 w61 w62"]
+    )
+]
 # Sorted by length (as distill batches them) the first three prompts are the shortest, so a run stopped
 # after 3 (limit=3) and resumed computes exactly the uninterrupted run's batches, [t0 t2 t1] [t4 t6 t3]
 # [t5]: its store must be byte-identical (batch composition changes padding, hence float sums).
@@ -266,13 +282,18 @@ def test_distill_drafts_and_stores_what_plain_batches_store(distilled, target):
         made.append(_maxgram_assistant())
         return made[-1]
 
-    spec = distill(target, tok, DistillConfig(base / "spec", prompt_format="{question}", max_new_tokens=12,
-                                              batch_size=3, assistant=assistant), PROMPTS, target_name="tiny",
-                   progress=False)
-    assert len(made) == 3                                               # one assistant per batch
+    spec = distill(
+        target,
+        tok,
+        DistillConfig(base / "spec", prompt_format="{question}", max_new_tokens=12, batch_size=3, assistant=assistant),
+        PROMPTS,
+        target_name="tiny",
+        progress=False,
+    )
+    assert len(made) == 3  # one assistant per batch
     stats = [a.last_stats for a in made]
-    assert sum(s.new_tokens for s in stats) > sum(s.target_calls for s in stats)   # drafts were accepted
-    assert _store_bytes(base / "spec") == _store_bytes(cfg.out)          # the fixture's: plain batches
+    assert sum(s.new_tokens for s in stats) > sum(s.target_calls for s in stats)  # drafts were accepted
+    assert _store_bytes(base / "spec") == _store_bytes(cfg.out)  # the fixture's: plain batches
     assert len(spec) == len(store)
 
 
@@ -292,12 +313,25 @@ def test_distill_interrupt_and_resume_equals_one_run(distilled, target):
     assert _store_bytes(part.out) == _store_bytes(cfg.out)
     assert distill(target, tok, part, PROMPTS, target_name="tiny", progress=False).num_tokens == resumed.num_tokens
     with pytest.raises(ValueError, match="other settings"):
-        distill(target, tok, DistillConfig(part.out, prompt_format="{question}", max_new_tokens=5), PROMPTS,
-                target_name="tiny", progress=False)
+        distill(
+            target,
+            tok,
+            DistillConfig(part.out, prompt_format="{question}", max_new_tokens=5),
+            PROMPTS,
+            target_name="tiny",
+            progress=False,
+        )
 
 
-SPEC = VanillaSpec(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                   intermediate_size=32, draft_vocab_size=64)
+SPEC = VanillaSpec(
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=8,
+    intermediate_size=32,
+    draft_vocab_size=64,
+)
 COMMAND = "hf-cascade train vanilla --data tiny-distill --steps 6"
 
 
@@ -307,10 +341,9 @@ def trained(distilled, target, tmp_path_factory):
     out = tmp_path_factory.mktemp("train") / "drafter"
     train_cfg = TrainConfig(out, steps=6, batch_size=2, eval_every=3, eval_records=2, max_len=64, lr=5e-2, warmup=1)
     torch.manual_seed(0)
-    initial, _ = build_vanilla(target, DistillStore.open(cfg.out), SPEC, "tiny")   # what train_vanilla starts from
+    initial, _ = build_vanilla(target, DistillStore.open(cfg.out), SPEC, "tiny")  # what train_vanilla starts from
     torch.manual_seed(0)
-    model, state = train_vanilla(target, cfg.out, train_cfg, SPEC, target_name="tiny", command=COMMAND,
-                                 progress=False)
+    model, state = train_vanilla(target, cfg.out, train_cfg, SPEC, target_name="tiny", command=COMMAND, progress=False)
     return out, model, state, initial, train_cfg
 
 
@@ -336,7 +369,8 @@ def test_train_vanilla_learns_and_saves_hub_layout(trained, distilled):
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_cascade_drafter.CascadeDrafterForCausalLM"
     assert config["draft_vocab_size"] == 64 and config["vocab_size"] == tm.VOCAB and config["hidden_size"] == 16
     assert {"model.safetensors", "modeling_cascade_drafter.py", "configuration_cascade_drafter.py"} <= set(
-        os.listdir(out))
+        os.listdir(out)
+    )
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers\n") and "pipeline_tag: text-generation" in card
     assert COMMAND in card and "## Measured acceptance" in card
@@ -381,11 +415,13 @@ def test_train_vanilla_with_soft_labels(distilled, target, tmp_path):
     """``soft_labels=K``: the table is computed once into the store and reused; the loss reports both
     terms and falls; the card says what it was trained on."""
     _, _, cfg, store = distilled
-    train_cfg = TrainConfig(tmp_path / "soft", steps=6, batch_size=2, eval_every=3, eval_records=2, max_len=64,
-                            lr=5e-2, warmup=1)
+    train_cfg = TrainConfig(
+        tmp_path / "soft", steps=6, batch_size=2, eval_every=3, eval_records=2, max_len=64, lr=5e-2, warmup=1
+    )
     torch.manual_seed(0)
-    model, state = train_vanilla(target, cfg.out, train_cfg, SPEC, target_name="tiny", command=COMMAND,
-                                 progress=False, soft_labels=4)
+    model, state = train_vanilla(
+        target, cfg.out, train_cfg, SPEC, target_name="tiny", command=COMMAND, progress=False, soft_labels=4
+    )
     losses = [h for h in state.history if "loss" in h]
     assert all({"hard", "soft"} <= set(h) for h in losses) and losses[-1]["soft"] < losses[0]["soft"]
     assert load_soft_labels(store, model.vocab_subset, 4) is not None

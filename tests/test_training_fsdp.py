@@ -69,8 +69,9 @@ def test_fsdp_settings_from_accelerates_environment():
     assert requested(False, 2, {}) is None and requested(True, 1, {}) is None and requested(False, 1, on) is None
     assert requested(True, 2, {}) == FsdpSettings(True, False)
     assert requested(False, 2, {**on, "FSDP_RESHARD_AFTER_FORWARD": "false"}) == FsdpSettings(False, False)
-    assert requested(False, 8, {**on, "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "true"}) == \
-        FsdpSettings(True, True)
+    assert requested(
+        False, 8, {**on, "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "true"}
+    ) == FsdpSettings(True, True)
     v1 = {**on, "FSDP_VERSION": "1", "FSDP_RESHARD_AFTER_FORWARD": "true"}
     assert requested(False, 2, {**v1, "FSDP_SHARDING_STRATEGY": "SHARD_GRAD_OP"}) == FsdpSettings(False, False)
     assert requested(False, 2, {**v1, "FSDP_SHARDING_STRATEGY": "1"}) == FsdpSettings(True, False)
@@ -103,24 +104,59 @@ def test_fsdp_in_two_processes_with_fp16_follows_one_process(distilled, target, 
     target.save_pretrained(tiny)
     tm.word_tokenizer().save_pretrained(tiny)
     out = tmp_path / "fsdp"
-    argv = ["train", "glide", "--target-layers", "0", "--target", str(tiny), "--data", str(distilled[2].out), "--out",
-            str(out), "--draft-vocab", "64", "--steps", "4", "--batch-size", "4", "--max-len", "48", "--lr", "5e-2",
-            "--eval-every", "4", "--eval-records", "2", "--mixed-precision", "fp16", "--no-progress", "--fsdp"]
-    done = _launch(argv, tmp_path, "ddp")                        # FSDP asked by --fsdp (what --num-processes runs)
+    argv = [
+        "train",
+        "glide",
+        "--target-layers",
+        "0",
+        "--target",
+        str(tiny),
+        "--data",
+        str(distilled[2].out),
+        "--out",
+        str(out),
+        "--draft-vocab",
+        "64",
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--max-len",
+        "48",
+        "--lr",
+        "5e-2",
+        "--eval-every",
+        "4",
+        "--eval-records",
+        "2",
+        "--mixed-precision",
+        "fp16",
+        "--no-progress",
+        "--fsdp",
+    ]
+    done = _launch(argv, tmp_path, "ddp")  # FSDP asked by --fsdp (what --num-processes runs)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((out / "trainer_state.json").read_text())
     assert two["processes"] == 2 and two["config"]["mixed_precision"] == "fp16"
-    layout = two["layout"]                                       # the main process holds about half of the head
+    layout = two["layout"]  # the main process holds about half of the head
     assert layout["fsdp"] and 0.4 < layout["parameters_here"] / layout["head_parameters"] < 0.6, layout
     torch.manual_seed(0)
     spec = dataclasses.replace(GLIDE_PRESETS["xs"], draft_vocab_size=64, target_layer_ids=(0,))
-    cfg = _cfg(tmp_path / "one", steps=4, batch_size=4, max_len=48, eval_every=4, grad_accum=2, warmup=30,
-               mixed_precision="fp16")
+    cfg = _cfg(
+        tmp_path / "one",
+        steps=4,
+        batch_size=4,
+        max_len=48,
+        eval_every=4,
+        grad_accum=2,
+        warmup=30,
+        mixed_precision="fp16",
+    )
     _, one = train_glide(target, distilled[2].out, cfg, spec, target_name=str(tiny), command="x", progress=False)
     assert [h["loss"] for h in two["history"] if "loss" in h] == pytest.approx(_losses(one), rel=2e-3)
     from safetensors.torch import load_file
 
     saved, whole = load_file(out / "model.safetensors"), load_file(tmp_path / "one" / "model.safetensors")
-    assert saved.keys() == whole.keys()                          # the head gathered from its shards, saved whole
-    for name in saved:            # fp16 rounding moves Adam's steps by <= 2e-3 here; an untrained head is 0.1 away
+    assert saved.keys() == whole.keys()  # the head gathered from its shards, saved whole
+    for name in saved:  # fp16 rounding moves Adam's steps by <= 2e-3 here; an untrained head is 0.1 away
         torch.testing.assert_close(saved[name], whole[name], atol=5e-3, rtol=0, msg=name)

@@ -70,19 +70,19 @@ def test_greedy_labels_of_a_teacher_forced_store_are_the_targets_argmax(store, t
     valid = batch.attention_mask.bool()
     got = labels(batch)
     assert torch.equal(got[valid], argmax[valid])
-    assert not torch.equal(got[:, :-1][valid[:, 1:]], batch.input_ids[:, 1:][valid[:, 1:]])   # the text is not greedy
+    assert not torch.equal(got[:, :-1][valid[:, 1:]], batch.input_ids[:, 1:][valid[:, 1:]])  # the text is not greedy
 
 
 def test_glide_acceptance_by_position_against_its_labels(glide, target):
     batch = _batch()
     kv = target_kv_batch(glide, target, batch)
     with torch.no_grad():
-        own = glide.vocab_subset[_draft_logits(glide, batch, kv, BLOCK, "none").argmax(-1)]    # [B, T] own next tokens
+        own = glide.vocab_subset[_draft_logits(glide, batch, kv, BLOCK, "none").argmax(-1)]  # [B, T] own next tokens
     full = glide_acceptance(glide, target, batch, block=BLOCK, labels_fn=lambda b: own)
     assert full["drafts"] == 2 * 3 and full["tau"] == full["tau@5"] == 5.0
     assert [full[f"accept@{k}"] for k in range(1, 6)] == [1.0] * 5
     third_wrong = own.clone()
-    third_wrong[:, 2::BLOCK] = -1                                              # every draft's third token misses
+    third_wrong[:, 2::BLOCK] = -1  # every draft's third token misses
     cut = glide_acceptance(glide, target, batch, block=BLOCK, labels_fn=lambda b: third_wrong)
     assert [cut[f"accept@{k}"] for k in range(1, 6)] == [1.0, 1.0, 0.0, 0.0, 0.0] and cut["tau"] == 2.0
 
@@ -116,11 +116,11 @@ def test_glide_unrolled_positions_see_what_decoding_shows_them(glide, target):
         teacher = _draft_logits(glide, batch, target_kv_batch(glide, target, batch), BLOCK, "none")
     for j in (2, 3):
         starts = range(0, batch.input_ids.shape[1] - j, BLOCK)
-        decoded = torch.stack([_decoding_logits(glide, target, batch, p, j) for p in starts], dim=1)   # [B, D, N]
+        decoded = torch.stack([_decoding_logits(glide, target, batch, p, j) for p in starts], dim=1)  # [B, D, N]
         at = [p + j - 1 for p in starts]
         want, forced = (_ce(logits, labels[:, at]) for logits in (decoded, teacher[:, at]))
         assert metrics[f"loss@{j}"] == pytest.approx(want.item(), rel=1e-5), j
-        assert abs(metrics[f"loss@{j}"] - forced.item()) > 1e-3                # not the teacher-forced loss
+        assert abs(metrics[f"loss@{j}"] - forced.item()) > 1e-3  # not the teacher-forced loss
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def redrafter(target, store):
     torch.manual_seed(0)
     spec = ReDrafterSpec(exit_dim=24, num_draft_layers=1, draft_vocab_size=64, beam_length=3)
     head = build_redrafter(target, store, spec, "tiny")[0].eval()
-    with torch.no_grad():                                                       # sharp, as the GLIDE above
+    with torch.no_grad():  # sharp, as the GLIDE above
         for p in head.parameters():
             p.normal_(0.0, 0.5)
     return head
@@ -140,7 +140,7 @@ def test_redrafter_unrolled_step_is_fed_its_own_token(redrafter, target, store):
         _, metrics = redrafter_loss(redrafter, target, batch, L=3, store=store, unroll=2)
         x, e = target_context(redrafter, target, batch, store)
         t = x.shape[1]
-        n = t - 3                                                       # positions with a step-2 label
+        n = t - 3  # positions with a step-2 label
         s1 = redrafter.step(torch.zeros_like(x[:, :n]), e[:, 1 : 1 + n])
         first = redrafter.to_target_ids(redrafter.logits(s1, x[:, :n], full_vocab=False).argmax(-1))
         s2 = redrafter.step(s1, target.get_input_embeddings()(first))
@@ -168,7 +168,7 @@ def test_redrafter_acceptance_scores_against_its_labels(redrafter, target, store
     default = redrafter_acceptance(redrafter, target, store, held, L=3)
     stored = redrafter_acceptance(redrafter, target, store, held, L=3, labels_fn=lambda b: b.input_ids[:, 1:])
 
-    def first_own(b):                           # column t + 1: the head's first drafted token after position t
+    def first_own(b):  # column t + 1: the head's first drafted token after position t
         x, e = target_context(redrafter, target, b, store)
         s1 = redrafter.step(torch.zeros_like(x[:, :-2]), e[:, 1:-1])
         labels = torch.full_like(b.input_ids, -1)
@@ -197,7 +197,14 @@ def test_feature_loss_is_added_and_trained_beside_the_head_not_saved(glide, targ
     def fn(m, b, features):
         return glide_loss(m, target, b, BLOCK, features=features, store=store)
 
-    train(model, iterate_batches(store, train_idx, cfg), HeadLoss(fn, features=regression), lambda m: {},
-          lambda m, s: None, cfg, progress=False)
-    assert not torch.equal(regression.proj.weight, before)                 # the loop trains the loss's own map
-    assert set(model.state_dict()) == keys                                     # the head holds none of it
+    train(
+        model,
+        iterate_batches(store, train_idx, cfg),
+        HeadLoss(fn, features=regression),
+        lambda m: {},
+        lambda m, s: None,
+        cfg,
+        progress=False,
+    )
+    assert not torch.equal(regression.proj.weight, before)  # the loop trains the loss's own map
+    assert set(model.state_dict()) == keys  # the head holds none of it

@@ -69,7 +69,7 @@ def test_our_heads_take_either_name(name):
 
 def test_entry_points_of_the_installed_release_have_the_expected_shape():
     hook.check_entry_points()
-    assert getattr(GenerationMixin._assisted_decoding, hook._MARK, None) is not None   # installed
+    assert getattr(GenerationMixin._assisted_decoding, hook._MARK, None) is not None  # installed
 
 
 @pytest.mark.parametrize("case", ["gone", "renamed parameter"])
@@ -77,7 +77,10 @@ def test_a_moved_entry_point_fails_with_one_clear_message(monkeypatch, case):
     if case == "gone":
         monkeypatch.delattr(GenerationMixin, "_get_candidate_generator")
     else:
-        def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, draft_model=None):
+
+        def _assisted_decoding(
+            self, input_ids, logits_processor, stopping_criteria, generation_config, draft_model=None
+        ):
             raise AssertionError("never called")
 
         monkeypatch.setattr(GenerationMixin, "_assisted_decoding", _assisted_decoding)
@@ -85,7 +88,9 @@ def test_a_moved_entry_point_fails_with_one_clear_message(monkeypatch, case):
         hook.check_entry_points()
     message = str(err.value)
     assert hook.SUPPORTED in message and transformers.__version__ in message
-    assert ("_get_candidate_generator is gone" if case == "gone" else "_assisted_decoding no longer takes assistant_model") in message
+    assert (
+        "_get_candidate_generator is gone" if case == "gone" else "_assisted_decoding no longer takes assistant_model"
+    ) in message
 
 
 def _run(script: str) -> subprocess.CompletedProcess:
@@ -103,7 +108,8 @@ def test_import_fails_clearly_and_wraps_nothing_where_an_entry_point_moved():
         "    import hf_cascade\n"
         "except ImportError as e:\n"
         "    assert G.generate is original, 'wrapped before failing'\n"
-        "    print('IMPORT-ERROR', e)\n")
+        "    print('IMPORT-ERROR', e)\n"
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "IMPORT-ERROR hf_cascade supports transformers>=4.57" in res.stdout
     assert "_assisted_decoding no longer takes assistant_model" in res.stdout
@@ -124,7 +130,8 @@ def test_a_newer_release_with_the_same_entry_points_keeps_working():
         "ours = target.generate(ids, assistant_model=CascadeAssistant([MaxGram()]),"
         " do_sample=False, max_new_tokens=12)\n"
         "assert ours.tolist() == plain.tolist(), (ours, plain)\n"
-        "print('OK')\n")
+        "print('OK')\n"
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip().endswith("OK")
 
@@ -153,5 +160,6 @@ def test_no_call_of_ours_goes_through_the_deprecated_cache_name():
         "    assert out.tolist() == plain.tolist()\n"
         "bad = [m for m in seen if 'deprecated' in m]\n"
         "assert not bad, bad\n"
-        "print('OK')\n")
+        "print('OK')\n"
+    )
     assert res.returncode == 0, res.stderr[-3000:]

@@ -46,21 +46,21 @@ def test_prefix_tree_packs_paper_example():
     assert torch.equal(tree.depth, T([0, 1, 2, 3, 2, 3, 3]))
     assert tree.paths() == [[0, 1, 2, 3], [0, 1, 4, 5], [0, 1, 2, 6]]
     assert torch.equal(unpack(tree.tokens, beam_to_node), PAPER_BEAMS)
-    values = torch.arange(7.0)[:, None] * T([1.0, -1.0])                     # [n, 2] per-node values
+    values = torch.arange(7.0)[:, None] * T([1.0, -1.0])  # [n, 2] per-node values
     assert torch.equal(unpack(values, beam_to_node)[..., 0], beam_to_node.float())
 
 
 def test_prefix_tree_random_round_trip():
     g = torch.Generator().manual_seed(0)
     for w, L in [(1, 3), (4, 5), (8, 6)]:
-        beams = torch.randint(0, 3, (w, L), generator=g)                       # small vocab: much sharing
-        beams[w // 2] = beams[0]                                               # a duplicate beam
+        beams = torch.randint(0, 3, (w, L), generator=g)  # small vocab: much sharing
+        beams[w // 2] = beams[0]  # a duplicate beam
         tree, b2n, _ = prefix_tree(beams)
         assert torch.equal(unpack(tree.tokens, b2n), beams)
         assert torch.equal(tree.depth[b2n], torch.arange(L).expand(w, L))
         assert torch.equal(tree.parents[b2n[:, 1:]], b2n[:, :-1]) and bool((tree.parents[b2n[:, 0]] == -1).all())
         pairs = set(zip(tree.parents.tolist(), tree.tokens.tolist()))
-        assert len(pairs) == len(tree)                                         # no duplicated (parent, token)
+        assert len(pairs) == len(tree)  # no duplicated (parent, token)
         assert len(tree) == len({tuple(b[: j + 1].tolist()) for b in beams for j in range(L)})
 
 
@@ -79,28 +79,37 @@ def test_hand_tree_mask_positions_paths():
     tree = hand_tree()
     assert torch.equal(tree.depth, T([0, 1, 1, 0, 1, 2]))
     assert torch.equal(tree.position_offsets(), T([0, 1, 1, 0, 1, 2]))
-    assert torch.equal(tree.ancestor_mask().int(), T([
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 0, 1, 0, 0, 0],
-        [0, 0, 0, 1, 0, 0],
-        [0, 0, 0, 1, 1, 0],
-        [0, 0, 0, 1, 1, 1],
-    ]).int())
+    assert torch.equal(
+        tree.ancestor_mask().int(),
+        T(
+            [
+                [1, 0, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0, 0],
+                [1, 0, 1, 0, 0, 0],
+                [0, 0, 0, 1, 0, 0],
+                [0, 0, 0, 1, 1, 0],
+                [0, 0, 0, 1, 1, 1],
+            ]
+        ).int(),
+    )
     assert tree.paths() == [[0, 1], [0, 2], [3, 4, 5]]
     assert torch.equal(tree.children(-1), T([0, 3])) and torch.equal(tree.children(0), T([1, 2]))
     assert torch.equal(tree_position_ids(7, tree), T([[7, 8, 8, 7, 8, 9]]))
     rooted = tree.with_root(99)
-    assert torch.equal(rooted.tokens, T([99, 10, 11, 12, 13, 14, 15])) and torch.equal(rooted.parents, T([-1, 0, 1, 1, 0, 4, 5]))
+    assert torch.equal(rooted.tokens, T([99, 10, 11, 12, 13, 14, 15])) and torch.equal(
+        rooted.parents, T([-1, 0, 1, 1, 0, 4, 5])
+    )
 
 
 def test_tree_attention_mask_golden():
-    tree = TokenTree(T([10, 11, 12]), T([-1, 0, -1]))                         # 0 -> 1, and 2
-    allowed = T([
-        [1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 0],
-        [1, 1, 0, 0, 1],
-    ]).bool()
+    tree = TokenTree(T([10, 11, 12]), T([-1, 0, -1]))  # 0 -> 1, and 2
+    allowed = T(
+        [
+            [1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0],
+            [1, 1, 0, 0, 1],
+        ]
+    ).bool()
     mask = tree_attention_mask(2, tree)
     assert mask.shape == (1, 1, 3, 5) and mask.dtype == torch.float32
     assert torch.equal(mask[0, 0], torch.where(allowed, 0.0, NEG))
@@ -127,9 +136,11 @@ def test_verification_queries_equal_the_dense_reference(window, pad):
         mask = query_tree_mask(prefix_len, real, positions, ancestors, columns, torch.float32, window)[0, 0]
         assert ids.dtype == torch.long and torch.equal(ids, T([[99, 10, 11, 12, 13, 14] + [99] * pad]))
         assert torch.equal(positions, torch.cat([tree_position_ids(prefix_len, rooted), T([[0] * pad])], dim=1))
-        assert torch.equal(mask[:real, :prefix_len + real], want)
-        assert (mask[:real, prefix_len + real:] == NEG).all()
-        assert torch.equal(mask[real:], torch.where(torch.eye(columns, dtype=torch.bool)[prefix_len + real:], 0.0, NEG))
+        assert torch.equal(mask[:real, : prefix_len + real], want)
+        assert (mask[:real, prefix_len + real :] == NEG).all()
+        assert torch.equal(
+            mask[real:], torch.where(torch.eye(columns, dtype=torch.bool)[prefix_len + real :], 0.0, NEG)
+        )
 
 
 def test_cape_expansions_match_algorithm_2():
@@ -140,14 +151,16 @@ def test_cape_expansions_match_algorithm_2():
     tree = cape_tree(T([a, b, c]), [T([d, e]), T([], dtype=torch.long), T([f])])
     assert torch.equal(tree.tokens, T([a, b, c, d, e, f]))
     assert torch.equal(tree.position_offsets(), T([0, 1, 2, 0, 0, 2]))
-    vam = T([
-        [1, 0, 0, 0, 0, 0],   # a
-        [1, 1, 0, 0, 0, 0],   # b
-        [1, 1, 1, 0, 0, 0],   # c
-        [0, 0, 0, 1, 0, 0],   # d: sibling of a
-        [0, 0, 0, 0, 1, 0],   # e: sibling of a
-        [1, 1, 0, 0, 0, 1],   # f: sibling of c, sees a, b
-    ]).bool()
+    vam = T(
+        [
+            [1, 0, 0, 0, 0, 0],  # a
+            [1, 1, 0, 0, 0, 0],  # b
+            [1, 1, 1, 0, 0, 0],  # c
+            [0, 0, 0, 1, 0, 0],  # d: sibling of a
+            [0, 0, 0, 0, 1, 0],  # e: sibling of a
+            [1, 1, 0, 0, 0, 1],  # f: sibling of c, sees a, b
+        ]
+    ).bool()
     assert torch.equal(tree.ancestor_mask(), vam)
     # Algorithm 1's topk includes the argmax: dedupe drops it (and repeats) unless told not to.
     tree2 = cape_tree(T([a, b]), [T([a, d, d]), T([e])])
@@ -182,6 +195,7 @@ def test_builder_errors():
 
 # -- greedy acceptance -----------------------------------------------------------------------------
 
+
 def logits_with_argmax(best: list[int], vocab: int = 20) -> torch.Tensor:
     g = torch.Generator().manual_seed(len(best))
     logits = torch.randn(len(best), vocab, generator=g)
@@ -192,11 +206,11 @@ def logits_with_argmax(best: list[int], vocab: int = 20) -> torch.Tensor:
 @pytest.mark.parametrize(
     "best, path, bonus",
     [
-        ([13, 1, 2, 3, 14, 15, 16], [3, 4, 5], 16),   # down the deepest branch to its leaf
-        ([10, 12, 1, 2, 3, 4, 5], [0, 2], 2),         # second child of node 0, then its argmax
-        ([10, 19, 1, 2, 3, 4, 5], [0], 19),           # node 0 accepted, no child matches
-        ([13, 1, 2, 3, 11, 5, 6], [3], 11),           # 11 is a child of node 0, not of node 3
-        ([4, 1, 2, 3, 4, 5, 6], [], 4),               # nothing accepted: the root's argmax
+        ([13, 1, 2, 3, 14, 15, 16], [3, 4, 5], 16),  # down the deepest branch to its leaf
+        ([10, 12, 1, 2, 3, 4, 5], [0, 2], 2),  # second child of node 0, then its argmax
+        ([10, 19, 1, 2, 3, 4, 5], [0], 19),  # node 0 accepted, no child matches
+        ([13, 1, 2, 3, 11, 5, 6], [3], 11),  # 11 is a child of node 0, not of node 3
+        ([4, 1, 2, 3, 4, 5, 6], [], 4),  # nothing accepted: the root's argmax
     ],
 )
 def test_greedy_tree_accept_golden(best, path, bonus):
@@ -216,10 +230,12 @@ def test_greedy_tree_accept_equals_walk():
         tree = TokenTree(torch.randint(0, 3, (n,), generator=g), parents)
         logits = torch.randn(n + 1, 3, generator=g)
         best = logits.argmax(-1).tolist()
+
         # Reference: the plain walk, preferring the child with the deepest matching descendant.
-        def walk(node, tree=tree, best=best):   # -> list of nodes accepted below ``node`` (this trial's tree)
+        def walk(node, tree=tree, best=best):  # -> list of nodes accepted below ``node`` (this trial's tree)
             options = [[c] + walk(c) for c in tree.children(node).tolist() if tree.tokens[c] == best[node + 1]]
             return max(options, key=len) if options else []
+
         ref = walk(-1)
         got = greedy_tree_accept(tree, logits)
         assert len(got.path) == len(ref) and tree.tokens[got.path].tolist() == tree.tokens[ref].tolist()
@@ -242,8 +258,8 @@ def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 def _targets():
     g = torch.Generator().manual_seed(3)
-    p0 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)               # target at the root
-    p_next = torch.softmax(torch.randn(V, V, generator=g) * 1.5, -1)        # target after token x
+    p0 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)  # target at the root
+    p_next = torch.softmax(torch.randn(V, V, generator=g) * 1.5, -1)  # target after token x
     return p0, p_next
 
 
@@ -256,8 +272,8 @@ def _two_tokens(tree, acc, p_next, g) -> tuple[int, int]:
 
 
 def _check_exact(counts: torch.Tensor, p0: torch.Tensor, p_next: torch.Tensor) -> None:
-    assert chi2_pvalue(counts.sum(1), p0) > 1e-3                              # first token ~ p0
-    joint = (p0[:, None] * p_next).flatten()                                   # (x1, x2) ~ p0 * p(.|x1)
+    assert chi2_pvalue(counts.sum(1), p0) > 1e-3  # first token ~ p0
+    joint = (p0[:, None] * p_next).flatten()  # (x1, x2) ~ p0 * p(.|x1)
     assert chi2_pvalue(counts.flatten(), joint) > 1e-3
 
 
@@ -271,7 +287,7 @@ def assert_deterministic_tree_exact(tree: TokenTree, draws: int = 6000) -> None:
     """Sampling acceptance of a deterministic depth-2 ``tree`` (``draft_probs=None``) emits its first two
     tokens with the target's joint distribution, and every accepted depth (0, 1, 2) happens."""
     p0, p_next = _targets()
-    target = torch.cat([p0[None], p_next[tree.tokens]])                       # [n + 1, V]
+    target = torch.cat([p0[None], p_next[tree.tokens]])  # [n + 1, V]
     g = torch.Generator().manual_seed(0)
     counts = torch.zeros(V, V)
     lengths = torch.zeros(3)
@@ -280,14 +296,14 @@ def assert_deterministic_tree_exact(tree: TokenTree, draws: int = 6000) -> None:
         x1, x2 = _two_tokens(tree, acc, p_next, g)
         counts[x1, x2] += 1
         lengths[len(acc.path)] += 1
-    assert (lengths > 0).all()                                                 # every depth happened
+    assert (lengths > 0).all()  # every depth happened
     _check_exact(counts, p0, p_next)
 
 
 def test_sampling_tree_accept_with_draft_probs_is_exact():
     p0, p_next = _targets()
     g = torch.Generator().manual_seed(5)
-    q0 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)                # drafts differ from target
+    q0 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)  # drafts differ from target
     q_next = torch.softmax(torch.randn(V, V, generator=g) * 1.5, -1)
     counts = torch.zeros(V, V)
     lengths = torch.zeros(3)
@@ -323,12 +339,13 @@ def test_sampling_tree_accept_edge_cases():
 
 # -- one forward over the tree, and the cache afterwards ----------------------------------------------
 
-PREFIX = T([1, 17, 42, 5, 63, 8, 21, 90, 33, 12, 7])                      # 10 cached + the root
+PREFIX = T([1, 17, 42, 5, 63, 8, 21, 90, 33, 12, 7])  # 10 cached + the root
 # Two deep branches from the root (depth 6: positions 11..16 with window 8 lose the first prefix
 # tokens) and a short side branch under node 1; branch 2 sits late in the linearized tree while
 # its positions are early, so a window taken over indices instead of positions would show.
-TREE = TokenTree(T([44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57]),
-                 T([-1, 0, 1, 2, 3, 4, -1, 6, 7, 8, 9, 10, 1, 12]))
+TREE = TokenTree(
+    T([44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57]), T([-1, 0, 1, 2, 3, 4, -1, 6, 7, 8, 9, 10, 1, 12])
+)
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
@@ -354,14 +371,18 @@ def test_verify_tree_equals_per_branch_forwards(model, impl):
             ref = model(input_ids=torch.cat([PREFIX, TREE.tokens[path]])[None]).logits[0, prefix_len:]
             got = logits[[0] + [i + 1 for i in path]]
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
-        cache_int, _ = _prefilled(model)                       # a host-int root: the same inputs, the same logits
+        cache_int, _ = _prefilled(model)  # a host-int root: the same inputs, the same logits
         assert torch.equal(verify_tree(model, cache_int, prefix_len, TREE, int(PREFIX[-1])), logits)
         if model.config.model_type == "gemma3_text":
             # The sliding window matters here: one windowless mask for every layer gives other logits.
             cache2, _ = _prefilled(model)
             rooted = TREE.with_root(PREFIX[-1])
-            plain = model(input_ids=rooted.tokens[None], position_ids=tree_position_ids(prefix_len, rooted),
-                          attention_mask=tree_attention_mask(prefix_len, rooted), past_key_values=cache2).logits[0]
+            plain = model(
+                input_ids=rooted.tokens[None],
+                position_ids=tree_position_ids(prefix_len, rooted),
+                attention_mask=tree_attention_mask(prefix_len, rooted),
+                past_key_values=cache2,
+            ).logits[0]
             assert (plain - logits).abs().max() > 1e-3
 
 

@@ -11,16 +11,16 @@ import torch
 from transformers import LogitsProcessorList
 
 from hf_cascade import MaxGram
-from hf_cascade.core import TokenTree, greedy_tree_accept
-from hf_cascade.core.stopping import prune_tree
-from hf_cascade.core.structure import prefix_tree
-from hf_cascade.core.rows import TreeRows
-from hf_cascade.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
 from hf_cascade.assistant import TreeAssistant
+from hf_cascade.core import TokenTree, greedy_tree_accept
+from hf_cascade.core.rows import TreeRows
 from hf_cascade.core.stats import TreeStats
+from hf_cascade.core.stopping import prune_tree
 from hf_cascade.core.strategy import TreeDrafter
+from hf_cascade.core.structure import prefix_tree
+from hf_cascade.maxgram_tree import MaxGramTree, MaxGramTreeAssistant
 from tests import tiny_models as tm
-from tests.test_greedy_parity import REPETITIVE, ONE_TOKEN, _processor_kwargs, models, plain
+from tests.test_greedy_parity import ONE_TOKEN, REPETITIVE, _processor_kwargs, models, plain
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
 T = torch.tensor
@@ -69,9 +69,15 @@ class Oracle(TreeDrafter):
         self.states = []
 
     def draft_tree(self, seq, state):
-        self.states.append((seq.clone(), state.cache.get_seq_length(),
-                            None if state.last_hidden is None else state.last_hidden.clone(), state.budget))
-        right = self.expected[seq.shape[0]: seq.shape[0] + self.depth]
+        self.states.append(
+            (
+                seq.clone(),
+                state.cache.get_seq_length(),
+                None if state.last_hidden is None else state.last_hidden.clone(),
+                state.budget,
+            )
+        )
+        right = self.expected[seq.shape[0] : seq.shape[0] + self.depth]
         if not right:
             return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
         wrong = [(right[0] + 1) % self.vocab] + right[1:]
@@ -100,15 +106,15 @@ def test_greedy_parity(m, config, prompt):
     assert_parity(m["target"], prompt, CONFIGS[config]())
 
 
-BRANCHING = ids(1, 5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6)                    # "5 6" followed by 7, 8 and 9
+BRANCHING = ids(1, 5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6)  # "5 6" followed by 7, 8 and 9
 
 
 def test_trees_are_accepted_and_rejected(m):
     stats = assert_parity(m["target"], REPETITIVE, MaxGramTreeAssistant(), max_new_tokens=60)
     assert stats.tokens_per_target_call > 1.3
     stats = assert_parity(m["target"], BRANCHING, MaxGramTreeAssistant(), max_new_tokens=60)
-    assert max(stats.tree_leaves) >= 3                                   # real trees, not only chains
-    assert any(n < d for n, d in zip(stats.accepted_per_call, stats.tree_depths))   # rejections happen
+    assert max(stats.tree_leaves) >= 3  # real trees, not only chains
+    assert any(n < d for n, d in zip(stats.accepted_per_call, stats.tree_depths))  # rejections happen
     assert sum(stats.acceptance_by_position.proposed) > sum(stats.acceptance_by_position.accepted) > 0
 
 
@@ -139,7 +145,7 @@ def test_output_head_runs_only_on_the_rows_acceptance_reads(m):
 
 def test_output_head_reproduces_gemma_softcapping():
     target = tm.gemma3(seed=3)
-    target.config.final_logit_softcapping = 0.5                       # strong: changes every distribution
+    target.config.final_logit_softcapping = 0.5  # strong: changes every distribution
     stats = assert_parity(target, BRANCHING, MaxGramTreeAssistant(), max_new_tokens=40)
     assert sum(stats.head_rows) < sum(n + 1 for n in stats.tree_sizes)
     assert_parity(target, BRANCHING, MaxGramTreeAssistant(), max_new_tokens=40, repetition_penalty=1.5)
@@ -181,7 +187,7 @@ def test_tree_rows_process_each_row_with_its_ancestor_path():
     assert [float(rows[r][0]) for r in (0, 1, 2, 3, 4)] == [2, 3, 4, 3, 4]
     assert seen == [[1, 2], [1, 2, 10], [1, 2, 10, 11], [1, 2, 12], [1, 2, 12, 13]]
     rows[3]
-    assert len(seen) == 5                                      # processed once per row
+    assert len(seen) == 5  # processed once per row
     assert torch.equal(TreeRows(tree, T([1]), LogitsProcessorList(), raw=raw)[2], raw[2])
 
 
@@ -194,41 +200,42 @@ def test_tree_rows_compute_first_child_chains_only_when_read():
     #      |      |
     #      1      3
     tree = TokenTree(T([10, 11, 12, 13]), T([-1, 0, -1, 2]))
-    hidden = torch.arange(5.0)[:, None].repeat(1, 3)                    # row r: [r, r, r]
+    hidden = torch.arange(5.0)[:, None].repeat(1, 3)  # row r: [r, r, r]
     calls = []
 
     def head(h):
         calls.append(h[:, 0].tolist())
-        return torch.cat([h, -h], dim=-1)                              # [k, 6]
+        return torch.cat([h, -h], dim=-1)  # [k, 6]
 
     rows = TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden, head=head)
     assert rows.rows_computed == 0
     assert rows[0].tolist() == [0, 0, 0, 0, 0, 0]
-    assert calls == [[0, 1, 2, 3]]                      # root, node 0, node 1; then node 2 fills the block
+    assert calls == [[0, 1, 2, 3]]  # root, node 0, node 1; then node 2 fills the block
     assert rows[2][0] == 2 and rows.raw(3)[1] == 3 and rows.head_calls == 1
     assert rows.raw(4)[1] == 4
-    assert calls == [[0, 1, 2, 3], [4]]                                 # node 3: its own call
+    assert calls == [[0, 1, 2, 3], [4]]  # node 3: its own call
     assert rows.rows_computed == 5 and rows.head_calls == 2
     calls.clear()
     rows = TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden, head=head, block_rows=2)
     rows[3], rows[0], rows[2]
-    assert calls == [[3, 4], [0, 1], [2]]                               # node 2's chain; root + node 0; node 1
+    assert calls == [[3, 4], [0, 1], [2]]  # node 2's chain; root + node 0; node 1
     with pytest.raises(ValueError, match="expected 5 rows"):
         TreeRows(tree, T([1]), LogitsProcessorList(), hidden=hidden[:4], head=head)
 
 
 def test_lazy_greedy_walk_reads_only_the_rows_it_reaches():
     """Greedy acceptance on TreeRows computes the main path in one head call and nothing else."""
-    tree = TokenTree(T([1, 2, 3, 4, 5]), T([-1, 0, 1, -1, 3]))          # two chains: 1-2-3 and 4-5
-    best = [1, 2, 9, 0, 0, 0]                                            # root -> 1 -> 2, then bonus 9
+    tree = TokenTree(T([1, 2, 3, 4, 5]), T([-1, 0, 1, -1, 3]))  # two chains: 1-2-3 and 4-5
+    best = [1, 2, 9, 0, 0, 0]  # root -> 1 -> 2, then bonus 9
     logits = torch.nn.functional.one_hot(torch.tensor(best), 10).float()
     rows = TreeRows(tree, T([7]), LogitsProcessorList(), hidden=logits, head=lambda h: h)
     acc = greedy_tree_accept(tree, rows)
     assert acc.path.tolist() == [0, 1] and acc.bonus == 9
-    assert rows.rows_computed == 4 and rows.head_calls == 1               # rows 0-3, not node 3/4's
+    assert rows.rows_computed == 4 and rows.head_calls == 1  # rows 0-3, not node 3/4's
 
 
 # -- non-first branches, cache and hidden state handed to the drafter -------------------------------------------
+
 
 def test_non_first_branch_is_accepted(m):
     target = m["target"]
@@ -239,7 +246,7 @@ def test_non_first_branch_is_accepted(m):
     # beam 0 (wrong) holds nodes 0..3, beam 1 (right) nodes 4..7: every full step takes branch 2
     assert stats.accepted_paths[0] == [4, 5, 6, 7]
     assert all(p == [4, 5, 6, 7][: len(p)] for p in stats.accepted_paths)
-    assert stats.tokens_per_target_call == NEW / stats.target_calls and stats.target_calls == 6   # 5 tokens per call
+    assert stats.tokens_per_target_call == NEW / stats.target_calls and stats.target_calls == 6  # 5 tokens per call
     # what the drafter saw: the target's cache of seq[:-1] and its last hidden state at seq[-2]
     assert oracle.states[0][3] == NEW - 1
     with torch.no_grad():
@@ -253,14 +260,14 @@ def test_non_first_branch_is_accepted(m):
 def test_maxgram_tree_accepts_non_first_branches():
     """Token ``t`` was last followed by made-up words, earlier by what the target says after it:
     Max-Gram's own guess (branch 1) is wrong, the older occurrence (branch 2) is right."""
-    target = tm.llama_target()                  # its next token depends mostly on the last one
+    target = tm.llama_target()  # its next token depends mostly on the last one
     t = 9
 
     def make(chain):
         return ids(1, t, *chain, 3, t, 20, 21, 22, 23, 8, t)
 
     chain = plain(target, ids(1, t), max_new_tokens=4)[0, 2:].tolist()
-    for _ in range(5):       # a fixed point: the target continues the prompt with what followed t first
+    for _ in range(5):  # a fixed point: the target continues the prompt with what followed t first
         nxt = plain(target, make(chain), max_new_tokens=4)[0, -4:].tolist()
         if nxt == chain:
             break
@@ -294,7 +301,7 @@ def test_maxgram_tree_continuations():
 
 
 def test_prune_tree():
-    tree = TokenTree(T([10, 2, 12, 13, 14]), T([-1, 0, 1, -1, 3]))   # 10 -> EOS(2) -> 12 ; 13 -> 14
+    tree = TokenTree(T([10, 2, 12, 13, 14]), T([-1, 0, 1, -1, 3]))  # 10 -> EOS(2) -> 12 ; 13 -> 14
     q = torch.arange(5.0)[:, None].expand(5, 3)
     pruned, pq = prune_tree(tree, q, budget=5, stop_ids=T([2]))
     assert pruned.tokens.tolist() == [10, 2, 13, 14] and pruned.parents.tolist() == [-1, 0, -1, 2]
@@ -336,7 +343,7 @@ class OnePath(TreeDrafter):
 
     def draft_tree(self, seq, state):
         self.steps += 1
-        right = self.expected[seq.shape[0]: seq.shape[0] + self.depth]
+        right = self.expected[seq.shape[0] : seq.shape[0] + self.depth]
         if not right or self.steps % 3 == 0:
             return TokenTree(seq.new_zeros(0), seq.new_zeros(0)), None
         return TokenTree.chain(T(right)), None
@@ -351,8 +358,9 @@ def test_one_path_trees_are_verified_as_chains(m, monkeypatch):
 
     def inputs(*a, **kw):
         made = real(*a, **kw)
-        seen.append((a[2].num_nodes, "attention_mask" not in made))        # a chain: the model's own causal mask
+        seen.append((a[2].num_nodes, "attention_mask" not in made))  # a chain: the model's own causal mask
         return made
+
     monkeypatch.setattr(loop, "row_inputs", inputs)
     target = m["target"]
     expected = plain(target, REPETITIVE, max_new_tokens=NEW)[0].tolist()
@@ -360,4 +368,4 @@ def test_one_path_trees_are_verified_as_chains(m, monkeypatch):
     assert seen and all(chain for _, chain in seen) and {n for n, _ in seen} >= {0, 3}
     seen.clear()
     assert_parity(target, REPETITIVE, Using(lambda: Oracle(expected)))
-    assert any(n and not chain for n, chain in seen)                      # two beams: the tree mask
+    assert any(n and not chain for n, chain in seen)  # two beams: the tree mask

@@ -9,24 +9,24 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList, pipeline
 
 from hf_cascade import CascadeAssistant, LossyLenientTarget, MaxGram
-from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 from hf_cascade.core.stats import TreeStats
+from hf_cascade.maxgram_tree import MaxGramTreeAssistant
 from tests import tiny_models as tm
 from tests.test_greedy_parity import REPETITIVE, Collect, assert_same_outputs, models, plain
 from tests.test_tree_decode import NEW, Oracle, Using, assert_parity, m, ours  # noqa: F401  (m: fixture)
 from tests.tiny_models import ids, single_thread  # noqa: F401  (autouse fixture)
 
-
 # -- stops: EOS, max length, custom criteria, cut in the middle of an accepted path -------------------
+
 
 def test_eos_inside_an_accepted_path(m):
     target = m["target"]
-    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1]:].tolist()
+    free = plain(target, REPETITIVE, max_new_tokens=40)[0, REPETITIVE.shape[1] :].tolist()
     eos = free[6]
     first = free.index(eos)
     expected = plain(target, REPETITIVE, max_new_tokens=40, eos_token_id=eos)
     assert expected.shape[1] == REPETITIVE.shape[1] + first + 1
-    depth = 4 if first % 5 != 4 else 3           # the oracle's steps emit depth + 1 tokens: EOS lands on a node
+    depth = 4 if first % 5 != 4 else 3  # the oracle's steps emit depth + 1 tokens: EOS lands on a node
     for a in (MaxGramTreeAssistant(), Using(lambda: Oracle(expected[0].tolist(), depth=depth))):
         got = ours(target, REPETITIVE, a, max_new_tokens=40, eos_token_id=eos)
         assert got.tolist() == expected.tolist()
@@ -63,11 +63,12 @@ def test_max_new_tokens_and_custom_stops_mid_path(m, new):
     assert got.tolist() == expected.tolist()
     st = a.last_stats
     assert st.new_tokens == new
-    if new % 7:                                                          # 7 tokens per full step
-        assert len(st.accepted_paths[-1]) + 1 > st.accepted_per_call[-1] + 1   # the path was cut
+    if new % 7:  # 7 tokens per full step
+        assert len(st.accepted_paths[-1]) + 1 > st.accepted_per_call[-1] + 1  # the path was cut
 
 
 # -- outputs: scores, logits, cache, streamer, pipeline -------------------------------------------------------
+
 
 @pytest.mark.parametrize("extra", [{}, {"repetition_penalty": 1.5}], ids=["plain", "repetition_penalty"])
 def test_scores_and_logits_match_plain(m, extra):
@@ -79,7 +80,7 @@ def test_scores_and_logits_match_plain(m, extra):
         assert type(got).__name__ == "GenerateDecoderOnlyOutput"
         assert_same_outputs(got, expected, 20)
         cache = got.past_key_values
-        if hasattr(cache, "get_seq_length"):                               # 4.57 may hand back a legacy tuple
+        if hasattr(cache, "get_seq_length"):  # 4.57 may hand back a legacy tuple
             assert cache.get_seq_length() == got.sequences.shape[1] - 1
 
 
@@ -90,9 +91,9 @@ def test_streamer_receives_exactly_the_generated_tokens(m):
     got = ours(target, REPETITIVE, MaxGramTreeAssistant(), streamer=s)
     assert got.tolist() == expected.tolist()
     assert s.chunks[0] == REPETITIVE[0].tolist()
-    assert sum(s.chunks[1:], []) == got[0, REPETITIVE.shape[1]:].tolist()
+    assert sum(s.chunks[1:], []) == got[0, REPETITIVE.shape[1] :].tolist()
     assert s.ended == 1
-    assert len(s.chunks) - 1 < NEW                                       # some chunks hold several tokens
+    assert len(s.chunks) - 1 < NEW  # some chunks hold several tokens
 
 
 def test_pipeline(m):
@@ -107,6 +108,7 @@ def test_pipeline(m):
 
 
 # -- linear drafts in the core (reusing an assistant across calls: tests/test_contract.py) ----------------------
+
 
 def test_linear_assistants_record_chains(m):
     """Linear assistants run in the same core: a chain per step, recorded in the same statistics."""
@@ -130,7 +132,7 @@ def test_errors():
         ours(target, REPETITIVE, a, cache_implementation="offloaded")
     with pytest.raises(ValueError, match="attentions or hidden states"):
         ours(target, REPETITIVE, a, return_dict_in_generate=True, output_attentions=True)
-    with pytest.raises(ValueError, match="left padding"):                       # right padding is refused
+    with pytest.raises(ValueError, match="left padding"):  # right padding is refused
         ours(target, REPETITIVE, a, attention_mask=torch.cat([torch.ones(1, 8), torch.zeros(1, 1)], 1).long())
     with pytest.raises(RuntimeError, match="tree assistant"):
         a.candidate_generator(target, REPETITIVE, target.generation_config, None, {})

@@ -18,6 +18,7 @@ T = torch.tensor
 
 # -- sampling: lossless --------------------------------------------------------------------------------
 
+
 class SampledTree(TreeDrafter):
     """A stochastic tree: ``width`` i.i.d. children of the root from a drafter model's ``q``, one
     child each below them; ``lie`` reports a uniform ``q`` instead of the true one."""
@@ -53,8 +54,14 @@ SAMPLING = {
 def _calibrate(small, make, drafter, kw, seed=0):
     assistant = make(small)
     seqs = run_long(small["target"], assistant, 8, 100, seed, **kw)
-    stats = calibration(small["target"], small[drafter] if drafter else None, seqs, SPROMPT.shape[1],
-                        kw.get("temperature", 1.0), kw.get("top_k"))
+    stats = calibration(
+        small["target"],
+        small[drafter] if drafter else None,
+        seqs,
+        SPROMPT.shape[1],
+        kw.get("temperature", 1.0),
+        kw.get("top_k"),
+    )
     return stats, assistant
 
 
@@ -65,7 +72,7 @@ def test_per_step_calibration(small, name):
     assert stats["n"] == 8 * 100
     assert passes(stats), stats
     st = assistant.last_stats
-    assert 0 < sum(st.accepted_per_call) < sum(st.tree_depths)         # speculation, with rejections
+    assert 0 < sum(st.accepted_per_call) < sum(st.tree_depths)  # speculation, with rejections
 
 
 def test_per_step_calibration_detects_a_wrong_q(small):

@@ -11,7 +11,6 @@ import hf_cascade
 from hf_cascade import MaxGram, Policy
 from hf_cascade.backends.cpu.kernels import KernelTuner
 from hf_cascade.backends.cpu.verify_head import VerificationHead, fast_verification_head
-
 from tests import tiny_models
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -49,14 +48,23 @@ def test_not_applied_to_small_vocab_or_half_precision():
 
 def test_greedy_parity_with_large_vocab_target():
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, eos_token_id=None, bos_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=40000,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=None,
+        bos_token_id=0,
+    )
     target = LlamaForCausalLM(cfg).eval()
     ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
     ref = target.generate(ids, max_new_tokens=24, do_sample=False)
     for fast in (True, False):
-        a = hf_cascade.CascadeAssistant([target, hf_cascade.MaxGram()], policy=Policy(cost_aware=False),
-                                        cpu_kernels=fast)
+        a = hf_cascade.CascadeAssistant(
+            [target, hf_cascade.MaxGram()], policy=Policy(cost_aware=False), cpu_kernels=fast
+        )
         out = target.generate(ids, max_new_tokens=24, do_sample=False, assistant_model=a)
         assert torch.equal(out, ref)
         assert a.last_stats.tokens_per_target_call > 2
@@ -82,9 +90,11 @@ def test_every_kernel_gives_the_head_rows(copy_kernel):
                     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
                 assert force in ("pad2", "rows") or set(vh.tuner.choices().values()) <= {force}
         torch.set_num_threads(2)
-        vh = VerificationHead(head, tuner=KernelTuner())                    # tuned: explores, then chooses
+        vh = VerificationHead(head, tuner=KernelTuner())  # tuned: explores, then chooses
         for _ in range(12):
-            torch.testing.assert_close(vh(x), torch.nn.functional.linear(x, head.weight, head.bias), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                vh(x), torch.nn.functional.linear(x, head.weight, head.bias), rtol=1e-5, atol=1e-5
+            )
         assert list(vh.tuner.choices().values())[0] in ("linear", "rows", copy_kernel)
     finally:
         torch.set_num_threads(before)
@@ -106,9 +116,10 @@ def test_greedy_parity_on_large_vocab_targets():
         for prompt in tiny_models.random_prompts(2, seed=2):
             for kw in ({}, {"repetition_penalty": 1.3}):
                 ref = target.generate(prompt, max_new_tokens=40, do_sample=False, **kw)
-                for a in (hf_cascade.CascadeAssistant([MaxGram()], cpu_kernels=True),
-                          hf_cascade.CascadeAssistant([drafter, MaxGram()], cpu_kernels=True)):
+                for a in (
+                    hf_cascade.CascadeAssistant([MaxGram()], cpu_kernels=True),
+                    hf_cascade.CascadeAssistant([drafter, MaxGram()], cpu_kernels=True),
+                ):
                     out, _ = _assisted(target, prompt, a, **kw)
                     assert torch.equal(out, ref)
         assert "forward" not in vars(target.get_output_embeddings())
-

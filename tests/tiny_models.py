@@ -21,18 +21,31 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast
 
 # The target and its drafters live in the package (hf_cascade.bench.tiny: ``hf-cascade bench --overhead`` runs them);
 # re-exported here with the builders only the tests use.
-from hf_cascade.bench.tiny import (BOS, EOS, PAD, VOCAB, _build, _common_config, _finish, _scale_blocks,  # noqa: F401
-                                   copy_model, ids, llama, llama_target, sharpen, truncated_copy)
+from hf_cascade.bench.tiny import (
+    EOS,
+    VOCAB,
+    _build,
+    _common_config,
+    _finish,
+    _scale_blocks,  # noqa: F401
+    ids,
+)
 
 
-def gemma3(vocab_size: int = VOCAB, layers: int = 2, hidden: int = 32, seed: int = 0, sliding_window: int = 8,
-           head_scale: float = 1.0, block_scale: float = 1.0) -> Gemma3ForCausalLM:
+def gemma3(
+    vocab_size: int = VOCAB,
+    layers: int = 2,
+    hidden: int = 32,
+    seed: int = 0,
+    sliding_window: int = 8,
+    head_scale: float = 1.0,
+    block_scale: float = 1.0,
+) -> Gemma3ForCausalLM:
     """A tiny Gemma3-style causal LM: layer 0 uses sliding-window attention (window ``sliding_window``),
     the last layer full attention."""
     torch.manual_seed(seed)
@@ -88,13 +101,16 @@ def word_tokenizer(vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
 def random_prompts(n: int, seed: int = 5, max_len: int = 11) -> list[torch.Tensor]:
     """``n`` random ``[1, L]`` prompts (``1 <= L <= max_len``, ids ``>= 4``), reproducible from ``seed``."""
     g = torch.Generator().manual_seed(seed)
-    return [ids(*torch.randint(4, VOCAB, (int(torch.randint(1, max_len + 1, (1,), generator=g)),), generator=g).tolist())
-            for _ in range(n)]
+    return [
+        ids(*torch.randint(4, VOCAB, (int(torch.randint(1, max_len + 1, (1,), generator=g)),), generator=g).tolist())
+        for _ in range(n)
+    ]
 
 
 # -- the standard test targets ------------------------------------------------------------------
 # Chosen so greedy outputs fall into cycles that break now and then: Max-Gram drafts get both
 # accepted and rejected (the parity tests assert that this actually happened). llama_target: hf_cascade.bench.tiny.
+
 
 def gemma3_target():
     return gemma3(seed=0, block_scale=0.1, sliding_window=8)

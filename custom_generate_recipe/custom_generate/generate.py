@@ -66,8 +66,9 @@ def _refuse_unsupported(model, generation_config) -> None:
     (the core checks the rest)."""
     refuse_unsupported_config(generation_config)
     if getattr(model, "_is_stateful", False):
-        raise ValueError(f"hf_cascade assistants need a model whose KV cache can be rolled back; "
-                         f"{type(model).__name__} is stateful.")
+        raise ValueError(
+            f"hf_cascade assistants need a model whose KV cache can be rolled back; {type(model).__name__} is stateful."
+        )
 
 
 def generate(model, assistant_model=None, streamer=None, synced_gpus=None, **kwargs):
@@ -75,18 +76,25 @@ def generate(model, assistant_model=None, streamer=None, synced_gpus=None, **kwa
     plain ``generate``'s: a tensor of sequences, or with ``return_dict_in_generate=True`` a
     ``GenerateDecoderOnlyOutput`` (sequences, and scores / logits when asked)."""
     assistant = resolve_assistant(assistant_model)
-    generate_method = type(model).generate       # the class's, also when this recipe replaced model.generate
+    generate_method = type(model).generate  # the class's, also when this recipe replaced model.generate
 
     if kwargs.get("tokenizer") is not None:
         # transformers drops `tokenizer` before building the stopping criteria of a callable decoding loop.
-        return generate_method(model, assistant_model=assistant, streamer=streamer, synced_gpus=synced_gpus,
-                               **kwargs)
+        return generate_method(model, assistant_model=assistant, streamer=streamer, synced_gpus=synced_gpus, **kwargs)
 
     synced = _auto_synced_gpus(model) if synced_gpus is None else bool(synced_gpus)
     call_streamer = streamer
 
-    def decode(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-               streamer=None, **model_kwargs):
+    def decode(
+        self,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus=False,
+        streamer=None,
+        **model_kwargs,
+    ):
         """The decoding loop transformers calls once it has prepared the call (in place of ``_sample``)."""
         _refuse_unsupported(self, generation_config)
         return assistant.decode(

@@ -15,9 +15,9 @@ What the core reads from an engaged backend is a :class:`VerifySession`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 
@@ -99,8 +99,9 @@ def wants_cpu_kernels(model, requested: bool | None) -> bool:
     if requested and not cpu_kernels_apply(model):
         w = _weight(model)
         where = f"{w.dtype} on {w.device}" if w is not None else "no weights"
-        raise ValueError(f"{source} needs a float32 target on CPU; this one is {where} "
-                         "(leave the switch unset: automatic).")
+        raise ValueError(
+            f"{source} needs a float32 target on CPU; this one is {where} (leave the switch unset: automatic)."
+        )
     return bool(requested)
 
 
@@ -121,11 +122,18 @@ def verification_session(model, cpu_kernels: bool | None = None, kind: str | Non
     if not wants_cpu_kernels(model, cpu_kernels):
         yield default_session(model)
         return
-    from .cpu import cpu_kernels as engage_cpu                # imported only when engaged
+    from .cpu import cpu_kernels as engage_cpu  # imported only when engaged
 
     with engage_cpu(model, kind) as session:
         yield session
 
 
-__all__ = ["ENV", "VerifySession", "cpu_kernels_apply", "default_session", "env_setting", "verification_session",
-           "wants_cpu_kernels"]
+__all__ = [
+    "ENV",
+    "VerifySession",
+    "cpu_kernels_apply",
+    "default_session",
+    "env_setting",
+    "verification_session",
+    "wants_cpu_kernels",
+]

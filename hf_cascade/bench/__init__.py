@@ -18,8 +18,16 @@ batches).
 :mod:`.tiny`, where the forward is nearly free: the GPU regime).
 """
 
-from .config import (BASELINES, STRATEGIES, BenchConfig, parse_baselines, parse_cost_models, parse_drafts, parse_k_matrix,
-                     parse_strategies)
+from .config import (
+    BASELINES,
+    STRATEGIES,
+    BenchConfig,
+    parse_baselines,
+    parse_cost_models,
+    parse_drafts,
+    parse_k_matrix,
+    parse_strategies,
+)
 from .methods import MethodUnavailable
 from .report import markdown_report, write_results
 from .runner import BenchResult, run_benchmark

@@ -46,8 +46,10 @@ def head_blocks(path: str | Path) -> list[int]:
 def verify_profiles(path: str | Path) -> list[str]:
     """The verification profiles a bench run's process measured (``environment.cpu_kernels.verify_profiles``), each
     as its relative costs at the measured sizes (``"1: 1.05, 2: 1.10, ..."``); empty when it recorded none."""
-    return [", ".join(f"{n}: {c:.2f}" for n, c in p["relative"].items() if int(n))
-            for p in _timed_choices(path).get("verify_profiles", [])]
+    return [
+        ", ".join(f"{n}: {c:.2f}" for n, c in p["relative"].items() if int(n))
+        for p in _timed_choices(path).get("verify_profiles", [])
+    ]
 
 
 def load_records(path: str | Path) -> list[dict]:
@@ -127,9 +129,14 @@ def compare(pairs: list[tuple[list[dict], list[dict]]], reference: str = "plain"
     for method, values in changes(pairs, reference).items():
         g, lo, hi = geomean_interval(values)
         rows[method] = {
-            "units": len(values), "change": g, "low": lo, "high": hi, "b_faster_on": sum(v > 1 for v in values),
-            "per_unit": values,                                  # what the interval is computed from (pair, prompt order)
-            "identical_a": [identical(a, method) for a, _ in pairs], "identical_b": [identical(b, method) for _, b in pairs],
+            "units": len(values),
+            "change": g,
+            "low": lo,
+            "high": hi,
+            "b_faster_on": sum(v > 1 for v in values),
+            "per_unit": values,  # what the interval is computed from (pair, prompt order)
+            "identical_a": [identical(a, method) for a, _ in pairs],
+            "identical_b": [identical(b, method) for _, b in pairs],
         }
     same, compared = same_reference(pairs, reference)
     return {"reference": reference, "pairs": len(pairs), "reference_same_output": [same, compared], "methods": rows}
@@ -139,17 +146,24 @@ def markdown(result: dict, names: tuple[str, str] = ("A", "B")) -> str:
     """The table of :func:`compare`."""
     a, b = names
     same, compared = result["reference_same_output"]
-    intro = (f"Speed over `{result['reference']}` in {b} over that in {a}, per prompt, geometric mean over "
-             f"{result['pairs']} pair(s) of runs (above 1: {b} is faster; 95% bootstrap intervals over prompts). "
-             f"The reference's outputs were the same text in both runs on {same}/{compared} prompts.")
-    lines = [intro, "",
-             f"| method | change {b} / {a} | 95% interval | {b} faster on | identical to plain in {a} | in {b} |",
-             "|---|---:|---:|---:|---:|---:|"]
+    intro = (
+        f"Speed over `{result['reference']}` in {b} over that in {a}, per prompt, geometric mean over "
+        f"{result['pairs']} pair(s) of runs (above 1: {b} is faster; 95% bootstrap intervals over prompts). "
+        f"The reference's outputs were the same text in both runs on {same}/{compared} prompts."
+    )
+    lines = [
+        intro,
+        "",
+        f"| method | change {b} / {a} | 95% interval | {b} faster on | identical to plain in {a} | in {b} |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for method, row in result["methods"].items():
         ia = ", ".join(f"{i}/{n}" for i, n in row["identical_a"])
         ib = ", ".join(f"{i}/{n}" for i, n in row["identical_b"])
-        lines.append(f"| {method} | {row['change']:.3f} | {row['low']:.3f}-{row['high']:.3f} | "
-                     f"{row['b_faster_on']}/{row['units']} | {ia} | {ib} |")
+        lines.append(
+            f"| {method} | {row['change']:.3f} | {row['low']:.3f}-{row['high']:.3f} | "
+            f"{row['b_faster_on']}/{row['units']} | {ia} | {ib} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -164,27 +178,45 @@ def run(paths: list[str], out: str | Path, reference: str = "plain", log=print) 
         raise ValueError(f"the runs share no prompt on which both timed {reference!r} and a strategy")
     result["runs"] = [[paths[i], paths[i + 1]] for i in range(0, len(paths), 2)]
     result["head_blocks"] = [[head_blocks(paths[i]), head_blocks(paths[i + 1])] for i in range(0, len(paths), 2)]
-    result["verify_profiles"] = [[verify_profiles(paths[i]), verify_profiles(paths[i + 1])]
-                                 for i in range(0, len(paths), 2)]
+    result["verify_profiles"] = [
+        [verify_profiles(paths[i]), verify_profiles(paths[i + 1])] for i in range(0, len(paths), 2)
+    ]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(result, indent=1))
     table = markdown(result)
     differ = [f"{x} against {y}" for x, y in result["head_blocks"] if x != y]
     if differ:
-        table += (f"\nThe runs of a pair chose different output-head blocks ({'; '.join(differ)}; each strategy's last "
-                  "call's): priced from a cost curve timed once per process, they change the speeds compared.\n")
-    profiles = [f"pair {k + 1}: A {'; '.join(x) or '-'}, B {'; '.join(y) or '-'}"
-                for k, (x, y) in enumerate(result["verify_profiles"]) if x or y]
+        table += (
+            f"\nThe runs of a pair chose different output-head blocks ({'; '.join(differ)}; each strategy's last "
+            "call's): priced from a cost curve timed once per process, they change the speeds compared.\n"
+        )
+    profiles = [
+        f"pair {k + 1}: A {'; '.join(x) or '-'}, B {'; '.join(y) or '-'}"
+        for k, (x, y) in enumerate(result["verify_profiles"])
+        if x or y
+    ]
     if profiles:
-        table += ("\nVerification profiles (relative cost of verifying n nodes, measured once per process; they size "
-                  "the trees): " + " | ".join(profiles) + "\n")
-    (out / "compare.md").write_text("Runs (A, B): " + "; ".join(f"`{x}`, `{y}`" for x, y in result["runs"])
-                                    + "\n\n" + table)
+        table += (
+            "\nVerification profiles (relative cost of verifying n nodes, measured once per process; they size "
+            "the trees): " + " | ".join(profiles) + "\n"
+        )
+    (out / "compare.md").write_text(
+        "Runs (A, B): " + "; ".join(f"`{x}`, `{y}`" for x, y in result["runs"]) + "\n\n" + table
+    )
     log(f"wrote {out / 'compare.md'}")
     print(table)
     return 0
 
 
-__all__ = ["changes", "compare", "geomean_interval", "head_blocks", "load_records", "markdown", "run", "same_reference",
-           "verify_profiles"]
+__all__ = [
+    "changes",
+    "compare",
+    "geomean_interval",
+    "head_blocks",
+    "load_records",
+    "markdown",
+    "run",
+    "same_reference",
+    "verify_profiles",
+]

@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 #: One scaffold per step of an episode (``{question}``: the Spec-Bench question's first turn). Step 1 is the bench's
 #: plain completion format (:data:`hf_cascade.data.PROMPT_FORMAT`).
@@ -44,23 +44,33 @@ def agent_episodes(items: list[dict], steps: int) -> list[list[str]]:
 def _totals(rows: list[dict], method: str) -> dict:
     tokens = sum(r[method]["new_tokens"] for r in rows)
     calls = sum(r[method]["target_calls"] for r in rows)
-    return {"calls": len(rows), "new_tokens": tokens, "target_calls": calls,
-            "tokens_per_target_call": tokens / calls if calls else 0.0,
-            "seconds": sum(r[method]["seconds"] for r in rows)}
+    return {
+        "calls": len(rows),
+        "new_tokens": tokens,
+        "target_calls": calls,
+        "tokens_per_target_call": tokens / calls if calls else 0.0,
+        "seconds": sum(r[method]["seconds"] for r in rows),
+    }
 
 
 def summarize(rows: list[dict]) -> dict:
     """Per group of calls (all, first steps, later steps): each method's totals and the ratios with / without."""
-    groups = {"all": rows, "first step": [r for r in rows if r["step"] == 0],
-              "later steps": [r for r in rows if r["step"] > 0]}
+    groups = {
+        "all": rows,
+        "first step": [r for r in rows if r["step"] == 0],
+        "later steps": [r for r in rows if r["step"] > 0],
+    }
     out = {}
     for name, group in groups.items():
         if not group:
             continue
         without, with_memory = _totals(group, "without"), _totals(group, "memory")
-        out[name] = {"without": without, "memory": with_memory,
-                     "tokens_per_call_ratio": with_memory["tokens_per_target_call"] / without["tokens_per_target_call"],
-                     "speed_ratio": without["seconds"] / with_memory["seconds"]}
+        out[name] = {
+            "without": without,
+            "memory": with_memory,
+            "tokens_per_call_ratio": with_memory["tokens_per_target_call"] / without["tokens_per_target_call"],
+            "speed_ratio": without["seconds"] / with_memory["seconds"],
+        }
     out["mismatches"] = [r["index"] for r in rows if not r["identical"]]
     out["memory_tokens_proposed"] = sum(r["memory"]["memory_proposed"] for r in rows)
     out["memory_tokens_accepted"] = sum(r["memory"]["memory_accepted"] for r in rows)
@@ -68,16 +78,25 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def report(summary: dict, header: str) -> str:
-    lines = [header, "", "| calls | n | tokens/call without | with memory | ratio | speed ratio (timed) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        header,
+        "",
+        "| calls | n | tokens/call without | with memory | ratio | speed ratio (timed) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name in ("all", "first step", "later steps"):
         if name in summary:
             s = summary[name]
-            lines.append(f"| {name} | {s['without']['calls']} | {s['without']['tokens_per_target_call']:.2f} | "
-                         f"{s['memory']['tokens_per_target_call']:.2f} | {s['tokens_per_call_ratio']:.2f}x | "
-                         f"{s['speed_ratio']:.2f}x |")
-    lines += ["", f"memory drafts: {summary['memory_tokens_accepted']} of {summary['memory_tokens_proposed']} "
-              f"tokens accepted; outputs differing: {len(summary['mismatches'])}"]
+            lines.append(
+                f"| {name} | {s['without']['calls']} | {s['without']['tokens_per_target_call']:.2f} | "
+                f"{s['memory']['tokens_per_target_call']:.2f} | {s['tokens_per_call_ratio']:.2f}x | "
+                f"{s['speed_ratio']:.2f}x |"
+            )
+    lines += [
+        "",
+        f"memory drafts: {summary['memory_tokens_accepted']} of {summary['memory_tokens_proposed']} "
+        f"tokens accepted; outputs differing: {len(summary['mismatches'])}",
+    ]
     return "\n".join(lines)
 
 
@@ -97,28 +116,39 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
     steps = int(getattr(args, "agent_steps", None) or 3)
     model, tokenizer = load_model(config.target, **target_placement(config))
     episodes = agent_episodes(data.load_specbench(config.prompts_path, per_category=config.per_category), steps)
-    log(f"agent workload: {len(episodes)} episodes x {steps} calls, {config.max_new_tokens} new tokens, greedy; "
-        f"Max-Gram without and with a {memory_tokens}-token memory")
+    log(
+        f"agent workload: {len(episodes)} episodes x {steps} calls, {config.max_new_tokens} new tokens, greedy; "
+        f"Max-Gram without and with a {memory_tokens}-token memory"
+    )
     device = model.get_input_embeddings().weight.device
     without = CascadeAssistant([MaxGram()])
     with_memory = CascadeAssistant([MaxGram()], policy=Policy(memory=memory_tokens))
 
     def call(assistant, ids) -> tuple[list[int], dict]:
         t0 = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=config.max_new_tokens, assistant_model=assistant)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=config.max_new_tokens,
+            assistant_model=assistant,
+        )
         seconds = time.perf_counter() - t0
         stats = assistant.last_stats
         level = stats.levels[-1] if stats.levels and stats.levels[-1].name == "memory" else None
-        return out[0, ids.shape[1]:].tolist(), {
-            "new_tokens": stats.new_tokens, "target_calls": stats.target_calls, "seconds": seconds,
+        return out[0, ids.shape[1] :].tolist(), {
+            "new_tokens": stats.new_tokens,
+            "target_calls": stats.target_calls,
+            "seconds": seconds,
             "memory_proposed": level.tokens_proposed if level else 0,
-            "memory_accepted": level.tokens_accepted if level else 0}
+            "memory_accepted": level.tokens_accepted if level else 0,
+        }
 
     warm = tokenizer("Question: warm up\n\nAnswer:", return_tensors="pt").input_ids.to(device)
     for assistant in (without, with_memory):
-        model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False,
-                       assistant_model=assistant)
+        model.generate(
+            warm, attention_mask=torch.ones_like(warm), max_new_tokens=8, do_sample=False, assistant_model=assistant
+        )
     with_memory.forget()
     rows = []
     for e, episode in enumerate(episodes):
@@ -128,24 +158,46 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> int:
             if len(rows) % 2:
                 order.reverse()
             got = {name: call(assistant, ids) for name, assistant in order}
-            rows.append({"index": len(rows), "episode": e, "step": s,
-                         "identical": got["without"][0] == got["memory"][0],
-                         **{name: record for name, (_, record) in got.items()}})
+            rows.append(
+                {
+                    "index": len(rows),
+                    "episode": e,
+                    "step": s,
+                    "identical": got["without"][0] == got["memory"][0],
+                    **{name: record for name, (_, record) in got.items()},
+                }
+            )
             r = rows[-1]
-            log(f"episode {e} step {s}: tokens/call {r['without']['new_tokens'] / r['without']['target_calls']:.2f} "
+            log(
+                f"episode {e} step {s}: tokens/call {r['without']['new_tokens'] / r['without']['target_calls']:.2f} "
                 f"-> {r['memory']['new_tokens'] / r['memory']['target_calls']:.2f}"
-                + ("" if r["identical"] else "  MISMATCH"))
+                + ("" if r["identical"] else "  MISMATCH")
+            )
     summary = summarize(rows)
-    text = report(summary, f"Agent workload ({len(episodes)} Spec-Bench questions x {steps} calls, "
-                           f"{config.max_new_tokens} new tokens, greedy): Max-Gram with vs without a "
-                           f"{memory_tokens}-token answer memory, paired")
+    text = report(
+        summary,
+        f"Agent workload ({len(episodes)} Spec-Bench questions x {steps} calls, "
+        f"{config.max_new_tokens} new tokens, greedy): Max-Gram with vs without a "
+        f"{memory_tokens}-token answer memory, paired",
+    )
     out = Path(args.out or "bench_agent")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"config": {"episodes": len(episodes), "steps": steps,
-                                                             "max_new_tokens": config.max_new_tokens,
-                                                             "memory": memory_tokens,
-                                                             "per_category": config.per_category},
-                                                  "summary": summary, "rows": rows}, indent=1))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "config": {
+                    "episodes": len(episodes),
+                    "steps": steps,
+                    "max_new_tokens": config.max_new_tokens,
+                    "memory": memory_tokens,
+                    "per_category": config.per_category,
+                },
+                "summary": summary,
+                "rows": rows,
+            },
+            indent=1,
+        )
+    )
     (out / "report.md").write_text(text + "\n")
     print(text)
     return 1 if summary["mismatches"] else 0

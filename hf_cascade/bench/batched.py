@@ -35,8 +35,9 @@ No standardized walltime improvement here (its costs are those of single-prompt 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -88,20 +89,21 @@ def pad_token_id(tokenizer: Any) -> int:
     return int(pad)
 
 
-def make_batches(tokenizer: Any, prompts: Sequence[dict], size: int,
-                 device: torch.device | str | None = None) -> list[Batch]:
+def make_batches(
+    tokenizer: Any, prompts: Sequence[dict], size: int, device: torch.device | str | None = None
+) -> list[Batch]:
     """``prompts`` in consecutive batches of ``size`` (the last may be shorter), each left-padded (module docstring),
     on ``device`` (``None``: the CPU)."""
     pad = pad_token_id(tokenizer)
     batches = []
     for j, start in enumerate(range(0, len(prompts), size)):
-        rows = [encode(tokenizer, p, device)[0][0] for p in prompts[start: start + size]]
+        rows = [encode(tokenizer, p, device)[0][0] for p in prompts[start : start + size]]
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
         mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
         for b, row in enumerate(rows):
-            ids[b, width - len(row):] = row
-            mask[b, width - len(row):] = 1
+            ids[b, width - len(row) :] = row
+            mask[b, width - len(row) :] = 1
         batches.append(Batch(j, list(range(start, start + len(rows))), ids, mask))
     return batches
 
@@ -125,8 +127,14 @@ def stopped_rows(sequences: torch.Tensor, width: int, eos: set[int]) -> list[lis
     return out
 
 
-def run_batched(config: BenchConfig, model: Any, tokenizer: Any, prompts: Sequence[dict],
-                methods: Mapping[str, Method], progress: bool = False) -> dict:
+def run_batched(
+    config: BenchConfig,
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[dict],
+    methods: Mapping[str, Method],
+    progress: bool = False,
+) -> dict:
     """The batched sweep over ``config.batch_sizes`` with the built (and warmed-up) ``methods`` of a run, ``plain``
     among them (module docstring). Returns ``{"batch_sizes", "pad_token_id", "eos_token_ids", "sizes": [per batch
     size: batch_size, batches, skipped {method: why}, methods {method: numbers}], "mismatches", "errors",
@@ -134,7 +142,7 @@ def run_batched(config: BenchConfig, model: Any, tokenizer: Any, prompts: Sequen
     kwargs = generation_kwargs(config, tokenizer)
     warm = generation_kwargs(config, tokenizer, max_new_tokens=config.warmup_tokens)
     eos = eos_token_ids(model, tokenizer)
-    device, devices = target_device_dtype(model)[0], accelerators(model)     # inputs' device; clocks wait for these
+    device, devices = target_device_dtype(model)[0], accelerators(model)  # inputs' device; clocks wait for these
     plan = [(size, make_batches(tokenizer, prompts, size, device)) for size in config.batch_sizes]
     bar = None
     if progress:
@@ -158,14 +166,36 @@ def run_batched(config: BenchConfig, model: Any, tokenizer: Any, prompts: Sequen
     summary = summarize_batched(records, list(methods))
     for entry in sizes:
         entry["methods"] = summary.get(entry["batch_size"], {})
-    mismatches = [{"batch_size": r["batch_size"], "method": r["method"], "batch_index": r["batch_index"],
-                   "prompt_indices": r["mismatched_prompts"]} for r in records if r["mismatched_prompts"]]
-    return {"batch_sizes": list(config.batch_sizes), "pad_token_id": pad_token_id(tokenizer), "eos_token_ids": sorted(eos),
-            "sizes": sizes, "mismatches": mismatches, "errors": errors, "records": records}
+    mismatches = [
+        {
+            "batch_size": r["batch_size"],
+            "method": r["method"],
+            "batch_index": r["batch_index"],
+            "prompt_indices": r["mismatched_prompts"],
+        }
+        for r in records
+        if r["mismatched_prompts"]
+    ]
+    return {
+        "batch_sizes": list(config.batch_sizes),
+        "pad_token_id": pad_token_id(tokenizer),
+        "eos_token_ids": sorted(eos),
+        "sizes": sizes,
+        "mismatches": mismatches,
+        "errors": errors,
+        "records": records,
+    }
 
 
-def _warm_up(active: dict[str, Method], batch: Batch, warm: dict, seed: int, errors: dict, size: int,
-             devices: Sequence[torch.device] = ()) -> None:
+def _warm_up(
+    active: dict[str, Method],
+    batch: Batch,
+    warm: dict,
+    seed: int,
+    errors: dict,
+    size: int,
+    devices: Sequence[torch.device] = (),
+) -> None:
     """One untimed ``generate`` per method on ``batch``; a method that fails it leaves this batch size."""
     for name in list(active):
         try:
@@ -179,16 +209,25 @@ def _warm_up(active: dict[str, Method], batch: Batch, warm: dict, seed: int, err
         active[name].after_warmup()
 
 
-def _run_batch(active: dict[str, Method], batch: Batch, size: int, kwargs: dict, config: BenchConfig, eos: set[int],
-               errors: dict, devices: Sequence[torch.device] = ()) -> list[dict]:
+def _run_batch(
+    active: dict[str, Method],
+    batch: Batch,
+    size: int,
+    kwargs: dict,
+    config: BenchConfig,
+    eos: set[int],
+    errors: dict,
+    devices: Sequence[torch.device] = (),
+) -> list[dict]:
     """Every active method once on ``batch`` (rotated order); its records, rows compared with plain's."""
     rows: dict[str, list[list[int]]] = {}
     records = []
     for order, name in enumerate(rotated(list(active), batch.index)):
         method = active[name]
         try:
-            out, stats, seconds = timed(method, batch.input_ids, batch.attention_mask, kwargs, config.seed + batch.index,
-                                        devices)
+            out, stats, seconds = timed(
+                method, batch.input_ids, batch.attention_mask, kwargs, config.seed + batch.index, devices
+            )
         except Exception as exc:
             if name == "plain":
                 raise
@@ -201,21 +240,36 @@ def _run_batch(active: dict[str, Method], batch: Batch, size: int, kwargs: dict,
         if stats and stats.get("target_calls"):
             calls, verified = stats["target_calls"], stats.get("new_tokens", tokens)
         elif method.one_forward_per_token:
-            calls, verified = max(counts), tokens          # one forward per token of the longest row
+            calls, verified = max(counts), tokens  # one forward per token of the longest row
         else:
             calls, verified = None, None
-        records.append({
-            "batch_size": size, "batch_index": batch.index, "prompt_indices": list(batch.prompt_indices),
-            "method": name, "order": order, "rows": len(counts), "prompt_width": batch.width,
-            "row_tokens": counts, "new_tokens": tokens, "seconds": seconds,
-            "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
-            "target_calls": calls, "verified_tokens": verified,
-            "stats": {k: stats[k] for k in ("target_calls", "prefill_calls", "new_tokens", "tokens_per_target_call",
-                                            "compactions") if k in stats} if stats else None,
-        })
+        records.append(
+            {
+                "batch_size": size,
+                "batch_index": batch.index,
+                "prompt_indices": list(batch.prompt_indices),
+                "method": name,
+                "order": order,
+                "rows": len(counts),
+                "prompt_width": batch.width,
+                "row_tokens": counts,
+                "new_tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+                "target_calls": calls,
+                "verified_tokens": verified,
+                "stats": {
+                    k: stats[k]
+                    for k in ("target_calls", "prefill_calls", "new_tokens", "tokens_per_target_call", "compactions")
+                    if k in stats
+                }
+                if stats
+                else None,
+            }
+        )
     plain = rows.get("plain")
     for rec in records:
-        if config.sampling or plain is None:       # sampled rows differ by design
+        if config.sampling or plain is None:  # sampled rows differ by design
             rec["identical_rows"], rec["mismatched_prompts"] = None, []
             continue
         differ = [p for p, mine, ref in zip(batch.prompt_indices, rows[rec["method"]], plain) if mine != ref]
@@ -240,11 +294,18 @@ def summarize_batched(records: list[dict], methods: Sequence[str]) -> dict[int, 
             counted = [r for r in mine if r["target_calls"]]
             same = [r["identical_rows"] for r in mine]
             out[size][m] = {
-                "batches": len(mine), "rows": sum(r["rows"] for r in mine), "new_tokens": tokens, "seconds": seconds,
+                "batches": len(mine),
+                "rows": sum(r["rows"] for r in mine),
+                "new_tokens": tokens,
+                "seconds": seconds,
                 "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
-                "vs_plain": versus(group, m, "plain"), "vs_plain_kernels": versus(group, m, KERNELS),
-                "tokens_per_target_call": (sum(r["verified_tokens"] for r in counted) / sum(r["target_calls"] for r in counted)
-                                           if counted else None),
+                "vs_plain": versus(group, m, "plain"),
+                "vs_plain_kernels": versus(group, m, KERNELS),
+                "tokens_per_target_call": (
+                    sum(r["verified_tokens"] for r in counted) / sum(r["target_calls"] for r in counted)
+                    if counted
+                    else None
+                ),
                 "identical_rows": None if any(s is None for s in same) else sum(same),
             }
     return out
@@ -261,8 +322,11 @@ def versus(records: list[dict], method: str, reference: str) -> dict | None:
     for r in records:
         by_batch[r["batch_index"]][r["method"]] = r
     both = [(t[reference], t[method]) for t in by_batch.values() if reference in t and method in t]
-    runs = [{"prompt_index": j, "method": name, "seconds": rec["seconds"], "new_tokens": rec["new_tokens"]}
-            for j, pair in enumerate(both) for name, rec in zip((reference, method), pair)]
+    runs = [
+        {"prompt_index": j, "method": name, "seconds": rec["seconds"], "new_tokens": rec["new_tokens"]}
+        for j, pair in enumerate(both)
+        for name, rec in zip((reference, method), pair)
+    ]
     result = paired(runs, reference, method)
     if result is None:
         return None
@@ -271,11 +335,20 @@ def versus(records: list[dict], method: str, reference: str) -> dict | None:
     return result
 
 
-
 def _rate(records: list[dict]) -> float:
     """Tokens per second over ``records``."""
     return sum(r["new_tokens"] for r in records) / sum(r["seconds"] for r in records)
 
 
-__all__ = ["UNBATCHED", "Batch", "eos_token_ids", "make_batches", "pad_token_id", "run_batched", "skipped",
-           "stopped_rows", "summarize_batched", "versus"]
+__all__ = [
+    "UNBATCHED",
+    "Batch",
+    "eos_token_ids",
+    "make_batches",
+    "pad_token_id",
+    "run_batched",
+    "skipped",
+    "stopped_rows",
+    "summarize_batched",
+    "versus",
+]

@@ -47,8 +47,9 @@ def encode(tokenizer: Any, prompt: dict, device: torch.device | str | None = Non
     return ids, torch.ones_like(ids)
 
 
-def timed(method: Method, ids, mask, kwargs: dict, seed: int,
-          devices: Sequence[torch.device] = ()) -> tuple[torch.Tensor, dict | None, float]:
+def timed(
+    method: Method, ids, mask, kwargs: dict, seed: int, devices: Sequence[torch.device] = ()
+) -> tuple[torch.Tensor, dict | None, float]:
     """One run of ``method`` (its ``run``) from ``seed``, and its wall seconds; ``devices``: the accelerators the run
     computes on (:func:`~hf_cascade.placement.accelerators` of the target), synchronised before each clock read, so
     the time is the run's device work too, not its launches."""

@@ -13,25 +13,64 @@ from .swi import COST_MODELS
 #: Our strategies (``--strategy``, a comma list or ``all``), in the order ``all`` measures them.
 STRATEGIES = ("maxgram", "cascade", "hsddw", "glide", "redrafter", "recycling")
 #: Baselines (``--baselines``); ``plain`` is always run, it is the reference of every speedup.
-BASELINES = ("plain", "plain-kernels", "pld", "pld-tuned", "hf-assisted", "hf-assisted-constant", "hf-assisted-confidence", "economize",
-             "maxgram", "maxgram-hf-loop", "maxgram-corpus", "hsddw-single", "hsddw-every-step", "glide-chain",
-             "redrafter-w1", "redrafter-flat", "suffix", "suffix-tree", "plain-compiled", "plain-static",
-             *(f"{s}-static" for s in STRATEGIES))
+BASELINES = (
+    "plain",
+    "plain-kernels",
+    "pld",
+    "pld-tuned",
+    "hf-assisted",
+    "hf-assisted-constant",
+    "hf-assisted-confidence",
+    "economize",
+    "maxgram",
+    "maxgram-hf-loop",
+    "maxgram-corpus",
+    "hsddw-single",
+    "hsddw-every-step",
+    "glide-chain",
+    "redrafter-w1",
+    "redrafter-flat",
+    "suffix",
+    "suffix-tree",
+    "plain-compiled",
+    "plain-static",
+    *(f"{s}-static" for s in STRATEGIES),
+)
 #: The strategy whose draft models a method uses (methods not listed take none, or the shared ``drafts``).
-DRAFT_FAMILY = {"cascade": "cascade", "hsddw": "hsddw", "hsddw-single": "hsddw", "hsddw-every-step": "hsddw",
-                "glide": "glide", "glide-chain": "glide",
-                "redrafter": "redrafter", "redrafter-w1": "redrafter", "redrafter-flat": "redrafter",
-                **{f"{s}-static": s for s in ("cascade", "hsddw", "glide", "redrafter")}}
+DRAFT_FAMILY = {
+    "cascade": "cascade",
+    "hsddw": "hsddw",
+    "hsddw-single": "hsddw",
+    "hsddw-every-step": "hsddw",
+    "glide": "glide",
+    "glide-chain": "glide",
+    "redrafter": "redrafter",
+    "redrafter-w1": "redrafter",
+    "redrafter-flat": "redrafter",
+    **{f"{s}-static": s for s in ("cascade", "hsddw", "glide", "redrafter")},
+}
 #: What kind of model each strategy drafts with: one shared ``--draft`` list can only serve strategies of one kind.
-DRAFT_KIND = {"cascade": "causal LM drafter", "hsddw": "causal LM drafter", "glide": "GLIDE head",
-              "redrafter": "ReDrafter head"}
+DRAFT_KIND = {
+    "cascade": "causal LM drafter",
+    "hsddw": "causal LM drafter",
+    "glide": "GLIDE head",
+    "redrafter": "ReDrafter head",
+}
 #: ``--dtype`` names: the target's (and causal-LM drafts') ``from_pretrained`` dtype.
 DTYPES = ("float32", "bfloat16", "float16")
 #: The default baselines on a CPU and on an accelerator (``--baselines`` not given; plain is always measured).
 DEFAULT_BASELINES = {"cpu": "plain", "accelerator": "plain,plain-compiled"}
 #: Options of the cascade, flat (``CascadeSettings``' fields, ``Policy``'s ``cost_aware``, ``maxgram_first`` for
 #: ``Policy.lookup``), passed only when set (see :meth:`BenchConfig.cascade_kwargs`).
-CASCADE_OPTIONS = ("k_matrix", "lenience", "maxgram_lenience", "min_confidence", "maxgram_first", "keep_unsure", "cost_aware")
+CASCADE_OPTIONS = (
+    "k_matrix",
+    "lenience",
+    "maxgram_lenience",
+    "min_confidence",
+    "maxgram_first",
+    "keep_unsure",
+    "cost_aware",
+)
 
 
 @dataclass
@@ -163,10 +202,20 @@ class BenchConfig:
         if self.sampling and self.temperature <= 0:
             raise ValueError("sampling needs temperature > 0")
         methods = set(self.methods)
-        if (self.k_matrix is not None or self.lenience is not None) and not methods & {"maxgram", "maxgram-hf-loop", "cascade"}:
+        if (self.k_matrix is not None or self.lenience is not None) and not methods & {
+            "maxgram",
+            "maxgram-hf-loop",
+            "cascade",
+        }:
             raise ValueError(f"k_matrix and lenience apply to the cascade strategies, not {', '.join(self.strategies)}")
-        if self.corpus is not None and not {"maxgram", "cascade"} & set(self.strategies) and "maxgram-corpus" not in methods:
-            raise ValueError("corpus n-grams are used by strategies maxgram and cascade and the maxgram-corpus baseline")
+        if (
+            self.corpus is not None
+            and not {"maxgram", "cascade"} & set(self.strategies)
+            and "maxgram-corpus" not in methods
+        ):
+            raise ValueError(
+                "corpus n-grams are used by strategies maxgram and cascade and the maxgram-corpus baseline"
+            )
         if self.verifier is not None and "hsddw" not in self.strategies:
             raise ValueError("a verifier (pre-verifier model) is only used by strategy hsddw")
         unknown = [m for m in self.cost_models if m not in COST_MODELS]
@@ -177,7 +226,7 @@ class BenchConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
         try:
-            self.device = str(torch.device(self.device))      # a bad name raises here, before anything loads
+            self.device = str(torch.device(self.device))  # a bad name raises here, before anything loads
         except RuntimeError as exc:
             raise ValueError(f"unknown device {self.device!r}: {exc}") from exc
         self._check_drafts()
@@ -194,9 +243,11 @@ class BenchConfig:
         shared = [f for f in families if f not in self.strategy_drafts]
         kinds = {DRAFT_KIND[f] for f in shared}
         if self.drafts and len(kinds) > 1:
-            raise ValueError(f"--draft PATH without a strategy name is shared by {', '.join(shared)}, which take "
-                             f"different models ({', '.join(sorted(kinds))}); name the strategy: --draft "
-                             + " ".join(f"{f}=PATH" for f in shared))
+            raise ValueError(
+                f"--draft PATH without a strategy name is shared by {', '.join(shared)}, which take "
+                f"different models ({', '.join(sorted(kinds))}); name the strategy: --draft "
+                + " ".join(f"{f}=PATH" for f in shared)
+            )
 
     @property
     def draft_families(self) -> list[str]:
@@ -217,9 +268,15 @@ class BenchConfig:
     @property
     def tree(self) -> dict:
         """Settings of the tree strategies that are set (see :func:`~hf_cascade.bench.build.build_method`)."""
-        values = {"draft_length": self.draft_length, "max_tree_nodes": self.max_tree_nodes,
-                  "beam_width": self.beam_width, "beam_length": self.beam_length, "min_confidence": self.min_confidence,
-                  "min_expansion_prob": self.min_expansion_prob, "verify_cost": self.verify_cost or None}
+        values = {
+            "draft_length": self.draft_length,
+            "max_tree_nodes": self.max_tree_nodes,
+            "beam_width": self.beam_width,
+            "beam_length": self.beam_length,
+            "min_confidence": self.min_confidence,
+            "min_expansion_prob": self.min_expansion_prob,
+            "verify_cost": self.verify_cost or None,
+        }
         return {k: v for k, v in values.items() if v is not None}
 
     @property
@@ -276,8 +333,10 @@ def parse_strategies(text: str | list[str] | tuple[str, ...]) -> list[str]:
         names = [*STRATEGIES, *(n for n in names if n != "all")]
     unknown = [n for n in names if n not in STRATEGIES]
     if unknown or not names:
-        raise ValueError(f"unknown strategy {', '.join(map(repr, unknown)) or repr(text)}; choose from "
-                         f"{', '.join(STRATEGIES)} (a comma list) or all")
+        raise ValueError(
+            f"unknown strategy {', '.join(map(repr, unknown)) or repr(text)}; choose from "
+            f"{', '.join(STRATEGIES)} (a comma list) or all"
+        )
     return list(dict.fromkeys(names))
 
 

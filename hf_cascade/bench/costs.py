@@ -25,7 +25,8 @@ bench from the loaded models: :func:`build_costs`.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -35,8 +36,8 @@ from ..placement import synchronize
 from ..timing import interleaved_medians
 from .swi import STATISTICAL, Costs, DrafterCost, flat_target
 
-CONTEXT = 32        # tokens before the timed forward
-WIDE = 8            # tokens (rows) of the second timed forward, for the per-token slope
+CONTEXT = 32  # tokens before the timed forward
+WIDE = 8  # tokens (rows) of the second timed forward, for the per-token slope
 REPEATS = 7
 
 
@@ -64,8 +65,10 @@ def params_cost(module: Any, target: torch.nn.Module) -> DrafterCost:
     if kind == "glide" and getattr(module.config, "share_target_embeddings", False):
         head = target.get_output_embeddings()
         total += parameter_count(head)
-        note = (f"{own} own parameters + the target's LM head ({parameter_count(head)}), which computes its logits "
-                "(it shares the target's embeddings; the embedding lookup is not counted)")
+        note = (
+            f"{own} own parameters + the target's LM head ({parameter_count(head)}), which computes its logits "
+            "(it shares the target's embeddings; the embedding lookup is not counted)"
+        )
     elif kind == "glide":
         note += " (own embeddings and LM head)"
     elif kind == "redrafter":
@@ -79,6 +82,7 @@ def params_cost(module: Any, target: torch.nn.Module) -> DrafterCost:
 
 
 # -- measured --------------------------------------------------------------------------------------------------
+
 
 def _median_seconds(fn: Callable[[], None], device: Any, repeats: int = REPEATS) -> float:
     return interleaved_medians({0: fn}, repeats, warmup=2, sync=lambda: synchronize(device))[0]
@@ -106,13 +110,17 @@ def _lm_forward(model: Any, vocab: int) -> tuple[Callable[[int], None], Any]:
     ``m`` rows (a review's), over the drafter's reduced vocabulary when it has one."""
     ids = _ids(model, vocab, CONTEXT + WIDE)
     cache = DynamicCache()
-    reduced = {"full_vocab": False} if (getattr(model.config, "draft_vocab_size", None) is not None
-                                       and hasattr(model, "vocab_subset")) else {}
+    reduced = (
+        {"full_vocab": False}
+        if (getattr(model.config, "draft_vocab_size", None) is not None and hasattr(model, "vocab_subset"))
+        else {}
+    )
     model(input_ids=ids[:, :CONTEXT], **cache_kwargs(model, cache), **_keep(model, 1), **reduced)
 
     def run(m: int) -> None:
-        model(input_ids=ids[:, CONTEXT:CONTEXT + m], **cache_kwargs(model, cache), **_keep(model, m), **reduced)
+        model(input_ids=ids[:, CONTEXT : CONTEXT + m], **cache_kwargs(model, cache), **_keep(model, m), **reduced)
         _crop(cache)
+
     return run, model
 
 
@@ -120,18 +128,25 @@ def _glide_forward(glide: Any, target: Any, vocab: int) -> tuple[Callable[[int],
     """``run(m)``: a GLIDE forward of ``m`` new tokens reading the target's cached K/V of the context."""
     from ..glide.assistant import check_glide_matches
 
-    check_glide_matches(glide, target)                                # ties shared embeddings
+    check_glide_matches(glide, target)  # ties shared embeddings
     ids = _ids(target, vocab, CONTEXT + WIDE)
     target_cache, own = DynamicCache(), DynamicCache()
     target(input_ids=ids[:, :CONTEXT], **cache_kwargs(target, target_cache), **_keep(target, 1))
     kv = glide.target_kv(target_cache) if glide.config.cross_attention else None
-    glide(input_ids=ids[:, :CONTEXT], **cache_kwargs(glide, own), target_key_values=kv, full_vocab=False,
-          logits_to_keep=1)
+    glide(
+        input_ids=ids[:, :CONTEXT], **cache_kwargs(glide, own), target_key_values=kv, full_vocab=False, logits_to_keep=1
+    )
 
     def run(m: int) -> None:
-        glide(input_ids=ids[:, CONTEXT:CONTEXT + m], **cache_kwargs(glide, own), target_key_values=kv,
-              full_vocab=False, logits_to_keep=1)
+        glide(
+            input_ids=ids[:, CONTEXT : CONTEXT + m],
+            **cache_kwargs(glide, own),
+            target_key_values=kv,
+            full_vocab=False,
+            logits_to_keep=1,
+        )
         _crop(own)
+
     return run, glide
 
 
@@ -146,6 +161,7 @@ def _redrafter_forward(head: Any, target: Any, vocab: int) -> tuple[Callable[[in
     def run(m: int) -> None:
         s = head.step(state[:m], emb(ids[:m]).to(device=head.device, dtype=head.dtype))
         head.logits(s, x, full_vocab=False)
+
     return run, head
 
 
@@ -154,17 +170,25 @@ def measured_cost(module: Any, target: Any, unit_seconds: float) -> DrafterCost:
     forward), plus the slope per extra token between that and an 8-token forward."""
     vocab = int(target.config.get_text_config().vocab_size)
     kind = _kind(module)
-    build = {"glide": lambda: _glide_forward(module, target, vocab), "redrafter": lambda: _redrafter_forward(module, target, vocab),
-             "lm": lambda: _lm_forward(module, vocab)}[kind]
+    build = {
+        "glide": lambda: _glide_forward(module, target, vocab),
+        "redrafter": lambda: _redrafter_forward(module, target, vocab),
+        "lm": lambda: _lm_forward(module, vocab),
+    }[kind]
     run, device = build()
-    seconds = interleaved_medians({1: lambda: run(1), WIDE: lambda: run(WIDE)}, REPEATS, warmup=2,
-                                  sync=lambda: synchronize(device))
+    seconds = interleaved_medians(
+        {1: lambda: run(1), WIDE: lambda: run(WIDE)}, REPEATS, warmup=2, sync=lambda: synchronize(device)
+    )
     one, wide = seconds[1], seconds[WIDE]
     slope = max(wide - one, 0.0) / (WIDE - 1)
     rows = "beams" if kind == "redrafter" else "tokens"
-    return DrafterCost(_name(module), one / unit_seconds, slope / unit_seconds,
-                       f"{one * 1e3:.3f} ms per one-token forward, +{slope * 1e3:.3f} ms per extra {rows[:-1]} "
-                       f"(this machine; a one-token target forward: {unit_seconds * 1e3:.3f} ms)")
+    return DrafterCost(
+        _name(module),
+        one / unit_seconds,
+        slope / unit_seconds,
+        f"{one * 1e3:.3f} ms per one-token forward, +{slope * 1e3:.3f} ms per extra {rows[:-1]} "
+        f"(this machine; a one-token target forward: {unit_seconds * 1e3:.3f} ms)",
+    )
 
 
 def target_forward_seconds(target: Any) -> float:
@@ -174,6 +198,7 @@ def target_forward_seconds(target: Any) -> float:
 
 
 # -- the tables ------------------------------------------------------------------------------------------------
+
 
 def build_costs(cost_models: Sequence[str], target: Any, levels: Mapping[str, list | None]) -> tuple[dict, dict]:
     """``({cost model: {method: Costs}}, description)`` for methods whose statistics' levels are backed by
@@ -190,16 +215,18 @@ def build_costs(cost_models: Sequence[str], target: Any, levels: Mapping[str, li
         errors: dict[str, str] = {}
         if model == "params":
             target_cost = flat_target
-            info: dict = {"target": {"name": _name(target), "parameters": parameter_count(target)},
-                          "target_verification": "1 per verification, any number of rows"}
+            info: dict = {
+                "target": {"name": _name(target), "parameters": parameter_count(target)},
+                "target_verification": "1 per verification, any number of rows",
+            }
             for key, m in drafters.items():
                 per_drafter[key] = params_cost(m, target)
         elif model == "measured":
             try:
-                target_cost = measured_verify_cost(target)            # enters the backend itself
+                target_cost = measured_verify_cost(target)  # enters the backend itself
                 with torch.inference_mode(), verification_session(target):
                     unit = target_forward_seconds(target)
-            except Exception as exc:                                  # no unit: no measured SWI at all
+            except Exception as exc:  # no unit: no measured SWI at all
                 why = f"the target's costs could not be measured: {type(exc).__name__}: {exc}"
                 tables[model] = {method: Costs(flat_target, (), why) for method in levels}
                 description[model] = {"unavailable": why}
@@ -208,11 +235,13 @@ def build_costs(cost_models: Sequence[str], target: Any, levels: Mapping[str, li
                 for key, m in drafters.items():
                     try:
                         per_drafter[key] = measured_cost(m, target, unit)
-                    except Exception as exc:                      # no cost, no SWI for its methods; the bench goes on
+                    except Exception as exc:  # no cost, no SWI for its methods; the bench goes on
                         per_drafter[key] = None
                         errors[_name(m)] = f"{type(exc).__name__}: {exc}"
-            info = {"target": {"name": _name(target), "one_token_forward_seconds": unit},
-                    "target_verify_cost": list(target_cost.relative)}
+            info = {
+                "target": {"name": _name(target), "one_token_forward_seconds": unit},
+                "target_verify_cost": list(target_cost.relative),
+            }
         else:
             raise ValueError(f"unknown cost model {model!r}")
         tables[model] = {}

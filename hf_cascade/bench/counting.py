@@ -16,7 +16,8 @@ walltime improvement (:mod:`hf_cascade.bench.swi`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -44,10 +45,12 @@ class ForwardCounter:
         self.tokens: list[list[int | None]] = [[] for _ in modules]
         self._handles: list = []
 
-    def __enter__(self) -> "ForwardCounter":
+    def __enter__(self) -> ForwardCounter:
         for module, log in zip(self.modules, self.tokens):
+
             def hook(_module, args, kwargs, log=log):
                 log.append(_tokens(args, kwargs))
+
             self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
         return self
 
@@ -57,20 +60,26 @@ class ForwardCounter:
         self._handles = []
 
 
-def transformers_loop_stats(target_tokens: Sequence[int | None], prompt_tokens: int, new_tokens: int,
-                            levels: Sequence[tuple[str, Sequence[int | None]]] = ()) -> dict:
+def transformers_loop_stats(
+    target_tokens: Sequence[int | None],
+    prompt_tokens: int,
+    new_tokens: int,
+    levels: Sequence[tuple[str, Sequence[int | None]]] = (),
+) -> dict:
     """Statistics of one generation in transformers' assisted loop from the tokens of each target forward
     (``target_tokens``) and of each forward of every drafter level (``(name, tokens)``). Without token counts
     (a forward whose inputs did not say) ``draft_len_per_call`` is left out: no SWI."""
     calls = len(target_tokens)
     stats: dict[str, Any] = {
         "target_calls": calls,
-        "prefill_calls": 0,                      # the first verification runs the prompt
+        "prefill_calls": 0,  # the first verification runs the prompt
         "new_tokens": new_tokens,
         "tokens_per_target_call": new_tokens / calls if calls else 0.0,
         "counted_by": "forward hooks",
-        "levels": [{"name": name, "forward_calls": len(t),
-                    "forward_tokens": sum(t) if all(x is not None for x in t) else None} for name, t in levels],
+        "levels": [
+            {"name": name, "forward_calls": len(t), "forward_tokens": sum(t) if all(x is not None for x in t) else None}
+            for name, t in levels
+        ],
     }
     if calls and all(t is not None for t in target_tokens) and target_tokens[0] >= prompt_tokens:
         stats["draft_len_per_call"] = [target_tokens[0] - prompt_tokens] + [max(t - 1, 0) for t in target_tokens[1:]]
@@ -90,19 +99,24 @@ def economize_stats(result: Any) -> dict:
     calls = len(exact)
     stats: dict[str, Any] = {
         "target_calls": calls,
-        "prefill_calls": 0,                      # the prompt's forward emits the first token, as plain's
+        "prefill_calls": 0,  # the prompt's forward emits the first token, as plain's
         "new_tokens": new_tokens,
         "tokens_per_target_call": new_tokens / calls if calls else 0.0,
         "acceptance_by_position": _position_counts(acc),
-        "levels": [{"name": "economize drafter", "forward_calls": len(other),
-                    "forward_tokens": sum(int(e.tokens) for e in other)}],
+        "levels": [
+            {
+                "name": "economize drafter",
+                "forward_calls": len(other),
+                "forward_tokens": sum(int(e.tokens) for e in other),
+            }
+        ],
         "counted_by": "economize cost log",
     }
     if calls and exact[0].position == 0 and exact[0].tokens >= prompt:
         nodes = [int(exact[0].tokens) - prompt] + [max(int(e.tokens) - 1, 0) for e in exact[1:]]
         stats["draft_len_per_call"] = nodes
         drafted = [i for i, n in enumerate(nodes) if n > 0]
-        if [d for d, _ in acc if d > 0] == [nodes[i] for i in drafted]:     # the cycles line up with the forwards
+        if [d for d, _ in acc if d > 0] == [nodes[i] for i in drafted]:  # the cycles line up with the forwards
             accepted = [0] * calls
             for i, (_, a) in zip(drafted, [p for p in acc if p[0] > 0]):
                 accepted[i] = a
@@ -126,17 +140,17 @@ def assistant_levels(assistant: Any) -> list | None:
     statistical drafter (no forwards), or ``None`` as a whole for an assistant this function does not know."""
     from ..cascade import CascadeAssistant
     from ..drafters import MaxGram
-    from ..maxgram_tree import MaxGramTreeAssistant
     from ..glide import GlideAssistant
     from ..hsddw import DynamicWindowAssistant
+    from ..maxgram_tree import MaxGramTreeAssistant
     from ..redrafter import ReDrafterAssistant
 
     if isinstance(assistant, CascadeAssistant):
         return [None if isinstance(d, MaxGram) else d for d in assistant.drafters]
     if isinstance(assistant, DynamicWindowAssistant):
         models = [m for m in (assistant.verifier_model, assistant.draft_model) if m is not None]
-        return models + ([None] if assistant.lookup else [])                    # Max-Gram's lookup: no forwards
-    if isinstance(assistant, GlideAssistant):                 # a lookup branch: a statistical level below
+        return models + ([None] if assistant.lookup else [])  # Max-Gram's lookup: no forwards
+    if isinstance(assistant, GlideAssistant):  # a lookup branch: a statistical level below
         return [assistant.glide] + ([None] if assistant.lookup else [])
     if isinstance(assistant, ReDrafterAssistant):
         return [assistant.head] + ([None] if assistant.lookup else [])

@@ -19,7 +19,8 @@ import sys
 import time
 import traceback
 import weakref
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -40,7 +41,7 @@ def _short(path: str) -> str:
     for marker in ("hf_cascade" + os.sep, "site-packages" + os.sep, "tests" + os.sep):
         i = path.rfind(marker)
         if i >= 0:
-            return path[i:] if marker != "site-packages" + os.sep else path[i + len(marker):]
+            return path[i:] if marker != "site-packages" + os.sep else path[i + len(marker) :]
     return os.path.basename(path)
 
 
@@ -91,26 +92,33 @@ class ReadCounter:
     ``torch.cuda.set_sync_debug_mode`` flags the same reads, copies and waits (``tests/cuda/test_cuda_syncs.py``).
     """
 
-    def __init__(self, target: Any = None, names: Sequence[str] = READS, sites: bool = True,
-                 skip_files: Iterable[str] = (), pinned_uploads: bool = True, skip_forwards: int = 0):
+    def __init__(
+        self,
+        target: Any = None,
+        names: Sequence[str] = READS,
+        sites: bool = True,
+        skip_files: Iterable[str] = (),
+        pinned_uploads: bool = True,
+        skip_forwards: int = 0,
+    ):
         self.target, self.names, self.record_sites = target, tuple(names), bool(sites)
         self.skip_files = tuple(skip_files)
         self.pinned_uploads = bool(pinned_uploads)
         self.skip_forwards = int(skip_forwards)
         self.active = target is None
         self.reads = 0
-        self.reads_before = 0                   # reads while installed but before the target's first forward
+        self.reads_before = 0  # reads while installed but before the target's first forward
         self.sites: collections.Counter = collections.Counter()
-        self.copies = 0                         # blocking host-to-device copies
-        self.async_copies = 0                   # non-blocking ones, from pinned memory
-        self.syncs = 0                          # explicit waits: hf_cascade.placement.synchronize
+        self.copies = 0  # blocking host-to-device copies
+        self.async_copies = 0  # non-blocking ones, from pinned memory
+        self.syncs = 0  # explicit waits: hf_cascade.placement.synchronize
         self.copy_sites: collections.Counter = collections.Counter()
         self.forwards = 0
-        self.per_forward: list[dict[str, int]] = []   # counted from each counted target forward to the next
+        self.per_forward: list[dict[str, int]] = []  # counted from each counted target forward to the next
         self._inside = False
         self._paused = 0
         self._saved: dict[str, Any] = {}
-        self._originals: dict = {}              # wrapper -> the read method it wraps
+        self._originals: dict = {}  # wrapper -> the read method it wraps
         self._handles: list = []
         self._pause_modules: list = []
         self._mode: _Sides | None = None
@@ -118,7 +126,7 @@ class ReadCounter:
         self._synchronize_saved = None
 
     # -- installing -----------------------------------------------------------------------------------------
-    def __enter__(self) -> "ReadCounter":
+    def __enter__(self) -> ReadCounter:
         for name in self.names:
             original = getattr(torch.Tensor, name)
             self._saved[name] = original
@@ -156,10 +164,10 @@ class ReadCounter:
         self._handles = []
         self.active = False
 
-    def pause_in(self, module: torch.nn.Module) -> "ReadCounter":
+    def pause_in(self, module: torch.nn.Module) -> ReadCounter:
         """Reads made inside ``module``'s forwards are not counted."""
         self._pause_modules.append(module)
-        if self._saved:                                    # already installed
+        if self._saved:  # already installed
             self._pause_hooks(module)
         return self
 
@@ -175,7 +183,7 @@ class ReadCounter:
 
     def _on_forward(self, module, args):
         self.forwards += 1
-        self.active = self.forwards > self.skip_forwards      # count from the first forward not skipped on
+        self.active = self.forwards > self.skip_forwards  # count from the first forward not skipped on
         if self.active:
             self.per_forward.append({"reads": 0, "copies": 0, "async_copies": 0, "syncs": 0})
 
@@ -194,7 +202,7 @@ class ReadCounter:
         if kind in ("async", "sync"):
             return
         if self.record_sites:
-            self._inside = True                     # what recording calls does not count
+            self._inside = True  # what recording calls does not count
             try:
                 site = read_site(traceback.extract_stack(frame), self.skip_files)
                 (self.sites if kind == "read" else self.copy_sites)[site] += 1
@@ -205,6 +213,7 @@ class ReadCounter:
         def counted(device=None):
             self._record("sync", sys._getframe(1))
             return synchronize(device)
+
         return counted
 
     def _wrap(self, original):
@@ -245,7 +254,7 @@ class _Sides(TorchFunctionMode):
     def __init__(self, counter: ReadCounter):
         super().__init__()
         self.counter = counter
-        self._host: dict[int, weakref.ref] = {}       # id -> the host tensor (tensors compare elementwise: no sets)
+        self._host: dict[int, weakref.ref] = {}  # id -> the host tensor (tensors compare elementwise: no sets)
         self._pinned: dict[int, weakref.ref] = {}
 
     # -- sides --------------------------------------------------------------------------------------------------
@@ -273,14 +282,16 @@ class _Sides(TorchFunctionMode):
     def pinned_upload(self, pinned):
         """:func:`hf_cascade.placement._pinned` where every device stages in pinned memory, as CUDA does (on a CPU
         the tensor itself, taken as pinned)."""
+
         def staged(host, device):
             out, _ = pinned(host, device)
             self._add(self._pinned, out)
             return out, True
+
         return staged
 
     @staticmethod
-    def _side(spec, sides: "_Sides") -> bool | None:
+    def _side(spec, sides: _Sides) -> bool | None:
         """``True`` (host), ``False`` (device) or ``None`` (no device named) for a ``device=`` / ``.to()`` argument."""
         if spec is None:
             return None
@@ -293,9 +304,9 @@ class _Sides(TorchFunctionMode):
     # -- the calls ----------------------------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.compiler.is_compiling():                     # traced into a compiled graph: that call's own work
+        if torch.compiler.is_compiling():  # traced into a compiled graph: that call's own work
             return func(*args, **kwargs)
-        func = self.counter._originals.get(func, func)      # a read method: counted by its wrapper, once
+        func = self.counter._originals.get(func, func)  # a read method: counted by its wrapper, once
         out = func(*args, **kwargs)
         frame = sys._getframe(1)
         name = getattr(func, "__name__", "")
@@ -316,9 +327,9 @@ class _Sides(TorchFunctionMode):
     def _from_data(self, args, kwargs, out, frame) -> None:
         data = args[0] if args else kwargs.get("data", kwargs.get("obj"))
         dest = self._side(kwargs.get("device"), self)
-        source = self.is_host(data) if isinstance(data, torch.Tensor) else True      # Python values: the host's
+        source = self.is_host(data) if isinstance(data, torch.Tensor) else True  # Python values: the host's
         if source and dest is False:
-            self.counter._record("copy", frame)                # built on the host, then a blocking copy
+            self.counter._record("copy", frame)  # built on the host, then a blocking copy
         elif not source and dest:
             self.counter._record("read", frame)
         return self._moved(data, out, source if dest is None else dest)
@@ -341,7 +352,7 @@ class _Sides(TorchFunctionMode):
         if name == "cuda":
             dest = False
         elif name == "cpu":
-            dest = True                                       # the read itself: the ``cpu`` method's wrapper
+            dest = True  # the read itself: the ``cpu`` method's wrapper
         else:
             spec = kwargs.get("device", kwargs.get("other"))
             for a in args[1:]:
@@ -361,15 +372,15 @@ class _Sides(TorchFunctionMode):
 
     def _compute(self, args, kwargs, out, frame) -> None:
         dest = self._side(kwargs.get("device"), self) if "device" in kwargs else None
-        if dest is not None:                                  # a factory on a named side: made there, no copy
+        if dest is not None:  # a factory on a named side: made there, no copy
             self._mark(out, dest)
             return
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         host = [t for t in inputs if self.is_host(t)]
-        if len(host) == len(inputs):                          # host inputs only (or none: a factory on the host)
+        if len(host) == len(inputs):  # host inputs only (or none: a factory on the host)
             self._mark(out, True)
             return
-        if any(t.dim() > 0 for t in host):                    # host memory joins device tensors: torch copies it
+        if any(t.dim() > 0 for t in host):  # host memory joins device tensors: torch copies it
             self.counter._record("copy", frame)
         self._mark(out, False)
 
@@ -390,7 +401,7 @@ class ModuleTimer:
         self._depth, self._start = 0, 0.0
         self._handles: list = []
 
-    def __enter__(self) -> "ModuleTimer":
+    def __enter__(self) -> ModuleTimer:
         for m in self.modules:
             self._handles.append(m.register_forward_pre_hook(lambda *_: self.enter()))
             self._handles.append(m.register_forward_hook(lambda *_: self.exit(), always_call=True))

@@ -25,8 +25,12 @@ from .. import models
 
 #: The heads shipped for the default target (folders of ``model_cards/``),
 #: per strategy: what ``hf-cascade bench --strategy NAME`` measures when no ``--draft`` is given.
-SHIPPED_HEADS = {"cascade": ["gemma-3-270m-drafter-xs"], "hsddw": ["gemma-3-270m-drafter-xs"],
-                 "glide": ["gemma-3-270m-glide-xs"], "redrafter": ["gemma-3-270m-redrafter-xs"]}
+SHIPPED_HEADS = {
+    "cascade": ["gemma-3-270m-drafter-xs"],
+    "hsddw": ["gemma-3-270m-drafter-xs"],
+    "glide": ["gemma-3-270m-glide-xs"],
+    "redrafter": ["gemma-3-270m-redrafter-xs"],
+}
 #: Where a source checkout keeps them (absent from an installed wheel).
 MODEL_CARDS = Path(__file__).resolve().parents[2] / "model_cards"
 
@@ -66,12 +70,20 @@ def target_placement(config) -> dict:
     device_map = config.device_map
     if device_map is None and torch.device(config.device).type != "cpu":
         device_map = config.device
-    return {"dtype": getattr(torch, config.dtype), "device_map": device_map,
-            "attn_implementation": config.attn_implementation}
+    return {
+        "dtype": getattr(torch, config.dtype),
+        "device_map": device_map,
+        "attn_implementation": config.attn_implementation,
+    }
 
 
-def load_model(spec: str | None, device_map=None, max_memory: dict | None = None, dtype=None,
-               attn_implementation: str | None = None) -> tuple[Any, Any]:
+def load_model(
+    spec: str | None,
+    device_map=None,
+    max_memory: dict | None = None,
+    dtype=None,
+    attn_implementation: str | None = None,
+) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for a spec (see the module docstring); the model in eval mode. ``device_map``
     (``from_pretrained``'s: ``"auto"``, ``"cuda:0"``, a dict, ...) places a target across devices, within ``max_memory``
     per device where given; ``None``: the CPU. ``dtype``: a torch dtype (``None``: float32). ``attn_implementation``:
@@ -81,8 +93,9 @@ def load_model(spec: str | None, device_map=None, max_memory: dict | None = None
         if tokenizer is None:
             raise ValueError(f"{spec}: an hf_cascade head has no attention implementation to set")
         if not hasattr(model, "set_attn_implementation"):
-            raise ValueError("--attn-implementation needs a transformers release with set_attn_implementation "
-                             "(4.56 or later)")
+            raise ValueError(
+                "--attn-implementation needs a transformers release with set_attn_implementation (4.56 or later)"
+            )
         model.set_attn_implementation(attn_implementation)
     return model, tokenizer
 
@@ -97,7 +110,7 @@ def _load(spec: str | None, dtype=None, device_map=None, max_memory: dict | None
     if spec in ("smollm2", models.SMOLLM2):
         return models.load_smollm2(**placed)
     if spec.startswith("gguf:"):
-        path = Path(spec[len("gguf:"):]).expanduser().resolve()
+        path = Path(spec[len("gguf:") :]).expanduser().resolve()
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
         key = hashlib.sha1(str(path).encode()).hexdigest()[:10]
@@ -107,8 +120,10 @@ def _load(spec: str | None, dtype=None, device_map=None, max_memory: dict | None
     if not path.is_dir():
         return _load_repo(spec, **placed)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} holds no model (no config.json): a model card without weights? Use "
-                                "'default', 'smollm2', a model directory, a Hub repo id or gguf:PATH.")
+        raise FileNotFoundError(
+            f"{path} holds no model (no config.json): a model card without weights? Use "
+            "'default', 'smollm2', a model directory, a Hub repo id or gguf:PATH."
+        )
     if _is_hf_cascade_head(path):
         from ..loading import load_head
 
@@ -155,13 +170,15 @@ def load_drafts(specs: list[str], target: Any = None) -> list[Any]:
         if spec.startswith("self:"):
             if target is None:
                 raise ValueError("a self:N draft needs the target model")
-            drafts.append(first_layers_drafter(target, int(spec[len("self:"):])))
+            drafts.append(first_layers_drafter(target, int(spec[len("self:") :])))
         else:
             drafts.append(load_model(spec, **placed)[0])
     return drafts
 
 
-def load_draft_sets(shared: list[str], specs: dict[str, list[str]], target: Any = None) -> tuple[list[Any], dict[str, list[Any]]]:
+def load_draft_sets(
+    shared: list[str], specs: dict[str, list[str]], target: Any = None
+) -> tuple[list[Any], dict[str, list[Any]]]:
     """``(shared drafts, {strategy: drafts})``, each spec loaded with :func:`load_drafts`; a spec named more
     than once (shared and by strategies, or by several strategies) loads once and its users share the model,
     as the methods of one run always have shared ``--draft``."""
@@ -171,7 +188,9 @@ def load_draft_sets(shared: list[str], specs: dict[str, list[str]], target: Any 
     return [loaded[s] for s in shared], {family: [loaded[s] for s in group] for family, group in specs.items()}
 
 
-def load_prompts(path: str | None, per_category: int, tokenizer: Any = None, prompt_format: str = "plain") -> list[dict]:
+def load_prompts(
+    path: str | None, per_category: int, tokenizer: Any = None, prompt_format: str = "plain"
+) -> list[dict]:
     """Spec-Bench prompts, the first ``per_category`` of each category, as dicts with ``category`` and
     the formatted ``prompt`` text (see :func:`hf_cascade.data.load_specbench`); with ``prompt_format="chat"`` the
     first turn goes through ``tokenizer``'s chat template instead: ``input_ids`` (what is run) and its ``prompt``

@@ -46,7 +46,9 @@ class Method:
         bench cannot cost; ``None`` as a whole when unknown."""
         return []
 
-    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen_kwargs: dict) -> tuple[torch.Tensor, dict | None]:
+    def run(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gen_kwargs: dict
+    ) -> tuple[torch.Tensor, dict | None]:
         out = self.model.generate(input_ids, attention_mask=attention_mask, **gen_kwargs, **self.extra_kwargs())
         return out, None
 
@@ -70,7 +72,7 @@ class PlainKernels(Method):
         super().__init__(name, model, one_forward_per_token=True)
 
     def run(self, input_ids, attention_mask, gen_kwargs):
-        from ..backends.cpu import cpu_kernels              # the backend, imported only for this baseline
+        from ..backends.cpu import cpu_kernels  # the backend, imported only for this baseline
 
         with cpu_kernels(self.model):
             return super().run(input_ids, attention_mask, gen_kwargs)
@@ -83,7 +85,7 @@ class PlainCompiled(Method):
     share a few cache shapes (each new one recompiles; the warm-up compiles the first)."""
 
     CACHE_STEP = 256
-    BACKEND = "inductor"                  # CompileConfig's default; tests use a backend that generates no code
+    BACKEND = "inductor"  # CompileConfig's default; tests use a backend that generates no code
 
     def __init__(self, name: str, model: Any):
         from transformers import CompileConfig, GenerationConfig
@@ -91,7 +93,7 @@ class PlainCompiled(Method):
         super().__init__(name, model, one_forward_per_token=True)
         self.config = CompileConfig(backend=self.BACKEND)
         self.config._compile_all_devices = True
-        self.sized = hasattr(GenerationConfig(), "max_cache_len")      # 4.57 sizes the cache by max_length
+        self.sized = hasattr(GenerationConfig(), "max_cache_len")  # 4.57 sizes the cache by max_length
 
     def run(self, input_ids, attention_mask, gen_kwargs):
         extra = {"cache_implementation": "static", "compile_config": self.config}
@@ -111,8 +113,13 @@ class Ours(Method):
         self.assistant = assistant
 
     def run(self, input_ids, attention_mask, gen_kwargs):
-        out = self.model.generate(input_ids, attention_mask=attention_mask, assistant_model=self.assistant, **gen_kwargs,
-                                  **self.extra_kwargs())
+        out = self.model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            assistant_model=self.assistant,
+            **gen_kwargs,
+            **self.extra_kwargs(),
+        )
         stats = self.assistant.last_stats
         return out, (stats.to_dict() if stats is not None else None)
 
@@ -131,8 +138,9 @@ class Suffix(Ours):
 
             assistant = SuffixAssistant(settings=SuffixSettings(**settings))
         except ImportError as exc:
-            raise MethodUnavailable(f"baseline {name!r} needs ArcticInference's suffix trees: pip install arctic-inference "
-                                    f"({exc})") from exc
+            raise MethodUnavailable(
+                f"baseline {name!r} needs ArcticInference's suffix trees: pip install arctic-inference ({exc})"
+            ) from exc
         super().__init__(name, model, assistant)
 
     def after_warmup(self) -> None:
@@ -164,8 +172,9 @@ def static(method: Method, name: str) -> Method:
     if not isinstance(method, Ours) and type(method) is not Method:
         raise ValueError(f"{name!r}: a static-cache variant exists for plain generate and hf_cascade's assistants")
     if isinstance(method, Ours) and not static_rollback_supported():
-        raise MethodUnavailable(f"{name!r}: hf_cascade runs static caches on transformers >= 5 "
-                                f"(found {transformers.__version__})")
+        raise MethodUnavailable(
+            f"{name!r}: hf_cascade runs static caches on transformers >= 5 (found {transformers.__version__})"
+        )
     method.name = name
     kwargs = method.extra_kwargs()
     method.extra_kwargs = lambda: {**kwargs, "cache_implementation": "static"}

@@ -42,8 +42,8 @@ from __future__ import annotations
 import collections
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -54,11 +54,20 @@ from .overhead_compiled import SUFFIX, draft_timer, graph_breaks, is_compiled, r
 from .overhead_compiled import compiled_method as _compiled_method
 from .overhead_compiled import compiled_strategies as _compiled_strategies
 from .overhead_compiled import warm_up as _warm_up_compiled
-from .overhead_methods import (COMPILED_LABEL, COMPILED_STRATEGY_LABEL, METHODS, PROMPT_TOKENS, REDRAFTER_STEPS,
-                               OverheadMethod, build_methods, overhead_prompts)
+from .overhead_methods import (
+    COMPILED_LABEL,
+    COMPILED_STRATEGY_LABEL,
+    METHODS,
+    PROMPT_TOKENS,
+    REDRAFTER_STEPS,
+    OverheadMethod,
+    build_methods,
+    overhead_prompts,
+)
 from .overhead_report import COMPILED, environment, load_average, markdown, write
 
 # -- measuring ---------------------------------------------------------------------------------------------------
+
 
 class _Settings:
     """Threads, CPU kernels and the drafting loops' read schedule for the measurement (restored on exit)."""
@@ -97,14 +106,24 @@ def _inductor_cache() -> dict:
 
         path = Path(cache_dir())
         return {"dir": str(path), "existed_before": path.is_dir() and any(path.iterdir())}
-    except Exception as exc:                          # private API: may move between torch versions
+    except Exception as exc:  # private API: may move between torch versions
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def measure_overhead(new_tokens: int = 128, prompts: int = 4, repeats: int = 3, threads: int = 1,
-                     compile: bool = True, compile_backend: str = "inductor", compile_mode: str | None = None,
-                     defer_reads: bool = True, methods: Sequence[str] | None = None, progress: bool = False,
-                     log: Callable[[str], None] | None = None, compiled_strategies: bool = False) -> dict:
+def measure_overhead(
+    new_tokens: int = 128,
+    prompts: int = 4,
+    repeats: int = 3,
+    threads: int = 1,
+    compile: bool = True,
+    compile_backend: str = "inductor",
+    compile_mode: str | None = None,
+    defer_reads: bool = True,
+    methods: Sequence[str] | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+    compiled_strategies: bool = False,
+) -> dict:
     """Measure every method (see the module docstring); returns the results as a dict (``results.json``).
 
     Args:
@@ -137,17 +156,44 @@ def measure_overhead(new_tokens: int = 128, prompts: int = 4, repeats: int = 3, 
             say("building the drafters of the tiny target (a ReDrafter head trains for a few seconds)")
         built = build_methods(target, names)
         with torch.inference_mode():
-            return _measure(target, built, inputs, env, new_tokens, repeats, threads, compile, compile_backend,
-                            compile_mode, defer_reads, progress, say, compiled_strategies)
+            return _measure(
+                target,
+                built,
+                inputs,
+                env,
+                new_tokens,
+                repeats,
+                threads,
+                compile,
+                compile_backend,
+                compile_mode,
+                defer_reads,
+                progress,
+                say,
+                compiled_strategies,
+            )
 
 
-def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repeats: int, threads: int, compile: bool,
-             compile_backend: str, compile_mode: str | None, defer_reads: bool, progress: bool, say,
-             with_strategies: bool = False) -> dict:
+def _measure(
+    target,
+    built: dict,
+    inputs: list,
+    env: dict,
+    new_tokens: int,
+    repeats: int,
+    threads: int,
+    compile: bool,
+    compile_backend: str,
+    compile_mode: str | None,
+    defer_reads: bool,
+    progress: bool,
+    say,
+    with_strategies: bool = False,
+) -> dict:
     errors: dict[str, str] = {}
     compiled_info: dict = {}
     strategies_info: dict = {}
-    cache_len = max(p.shape[1] for p in inputs) + new_tokens + 8          # one static cache size for every prompt
+    cache_len = max(p.shape[1] for p in inputs) + new_tokens + 8  # one static cache size for every prompt
     if compile:
         method, _, settings = _compiled_method(target, compile_backend, compile_mode, cache_len)
         compiled_info = {"settings": settings}
@@ -157,7 +203,7 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
     for name in list(built):
         try:
             built[name].run(inputs[0], warm)
-        except Exception as exc:               # a method that breaks must not stop the others
+        except Exception as exc:  # a method that breaks must not stop the others
             if name == "plain":
                 raise
             errors[name] = f"{type(exc).__name__}: {exc}"
@@ -168,7 +214,7 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
             compiled_info["inductor_cache"] = _inductor_cache()
         t0 = time.perf_counter()
         try:
-            method.run(max(inputs, key=lambda p: p.shape[1]), new_tokens)    # the largest static cache first
+            method.run(max(inputs, key=lambda p: p.shape[1]), new_tokens)  # the largest static cache first
             compiled_info["warmup_seconds"] = time.perf_counter() - t0
             compiled_info["compiled"] = getattr(method.model, "_compiled_call", None) is not None
             built[COMPILED] = method
@@ -178,8 +224,9 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
             errors[COMPILED] = compiled_info["error"]
             say(f"compiled plain generate failed: {compiled_info['error']}")
     if compile and with_strategies:
-        extra = _compiled_strategies({n: m for n, m in built.items() if n != COMPILED}, compile_backend, compile_mode,
-                                    cache_len)
+        extra = _compiled_strategies(
+            {n: m for n, m in built.items() if n != COMPILED}, compile_backend, compile_mode, cache_len
+        )
         strategies_info = _warm_up_compiled(extra, inputs, new_tokens, errors, say)
         built.update(extra)
 
@@ -218,13 +265,21 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
             bar.close()
     result = {
         "environment": env,
-        "settings": {"new_tokens": new_tokens, "prompts": [p[0].tolist() for p in inputs],
-                     "repeats": repeats, "threads": threads, "cpu_kernels": False, "defer_reads": defer_reads,
-                     "greedy": True, "target": "hf_cascade.bench.tiny.llama_target() (vocab 96, 2 layers, hidden 32)",
-                     "drafter": "truncated_copy(target, 1) (cascade, HSDDW)", "glide": "echo_glide(target) (cross 0.3)",
-                     "redrafter": f"fit_head(target, steps={REDRAFTER_STEPS})",
-                     "cost_rules": "library defaults (Policy(): the measured VerifyCost, AdaptiveBudget, "
-                                   "DrafterPayoff; nothing pinned)"},
+        "settings": {
+            "new_tokens": new_tokens,
+            "prompts": [p[0].tolist() for p in inputs],
+            "repeats": repeats,
+            "threads": threads,
+            "cpu_kernels": False,
+            "defer_reads": defer_reads,
+            "greedy": True,
+            "target": "hf_cascade.bench.tiny.llama_target() (vocab 96, 2 layers, hidden 32)",
+            "drafter": "truncated_copy(target, 1) (cascade, HSDDW)",
+            "glide": "echo_glide(target) (cross 0.3)",
+            "redrafter": f"fit_head(target, steps={REDRAFTER_STEPS})",
+            "cost_rules": "library defaults (Policy(): the measured VerifyCost, AdaptiveBudget, "
+            "DrafterPayoff; nothing pinned)",
+        },
         "methods": {},
         "errors": errors,
         "compiled": compiled_info,
@@ -235,11 +290,11 @@ def _measure(target, built: dict, inputs: list, env: dict, new_tokens: int, repe
         result["methods"][name] = _summary(name, [r for r in records if r["method"] == name], counts[name])
         result["methods"][name]["drafter_timed"] = bool(built[name].draft_modules)
         if name.endswith(SUFFIX):
-            result["methods"][name]["label"] = COMPILED_STRATEGY_LABEL.format(label=METHODS[name[:-len(SUFFIX)]])
+            result["methods"][name]["label"] = COMPILED_STRATEGY_LABEL.format(label=METHODS[name[: -len(SUFFIX)]])
             result["methods"][name]["compiled"] = strategies_info.get("compiled", {}).get(name)
     if COMPILED in result["methods"]:
         result["methods"][COMPILED]["label"] = COMPILED_LABEL.format(backend=compile_backend)
-    ratios(result["methods"])          # host and wall time against plain (compiled strategies: compiled plain)
+    ratios(result["methods"])  # host and wall time against plain (compiled strategies: compiled plain)
     return result
 
 
@@ -250,10 +305,18 @@ def _timed_run(method: OverheadMethod, name: str, ids, new_tokens: int, compiled
         t0 = time.perf_counter()
         out = method.run(ids, new_tokens)
         wall = time.perf_counter() - t0
-    new = out[0, ids.shape[1]:]
-    return {"method": name, "wall_s": wall, "target_forward_s": forward.seconds, "target_calls": forward.calls,
-            "draft_forward_s": draft.seconds, "draft_calls": draft.calls, "new_tokens": int(new.numel()),
-            "host_s": wall - forward.seconds, "output": new.clone()}
+    new = out[0, ids.shape[1] :]
+    return {
+        "method": name,
+        "wall_s": wall,
+        "target_forward_s": forward.seconds,
+        "target_calls": forward.calls,
+        "draft_forward_s": draft.seconds,
+        "draft_calls": draft.calls,
+        "new_tokens": int(new.numel()),
+        "host_s": wall - forward.seconds,
+        "output": new.clone(),
+    }
 
 
 def _counted(method: OverheadMethod, inputs, new_tokens: int, reference, bar, compiled: bool = False) -> dict:
@@ -270,7 +333,7 @@ def _counted(method: OverheadMethod, inputs, new_tokens: int, reference, bar, co
             with calls, timed_compiled(method.model, calls, compiled):
                 with ReadCounter(method.model) as counter:
                     out = method.run(ids, new_tokens)
-        except Exception as exc:                      # e.g. a compiled graph that the wrappers make recompile
+        except Exception as exc:  # e.g. a compiled graph that the wrappers make recompile
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             break
         finally:
@@ -279,9 +342,14 @@ def _counted(method: OverheadMethod, inputs, new_tokens: int, reference, bar, co
         reads, forwards = reads + counter.reads, forwards + calls.calls
         before += counter.reads_before
         sites.update(counter.sites)
-        identical &= bool(torch.equal(out[0, ids.shape[1]:], reference[p]))
-    out = {"reads": reads, "forwards_seen": forwards, "reads_before_first_forward": before,
-           "sites": sites.most_common(12), "identical": identical}
+        identical &= bool(torch.equal(out[0, ids.shape[1] :], reference[p]))
+    out = {
+        "reads": reads,
+        "forwards_seen": forwards,
+        "reads_before_first_forward": before,
+        "sites": sites.most_common(12),
+        "identical": identical,
+    }
     if error:
         out["error"] = error
     return out
@@ -289,6 +357,7 @@ def _counted(method: OverheadMethod, inputs, new_tokens: int, reference, bar, co
 
 def _summary(name: str, records: list[dict], counts: dict) -> dict:
     """Per prompt the round with the least host time per target call; totals over prompts."""
+
     def per_call(r: dict) -> float:
         return r["host_s"] / max(r["target_calls"], 1)
 
@@ -331,8 +400,10 @@ def _chosen(args) -> list[str] | None:
     baselines = [b.strip() for b in (getattr(args, "baselines", None) or "").split(",") if b.strip()]
     unknown = [b for b in baselines if b not in METHODS]
     if unknown:
-        raise ValueError(f"--baselines with --overhead: {', '.join(unknown)} not measured there; choose from "
-                         f"{', '.join(m for m in METHODS if m not in STRATEGIES)}")
+        raise ValueError(
+            f"--baselines with --overhead: {', '.join(unknown)} not measured there; choose from "
+            f"{', '.join(m for m in METHODS if m not in STRATEGIES)}"
+        )
     return list(dict.fromkeys(["plain", *args.strategy.split(","), *baselines]))
 
 
@@ -343,12 +414,21 @@ def run(args, log: Callable[[str], None] = print) -> int:
         try:
             prompts = int(args.prompts)
         except ValueError:
-            raise ValueError(f"--prompts with --overhead is a number of prompts (1 to {len(PROMPT_TOKENS)}), "
-                             f"got {args.prompts!r}") from None
-    result = measure_overhead(new_tokens=args.new_tokens, prompts=prompts, repeats=args.repeats,
-                              threads=args.threads or 1, compile=not args.no_compile, methods=_chosen(args),
-                              compile_backend=args.compile_backend, progress=not args.no_progress, log=log,
-                              compiled_strategies=getattr(args, "compiled_strategies", False))
+            raise ValueError(
+                f"--prompts with --overhead is a number of prompts (1 to {len(PROMPT_TOKENS)}), got {args.prompts!r}"
+            ) from None
+    result = measure_overhead(
+        new_tokens=args.new_tokens,
+        prompts=prompts,
+        repeats=args.repeats,
+        threads=args.threads or 1,
+        compile=not args.no_compile,
+        methods=_chosen(args),
+        compile_backend=args.compile_backend,
+        progress=not args.no_progress,
+        log=log,
+        compiled_strategies=getattr(args, "compiled_strategies", False),
+    )
     paths = write(result, args.out or "bench_overhead")
     print(markdown(result))
     print()
@@ -357,6 +437,20 @@ def run(args, log: Callable[[str], None] = print) -> int:
     return 0
 
 
-__all__ = ["COMPILED", "METHODS", "PROMPT_TOKENS", "READS", "SCALAR_READS", "ModuleTimer", "OverheadMethod",
-           "ReadCounter", "build_methods", "markdown", "measure_overhead", "overhead_prompts", "read_site", "run",
-           "write"]
+__all__ = [
+    "COMPILED",
+    "METHODS",
+    "PROMPT_TOKENS",
+    "READS",
+    "SCALAR_READS",
+    "ModuleTimer",
+    "OverheadMethod",
+    "ReadCounter",
+    "build_methods",
+    "markdown",
+    "measure_overhead",
+    "overhead_prompts",
+    "read_site",
+    "run",
+    "write",
+]

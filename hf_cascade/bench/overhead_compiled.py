@@ -64,26 +64,41 @@ def compiled_method(target, backend: str, mode: str | None, max_cache_len: int) 
     settings = {"cache_implementation": "static", **sized, "compile_config": config.to_dict()}
 
     def run(ids, new):
-        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                              cache_implementation="static", compile_config=config, **sized)
+        return model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=new,
+            cache_implementation="static",
+            compile_config=config,
+            **sized,
+        )
 
     return OverheadMethod(COMPILED, model, run), model, settings
 
 
-def compiled_strategies(built: dict[str, OverheadMethod], backend: str, mode: str | None,
-                        max_cache_len: int) -> dict[str, OverheadMethod]:
+def compiled_strategies(
+    built: dict[str, OverheadMethod], backend: str, mode: str | None, max_cache_len: int
+) -> dict[str, OverheadMethod]:
     """``"<strategy>-compiled"`` for every strategy in ``built``: its assistant and target, a static cache of
     ``max_cache_len``, the baseline's ``CompileConfig``."""
     config, sized = compile_config(backend, mode), _sized(max_cache_len)
     out = {}
     for name, method in built.items():
-        if method.assistant is None:                   # plain, transformers' prompt lookup
+        if method.assistant is None:  # plain, transformers' prompt lookup
             continue
 
         def run(ids, new, model=method.model, assistant=method.assistant):
-            return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                                  assistant_model=assistant, cache_implementation="static", compile_config=config,
-                                  **sized)
+            return model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=new,
+                assistant_model=assistant,
+                cache_implementation="static",
+                compile_config=config,
+                **sized,
+            )
 
         out[name + SUFFIX] = OverheadMethod(name + SUFFIX, method.model, run, method.draft_modules, method.assistant)
     return out
@@ -224,7 +239,7 @@ def warm_up(methods: dict[str, OverheadMethod], inputs: list, new_tokens: int, e
             for ids in inputs:
                 methods[name].run(ids, new_tokens)
             info["compiled"][name] = decoder_compiled(methods[name].model)
-        except Exception as exc:                      # a method that breaks must not stop the others
+        except Exception as exc:  # a method that breaks must not stop the others
             errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             del methods[name]
         info["warmup_seconds"][name] = time.perf_counter() - t0
@@ -247,6 +262,20 @@ def ratios(methods: dict[str, dict]) -> None:
         s["speedup"] = wall / s["wall_ms_per_token"] if wall and s["wall_ms_per_token"] else None
 
 
-__all__ = ["SUFFIX", "TimedCompiledCall", "TimedCompiledDecoder", "TimedCompiledDrafts", "compile_config",
-           "compiled_method", "compiled_strategies", "decoder_compiled", "draft_timer", "graph_breaks", "is_compiled",
-           "ratios", "timed_compiled", "unique_graphs", "warm_up"]
+__all__ = [
+    "SUFFIX",
+    "TimedCompiledCall",
+    "TimedCompiledDecoder",
+    "TimedCompiledDrafts",
+    "compile_config",
+    "compiled_method",
+    "compiled_strategies",
+    "decoder_compiled",
+    "draft_timer",
+    "graph_breaks",
+    "is_compiled",
+    "ratios",
+    "timed_compiled",
+    "unique_graphs",
+    "warm_up",
+]

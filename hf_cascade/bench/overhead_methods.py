@@ -4,21 +4,30 @@ the modules that are its drafter's own (their forwards are drafting time, not th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
-
 
 # -- the tiny setting ------------------------------------------------------------------------------------------
 
 #: Prompts on which the tiny Llama target's greedy output cycles (Max-Gram reaches 5.5-7 tokens per target call on
 #: each), in order: the tests' REPETITIVE and CYCLE prompts first.
 PROMPT_TOKENS: tuple[tuple[int, ...], ...] = (
-    (1, 5, 6, 7, 5, 6, 7, 5, 6), (1, 9), (1, 15), (1, 22), (1, 31), (1, 53), (1, 62), (1, 77), (1, 84), (1, 92),
+    (1, 5, 6, 7, 5, 6, 7, 5, 6),
+    (1, 9),
+    (1, 15),
+    (1, 22),
+    (1, 31),
+    (1, 53),
+    (1, 62),
+    (1, 77),
+    (1, 84),
+    (1, 92),
 )
-PLD_TOKENS = 10            # transformers' prompt lookup as the bench's ``pld`` baseline
-REDRAFTER_STEPS = 80       # training steps of the ReDrafter head (as tests/test_host_reads.py)
+PLD_TOKENS = 10  # transformers' prompt lookup as the bench's ``pld`` baseline
+REDRAFTER_STEPS = 80  # training steps of the ReDrafter head (as tests/test_host_reads.py)
 
 #: method -> table label, in table order (``compiled`` and, with ``--compiled-strategies``, ``<method>-compiled``
 #: after them, when measured).
@@ -35,7 +44,7 @@ METHODS = {
 }
 COMPILED_LABEL = 'plain, compiled: cache_implementation="static", CompileConfig(backend="{backend}")'
 #: a compiled strategy's label: its eager label and this
-COMPILED_STRATEGY_LABEL = '{label}, compiled (same static cache and CompileConfig)'
+COMPILED_STRATEGY_LABEL = "{label}, compiled (same static cache and CompileConfig)"
 
 
 def overhead_prompts(n: int) -> list[torch.Tensor]:
@@ -64,8 +73,9 @@ def _own_modules(modules: Iterable[torch.nn.Module], target) -> list:
     return [m for m in modules if m is not None and id(m) not in shared]
 
 
-def build_methods(target, names: Sequence[str] | None = None, drafter=None, glide=None,
-                  redrafter=None) -> dict[str, OverheadMethod]:
+def build_methods(
+    target, names: Sequence[str] | None = None, drafter=None, glide=None, redrafter=None
+) -> dict[str, OverheadMethod]:
     """The methods ``names`` of :data:`METHODS` (default all) on ``target``, each assistant with its library defaults
     and ``cpu_kernels=False``; the drafters they need are built when not given: ``drafter`` (the target's first
     layer, :func:`~hf_cascade.bench.tiny.truncated_copy`), ``glide`` (:func:`~hf_cascade.bench.tiny.echo_glide`) and
@@ -83,12 +93,14 @@ def build_methods(target, names: Sequence[str] | None = None, drafter=None, glid
         redrafter = tiny.fit_head(target, "overhead", steps=REDRAFTER_STEPS)
 
     def greedy(**extra):
-        return lambda ids, new: target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                                max_new_tokens=new, **extra)
+        return lambda ids, new: target.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new, **extra
+        )
 
     def ours(assistant):
-        return lambda ids, new: target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                                max_new_tokens=new, assistant_model=assistant)
+        return lambda ids, new: target.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new, assistant_model=assistant
+        )
 
     off = {"cpu_kernels": False}
     # name -> (assistant, the drafter's own modules); one assistant per method, reused by every call (as the bench's):
@@ -98,10 +110,14 @@ def build_methods(target, names: Sequence[str] | None = None, drafter=None, glid
         "cascade": lambda: (CascadeAssistant([drafter, MaxGram()], **off), _model_modules(drafter, target)),
         "hsddw": lambda: (DynamicWindowAssistant(drafter, **off), _model_modules(drafter, target)),
         "glide": lambda: (GlideAssistant(glide, **off), _model_modules(glide, target)),
-        "glide-chain": lambda: (GlideAssistant(glide, settings=GlideSettings.chain(), **off),
-                                _model_modules(glide, target)),
-        "redrafter": lambda: (ReDrafterAssistant(redrafter, **off),
-                              _own_modules([redrafter, *redrafter.children()], target)),
+        "glide-chain": lambda: (
+            GlideAssistant(glide, settings=GlideSettings.chain(), **off),
+            _model_modules(glide, target),
+        ),
+        "redrafter": lambda: (
+            ReDrafterAssistant(redrafter, **off),
+            _own_modules([redrafter, *redrafter.children()], target),
+        ),
         "recycling": lambda: (RecyclingAssistant(**off), []),
     }
     methods = {}
@@ -132,5 +148,14 @@ def _model_modules(model, target) -> list:
     return _own_modules([model, *parts, head], target)
 
 
-__all__ = ["COMPILED_LABEL", "COMPILED_STRATEGY_LABEL", "METHODS", "PLD_TOKENS", "PROMPT_TOKENS", "REDRAFTER_STEPS",
-           "OverheadMethod", "build_methods", "overhead_prompts"]
+__all__ = [
+    "COMPILED_LABEL",
+    "COMPILED_STRATEGY_LABEL",
+    "METHODS",
+    "PLD_TOKENS",
+    "PROMPT_TOKENS",
+    "REDRAFTER_STEPS",
+    "OverheadMethod",
+    "build_methods",
+    "overhead_prompts",
+]

@@ -28,8 +28,11 @@ def assisted_settings(name: str, window: int = ASSISTED_WINDOW) -> dict | None:
     threshold = {"hf-assisted-constant": 0.0, "hf-assisted-confidence": 0.4}.get(name)
     if threshold is None:
         return None
-    return {"num_assistant_tokens": window, "num_assistant_tokens_schedule": "constant",
-            "assistant_confidence_threshold": threshold}
+    return {
+        "num_assistant_tokens": window,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": threshold,
+    }
 
 
 class _Counted(Method):
@@ -83,7 +86,7 @@ class HFAssisted(_Counted):
         if not self.settings:
             return super().generate(input_ids, attention_mask, gen_kwargs)
         saved = self.draft.generation_config
-        self.draft.generation_config = copy.deepcopy(saved)   # transformers 4.x also writes to it
+        self.draft.generation_config = copy.deepcopy(saved)  # transformers 4.x also writes to it
         for key, value in self.settings.items():
             setattr(self.draft.generation_config, key, value)
         try:
@@ -124,7 +127,9 @@ class Economize(Method):
         try:
             self.wrapped = economize.apply(model, LookupConfig(max_ngram=3), decoding=decoding)
         except Exception as exc:  # economize raises its own errors for unsupported architectures
-            raise MethodUnavailable(f"economize cannot wrap {type(model).__name__}: {type(exc).__name__}: {exc}") from exc
+            raise MethodUnavailable(
+                f"economize cannot wrap {type(model).__name__}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def run(self, input_ids, attention_mask, gen_kwargs):
         results: list = []
@@ -132,4 +137,4 @@ class Economize(Method):
         return out, (economize_stats(results[0]) if results else None)
 
     def level_models(self) -> list:
-        return [UNKNOWN]          # its drafter's calls (none for prompt lookup) have no known cost
+        return [UNKNOWN]  # its drafter's calls (none for prompt lookup) have no known cost

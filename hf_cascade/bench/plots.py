@@ -36,8 +36,13 @@ def plot_acceptance_by_position(summary: dict, path: str | Path, min_proposed: i
             for key, lv in levels.items():
                 lx = [i + 1 for i, p in enumerate(lv["proposed"]) if p >= min_proposed]
                 if lx:
-                    ax.plot(lx, [lv["rates"][i - 1] for i in lx], ls="--", marker=".",
-                            label=f"{method} level {key} (by its reviewer)")
+                    ax.plot(
+                        lx,
+                        [lv["rates"][i - 1] for i in lx],
+                        ls="--",
+                        marker=".",
+                        label=f"{method} level {key} (by its reviewer)",
+                    )
     ax.set_xlabel("position of the token in the draft")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1.02)
@@ -55,7 +60,9 @@ def plot_speedup_by_category(summary: dict, methods: list[str], path: str | Path
     kernels = KERNELS in methods
     panels = [("speedup", "speedup vs plain generate", [m for m in methods if m != "plain"])]
     if kernels:
-        panels.append(("speedup_vs_plain_kernels", "speed / plain-kernels", [m for m in methods if m not in ("plain", KERNELS)]))
+        panels.append(
+            ("speedup_vs_plain_kernels", "speed / plain-kernels", [m for m in methods if m not in ("plain", KERNELS)])
+        )
     colors = _colors(plt, [m for m in methods if m != "plain"])
 
     def value(group: str, m: str, key: str) -> float:
@@ -124,7 +131,9 @@ def plot_speedup_by_batch_size(batched: dict, path: str | Path) -> Path:
     the reference."""
     plt = _pyplot()
     sizes = batched["sizes"]
-    key, reference = ("vs_plain_kernels", KERNELS) if any(KERNELS in e["methods"] for e in sizes) else ("vs_plain", "plain")
+    key, reference = (
+        ("vs_plain_kernels", KERNELS) if any(KERNELS in e["methods"] for e in sizes) else ("vs_plain", "plain")
+    )
     names = list(dict.fromkeys(m for e in sizes for m in e["methods"] if m != reference))
     colors = _colors(plt, names)
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -133,9 +142,11 @@ def plot_speedup_by_batch_size(batched: dict, path: str | Path) -> Path:
         if not points:
             continue
         ys = [v["geomean"] for _, v in points]
-        err = [[max(y - v["geomean_low"], 0.0) for y, (_, v) in zip(ys, points)],
-               [max(v["geomean_high"] - y, 0.0) for y, (_, v) in zip(ys, points)]]
-        shift = 2 ** (0.04 * (j - (len(names) - 1) / 2))          # side by side, so the bars do not overlap
+        err = [
+            [max(y - v["geomean_low"], 0.0) for y, (_, v) in zip(ys, points)],
+            [max(v["geomean_high"] - y, 0.0) for y, (_, v) in zip(ys, points)],
+        ]
+        shift = 2 ** (0.04 * (j - (len(names) - 1) / 2))  # side by side, so the bars do not overlap
         ax.errorbar([b * shift for b, _ in points], ys, yerr=err, marker="o", capsize=3, label=m, color=colors[m])
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ticks = [e["batch_size"] for e in sizes]

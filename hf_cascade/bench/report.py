@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .plots import plot_acceptance_by_position, plot_speedup_by_batch_size, plot_speedup_by_category, plot_window_per_step
+from .plots import (
+    plot_acceptance_by_position,
+    plot_speedup_by_batch_size,
+    plot_speedup_by_category,
+    plot_window_per_step,
+)
 from .runner import BenchResult
 from .summary import COMPILED, KERNELS, OVERALL
 from .swi import COST_MODELS
@@ -43,10 +48,15 @@ def markdown_overall(result: BenchResult) -> str:
     swi_head = "".join(f" SWI ({c}) |" for c in models)
     lines = [
         "| method | prompts | tok/s | speedup (total time per token) | speedup (mean per prompt) | "
-        + ("speed / plain-kernels |" if kernels else "") + ("speed / plain-compiled |" if compiled else "")
-        + swi_head + " tok/target call | identical to plain |",
-        "|---|---:|---:|---:|---:|" + ("---:|" if kernels else "") + ("---:|" if compiled else "")
-        + "---:|" * len(models) + "---:|---:|",
+        + ("speed / plain-kernels |" if kernels else "")
+        + ("speed / plain-compiled |" if compiled else "")
+        + swi_head
+        + " tok/target call | identical to plain |",
+        "|---|---:|---:|---:|---:|"
+        + ("---:|" if kernels else "")
+        + ("---:|" if compiled else "")
+        + "---:|" * len(models)
+        + "---:|---:|",
     ]
     for m in result.methods:
         s = result.summary[OVERALL].get(m)
@@ -68,8 +78,11 @@ def markdown_categories(result: BenchResult) -> str:
     methods = [m for m in result.methods if m != "plain"]
     models = _cost_models(result)
     swi_head = f" SWI ({' / '.join(models)})" if models else ""
-    head = "| category | plain tok/s | " + " | ".join(
-        f"{m} speedup" + (f" | {m}{swi_head}" if models else "") for m in methods) + " |"
+    head = (
+        "| category | plain tok/s | "
+        + " | ".join(f"{m} speedup" + (f" | {m}{swi_head}" if models else "") for m in methods)
+        + " |"
+    )
     lines = [head, "|---|---:|" + "---:|" * (len(methods) * (2 if models else 1))]
     for cat, per_method in result.summary["categories"].items():
         plain = per_method.get("plain")
@@ -97,8 +110,12 @@ def below_kernels(result: BenchResult, methods: list[str] | None = None) -> list
     but the references) is slower than plain-kernels in total time."""
     methods = [m for m in (methods or result.methods) if m not in ("plain", KERNELS, COMPILED)]
     groups = {**result.summary["categories"], OVERALL: result.summary[OVERALL]}
-    return [(m, cat, s["speedup_vs_plain_kernels"]) for cat, per in groups.items() for m in methods
-            if (s := per.get(m)) and s.get("speedup_vs_plain_kernels") is not None and s["speedup_vs_plain_kernels"] < 1.0]
+    return [
+        (m, cat, s["speedup_vs_plain_kernels"])
+        for cat, per in groups.items()
+        for m in methods
+        if (s := per.get(m)) and s.get("speedup_vs_plain_kernels") is not None and s["speedup_vs_plain_kernels"] < 1.0
+    ]
 
 
 def markdown_kernels(result: BenchResult) -> str | None:
@@ -121,8 +138,12 @@ def markdown_kernels(result: BenchResult) -> str | None:
         lines.append(f"| {'**overall**' if cat == OVERALL else cat} | " + " | ".join(cells) + " |")
     strategies = result.config.get("strategies") or [result.methods[-1]]
     slow = below_kernels(result, [m for m in methods if m in strategies])
-    lines += ["", "Strategies below 1.00x plain-kernels: " + "; ".join(f"{m} on {c} ({v:.2f}x)" for m, c, v in slow)
-              if slow else "Every strategy is at least 1.00x plain-kernels on every category."]
+    lines += [
+        "",
+        "Strategies below 1.00x plain-kernels: " + "; ".join(f"{m} on {c} ({v:.2f}x)" for m, c, v in slow)
+        if slow
+        else "Every strategy is at least 1.00x plain-kernels on every category.",
+    ]
     return "\n".join(lines)
 
 
@@ -132,11 +153,15 @@ def markdown_paired(result: BenchResult) -> str | None:
     pairs = result.summary.get("paired") or {}
     if not pairs:
         return None
-    lines = ["| a / b | time-per-token ratio (total) | 95% interval | geo-mean per prompt | 95% interval | b faster on |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| a / b | time-per-token ratio (total) | 95% interval | geo-mean per prompt | 95% interval | b faster on |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for k, v in pairs.items():
-        geo = (f"{v['geomean']:.3f} | {v['geomean_low']:.3f}-{v['geomean_high']:.3f}" if "geomean" in v else "– | –")
-        lines.append(f"| {k} | {v['ratio']:.3f} | {v['low']:.3f}-{v['high']:.3f} | {geo} | {v['faster_on']}/{v['prompts']} |")
+        geo = f"{v['geomean']:.3f} | {v['geomean_low']:.3f}-{v['geomean_high']:.3f}" if "geomean" in v else "– | –"
+        lines.append(
+            f"| {k} | {v['ratio']:.3f} | {v['low']:.3f}-{v['high']:.3f} | {geo} | {v['faster_on']}/{v['prompts']} |"
+        )
     return "\n".join(lines)
 
 
@@ -146,13 +171,17 @@ def markdown_tree(result: BenchResult) -> str | None:
     trees = result.summary.get("tree_verification", {})
     if not trees:
         return None
-    lines = ["| method | nodes/call | head rows/call | head calls/call | verify ms/call | draft ms/call | draft / verify |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| method | nodes/call | head rows/call | head calls/call | verify ms/call | draft ms/call | draft / verify |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for m, t in trees.items():
-        lines.append(f"| {m} | {t['nodes_per_call']:.1f} | {t['head_rows_per_call']:.1f} | "
-                     f"{t.get('head_calls_per_call', 0):.2f} | "
-                     f"{t['verify_ms_per_call']:.0f} | "
-                     f"{t['draft_ms_per_call']:.1f} | {_fmt(t['draft_fraction_of_verify'], '.1%')} |")
+        lines.append(
+            f"| {m} | {t['nodes_per_call']:.1f} | {t['head_rows_per_call']:.1f} | "
+            f"{t.get('head_calls_per_call', 0):.2f} | "
+            f"{t['verify_ms_per_call']:.0f} | "
+            f"{t['draft_ms_per_call']:.1f} | {_fmt(t['draft_fraction_of_verify'], '.1%')} |"
+        )
     return "\n".join(lines)
 
 
@@ -164,33 +193,49 @@ def markdown_batched(batched: dict) -> str:
     """The batched sweep: one row per batch size and method (tokens/s; speedup vs plain and vs plain-kernels,
     geo-mean over batches with its 95% interval; tokens per batched target call; rows identical to plain's),
     then the skipped methods, every row that differs from plain's (in bold) and the errors."""
-    lines = ["| batch size | method | batches | tok/s | speedup vs plain (95% interval) | "
-             "speedup vs plain-kernels (95% interval) | tok/target call | identical rows |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| batch size | method | batches | tok/s | speedup vs plain (95% interval) | "
+        "speedup vs plain-kernels (95% interval) | tok/target call | identical rows |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     skips: dict[str, tuple[str, list[int]]] = {}
     for entry in batched["sizes"]:
         for m, why in entry["skipped"].items():
             skips.setdefault(m, (why, []))[1].append(entry["batch_size"])
         for m, s in entry["methods"].items():
             same = s["identical_rows"]
-            ident = "n/a" if same is None else f"{same}/{s['rows']}" if same == s["rows"] else f"**{same}/{s['rows']} ✗**"
-            lines.append(f"| {entry['batch_size']} | {m} | {s['batches']} | {_fmt(s['tokens_per_second'], '.1f')} | "
-                         f"{_versus(s['vs_plain'])} | {_versus(s['vs_plain_kernels'])} | "
-                         f"{_fmt(s['tokens_per_target_call'])} | {ident} |")
-    lines += ["", "Tokens: each row's through its first EOS (pads after it not counted); speedup: the geometric mean "
-              "over batches of the method's throughput over the reference's (a row of the table: all its batches; "
-              "the last batch of a size may be shorter); tok/target call: the batch's tokens per batched forward."]
-    notes = [f"- skipped at batch size {', '.join(map(str, sizes))}: **{m}** ({why})" for m, (why, sizes) in skips.items()]
-    notes += [f"- **✗ MISMATCH: {x['method']} at batch size {x['batch_size']}, batch {x['batch_index']}: prompt(s) "
-               f"{', '.join(map(str, x['prompt_indices']))} differ from plain**" for x in batched["mismatches"]]
+            ident = (
+                "n/a" if same is None else f"{same}/{s['rows']}" if same == s["rows"] else f"**{same}/{s['rows']} ✗**"
+            )
+            lines.append(
+                f"| {entry['batch_size']} | {m} | {s['batches']} | {_fmt(s['tokens_per_second'], '.1f')} | "
+                f"{_versus(s['vs_plain'])} | {_versus(s['vs_plain_kernels'])} | "
+                f"{_fmt(s['tokens_per_target_call'])} | {ident} |"
+            )
+    lines += [
+        "",
+        "Tokens: each row's through its first EOS (pads after it not counted); speedup: the geometric mean "
+        "over batches of the method's throughput over the reference's (a row of the table: all its batches; "
+        "the last batch of a size may be shorter); tok/target call: the batch's tokens per batched forward.",
+    ]
+    notes = [
+        f"- skipped at batch size {', '.join(map(str, sizes))}: **{m}** ({why})" for m, (why, sizes) in skips.items()
+    ]
+    notes += [
+        f"- **✗ MISMATCH: {x['method']} at batch size {x['batch_size']}, batch {x['batch_index']}: prompt(s) "
+        f"{', '.join(map(str, x['prompt_indices']))} differ from plain**"
+        for x in batched["mismatches"]
+    ]
     notes += [f"- could not run: **{m}**: {msg}" for m, msg in batched["errors"].items()]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-_SWI_NOTE = ("SWI: standardized walltime improvement (CS Drafting, Section 5.1): plain's standardized time per "
-             "generated token over the method's, each forward charged a fixed cost: *params* its model's parameter "
-             "count (a verification of any number of rows: one target forward), *measured* this machine's per-row "
-             "costs (see `costs` in results.json); – = unavailable.")
+_SWI_NOTE = (
+    "SWI: standardized walltime improvement (CS Drafting, Section 5.1): plain's standardized time per "
+    "generated token over the method's, each forward charged a fixed cost: *params* its model's parameter "
+    "count (a verification of any number of rows: one target forward), *measured* this machine's per-row "
+    "costs (see `costs` in results.json); – = unavailable."
+)
 
 
 def markdown_report(result: BenchResult) -> str:
@@ -213,9 +258,17 @@ def markdown_report(result: BenchResult) -> str:
         *_device_line(env.get("device")),
         *_kernel_line(env.get("cpu_kernels")),
     ]
-    if not result.records and result.batched is not None:      # a batched sweep: no single-prompt runs
-        return "\n".join(parts + ["", "### Batched (left-padded batches of consecutive prompts, methods interleaved "
-                                   "per batch)", "", markdown_batched(result.batched)] + _errors(result))
+    if not result.records and result.batched is not None:  # a batched sweep: no single-prompt runs
+        return "\n".join(
+            parts
+            + [
+                "",
+                "### Batched (left-padded batches of consecutive prompts, methods interleaved per batch)",
+                "",
+                markdown_batched(result.batched),
+            ]
+            + _errors(result)
+        )
     parts += [
         "",
         "### Overall",
@@ -229,18 +282,31 @@ def markdown_report(result: BenchResult) -> str:
     ]
     kernels = markdown_kernels(result)
     if kernels is not None:
-        parts += ["", "### Per category: speed relative to plain-kernels (its time per token over the method's; ✗ = below 1.00x)",
-                  "", kernels]
+        parts += [
+            "",
+            "### Per category: speed relative to plain-kernels (its time per token over the method's; ✗ = below 1.00x)",
+            "",
+            kernels,
+        ]
     pairs = markdown_paired(result)
     if pairs is not None:
-        parts += ["", "### Paired: a's time per token over b's on the same prompts (above 1: b is faster; 95% bootstrap "
-                  "intervals over prompts)", "", pairs]
+        parts += [
+            "",
+            "### Paired: a's time per token over b's on the same prompts (above 1: b is faster; 95% bootstrap "
+            "intervals over prompts)",
+            "",
+            pairs,
+        ]
     tree = markdown_tree(result)
     if tree is not None:
         parts += ["", "### Tree verification (per target call; head rows: output-head rows computed)", "", tree]
     if result.batched is not None:
-        parts += ["", "### Batched (left-padded batches of consecutive prompts, methods interleaved per batch)", "",
-                  markdown_batched(result.batched)]
+        parts += [
+            "",
+            "### Batched (left-padded batches of consecutive prompts, methods interleaved per batch)",
+            "",
+            markdown_batched(result.batched),
+        ]
     return "\n".join(parts + _errors(result))
 
 
@@ -248,24 +314,35 @@ def _device_line(device: dict | None) -> list[str]:
     """Where the target ran (:func:`~hf_cascade.bench.runner.device_description`; none in results written before)."""
     if not device:
         return []
-    where = ", ".join(filter(None, (device.get("name"), device.get("dtype"),
-                                    device.get("attn_implementation") and f"attention {device['attn_implementation']}")))
+    where = ", ".join(
+        filter(
+            None,
+            (
+                device.get("name"),
+                device.get("dtype"),
+                device.get("attn_implementation") and f"attention {device['attn_implementation']}",
+            ),
+        )
+    )
     return [f"**Device** `{device['device']}` ({where})."]
 
 
 def _kernel_line(choices: dict | None) -> list[str]:
     """The CPU kernels' once-per-process choices, where they made any (every method of the run shares them)."""
     choices = choices or {}
-    parts = [f"output-head block {b['block_rows']} rows" + (f" ({b['kind']}, last call)" if b.get("kind") else "")
-             for b in choices.get("head_blocks", [])]
+    parts = [
+        f"output-head block {b['block_rows']} rows" + (f" ({b['kind']}, last call)" if b.get("kind") else "")
+        for b in choices.get("head_blocks", [])
+    ]
     for s in choices.get("screens", []):
         sizes = ", ".join(k for k, used in s["faster"].items() if used) or "no size"
         parts.append(f"screen product {s['product']}, used at {sizes}")
     for p in choices.get("verify_profiles", []):
         r = p.get("rounds") or {}
         rounds = f" (median of {r['measured'] + r['kept']} rounds, {r['kept']} kept from earlier runs)" if r else ""
-        parts.append("verification profile " + ", ".join(f"{n}: {c:.2f}" for n, c in p["relative"].items() if int(n))
-                     + rounds)
+        parts.append(
+            "verification profile " + ", ".join(f"{n}: {c:.2f}" for n, c in p["relative"].items() if int(n)) + rounds
+        )
     return ["Choices timed once in this process: " + "; ".join(parts) + "."] if parts else []
 
 
@@ -283,7 +360,7 @@ def write_results(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
     paths = {"json": out / "results.json", "markdown": out / "report.md"}
     paths["json"].write_text(json.dumps(result.to_dict(), indent=1))
     paths["markdown"].write_text(markdown_report(result) + "\n")
-    if result.records:                                      # single-prompt runs (not in a batched sweep)
+    if result.records:  # single-prompt runs (not in a batched sweep)
         acc = plot_acceptance_by_position(result.summary, out / "acceptance_by_position.png")
         if acc is not None:
             paths["acceptance_png"] = acc

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from ..drafters.corpus import CorpusNGrams
 from ..placement import accelerators, synchronize, target_device_dtype
+from .build import build_method
 from .calls import encode, generation_kwargs, rotated, timed
 from .config import DRAFT_FAMILY, BenchConfig
 from .costs import build_costs
-from .build import build_method
 from .methods import Method, MethodUnavailable
 from .summary import summarize
 from .swi import record_times
@@ -71,9 +72,16 @@ class BenchResult:
         return out
 
 
-def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, verifier: Any = None,
-                   assisted_draft: Any = None, tree: dict | None = None,
-                   strategy_drafts: Mapping[str, list] | None = None) -> dict[str, Method]:
+def _build_methods(
+    config: BenchConfig,
+    model: Any,
+    drafts: list,
+    errors: dict,
+    verifier: Any = None,
+    assisted_draft: Any = None,
+    tree: dict | None = None,
+    strategy_drafts: Mapping[str, list] | None = None,
+) -> dict[str, Method]:
     """Every method of ``config``, each with the draft models of its strategy (``strategy_drafts`` of its
     :data:`~hf_cascade.bench.config.DRAFT_FAMILY`, else the shared ``drafts``) and only the options set in
     ``config`` (see :meth:`~hf_cascade.bench.config.BenchConfig.cascade_kwargs`); a method that cannot be
@@ -86,10 +94,19 @@ def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, 
         family = DRAFT_FAMILY.get(name)
         try:
             methods[name] = build_method(
-                name, model, list(own.get(family) or drafts) if family else drafts,
-                strategy_kwargs=config.cascade_kwargs(), maxgram_kwargs=config.cascade_kwargs(maxgram_alone=True),
-                sampling=config.sampling, verifier=verifier, assisted_draft=assisted_draft, window=config.window,
-                tree=tree if tree is not None else config.tree, corpus=corpus, maxgram_corpus=maxgram_corpus)
+                name,
+                model,
+                list(own.get(family) or drafts) if family else drafts,
+                strategy_kwargs=config.cascade_kwargs(),
+                maxgram_kwargs=config.cascade_kwargs(maxgram_alone=True),
+                sampling=config.sampling,
+                verifier=verifier,
+                assisted_draft=assisted_draft,
+                window=config.window,
+                tree=tree if tree is not None else config.tree,
+                corpus=corpus,
+                maxgram_corpus=maxgram_corpus,
+            )
         except MethodUnavailable as exc:
             errors[name] = str(exc)
     if "plain" not in methods:
@@ -97,12 +114,17 @@ def _build_methods(config: BenchConfig, model: Any, drafts: list, errors: dict, 
     return methods
 
 
-def _environment(model: Any, drafts: list, verifier: Any = None, strategy_drafts: Mapping[str, list] | None = None) -> dict:
+def _environment(
+    model: Any, drafts: list, verifier: Any = None, strategy_drafts: Mapping[str, list] | None = None
+) -> dict:
     import transformers
 
     def describe(m):
-        return {"class": type(m).__name__, "name_or_path": getattr(m.config, "_name_or_path", "") or "",
-                "parameters": int(sum(p.numel() for p in m.parameters()))}
+        return {
+            "class": type(m).__name__,
+            "name_or_path": getattr(m.config, "_name_or_path", "") or "",
+            "parameters": int(sum(p.numel() for p in m.parameters())),
+        }
 
     return {
         "python": platform.python_version(),
@@ -113,8 +135,11 @@ def _environment(model: Any, drafts: list, verifier: Any = None, strategy_drafts
         "device": device_description(model),
         "target": describe(model),
         "drafts": [describe(d) for d in drafts],
-        **({"strategy_drafts": {k: [describe(d) for d in v] for k, v in strategy_drafts.items()}}
-           if strategy_drafts else {}),
+        **(
+            {"strategy_drafts": {k: [describe(d) for d in v] for k, v in strategy_drafts.items()}}
+            if strategy_drafts
+            else {}
+        ),
         **({"verifier": describe(verifier)} if verifier is not None else {}),
     }
 
@@ -131,9 +156,13 @@ def device_description(model: Any) -> dict:
             names.append(f"CPU ({platform.machine()})")
         else:
             names.append(str(d))
-    return {"device": str(device), "accelerators": [str(d) for d in accelerators(model)],
-            "name": ", ".join(dict.fromkeys(names)), "dtype": str(dtype).removeprefix("torch."),
-            "attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    return {
+        "device": str(device),
+        "accelerators": [str(d) for d in accelerators(model)],
+        "name": ", ".join(dict.fromkeys(names)),
+        "dtype": str(dtype).removeprefix("torch."),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+    }
 
 
 def _kernel_choices() -> dict:
@@ -180,14 +209,14 @@ def run_benchmark(
     own = {k: list(v) for k, v in (strategy_drafts or {}).items()}
     errors: dict[str, str] = {}
     tree, environment = config.tree, _environment(model, drafts, verifier, own)
-    if tree.get("verify_cost") == "measure" and "glide" in config.draft_families:   # this machine's tree cost profile
+    if tree.get("verify_cost") == "measure" and "glide" in config.draft_families:  # this machine's tree cost profile
         from ..measure import measure_verify_cost
 
         tree["verify_cost"] = measure_verify_cost(model, max_nodes=config.max_tree_nodes or 24)
         environment["verify_cost_measured"] = list(tree["verify_cost"].relative)
     methods = _build_methods(config, model, drafts, errors, verifier, assisted_draft, tree, own)
     kwargs = generation_kwargs(config, tokenizer)
-    device, devices = target_device_dtype(model)[0], accelerators(model)     # inputs' device; clocks wait for these
+    device, devices = target_device_dtype(model)[0], accelerators(model)  # inputs' device; clocks wait for these
 
     # One untimed warm-up generate per method (first-call allocations, lazy imports, caches).
     first_ids, first_mask = encode(tokenizer, prompts[0], device)
@@ -204,8 +233,11 @@ def run_benchmark(
         methods[name].after_warmup()
 
     # The standardized walltime improvement's costs (measured ones time the models: before the timed runs).
-    tables, costs = ({}, {}) if config.batch_sizes else build_costs(
-        config.cost_models, model, {name: m.level_models() for name, m in methods.items()})
+    tables, costs = (
+        ({}, {})
+        if config.batch_sizes
+        else build_costs(config.cost_models, model, {name: m.level_models() for name, m in methods.items()})
+    )
 
     records: list[dict] = []
     # with batch sizes the run is the batched sweep (batch size 1 included when asked for), not the single-prompt runs
@@ -231,24 +263,27 @@ def run_benchmark(
                 errors[name] = f"{type(exc).__name__} on prompt {i}: {exc}"
                 del methods[name]
                 continue
-            new = out[0, ids.shape[1]:]
+            new = out[0, ids.shape[1] :]
             outputs[name] = new
-            prompt_records.append({
-                "prompt_index": i,
-                "draw": draw,
-                "question_id": prompt.get("question_id"),
-                "category": prompt.get("category", "all"),
-                "method": name,
-                "order": position,
-                "prompt_tokens": int(ids.shape[1]),
-                "new_tokens": int(new.numel()),
-                "seconds": seconds,
-                "tokens_per_second": new.numel() / seconds if seconds > 0 else 0.0,
-                "output_text": tokenizer.decode(new, skip_special_tokens=True),
-                "stats": stats,
-            })
+            prompt_records.append(
+                {
+                    "prompt_index": i,
+                    "draw": draw,
+                    "question_id": prompt.get("question_id"),
+                    "category": prompt.get("category", "all"),
+                    "method": name,
+                    "order": position,
+                    "prompt_tokens": int(ids.shape[1]),
+                    "new_tokens": int(new.numel()),
+                    "seconds": seconds,
+                    "tokens_per_second": new.numel() / seconds if seconds > 0 else 0.0,
+                    "output_text": tokenizer.decode(new, skip_special_tokens=True),
+                    "stats": stats,
+                }
+            )
             prompt_records[-1]["standardized_time"] = record_times(
-                prompt_records[-1], {c: tables[c][name] for c in tables}, methods[name].one_forward_per_token)
+                prompt_records[-1], {c: tables[c][name] for c in tables}, methods[name].one_forward_per_token
+            )
         plain = outputs.get("plain")
         for rec in prompt_records:
             # Sampled outputs differ between methods by design (same distribution, other random draws).
@@ -258,7 +293,7 @@ def run_benchmark(
         records.extend(prompt_records)
 
     batched = None
-    if config.batch_sizes:                               # the sweep: same methods, same prompts, in batches
+    if config.batch_sizes:  # the sweep: same methods, same prompts, in batches
         from .batched import run_batched
 
         batched = run_batched(config, model, tokenizer, prompts, methods, progress=progress)
@@ -277,8 +312,14 @@ def run_benchmark(
     )
 
 
-def compare_assistants(model: Any, tokenizer: Any, prompts: Sequence[dict], assistants: dict[str, Any],
-                       max_new_tokens: int = 128, warmup_tokens: int = 32) -> tuple[list[dict], int]:
+def compare_assistants(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[dict],
+    assistants: dict[str, Any],
+    max_new_tokens: int = 128,
+    warmup_tokens: int = 32,
+) -> tuple[list[dict], int]:
     """Greedy A/B of several assistants on ``prompts``, interleaved as in :func:`run_benchmark` (one
     untimed warm-up each, then every prompt through every assistant in rotating order), for settings a
     ``BenchConfig`` does not describe. Returns records (``prompt_index``, ``category``, ``method``,
@@ -287,8 +328,13 @@ def compare_assistants(model: Any, tokenizer: Any, prompts: Sequence[dict], assi
     device, devices = target_device_dtype(model)[0], accelerators(model)
     warm = encode(tokenizer, {"prompt": "Question: Hello\n\nAnswer:"}, device)
     for assistant in assistants.values():
-        model.generate(input_ids=warm[0], attention_mask=warm[1], assistant_model=assistant, do_sample=False,
-                       max_new_tokens=warmup_tokens)
+        model.generate(
+            input_ids=warm[0],
+            attention_mask=warm[1],
+            assistant_model=assistant,
+            do_sample=False,
+            max_new_tokens=warmup_tokens,
+        )
     records, identical = [], 0
     for i, prompt in enumerate(prompts):
         ids, mask = encode(tokenizer, prompt, device)
@@ -297,15 +343,26 @@ def compare_assistants(model: Any, tokenizer: Any, prompts: Sequence[dict], assi
             for d in devices:
                 synchronize(d)
             t0 = time.perf_counter()
-            out = model.generate(input_ids=ids, attention_mask=mask, assistant_model=assistants[name],
-                                 do_sample=False, max_new_tokens=max_new_tokens)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                assistant_model=assistants[name],
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+            )
             for d in devices:
                 synchronize(d)
             seconds = time.perf_counter() - t0
             calls = max(1, assistants[name].last_stats.target_calls)
-            records.append({"prompt_index": i, "category": prompt.get("category", "all"), "method": name,
-                            "seconds": seconds, "tokens_per_call": (out.shape[1] - ids.shape[1]) / calls})
+            records.append(
+                {
+                    "prompt_index": i,
+                    "category": prompt.get("category", "all"),
+                    "method": name,
+                    "seconds": seconds,
+                    "tokens_per_call": (out.shape[1] - ids.shape[1]) / calls,
+                }
+            )
             outputs.add(tuple(out[0].tolist()))
         identical += len(outputs) == 1
     return records, identical
-

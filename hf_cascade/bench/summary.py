@@ -120,7 +120,7 @@ def tree_verification(records: list[dict], method: str) -> dict | None:
     calls = sum(s["target_calls"] for s in stats)
     if not calls:
         return None
-    phase = lambda s, *names: sum(s.get("phase_seconds", {}).get(n, 0.0) for n in names)   # noqa: E731
+    phase = lambda s, *names: sum(s.get("phase_seconds", {}).get(n, 0.0) for n in names)  # noqa: E731
     verify = sum(phase(s, "verify", "accept") for s in stats)
     draft = sum(phase(s, "draft") for s in stats)
     return {
@@ -145,7 +145,9 @@ def paired(records: list[dict], a: str, b: str, resamples: int = 2000, seed: int
     runs: dict[int, dict[str, dict]] = defaultdict(dict)
     for r in records:
         runs[r["prompt_index"]][r["method"]] = r
-    records_ab = [(t[a], t[b]) for t in runs.values() if a in t and b in t and t[a]["seconds"] > 0 and t[b]["seconds"] > 0]
+    records_ab = [
+        (t[a], t[b]) for t in runs.values() if a in t and b in t and t[a]["seconds"] > 0 and t[b]["seconds"] > 0
+    ]
     if not records_ab:
         return None
     pairs = [(_per_token(x), _per_token(y)) for x, y in records_ab]

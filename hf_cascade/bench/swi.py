@@ -43,8 +43,8 @@ statistics lack a count, or whose drafter has no known cost, gets ``None`` (unav
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 #: The cost models of ``hf-cascade bench --cost-model``.
 COST_MODELS = ("params", "measured")
@@ -70,8 +70,12 @@ class DrafterCost:
         return self.per_forward * forwards + self.per_extra_token * max(tokens - forwards, 0)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "per_forward": self.per_forward, "per_extra_token": self.per_extra_token,
-                "note": self.note}
+        return {
+            "name": self.name,
+            "per_forward": self.per_forward,
+            "per_extra_token": self.per_extra_token,
+            "note": self.note,
+        }
 
 
 #: A statistical drafter (Max-Gram, corpus n-grams, prompt lookup): no forward, no cost.
@@ -95,8 +99,10 @@ class Costs:
     unavailable: str | None = None
 
     def to_dict(self) -> dict:
-        return {"drafters": [d.to_dict() if d is not None else None for d in self.drafters],
-                **({"unavailable": self.unavailable} if self.unavailable else {})}
+        return {
+            "drafters": [d.to_dict() if d is not None else None for d in self.drafters],
+            **({"unavailable": self.unavailable} if self.unavailable else {}),
+        }
 
 
 def flat_target(n: int) -> float:
@@ -169,9 +175,23 @@ def group_swi(pairs: Sequence[tuple[Mapping, Mapping]], models: Sequence[str]) -
     """``{cost model: SWI | None}`` of (plain record, method record) pairs whose ``standardized_time`` dicts
     :func:`record_times` filled, per generated token (their ``new_tokens``)."""
     tokens = (sum(p["new_tokens"] for p, _ in pairs), sum(r["new_tokens"] for _, r in pairs))
-    return {m: swi(((p.get("standardized_time", {}).get(m), r.get("standardized_time", {}).get(m)) for p, r in pairs),
-                   tokens) for m in models}
+    return {
+        m: swi(
+            ((p.get("standardized_time", {}).get(m), r.get("standardized_time", {}).get(m)) for p, r in pairs), tokens
+        )
+        for m in models
+    }
 
 
-__all__ = ["COST_MODELS", "STATISTICAL", "Costs", "DrafterCost", "flat_target", "group_swi", "plain_time",
-           "record_times", "standardized_time", "swi"]
+__all__ = [
+    "COST_MODELS",
+    "STATISTICAL",
+    "Costs",
+    "DrafterCost",
+    "flat_target",
+    "group_swi",
+    "plain_time",
+    "record_times",
+    "standardized_time",
+    "swi",
+]

@@ -34,8 +34,15 @@ def _finish(model):
     return model
 
 
-def llama(vocab_size: int = VOCAB, layers: int = 2, hidden: int = 32, seed: int = 0, head_scale: float = 1.0,
-          block_scale: float = 1.0, eos_token_id: int = EOS) -> LlamaForCausalLM:
+def llama(
+    vocab_size: int = VOCAB,
+    layers: int = 2,
+    hidden: int = 32,
+    seed: int = 0,
+    head_scale: float = 1.0,
+    block_scale: float = 1.0,
+    eos_token_id: int = EOS,
+) -> LlamaForCausalLM:
     """A tiny Llama-style causal LM (random weights, fixed ``seed``)."""
     torch.manual_seed(seed)
     config = LlamaConfig(**_common_config(vocab_size, layers, hidden, eos_token_id))
@@ -46,9 +53,18 @@ def llama(vocab_size: int = VOCAB, layers: int = 2, hidden: int = 32, seed: int 
 
 def _common_config(vocab_size: int, layers: int, hidden: int, eos_token_id: int) -> dict:
     return dict(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=BOS,
-        eos_token_id=eos_token_id, pad_token_id=PAD, tie_word_embeddings=False, initializer_range=0.5,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=BOS,
+        eos_token_id=eos_token_id,
+        pad_token_id=PAD,
+        tie_word_embeddings=False,
+        initializer_range=0.5,
     )
 
 
@@ -117,6 +133,7 @@ def llama_target():
 
 # -- draft heads for a tiny target -----------------------------------------------------------------------
 
+
 def echo_glide(target, cross: float = 0.3, layers: int = 1, seed: int = 0):
     """A GLIDE sharing the target's embeddings and head whose self-attention and MLP write nothing: it
     predicts ``head(norm(embed(x) + cross-attention))``, close to the tiny targets (whose blocks write
@@ -124,9 +141,17 @@ def echo_glide(target, cross: float = 0.3, layers: int = 1, seed: int = 0):
     from ..heads import GlideConfig, GlideForCausalLM
 
     torch.manual_seed(seed)
-    g = GlideForCausalLM(GlideConfig.from_target(target, share_target_embeddings=True, num_hidden_layers=layers,
-                                                 intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                                 initializer_range=0.3)).eval()
+    g = GlideForCausalLM(
+        GlideConfig.from_target(
+            target,
+            share_target_embeddings=True,
+            num_hidden_layers=layers,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            initializer_range=0.3,
+        )
+    ).eval()
     with torch.no_grad():
         for layer in g.model.layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -170,8 +195,9 @@ def batch_of(sequences):
     return Batch(ids, weights, mask, list(range(len(sequences))))
 
 
-def fit_head(target, key: str, steps: int = 150, L: int = 4, layers: int = 1, seed: int = 0,
-             draft_vocab_size: int | None = None):
+def fit_head(
+    target, key: str, steps: int = 150, L: int = 4, layers: int = 1, seed: int = 0, draft_vocab_size: int | None = None
+):
     """A :class:`~hf_cascade.heads.ReDrafterModel` for ``target`` distilled from its greedy continuations of random
     prompts (:func:`continuations`) with the real training loss, ``steps`` full-batch steps (cached by ``key``
     and the settings for the process): its drafts are often, but not always, right."""
@@ -183,8 +209,14 @@ def fit_head(target, key: str, steps: int = 150, L: int = 4, layers: int = 1, se
         return _HEADS[cache_key]
     tc = target.config.get_text_config()
     torch.manual_seed(seed)
-    head = ReDrafterModel(ReDrafterConfig(vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
-                                          num_draft_layers=layers, draft_vocab_size=draft_vocab_size))
+    head = ReDrafterModel(
+        ReDrafterConfig(
+            vocab_size=tc.vocab_size,
+            hidden_size=tc.hidden_size,
+            num_draft_layers=layers,
+            draft_vocab_size=draft_vocab_size,
+        )
+    )
     if draft_vocab_size is not None:
         head.set_vocab_subset(torch.arange(draft_vocab_size))
     batch = batch_of(continuations(target, seed=seed))
@@ -200,5 +232,19 @@ def fit_head(target, key: str, steps: int = 150, L: int = 4, layers: int = 1, se
     return head
 
 
-__all__ = ["BOS", "EOS", "PAD", "VOCAB", "batch_of", "continuations", "copy_model", "echo_glide", "fit_head", "ids",
-           "llama", "llama_target", "sharpen", "truncated_copy"]
+__all__ = [
+    "BOS",
+    "EOS",
+    "PAD",
+    "VOCAB",
+    "batch_of",
+    "continuations",
+    "copy_model",
+    "echo_glide",
+    "fit_head",
+    "ids",
+    "llama",
+    "llama_target",
+    "sharpen",
+    "truncated_copy",
+]

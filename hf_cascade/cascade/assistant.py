@@ -61,11 +61,26 @@ class CascadeAssistant(LinearAssistant):
         out = model.generate(ids, assistant_model=hf_cascade.CascadeAssistant([MaxGram()]), max_new_tokens=128)
     """
 
-    @rejects_moved(CascadeSettings, "k_matrix", "lenience", "maxgram_lenience", "min_confidence", "keep_unsure",
-                   loading=True, policy=True, tokenizer="loading=Loading(tokenizer=...)")
-    def __init__(self, drafters: Sequence[PreTrainedModel | MaxGram | str | os.PathLike], *,
-                 settings: CascadeSettings | None = None, policy: Policy | None = None, cpu_kernels: bool | None = None,
-                 loading: Loading | None = None):
+    @rejects_moved(
+        CascadeSettings,
+        "k_matrix",
+        "lenience",
+        "maxgram_lenience",
+        "min_confidence",
+        "keep_unsure",
+        loading=True,
+        policy=True,
+        tokenizer="loading=Loading(tokenizer=...)",
+    )
+    def __init__(
+        self,
+        drafters: Sequence[PreTrainedModel | MaxGram | str | os.PathLike],
+        *,
+        settings: CascadeSettings | None = None,
+        policy: Policy | None = None,
+        cpu_kernels: bool | None = None,
+        loading: Loading | None = None,
+    ):
         drafters = list(drafters)
         if not drafters:
             raise ValueError("CascadeAssistant needs at least one drafter, e.g. [MaxGram()].")
@@ -76,12 +91,16 @@ class CascadeAssistant(LinearAssistant):
                 if i != len(drafters) - 1:
                     raise ValueError("MaxGram must be the last (smallest) drafter of a cascade.")
             elif not isinstance(d, PreTrainedModel) or not hasattr(d, "generate"):
-                raise TypeError(f"Drafter {i} must be a transformers causal LM or MaxGram (or the local path or Hub "
-                                f"repo id of a causal LM), got {type(d).__name__}.")
+                raise TypeError(
+                    f"Drafter {i} must be a transformers causal LM or MaxGram (or the local path or Hub "
+                    f"repo id of a causal LM), got {type(d).__name__}."
+                )
         statistical = [isinstance(d, MaxGram) for d in drafters]
         k_matrix = self.settings.k_matrix
         self.drafters = drafters
-        self.k_matrix = validate_k_matrix(k_matrix if k_matrix is not None else default_k_matrix(statistical), len(drafters))
+        self.k_matrix = validate_k_matrix(
+            k_matrix if k_matrix is not None else default_k_matrix(statistical), len(drafters)
+        )
         self.cpu_kernels = cpu_kernels
 
     @property
@@ -96,21 +115,37 @@ class CascadeAssistant(LinearAssistant):
                 if not isinstance(d, MaxGram):
                     place_like(d, target)
 
-    def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> CascadeCandidateGenerator:
+    def build(
+        self, target, generation_config, logits_processor, stats, target_tokenizer=None
+    ) -> CascadeCandidateGenerator:
         for d in self.drafters:
             if not isinstance(d, MaxGram):
                 check_same_vocabulary(target, d, target_tokenizer, self.loading.tokenizer)
             elif d.corpus is not None and abs(d.corpus.vocab_size - output_vocab_size(target)) > MAX_VOCAB_PADDING:
-                raise ValueError(f"Vocabulary mismatch: the target predicts {output_vocab_size(target)} tokens, the "
-                                 f"corpus n-grams were counted over {d.corpus.vocab_size}; count them over this target's outputs.")
+                raise ValueError(
+                    f"Vocabulary mismatch: the target predicts {output_vocab_size(target)} tokens, the "
+                    f"corpus n-grams were counted over {d.corpus.vocab_size}; count them over this target's outputs."
+                )
         s = self.settings
         return CascadeCandidateGenerator(
-            target, generation_config, logits_processor, stats, self.drafters, self.k_matrix, s.lenience,
-            s.maxgram_lenience, s.min_confidence, self.policy.lookup, s.keep_unsure, DraftPolicy.of(self.policy),
+            target,
+            generation_config,
+            logits_processor,
+            stats,
+            self.drafters,
+            self.k_matrix,
+            s.lenience,
+            s.maxgram_lenience,
+            s.min_confidence,
+            self.policy.lookup,
+            s.keep_unsure,
+            DraftPolicy.of(self.policy),
             self.memory,
         )
 
     def __repr__(self) -> str:
         names = [type(d).__name__ for d in self.drafters]
-        return (f"CascadeAssistant(drafters={names}, k_matrix={self.k_matrix}, lenience={self.settings.lenience}, "
-                f"policy={self.policy})")
+        return (
+            f"CascadeAssistant(drafters={names}, k_matrix={self.k_matrix}, lenience={self.settings.lenience}, "
+            f"policy={self.policy})"
+        )

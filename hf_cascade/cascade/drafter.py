@@ -22,11 +22,11 @@ import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
 from ..core.payoff import AdaptiveLookahead, DraftPolicy, ExpectedGainRule
+from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
+from ..core.stats import LevelStats
 from ..drafters.maxgram import MaxGram
 from ..drafters.memory import MEMORY_BUCKETS, AnswerMemory
 from ..drafters.neural import NeuralLevel, model_name
-from ..core.stats import LevelStats
-from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
 
 TARGET = -1  # reviewer index of the target model
 MEMORY_BUCKET_SET = frozenset(MEMORY_BUCKETS.values())
@@ -59,26 +59,37 @@ class _Drafted:
     host: list[int] | None = field(default_factory=list)
 
     @classmethod
-    def empty(cls, like: torch.Tensor, vocab_size: int, do_sample: bool) -> "_Drafted":
+    def empty(cls, like: torch.Tensor, vocab_size: int, do_sample: bool) -> _Drafted:
         return cls(like[:0], torch.zeros(0, vocab_size, device=like.device) if do_sample else None)
 
     def __len__(self) -> int:
         return len(self.origin)
 
-    def first(self, k: int) -> "_Drafted":
+    def first(self, k: int) -> _Drafted:
         """The draft's first ``k`` tokens (itself when it has no more)."""
         if k >= len(self):
             return self
-        segments = [_Segment(g.policy, g.bucket, g.start, min(g.length, k - g.start)) for g in self.segments if g.start < k]
-        return _Drafted(self.tokens[:k], None if self.dists is None else self.dists[:k], self.probs[:k], self.origin[:k],
-                        self.lenient[:k], segments, None if self.host is None else self.host[:k])
+        segments = [
+            _Segment(g.policy, g.bucket, g.start, min(g.length, k - g.start)) for g in self.segments if g.start < k
+        ]
+        return _Drafted(
+            self.tokens[:k],
+            None if self.dists is None else self.dists[:k],
+            self.probs[:k],
+            self.origin[:k],
+            self.lenient[:k],
+            segments,
+            None if self.host is None else self.host[:k],
+        )
 
     def append(self, tokens, probs, dists, origin: int, lenient: bool, host: list[int] | None = None) -> None:
         """Add ``tokens`` ``[u]`` with their ``probs`` ``[u]`` (a tensor, or host floats: no read) and (sampling)
         ``dists`` ``[u, V]``; ``host``: ``tokens`` as host ints, when known."""
         u = tokens.shape[0]
         tokens = tokens.to(self.tokens.device)
-        self.tokens = tokens if not len(self) and tokens.dtype == self.tokens.dtype else torch.cat([self.tokens, tokens])
+        self.tokens = (
+            tokens if not len(self) and tokens.dtype == self.tokens.dtype else torch.cat([self.tokens, tokens])
+        )
         self.probs += probs.float().cpu().tolist() if isinstance(probs, torch.Tensor) else [float(p) for p in probs]
         self.host = self.host + list(host) if self.host is not None and host is not None else None
         self.origin += [origin] * u
@@ -90,9 +101,22 @@ class _Drafted:
 class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     """One ``generate()`` call of a :class:`~hf_cascade.CascadeAssistant`."""
 
-    def __init__(self, target, generation_config, logits_processor, stats, drafters, k_matrix, lenience: float,
-                 maxgram_lenience: float = 1.0, min_confidence: float = 0.0, maxgram_first: bool = False,
-                 keep_unsure: bool = True, policy: DraftPolicy | None = None, memory: AnswerMemory | None = None):
+    def __init__(
+        self,
+        target,
+        generation_config,
+        logits_processor,
+        stats,
+        drafters,
+        k_matrix,
+        lenience: float,
+        maxgram_lenience: float = 1.0,
+        min_confidence: float = 0.0,
+        maxgram_first: bool = False,
+        keep_unsure: bool = True,
+        policy: DraftPolicy | None = None,
+        memory: AnswerMemory | None = None,
+    ):
         super().__init__(target, generation_config, logits_processor, stats)
         self.k = k_matrix
         self.lenience = float(lenience)
@@ -113,8 +137,8 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         ]
         self._policies: dict[tuple[int, int], AdaptiveLookahead] = {}
         self._pending: _Drafted | None = None
-        self.memory = memory                 # the assistant's answers of earlier calls, Max-Gram's other source
-        self.recalled: LevelStats | None = None     # the target's verdicts on memory drafts (a level after the drafters)
+        self.memory = memory  # the assistant's answers of earlier calls, Max-Gram's other source
+        self.recalled: LevelStats | None = None  # the target's verdicts on memory drafts (a level after the drafters)
         if memory is not None:
             self.recalled = LevelStats("memory")
             stats.levels.append(self.recalled)
@@ -137,36 +161,41 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         ``seq`` as host ints when known (Max-Gram then reads nothing)."""
         out = _Drafted.empty(seq, self.vocab_size, self.do_sample)
         row = self.k[reviewer + 1]
-        if self.maxgram_first and reviewer == TARGET and row[-1] > 0:      # Max-Gram's match goes first, unreviewed
+        if self.maxgram_first and reviewer == TARGET and row[-1] > 0:  # Max-Gram's match goes first, unreviewed
             self._append_maxgram(out, len(self.levels) - 1, reviewer, seq, min(row[-1], budget), tokens)
-        for j in range(reviewer + 1, self.bottom + 1):                      # horizontal cascade
+        for j in range(reviewer + 1, self.bottom + 1):  # horizontal cascade
             produced, level = 0, self.levels[j]
             while produced < row[j] and len(out) < budget:
                 cur = torch.cat([seq, out.tokens]) if len(out) else seq
                 cur_tokens = tokens + out.host if tokens is not None and out.host is not None else None
                 room = min(row[j] - produced, budget - len(out))
-                if isinstance(level, MaxGram):                             # statistical: all at once
+                if isinstance(level, MaxGram):  # statistical: all at once
                     self._append_maxgram(out, j, reviewer, cur, room, cur_tokens)
                     break
-                if j == self.bottom:                                       # smallest level is neural
+                if j == self.bottom:  # smallest level is neural
                     rule = self._expected_gain_rule(out) if reviewer == TARGET else None
                     if rule is not None and not self.policy.consult(rule.reach):
-                        break                                              # its forwards would not pay here
+                        break  # its forwards would not pay here
                     tokens, probs, dists = self._consult(level, cur, room, rule)
                     out.append(tokens, probs, dists, origin=j, lenient=True)
                     produced += tokens.shape[0]
                     if tokens.shape[0] < room or (self.min_confidence > 0 and float(probs[-1]) < self.min_confidence):
-                        break                                              # stopped early: unsure or a stop token
+                        break  # stopped early: unsure or a stop token
                     continue
-                sub = self._cascade(j, cur, budget - len(out) - 1, cur_tokens)   # vertical cascade
+                sub = self._cascade(j, cur, budget - len(out) - 1, cur_tokens)  # vertical cascade
                 review = self._review(j, cur, sub)
-                out.append(review.tokens, review.probs if review.probs is not None else
-                           torch.ones(len(review.tokens), device="cpu"), review.dists, origin=j, lenient=True)
+                out.append(
+                    review.tokens,
+                    review.probs if review.probs is not None else torch.ones(len(review.tokens), device="cpu"),
+                    review.dists,
+                    origin=j,
+                    lenient=True,
+                )
                 produced += review.tokens.shape[0]
                 if int(review.tokens[-1]) in self.stop_ids:
                     return out
                 if self.min_confidence > 0 and _confidence(review) < self.min_confidence:
-                    break                                                  # level j is unsure: stop it here
+                    break  # level j is unsure: stop it here
         return out
 
     def _expected_gain_rule(self, out: _Drafted) -> ExpectedGainRule | None:
@@ -179,9 +208,9 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         (the drafting loop reads each token on the host, so the clock reads after the device's work)."""
         if rule is None:
             return level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence, self.keep_unsure)
-        reach, forwards, t0 = rule.reach, level.stats.forward_calls, time.perf_counter()   # generate extends the rule
+        reach, forwards, t0 = rule.reach, level.stats.forward_calls, time.perf_counter()  # generate extends the rule
         drafted = level.generate(cur, room, self.do_sample, self.stop_ids, self.min_confidence, self.keep_unsure, rule)
-        if level.stats.forward_calls > forwards:                  # a consultation that ran no forward cost nothing
+        if level.stats.forward_calls > forwards:  # a consultation that ran no forward cost nothing
             self.policy.observe_consult(reach, time.perf_counter() - t0)
         return drafted
 
@@ -190,18 +219,21 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         their bucket's measured acceptance, neural tokens their probability (the smallest drafter's calibrated
         by the target's verdicts so far)."""
         calibration = self.policy.calibration
-        accept = [calibration(p) if level == self.bottom else p                   # [u] acceptance estimates
-                  for p, level in zip(out.probs, out.origin)]
+        accept = [
+            calibration(p) if level == self.bottom else p  # [u] acceptance estimates
+            for p, level in zip(out.probs, out.origin)
+        ]
         for seg in out.segments:
-            accept[seg.start:seg.start + seg.length] = [seg.policy.acceptance(seg.bucket)] * seg.length
+            accept[seg.start : seg.start + seg.length] = [seg.policy.acceptance(seg.bucket)] * seg.length
         return accept
 
     def acceptance_estimates(self) -> list[float] | None:
         """The last draft's :meth:`_acceptance` (what a batch's draft gate sizes drafts by), ``None`` before one."""
         return self._acceptance(self._pending) if self._pending is not None else None
 
-    def _append_maxgram(self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int,
-                        tokens: list[int] | None = None) -> None:
+    def _append_maxgram(
+        self, out: _Drafted, j: int, reviewer: int, cur: torch.Tensor, room: int, tokens: list[int] | None = None
+    ) -> None:
         mg: MaxGram = self.levels[j]
         policy = self._policy(j, reviewer)
         prop = mg.propose(cur, room, policy, offset=len(out), tokens=tokens, memory=self.memory)
@@ -209,7 +241,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         if u == 0:
             return
         out.segments.append(_Segment(policy, prop.bucket, len(out), u))
-        drafted = prop.tokens.to(cur.device)                       # Max-Gram proposes on the host
+        drafted = prop.tokens.to(cur.device)  # Max-Gram proposes on the host
         dists = one_hot_dists(drafted, self.vocab_size) if self.do_sample else None
         out.append(drafted, [1.0] * u, dists, origin=j, lenient=False, host=prop.host)
 
@@ -224,12 +256,13 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
         """Drafter ``j`` reviews ``sub`` in one forward. ``lenience`` applies to tokens from neural
         levels; Max-Gram tokens get ``maxgram_lenience`` (default 1: none, as in CS Drafting App. B)."""
         level: NeuralLevel = self.levels[j]
-        timed = isinstance(self.levels[-1], MaxGram)          # Max-Gram's lookahead learns this review's cost
+        timed = isinstance(self.levels[-1], MaxGram)  # Max-Gram's lookahead learns this review's cost
         with self.timer(f"review[{j}]"):
             # the review runs on the reviewer's device: drafts move there, its output moves back in ``append``
-            scores = level.scores(torch.cat([seq, sub.tokens]), start=seq.shape[0], timed=timed)   # [u + 1, V]
-            lenience = torch.where(torch.tensor(sub.lenient, dtype=torch.bool, device="cpu"), self.lenience,
-                                   self.maxgram_lenience)                   # host values, checked there
+            scores = level.scores(torch.cat([seq, sub.tokens]), start=seq.shape[0], timed=timed)  # [u + 1, V]
+            lenience = torch.where(
+                torch.tensor(sub.lenient, dtype=torch.bool, device="cpu"), self.lenience, self.maxgram_lenience
+            )  # host values, checked there
             if self.do_sample:
                 review = sampling_review(sub.tokens, sub.dists, scores.softmax(dim=-1), lenience)
             else:
@@ -244,14 +277,15 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
         self.policy.observe_target(num_proposed, verify_seconds)
         if self._pending is not None:
-            self._pending = self._pending.first(num_proposed)      # the target verified a prefix (a batch cuts drafts)
+            self._pending = self._pending.first(num_proposed)  # the target verified a prefix (a batch cuts drafts)
             self._feedback_segments(self._pending.segments, num_accepted)
             self._record_recalled(self._pending.segments, num_accepted)
             self._calibrate(self._pending, num_proposed, num_accepted)
-            self.policy.observe_verdict(self._pending.origin[:num_accepted].count(self.bottom), num_accepted + 1,
-                                        verify_seconds)
+            self.policy.observe_verdict(
+                self._pending.origin[:num_accepted].count(self.bottom), num_accepted + 1, verify_seconds
+            )
             self._record_acceptance(self._pending, num_accepted)
-        for (j, reviewer), policy in self._policies.items():
+        for (_, reviewer), policy in self._policies.items():
             if reviewer == TARGET and verify_seconds is not None:
                 policy.cost.observe(num_proposed, verify_seconds)
         self._pending = None
@@ -267,7 +301,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _feedback(self, sub: _Drafted, n: int, reviewer: int, seconds: float | None) -> None:
         self._feedback_segments(sub.segments, n)
-        for (j, r), policy in self._policies.items():
+        for (_, r), policy in self._policies.items():
             if r == reviewer and seconds is not None:
                 policy.cost.observe(len(sub), seconds)
         self._record_acceptance(sub, n)
@@ -281,7 +315,7 @@ class CascadeCandidateGenerator(SpeculativeCandidateGenerator):
     def _record_recalled(self, segments: list[_Segment], n: int) -> None:
         """The target accepted ``n`` tokens of a draft: count its memory segments (:attr:`recalled`)."""
         for seg in segments if self.recalled is not None else ():
-            if seg.bucket in MEMORY_BUCKET_SET and n >= seg.start:          # reached by the target
+            if seg.bucket in MEMORY_BUCKET_SET and n >= seg.start:  # reached by the target
                 self.recalled.proposals += 1
                 self.recalled.tokens_proposed += seg.length
                 self.recalled.tokens_accepted += max(0, min(n - seg.start, seg.length))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-NEURAL_DEFAULT = 2     # tokens from each neural drafter (the paper's k_11 in [[2, 10], [0, 10]])
+NEURAL_DEFAULT = 2  # tokens from each neural drafter (the paper's k_11 in [[2, 10], [0, 10]])
 STATISTICAL_DEFAULT = 10  # tokens from Max-Gram (Appendix B: "MaG generates 10 tokens at once")
 
 

@@ -43,11 +43,12 @@ class CascadeSettings(Options):
     keep_unsure: bool = True
 
     def __post_init__(self) -> None:
-        if self.k_matrix is not None:               # a tuple of rows: the settings stay immutable
+        if self.k_matrix is not None:  # a tuple of rows: the settings stay immutable
             object.__setattr__(self, "k_matrix", tuple(tuple(row) for row in self.k_matrix))
         if self.lenience < 1.0 or self.maxgram_lenience < 1.0:
-            raise ValueError(f"lenience and maxgram_lenience must be >= 1, got {self.lenience}, "
-                             f"{self.maxgram_lenience}.")
+            raise ValueError(
+                f"lenience and maxgram_lenience must be >= 1, got {self.lenience}, {self.maxgram_lenience}."
+            )
         if not 0.0 <= self.min_confidence <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence}.")
         self._normalize(lenience=float, maxgram_lenience=float, min_confidence=float, keep_unsure=bool)

@@ -80,7 +80,7 @@ def _full_rows(tree: TokenTree, rows, node_rows: torch.Tensor | None, name: str)
 def _children(tree: TokenTree) -> list[list[int]]:
     """Row ``r`` -> the node indices of its children, in node order (row 0: the root)."""
     children: list[list[int]] = [[] for _ in range(tree.num_nodes + 1)]
-    for i, parent in enumerate(tree.parent_list):                  # the tree's host structure: no read
+    for i, parent in enumerate(tree.parent_list):  # the tree's host structure: no read
         children[parent + 1].append(i)
     return children
 
@@ -125,12 +125,12 @@ def greedy_tree_accept(tree: TokenTree, logits, node_logits: torch.Tensor | None
     argmax = _argmax_reader(rows)
 
     accepted: list[int] = []
-    stack: list[list[int]] = [[]]                        # paths still to extend, depth first
+    stack: list[list[int]] = [[]]  # paths still to extend, depth first
     while stack:
         path = stack.pop()
         row = path[-1] + 1 if path else 0
         target = argmax(row)
-        for c in reversed(children[row]):                # pushed reversed: popped in node order
+        for c in reversed(children[row]):  # pushed reversed: popped in node order
             if tokens[c] == target:
                 longer = path + [c]
                 if len(longer) > len(accepted) or (len(longer) == len(accepted) and c < accepted[-1]):
@@ -195,7 +195,7 @@ def sampling_tree_accept(
     tokens, children = tree.token_list, _children(tree)
 
     path: list[int] = []
-    row = 0                                   # node + 1 of the current node (0 = root)
+    row = 0  # node + 1 of the current node (0 = root)
     r = target_probs[0].float()
     device = r.device
     if batched is None:
@@ -213,7 +213,9 @@ def sampling_tree_accept(
         row = accepted + 1
         r = target_probs[row].float()
     bonus = int(categorical(r, generator))
-    return TreeAcceptance(torch.tensor(path, dtype=torch.long, device="cpu"), bonus, tuple(int(i) for i in path))  # host path
+    return TreeAcceptance(
+        torch.tensor(path, dtype=torch.long, device="cpu"), bonus, tuple(int(i) for i in path)
+    )  # host path
 
 
 def _residual(r: torch.Tensor, x: int, q: torch.Tensor | None) -> torch.Tensor:
@@ -248,11 +250,12 @@ def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> Tre
         return None
     parent_rows = [p + 1 for p in tree.parent_list]
     needed = sorted(set(parent_rows))
-    stacked = torch.stack([target_probs[r].float() for r in needed])                      # [R, V]
+    stacked = torch.stack([target_probs[r].float() for r in needed])  # [R, V]
     device = stacked.device
     where = {r: i for i, r in enumerate(needed)}
-    token_index, parent_index = upload(torch.tensor([list(tokens), [where[r] for r in parent_rows]], dtype=torch.long,
-                                                    device=HOST), device)                       # one copy
+    token_index, parent_index = upload(
+        torch.tensor([list(tokens), [where[r] for r in parent_rows]], dtype=torch.long, device=HOST), device
+    )  # one copy
     p_x = stacked[parent_index, token_index]
     u = torch.rand(n, generator=generator, device=device)
     firsts = [kids[0] for kids in children if len(kids) > 1] if draft_probs is not None else []
@@ -261,7 +264,7 @@ def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> Tre
     else:
         q = draft_probs.to(device)
         parts = [u, p_x, q[torch.arange(n, device=device), token_index].float()]
-    after: dict[int, int] = {}                             # a later sibling -> its first sibling's index in `firsts`
+    after: dict[int, int] = {}  # a later sibling -> its first sibling's index in `firsts`
     if firsts:
         for f, first in enumerate(firsts):
             for c in children[parent_rows[first]][1:]:
@@ -269,13 +272,15 @@ def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> Tre
         first_index = torch.tensor(firsts, dtype=torch.long, device=device)
         residual = (stacked[parent_index[first_index]] - q[first_index].float()).clamp_min(0.0)  # [F, V]
         later = list(after)
-        parts += [residual.sum(dim=-1),
-                  residual[torch.tensor([after[c] for c in later], device=device), token_index[later]]]
-    values = torch.cat(parts).tolist()                                                    # the one read
-    uniforms, ps, qs = values[:n], values[n:2 * n], values[2 * n:3 * n]
-    masses = values[3 * n:3 * n + len(firsts)]
-    behind = dict(zip(list(after), values[3 * n + len(firsts):]))                         # max(0, p(x) - q_first(x))
-    if any(qs[c] != 1.0 for c in after):                  # a later sibling that is not a point mass
+        parts += [
+            residual.sum(dim=-1),
+            residual[torch.tensor([after[c] for c in later], device=device), token_index[later]],
+        ]
+    values = torch.cat(parts).tolist()  # the one read
+    uniforms, ps, qs = values[:n], values[n : 2 * n], values[2 * n : 3 * n]
+    masses = values[3 * n : 3 * n + len(firsts)]
+    behind = dict(zip(list(after), values[3 * n + len(firsts) :]))  # max(0, p(x) - q_first(x))
+    if any(qs[c] != 1.0 for c in after):  # a later sibling that is not a point mass
         return None
     path: list[int] = []
     row, removed, rejected = 0, {}, None
@@ -284,7 +289,7 @@ def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> Tre
         kids = children[row]
         for i, c in enumerate(kids):
             x = tokens[c]
-            if draft_probs is not None and i == 0:          # a draw from q: p(x) / q(x)
+            if draft_probs is not None and i == 0:  # a draw from q: p(x) / q(x)
                 if qs[c] <= 0.0:
                     raise ValueError(f"node {c}'s token {x} has probability 0 under its draft distribution")
                 if uniforms[c] < ps[c] / qs[c]:
@@ -292,9 +297,9 @@ def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> Tre
                     break
                 rejected = c
                 continue
-            if rejected is None:                              # point masses against p
+            if rejected is None:  # point masses against p
                 rx = ps[c]
-            else:                                             # point masses against the first child's residual
+            else:  # point masses against the first child's residual
                 mass = masses[after[c]]
                 rx = behind[c] / mass if mass > 1e-12 else ps[c]
             left = 1.0 - sum(removed.values())
@@ -313,7 +318,7 @@ def _walk_gathered(tree: TokenTree, target_probs, draft_probs, generator) -> Tre
         r = r.clone()
         r[torch.tensor(list(removed), dtype=torch.long, device=r.device)] = 0.0
         r = r / r.sum()
-    bonus = int(categorical(r, generator))                                                  # the second read
+    bonus = int(categorical(r, generator))  # the second read
     return TreeAcceptance(torch.tensor(path, dtype=torch.long, device="cpu"), bonus, tuple(path))
 
 
@@ -336,7 +341,7 @@ def _try_in_turn(kids, tokens, r, draft_probs, generator):
                 return c, r
             residual = (r - q).clamp_min(0.0)
             mass = residual.sum()
-            if float(mass) > 1e-12:                # see _residual
+            if float(mass) > 1e-12:  # see _residual
                 r = residual / mass
     return None, r
 

@@ -39,8 +39,8 @@ def tree_allowed(prefix_len: int, tree: TokenTree, sliding_window: int | None = 
     allowed = torch.ones(n, prefix_len + n, dtype=torch.bool, device=device)
     allowed[:, prefix_len:] = tree.ancestor_mask()
     if sliding_window is not None:
-        q_pos = prefix_len + tree.depth                                              # [n]
-        k_pos = torch.cat([torch.arange(prefix_len, device=device), q_pos])           # [prefix_len + n]
+        q_pos = prefix_len + tree.depth  # [n]
+        k_pos = torch.cat([torch.arange(prefix_len, device=device), q_pos])  # [prefix_len + n]
         allowed &= (q_pos[:, None] - k_pos[None, :]) < sliding_window
     return allowed
 
@@ -74,9 +74,16 @@ def needs_tree_mask(tree: TokenTree) -> bool:
     return any(p != i - 1 for i, p in enumerate(parents))
 
 
-def row_inputs(model, prefix_len: int, tree: TokenTree, root: int | torch.Tensor,
-               where: tuple[torch.device, torch.dtype], queries: int | None = None, linear: bool = False,
-               columns: int | None = None) -> dict:
+def row_inputs(
+    model,
+    prefix_len: int,
+    tree: TokenTree,
+    root: int | torch.Tensor,
+    where: tuple[torch.device, torch.dtype],
+    queries: int | None = None,
+    linear: bool = False,
+    columns: int | None = None,
+) -> dict:
     """One row's verification inputs: the queries ``[root, nodes, padding]`` (``queries`` of them, default the root
     and the nodes) written after a dense prefix of ``prefix_len`` columns, ``root`` at position ``prefix_len`` and
     node ``i`` at ``prefix_len + 1 + depth[i]``; ``columns``: the columns attention sees (a static cache's, with
@@ -94,7 +101,7 @@ def row_inputs(model, prefix_len: int, tree: TokenTree, root: int | torch.Tensor
     queries = queries or n + 1
     chain = linear or (columns is None and not needs_tree_mask(tree))
     if chain and columns is None and (isinstance(root, torch.Tensor) or tree.host_tokens is None):
-        root = torch.as_tensor(root, device=tree.tokens.device).long().reshape(1)           # a host int: no read
+        root = torch.as_tensor(root, device=tree.tokens.device).long().reshape(1)  # a host int: no read
         return dict(input_ids=torch.cat([root, tree.tokens])[None].to(device))
     host_root = 0 if isinstance(root, torch.Tensor) else int(root)
     rows = [[host_root, *tree.token_list] + [host_root] * (queries - n - 1)]
@@ -107,8 +114,8 @@ def row_inputs(model, prefix_len: int, tree: TokenTree, root: int | torch.Tensor
         ancestors = _CLOSURES.get(key)
         bits = closure_bits((-1, *(p + 1 for p in tree.parent_list)), queries) if ancestors is None else None
         if bits is not None and queries <= 64:
-            rows.append(bits)                                   # the root: every node's ancestor
-    packed = upload(torch.tensor(rows, dtype=torch.long, device=HOST), device)                # the step's one copy
+            rows.append(bits)  # the root: every node's ancestor
+    packed = upload(torch.tensor(rows, dtype=torch.long, device=HOST), device)  # the step's one copy
     inputs = dict(input_ids=packed[0:1])
     if isinstance(root, torch.Tensor):
         inputs["input_ids"][0, 0] = root.reshape(()).to(device=device, dtype=torch.long)
@@ -122,8 +129,9 @@ def row_inputs(model, prefix_len: int, tree: TokenTree, root: int | torch.Tensor
             _CLOSURES.clear()
         _CLOSURES[key] = ancestors
     width = columns or prefix_len + queries
-    inputs["attention_mask"] = per_layer_type(model, lambda window: query_tree_mask(
-        prefix_len, n + 1, positions, ancestors, width, where[1], window))
+    inputs["attention_mask"] = per_layer_type(
+        model, lambda window: query_tree_mask(prefix_len, n + 1, positions, ancestors, width, where[1], window)
+    )
     return inputs
 
 
@@ -135,7 +143,7 @@ def per_layer_type(model, build):
     return masks if len(masks) > 1 else next(iter(masks.values()))
 
 
-_KINDS: dict[int, tuple] = {}        # id(config) -> (config, its layer kinds): read once per config, not per step
+_KINDS: dict[int, tuple] = {}  # id(config) -> (config, its layer kinds): read once per config, not per step
 
 
 def _layer_kinds(config) -> dict[str, int | None]:
@@ -150,10 +158,12 @@ def _layer_kinds(config) -> dict[str, int | None]:
     if layer_types:
         unknown = set(layer_types) - {_FULL, _SLIDING}
         if unknown:
-            raise NotImplementedError(f"tree verification supports full and sliding-window attention layers, not {sorted(unknown)}")
+            raise NotImplementedError(
+                f"tree verification supports full and sliding-window attention layers, not {sorted(unknown)}"
+            )
         kinds = {kind: (window if kind == _SLIDING else None) for kind in sorted(set(layer_types))}
     elif window is not None and getattr(text, "use_sliding_window", True):
-        kinds = {_SLIDING: window}                             # every layer windowed (Mistral-style)
+        kinds = {_SLIDING: window}  # every layer windowed (Mistral-style)
     else:
         kinds = {_FULL: None}
     if len(_KINDS) > 64:
@@ -162,8 +172,9 @@ def _layer_kinds(config) -> dict[str, int | None]:
     return kinds
 
 
-def tree_queries(prefix_len: int, root: int | torch.Tensor, tree: TokenTree, queries: int,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def tree_queries(
+    prefix_len: int, root: int | torch.Tensor, tree: TokenTree, queries: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The queries ``[root, nodes, padding]`` of one tree's verification, from its host structure: ``input_ids``
     ``[1, Q]`` (padding repeats the root), ``position_ids`` ``[1, Q]`` (the root at ``prefix_len``, node ``i`` at
     ``prefix_len + 1 + depth[i]``, padding at 0) and their closure (:func:`query_ancestors`), in three copies.
@@ -175,8 +186,9 @@ def tree_queries(prefix_len: int, root: int | torch.Tensor, tree: TokenTree, que
         ids = torch.cat([root, tree.tokens.to(device), root.expand(pad)])[None]
     else:
         ids = torch.tensor([[root, *tree.token_list] + [root] * pad], dtype=torch.long, device=device)
-    positions = torch.tensor([[prefix_len] + [prefix_len + 1 + d for d in tree.depth_list] + [0] * pad],
-                             dtype=torch.long, device=device)
+    positions = torch.tensor(
+        [[prefix_len] + [prefix_len + 1 + d for d in tree.depth_list] + [0] * pad], dtype=torch.long, device=device
+    )
     return ids, positions, query_ancestors(tree.parent_list, queries, device)
 
 
@@ -189,18 +201,25 @@ def query_ancestors(parents: tuple[int, ...], queries: int, device: torch.device
     known = _CLOSURES.get(key)
     if known is not None:
         return known
-    closure = closure_matrix(closure_bits((-1, *(p + 1 for p in parents)), queries), device)   # root: all's ancestor
+    closure = closure_matrix(closure_bits((-1, *(p + 1 for p in parents)), queries), device)  # root: all's ancestor
     if len(_CLOSURES) >= 512:
         _CLOSURES.clear()
     _CLOSURES[key] = closure
     return closure
 
 
-_CLOSURES: dict[tuple, torch.Tensor] = {}       # (parents, queries, device) -> query_ancestors' closure
+_CLOSURES: dict[tuple, torch.Tensor] = {}  # (parents, queries, device) -> query_ancestors' closure
 
 
-def query_tree_mask(prefix_len: int, real: int, positions: torch.Tensor, ancestors: torch.Tensor, columns: int,
-                    dtype: torch.dtype, sliding_window: int | None = None) -> torch.Tensor:
+def query_tree_mask(
+    prefix_len: int,
+    real: int,
+    positions: torch.Tensor,
+    ancestors: torch.Tensor,
+    columns: int,
+    dtype: torch.dtype,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """Additive ``[1, 1, Q, columns]`` mask of the queries of :func:`tree_queries` (the first ``real`` of them the
     root and the nodes, the rest padding), written at columns ``prefix_len ..`` after a dense prefix: a real query
     attends to the prefix and to its ancestors and itself, a padding query to itself only, nothing attends to the
@@ -210,17 +229,17 @@ def query_tree_mask(prefix_len: int, real: int, positions: torch.Tensor, ancesto
     prefix's zeros beside the queries' block of a structure seen recently (shared: read it, never write it)."""
     queries = ancestors.shape[0]
     if sliding_window is None and real == queries and columns == prefix_len + queries:
-        block = _tree_block(ancestors, dtype)                                                   # [Q, Q]
+        block = _tree_block(ancestors, dtype)  # [Q, Q]
         return torch.cat([block.new_zeros(queries, prefix_len), block], dim=1).view(1, 1, queries, columns)
     low = torch.finfo(dtype).min
     mask = torch.full((1, 1, queries, columns), low, dtype=dtype, device=ancestors.device)
     mask[0, 0, :real, :prefix_len] = 0.0
-    mask[0, 0, :, prefix_len:prefix_len + queries].masked_fill_(ancestors, 0.0)
+    mask[0, 0, :, prefix_len : prefix_len + queries].masked_fill_(ancestors, 0.0)
     if sliding_window is not None:
         query_pos = positions[0]
-        keys = torch.cat([torch.arange(prefix_len, device=query_pos.device), query_pos])      # [prefix_len + Q]
+        keys = torch.cat([torch.arange(prefix_len, device=query_pos.device), query_pos])  # [prefix_len + Q]
         far = (query_pos[:, None] - keys[None, :]) >= sliding_window
-        mask[0, 0, :, :prefix_len + queries].masked_fill_(far, low)
+        mask[0, 0, :, : prefix_len + queries].masked_fill_(far, low)
     return mask
 
 
@@ -228,7 +247,7 @@ def _tree_block(ancestors: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The additive ``[Q, Q]`` block of :func:`query_tree_mask` over the queries' own columns: ``0`` where a query
     sees its ancestors and itself, ``finfo(dtype).min`` elsewhere; made once per closure tensor (those of
     :func:`query_ancestors` are shared between steps) and dtype."""
-    key = (ancestors, dtype)                       # the tensor itself (hashed by identity, kept alive by the key)
+    key = (ancestors, dtype)  # the tensor itself (hashed by identity, kept alive by the key)
     block = _BLOCKS.get(key)
     if block is None:
         block = torch.full(ancestors.shape, torch.finfo(dtype).min, dtype=dtype, device=ancestors.device)
@@ -239,11 +258,12 @@ def _tree_block(ancestors: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return block
 
 
-_BLOCKS: dict[tuple, torch.Tensor] = {}         # (closure tensor, dtype) -> _tree_block's block
+_BLOCKS: dict[tuple, torch.Tensor] = {}  # (closure tensor, dtype) -> _tree_block's block
 
 
-def batch_tree_allowed(past_pos: torch.Tensor, query_pos: torch.Tensor, ancestors: torch.Tensor,
-                       sliding_window: int | None = None) -> torch.Tensor:
+def batch_tree_allowed(
+    past_pos: torch.Tensor, query_pos: torch.Tensor, ancestors: torch.Tensor, sliding_window: int | None = None
+) -> torch.Tensor:
     """``[B, N, T + N]`` bool: where each query of a batch of trees may attend, with holes in the cache.
 
     Args:
@@ -256,11 +276,11 @@ def batch_tree_allowed(past_pos: torch.Tensor, query_pos: torch.Tensor, ancestor
 
     A query attends to every column its row owns and to its ancestors; with ``sliding_window`` ``W`` only to
     keys fewer than ``W`` positions behind it (positions, not columns: holes do not count)."""
-    real = query_pos >= 0                                                           # [B, N]
-    past = (past_pos >= 0)[:, None, :] & real[:, :, None]                           # [B, N, T]
+    real = query_pos >= 0  # [B, N]
+    past = (past_pos >= 0)[:, None, :] & real[:, :, None]  # [B, N, T]
     allowed = torch.cat([past, ancestors.to(torch.bool)], dim=-1)
     if sliding_window is not None:
-        keys = torch.cat([past_pos, query_pos], dim=-1)                             # [B, T + N]
+        keys = torch.cat([past_pos, query_pos], dim=-1)  # [B, T + N]
         allowed &= (query_pos[:, :, None] - keys[:, None, :]) < sliding_window
     return allowed
 

@@ -86,39 +86,58 @@ def speculative_decode_batch(
     the static :class:`~hf_cascade.core.static.StaticBatch`)."""
     # under flash attention, chains only: padding and holes are hidden by a 2-D mask (BatchRun.mask, ownership_mask)
     check_attention_backend(target, tree_shaped=not all(d.linear for d in drafters))
-    run = BatchRun(target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria,
-                   generation_config, stats, block_rows, given_cache(model_kwargs or {}))
+    run = BatchRun(
+        target,
+        drafters,
+        input_ids,
+        attention_mask,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        stats,
+        block_rows,
+        given_cache(model_kwargs or {}),
+    )
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
         run.screen, run.plain_screen = screen_heads(run, drafters, argmax_screen), screen_heads(run, [], argmax_screen)
-        accelerators = placement.accelerators(target)         # a timing that decides synchronises (PhaseTimer's rule)
+        accelerators = placement.accelerators(target)  # a timing that decides synchronises (PhaseTimer's rule)
         while run.rows:
-            step_started, allowed, lagging = time.perf_counter(), run.gate.allows(), lagging_rows(
-                [row.stopper.max_length - row.width for row in run.rows])
-            drafting = set(lagging if run.gate.follows_lagging else range(len(run.rows)))   # the rows that may draft
+            step_started, allowed, lagging = (
+                time.perf_counter(),
+                run.gate.allows(),
+                lagging_rows([row.stopper.max_length - row.width for row in run.rows]),
+            )
+            drafting = set(lagging if run.gate.follows_lagging else range(len(run.rows)))  # the rows that may draft
             with run.timer("draft"):
                 drafts = draft_rows(run, allowed, drafting)
                 if run.static is not None:
-                    drafts = fit_room(run, drafts)                  # the next block fits the static cache
+                    drafts = fit_room(run, drafts)  # the next block fits the static cache
             started = time.perf_counter()
             with run.timer("verify"):
                 checked = verify(run, drafts)
             with run.timer("accept"):
                 acceptances = accept(run, drafts, checked)
-            run.verify_seconds = time.perf_counter() - started      # acceptance read the device: synchronised
+            run.verify_seconds = time.perf_counter() - started  # acceptance read the device: synchronised
             with run.timer("update"):
                 emitted = update(run, drafts, checked, acceptances)
-            for device in accelerators:                      # the gate decides on the step's time: its work done
+            for device in accelerators:  # the gate decides on the step's time: its work done
                 placement.synchronize(device)
-            run.gate.observe(any(tree.num_nodes for tree, _ in drafts), min(emitted[b] for b in lagging),
-                             time.perf_counter() - step_started, run.verify_nodes, rows=len(emitted))
+            run.gate.observe(
+                any(tree.num_nodes for tree, _ in drafts),
+                min(emitted[b] for b in lagging),
+                time.perf_counter() - step_started,
+                run.verify_nodes,
+                rows=len(emitted),
+            )
     return run.result()
 
 
 # -- the steps -----------------------------------------------------------------------------------------
 
-def prefill(run: "BatchRun") -> None:
+
+def prefill(run: BatchRun) -> None:
     """Every row's prompt minus its last token (the first root) into the cache, left padding masked.
 
     One forward over the padded ``[B, P - 1]`` block, as plain batched ``generate`` runs it; or, where padding is
@@ -127,7 +146,7 @@ def prefill(run: "BatchRun") -> None:
     width = run.width - 1
     if width < 1:
         return
-    pos = [[-1] * row.pad + list(range(row.length - 1)) for row in run.rows]          # [B, P - 1]
+    pos = [[-1] * row.pad + list(range(row.length - 1)) for row in run.rows]  # [B, P - 1]
     query = torch.tensor(pos, dtype=torch.long, device=run.device)
     if prefill_by_row([row.length - 1 for row in run.rows], width):
         last, hidden = _prefill_rows(run, width)
@@ -139,7 +158,7 @@ def prefill(run: "BatchRun") -> None:
     real_last = [b for b, row in enumerate(run.rows) if row.length > 1]
     if hidden is None or not real_last:
         return
-    if not run.full_forward:                                       # a user's compiled forward verifies: not bypassed
+    if not run.full_forward:  # a user's compiled forward verifies: not bypassed
         index = torch.tensor(real_last, device=hidden.device)
         run.head = checked_head(run.target, hidden[index], last[index.to(last.device)])
     for b in real_last:
@@ -154,7 +173,7 @@ def prefill_by_row(lengths: list[int], width: int) -> bool:
     return len(lengths) > 1 and 2 * sum(lengths) <= len(lengths) * width
 
 
-def _prefill_padded(run: "BatchRun", query: torch.Tensor):
+def _prefill_padded(run: BatchRun, query: torch.Tensor):
     """The padded block in one forward: ``(last logits [B, V], head inputs [B, H] or None)``."""
     width = query.shape[1]
     causal = torch.ones(width, width, dtype=torch.bool, device=run.device).tril()
@@ -162,9 +181,13 @@ def _prefill_padded(run: "BatchRun", query: torch.Tensor):
     empty = torch.empty(len(run.rows), 0, dtype=torch.long, device=run.device)
     ids = torch.stack([row.full[:-1] for row in run.rows])
     columns = run.static.show(len(run.rows), width) if run.static is not None else None
-    logits = run.target(input_ids=ids, position_ids=query.clamp(min=0),
-                        attention_mask=run.mask(empty, query, ancestors, columns),
-                        **cache_kwargs(run.target, run.cache), **keep_last(run.target)).logits[:, -1]
+    logits = run.target(
+        input_ids=ids,
+        position_ids=query.clamp(min=0),
+        attention_mask=run.mask(empty, query, ancestors, columns),
+        **cache_kwargs(run.target, run.cache),
+        **keep_last(run.target),
+    ).logits[:, -1]
     run.stats.prefill_calls += 1
     if run.static is not None:
         run.static.prefilled(width)
@@ -172,7 +195,7 @@ def _prefill_padded(run: "BatchRun", query: torch.Tensor):
     return logits, hidden if hidden is not None and hidden.shape[0] == len(run.rows) else None
 
 
-def _prefill_rows(run: "BatchRun", width: int):
+def _prefill_rows(run: BatchRun, width: int):
     """Each row's own tokens in a forward of their own, into a batch-1 cache; then every layer's K/V of the
     batch, each row right-aligned in ``width`` columns (the padding columns zero, masked as before)."""
     empty = torch.empty(1, 0, dtype=torch.long, device=run.device)
@@ -187,17 +210,23 @@ def _prefill_rows(run: "BatchRun", width: int):
         query = torch.arange(n, device=run.device)[None]
         causal = torch.ones(1, n, n, dtype=torch.bool, device=run.device).tril()
         cache = DynamicCache()
-        out = run.target(input_ids=row.full[row.pad: row.pad + n][None], position_ids=query,
-                         attention_mask=run.mask(empty, query, causal), **cache_kwargs(run.target, cache),
-                         **keep_last(run.target))
+        out = run.target(
+            input_ids=row.full[row.pad : row.pad + n][None],
+            position_ids=query,
+            attention_mask=run.mask(empty, query, causal),
+            **cache_kwargs(run.target, cache),
+            **keep_last(run.target),
+        )
         run.stats.prefill_calls += 1
         rows = run.head_input.rows()
         caches.append(cache)
         last.append(out.logits[0, -1])
         hidden.append(rows[-1] if rows is not None else None)
     for i in range(len(next(c for c in caches if c is not None).layers)):
-        keys, values = _right_aligned([c.layers[i].keys if c is not None else None for c in caches], width), \
-            _right_aligned([c.layers[i].values if c is not None else None for c in caches], width)
+        keys, values = (
+            _right_aligned([c.layers[i].keys if c is not None else None for c in caches], width),
+            _right_aligned([c.layers[i].values if c is not None else None for c in caches], width),
+        )
         run.cache.update(keys, values, i)
     if run.static is not None:
         run.static.prefilled(width)
@@ -219,11 +248,11 @@ def _right_aligned(parts: list[torch.Tensor | None], width: int) -> torch.Tensor
     out = like.new_zeros(len(parts), like.shape[1], width, like.shape[3])
     for b, p in enumerate(parts):
         if p is not None:
-            out[b, :, width - p.shape[2]:] = p[0]
+            out[b, :, width - p.shape[2] :] = p[0]
     return out
 
 
-def draft_rows(run: "BatchRun", allowed: bool, drafting: set[int]) -> list[tuple[TokenTree, torch.Tensor | None]]:
+def draft_rows(run: BatchRun, allowed: bool, drafting: set[int]) -> list[tuple[TokenTree, torch.Tensor | None]]:
     """Every row's draft for the step: the rows that may draft (``drafting``, if the gate ``allowed`` it), sized
     by the gate (:meth:`~hf_cascade.core.payoff.DraftGate.sized`); then the others, each riding along
     (:meth:`~hf_cascade.core.payoff.DraftGate.rides`) within the width the first ones set, or drafting nothing.
@@ -234,7 +263,9 @@ def draft_rows(run: "BatchRun", allowed: bool, drafting: set[int]) -> list[tuple
     return [lead[b] if b in lead else draft(run, b, gate.rides(rows[b], width), limit=width) for b in range(len(rows))]
 
 
-def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = None) -> tuple[TokenTree, torch.Tensor | None]:
+def draft(
+    run: BatchRun, b: int, allowed: bool = True, limit: int | None = None
+) -> tuple[TokenTree, torch.Tensor | None]:
     """Row ``b``'s draft, pruned to what it can emit, to the gate's
     :attr:`~hf_cascade.core.payoff.DraftGate.width` and to ``limit`` nodes; none when not ``allowed`` (the batch's
     draft gate refuses this step, or the row is ahead of the lagging rows and does not ride along): the drafter
@@ -242,7 +273,7 @@ def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = Non
     (:meth:`~hf_cascade.core.payoff.DraftGate.rides`; a tree's tokens are host values, so the time includes the
     device work behind them)."""
     row = run.rows[b]
-    state = run.state(b, cache=allowed)                 # a refused step reads no cache: none is gathered
+    state = run.state(b, cache=allowed)  # a refused step reads no cache: none is gathered
     if not allowed:
         state.budget = 0
     elif limit is not None:
@@ -255,7 +286,7 @@ def draft(run: "BatchRun", b: int, allowed: bool = True, limit: int | None = Non
     if not allowed:
         return tree, q
     widths = [w for w in (run.gate.width, limit) if w is not None]
-    return run.gate.cut(tree, q, min(widths, default=None))             # None: as drafted
+    return run.gate.cut(tree, q, min(widths, default=None))  # None: as drafted
 
 
 def fit_room(run, drafts: list[tuple]) -> list[tuple]:
@@ -266,74 +297,98 @@ def fit_room(run, drafts: list[tuple]) -> list[tuple]:
         run.compact_if_sparse(force=True)
     room = static.room()
     if room < 1:
-        raise ValueError(f"the static cache's {static.capacity} columns cannot hold the batch's next step "
-                         f"({static.length} in use); give it max_cache_len >= max_length.")
+        raise ValueError(
+            f"the static cache's {static.capacity} columns cannot hold the batch's next step "
+            f"({static.length} in use); give it max_cache_len >= max_length."
+        )
     if need <= room:
         return drafts
     return [run.gate.cut(tree, q, room - 1) for tree, q in drafts]
 
 
-
-def verify(run: "BatchRun", drafts) -> Verified:
+def verify(run: BatchRun, drafts) -> Verified:
     """One target forward over every row's ``[root, nodes]``; each row's first block of logits in one head call.
     With a static cache, compiled, the block is ``[R, Q]``: the call's rows (finished ones as padding rows) and a
     query bucket (:meth:`~hf_cascade.core.static.StaticBatch.shape`)."""
     B, N = len(run.rows), max(tree.num_nodes for tree, _ in drafts) + 1
     R, Q = run.static.shape(B, N) if run.static is not None else (B, N)
     ids, query = [[run.pad_id] * Q for _ in range(R)], [[-1] * Q for _ in range(R)]
-    ancestors = torch.eye(Q, dtype=torch.bool).repeat(R, 1, 1)           # padding queries: themselves only
+    ancestors = torch.eye(Q, dtype=torch.bool).repeat(R, 1, 1)  # padding queries: themselves only
     for b, (row, (tree, _)) in enumerate(zip(run.rows, drafts)):
         root = row.length - 1
         if run.flash and tree.parent_list != tuple(range(-1, tree.num_nodes - 1)):
-            raise ValueError("a draft with branches under an attention backend that applies no 4-D mask (flash): "
-                             "batches verify chains only there")
+            raise ValueError(
+                "a draft with branches under an attention backend that applies no 4-D mask (flash): "
+                "batches verify chains only there"
+            )
         parents = (-1,) + tuple(p + 1 for p in tree.parent_list)
         depth = (0,) + tuple(d + 1 for d in tree.depth_list)
         ids[b][: len(parents)] = [row.tokens[-1], *tree.token_list]
         for i, (p, d) in enumerate(zip(parents, depth)):
             query[b][i] = root + d
             if p >= 0:
-                ancestors[b, i] |= ancestors[b, p]                      # parents precede children
+                ancestors[b, i] |= ancestors[b, p]  # parents precede children
     query_t, past = torch.tensor(query, dtype=torch.long, device=run.device), run.past_pos
-    if R > B:                                                           # rows that finished: none of their columns
+    if R > B:  # rows that finished: none of their columns
         past = torch.cat([past, past.new_full((R - B, past.shape[1]), -1)])
-    width = run.static.show(R, Q) if run.static is not None else None         # R: the forward's rows
-    inputs = dict(input_ids=torch.tensor(ids, dtype=torch.long, device=run.device), position_ids=query_t.clamp(min=0),
-                  attention_mask=run.mask(past, query_t, ancestors.to(run.device), width),
-                  **cache_kwargs(run.target, run.cache))
+    width = run.static.show(R, Q) if run.static is not None else None  # R: the forward's rows
+    inputs = dict(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=run.device),
+        position_ids=query_t.clamp(min=0),
+        attention_mask=run.mask(past, query_t, ancestors.to(run.device), width),
+        **cache_kwargs(run.target, run.cache),
+    )
     run.stats.record_forward(B, N)
-    full = run.head is None or run.full_forward                         # the model's logits (a user's compiled forward)
+    full = run.head is None or run.full_forward  # the model's logits (a user's compiled forward)
     out = (run.target if full else run.call)(**inputs)
     if run.static is not None:
         run.static.wrote(Q)
     heads = (run.screen if N > 1 else run.plain_screen) or (lambda rows: (run.head, None))
-    head, argmax_head = heads(run.block_rows or 1)                                   # blocks after the first
-    return verified(out, full, run.head_input.rows, [tree for tree, _ in drafts], [row.full for row in run.rows],
-                    [row.processors for row in run.rows], copy=run.static is not None, head=head,
-                    argmax_head=argmax_head, block_rows=run.block_rows, heads=heads, greedy=not run.cfg.do_sample)
+    head, argmax_head = heads(run.block_rows or 1)  # blocks after the first
+    return verified(
+        out,
+        full,
+        run.head_input.rows,
+        [tree for tree, _ in drafts],
+        [row.full for row in run.rows],
+        [row.processors for row in run.rows],
+        copy=run.static is not None,
+        head=head,
+        argmax_head=argmax_head,
+        block_rows=run.block_rows,
+        heads=heads,
+        greedy=not run.cfg.do_sample,
+    )
 
 
-def accept(run: "BatchRun", drafts, checked: Verified) -> list[TreeAcceptance]:
+def accept(run: BatchRun, drafts, checked: Verified) -> list[TreeAcceptance]:
     """Each row's acceptance, exactly as at batch 1 (:func:`~hf_cascade.core.phases.accept_row`)."""
     return [accept_row(run.cfg.do_sample, tree, r, q) for (tree, q), r in zip(drafts, checked.rows)]
 
 
-def update(run: "BatchRun", drafts, checked: Verified, acceptances: list[TreeAcceptance]) -> list[int]:
+def update(run: BatchRun, drafts, checked: Verified, acceptances: list[TreeAcceptance]) -> list[int]:
     """Emit each row's tokens where plain decoding stops, keep their K/V (holes where a row emitted fewer than
     the longest), give every drafter its feedback, drop finished rows, compact when holes pile up. Returns the
     tokens each row of the step emitted."""
     kept, done, rows, hidden = [], [], checked.rows, checked.hidden
-    run.verify_nodes = checked.nodes                     # what the next step's drafters and gate see
+    run.verify_nodes = checked.nodes  # what the next step's drafters and gate see
     for b, (row, (tree, _), r, acc) in enumerate(zip(run.rows, drafts, rows, acceptances)):
-        out = emit(row, tree, acc, r, hidden[b] if hidden is not None else None, run.scores is not None,
-                   run.raw_logits is not None)
-        kept.append(out.src[: out.count])                                   # the block's columns of its tokens
+        out = emit(
+            row,
+            tree,
+            acc,
+            r,
+            hidden[b] if hidden is not None else None,
+            run.scores is not None,
+            run.raw_logits is not None,
+        )
+        kept.append(out.src[: out.count])  # the block's columns of its tokens
         if out.finished:
             done.append(b)
     run.keep(kept)
     for b, ((tree, _), acc, r) in enumerate(zip(drafts, acceptances, rows)):
         state = run.state(b, cache=False)
-        state.rows = r if run.verify_nodes else None         # a plain step: nothing for drafters to record
+        state.rows = r if run.verify_nodes else None  # a plain step: nothing for drafters to record
         run.rows[b].drafter.on_accept(tree, acc, state)
     run.drop(done)
     run.compact_if_sparse()

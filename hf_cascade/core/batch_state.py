@@ -30,17 +30,28 @@ COMPACT_SHARE = 1 / 3
 class BatchRun:
     """One batched ``generate()`` call: the target, its settings, the shared cache and the active rows."""
 
-    def __init__(self, target, drafters, input_ids, attention_mask, logits_processor, stopping_criteria, cfg, stats,
-                 block_rows, given=None):
+    def __init__(
+        self,
+        target,
+        drafters,
+        input_ids,
+        attention_mask,
+        logits_processor,
+        stopping_criteria,
+        cfg,
+        stats,
+        block_rows,
+        given=None,
+    ):
         self.target, self.cfg, self.stats, self.block_rows = target, cfg, stats, block_rows
         self.processors = logits_processor or LogitsProcessorList()
         self.timer = PhaseTimer(stats, target)
-        self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None     # None: not asked for
+        self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None  # None: not asked for
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = HeadInput(target)
         self.head = None
-        self.screen = None                               # rows per head call -> (head, argmax head) (head_input.screen_heads)
-        self.plain_screen = None                         # the same where no drafter reads the rows (plain steps)
+        self.screen = None  # rows per head call -> (head, argmax head) (head_input.screen_heads)
+        self.plain_screen = None  # the same where no drafter reads the rows (plain steps)
         self.verify_seconds: float | None = None
         self.verify_nodes: int | None = None
         self.device = input_device(target, input_ids)
@@ -53,16 +64,26 @@ class BatchRun:
         self.rows = []
         for b, (tokens, m) in enumerate(zip(host, mask)):
             p = m.index(1)
-            self.rows.append(Row(b, p, ids[b], tokens[p:], drafters[b], Stopper(cfg, stopping_criteria), stats.rows[b],
-                                  row_processors(self.processors, b)))
+            self.rows.append(
+                Row(
+                    b,
+                    p,
+                    ids[b],
+                    tokens[p:],
+                    drafters[b],
+                    Stopper(cfg, stopping_criteria),
+                    stats.rows[b],
+                    row_processors(self.processors, b),
+                )
+            )
         if self.pad_id is None:
-            self.pad_id = 0                              # fills padded queries only; checked again in result()
+            self.pad_id = 0  # fills padded queries only; checked again in result()
             self._need_pad = True
         else:
             self._need_pad = False
         self.finished: list[Row] = []
         self.gate = DraftGate()
-        slots = open_slots(target, cfg, given)           # a static cache's bookkeeping (core/static.py)
+        slots = open_slots(target, cfg, given)  # a static cache's bookkeeping (core/static.py)
         self.static = StaticBatch(slots, len(self.rows)) if slots is not None else None
         self.cache = self.static.cache if self.static is not None else DynamicCache()
         # what verifies: the decoder (eager or compiled), or the user's compiled forward (full logits, never bypassed)
@@ -84,6 +105,7 @@ class BatchRun:
             if width is not None and width > allowed.shape[-1]:
                 allowed = torch.cat([allowed, allowed.new_zeros(*allowed.shape[:2], width - allowed.shape[-1])], -1)
             return additive(allowed, self._dtype)
+
         return per_layer_type(self.target, build)
 
     def state(self, b: int, cache: bool = True) -> TreeStep:
@@ -100,7 +122,7 @@ class BatchRun:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue
             idx = torch.tensor(cols, dtype=torch.long, device=layer.keys.device)
-            cache.update(layer.keys[b: b + 1].index_select(2, idx), layer.values[b: b + 1].index_select(2, idx), i)
+            cache.update(layer.keys[b : b + 1].index_select(2, idx), layer.values[b : b + 1].index_select(2, idx), i)
         return cache
 
     # -- the cache's columns ------------------------------------------------------------------------
@@ -118,8 +140,8 @@ class BatchRun:
             idx = host.to(layer.keys.device)[:, None, :, None].expand(B, H, width, D)
             for name in ("keys", "values"):
                 kv = getattr(layer, name)
-                kv[:, :, start:start + width].copy_(kv.gather(2, idx))
-                setattr(layer, name, kv[:, :, :start + width])
+                kv[:, :, start : start + width].copy_(kv.gather(2, idx))
+                setattr(layer, name, kv[:, :, : start + width])
 
     def keep(self, kept: list[list[int]]) -> None:
         """After a verification: row ``b`` keeps the step's block columns ``kept[b]`` (root first), in order."""
@@ -128,10 +150,10 @@ class BatchRun:
         if moved or (self.static is None and self.cache.get_seq_length() != T + M):
             self._gather([k + [k[-1]] * (M - len(k)) for k in kept], T)
         if self.static is not None:
-            self.static.cut(T + M)                          # the counter back to the columns kept (no read)
+            self.static.cut(T + M)  # the counter back to the columns kept (no read)
         positions = []
         for row, k in zip(self.rows, kept):
-            first = row.length - len(k) - 1                 # the root's position (tokens were appended already)
+            first = row.length - len(k) - 1  # the root's position (tokens were appended already)
             positions.append([first + j for j in range(len(k))] + [-1] * (M - len(k)))
             row.cols += [T + j for j in range(len(k))]
         self.past_pos = torch.cat([self.past_pos, torch.tensor(positions, dtype=torch.long, device=self.device)], dim=1)
@@ -147,7 +169,7 @@ class BatchRun:
             return
         index = torch.tensor(stay, dtype=torch.long)
         if self.static is not None:
-            self.static.keep_rows(stay)                     # a static batch keeps its rows: the running ones first
+            self.static.keep_rows(stay)  # a static batch keeps its rows: the running ones first
         else:
             for layer in self.cache.layers:
                 if getattr(layer, "keys", None) is not None and layer.keys.numel():
@@ -170,8 +192,9 @@ class BatchRun:
         self._gather(index, 0)
         if self.static is not None:
             self.static.cut(width)
-        self.past_pos = torch.tensor([[-1] * (width - n) + list(range(n)) for n in owned], dtype=torch.long,
-                                     device=self.device)
+        self.past_pos = torch.tensor(
+            [[-1] * (width - n) + list(range(n)) for n in owned], dtype=torch.long, device=self.device
+        )
         for row, n in zip(self.rows, owned):
             row.cols = list(range(width - n, width))
         self.stats.compactions += 1
@@ -182,13 +205,16 @@ class BatchRun:
         rows = sorted(self.finished + self.rows, key=lambda r: r.index)
         longest = max(row.width for row in rows)
         if self._need_pad and any(row.width < longest for row in rows):
-            raise ValueError("rows of a batch stopped at different lengths and the generation config has no "
-                             "pad_token_id to fill them with (set generation_config.pad_token_id).")
+            raise ValueError(
+                "rows of a batch stopped at different lengths and the generation config has no "
+                "pad_token_id to fill them with (set generation_config.pad_token_id)."
+            )
         filled = [torch.cat([row.full, row.full.new_full((longest - row.width,), self.pad_id)]) for row in rows]
         sequences = torch.stack(filled)
         if self.cfg.return_dict_in_generate:
-            scores, logits = batch_outputs(self.target, rows, sequences, self.width,
-                                           self.scores is not None, self.raw_logits is not None)
+            scores, logits = batch_outputs(
+                self.target, rows, sequences, self.width, self.scores is not None, self.raw_logits is not None
+            )
             return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
         return sequences
 
@@ -210,7 +236,7 @@ def ownership_mask(past_pos: torch.Tensor, query: torch.Tensor, width: int | Non
     A row with no column at all (a compiled static batch's finished rows) keeps its first query, so that no
     sequence of the packed batch is empty."""
     owned = torch.cat([past_pos >= 0, query >= 0], dim=-1)
-    owned[:, past_pos.shape[1]] |= ~owned.any(-1)                  # on the device: nothing read
+    owned[:, past_pos.shape[1]] |= ~owned.any(-1)  # on the device: nothing read
     if width is not None and width > owned.shape[-1]:
         owned = torch.cat([owned, owned.new_zeros(owned.shape[0], width - owned.shape[-1])], -1)
     return owned.long()

@@ -24,14 +24,16 @@ import torch
 from ..compat import CACHE, given_cache
 from .static import StaticSlots, call_capacity, is_static
 
-_COMPILED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[dict, object]]" = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[dict, object]] = weakref.WeakKeyDictionary()
 
 
 def user_compiled(model) -> bool:
     """Whether the user replaced ``model``'s forward with a ``torch.compile``'d one."""
     forward = getattr(model, "forward", None)
-    return getattr(forward, "_torchdynamo_orig_callable", None) is not None or \
-        getattr(getattr(forward, "__func__", None), "_torchdynamo_orig_callable", None) is not None
+    return (
+        getattr(forward, "_torchdynamo_orig_callable", None) is not None
+        or getattr(getattr(forward, "__func__", None), "_torchdynamo_orig_callable", None) is not None
+    )
 
 
 def compiles(target, cache, generation_config) -> bool:
@@ -41,7 +43,7 @@ def compiles(target, cache, generation_config) -> bool:
         return False
     try:
         return bool(criteria({CACHE: cache}, generation_config))
-    except (AttributeError, TypeError, KeyError):     # a release whose criteria read other inputs: do not compile
+    except (AttributeError, TypeError, KeyError):  # a release whose criteria read other inputs: do not compile
         return False
 
 
@@ -57,7 +59,8 @@ def call_compiles(target, model_kwargs: dict, generation_config) -> bool:
         if getattr(generation_config, "cache_implementation", None) != "static":
             return False
         from transformers import StaticCache
-        cache = StaticCache(config=target.config, max_cache_len=1)          # allocates nothing until used
+
+        cache = StaticCache(config=target.config, max_cache_len=1)  # allocates nothing until used
     return compiles(target, cache, generation_config)
 
 
@@ -93,14 +96,15 @@ def records_graphs(compile_config) -> bool:
         return True
     if backend != "inductor":
         return "cudagraphs" in backend
-    from torch._inductor import config as inductor, list_mode_options
+    from torch._inductor import config as inductor
+    from torch._inductor import list_mode_options
 
     mode = config.mode
     options = {**(list_mode_options(mode) if mode and mode != "default" else {}), **(config.options or {})}
     return bool(options.get("triton.cudagraphs", inductor.triton.cudagraphs))
 
 
-_DRAFTS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple[dict, object]]]" = weakref.WeakKeyDictionary()
+_DRAFTS: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple[dict, object]]] = weakref.WeakKeyDictionary()
 
 
 def compiled_draft(owner: torch.nn.Module, fn, compile_config, key):
@@ -123,8 +127,11 @@ def compiled_draft(owner: torch.nn.Module, fn, compile_config, key):
 
 def _decoder_key(args, kwargs) -> tuple:
     ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
-    return (tuple(ids.shape) if ids is not None else None, mask is not None,
-            id(kwargs.get(CACHE, kwargs.get("past_key_values"))))
+    return (
+        tuple(ids.shape) if ids is not None else None,
+        mask is not None,
+        id(kwargs.get(CACHE, kwargs.get("past_key_values"))),
+    )
 
 
 class WithinLimit:
@@ -149,7 +156,7 @@ class WithinLimit:
         from torch._dynamo import config
 
         self.seen.add(key)
-        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"   # torch < 2.7
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
         with config.patch(**{name: getattr(config, name) + len(self.seen)}):
             return self.call(*args, **kwargs)
 
@@ -179,5 +186,14 @@ def open_slots(target, cfg, given) -> StaticSlots | None:
     return StaticSlots(target, None if mine else given, call_capacity(target, cfg, fixed), fixed)
 
 
-__all__ = ["WithinLimit", "call_compiles", "compiled_decoder", "compiled_draft", "compiles", "open_slots",
-           "records_graphs", "user_compiled", "verify_call"]
+__all__ = [
+    "WithinLimit",
+    "call_compiles",
+    "compiled_decoder",
+    "compiled_draft",
+    "compiles",
+    "open_slots",
+    "records_graphs",
+    "user_compiled",
+    "verify_call",
+]

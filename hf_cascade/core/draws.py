@@ -38,9 +38,20 @@ from .categorical import categorical
 from .structure import TokenTree
 
 #: transformers' warpers that read neither the sequence nor vocabulary ids (those present in this version)
-WARPERS = tuple(getattr(logits_process, name) for name in (
-    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
-    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper") if hasattr(logits_process, name))
+WARPERS = tuple(
+    getattr(logits_process, name)
+    for name in (
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "MinPLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+        "TopHLogitsWarper",
+    )
+    if hasattr(logits_process, name)
+)
 
 
 def warpers(processors: LogitsProcessorList | None) -> LogitsProcessorList:
@@ -48,8 +59,9 @@ def warpers(processors: LogitsProcessorList | None) -> LogitsProcessorList:
     return LogitsProcessorList(p for p in processors or [] if isinstance(p, WARPERS))
 
 
-def draw(warpers: LogitsProcessorList, logits: torch.Tensor,
-         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def draw(
+    warpers: LogitsProcessorList, logits: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One draw from ``logits`` (``[N]``, raw, over any vocabulary): ``(index [], q [N])``, ``q`` the softmax of
     the row after ``warpers`` (rule 1). Nothing is read from an accelerator
     (:func:`~hf_cascade.core.categorical.categorical`)."""
@@ -72,8 +84,9 @@ def keep_drawn(kept: list[bool], drawn: int) -> list[bool]:
     return [True] * drawn + list(kept[drawn:])
 
 
-def tree_draft_probs(tree: TokenTree, drawn_rows: torch.Tensor, vocab_size: int | None = None,
-                     columns: torch.Tensor | None = None) -> torch.Tensor:
+def tree_draft_probs(
+    tree: TokenTree, drawn_rows: torch.Tensor, vocab_size: int | None = None, columns: torch.Tensor | None = None
+) -> torch.Tensor:
     """``draft_probs`` ``[n, V]`` of a tree whose first ``m`` nodes were drawn from ``drawn_rows`` (``[m, N]``, node
     order) and whose other nodes are deterministic (one-hot rows, rule 3), on ``drawn_rows``' device. ``columns``
     (``[N]``): the target id of each column of ``drawn_rows`` (a drafter's reduced vocabulary; ``None``: the
@@ -122,7 +135,7 @@ class ProposalChoice:
     def __init__(self, bounds: tuple[float, ...] = (0.3, 0.6, 0.8), decay: float = 0.95):
         self.bounds, self.decay = tuple(float(b) for b in bounds), float(decay)
         self.rate: list[dict[str, float | None]] = [{"argmax": None, "draw": None} for _ in range(len(bounds) + 1)]
-        self._pending: list[tuple[torch.Tensor, int]] = []        # deferred observations: (device pair, bucket)
+        self._pending: list[tuple[torch.Tensor, int]] = []  # deferred observations: (device pair, bucket)
 
     def bucket(self, confidence: float) -> int:
         """The bucket of a confidence (``(0, b_0]`` is 0, ``(b_0, b_1]`` is 1, ...)."""
@@ -140,8 +153,15 @@ class ProposalChoice:
             return None
         return torch.tensor([_ahead(r) for r in self.rate], dtype=torch.bool, device=device)
 
-    def observe(self, p: torch.Tensor, q: torch.Tensor, columns: torch.Tensor | None = None, siblings: int = 0,
-                confidence: float | None = None, defer: bool = False) -> None:
+    def observe(
+        self,
+        p: torch.Tensor,
+        q: torch.Tensor,
+        columns: torch.Tensor | None = None,
+        siblings: int = 0,
+        confidence: float | None = None,
+        defer: bool = False,
+    ) -> None:
         """One drafted step: ``p`` ``[V]`` the target's processed distribution at the draft's first position,
         ``q`` ``[N]`` the drafter's (warped) distribution there, ``columns`` ``[N]`` its columns' target ids
         (``None``: ``N = V``), ``siblings`` the deterministic siblings of the first level, ``confidence`` the
@@ -152,14 +172,17 @@ class ProposalChoice:
         p = p.float() if columns is None else p.float().index_select(0, columns.to(p.device))
         q = q.to(p.device).float()
         k = max(0, min(int(siblings), q.shape[0] - 1))
-        top = q.topk(k + 1).indices                                              # [K + 1] T: q's best first
+        top = q.topk(k + 1).indices  # [K + 1] T: q's best first
         overlap = torch.minimum(p, q).sum()
         residual = (p - q).clamp_min(0.0)
         residual = residual / residual.sum().clamp_min(1e-30)
-        excess = (q - p).clamp_min(0.0)                                          # rejection weight of each draw
-        outside = excess.sum() - excess[top].sum()                               # d: draws outside T
+        excess = (q - p).clamp_min(0.0)  # rejection weight of each draw
+        outside = excess.sum() - excess[top].sum()  # d: draws outside T
         drawn = overlap + (1.0 - overlap) * residual[top].sum() - outside * residual[top[-1]]
-        pair, bucket = torch.stack([p[top].sum(), drawn]).double(), self.bucket(confidence) if confidence is not None else -1
+        pair, bucket = (
+            torch.stack([p[top].sum(), drawn]).double(),
+            self.bucket(confidence) if confidence is not None else -1,
+        )
         if defer:
             self._pending.append((pair, bucket))
         else:

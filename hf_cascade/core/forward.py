@@ -39,7 +39,7 @@ def _check_cache(cache: Cache) -> None:
         raise TypeError(f"expected a transformers Cache (DynamicCache), got {type(cache).__name__}")
     layers = getattr(cache, "layers", [])
     if getattr(cache, "_hf_cascade_checked", None) == len(layers):
-        return                                 # checked already with these layers: no work per layer per step
+        return  # checked already with these layers: no work per layer per step
     for i, layer in enumerate(layers):
         if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
             raise ValueError(
@@ -48,7 +48,7 @@ def _check_cache(cache: Cache) -> None:
             )
     try:
         cache._hf_cascade_checked = len(layers)
-    except AttributeError:                     # a cache that takes no attributes: checked every time
+    except AttributeError:  # a cache that takes no attributes: checked every time
         pass
 
 
@@ -62,14 +62,23 @@ def mask_device_dtype(model: PreTrainedModel) -> tuple[torch.device, torch.dtype
     return device, dtype if dtype.is_floating_point else torch.float32
 
 
-def _tree_inputs(model: PreTrainedModel, cache: Cache, prefix_len: int, tree: TokenTree, last_token,
-                 chain: bool = False, where: tuple[torch.device, torch.dtype] | None = None) -> dict:
+def _tree_inputs(
+    model: PreTrainedModel,
+    cache: Cache,
+    prefix_len: int,
+    tree: TokenTree,
+    last_token,
+    chain: bool = False,
+    where: tuple[torch.device, torch.dtype] | None = None,
+) -> dict:
     """:func:`~hf_cascade.core.attention.row_inputs` after a dense ``cache`` of ``prefix_len`` positions, checked."""
     _check_cache(cache)
     if cache.get_seq_length() != prefix_len:
         raise ValueError(f"the cache holds {cache.get_seq_length()} positions, expected prefix_len={prefix_len}")
-    return dict(row_inputs(model, prefix_len, tree, last_token, where or mask_device_dtype(model), linear=chain),
-                **cache_kwargs(model, cache))
+    return dict(
+        row_inputs(model, prefix_len, tree, last_token, where or mask_device_dtype(model), linear=chain),
+        **cache_kwargs(model, cache),
+    )
 
 
 @torch.no_grad()
@@ -157,7 +166,8 @@ def check_attention_backend(model: PreTrainedModel, tree_shaped: bool) -> None:
         "loading the target, or call target.set_attn_implementation('sdpa'); or draft chains only "
         "(e.g. GlideAssistant(head, settings=GlideSettings.chain()), "
         "ReDrafterAssistant(head, settings=ReDrafterSettings(beam_width=1)), MaxGramTreeAssistant(branches=1); "
-        "Token Recycling drafts trees only: CascadeAssistant([MaxGram()]) is its chain-drafting lookup).")
+        "Token Recycling drafts trees only: CascadeAssistant([MaxGram()]) is its chain-drafting lookup)."
+    )
 
 
 def logit_cap(model: torch.nn.Module) -> float | None:
@@ -206,12 +216,12 @@ def keep_path(cache: Cache, prefix_len: int, path_nodes: torch.Tensor, total: in
     nodes = [int(i) for i in (path_nodes.tolist() if isinstance(path_nodes, torch.Tensor) else path_nodes)]
     keep = prefix_len + 1
     m = len(nodes)
-    total = cache.get_seq_length() if total is None else total       # the caller's count, when it keeps one
+    total = cache.get_seq_length() if total is None else total  # the caller's count, when it keeps one
     if m and keep + max(nodes) >= total:
         raise ValueError(f"path node {max(nodes)} is beyond the cache ({total} positions, prefix_len={prefix_len})")
     gathered = []
     if nodes == list(range(m)):
-        keep += m                              # the first branch is already in place: crop only
+        keep += m  # the first branch is already in place: crop only
     else:
         # the columns to keep, sent once per device the layers live on (one copy per step, not one per layer)
         index = torch.tensor([prefix_len + 1 + i for i in nodes], dtype=torch.long, device=HOST)
@@ -227,7 +237,7 @@ def keep_path(cache: Cache, prefix_len: int, path_nodes: torch.Tensor, total: in
             gathered.append((layer.keys.index_select(-2, idx), layer.values.index_select(-2, idx)))
     extra = total - keep
     if extra > 0:
-        cache.crop(-extra)                     # negative: remove ``extra`` positions (4.57 and 5.x)
+        cache.crop(-extra)  # negative: remove ``extra`` positions (4.57 and 5.x)
     for layer_idx, kv in enumerate(gathered):
         if kv is not None:
             cache.update(kv[0], kv[1], layer_idx)

@@ -10,8 +10,8 @@ Shared by the batch-1 loop (:mod:`hf_cascade.core.loop`) and the batched one (:m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -33,8 +33,13 @@ def screen_heads(run, drafters: list[TreeDrafter], factory) -> Callable[[int], t
     (:func:`~hf_cascade.processors.screen_top_k`): the screen's top-``k`` rows as the head (the processed rows are
     the full rows'; a drafter reading them reads the full rows). Never with scores or logits returned, or a
     soft-capped head (capped logits can tie where raw ones do not)."""
-    if (factory is None or run.head is None or getattr(run, "scores", None) is not None
-            or getattr(run, "raw_logits", None) is not None or logit_cap(run.target)):
+    if (
+        factory is None
+        or run.head is None
+        or getattr(run, "scores", None) is not None
+        or getattr(run, "raw_logits", None) is not None
+        or logit_cap(run.target)
+    ):
         return None
     head = run.head
     readers = [getattr(d, "rows_top_k", None) for d in drafters if getattr(d, "reads_rows", False)]
@@ -50,9 +55,8 @@ def screen_heads(run, drafters: list[TreeDrafter], factory) -> Callable[[int], t
     def heads(rows: int):
         screen = factory(rows, k)
         return (head, None) if screen is None else (partial(screen.top, k=k), None)
+
     return heads
-
-
 
 
 def input_device(target, input_ids: torch.Tensor) -> torch.device:
@@ -63,8 +67,6 @@ def input_device(target, input_ids: torch.Tensor) -> torch.device:
     if isinstance(weight, torch.Tensor) and weight.device.type != "meta":
         return weight.device
     return input_ids.device
-
-
 
 
 class HeadInput:
@@ -80,7 +82,7 @@ class HeadInput:
     def _hook(self, module, args):
         self.value = args[0] if args else None
 
-    def __enter__(self) -> "HeadInput":
+    def __enter__(self) -> HeadInput:
         if isinstance(self.head, torch.nn.Module):
             self._handle = self.head.register_forward_pre_hook(self._hook)
         return self

@@ -55,8 +55,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..compat import CACHE, cache_kwargs, given_cache
 from ..processors import split_processors
 from .accept import TreeAcceptance
-from .compiled import open_slots, user_compiled, verify_call
 from .attention import row_inputs
+from .compiled import open_slots, user_compiled, verify_call
 from .forward import check_attention_backend, keep_path, mask_device_dtype
 from .head_input import HeadInput, input_device, screen_heads
 from .phases import Row, accept_row, checked_head, draft_row, emit, keep_last
@@ -88,9 +88,19 @@ def speculative_decode(
     acceptance reads nothing but the argmax of a row or rows filtered to their top k
     (:func:`~hf_cascade.core.head_input.screen_heads`). ``model_kwargs``: ``generate``'s (the cache it prepared or the
     user gave: a static one selects the static path, :mod:`hf_cascade.core.static`)."""
-    check_attention_backend(target, tree_shaped=not drafter.linear)      # before any forward
-    run = _Run(target, input_ids, logits_processor, stopping_criteria, generation_config, stats, streamer, block_rows,
-               given_cache(model_kwargs or {}), drafter)
+    check_attention_backend(target, tree_shaped=not drafter.linear)  # before any forward
+    run = _Run(
+        target,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        stats,
+        streamer,
+        block_rows,
+        given_cache(model_kwargs or {}),
+        drafter,
+    )
     with run.head_input:
         with run.timer("prefill"):
             prefill(run)
@@ -106,7 +116,7 @@ def speculative_decode(
                 checked = verify(run, tree, drafter.linear)
             with run.timer("accept"):
                 acceptance = accept(run, tree, checked, q)
-            run.verify_seconds = time.perf_counter() - started   # acceptance read the device: synchronised
+            run.verify_seconds = time.perf_counter() - started  # acceptance read the device: synchronised
             with run.timer("update"):
                 update(run, drafter, tree, checked, acceptance)
     return run.result()
@@ -114,7 +124,8 @@ def speculative_decode(
 
 # -- the steps -----------------------------------------------------------------------------------------
 
-def prefill(run: "_Run") -> None:
+
+def prefill(run: _Run) -> None:
     """Run the prompt minus its last token (the first root) into the cache."""
     row = run.row
     tokens = row.seq[:-1]
@@ -122,32 +133,33 @@ def prefill(run: "_Run") -> None:
         return
     if run.slots is not None:
         run.slots.show(tokens.numel())
-    logits = run.target(input_ids=tokens[None], **cache_kwargs(run.target, run.cache),
-                        **keep_last(run.target)).logits[0, -1]
+    logits = run.target(input_ids=tokens[None], **cache_kwargs(run.target, run.cache), **keep_last(run.target)).logits[
+        0, -1
+    ]
     run.stats.prefill_calls += 1
     if run.slots is not None:
         run.slots.length = run.slots.written = tokens.numel()
     hidden = run.head_input.rows()
-    if hidden is None or user_compiled(run.target):       # the user's compiled forward verifies: never bypassed
+    if hidden is None or user_compiled(run.target):  # the user's compiled forward verifies: never bypassed
         return
     run.head = run.row_head = checked_head(run.target, hidden[-1:], logits[None])
     row.last_hidden = hidden[-1]
 
 
-def draft(run: "_Run", state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
+def draft(run: _Run, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
     """The strategy's draft, pruned to what can be emitted (:func:`~hf_cascade.core.phases.draft_row`: depth budget,
     nothing below an EOS) and to a user's static cache's room."""
     tree, q = draft_row(run.row, state)
-    if run.slots is not None and tree.num_nodes >= run.slots.room():   # a user's static cache: no room past it
+    if run.slots is not None and tree.num_nodes >= run.slots.room():  # a user's static cache: no room past it
         tree, q = _first_nodes(tree, q, run.slots.room() - 1)
-    if run.target_rules:                                   # lossy rules compare the target's rows with the draft
+    if run.target_rules:  # lossy rules compare the target's rows with the draft
         candidates = torch.cat([state.seq, tree.tokens.to(state.seq.device)])[None]
         for rule in run.target_rules:
             rule.set_candidates(candidates)
     return tree, q
 
 
-def verify(run: "_Run", tree: TokenTree, linear: bool) -> Verified:
+def verify(run: _Run, tree: TokenTree, linear: bool) -> Verified:
     """One target forward over ``[root, nodes]`` (:func:`~hf_cascade.core.attention.row_inputs`), returned as
     :class:`~hf_cascade.core.rows.Verified`: the rows' logits are computed when acceptance reads them. A tree of one
     path (no node included: the root alone) is verified as a chain, with plain causal attention, whatever the
@@ -157,24 +169,34 @@ def verify(run: "_Run", tree: TokenTree, linear: bool) -> Verified:
     row, slots, queries, columns = run.row, run.slots, tree.num_nodes + 1, None
     if slots is not None:
         queries = bucket(queries, slots.room()) if run.fixed_shapes else queries
-        columns = slots.columns(queries)                                           # the columns attention sees
+        columns = slots.columns(queries)  # the columns attention sees
         slots.show(columns)
     inputs = row_inputs(run.target, row.length - 1, tree, row.tokens[-1], run.where, queries, linear, columns)
-    full = run.head is None or run.full_forward                # the model's logits (a user's compiled forward)
+    full = run.head is None or run.full_forward  # the model's logits (a user's compiled forward)
     out = (run.target if full else run.call)(**inputs, **cache_kwargs(run.target, run.cache))
     if slots is not None:
         slots.wrote(queries)
-    return verified(out, full, run.head_input.rows, [tree], [row.seq], [run.processors], copy=slots is not None,
-                    head=run.row_head, argmax_head=run.screen, block_rows=run.block_rows)
+    return verified(
+        out,
+        full,
+        run.head_input.rows,
+        [tree],
+        [row.seq],
+        [run.processors],
+        copy=slots is not None,
+        head=run.row_head,
+        argmax_head=run.screen,
+        block_rows=run.block_rows,
+    )
 
 
-def accept(run: "_Run", tree: TokenTree, checked: Verified, q: torch.Tensor | None) -> TreeAcceptance:
+def accept(run: _Run, tree: TokenTree, checked: Verified, q: torch.Tensor | None) -> TreeAcceptance:
     """:func:`~hf_cascade.core.phases.accept_row`; sampling where every row is computed in one head call (an
     accelerator's session) reads the device twice (``batched``)."""
     return accept_row(run.cfg.do_sample, tree, checked.rows[0], q, batched=True if run.block_rows is None else None)
 
 
-def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, checked: Verified, acceptance: TreeAcceptance) -> None:
+def update(run: _Run, drafter: TreeDrafter, tree: TokenTree, checked: Verified, acceptance: TreeAcceptance) -> None:
     """Keep the accepted path, emit its tokens and the bonus token up to where plain decoding stops,
     record statistics, give the drafter its feedback."""
     row, L, rows = run.row, run.row.length, checked.rows[0]
@@ -184,7 +206,7 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, checked: Verified
         run.slots.keep(1 + len(out.path), out.path)
     else:
         keep_path(run.cache, L - 1, out.path, total=L + tree.num_nodes)
-    if out.count < len(out.new):                                       # a cut path: keep what was emitted
+    if out.count < len(out.new):  # a cut path: keep what was emitted
         if run.slots is not None:
             run.slots.drop(len(out.new) - out.count)
         else:
@@ -199,34 +221,54 @@ def update(run: "_Run", drafter: TreeDrafter, tree: TokenTree, checked: Verified
 
 # -- the loop's state ----------------------------------------------------------------------------------
 
+
 class _Run:
     """One ``generate()`` call: the target, the generation's settings and outputs, its row
     (:class:`~hf_cascade.core.phases.Row`) and the target's cache (dense: no padding, no holes)."""
 
-    def __init__(self, target, input_ids, logits_processor, stopping_criteria, cfg, stats, streamer, block_rows,
-                 given=None, drafter=None):
+    def __init__(
+        self,
+        target,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        cfg,
+        stats,
+        streamer,
+        block_rows,
+        given=None,
+        drafter=None,
+    ):
         self.target, self.cfg, self.stats, self.streamer = target, cfg, stats, streamer
         self.processors = logits_processor or LogitsProcessorList()
         self.target_rules = split_processors(self.processors)[1]
         self.block_rows = block_rows
         self.timer = PhaseTimer(stats, target)
-        self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None     # None: not asked for
+        self.scores = () if cfg.return_dict_in_generate and cfg.output_scores else None  # None: not asked for
         self.raw_logits = () if cfg.return_dict_in_generate and cfg.output_logits else None
         self.head_input = HeadInput(target)
-        self.head = None                                   # the core's output head, once prefill validated it
-        self.row_head = None                               # what computes rows: the head, or the backend's screen
-        self.screen = None                                 # the backend's argmax screen, where it applies (greedy)
+        self.head = None  # the core's output head, once prefill validated it
+        self.row_head = None  # what computes rows: the head, or the backend's screen
+        self.screen = None  # the backend's argmax screen, where it applies (greedy)
         self.verify_seconds: float | None = None
         self.done = False
         self.device = device = input_device(target, input_ids)
-        self.where = mask_device_dtype(target)             # the device and dtype of the target's inputs and masks
-        self.slots = open_slots(target, cfg, given)        # a static cache's host bookkeeping (core/static.py)
-        self.fixed_shapes = self.slots is not None and self.slots.fixed_shapes   # queries padded to buckets (compiled)
+        self.where = mask_device_dtype(target)  # the device and dtype of the target's inputs and masks
+        self.slots = open_slots(target, cfg, given)  # a static cache's host bookkeeping (core/static.py)
+        self.fixed_shapes = self.slots is not None and self.slots.fixed_shapes  # queries padded to buckets (compiled)
         self.cache = self.slots.cache if self.slots is not None else DynamicCache()
         # what verifies with the core's head: the decoder (eager or compiled), or the user's compiled forward
         self.call, self.full_forward = verify_call(target, self.cache, cfg)
-        self.row = Row(0, 0, input_ids[0].to(device), input_ids[0].tolist(), drafter, Stopper(cfg, stopping_criteria),
-                       stats, self.processors)
+        self.row = Row(
+            0,
+            0,
+            input_ids[0].to(device),
+            input_ids[0].tolist(),
+            drafter,
+            Stopper(cfg, stopping_criteria),
+            stats,
+            self.processors,
+        )
 
     def state(self) -> TreeStep:
         return self.row.step_state(self.slots.view() if self.slots is not None else self.cache, self.verify_seconds)
@@ -235,7 +277,7 @@ class _Run:
         if self.streamer is not None:
             self.streamer.end()
         if self.slots is not None:
-            self.slots.show(None)                          # handed back: a plain static cache again
+            self.slots.show(None)  # handed back: a plain static cache again
         seq = self.row.seq[None]
         if self.cfg.return_dict_in_generate:
             scores = tuple(self.row.scores) if self.scores is not None else None

@@ -29,14 +29,15 @@ def tail_logits(target: PreTrainedModel, sequence: torch.Tensor, pad: int, width
     then pad ids); the logits at columns ``width - 1 .. longest - 2`` predict columns ``width .. longest - 1``.
     The row's left padding is left out (masked in plain ``generate``; positions count the row's own tokens)."""
     n = longest - width
-    ids = sequence[pad: longest - 1][None]
+    ids = sequence[pad : longest - 1][None]
     kwargs = {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(target.forward).parameters else {}
     logits = target(input_ids=ids, use_cache=False, **kwargs).logits[0, -n:]
     return logits.float()
 
 
-def batch_outputs(target: PreTrainedModel, rows, sequences: torch.Tensor, width: int,
-                  scores: bool, logits: bool) -> tuple[tuple | None, tuple | None]:
+def batch_outputs(
+    target: PreTrainedModel, rows, sequences: torch.Tensor, width: int, scores: bool, logits: bool
+) -> tuple[tuple | None, tuple | None]:
     """``(scores, logits)`` tuples over the generated columns, each ``[B, V]`` float32, for the rows (in batch
     order; each with ``pad``, ``width``, ``processors`` and its recorded ``scores`` / ``logits`` lists of
     ``[1, V]``) of ``sequences`` ``[B, longest]``; ``None`` for what was not asked."""
@@ -48,7 +49,9 @@ def batch_outputs(target: PreTrainedModel, rows, sequences: torch.Tensor, width:
             tail = tail_logits(target, sequences[b], row.pad, row.width, longest)
             own_logits += list(tail[:, None])
             if scores:
-                processed = process_positions(row.processors, sequences[b: b + 1].to(tail.device), tail[None], row.width)
+                processed = process_positions(
+                    row.processors, sequences[b : b + 1].to(tail.device), tail[None], row.width
+                )
                 own_scores += list(processed[0, :, None])
         per_row_scores.append(own_scores)
         per_row_logits.append(own_logits)

@@ -71,8 +71,8 @@ class Row:
     cols: list[int] = field(default_factory=list)
     last_hidden: torch.Tensor | None = None
     step: int = 0
-    draft_seconds: float | None = None                                 # its drafter's wall time per draft (a batch)
-    scores: list[torch.Tensor] = field(default_factory=list)           # [1, V] per emitted token, when asked for
+    draft_seconds: float | None = None  # its drafter's wall time per draft (a batch)
+    scores: list[torch.Tensor] = field(default_factory=list)  # [1, V] per emitted token, when asked for
     logits: list[torch.Tensor] = field(default_factory=list)
 
     @property
@@ -85,15 +85,22 @@ class Row:
 
     @property
     def seq(self) -> torch.Tensor:
-        return self.full[self.pad:] if self.pad else self.full
+        return self.full[self.pad :] if self.pad else self.full
 
     def step_state(self, cache, verify_seconds: float | None, verify_nodes: int | None = None) -> TreeStep:
         """What the drafter sees: its sequence, ``cache`` (the target's, or ``None``), its budget (the deepest
         useful draft) and the last verification's time and width (``None`` before the second)."""
         later = self.step > 1
-        return TreeStep(self.seq, cache, self.last_hidden, budget=max(self.stopper.max_length - self.width - 1, 0),
-                        step=self.step, tokens=self.tokens, verify_seconds=verify_seconds if later else None,
-                        verify_nodes=verify_nodes if later else None)
+        return TreeStep(
+            self.seq,
+            cache,
+            self.last_hidden,
+            budget=max(self.stopper.max_length - self.width - 1, 0),
+            step=self.step,
+            tokens=self.tokens,
+            verify_seconds=verify_seconds if later else None,
+            verify_nodes=verify_nodes if later else None,
+        )
 
 
 def draft_row(row: Row, state: TreeStep) -> tuple[TokenTree, torch.Tensor | None]:
@@ -120,8 +127,9 @@ def checked_head(target, hidden: torch.Tensor, logits: torch.Tensor):
     return None
 
 
-def accept_row(do_sample: bool, tree: TokenTree, rows: TreeRows, q: torch.Tensor | None,
-               batched: bool | None = None) -> TreeAcceptance:
+def accept_row(
+    do_sample: bool, tree: TokenTree, rows: TreeRows, q: torch.Tensor | None, batched: bool | None = None
+) -> TreeAcceptance:
     """Greedy: the longest path the target's argmax agrees with. Sampling: recursive rejection sampling (exact for
     any ``q``, point masses included; ``batched``: :func:`~hf_cascade.core.accept.sampling_tree_accept`'s)."""
     if do_sample:
@@ -132,21 +140,28 @@ def accept_row(do_sample: bool, tree: TokenTree, rows: TreeRows, q: torch.Tensor
 class Emitted(NamedTuple):
     """What a step emitted for one row."""
 
-    path: list[int]          #: the accepted nodes (host ints)
-    new: list[int]           #: the path's tokens and the bonus token
-    src: list[int]           #: the verification row that produced each of ``new`` (0: the root's)
-    count: int               #: how many of ``new`` are emitted (plain decoding stops after the last)
-    finished: bool           #: the row is done
+    path: list[int]  #: the accepted nodes (host ints)
+    new: list[int]  #: the path's tokens and the bonus token
+    src: list[int]  #: the verification row that produced each of ``new`` (0: the root's)
+    count: int  #: how many of ``new`` are emitted (plain decoding stops after the last)
+    finished: bool  #: the row is done
 
 
-def emit(row: Row, tree: TokenTree, acceptance: TreeAcceptance, rows: TreeRows, hidden: torch.Tensor | None,
-         scores: bool, logits: bool) -> Emitted:
+def emit(
+    row: Row,
+    tree: TokenTree,
+    acceptance: TreeAcceptance,
+    rows: TreeRows,
+    hidden: torch.Tensor | None,
+    scores: bool,
+    logits: bool,
+) -> Emitted:
     """Append the accepted path's tokens and the bonus token to ``row`` up to where plain decoding stops (its
     :class:`~hf_cascade.core.stopping.Stopper`; criteria see the new tokens' score rows), with their score and
     logit rows where asked for; ``hidden``: the verification's hidden states of this row (``None``: none), its
     last emitted token's becomes :attr:`Row.last_hidden`. Records the step in the row's statistics. The cache is
     the caller's (one row and a batch keep their K/V differently)."""
-    path = path_list(acceptance)                                        # host ints: no read
+    path = path_list(acceptance)  # host ints: no read
     new = [tree.token_list[i] for i in path] + [int(acceptance.bonus)]
     src = [0] + [i + 1 for i in path]
     appended = torch.cat([row.full, upload(torch.tensor(new, dtype=row.full.dtype, device=HOST), row.full.device)])
@@ -160,8 +175,9 @@ def emit(row: Row, tree: TokenTree, acceptance: TreeAcceptance, rows: TreeRows, 
     row.full = appended if count == len(new) else appended[: row.width + count]
     row.tokens = row.tokens + new[:count]
     row.last_hidden = hidden[src[count - 1]] if hidden is not None else None
-    row.stats.record_step(tree.num_nodes, *tree.shape(row.drafter.linear), path, count, rows.rows_computed,
-                          max(rows.head_calls, 1))
+    row.stats.record_step(
+        tree.num_nodes, *tree.shape(row.drafter.linear), path, count, rows.rows_computed, max(rows.head_calls, 1)
+    )
     row.step += 1
     return Emitted(path, new, src, count, finished)
 

@@ -12,6 +12,7 @@ import torch
 
 from .categorical import categorical
 
+
 # -- reviews ------------------------------------------------------------
 @dataclass
 class Review:
@@ -61,12 +62,12 @@ def greedy_review(
     k = drafts.shape[0]
     device = reviewer_logits.device
     drafts = drafts.to(device)
-    best = reviewer_logits.argmax(dim=-1)                                  # [k + 1]
-    ok = drafts == best[:k]                                                # [k]
+    best = reviewer_logits.argmax(dim=-1)  # [k + 1]
+    ok = drafts == best[:k]  # [k]
     lenience, lenient = _lenience_vector(lenience, k, device)
     if k > 0 and draft_token_probs is not None and lenient:
         p = reviewer_logits[:k].float().softmax(dim=-1)
-        p_draft = p.gather(-1, drafts[:, None]).squeeze(-1)                # [k]
+        p_draft = p.gather(-1, drafts[:, None]).squeeze(-1)  # [k]
         q_draft = draft_token_probs.to(device)
         ok = ok | ((lenience > 1.0) & ((lenience * p_draft >= q_draft) | torch.isinf(lenience)))
     n = int(torch.cumprod(ok.int(), dim=0).sum()) if k else 0
@@ -75,7 +76,9 @@ def greedy_review(
     return Review(n, tokens, probs=probs)
 
 
-def output_distribution(q: torch.Tensor, p: torch.Tensor, lenience: Lenience = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def output_distribution(
+    q: torch.Tensor, p: torch.Tensor, lenience: Lenience = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Acceptance probabilities and residual of lenient speculative sampling, row-wise.
 
     Args:
@@ -118,7 +121,7 @@ def sampling_review(
     lossless = not lenient
     if k:
         accept, residual = output_distribution(q, p, lenience[:, None])
-        a = accept.gather(-1, drafts[:, None]).squeeze(-1)                 # [k]
+        a = accept.gather(-1, drafts[:, None]).squeeze(-1)  # [k]
         u = torch.rand(k, generator=generator, device=drafts.device)
         n = int(torch.cumprod((u <= a).int(), dim=0).sum())
     else:
@@ -131,11 +134,9 @@ def sampling_review(
     else:
         out_n = reviewer_probs[k].float()
         nxt = categorical(out_n, generator)[None]
-        out_acc = (
-            q * accept + (1.0 - (q * accept).sum(-1, keepdim=True)).clamp_min(0) * residual if k else q[:0]
-        )
+        out_acc = q * accept + (1.0 - (q * accept).sum(-1, keepdim=True)).clamp_min(0) * residual if k else q[:0]
     tokens = torch.cat([drafts[:n], nxt])
-    dists = torch.cat([out_acc, out_n[None]], dim=0)                      # [n + 1, V]
+    dists = torch.cat([out_acc, out_n[None]], dim=0)  # [n + 1, V]
     if lossless:
         # Without lenience the output is exactly p: avoid carrying rounding error upward.
         dists = p[: n + 1] if n < k else torch.cat([p[:n], out_n[None]], dim=0)

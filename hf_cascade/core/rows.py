@@ -35,7 +35,8 @@ of rows already implies in any batched forward).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from transformers import LogitsProcessorList
@@ -43,7 +44,7 @@ from transformers import LogitsProcessorList
 from ..placement import HOST, upload
 from .structure import TokenTree
 
-HeadFn = Callable[[torch.Tensor], torch.Tensor]     # [k, H] hidden -> [k, V] raw logits
+HeadFn = Callable[[torch.Tensor], torch.Tensor]  # [k, H] hidden -> [k, V] raw logits
 
 
 class TreeRows:
@@ -87,19 +88,19 @@ class TreeRows:
         # row -> (the head call holding its raw logits, its index there): a row is viewed when read
         self._raw: dict[int, tuple[_HeadCall, int]] = {}
         self._processed: dict[int, torch.Tensor] = {}
-        self.head_calls = 0                          # output-head calls made by this object
+        self.head_calls = 0  # output-head calls made by this object
         if block_rows is not None and int(block_rows) < 1:
             raise ValueError(f"block_rows must be >= 1 or None, got {block_rows}")
         self.block_rows = int(block_rows) if block_rows is not None else n + 1
-        self._parent_row = [-1] + [p + 1 for p in tree.parent_list]        # row -> its parent's row (root: -1)
-        first_child = [-1] * (n + 1)                 # row -> row of its lowest-index child, or -1
+        self._parent_row = [-1] + [p + 1 for p in tree.parent_list]  # row -> its parent's row (root: -1)
+        first_child = [-1] * (n + 1)  # row -> row of its lowest-index child, or -1
         for row in range(n, 0, -1):
             first_child[self._parent_row[row]] = row
         self._first_child = first_child
-        self._block: dict[int, list[int]] = {}       # row -> the rows computed in the same head call
-        self._softmax: "_Softmax | None" = None
-        self._stored: _HeadCall | None = None         # the last head call (block reads its rows together)
-        self.known_argmax: dict[int, int] = {}       # processed argmax read already (a batched loop's one read)
+        self._block: dict[int, list[int]] = {}  # row -> the rows computed in the same head call
+        self._softmax: _Softmax | None = None
+        self._stored: _HeadCall | None = None  # the last head call (block reads its rows together)
+        self.known_argmax: dict[int, int] = {}  # processed argmax read already (a batched loop's one read)
         if raw is not None:
             every = list(range(n + 1))
             self._block = dict.fromkeys(every, every)
@@ -139,7 +140,7 @@ class TreeRows:
         r = int(r)
         if r in self.known_argmax:
             return {row: t for row, t in self.known_argmax.items() if row in self._block.get(r, [r])}
-        if self.argmax_head is not None and r not in self._raw:               # the argmax alone: the screen
+        if self.argmax_head is not None and r not in self._raw:  # the argmax alone: the screen
             chain = self.plan(r)
             index = upload(torch.tensor(chain, device=HOST), self.hidden.device)
             self.store_argmax(chain, self.argmax_head(self.hidden.index_select(0, index)))
@@ -148,7 +149,7 @@ class TreeRows:
             self._compute_chain(r)
         call = self._raw[r][0]
         if not len(self.processors):
-            best = _argmax(call.logits).tolist()                       # the head call's rows as they came
+            best = _argmax(call.logits).tolist()  # the head call's rows as they came
         else:
             best = torch.stack([self[row] for row in call.chain]).argmax(dim=-1).tolist()
         return dict(zip(call.chain, best))
@@ -166,7 +167,7 @@ class TreeRows:
                 return scores.index_select(0, index)
         return torch.stack([self[r] for r in rows])
 
-    def softmax(self) -> "_Softmax":
+    def softmax(self) -> _Softmax:
         """A view whose ``[r]`` is the softmax of the processed row ``r`` (what sampling reads); one view per
         object, so a row's softmax is computed once (acceptance, then a drafter learning from the rows)."""
         if self._softmax is None:
@@ -175,17 +176,17 @@ class TreeRows:
 
     def _compute_chain(self, r: int) -> None:
         chain = self.plan(r)
-        if chain == list(range(len(self))) and self.hidden.is_contiguous():             # every row, in order
+        if chain == list(range(len(self))) and self.hidden.is_contiguous():  # every row, in order
             self.store(chain, self.head(self.hidden))
             return
         index = upload(torch.tensor(chain, device=HOST), self.hidden.device)
-        self.store(chain, self.head(self.hidden.index_select(0, index)))                   # [k, V]
+        self.store(chain, self.head(self.hidden.index_select(0, index)))  # [k, V]
 
     def plan(self, r: int = 0) -> list[int]:
         """The rows the next head call computes when row ``r`` is read (see the module docstring); a
         batched loop computes several trees' first blocks in one head call and hands them to :meth:`store`."""
-        chain = [r] if r not in self._raw else []                       # r (read in full, or screened), then
-        r = self._first_child[r]                                       # its first child, ...
+        chain = [r] if r not in self._raw else []  # r (read in full, or screened), then
+        r = self._first_child[r]  # its first child, ...
         while r != -1 and len(chain) < self.block_rows:
             if r not in self._raw and r not in self.known_argmax:
                 chain.append(r)
@@ -219,7 +220,7 @@ class TreeRows:
     def _process(self, r: int, raw: torch.Tensor) -> torch.Tensor:
         if len(self.processors) == 0:
             return raw
-        path, row = [], r                            # the node's ancestor path (host ids), root excluded
+        path, row = [], r  # the node's ancestor path (host ids), root excluded
         while row > 0:
             path.append(self.tree.token_list[row - 1])
             row = self._parent_row[row]
@@ -233,14 +234,25 @@ class TreeRows:
 class Verified(NamedTuple):
     """What one verification returns to acceptance and the update (:func:`verified`)."""
 
-    rows: list[TreeRows]              #: each row's logits, computed where acceptance reads them
-    hidden: torch.Tensor | None       #: ``[B, N, H]`` the final hidden states (``None``: the forward showed none)
-    nodes: int                        #: ``N - 1``: the widest row's nodes (every row's block is padded to it)
+    rows: list[TreeRows]  #: each row's logits, computed where acceptance reads them
+    hidden: torch.Tensor | None  #: ``[B, N, H]`` the final hidden states (``None``: the forward showed none)
+    nodes: int  #: ``N - 1``: the widest row's nodes (every row's block is padded to it)
 
 
-def verified(out, full: bool, head_rows: Callable, trees: list[TokenTree], seqs: list[torch.Tensor],
-             processors: list[LogitsProcessorList], copy: bool = False, head: HeadFn | None = None,
-             argmax_head=None, block_rows: int | None = None, heads=None, greedy: bool = True) -> Verified:
+def verified(
+    out,
+    full: bool,
+    head_rows: Callable,
+    trees: list[TokenTree],
+    seqs: list[torch.Tensor],
+    processors: list[LogitsProcessorList],
+    copy: bool = False,
+    head: HeadFn | None = None,
+    argmax_head=None,
+    block_rows: int | None = None,
+    heads=None,
+    greedy: bool = True,
+) -> Verified:
     """A verification forward's output ``out`` as :class:`Verified`, for ``B = len(trees)`` rows of ``N`` queries (the
     forward's first ``B`` rows and ``N`` queries; more are padding). ``full``: ``out`` is the model's (its logits, the
     hidden states from ``head_rows()``, the output head's input seen at that forward), else the decoder's (its final
@@ -253,13 +265,25 @@ def verified(out, full: bool, head_rows: Callable, trees: list[TokenTree], seqs:
         logits = logits.clone() if copy else logits
         hidden = head_rows()
         hidden = hidden.reshape(*out.logits.shape[:2], -1)[:B, :N] if hidden is not None else None
-        rows = [TreeRows(tree, seq, p, raw=logits[b, : tree.num_nodes + 1])
-                for b, (tree, seq, p) in enumerate(zip(trees, seqs, processors))]
+        rows = [
+            TreeRows(tree, seq, p, raw=logits[b, : tree.num_nodes + 1])
+            for b, (tree, seq, p) in enumerate(zip(trees, seqs, processors))
+        ]
         return Verified(rows, hidden, N - 1)
     hidden = out.last_hidden_state[:B, :N]
     hidden = hidden.clone() if copy else hidden
-    rows = [TreeRows(tree, seq, p, hidden=hidden[b, : tree.num_nodes + 1], head=head, block_rows=block_rows,
-                     argmax_head=argmax_head) for b, (tree, seq, p) in enumerate(zip(trees, seqs, processors))]
+    rows = [
+        TreeRows(
+            tree,
+            seq,
+            p,
+            hidden=hidden[b, : tree.num_nodes + 1],
+            head=head,
+            block_rows=block_rows,
+            argmax_head=argmax_head,
+        )
+        for b, (tree, seq, p) in enumerate(zip(trees, seqs, processors))
+    ]
     if heads is not None:
         first_blocks(rows, hidden, heads, greedy)
     return Verified(rows, hidden, N - 1)
@@ -280,11 +304,11 @@ def first_blocks(rows: list[TreeRows], hidden: torch.Tensor, heads, greedy: bool
     else:
         logits = head(first)
         argmax_only = greedy and not any(len(r.processors) for r in rows)
-        if not argmax_only:                                      # read in full: one copy for the batch
+        if not argmax_only:  # read in full: one copy for the batch
             logits = logits.to(device=rows[0].seq.device, dtype=torch.float32)
         start = 0
         for r, plan in zip(rows, plans):
-            r.store(plan, logits[start: start + len(plan)])
+            r.store(plan, logits[start : start + len(plan)])
             start += len(plan)
         if not greedy:
             return
@@ -294,7 +318,7 @@ def first_blocks(rows: list[TreeRows], hidden: torch.Tensor, heads, greedy: bool
             best = torch.stack([r[i] for r, plan in zip(rows, plans) for i in plan]).argmax(dim=-1).tolist()
     start = 0
     for r, plan in zip(rows, plans):
-        r.store_argmax(plan, best[start: start + len(plan)], head_call=argmax_head is not None)
+        r.store_argmax(plan, best[start : start + len(plan)], head_call=argmax_head is not None)
         start += len(plan)
 
 

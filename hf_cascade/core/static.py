@@ -51,9 +51,9 @@ from transformers import Cache
 from .. import placement
 from .forward import verifies_trees
 
-try:                                                     # transformers >= 5: static layers roll back (crop)
+try:  # transformers >= 5: static layers roll back (crop)
     from transformers.cache_utils import StaticLayer
-except ImportError:                                      # pragma: no cover - very old releases
+except ImportError:  # pragma: no cover - very old releases
     StaticLayer = None
 
 #: query counts a verification is padded to (root + nodes + padding); past the last one, the count itself
@@ -69,8 +69,12 @@ def static_rollback_supported() -> bool:
 def is_static(cache) -> bool:
     """Whether ``cache`` is a static cache (every layer a :class:`StaticLayer`)."""
     layers = getattr(cache, "layers", None)
-    return bool(StaticLayer is not None and isinstance(cache, Cache) and layers
-                and all(isinstance(layer, StaticLayer) for layer in layers))
+    return bool(
+        StaticLayer is not None
+        and isinstance(cache, Cache)
+        and layers
+        and all(isinstance(layer, StaticLayer) for layer in layers)
+    )
 
 
 def is_filled(cache) -> bool:
@@ -79,7 +83,7 @@ def is_filled(cache) -> bool:
     return any(getattr(layer, "is_initialized", False) for layer in cache.layers) and int(cache.get_seq_length()) > 0
 
 
-_CAPACITY: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
+_CAPACITY: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
 
 
 def kept_capacity(target: torch.nn.Module, capacity: int) -> int:
@@ -121,7 +125,7 @@ class _VisibleStaticLayer(StaticLayer if StaticLayer is not None else object):
     def update(self, key_states, value_states, *args, **kwargs):
         if self.rows is None or not self.is_initialized or self.rows == self.keys.shape[0]:
             keys, values = super().update(key_states, value_states, *args, **kwargs)
-        else:                                           # StaticLayer.update on the first rows' view of the buffers
+        else:  # StaticLayer.update on the first rows' view of the buffers
             columns = torch.arange(key_states.shape[-2], device=self.device) + self.cumulative_length
             self.cumulative_length.add_(key_states.shape[-2])
             keys, values = self.keys[: self.rows], self.values[: self.rows]
@@ -153,25 +157,28 @@ class StaticSlots:
     def __init__(self, target, given: Cache | None, capacity: int, fixed_shapes: bool = True):
         if given is not None:
             if is_filled(given):
-                raise ValueError("hf_cascade assistants start from the prompt: a filled StaticCache is not supported "
-                                 "(pass a new one).")
+                raise ValueError(
+                    "hf_cascade assistants start from the prompt: a filled StaticCache is not supported "
+                    "(pass a new one)."
+                )
             full = [layer.max_cache_len for layer in given.layers if not getattr(layer, "is_sliding", False)]
-            capacity = max(full) if full else capacity       # a sliding layer's size is its window, not the cache's
+            capacity = max(full) if full else capacity  # a sliding layer's size is its window, not the cache's
             self.cache = given
         else:
             from transformers import StaticCache
+
             self.cache = StaticCache(config=target.config, max_cache_len=capacity)
         self.sliced = not fixed_shapes or not verifies_trees(target)
         layers = self.cache.layers
-        for i, layer in enumerate(layers):                       # unfilled: nothing is lost
-            if self.sliced:                                      # attention over the visible columns only
+        for i, layer in enumerate(layers):  # unfilled: nothing is lost
+            if self.sliced:  # attention over the visible columns only
                 layers[i] = _VisibleStaticLayer(max_cache_len=capacity)
             elif getattr(layer, "is_sliding", False) or layer.max_cache_len != capacity or layer.is_initialized:
-                layers[i] = StaticLayer(max_cache_len=capacity)     # an early-initialised layer: the call's own shapes
+                layers[i] = StaticLayer(max_cache_len=capacity)  # an early-initialised layer: the call's own shapes
         self.fixed_shapes = fixed_shapes
         self.capacity = capacity
-        self.length = 0                          # columns holding verified tokens' K/V (the host's count)
-        self.written = 0                         # columns the last forward left the device counter at
+        self.length = 0  # columns holding verified tokens' K/V (the host's count)
+        self.written = 0  # columns the last forward left the device counter at
 
     def columns(self, queries: int) -> int:
         """The columns the attention of a forward of ``queries`` columns after the verified prefix sees: the verified
@@ -196,11 +203,14 @@ class StaticSlots:
     def keep(self, kept: int, path: list[int]) -> None:
         """Keep ``kept`` columns of the last forward's (``path``: its accepted tree nodes, root excluded, copied into
         the columns after the root when they are not already there) and drop the rest."""
-        root = self.length                                  # the root's column
+        root = self.length  # the root's column
         if path and path != list(range(len(path))):
             # the source and destination columns in one tensor, sent once per device (not once per layer)
-            columns = torch.tensor([[root + 1 + i for i in path], list(range(root + 1, root + 1 + len(path)))],
-                                   dtype=torch.long, device=placement.HOST)
+            columns = torch.tensor(
+                [[root + 1 + i for i in path], list(range(root + 1, root + 1 + len(path)))],
+                dtype=torch.long,
+                device=placement.HOST,
+            )
             on: dict[torch.device, torch.Tensor] = {}
             for layer in self.cache.layers:
                 if not getattr(layer, "is_initialized", False):
@@ -222,7 +232,7 @@ class StaticSlots:
             self.length -= count
             self.written = self.length
 
-    def view(self) -> "StaticView":
+    def view(self) -> StaticView:
         """The verified prefix as a cache a drafter may read (:class:`StaticView`)."""
         return StaticView(self.cache, self.length)
 
@@ -260,8 +270,8 @@ class StaticBatch:
     def __init__(self, slots: StaticSlots, batch: int):
         self.slots, self.fixed_shapes = slots, slots.fixed_shapes
         self.cache, self.capacity, self.batch = slots.cache, slots.capacity, batch
-        self.live = batch                          # rows still running: the buffers' first rows
-        self.width = 0                             # the columns the next forward's attention sees
+        self.live = batch  # rows still running: the buffers' first rows
+        self.width = 0  # the columns the next forward's attention sees
 
     @property
     def length(self) -> int:
@@ -314,7 +324,7 @@ class StaticBatch:
         for kv in self._buffers():
             live = kv[:rows]
             idx = host.to(kv.device)[:, None, :, None].expand(rows, kv.shape[1], width, kv.shape[3])
-            live[:, :, start:start + width].copy_(live.gather(2, idx))
+            live[:, :, start : start + width].copy_(live.gather(2, idx))
 
     def keep_rows(self, stay: list[int]) -> None:
         """Only the running rows ``stay`` (indices among the running rows) go on: moved to the first rows."""
@@ -330,5 +340,14 @@ class StaticBatch:
         self.slots.show(None)
 
 
-__all__ = ["QUERY_BUCKETS", "StaticBatch", "StaticSlots", "StaticView", "bucket", "call_capacity", "is_static",
-           "kept_capacity", "static_rollback_supported"]
+__all__ = [
+    "QUERY_BUCKETS",
+    "StaticBatch",
+    "StaticSlots",
+    "StaticView",
+    "bucket",
+    "call_capacity",
+    "is_static",
+    "kept_capacity",
+    "static_rollback_supported",
+]

@@ -44,11 +44,11 @@ class LevelStats:
     """One drafter of a cascade (or the single drafter of a strategy)."""
 
     name: str
-    forward_calls: int = 0          # neural forward passes (0 for statistical drafters)
-    forward_tokens: int = 0         # tokens (rows) those forwards ran, catch-up tokens and beams included
-    proposals: int = 0              # times this level proposed tokens to its reviewer
+    forward_calls: int = 0  # neural forward passes (0 for statistical drafters)
+    forward_tokens: int = 0  # tokens (rows) those forwards ran, catch-up tokens and beams included
+    proposals: int = 0  # times this level proposed tokens to its reviewer
     tokens_proposed: int = 0
-    tokens_accepted: int = 0        # accepted by the level directly above it
+    tokens_accepted: int = 0  # accepted by the level directly above it
     acceptance_by_position: PositionCounts = field(default_factory=PositionCounts)
 
 
@@ -128,8 +128,16 @@ class GenerationStats:
         self.tree_depths.append(num_proposed)
         self.tree_leaves.append(1 if num_proposed else 0)
 
-    def record_step(self, num_nodes: int, depth: int, leaves: int, path: list[int], emitted: int,
-                    head_rows: int | None = None, head_calls: int = 1) -> None:
+    def record_step(
+        self,
+        num_nodes: int,
+        depth: int,
+        leaves: int,
+        path: list[int],
+        emitted: int,
+        head_rows: int | None = None,
+        head_calls: int = 1,
+    ) -> None:
         """One verification of an ``num_nodes``-node draft that emitted ``emitted`` tokens (``>= 1``)
         along ``path``, for which the output head computed ``head_rows`` rows (default: all
         ``n + 1``) in ``head_calls`` calls. Host values only (no device reads)."""
@@ -220,11 +228,17 @@ class BatchStats:
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
 
     def to_dict(self) -> dict:
-        return {"target_calls": self.target_calls, "prefill_calls": self.prefill_calls,
-                "new_tokens": self.new_tokens, "tokens_per_target_call": self.tokens_per_target_call,
-                "rows_per_call": list(self.rows_per_call), "width_per_call": list(self.width_per_call),
-                "compactions": self.compactions, "phase_seconds": dict(self.phase_seconds),
-                "rows": [r.to_dict() for r in self.rows]}
+        return {
+            "target_calls": self.target_calls,
+            "prefill_calls": self.prefill_calls,
+            "new_tokens": self.new_tokens,
+            "tokens_per_target_call": self.tokens_per_target_call,
+            "rows_per_call": list(self.rows_per_call),
+            "width_per_call": list(self.width_per_call),
+            "compactions": self.compactions,
+            "phase_seconds": dict(self.phase_seconds),
+            "rows": [r.to_dict() for r in self.rows],
+        }
 
 
 #: Whether the phase timers built now wait for the accelerators at each phase's edges (:class:`PhaseTimer`); set for a
@@ -268,7 +282,7 @@ class PhaseTimer:
         """Whether the phases wait for an accelerator (asked for, and the target runs on one)."""
         return bool(self._devices)
 
-    def __call__(self, phase: str) -> "_Phase":
+    def __call__(self, phase: str) -> _Phase:
         return _Phase(self._stats, phase, self._devices)
 
 

@@ -49,7 +49,7 @@ def prune_tree(
     depth, parents = tree.depth_list, tree.parent_list
     if stop:
         tokens = tree.token_list
-        below_stop = [False] * n                       # a strict ancestor is a stop token
+        below_stop = [False] * n  # a strict ancestor is a stop token
         for i, p in enumerate(parents):
             below_stop[i] = p >= 0 and (below_stop[p] or tokens[p] in stop)
         keep = [d < budget and not b for d, b in zip(depth, below_stop)]
@@ -73,10 +73,15 @@ class Stopper:
         criteria = list(stopping_criteria or [])
         # transformers' own max-length / EOS criteria are decided on host ids below; others are called
         self.criteria = [c for c in criteria if type(c).__name__ not in _HOST_CRITERIA]
-        self.eos_criteria = {int(t) for c in criteria if type(c).__name__ == "EosTokenCriteria"
-                             for t in torch.as_tensor(c.eos_token_id).flatten().tolist()}
-        self.max_length = min([self.max_length] + [int(c.max_length) for c in criteria
-                                                    if type(c).__name__ == "MaxLengthCriteria"])
+        self.eos_criteria = {
+            int(t)
+            for c in criteria
+            if type(c).__name__ == "EosTokenCriteria"
+            for t in torch.as_tensor(c.eos_token_id).flatten().tolist()
+        }
+        self.max_length = min(
+            [self.max_length] + [int(c.max_length) for c in criteria if type(c).__name__ == "MaxLengthCriteria"]
+        )
 
     def emitted(self, seq: torch.Tensor, length: int, new_tokens: list[int], scores=None) -> tuple[int, bool]:
         """``seq``: ``[L + m]`` the sequence with the ``m`` = ``len(new_tokens)`` new tokens appended
@@ -88,7 +93,10 @@ class Stopper:
             n = length + j + 1
             if token in self.stop_set or token in self.eos_criteria or n >= self.max_length:
                 return j + 1, True
-            if self.criteria and any(bool(c(seq[None, :n], scores[: base + j + 1] if scores is not None else None).any()) for c in self.criteria):
+            if self.criteria and any(
+                bool(c(seq[None, :n], scores[: base + j + 1] if scores is not None else None).any())
+                for c in self.criteria
+            ):
                 return j + 1, True
         return len(new_tokens), False
 

@@ -14,9 +14,9 @@ node). A strategy's own layout is built from these in its folder (GLIDE's CAPE t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
 
 import torch
 
@@ -52,7 +52,9 @@ class TokenTree:
         tokens = torch.as_tensor(self.tokens)
         parents = torch.as_tensor(self.parents, device=tokens.device)
         if tokens.ndim != 1 or parents.ndim != 1:
-            raise ValueError(f"tokens and parents must be 1-D, got shapes {tuple(tokens.shape)} and {tuple(parents.shape)}")
+            raise ValueError(
+                f"tokens and parents must be 1-D, got shapes {tuple(tokens.shape)} and {tuple(parents.shape)}"
+            )
         if tokens.shape != parents.shape:
             raise ValueError(f"tokens ({tokens.shape[0]}) and parents ({parents.shape[0]}) must have the same length")
         for name, t in (("tokens", tokens), ("parents", parents)):
@@ -62,16 +64,16 @@ class TokenTree:
         n = tokens.shape[0]
         host_p, host_t = self.host_parents, self.host_tokens
         on_host = tokens.device.type == "cpu"
-        if n == 0:                                              # nothing to read
+        if n == 0:  # nothing to read
             host_p, host_t = (() if host_p is None else host_p), (() if host_t is None else host_t)
         elif host_p is None:
-            if host_t is None:                                  # one transfer: parents and tokens (kept on the host)
+            if host_t is None:  # one transfer: parents and tokens (kept on the host)
                 both = torch.cat([parents, tokens]).tolist()
                 host_p, host_t = both[:n], both[n:]
             else:
                 host_p = parents.tolist()
         elif on_host and host_t is None:
-            host_t = tokens.tolist()                            # a host tensor: one read, then kept (no device sync)
+            host_t = tokens.tolist()  # a host tensor: one read, then kept (no device sync)
         host_p = tuple(int(p) for p in host_p)
         if len(host_p) != n:
             raise ValueError(f"host_parents has {len(host_p)} entries for {n} nodes")
@@ -98,7 +100,7 @@ class TokenTree:
 
     @property
     def num_nodes(self) -> int:
-        return len(self.host_parents)                     # one per node, on the host
+        return len(self.host_parents)  # one per node, on the host
 
     @property
     def parent_list(self) -> tuple[int, ...]:
@@ -132,9 +134,11 @@ class TokenTree:
         idx = torch.arange(n, device=device)
         a = torch.zeros(n, n, dtype=torch.float32, device=device)
         a[idx, idx] = 1.0
-        child = [i for i, p in enumerate(self.host_parents) if p >= 0]          # from the host structure
+        child = [i for i, p in enumerate(self.host_parents) if p >= 0]  # from the host structure
         if child:
-            a[torch.tensor(child, device=device), torch.tensor([self.host_parents[i] for i in child], device=device)] = 1.0
+            a[
+                torch.tensor(child, device=device), torch.tensor([self.host_parents[i] for i in child], device=device)
+            ] = 1.0
         for _ in range(math.ceil(math.log2(n)) if n > 1 else 0):
             a = ((a @ a) > 0).float()
         return a > 0
@@ -182,7 +186,7 @@ class TokenTree:
             return self.num_nodes, 1
         return max(self.depth_list) + 1, len(set(range(self.num_nodes)) - set(self.host_parents))
 
-    def with_root(self, token: int | torch.Tensor) -> "TokenTree":
+    def with_root(self, token: int | torch.Tensor) -> TokenTree:
         """The ``n + 1``-node tree whose node 0 is the root ``token`` (the last verified token) and
         whose node ``i + 1`` is this tree's node ``i``."""
         host_p = (-1,) + tuple(p + 1 for p in self.host_parents)
@@ -191,10 +195,11 @@ class TokenTree:
             both = torch.tensor([host_t, host_p], dtype=torch.long, device=self.tokens.device)
             return TokenTree._unchecked(both[0], both[1], host_p, host_t)
         root = torch.as_tensor(token, device=self.tokens.device).long().reshape(1)
-        return TokenTree._unchecked(torch.cat([root, self.tokens]), torch.cat([root.new_full((1,), -1), self.parents + 1]),
-                                    host_p, None)
+        return TokenTree._unchecked(
+            torch.cat([root, self.tokens]), torch.cat([root.new_full((1,), -1), self.parents + 1]), host_p, None
+        )
 
-    def select(self, keep: torch.Tensor) -> "TokenTree":
+    def select(self, keep: torch.Tensor) -> TokenTree:
         """The subtree of the nodes where ``keep`` (``[n]`` bool, a tensor or host bools) is true, renumbered in node
         order.
 
@@ -203,9 +208,9 @@ class TokenTree:
         if isinstance(keep, torch.Tensor):
             if keep.shape != self.tokens.shape:
                 raise ValueError(f"keep must have one entry per node ({self.num_nodes}), got {tuple(keep.shape)}")
-            keep_list = keep.bool().tolist()                        # one read; the rest runs on the host
+            keep_list = keep.bool().tolist()  # one read; the rest runs on the host
         else:
-            keep_list = [bool(k) for k in keep]                     # host values: no read
+            keep_list = [bool(k) for k in keep]  # host values: no read
             if len(keep_list) != self.num_nodes:
                 raise ValueError(f"keep must have one entry per node ({self.num_nodes}), got ({len(keep_list)},)")
         parents = self.host_parents
@@ -215,17 +220,21 @@ class TokenTree:
         new_index = {old: new for new, old in enumerate(kept)}
         new_parents = [new_index[parents[i]] if parents[i] >= 0 else -1 for i in kept]
         device = self.tokens.device
-        if self.host_tokens is not None:                            # host values: the tensors in one copy, no check
+        if self.host_tokens is not None:  # host values: the tensors in one copy, no check
             host_t = tuple(self.host_tokens[i] for i in kept)
             both = upload(torch.tensor([host_t, new_parents], dtype=torch.long, device=HOST), device)
             both = both.reshape(2, len(kept))
             return TokenTree._unchecked(both[0], both[1], tuple(new_parents), host_t)
-        return TokenTree._unchecked(self.tokens.index_select(0, torch.tensor(kept, dtype=torch.long, device=device)),
-                                    torch.tensor(new_parents, dtype=torch.long, device=device), tuple(new_parents), None)
+        return TokenTree._unchecked(
+            self.tokens.index_select(0, torch.tensor(kept, dtype=torch.long, device=device)),
+            torch.tensor(new_parents, dtype=torch.long, device=device),
+            tuple(new_parents),
+            None,
+        )
 
     # -- builders -------------------------------------------------------------------------------
     @classmethod
-    def chain(cls, tokens: torch.Tensor, host_tokens: Sequence[int] | None = None) -> "TokenTree":
+    def chain(cls, tokens: torch.Tensor, host_tokens: Sequence[int] | None = None) -> TokenTree:
         """A single path (a plain speculative-decoding draft); ``host_tokens``: ``tokens`` as host ints when the
         drafter has them (then nothing of the tree is ever read from the device)."""
         tokens = torch.as_tensor(tokens).long().flatten()
@@ -238,7 +247,7 @@ class TokenTree:
         return cls._unchecked(tokens, *_chain_parents(n, tokens.device), host_tokens)
 
     @classmethod
-    def empty(cls, device: torch.device | str | None = None) -> "TokenTree":
+    def empty(cls, device: torch.device | str | None = None) -> TokenTree:
         """The tree without nodes on ``device``: made once per device and shared (a tree is never written), for
         the steps a drafter drafts nothing."""
         device = torch.device(device if device is not None else "cpu")
@@ -248,8 +257,9 @@ class TokenTree:
         return tree
 
     @classmethod
-    def from_host(cls, tokens: Sequence[int], parents: Sequence[int],
-                  device: torch.device | str | None = None) -> "TokenTree":
+    def from_host(
+        cls, tokens: Sequence[int], parents: Sequence[int], device: torch.device | str | None = None
+    ) -> TokenTree:
         """A tree from host lists (checked on the host as :class:`TokenTree` checks them), its tensors made on
         ``device`` in one copy: the builder of drafters that expand on the host."""
         host_t, host_p = tuple(map(int, tokens)), tuple(map(int, parents))
@@ -259,26 +269,41 @@ class TokenTree:
             raise ValueError("tokens must be >= 0")
         for i, p in enumerate(host_p):
             if p < -1 or p >= i:
-                raise ValueError(f"node {i} has parent {p}: parents must precede their children "
-                                 "(-1 <= parents[i] < i, with -1 meaning the root)")
-        both = upload(torch.tensor([host_t, host_p], dtype=torch.long, device=HOST), device or HOST) if host_t else \
-            torch.empty(2, 0, dtype=torch.long, device=device)
+                raise ValueError(
+                    f"node {i} has parent {p}: parents must precede their children "
+                    "(-1 <= parents[i] < i, with -1 meaning the root)"
+                )
+        both = (
+            upload(torch.tensor([host_t, host_p], dtype=torch.long, device=HOST), device or HOST)
+            if host_t
+            else torch.empty(2, 0, dtype=torch.long, device=device)
+        )
         return cls._unchecked(both[0], both[1], host_p, host_t)
 
     @classmethod
-    def _unchecked(cls, tokens: torch.Tensor, parents: torch.Tensor, host_parents: tuple[int, ...],
-                   host_tokens: tuple[int, ...] | None) -> "TokenTree":
+    def _unchecked(
+        cls,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        host_parents: tuple[int, ...],
+        host_tokens: tuple[int, ...] | None,
+    ) -> TokenTree:
         """A tree whose fields are valid by construction (built from a valid tree or checked on the host): no
         check per node and no conversion (a tree is built at every step)."""
         tree = object.__new__(cls)
-        for name, value in (("tokens", tokens), ("parents", parents), ("host_parents", host_parents),
-                            ("host_tokens", host_tokens)):
+        for name, value in (
+            ("tokens", tokens),
+            ("parents", parents),
+            ("host_parents", host_parents),
+            ("host_tokens", host_tokens),
+        ):
             object.__setattr__(tree, name, value)
         return tree
 
 
-def prefix_tree(paths: torch.Tensor, rows: list[list[int]] | None = None
-                ) -> tuple[TokenTree, torch.Tensor, list[list[int]]]:
+def prefix_tree(
+    paths: torch.Tensor, rows: list[list[int]] | None = None
+) -> tuple[TokenTree, torch.Tensor, list[list[int]]]:
     """The ``w`` token paths ``paths`` (``[w, L]``) merged into one tree, each shared prefix one node.
 
     Position ``(i, j)`` opens a node iff no earlier path shares ``paths[i, :j + 1]``. Nodes are numbered path-major,
@@ -296,11 +321,11 @@ def prefix_tree(paths: torch.Tensor, rows: list[list[int]] | None = None
         raise ValueError(f"paths must be [w, L] with w >= 1, got shape {tuple(paths.shape)}")
     rows = paths.long().tolist() if rows is None else rows
     w, L = paths.shape
-    owner: dict[tuple[int, ...], int] = {}                 # prefix -> the smallest path holding it
+    owner: dict[tuple[int, ...], int] = {}  # prefix -> the smallest path holding it
     match = [[owner.setdefault(tuple(row[: j + 1]), i) for j in range(L)] for i, row in enumerate(rows)]
     node_id = [[-1] * L for _ in range(w)]
     tokens, parents, count = [], [], 0
-    for i in range(w):                                     # path-major node numbering
+    for i in range(w):  # path-major node numbering
         for j in range(L):
             if match[i][j] == i:
                 node_id[i][j] = count
@@ -316,8 +341,8 @@ def prefix_tree(paths: torch.Tensor, rows: list[list[int]] | None = None
     return tree, upload(torch.tensor(path_to_node, dtype=torch.long, device=HOST), device), path_to_node
 
 
-_EMPTY: dict[torch.device, TokenTree] = {}     # device -> TokenTree.empty's tree
-_CHAIN: dict[tuple[int, torch.device], tuple[torch.Tensor, tuple[int, ...]]] = {}   # (n, device) -> a chain's parents
+_EMPTY: dict[torch.device, TokenTree] = {}  # device -> TokenTree.empty's tree
+_CHAIN: dict[tuple[int, torch.device], tuple[torch.Tensor, tuple[int, ...]]] = {}  # (n, device) -> a chain's parents
 
 
 def _chain_parents(n: int, device: torch.device) -> tuple[torch.Tensor, tuple[int, ...]]:

@@ -35,7 +35,7 @@ class SeedTrie:
     children: dict[int, list[tuple[int, float, int]]] = field(default_factory=dict)
 
     @classmethod
-    def path(cls, tokens: list[int], match: int = 1) -> "SeedTrie":
+    def path(cls, tokens: list[int], match: int = 1) -> SeedTrie:
         """One continuation, every share 1."""
         trie = cls(match if tokens else 0)
         for i, t in enumerate(tokens):
@@ -54,9 +54,9 @@ def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matc
         return SeedTrie(m)
     continuations = []
     last = len(tokens) - 1
-    for end in ends:                                       # most recent first: ties keep that order
-        if last - end >= depth:                            # no wrap-around: follow()'s slice, made here
-            continuations.append(tuple(tokens[end + 1:end + 1 + depth]))
+    for end in ends:  # most recent first: ties keep that order
+        if last - end >= depth:  # no wrap-around: follow()'s slice, made here
+            continuations.append(tuple(tokens[end + 1 : end + 1 + depth]))
         else:
             continuations.append(tuple(follow(tokens, end, depth)))
     return continuation_trie(m, continuations)
@@ -65,15 +65,15 @@ def suffix_continuations(tokens: list[int], max_ngram: int, depth: int, max_matc
 def continuation_trie(match: int, continuations: list[tuple[int, ...]]) -> SeedTrie:
     """The :class:`SeedTrie` of ``continuations`` (non-empty, each what followed one occurrence of a ``match``-token
     suffix, most recent first), ranked by how many occurrences each branch continues."""
-    seen: dict[tuple[int, ...], int] = {}                  # continuation -> its occurrences, in order of first sight
+    seen: dict[tuple[int, ...], int] = {}  # continuation -> its occurrences, in order of first sight
     for continuation in continuations:
         seen[continuation] = seen.get(continuation, 0) + 1
-    if len(seen) == 1:                                     # every occurrence continued alike: one path, shares 1
-        return SeedTrie.path(list(continuations[0]), match)   # (the numbering below gives the same nodes)
+    if len(seen) == 1:  # every occurrence continued alike: one path, shares 1
+        return SeedTrie.path(list(continuations[0]), match)  # (the numbering below gives the same nodes)
     trie = SeedTrie(match)
-    kids_of: dict[int, dict[int, int]] = {}                # node -> token -> child id (in order of first sight)
-    through: list[int] = []                                # child id -> occurrences through it
-    for continuation, count in seen.items():               # a repeated continuation walked once
+    kids_of: dict[int, dict[int, int]] = {}  # node -> token -> child id (in order of first sight)
+    through: list[int] = []  # child id -> occurrences through it
+    for continuation, count in seen.items():  # a repeated continuation walked once
         node = -1
         for token in continuation:
             kids = kids_of.setdefault(node, {})
@@ -84,7 +84,7 @@ def continuation_trie(match: int, continuations: list[tuple[int, ...]]) -> SeedT
             through[node] += count
     for node, kids in kids_of.items():
         total = len(continuations) if node == -1 else through[node]
-        ranked = sorted(kids.items(), key=lambda kv: -through[kv[1]])    # stable: recency among equal counts
+        ranked = sorted(kids.items(), key=lambda kv: -through[kv[1]])  # stable: recency among equal counts
         trie.children[node] = [(token, through[child] / total, child) for token, child in ranked]
     return trie
 
@@ -96,7 +96,7 @@ class SeedRates:
     (for one path: a Beta(1, 1) prior), capped below 1 so that no seed token is estimated certain."""
 
     def __init__(self) -> None:
-        self.hits: dict[int, list[float]] = {}             # bucket -> [accepted, sum of the reached seeds' shares]
+        self.hits: dict[int, list[float]] = {}  # bucket -> [accepted, sum of the reached seeds' shares]
 
     @staticmethod
     def bucket(match: int) -> int:

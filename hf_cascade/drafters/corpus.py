@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -80,8 +80,9 @@ class CorpusNGrams:
 
     # -- fitting -------------------------------------------------------------------------------
     @classmethod
-    def fit(cls, sequences: Iterable[tuple[Sequence[int], int]], vocab_size: int, max_n: int = 4,
-            min_count: int = 2) -> "CorpusNGrams":
+    def fit(
+        cls, sequences: Iterable[tuple[Sequence[int], int]], vocab_size: int, max_n: int = 4, min_count: int = 2
+    ) -> CorpusNGrams:
         """Count over ``(ids, start)`` pairs: every token ``ids[i]`` with ``i >= start`` (a response
         token) after each of its contexts ``ids[i-n:i]`` (``n = 1 .. max_n``, contexts may reach into
         the prompt). Contexts seen fewer than ``min_count`` times are dropped; ties in the next token
@@ -95,7 +96,7 @@ class CorpusNGrams:
                 raise ValueError(f"token ids must lie in [0, {vocab_size}).")
             for i in range(max(int(start), 1), len(ids)):
                 for n in range(1, min(max_n, i) + 1):
-                    counts[tuple(ids[i - n:i])][ids[i]] += 1
+                    counts[tuple(ids[i - n : i])][ids[i]] += 1
         table = {}
         for ctx, c in counts.items():
             total = sum(c.values())
@@ -105,7 +106,9 @@ class CorpusNGrams:
         return cls(table, vocab_size, max_n)
 
     @classmethod
-    def from_store(cls, path: str | Path, vocab_size: int | None = None, max_n: int = 4, min_count: int = 2) -> "CorpusNGrams":
+    def from_store(
+        cls, path: str | Path, vocab_size: int | None = None, max_n: int = 4, min_count: int = 2
+    ) -> CorpusNGrams:
         """Fit on the responses of a distillation store (``hf-cascade distill``)."""
         from ..training.store import DistillStore
 
@@ -127,7 +130,7 @@ class CorpusNGrams:
     def chain(self, tokens: Sequence[int], k: int, min_confidence: float = 0.0) -> tuple[list[int], CorpusMatch | None]:
         """Up to ``k`` tokens, each the prediction after ``tokens`` and the chain so far, while its
         confidence is at least ``min_confidence``; and the first token's match (``None``: no draft)."""
-        ctx, out, first = list(tokens[-self.max_n:]), [], None
+        ctx, out, first = list(tokens[-self.max_n :]), [], None
         for _ in range(k):
             m = self.match(ctx)
             if m is None or m.confidence < min_confidence:
@@ -156,8 +159,15 @@ class CorpusNGrams:
         save_file(tensors, str(path), metadata=meta)
 
     @classmethod
-    def load(cls, path: str | Path, *, filename: str = "corpus.safetensors", revision: str | None = None,
-             token: str | bool | None = None, cache_dir: str | Path | None = None) -> "CorpusNGrams":
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        filename: str = "corpus.safetensors",
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | Path | None = None,
+    ) -> CorpusNGrams:
         """Read a file written by :meth:`save` (``ValueError`` for anything else). ``path``: the file, a local
         directory holding ``filename``, or a Hub repo id (``filename`` of the repo at ``revision``, through
         ``huggingface_hub.hf_hub_download``: the local Hub cache first, ``HF_HUB_OFFLINE`` honoured)."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-
 from ..core.accept import path_list
 from ..core.draws import keep_drawn
 from ..core.stats import LevelStats
@@ -55,17 +54,19 @@ class LookupBranch:
 
     def __init__(self, max_ngram: int = 8, max_matches: int = 16, depth: int = 8, memory: AnswerMemory | None = None):
         if max_ngram < 1 or max_matches < 1 or depth < 1:
-            raise ValueError(f"LookupBranch needs max_ngram, max_matches and depth >= 1, "
-                             f"got {max_ngram}, {max_matches}, {depth}")
+            raise ValueError(
+                f"LookupBranch needs max_ngram, max_matches and depth >= 1, got {max_ngram}, {max_matches}, {depth}"
+            )
         self.max_ngram, self.max_matches, self.depth = int(max_ngram), int(max_matches), int(depth)
         self.memory = memory
         self.rates = SeedRates()
         self._bucket = 0
-        self._shares: list[float] = []           # the last selected tree's seed shares per node (0: not a seed)
-        self.steps = self.proposed = self.accepted = 0    # steps with seeds, seed nodes verified, seed nodes accepted
+        self._shares: list[float] = []  # the last selected tree's seed shares per node (0: not a seed)
+        self.steps = self.proposed = self.accepted = 0  # steps with seeds, seed nodes verified, seed nodes accepted
 
-    def join(self, tree: TokenTree, estimates: list[float], tokens: list[int], depth: int, merge: bool = True
-             ) -> tuple[TokenTree, list[float], list[bool], list[float]]:
+    def join(
+        self, tree: TokenTree, estimates: list[float], tokens: list[int], depth: int, merge: bool = True
+    ) -> tuple[TokenTree, list[float], list[bool], list[float]]:
         """``tree`` (the model's, node estimates ``estimates``) with the seeds after ``tokens`` (the verified
         sequence, host list) merged in: ``(tree, estimates, from_model, shares)`` in the merged node order
         (the model's nodes first, unchanged). ``merge=False``: every seed is a new node, none shares a model
@@ -75,38 +76,39 @@ class LookupBranch:
             tree = TokenTree.from_host(host_tokens, host_parents, tree.tokens.device)
         return tree, estimates, from_model, shares
 
-    def _merged(self, tree: TokenTree, estimates: list[float], tokens: list[int], depth: int, merge: bool
-                ) -> tuple[list[int] | None, list[int], list[float], list[bool], list[float]]:
+    def _merged(
+        self, tree: TokenTree, estimates: list[float], tokens: list[int], depth: int, merge: bool
+    ) -> tuple[list[int] | None, list[int], list[float], list[bool], list[float]]:
         """:meth:`join` on the host: the merged tree as host lists of tokens (``None``: no seed joined, ``tree``
         as it is) and parents, and the node lists."""
         depth = min(self.depth, depth)
         trie, bucket = self._seeds(tokens, depth) if depth > 0 else (None, 0)
         n = tree.num_nodes
         estimates, from_model, shares = list(estimates), [True] * n, [0.0] * n
-        if trie is None or not trie.children:                      # no seed: the tree's tokens are not read
+        if trie is None or not trie.children:  # no seed: the tree's tokens are not read
             return None, list(tree.host_parents), estimates, from_model, shares
         host_tokens, host_parents = list(tree.token_list), list(tree.host_parents)
         self._bucket = bucket
         rate = self.rates.rate(self._bucket)
         below = {(p, t): i for i, (p, t) in enumerate(zip(host_parents, host_tokens))} if merge else {}
         children = trie.children
-        todo = [(-1, -1)]                                          # (trie node, its tree node), level order
-        for at, node in todo:                                      # (the loop reaches what it appends)
+        todo = [(-1, -1)]  # (trie node, its tree node), level order
+        for at, node in todo:  # (the loop reaches what it appends)
             if at not in children:
                 continue
             for token, share, child in children[at]:
                 key = (node, token)
                 estimate = rate * share
-                if key in below:                                   # a model node: the larger estimate
+                if key in below:  # a model node: the larger estimate
                     i = below[key]
-                    if estimate > estimates[i]:                    # max(estimates[i], estimate)
+                    if estimate > estimates[i]:  # max(estimates[i], estimate)
                         estimates[i] = estimate
                     shares[i] = share
-                else:                                              # a new node (parents precede children)
+                else:  # a new node (parents precede children)
                     i = below[key] = len(host_tokens)
                     host_tokens.append(token)
                     host_parents.append(node)
-                    estimates.append(estimate if estimate > 0.0 else 0.0)     # max(0.0, estimate)
+                    estimates.append(estimate if estimate > 0.0 else 0.0)  # max(0.0, estimate)
                     from_model.append(False)
                     shares.append(share)
                 todo.append((child, i))
@@ -119,19 +121,28 @@ class LookupBranch:
         if self.memory is not None:
             m, found = self.memory.occurrences(tokens, self.max_ngram, self.max_matches)
             if m > trie.match:
-                trie = continuation_trie(m, [tuple(answer[end + 1:end + 1 + depth]) for answer, end in found])
+                trie = continuation_trie(m, [tuple(answer[end + 1 : end + 1 + depth]) for answer, end in found])
                 return trie, MEMORY_SEEDS + SeedRates.bucket(m)
         return trie, SeedRates.bucket(trie.match)
 
-    def cut(self, policy, tree: TokenTree, probs: list[float], state, linear: bool = False,
-            drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
+    def cut(
+        self, policy, tree: TokenTree, probs: list[float], state, linear: bool = False, drawn: int = 0
+    ) -> tuple[TokenTree, list[float | None]]:
         """:meth:`select` after the verified sequence of ``state`` (a
         :class:`~hf_cascade.core.strategy.TreeStep`: its host tokens, its length budget)."""
         tokens = state.tokens if state.tokens is not None else state.seq.tolist()
         return self.select(policy, tree, probs, tokens, state.budget, linear, drawn)
 
-    def select(self, policy, tree: TokenTree, probs: list[float], tokens: list[int], depth: int,
-               linear: bool = False, drawn: int = 0) -> tuple[TokenTree, list[float | None]]:
+    def select(
+        self,
+        policy,
+        tree: TokenTree,
+        probs: list[float],
+        tokens: list[int],
+        depth: int,
+        linear: bool = False,
+        drawn: int = 0,
+    ) -> tuple[TokenTree, list[float | None]]:
         """Join the seeds to the model's ``tree`` (draft probabilities ``probs``, node order), calibrate the
         model's nodes with ``policy`` (the call's :class:`~hf_cascade.core.payoff.DraftPolicy`) and keep what pays.
         Returns the kept tree and, per kept node, its draft probability (``None`` for a seed-only node: the
@@ -149,8 +160,8 @@ class LookupBranch:
         estimates = policy.calibrated_all(probs)
         host_tokens, parents, estimates, from_model, shares = self._merged(tree, estimates, tokens, depth, not drawn)
         node_probs = [probs[i] if model else None for i, model in enumerate(from_model)]
-        nodes, sub = list(range(len(parents))), parents             # the merged tree's nodes still in, their parents
-        if linear and nodes:                                        # one path: the best one
+        nodes, sub = list(range(len(parents))), parents  # the merged tree's nodes still in, their parents
+        if linear and nodes:  # one path: the best one
             nodes = _path_nodes(parents, estimates)
             sub = _renumbered(parents, nodes)
         if not nodes:
@@ -159,7 +170,7 @@ class LookupBranch:
         keep = keep_drawn(policy.keep(_Merged(tuple(sub)), [estimates[i] for i in nodes]), drawn)
         nodes = [i for i, k in zip(nodes, keep) if k]
         node_probs, self._shares = [node_probs[i] for i in nodes], [shares[i] for i in nodes]
-        if host_tokens is None:                                     # the model's tree alone: cut as it is
+        if host_tokens is None:  # the model's tree alone: cut as it is
             kept = set(nodes)
             tree = tree.select([i in kept for i in range(tree.num_nodes)])
         else:
@@ -190,15 +201,15 @@ class LookupBranch:
         return LevelStats("lookup", proposals=self.steps, tokens_proposed=self.proposed, tokens_accepted=self.accepted)
 
 
-def observe_verdict(policy, lookup: LookupBranch | None, tree: TokenTree, probs: list[float | None], acceptance,
-                    state) -> None:
+def observe_verdict(
+    policy, lookup: LookupBranch | None, tree: TokenTree, probs: list[float | None], acceptance, state
+) -> None:
     """A tree drafter's step after the target's verdict ``acceptance`` on ``tree``: ``policy`` (the call's
     :class:`~hf_cascade.core.payoff.DraftPolicy`) learns the step from the nodes' draft probabilities ``probs``
     and ``state``'s measured verification (a :class:`~hf_cascade.core.strategy.TreeStep`), and ``lookup`` (if any)
     learns its seeds' rate."""
     path = path_list(acceptance)
-    policy.observe(tree, probs if tree.num_nodes else [], path, len(path) + 1, state.verify_seconds,
-                   state.verify_nodes)
+    policy.observe(tree, probs if tree.num_nodes else [], path, len(path) + 1, state.verify_seconds, state.verify_nodes)
     if lookup is not None:
         lookup.observe(tree, path)
 

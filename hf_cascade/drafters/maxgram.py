@@ -64,21 +64,21 @@ def suffix_occurrences(tokens: list[int], max_ngram: int, max_matches: int) -> t
     if length < 2 or max_ngram < 1 or max_matches < 1:
         return 0, []
     n = min(max_ngram, length - 1)
-    rev = tokens[::-1]                     # rev[i] = tokens[L-1-i]: the end e = L-1-i
+    rev = tokens[::-1]  # rev[i] = tokens[L-1-i]: the end e = L-1-i
     best, ends, i = 0, [], 0
     while best < n or len(ends) < max_matches:
         try:
-            i = rev.index(rev[0], i + 1)   # the next earlier occurrence of the last token
+            i = rev.index(rev[0], i + 1)  # the next earlier occurrence of the last token
         except ValueError:
             break
-        limit = min(n, length - i)         # the match cannot reach before the sequence's start
-        if rev[i:i + limit] == rev[:limit]:
-            m = limit                      # the whole span matches (one comparison in C)
+        limit = min(n, length - i)  # the match cannot reach before the sequence's start
+        if rev[i : i + limit] == rev[:limit]:
+            m = limit  # the whole span matches (one comparison in C)
         else:
             m = 1
-            while rev[i + m] == rev[m]:    # stops before limit: the spans differ
+            while rev[i + m] == rev[m]:  # stops before limit: the spans differ
                 m += 1
-        if m > best:                       # strictly longer: the earlier ends were of a shorter match
+        if m > best:  # strictly longer: the earlier ends were of a shorter match
             best, ends = m, []
         if m == best and len(ends) < max_matches:
             ends.append(length - 1 - i)
@@ -91,8 +91,8 @@ def follow(tokens: list[int], end: int, k: int) -> list[int]:
     continuation wraps around that period."""
     period = len(tokens) - 1 - end
     if period >= k:
-        return list(tokens[end + 1:end + 1 + k])
-    return list(tokens[end + 1:] * (k // period + 1))[:k]        # the period repeated
+        return list(tokens[end + 1 : end + 1 + k])
+    return list(tokens[end + 1 :] * (k // period + 1))[:k]  # the period repeated
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -100,7 +100,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
-    lo, hi = 0, n                 # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if a[:mid] == b[:mid]:
@@ -117,7 +117,7 @@ class BigramTable:
     next_token: torch.Tensor  # [V] long
 
     @classmethod
-    def fit(cls, sequences: list[list[int]] | list[torch.Tensor], vocab_size: int) -> "BigramTable":
+    def fit(cls, sequences: list[list[int]] | list[torch.Tensor], vocab_size: int) -> BigramTable:
         """Count bigrams over ``sequences`` and keep the argmax successor of each token."""
         pairs = [torch.as_tensor(s, dtype=torch.long) for s in sequences if len(s) >= 2]
         next_token = torch.full((vocab_size,), -1, dtype=torch.long)
@@ -149,8 +149,8 @@ class BigramTable:
 @dataclass
 class MaxGramProposal:
     tokens: torch.Tensor  # [k]
-    bucket: int           # evidence bucket: the match length (capped), BIGRAM_BUCKET, a CORPUS_BUCKETS or MEMORY_BUCKETS value
-    host: list[int] | None = None   # ``tokens`` as host ints (Max-Gram drafts on the host: always given by it)
+    bucket: int  # evidence bucket: the match length (capped), BIGRAM_BUCKET, a CORPUS_BUCKETS or MEMORY_BUCKETS value
+    host: list[int] | None = None  # ``tokens`` as host ints (Max-Gram drafts on the host: always given by it)
 
 
 @dataclass
@@ -192,8 +192,10 @@ class MaxGram:
         if self.corpus is not None and not isinstance(self.corpus, CorpusNGrams):
             raise TypeError(f"corpus must be a CorpusNGrams, got {type(self.corpus).__name__}.")
         if self.corpus_below < 0 or not 0.0 <= self.corpus_min_confidence <= 1.0:
-            raise ValueError(f"MaxGram needs corpus_below >= 0 and corpus_min_confidence in [0, 1], got "
-                             f"{self.corpus_below}, {self.corpus_min_confidence}.")
+            raise ValueError(
+                f"MaxGram needs corpus_below >= 0 and corpus_min_confidence in [0, 1], got "
+                f"{self.corpus_below}, {self.corpus_min_confidence}."
+            )
 
     def priors(self) -> dict[int, float]:
         """The prior acceptance per evidence bucket its length rule starts from (the corpus's buckets too, where
@@ -219,11 +221,18 @@ class MaxGram:
         if m > 0:
             return follow(tokens, end, self.max_tokens), min(m, 6), m
         if self.bigram is not None and tokens:
-            return self.bigram.chain(tokens[-1], self.max_tokens).tolist(), BIGRAM_BUCKET, 0   # a host table
+            return self.bigram.chain(tokens[-1], self.max_tokens).tolist(), BIGRAM_BUCKET, 0  # a host table
         return [], BIGRAM_BUCKET, 0
 
-    def propose(self, seq: torch.Tensor, limit: int, policy: AdaptiveLookahead, offset: int = 0,
-                tokens: list[int] | None = None, memory: AnswerMemory | None = None) -> MaxGramProposal:
+    def propose(
+        self,
+        seq: torch.Tensor,
+        limit: int,
+        policy: AdaptiveLookahead,
+        offset: int = 0,
+        tokens: list[int] | None = None,
+        memory: AnswerMemory | None = None,
+    ) -> MaxGramProposal:
         """Propose at most ``limit`` tokens after ``seq`` (``[L]``), as many as ``policy`` finds worth
         it; ``offset`` tokens from other drafters precede them in the same review. With a corpus, a
         sequence match shorter than ``corpus_below`` gives way to the corpus's chain when the
@@ -233,17 +242,20 @@ class MaxGram:
         as host ints when the caller keeps them (the decoding core does): no device read; else ``seq`` is
         read once."""
         if tokens is None:
-            tokens = seq.tolist()                               # once per draft: the sequence as a list
+            tokens = seq.tolist()  # once per draft: the sequence as a list
         host, bucket, m = self._sequence_candidates(tokens)
         if memory is not None:
             recalled, m_memory = memory.recall(tokens, self.max_ngram, self.max_tokens)
             if m_memory > m and policy.acceptance(memory_bucket(m_memory)) >= policy.acceptance(bucket):
                 host, bucket = recalled, memory_bucket(m_memory)
         if self.corpus is not None and bucket < self.corpus_below:
-            first = self.corpus.match(tokens)                  # decide on the first token before chaining
-            if first is not None and first.confidence >= self.corpus_min_confidence and (
-                    not host or policy.acceptance(first.bucket) > policy.acceptance(bucket)):
+            first = self.corpus.match(tokens)  # decide on the first token before chaining
+            if (
+                first is not None
+                and first.confidence >= self.corpus_min_confidence
+                and (not host or policy.acceptance(first.bucket) > policy.acceptance(bucket))
+            ):
                 chain, _ = self.corpus.chain(tokens, self.max_tokens, self.corpus_min_confidence)
                 host, bucket = [int(t) for t in chain], first.bucket
-        host = host[:policy.choose(bucket, len(host), limit, offset)]
+        host = host[: policy.choose(bucket, len(host), limit, offset)]
         return MaxGramProposal(upload(torch.tensor(host, dtype=seq.dtype, device=HOST), seq.device), bucket, host=host)

@@ -52,13 +52,14 @@ class AnswerMemory:
 
     def __init__(self, max_tokens: int = 100_000, key: int = 2, max_matches: int = 32):
         if max_tokens < 1 or key < 1 or max_matches < 1:
-            raise ValueError(f"AnswerMemory needs max_tokens, key and max_matches >= 1, got {max_tokens}, {key}, "
-                             f"{max_matches}.")
+            raise ValueError(
+                f"AnswerMemory needs max_tokens, key and max_matches >= 1, got {max_tokens}, {key}, {max_matches}."
+            )
         self.max_tokens, self.key, self.max_matches = int(max_tokens), int(key), int(max_matches)
         self._lock = threading.Lock()
-        self._answers: deque[tuple[int, list[int]]] = deque()      # (serial, tokens), oldest first
+        self._answers: deque[tuple[int, list[int]]] = deque()  # (serial, tokens), oldest first
         self._by_serial: dict[int, list[int]] = {}
-        self._index: dict[tuple[int, ...], deque[tuple[int, int]]] = {}   # context -> (serial, end), oldest first
+        self._index: dict[tuple[int, ...], deque[tuple[int, int]]] = {}  # context -> (serial, end), oldest first
         self._tokens = 0
         self._serial = 0
 
@@ -84,7 +85,7 @@ class AnswerMemory:
     def add(self, tokens: Iterable[int]) -> None:
         """Remember one answer (the emitted tokens of one call), evicting the oldest answers beyond the limit. An
         answer too short to continue any indexed context is not kept."""
-        tokens = [int(t) for t in tokens][-self.max_tokens:]
+        tokens = [int(t) for t in tokens][-self.max_tokens :]
         if len(tokens) <= self.key:
             return
         with self._lock:
@@ -110,7 +111,7 @@ class AnswerMemory:
         token follows."""
         key = self.key
         for end in range(key - 1, len(tokens) - 1):
-            yield tuple(tokens[end - key + 1:end + 1]), end
+            yield tuple(tokens[end - key + 1 : end + 1]), end
 
     def _evict(self) -> None:
         """Drop the oldest answer: its entries are the oldest of each of its contexts' lists."""
@@ -124,8 +125,9 @@ class AnswerMemory:
                 del self._index[context]
 
     # -- reading -------------------------------------------------------------------------------
-    def occurrences(self, tokens: list[int], max_ngram: int, max_matches: int | None = None
-                    ) -> tuple[int, list[tuple[list[int], int]]]:
+    def occurrences(
+        self, tokens: list[int], max_ngram: int, max_matches: int | None = None
+    ) -> tuple[int, list[tuple[list[int], int]]]:
         """``(m, ends)``: the longest suffix of ``tokens`` (at least ``key``, at most ``max_ngram`` tokens) found in
         the memory with a token after it, and up to ``max_matches`` (default: 1) of its occurrences as ``(answer,
         end)`` (the answer's tokens, the match's last position), most recent first. ``(0, [])``: none."""
@@ -138,7 +140,7 @@ class AnswerMemory:
                 return 0, []
             best, found, visited = 0, [], 0
             limit = min(max_ngram, len(tokens))
-            for serial, end in reversed(entries):                    # most recent first
+            for serial, end in reversed(entries):  # most recent first
                 answer = self._by_serial[serial]
                 m, reach = key, min(limit, end + 1)
                 while m < reach and answer[end - m] == tokens[-1 - m]:
@@ -159,7 +161,7 @@ class AnswerMemory:
         if not found:
             return [], 0
         answer, end = found[0]
-        return answer[end + 1:end + 1 + k], m
+        return answer[end + 1 : end + 1 + k], m
 
 
 __all__ = ["MEMORY_BUCKETS", "MEMORY_PRIORS", "AnswerMemory", "memory_bucket"]

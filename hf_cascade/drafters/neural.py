@@ -29,14 +29,14 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from ..compat import cache_kwargs
-from ..placement import defer_reads, synchronize
-from ..processors import process_positions
 from ..core.categorical import categorical
 from ..core.head_input import HeadInput
+from ..core.payoff import ExpectedGainRule
 from ..core.phases import checked_head
 from ..core.static import static_rollback_supported
 from ..core.stats import LevelStats
-from ..core.payoff import ExpectedGainRule
+from ..placement import defer_reads, synchronize
+from ..processors import process_positions
 from .maxgram import common_prefix
 from .static_forward import StaticDraftForward, keep_draft_prefix
 from .stepped import SteppedDecoder
@@ -59,13 +59,17 @@ def output_vocab_size(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
-def check_same_vocabulary(target: PreTrainedModel, drafter: PreTrainedModel, target_tokenizer=None, drafter_tokenizer=None) -> None:
+def check_same_vocabulary(
+    target: PreTrainedModel, drafter: PreTrainedModel, target_tokenizer=None, drafter_tokenizer=None
+) -> None:
     """Raise ``ValueError`` unless ``drafter`` shares ``target``'s vocabulary (padding aside)."""
     name = type(drafter).__name__
     if target_tokenizer is not None and drafter_tokenizer is not None:
         if target_tokenizer.get_vocab() != drafter_tokenizer.get_vocab():
-            raise ValueError(f"Drafter {name} uses a different tokenizer than the target; "
-                             "hf_cascade drafters must share the target's vocabulary.")
+            raise ValueError(
+                f"Drafter {name} uses a different tokenizer than the target; "
+                "hf_cascade drafters must share the target's vocabulary."
+            )
     vt, vd = output_vocab_size(target), output_vocab_size(drafter)
     if abs(vt - vd) > MAX_VOCAB_PADDING:
         raise ValueError(
@@ -114,8 +118,8 @@ class NeuralLevel:
         self.last_forward_tokens = 0
         # hf_cascade's own drafters predict over a reduced vocabulary and can return those logits only
         self._reduced = getattr(model.config, "draft_vocab_size", None) is not None and hasattr(model, "vocab_subset")
-        self._subset: list[int] = model.vocab_subset.tolist() if self._reduced else []   # [N] target ids
-        self.compiled: StaticDraftForward | None = None   # compiled calls: forwards over a static cache
+        self._subset: list[int] = model.vocab_subset.tolist() if self._reduced else []  # [N] target ids
+        self.compiled: StaticDraftForward | None = None  # compiled calls: forwards over a static cache
         # the model's output head where it reproduces the model's logits (checked at the first plain forward; None:
         # the full model runs; False: not checked yet), and its decoder
         self._head = None if self._reduced else False
@@ -125,7 +129,7 @@ class NeuralLevel:
     def compile_forwards(self, compile_config, capacity: int) -> None:
         """Run this call's forwards compiled with ``compile_config`` over a static cache of at least ``capacity``
         columns (the call's longest sequence), in place of the ``DynamicCache``."""
-        if static_rollback_supported():                 # static layers that roll back (transformers >= 5)
+        if static_rollback_supported():  # static layers that roll back (transformers >= 5)
             self.compiled = StaticDraftForward(self.model, _lm_forward, compile_config, capacity)
 
     # -- scoring -----------------------------------------------------------------------------
@@ -148,15 +152,17 @@ class NeuralLevel:
         if not self._greedy_reduced():
             return None
         tok, prob = self._greedy_token(seq.tolist())
-        return (torch.tensor([tok], device=seq.device),
-                torch.tensor(prob, dtype=torch.float32, device="cpu"))           # a host value (exact: a float32)
+        return (
+            torch.tensor([tok], device=seq.device),
+            torch.tensor(prob, dtype=torch.float32, device="cpu"),
+        )  # a host value (exact: a float32)
 
     def _greedy_reduced(self) -> bool:
         return self._reduced and not len(self.processors)
 
     def _greedy_token(self, ids: list[int]) -> tuple[int, float]:
         """The greedy token after ``ids`` and its probability as Python numbers (:meth:`next_greedy`)."""
-        q = self._reduced_logits(ids).float().softmax(dim=-1)            # [N]
+        q = self._reduced_logits(ids).float().softmax(dim=-1)  # [N]
         i = int(q.argmax())
         return self._subset[i], float(q[i])
 
@@ -176,24 +182,24 @@ class NeuralLevel:
         ``token_probs [k]``, ``rows [k, V] | None`` (the processed distributions; ``None`` when reduced)``)``,
         tensors on the drafter's device; the cache then holds ``seq`` and the first ``k - 1`` drafts."""
         ids = seq.tolist()
-        new = torch.tensor(ids[self._sync(ids, len(ids)):], dtype=torch.long, device=self.device)[None]
-        processed = not reduced and len(self.processors) > 0     # the processors see the sequence, drafts appended
+        new = torch.tensor(ids[self._sync(ids, len(ids)) :], dtype=torch.long, device=self.device)[None]
+        processed = not reduced and len(self.processors) > 0  # the processors see the sequence, drafts appended
         cur = seq.to(self.device) if processed else None
         kwargs = {"full_vocab": False} if reduced else {}
         toks, probs, rows = [], [], []
         for _ in range(k):
             t0 = time.perf_counter()
             if self.compiled is None:
-                last = self._logits(new, 1, **kwargs)                              # [1, 1, V_d]
+                last = self._logits(new, 1, **kwargs)  # [1, 1, V_d]
             else:
                 last = self.compiled(new[0], True, **kwargs)
             self._count_forward(t0, new.shape[1])
             if reduced:
-                q = last[0, -1].float().softmax(dim=-1)                        # [N]
+                q = last[0, -1].float().softmax(dim=-1)  # [N]
                 j = q.argmax()
                 tok, q_tok = self.model.vocab_subset[j], q[j]
             else:
-                s = self._to_target_vocab(last.float())                          # [1, 1, V]
+                s = self._to_target_vocab(last.float())  # [1, 1, V]
                 if processed:
                     s = process_positions(self.processors, cur[None], s, cur.shape[0])
                 s = s[0, -1]
@@ -206,10 +212,13 @@ class NeuralLevel:
             if processed:
                 cur = torch.cat([cur, tok.reshape(1)])
             new = tok.reshape(1, 1)
-        tokens = torch.stack(toks).tolist() if toks else []                       # the one read
+        tokens = torch.stack(toks).tolist() if toks else []  # the one read
         self.cached = ids + tokens[:-1]
-        return tokens, (torch.stack(probs) if probs else torch.ones(0, device=self.device)), (
-            torch.stack(rows) if rows else None)
+        return (
+            tokens,
+            (torch.stack(probs) if probs else torch.ones(0, device=self.device)),
+            (torch.stack(rows) if rows else None),
+        )
 
     def _sync(self, ids: list[int], start: int) -> int:
         """Roll the cache back to the longest prefix it shares with ``ids`` (at most ``start - 1``
@@ -220,7 +229,7 @@ class NeuralLevel:
 
     def _run(self, ids: list[int], keep: int, needed: int, timed: bool = False, **kwargs) -> torch.Tensor:
         """The model's forward over ``ids[keep:]``; logits ``[1, needed, V_d]`` of its last positions."""
-        new = torch.tensor(ids[keep:], dtype=torch.long, device=self.device)[None]   # [1, L - keep]
+        new = torch.tensor(ids[keep:], dtype=torch.long, device=self.device)[None]  # [1, L - keep]
         if timed:
             synchronize(self.device)
         t0 = time.perf_counter()
@@ -242,15 +251,16 @@ class NeuralLevel:
         Llama decoder's forward stepped through its modules where nothing observes its call
         (:class:`~hf_cascade.drafters.stepped.SteppedDecoder`)."""
         if kwargs or self._head is None:
-            return self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed,
-                              **kwargs).logits
+            return self.model(
+                input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed, **kwargs
+            ).logits
         if self._head is not False:
-            if self._stepped is not None and self._stepped.usable():     # the decoder's forward, without its wrappers
+            if self._stepped is not None and self._stepped.usable():  # the decoder's forward, without its wrappers
                 hidden = self._stepped(new, self.cache)
             else:
                 hidden = self._decoder(input_ids=new, **cache_kwargs(self._decoder, self.cache)).last_hidden_state
             return self._head(hidden[:, -needed:])
-        with HeadInput(self.model) as caught:                   # the first forward: check the head on its rows
+        with HeadInput(self.model) as caught:  # the first forward: check the head on its rows
             logits = self.model(input_ids=new, **cache_kwargs(self.model, self.cache), logits_to_keep=needed).logits
         hidden = caught.rows()
         self._head = None
@@ -280,8 +290,16 @@ class NeuralLevel:
 
     # -- autoregressive drafting (only when no smaller level exists) --------------------------
     @torch.no_grad()
-    def generate(self, seq: torch.Tensor, k: int, do_sample: bool, stop_ids: set[int], min_confidence: float = 0.0,
-                 keep_unsure: bool = True, rule: ExpectedGainRule | None = None):
+    def generate(
+        self,
+        seq: torch.Tensor,
+        k: int,
+        do_sample: bool,
+        stop_ids: set[int],
+        min_confidence: float = 0.0,
+        keep_unsure: bool = True,
+        rule: ExpectedGainRule | None = None,
+    ):
         """Draft ``k`` tokens autoregressively. Stops after a stop token; after a token drawn with
         probability ``< min_confidence`` when ``keep_unsure`` (transformers' rule); *before* a token
         whose probability is below a floor (``min_confidence`` when not ``keep_unsure``, and ``rule``'s
@@ -294,19 +312,19 @@ class NeuralLevel:
         """
         if defer_reads(self.device):
             return self._generate_deferred(seq, k, do_sample, stop_ids, min_confidence, keep_unsure, rule)
-        ids = seq.tolist()                                                   # the sequence, drafts appended
+        ids = seq.tolist()  # the sequence, drafts appended
         tokens, probs, dists = [], [], []
         greedy = not do_sample and self._greedy_reduced()
         for _ in range(k):
-            rule_floor = rule.floor() if rule is not None else 0.0            # once per token: bins are scanned
+            rule_floor = rule.floor() if rule is not None else 0.0  # once per token: bins are scanned
             if rule_floor > 1.0:
-                break                                                        # no token could pay: skip the forward
+                break  # no token could pay: skip the forward
             floor = max(0.0 if keep_unsure else min_confidence, rule_floor)
-            if greedy:                                                       # no full row needed
+            if greedy:  # no full row needed
                 tok, prob = self._greedy_token(ids)
                 dist = None
-                if floor > 0.0 and not prob >= _as_float32(floor):           # float32, as the tensor comparison
-                    break                                                    # drop it: the draft ends here
+                if floor > 0.0 and not prob >= _as_float32(floor):  # float32, as the tensor comparison
+                    break  # drop it: the draft ends here
             else:
                 tok, prob, dist = self._drawn_token(ids, seq.device, do_sample, floor)
                 if tok is None:
@@ -325,11 +343,14 @@ class NeuralLevel:
     def _result(self, seq: torch.Tensor, tokens: list[int], probs: list[float], dists: list, do_sample: bool):
         """``generate``'s outputs: tokens and dists on ``seq``'s device, the probabilities as host values."""
         if not tokens:
-            return seq[:0], torch.ones(0, device="cpu"), (
-                torch.zeros(0, self.vocab_size, device=seq.device) if do_sample else None)
+            return (
+                seq[:0],
+                torch.ones(0, device="cpu"),
+                (torch.zeros(0, self.vocab_size, device=seq.device) if do_sample else None),
+            )
         return (
             torch.tensor(tokens, dtype=torch.long, device=seq.device),
-            torch.tensor(probs, device="cpu"),                                # host values (float32-exact)
+            torch.tensor(probs, device="cpu"),  # host values (float32-exact)
             torch.stack(dists).to(seq.device) if do_sample else None,
         )
 
@@ -337,7 +358,7 @@ class NeuralLevel:
         """:meth:`generate` on an accelerator: :meth:`draft_on_device` (``k`` forwards, the tokens and their
         probabilities read once each), then the same stop rules, on the host, in the same order."""
         if k < 1 or (rule is not None and rule.floor() > 1.0):
-            return self._result(seq, [], [], [], do_sample)                 # no token could pay: no forward
+            return self._result(seq, [], [], [], do_sample)  # no token could pay: no forward
         drafted, q_tok, rows = self.draft_on_device(seq, k, do_sample, reduced=not do_sample and self._greedy_reduced())
         drafted_probs = q_tok.tolist()
         tokens, probs, dists = [], [], []
@@ -346,13 +367,13 @@ class NeuralLevel:
             if rule_floor > 1.0:
                 break
             floor = max(0.0 if keep_unsure else min_confidence, rule_floor)
-            if floor > 0.0 and not prob >= _as_float32(floor):               # float32, as the tensor comparison
-                break                                                        # drop it: the draft ends here
+            if floor > 0.0 and not prob >= _as_float32(floor):  # float32, as the tensor comparison
+                break  # drop it: the draft ends here
             tokens.append(tok)
             probs.append(prob)
             if do_sample:
                 q = rows[i]
-                if floor > 0.0:                                              # what a kept token was drawn from
+                if floor > 0.0:  # what a kept token was drawn from
                     kept = torch.where(q >= floor, q, torch.zeros_like(q))
                     q = kept / kept.sum()
                 dists.append(q)
@@ -366,16 +387,16 @@ class NeuralLevel:
         """A token from the full processed row after ``ids``: ``(token, q(token), dist [V])``, ``dist``
         the distribution it was drawn from (``q`` restricted to ``{q >= floor}`` under sampling);
         ``(None, None, None)`` when its probability is below ``floor``."""
-        s = self.scores(torch.tensor(ids, dtype=torch.long, device=device), len(ids))[-1]   # [V]
-        q = s.softmax(dim=-1)                                                # [V] the drafter's distribution
+        s = self.scores(torch.tensor(ids, dtype=torch.long, device=device), len(ids))[-1]  # [V]
+        q = s.softmax(dim=-1)  # [V] the drafter's distribution
         tok = categorical(q)[None] if do_sample else s.argmax()[None]
         q_tok = q[tok]
         dist = q
         if floor > 0.0:
-            if not bool(q_tok >= floor):                                     # the same comparison as the mask
+            if not bool(q_tok >= floor):  # the same comparison as the mask
                 return None, None, None
-            if do_sample:                                                    # what a kept token was drawn from
-                kept = torch.where(q >= floor, q, torch.zeros_like(q))       # [V]
+            if do_sample:  # what a kept token was drawn from
+                kept = torch.where(q >= floor, q, torch.zeros_like(q))  # [V]
                 dist = kept / kept.sum()
         return int(tok), float(q_tok), dist
 
@@ -383,8 +404,9 @@ class NeuralLevel:
 def _lm_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None, **kwargs):
     """A causal LM's logits of ``rows`` (``None``: every query) for ``input_ids`` at ``positions``: what
     :class:`~hf_cascade.drafters.static_forward.StaticDraftForward` compiles."""
-    return model(input_ids=input_ids, position_ids=positions[None], logits_to_keep=0 if rows is None else rows,
-                 **kwargs).logits
+    return model(
+        input_ids=input_ids, position_ids=positions[None], logits_to_keep=0 if rows is None else rows, **kwargs
+    ).logits
 
 
 def _as_float32(x: float) -> float:

@@ -62,7 +62,7 @@ def _share_dispatch(target: PreTrainedModel, drafter: PreTrainedModel) -> None:
 
     modules = dict(drafter.named_modules())
     for name, hook in hooked:
-        if name in modules:                    # shallow copies: an offload weights_map is shared, not duplicated
+        if name in modules:  # shallow copies: an offload weights_map is shared, not duplicated
             mine = SequentialHook(*map(copy.copy, hook.hooks)) if isinstance(hook, SequentialHook) else copy.copy(hook)
             add_hook_to_module(modules[name], mine)
     device_map = getattr(target, "hf_device_map", None)

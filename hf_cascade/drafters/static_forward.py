@@ -27,6 +27,7 @@ emitted token either way.
 from __future__ import annotations
 
 import torch
+
 from ..compat import cache_kwargs
 from ..core.compiled import compiled_draft, records_graphs
 from ..core.static import QUERY_BUCKETS, StaticSlots, bucket, kept_capacity
@@ -46,7 +47,7 @@ class StaticDraftForward:
         self.kwargs = cache_kwargs(model, self.slots.cache)
         # CUDA graphs overwrite a graph's outputs at its next replay: the caller gets a copy (module docstring)
         self.copies = records_graphs(compile_config)
-        self._rows: dict[tuple, torch.Tensor] = {}      # (row, device) -> the index tensor of the row kept (read only)
+        self._rows: dict[tuple, torch.Tensor] = {}  # (row, device) -> the index tensor of the row kept (read only)
 
     @property
     def length(self) -> int:
@@ -67,7 +68,7 @@ class StaticDraftForward:
     def __call__(self, ids: torch.Tensor, last: bool, **kwargs) -> torch.Tensor:
         """Logits ``[1, 1 | n, V]`` (``last``: the last token's row only) of the ``n`` tokens ``ids`` (``[n]`` on the
         model's device) written after the cached ones."""
-        if self.slots.length == 0:                       # the prompt: eager (see the module docstring)
+        if self.slots.length == 0:  # the prompt: eager (see the module docstring)
             n = ids.shape[0]
             rows = torch.tensor([n - 1], device=ids.device) if last else None
             logits = self.fn(self.model, ids[None], torch.arange(n, device=ids.device), rows, **self.kwargs, **kwargs)
@@ -76,7 +77,7 @@ class StaticDraftForward:
             return logits
         out, end = [], ids.shape[0]
         for start in range(0, end, QUERY_BUCKETS[-1]):
-            chunk = ids[start: start + QUERY_BUCKETS[-1]]
+            chunk = ids[start : start + QUERY_BUCKETS[-1]]
             n = chunk.shape[0]
             queries = bucket(n, self.slots.room())
             if queries > n:
@@ -108,8 +109,12 @@ def _forward_key(args, kwargs) -> tuple:
     """What makes one graph of a compiled draft forward: the padded input's shape, the rows kept, the cache and which
     keyword arguments are given."""
     rows, given = args[3], tuple(sorted(k for k, v in kwargs.items() if v is not None))
-    return (tuple(args[1].shape), None if rows is None else tuple(rows.shape),
-            id(kwargs.get("cache", kwargs.get("past_key_values"))), given)
+    return (
+        tuple(args[1].shape),
+        None if rows is None else tuple(rows.shape),
+        id(kwargs.get("cache", kwargs.get("past_key_values"))),
+        given,
+    )
 
 
 __all__ = ["StaticDraftForward", "keep_draft_prefix"]

@@ -27,15 +27,23 @@ import inspect
 import torch
 from torch.nn.modules import module as _module
 
-try:                                              # the transformers this was written against (5.x, ``cache=``)
+try:  # the transformers this was written against (5.x, ``cache=``)
     from transformers.masking_utils import create_causal_mask
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaModel
-except ImportError:                               # pragma: no cover - other transformers versions
+except ImportError:  # pragma: no cover - other transformers versions
     LlamaModel = LlamaDecoderLayer = create_causal_mask = None
 
 _MODEL_PARAMS = ("self", "input_ids", "attention_mask", "position_ids", "cache", "inputs_embeds", "use_cache", "kwargs")
-_LAYER_PARAMS = ("self", "hidden_states", "attention_mask", "position_ids", "cache", "use_cache", "position_embeddings",
-                 "kwargs")
+_LAYER_PARAMS = (
+    "self",
+    "hidden_states",
+    "attention_mask",
+    "position_ids",
+    "cache",
+    "use_cache",
+    "position_embeddings",
+    "kwargs",
+)
 
 
 def _known() -> bool:
@@ -44,9 +52,11 @@ def _known() -> bool:
     if LlamaModel is None:
         return False
     try:
-        return (tuple(inspect.signature(LlamaModel.forward).parameters) == _MODEL_PARAMS
-                and tuple(inspect.signature(LlamaDecoderLayer.forward).parameters) == _LAYER_PARAMS)
-    except (TypeError, ValueError):              # pragma: no cover - a signature inspect cannot read
+        return (
+            tuple(inspect.signature(LlamaModel.forward).parameters) == _MODEL_PARAMS
+            and tuple(inspect.signature(LlamaDecoderLayer.forward).parameters) == _LAYER_PARAMS
+        )
+    except (TypeError, ValueError):  # pragma: no cover - a signature inspect cannot read
         return False
 
 
@@ -60,15 +70,16 @@ class SteppedDecoder:
     def __init__(self, decoder, layers: list):
         self.decoder, self.layers = decoder, layers
         rope_type = getattr(decoder.rotary_emb, "rope_type", "default")
-        self._one: dict | None = {} if rope_type not in ("dynamic", "longrope") else None   # one query's inputs
+        self._one: dict | None = {} if rope_type not in ("dynamic", "longrope") else None  # one query's inputs
         config = decoder.config
         # where one query gets no mask whatever the cache's length (sdpa, no sliding window): whether it got none
-        self._maskless = (getattr(config, "_attn_implementation", None) == "sdpa"
-                          and getattr(config, "sliding_window", None) is None)
-        self._no_mask: set = set()                       # cache classes for which one query got no mask
+        self._maskless = (
+            getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "sliding_window", None) is None
+        )
+        self._no_mask: set = set()  # cache classes for which one query got no mask
 
     @classmethod
-    def of(cls, decoder) -> "SteppedDecoder | None":
+    def of(cls, decoder) -> SteppedDecoder | None:
         """The stepped forward of ``decoder``, or ``None`` where it is not a decoder this module reproduces."""
         if not _KNOWN or decoder is None or type(decoder).forward is not LlamaModel.forward:
             return None
@@ -81,9 +92,15 @@ class SteppedDecoder:
         """Whether this forward may be stepped: nothing observes or wraps the decoder's call (torch hooks, global or
         its own; an instance ``forward`` such as accelerate's hook installs), not training, not traced."""
         d = self.decoder
-        return not (d._forward_hooks or d._forward_pre_hooks or _module._global_forward_hooks
-                    or _module._global_forward_pre_hooks or "forward" in d.__dict__ or d.training
-                    or torch._C._get_tracing_state())
+        return not (
+            d._forward_hooks
+            or d._forward_pre_hooks
+            or _module._global_forward_hooks
+            or _module._global_forward_pre_hooks
+            or "forward" in d.__dict__
+            or d.training
+            or torch._C._get_tracing_state()
+        )
 
     def __call__(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
         """The decoder's ``last_hidden_state`` ``[B, T, H]`` of ``input_ids`` ``[B, T]`` after ``cache`` (a
@@ -99,16 +116,23 @@ class SteppedDecoder:
         if one and type(cache) in self._no_mask:
             mask = None
         else:
-            mask = create_causal_mask(config=d.config, inputs_embeds=embeds, attention_mask=None, cache=cache,
-                                      position_ids=position_ids)
+            mask = create_causal_mask(
+                config=d.config, inputs_embeds=embeds, attention_mask=None, cache=cache, position_ids=position_ids
+            )
             if one and mask is None and self._maskless:
                 self._no_mask.add(type(cache))
         if not one:
             position_embeddings = d.rotary_emb(embeds, position_ids=position_ids)
         hidden = embeds
         for layer in self.layers:
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
-                           position_ids=position_ids, cache=cache, use_cache=True)
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+            )
         return d.norm(hidden)
 
     def _one_query(self, embeds: torch.Tensor, past: int) -> tuple:
@@ -118,7 +142,7 @@ class SteppedDecoder:
         key = (past, embeds.device, embeds.dtype, torch.is_inference_mode_enabled())
         made = self._one.get(key)
         if made is None:
-            if len(self._one) >= 16384:                  # positions of long generations: start over
+            if len(self._one) >= 16384:  # positions of long generations: start over
                 self._one.clear()
             position_ids = (torch.arange(1, device=embeds.device) + past).unsqueeze(0)
             made = self._one[key] = (position_ids, self.decoder.rotary_emb(embeds, position_ids=position_ids))

@@ -14,11 +14,11 @@ The draft model itself is :class:`hf_cascade.heads.GlideForCausalLM`; it is trai
 """
 
 from .assistant import GlideAssistant
+from .cape import CapeSettings, cap_expansions, cape_tree, expanded_proposal, expansion_sets
 from .checks import check_glide_matches
 from .drafter import GlideDrafter
 from .settings import GlideSettings
 from .stats import GlideStats
-from .cape import CapeSettings, cap_expansions, cape_tree, expanded_proposal, expansion_sets
 
 __all__ = [
     "CapeSettings",

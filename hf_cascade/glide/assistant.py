@@ -9,8 +9,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..assistant import TreeAssistant
-from ..core.stats import LevelStats, TreeStats
 from ..core.payoff import DraftPolicy
+from ..core.stats import LevelStats, TreeStats
 from ..measure import bound_verify_cost
 from ..options import Loading, Policy, rejects_moved
 from ..placement import place_like
@@ -60,15 +60,36 @@ class GlideAssistant(TreeAssistant):
         a.last_stats.tokens_per_target_call, a.last_stats.draft_forward_cost
     """
 
-    @rejects_moved(GlideSettings, "cape", "draft_length", "min_confidence", loading=True, policy=True,
-                   **{old: f"settings=GlideSettings(cape=CapeSettings({new}=...))" for old, new in (
-                       ("cape_sizes", "sizes"), ("cape_thresholds", "thresholds"), ("max_tree_nodes", "max_nodes"),
-                       ("min_expansion_prob", "min_prob"))})
-    def __init__(self, glide_model, *, settings: GlideSettings | None = None, policy: Policy | None = None,
-                 cpu_kernels: bool | None = None, loading: Loading | None = None):
+    @rejects_moved(
+        GlideSettings,
+        "cape",
+        "draft_length",
+        "min_confidence",
+        loading=True,
+        policy=True,
+        **{
+            old: f"settings=GlideSettings(cape=CapeSettings({new}=...))"
+            for old, new in (
+                ("cape_sizes", "sizes"),
+                ("cape_thresholds", "thresholds"),
+                ("max_tree_nodes", "max_nodes"),
+                ("min_expansion_prob", "min_prob"),
+            )
+        },
+    )
+    def __init__(
+        self,
+        glide_model,
+        *,
+        settings: GlideSettings | None = None,
+        policy: Policy | None = None,
+        cpu_kernels: bool | None = None,
+        loading: Loading | None = None,
+    ):
         self.settings, self.policy, self.loading = GlideSettings.of(settings), Policy.of(policy), Loading.of(loading)
-        glide_model = self.loading.load(glide_model, "glide_model", "GlideForCausalLM",
-                                        needs=("target_kv", "tie_to_target", "to_draft_ids"))
+        glide_model = self.loading.load(
+            glide_model, "glide_model", "GlideForCausalLM", needs=("target_kv", "tie_to_target", "to_draft_ids")
+        )
         self.glide = glide_model.eval()
         self.cpu_kernels = cpu_kernels
 
@@ -86,17 +107,25 @@ class GlideAssistant(TreeAssistant):
         drafter's :class:`~hf_cascade.core.payoff.DraftPolicy` decides the same)."""
         return self.policy.lookup and self.policy.cost_aware
 
-    def new_drafter(self, target: PreTrainedModel, generation_config: GenerationConfig,
-                    logits_processor: LogitsProcessorList, stats=None, target_tokenizer=None) -> GlideDrafter:
+    def new_drafter(
+        self,
+        target: PreTrainedModel,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList,
+        stats=None,
+        target_tokenizer=None,
+    ) -> GlideDrafter:
         check_glide_matches(self.glide, target)
         eos = generation_config.eos_token_id
         stop = [] if eos is None else [eos] if isinstance(eos, int) else list(torch.as_tensor(eos).flatten().tolist())
         processors = split_processors(logits_processor)[0] if generation_config.do_sample else None
-        return GlideDrafter(self.glide, self.settings, stop, processors, DraftPolicy.of(self.policy, self.verify_cost),
-                            self.memory)
+        return GlideDrafter(
+            self.glide, self.settings, stop, processors, DraftPolicy.of(self.policy, self.verify_cost), self.memory
+        )
 
     def drafts_branches(self) -> bool:
-        """CAPE's trees branch; without CAPE every draft is a chain (:class:`~hf_cascade.glide.drafter.GlideDrafter`)."""
+        """CAPE's trees branch; without CAPE every draft is a chain
+        (:class:`~hf_cascade.glide.drafter.GlideDrafter`)."""
         return self.settings.cape is not None
 
     @property
@@ -110,10 +139,16 @@ class GlideAssistant(TreeAssistant):
         for name in _RECORDED:
             setattr(out, name, getattr(drafter.record, name))
         name = "glide+cape" if self.settings.cape is not None else "glide"
-        out.levels = list(out.levels) + [LevelStats(
-            name=name, forward_calls=out.draft_forwards, forward_tokens=out.draft_tokens,
-            proposals=len(out.main_lengths),
-            tokens_proposed=sum(out.draft_len_per_call), tokens_accepted=sum(out.accepted_per_call))]
+        out.levels = list(out.levels) + [
+            LevelStats(
+                name=name,
+                forward_calls=out.draft_forwards,
+                forward_tokens=out.draft_tokens,
+                proposals=len(out.main_lengths),
+                tokens_proposed=sum(out.draft_len_per_call),
+                tokens_accepted=sum(out.accepted_per_call),
+            )
+        ]
         if drafter.lookup is not None:
             out.levels.append(drafter.lookup.level())
         return out

@@ -18,8 +18,8 @@ the argmax too (``topk(p, 8)`` = the argmax + 7 others), and the authors' run sc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -55,8 +55,10 @@ class CapeSettings:
     def __post_init__(self) -> None:
         sizes, thresholds = tuple(int(s) for s in self.sizes), tuple(float(t) for t in self.thresholds)
         if len(sizes) != len(thresholds) + 1:
-            raise ValueError(f"CAPE needs one size per confidence bin: {len(thresholds)} thresholds make "
-                             f"{len(thresholds) + 1} bins, got sizes {sizes}")
+            raise ValueError(
+                f"CAPE needs one size per confidence bin: {len(thresholds)} thresholds make "
+                f"{len(thresholds) + 1} bins, got sizes {sizes}"
+            )
         if any(s < 0 for s in sizes):
             raise ValueError(f"CAPE expansion sizes must be >= 0, got {sizes}")
         if any(not 0.0 < t < 1.0 for t in thresholds) or any(b <= a for a, b in zip(thresholds, thresholds[1:])):
@@ -76,19 +78,22 @@ class CapeSettings:
         """``S(p)``: ``[k]`` confidences (the draft's max probability at each step) -> ``[k]`` LongTensor ``K_i``."""
         confidence = torch.as_tensor(confidence, dtype=torch.float32)
         key = (self.thresholds, self.sizes, confidence.device)
-        tables = _TABLES.get(key)                                              # made once per settings and device
+        tables = _TABLES.get(key)  # made once per settings and device
         if tables is None:
-            tables = _TABLES[key] = (torch.tensor(self.thresholds, dtype=torch.float32, device=confidence.device),
-                                     torch.tensor(self.sizes, dtype=torch.long, device=confidence.device))
+            tables = _TABLES[key] = (
+                torch.tensor(self.thresholds, dtype=torch.float32, device=confidence.device),
+                torch.tensor(self.sizes, dtype=torch.long, device=confidence.device),
+            )
         bounds, sizes = tables
-        return sizes[torch.bucketize(confidence, bounds, right=False)]       # p <= t_0 -> bin 0, ...
+        return sizes[torch.bucketize(confidence, bounds, right=False)]  # p <= t_0 -> bin 0, ...
 
 
-_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}   # (thresholds, sizes, device) -> S(p)'s bounds, sizes
+_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (thresholds, sizes, device) -> S(p)'s bounds, sizes
 
 
-def expansion_sets(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor,
-                   min_prob: float = 0.0) -> list[torch.Tensor]:
+def expansion_sets(
+    probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0
+) -> list[torch.Tensor]:
     """The expansion sets ``X_i`` of Section 4.2.
 
     Args:
@@ -101,27 +106,42 @@ def expansion_sets(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor,
     Returns ``k`` LongTensors: the ``min(K_i, N - 1)`` highest-probability ids of row ``i`` other than
     ``main[i]``, best first (ties: ``torch.topk``'s order), less those below ``min_prob``.
     """
-    return [torch.tensor(x, dtype=torch.long, device=probs.device) for x in expansion_lists(probs, main, sizes, min_prob)]
+    return [
+        torch.tensor(x, dtype=torch.long, device=probs.device) for x in expansion_lists(probs, main, sizes, min_prob)
+    ]
 
 
-def expansion_lists(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
-                    max_size: int | None = None) -> list[list[int]]:
+def expansion_lists(
+    probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0, max_size: int | None = None
+) -> list[list[int]]:
     """:func:`expansion_sets` as lists of ids, computed on ``probs``' device and read in one transfer
     (``max_size``: an upper bound of ``sizes``, e.g. :attr:`CapeSettings.max_size`, saves reading it; the
     ``topk`` then runs wider, which can order tied probabilities differently)."""
     return _read_expansions(probs, main, sizes, min_prob, max_size)[0]
 
 
-def _read_expansions(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
-                     max_size: int | None = None, to_target=None) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
+def _read_expansions(
+    probs: torch.Tensor,
+    main: torch.Tensor,
+    sizes: torch.Tensor,
+    min_prob: float = 0.0,
+    max_size: int | None = None,
+    to_target=None,
+) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
     """:func:`expansion_lists`, with each set's draft probabilities and target ids (``to_target`` applied on the
     device; the draft ids when ``None``), all in the one read (ids are exact in float64)."""
     flat, layout = expansion_read(probs, main, sizes, min_prob, max_size, to_target)
-    return parse_expansions(flat.tolist(), layout)                               # the one read
+    return parse_expansions(flat.tolist(), layout)  # the one read
 
 
-def expansion_read(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
-                   max_size: int | None = None, to_target=None) -> tuple[torch.Tensor, tuple]:
+def expansion_read(
+    probs: torch.Tensor,
+    main: torch.Tensor,
+    sizes: torch.Tensor,
+    min_prob: float = 0.0,
+    max_size: int | None = None,
+    to_target=None,
+) -> tuple[torch.Tensor, tuple]:
     """The expansion sets of :func:`_read_expansions` as one float64 tensor still on the device, and its layout for
     :func:`parse_expansions`: a caller may read it together with what it reads anyway. Row ``i``'s set depends on
     rows ``0 .. i`` only (its size and its path-probability floor), so the first ``m`` sets of ``k`` rows are those
@@ -130,9 +150,15 @@ def expansion_read(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor,
     return torch.cat(parts), layout
 
 
-def expansion_parts(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor, min_prob: float = 0.0,
-                    max_size: int | None = None, to_target=None, conf: torch.Tensor | None = None
-                    ) -> tuple[list[torch.Tensor], tuple]:
+def expansion_parts(
+    probs: torch.Tensor,
+    main: torch.Tensor,
+    sizes: torch.Tensor,
+    min_prob: float = 0.0,
+    max_size: int | None = None,
+    to_target=None,
+    conf: torch.Tensor | None = None,
+) -> tuple[list[torch.Tensor], tuple]:
     """:func:`expansion_read`'s tensor as the parts that ``torch.cat`` joins into it (their last is float64, so the
     join is float64: ids and flags exactly), for a caller that joins them with parts of its own, and the layout.
     ``conf``: the rows' probabilities of ``main`` when the caller has them (read only for a path floor,
@@ -144,14 +170,14 @@ def expansion_parts(probs: torch.Tensor, main: torch.Tensor, sizes: torch.Tensor
     main, sizes = _long_on(main, probs.device), _long_on(sizes, probs.device)
     bound = (int(max_size) if max_size is not None else int(sizes.max())) if k else 0
     width = min(bound + 1, n)
-    top = probs.topk(width, dim=-1).indices                                      # [k, width]
-    top_p = probs.gather(1, top)                                                 # [k, width]
+    top = probs.topk(width, dim=-1).indices  # [k, width]
+    top_p = probs.gather(1, top)  # [k, width]
     parts = [top.flatten(), sizes, main]
     floor = min_prob > 0
     if floor:
-        conf = probs.gather(1, main[:, None])[:, 0] if conf is None else conf   # [k] p_i of the main tokens
-        reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])              # [k] prod_{j<i} p_j
-        parts.append((top_p * reach[:, None] >= min_prob).flatten())             # [k * width] path prob >= floor
+        conf = probs.gather(1, main[:, None])[:, 0] if conf is None else conf  # [k] p_i of the main tokens
+        reach = torch.cat([conf.new_ones(1), conf.cumprod(0)[:-1]])  # [k] prod_{j<i} p_j
+        parts.append((top_p * reach[:, None] >= min_prob).flatten())  # [k * width] path prob >= floor
     if to_target is not None:
         parts.append(to_target(top.flatten()).reshape(-1).to(probs.device))
     parts.append(top_p.flatten().double())
@@ -163,24 +189,27 @@ def _long_on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x if x.dtype == torch.long and x.device == device else x.to(device).long()
 
 
-def parse_expansions(flat: Sequence[float], layout: tuple, rows: int | None = None,
-                     ) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
+def parse_expansions(
+    flat: Sequence[float],
+    layout: tuple,
+    rows: int | None = None,
+) -> tuple[list[list[int]], list[list[float]], list[list[int]]]:
     """The host lists of :func:`expansion_read`'s tensor (read by the caller): the sets of the first ``rows`` rows
     (all by default), their draft probabilities and their target ids."""
     k, n, width, min_prob, floor, mapped = layout
     kw = k * width
-    top_h, sizes_h, main_h = flat[:kw], flat[kw:kw + k], flat[kw + k:kw + 2 * k]
+    top_h, sizes_h, main_h = flat[:kw], flat[kw : kw + k], flat[kw + k : kw + 2 * k]
     at = kw + 2 * k
-    ok_h = flat[at:at + kw] if floor else None
+    ok_h = flat[at : at + kw] if floor else None
     at += kw if floor else 0
-    mapped_h = flat[at:at + kw] if mapped else top_h
+    mapped_h = flat[at : at + kw] if mapped else top_h
     at += kw if mapped else 0
-    p_h = flat[at:at + kw]
+    p_h = flat[at : at + kw]
     sets, set_probs, set_targets = [], [], []
     for i in range(k if rows is None else min(rows, k)):
         ids, probs, targets = [], [], []
         size, main, taken = min(int(sizes_h[i]), n - 1), main_h[i], 0
-        for j in range(i * width, (i + 1) * width):   # the first ``size`` ids but the main one, above the floor
+        for j in range(i * width, (i + 1) * width):  # the first ``size`` ids but the main one, above the floor
             if taken >= size:
                 break
             if top_h[j] == main:
@@ -209,8 +238,12 @@ def cap_expansions(expansions: Sequence[torch.Tensor], main_len: int, max_nodes:
     return out
 
 
-def cape_tree(main: torch.Tensor | Sequence[int], expansions: Sequence[torch.Tensor | Sequence[int]],
-              dedupe: bool = True, device: torch.device | str | None = None) -> TokenTree:
+def cape_tree(
+    main: torch.Tensor | Sequence[int],
+    expansions: Sequence[torch.Tensor | Sequence[int]],
+    dedupe: bool = True,
+    device: torch.device | str | None = None,
+) -> TokenTree:
     """The verification tree of an expanded proposal (Du et al., 2024, §4.2; Appendix A, Algorithms 1-2).
 
     ``main`` (``[k]``) is the draft path; ``expansions[t]`` (``[K_t]``, possibly empty) holds the
@@ -262,16 +295,23 @@ def _host_lists(main, expansions) -> tuple[list[int], list[list[int]]]:
     for x in parts:
         if isinstance(x, torch.Tensor):
             m = x.numel()
-            out.append(flat[at:at + m])
+            out.append(flat[at : at + m])
             at += m
         else:
             out.append([int(t) for t in x])
     return out[0], out[1:]
 
 
-def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettings | None,
-                      to_target=None, main_target=None, device=None, main_probs: list[float] | None = None,
-                      read: tuple | None = None) -> tuple[TokenTree, list[torch.Tensor], list[float]]:
+def expanded_proposal(
+    probs: torch.Tensor,
+    main: torch.Tensor,
+    settings: CapeSettings | None,
+    to_target=None,
+    main_target=None,
+    device=None,
+    main_probs: list[float] | None = None,
+    read: tuple | None = None,
+) -> tuple[TokenTree, list[torch.Tensor], list[float]]:
     """Algorithm 1 end to end: the draft's ``[k, N]`` distributions along its main path ``main`` (``[k]``,
     normally the rows' argmax) -> the verification tree, the expansion sets (``to_target`` maps draft ids
     to target ids, e.g. through a reduced vocabulary; identity when ``None``) and, as host floats, the draft's
@@ -282,14 +322,22 @@ def expanded_proposal(probs: torch.Tensor, main: torch.Tensor, settings: CapeSet
     ``main_target`` and ``main_probs`` are given, nor when ``read`` holds the sets already read
     (:func:`parse_expansions` of the rows' :func:`expansion_read`, at least ``k`` rows of them)."""
     device = probs.device if device is None else device
-    tree, expansions, node_probs = expanded_lists(probs, main, settings, to_target, main_target, device, main_probs,
-                                                  read)
+    tree, expansions, node_probs = expanded_lists(
+        probs, main, settings, to_target, main_target, device, main_probs, read
+    )
     return tree, [torch.tensor(x, dtype=torch.long, device=device) for x in expansions], node_probs
 
 
-def expanded_lists(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettings | None, to_target=None,
-                   main_target=None, device=None, main_probs: list[float] | None = None, read: tuple | None = None
-                   ) -> tuple[TokenTree, list[list[int]], list[float]]:
+def expanded_lists(
+    probs: torch.Tensor,
+    main: torch.Tensor,
+    settings: CapeSettings | None,
+    to_target=None,
+    main_target=None,
+    device=None,
+    main_probs: list[float] | None = None,
+    read: tuple | None = None,
+) -> tuple[TokenTree, list[list[int]], list[float]]:
     """:func:`expanded_proposal` with the expansion sets as host lists of target ids (no tensor made per set). The
     main path's probabilities are gathered from ``probs`` only where needed (``main_probs`` not given, or the sets
     still to be read)."""
@@ -297,7 +345,7 @@ def expanded_lists(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettin
     conf = None
     if main_probs is None or main_target is None or (settings is not None and read is None):
         main = main.to(probs.device)
-        conf = probs.gather(1, main[:, None])[:, 0]                               # [k] p_i
+        conf = probs.gather(1, main[:, None])[:, 0]  # [k] p_i
     main_t = list(main_target) if main_target is not None else (to_target or (lambda x: x))(main)
     main_p = list(main_probs) if main_probs is not None else conf.double().tolist()
     k = main.shape[0]
@@ -306,17 +354,28 @@ def expanded_lists(probs: torch.Tensor, main: torch.Tensor, settings: CapeSettin
     if read is not None:
         sets, set_probs, set_targets = (x[:k] for x in read)
     else:
-        bound = settings.max_size if defer_reads(probs.device) else None        # CPU: reads are free, exact width
-        sets, set_probs, set_targets = _read_expansions(probs, main, settings.expansion_sizes(conf), settings.min_prob,
-                                                        bound, to_target)
+        bound = settings.max_size if defer_reads(probs.device) else None  # CPU: reads are free, exact width
+        sets, set_probs, set_targets = _read_expansions(
+            probs, main, settings.expansion_sizes(conf), settings.min_prob, bound, to_target
+        )
     keep = [len(x) for x in cap_expansions(sets, k, settings.max_nodes)]
     expansions = [t[:c] for t, c in zip(set_targets, keep)]
     node_probs = main_p + [p for x, c in zip(set_probs, keep) for p in x[:c]]  # Algorithm 2's node order
     tree = cape_tree(main_t, expansions, device=device)
-    if tree.num_nodes != len(node_probs):                                         # sets exclude main[i], unique
+    if tree.num_nodes != len(node_probs):  # sets exclude main[i], unique
         raise RuntimeError("CAPE expansion sets must not repeat the main token or each other")
     return tree, expansions, node_probs
 
 
-__all__ = ["CapeSettings", "cap_expansions", "cape_tree", "expanded_lists", "expanded_proposal", "expansion_lists",
-           "expansion_parts", "expansion_read", "expansion_sets", "parse_expansions"]
+__all__ = [
+    "CapeSettings",
+    "cap_expansions",
+    "cape_tree",
+    "expanded_lists",
+    "expanded_proposal",
+    "expansion_lists",
+    "expansion_parts",
+    "expansion_read",
+    "expansion_sets",
+    "parse_expansions",
+]

@@ -7,7 +7,8 @@ yet in the target's cache):
 1. **Glimpse without copying** -- the draft reads the target's cached K/V of layers ``l = N_T - N_D + m``
    straight from the loop's ``DynamicCache`` (:meth:`GlideForCausalLM.target_kv` returns the cache's own
    tensors; eager, :meth:`GlideForCausalLM.glimpse` repeats them to the cross-attention's query heads once per
-   draft, a copy only where the target groups its K/V heads, which each forward would otherwise make). It holds ``seq[:-1]``: the paper's *KV cache delay*, every draft query at or after the root
+   draft, a copy only where the target groups its K/V heads, which each forward would otherwise make). It holds
+   ``seq[:-1]``: the paper's *KV cache delay*, every draft query at or after the root
    sees all ``L - 1`` entries, a catch-up token at index ``i < L - 1`` sees entries ``< i`` (as at a block
    start in training).
 2. **Draft the main path** greedily, one draft forward per token, with the draft's own self-attention
@@ -66,8 +67,8 @@ from ..core.payoff import DraftPolicy
 from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
-from ..drafters.memory import AnswerMemory
 from ..drafters.maxgram import common_prefix
+from ..drafters.memory import AnswerMemory
 from ..drafters.static_forward import StaticDraftForward, keep_draft_prefix
 from ..placement import defer_reads
 from .cape import expanded_lists, expansion_parts, parse_expansions
@@ -79,35 +80,41 @@ class GlideDrafter(TreeDrafter):
     """Drafts GLIDE (+ CAPE) trees below the last verified token; one per ``generate()`` call (its draft
     cache and records live and die with the call). See the module docstring for the step."""
 
-    reads_target_cache = True                        # cross-attends to the target's K/V (TreeStep.cache)
+    reads_target_cache = True  # cross-attends to the target's K/V (TreeStep.cache)
 
-    def __init__(self, glide, settings: GlideSettings, stop_ids: list[int],
-                 processors: LogitsProcessorList | None = None, policy: DraftPolicy | None = None,
-                 memory: AnswerMemory | None = None):
+    def __init__(
+        self,
+        glide,
+        settings: GlideSettings,
+        stop_ids: list[int],
+        processors: LogitsProcessorList | None = None,
+        policy: DraftPolicy | None = None,
+        memory: AnswerMemory | None = None,
+    ):
         self.glide, self.settings = glide, settings
-        self._shared = bool(glide.config.share_target_embeddings)   # its rows are the target's vocabulary (read once)
-        self._cross = bool(glide.config.cross_attention)            # it reads the target's cache (read once)
+        self._shared = bool(glide.config.share_target_embeddings)  # its rows are the target's vocabulary (read once)
+        self._cross = bool(glide.config.cross_attention)  # it reads the target's cache (read once)
         # sampling (``processors`` given): draw the main path from the warped q while that is accepted more often
         # than the argmax (core.draws); greedy: the argmax path
         self.warpers = warpers(processors) if processors is not None else None
         self.choice = ProposalChoice() if processors is not None else None
         self._root_logits: torch.Tensor | None = None
         self._root_confidence: float | None = None
-        self.linear = settings.cape is None          # without CAPE every draft is a chain (no tree mask)
+        self.linear = settings.cape is None  # without CAPE every draft is a chain (no tree mask)
         self.stop_ids = set(int(t) for t in stop_ids)
-        self.cache = DynamicCache()                  # the draft's own self-attention K/V of verified tokens
-        self.record = GlideStats()                   # only the GLIDE fields are used (copied by the assistant)
-        self._root_len: int | None = None            # L at the last draft (None: nothing drafted)
-        self._main: list[int] = []                   # the last main path (target ids)
+        self.cache = DynamicCache()  # the draft's own self-attention K/V of verified tokens
+        self.record = GlideStats()  # only the GLIDE fields are used (copied by the assistant)
+        self._root_len: int | None = None  # L at the last draft (None: nothing drafted)
+        self._main: list[int] = []  # the last main path (target ids)
         self._checked = False
         self._device = next(glide.parameters()).device
         self._bounds = torch.tensor(self.choice.bounds, device=self._device) if self.choice is not None else None
         # what pays on this machine: whether to draft, how deep, which nodes (core.payoff); the paper's shape without
         self.policy = policy if policy is not None else DraftPolicy(cost_aware=False)
-        self._probs: list[float | None] = []         # draft probabilities of the verified tree's nodes (None: a seed)
+        self._probs: list[float | None] = []  # draft probabilities of the verified tree's nodes (None: a seed)
         # the sequence's repeats join the tree (drafters.lookup_branch), cut by the policy
         self.lookup = LookupBranch(memory=memory) if self.policy.lookup else None
-        self._compile: tuple | None = None               # (the call's CompileConfig,) once compile_forwards asked
+        self._compile: tuple | None = None  # (the call's CompileConfig,) once compile_forwards asked
         self.compiled: StaticDraftForward | None = None  # compiled calls: the draft forward over a static cache
 
     def compile_forwards(self, compile_config) -> None:
@@ -143,7 +150,7 @@ class GlideDrafter(TreeDrafter):
         and repeated to its query heads once per draft instead of at each of its forwards)."""
         if not self._cross or state.cache.get_seq_length() == 0:
             return None
-        cache = state.cache.full if self.compiled is not None else state.cache     # compiled: the fixed buffers
+        cache = state.cache.full if self.compiled is not None else state.cache  # compiled: the fixed buffers
         if not self._checked:
             self._check_geometry(self.glide.target_kv(cache), state)
         return self.glide.target_kv(cache) if self.compiled is not None else self.glide.glimpse(cache)
@@ -154,14 +161,19 @@ class GlideDrafter(TreeDrafter):
         c = self.glide.config
         layers = c.target_layer_ids or [f"N_T - {len(kv) - m}" for m in range(len(kv))]
         for (k, v), layer in zip(kv, layers):
-            ok = (k.dim() == 4 and k.shape == v.shape and k.shape[-1] == c.target_head_dim
-                  and c.target_num_attention_heads % k.shape[1] == 0
-                  and k.shape[-2] == columns)
+            ok = (
+                k.dim() == 4
+                and k.shape == v.shape
+                and k.shape[-1] == c.target_head_dim
+                and c.target_num_attention_heads % k.shape[1] == 0
+                and k.shape[-2] == columns
+            )
             if not ok:
                 raise ValueError(
                     f"the target's cached K/V of layer {layer} have shape {tuple(k.shape)}; this GLIDE expects "
                     f"[1, kv_heads | {c.target_num_attention_heads}, {columns}, "
-                    f"{c.target_head_dim}] (a target of another geometry?)")
+                    f"{c.target_head_dim}] (a target of another geometry?)"
+                )
         self._checked = True
 
     # -- the TreeDrafter contract ------------------------------------------------------------------
@@ -170,7 +182,7 @@ class GlideDrafter(TreeDrafter):
         """A chain (``cape=None``) or CAPE tree of at most ``min(draft_length, budget)`` main tokens after
         ``seq`` (``[L]``). Greedy: ``draft_probs = None`` (the argmax path, deterministic given ``seq``);
         sampling: the main path is drawn and ``draft_probs`` holds what each node was drawn from."""
-        k = self.policy.plan(min(self.settings.draft_length, state.budget))   # exploring: its first token(s)
+        k = self.policy.plan(min(self.settings.draft_length, state.budget))  # exploring: its first token(s)
         self._root_len, self._main = None, []
         if k < 1:
             self.record.skipped_drafts += 1
@@ -181,18 +193,23 @@ class GlideDrafter(TreeDrafter):
         if past >= length:
             raise RuntimeError(f"the draft cache holds {past} tokens but only {length} are verified")
         kv = self._glimpse(state)
-        ids = seq[past:].to(self._device)                                           # catch-up tokens + root
+        ids = seq[past:].to(self._device)  # catch-up tokens + root
         # compiled: the glimpse's mask reads the target's verified entries (L - 1) as a tensor (no recompile)
         seen = torch.tensor(length - 1, device=self._device) if self.compiled is not None and kv is not None else None
         # sampling: which confidence buckets draw (core.draws.ProposalChoice); None: the argmax path
         table = self.choice.table(self._device) if self.choice is not None else None
         drawn = table is not None
         rows, bests, tops, tokens, qs = [], [], [], [], []  # per draft forward, on the device
-        p_best, target_ids = [], []                        # host copies of tops / tokens
-        defer = defer_reads(self._device)                  # GPU: read once after the k forwards, not per token
+        p_best, target_ids = [], []  # host copies of tops / tokens
+        defer = defer_reads(self._device)  # GPU: read once after the k forwards, not per token
         self.policy.start_draft(seq.device)
-        forward = dict(cache_kwargs(self.glide, self.cache), target_key_values=kv, full_vocab=False, logits_to_keep=1,
-                       return_dict=False)                  # eager: the same keyword arguments at every forward
+        forward = dict(
+            cache_kwargs(self.glide, self.cache),
+            target_key_values=kv,
+            full_vocab=False,
+            logits_to_keep=1,
+            return_dict=False,
+        )  # eager: the same keyword arguments at every forward
         for t in range(k):
             if self.compiled is None:
                 logits = self.glide(input_ids=ids[None], **forward)[0][0, -1]
@@ -201,51 +218,58 @@ class GlideDrafter(TreeDrafter):
             self.record.draft_forwards += 1
             self.record.draft_tokens += ids.shape[0]
             self.policy.count_forward()
-            p = logits.float().softmax(-1)                                          # [N] draft distribution
-            top, best = p.max(-1)                          # the first maximum, as argmax
+            p = logits.float().softmax(-1)  # [N] draft distribution
+            top, best = p.max(-1)  # the first maximum, as argmax
             pick = best
             if t == 0 and self.choice is not None:
-                self._root_logits = logits                 # both proposals are measured at the first position
-            if drawn:                                      # rules 1, 2 of core.draws: q is what a token is drawn from,
-                x, q = draw(self.warpers, logits)          # and the mode depends on the confidence, not on x
+                self._root_logits = logits  # both proposals are measured at the first position
+            if drawn:  # rules 1, 2 of core.draws: q is what a token is drawn from,
+                x, q = draw(self.warpers, logits)  # and the mode depends on the confidence, not on x
                 use = table[torch.bucketize(top, self._bounds)]
                 pick = torch.where(use, x, best)
                 qs.append(torch.where(use, q, torch.nn.functional.one_hot(best, q.shape[0]).to(q.dtype)))
             token = self._to_target(pick)
             rows.append(p), bests.append(pick), tops.append(top), tokens.append(token)
-            if not defer:                                  # host reads are free: stop as soon as the rule says
+            if not defer:  # host reads are free: stop as soon as the rule says
                 p_best.append(float(tops[-1]))
                 target_ids.append(int(token))
                 if self._main_length(p_best, target_ids, k)[1]:
                     break
             ids = token.reshape(1).to(self._device)
         read_sets = None
-        if defer:                                          # one read: the main path, CAPE's sets, the last measures
+        if defer:  # one read: the main path, CAPE's sets, the last measures
             p_best, target_ids, read_sets = self._read_draft(rows, bests, tops, tokens)
         self.policy.end_draft()
         m = self._main_length(p_best, target_ids, k)[0]
         self._root_len = length
         self._root_confidence = p_best[0] if p_best else None
         self.record.main_lengths.append(m)
-        if not m:                                                                   # unsure from the start
+        if not m:  # unsure from the start
             self.record.expansion_sizes.append([])
             self.record.confidences.append([])
             self.record.drafted_nodes.append(0)
             return self._joined(TokenTree.empty(seq.device), [], state), None
-        probs = torch.stack(rows[:m])                                               # [k', N]
-        main_d = torch.stack(bests[:m])                                             # [k'] draft ids
-        self._main = target_ids[:m]                                                 # [k'] target ids
+        probs = torch.stack(rows[:m])  # [k', N]
+        main_d = torch.stack(bests[:m])  # [k'] draft ids
+        self._main = target_ids[:m]  # [k'] target ids
         # the main path's estimates are its confidences p_i (host floats: for a drawn node, its confidence, not its
         # token's probability; rule 2 of core.draws)
-        tree, expansions, node_probs = expanded_lists(probs, main_d, self.settings.cape, self._to_target,
-                                                      main_target=self._main, device=seq.device,
-                                                      main_probs=p_best[:m], read=read_sets)
+        tree, expansions, node_probs = expanded_lists(
+            probs,
+            main_d,
+            self.settings.cape,
+            self._to_target,
+            main_target=self._main,
+            device=seq.device,
+            main_probs=p_best[:m],
+            read=read_sets,
+        )
         self.record.expansion_sizes.append([len(x) for x in expansions])
-        self.record.confidences.append([round(c, 4) for c in p_best[:m]])         # p_i of the main tokens
+        self.record.confidences.append([round(c, 4) for c in p_best[:m]])  # p_i of the main tokens
         self.record.drafted_nodes.append(tree.num_nodes)
-        if self.lookup is not None and not (drawn and self.linear):                 # + repeats, what pays
+        if self.lookup is not None and not (drawn and self.linear):  # + repeats, what pays
             tree = self._joined(tree, node_probs, state, drawn=m if drawn else 0)
-        else:                                                                       # what pays on this hardware
+        else:  # what pays on this hardware
             tree, self._probs = self.policy.select(tree, node_probs, fixed=m if drawn else 0)
         if not drawn:
             return tree, None
@@ -265,20 +289,27 @@ class GlideDrafter(TreeDrafter):
             probs, main = torch.stack(rows), torch.stack(bests)
             # greedy (nothing drawn): the main path is the rows' argmax, whose probabilities are their maxima
             conf = top if self.choice is None else probs.gather(1, main[:, None])[:, 0]
-            more, layout = expansion_parts(probs, main, cape.expansion_sizes(conf), cape.min_prob, cape.max_size,
-                                           None if self._shared else self._to_target, conf)
+            more, layout = expansion_parts(
+                probs,
+                main,
+                cape.expansion_sizes(conf),
+                cape.min_prob,
+                cape.max_size,
+                None if self._shared else self._to_target,
+                conf,
+            )
             parts += more
         else:
             parts[0] = top.double()
         pending = self.choice.pending() if self.choice is not None else None
         if pending is not None:
             parts.append(pending.to(parts[0].device))
-        values = torch.cat(parts).tolist()                                          # the one read
+        values = torch.cat(parts).tolist()  # the one read
         end = len(values) - (pending.shape[0] if pending is not None else 0)
         if pending is not None:
             self.choice.settle(values[end:])
-        sets = parse_expansions(values[2 * n:end], layout) if layout is not None else None
-        return values[:n], [int(t) for t in values[n:2 * n]], sets
+        sets = parse_expansions(values[2 * n : end], layout) if layout is not None else None
+        return values[:n], [int(t) for t in values[n : 2 * n]], sets
 
     def _joined(self, tree: TokenTree, probs: list[float], state: TreeStep, drawn: int = 0) -> TokenTree:
         """``tree`` (the draft's probabilities ``probs``; its first ``drawn`` nodes drawn from ``q``) with the
@@ -291,48 +322,61 @@ class GlideDrafter(TreeDrafter):
 
     def _main_length(self, p_best: list[float], tokens: list[int], k: int) -> tuple[int, bool]:
         """The main path's stop rule over the drafted ``p_i`` / target ids: ``(m kept, rule ended)``."""
-        cape, reach, m = self.settings.cape, 1.0, 0                                 # reach: prod of main p_i
-        calibrated = 1.0                                                            # the same, as target acceptance
+        cape, reach, m = self.settings.cape, 1.0, 0  # reach: prod of main p_i
+        calibrated = 1.0  # the same, as target acceptance
         for t, (p, token) in enumerate(zip(p_best, tokens)):
             unsure = p < self.settings.min_confidence
             if unsure and (cape is None or reach * p < cape.min_prob):
-                return m, True                          # a chain leaves it out, CAPE too below its path floor
+                return m, True  # a chain leaves it out, CAPE too below its path floor
             reach *= p
             m += 1
             if unsure or t + 1 == k or token in self.stop_ids:
                 return m, True
-            calibrated *= self.policy.calibrated(p)     # the next forward must be able to pay
+            calibrated *= self.policy.calibrated(p)  # the next forward must be able to pay
             if not self.policy.deeper(calibrated):
                 return m, True
         return m, False
 
     def on_accept(self, tree, acceptance, state: TreeStep) -> None:
         """Keep, in the draft cache, the verified tokens it holds: ``seq[:L]`` and the fed main tokens that
-        the target accepted (:func:`~hf_cascade.drafters.static_forward.keep_draft_prefix`); count main-path and expansion acceptances."""
+        the target accepted (:func:`~hf_cascade.drafters.static_forward.keep_draft_prefix`); count main-path and
+        expansion acceptances."""
         observe_verdict(self.policy, self.lookup, tree, self._probs, acceptance, state)
         self._probs = []
         if self.choice is not None and self._root_logits is not None and state.rows is not None:
-            first = sum(1 for parent in tree.host_parents if parent < 0)          # the first level's nodes
-            self.choice.observe(state.rows.softmax()[0], warped(self.warpers, self._root_logits), self._columns,
-                                siblings=max(first - 1, 0), confidence=self._root_confidence,
-                                defer=defer_reads(self._device))     # read with the next draft
+            first = sum(1 for parent in tree.host_parents if parent < 0)  # the first level's nodes
+            self.choice.observe(
+                state.rows.softmax()[0],
+                warped(self.warpers, self._root_logits),
+                self._columns,
+                siblings=max(first - 1, 0),
+                confidence=self._root_confidence,
+                defer=defer_reads(self._device),
+            )  # read with the next draft
         self._root_logits = None
         if self._root_len is None:
             return
         length = self._root_len
-        accepted = [tree.token_list[i] for i in path_list(acceptance)]             # host structure, host path
+        accepted = [tree.token_list[i] for i in path_list(acceptance)]  # host structure, host path
         on_main = common_prefix(accepted, self._main)
         self.record.main_accepted.append(on_main)
         self.record.expansion_accepted += int(len(accepted) > on_main)
-        fed = self._main[:-1]                                                       # the last main token is never fed
+        fed = self._main[:-1]  # the last main token is never fed
         emitted = state.tokens[length:] if getattr(state, "tokens", None) is not None else state.seq[length:].tolist()
         keep = length + common_prefix(emitted, fed)
         keep = min(keep, state.seq.shape[0] - 1)
         keep_draft_prefix(self.compiled, self.cache, keep)
 
 
-def _glide_forward(glide, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None,
-                   target_key_values=None, seen: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+def _glide_forward(
+    glide,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    rows: torch.Tensor | None,
+    target_key_values=None,
+    seen: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor:
     """The draft's logits over its own vocabulary of ``rows`` (``None``: every query) for ``input_ids`` at sequence
     indices ``positions``, glimpsing the target's static cache ``target_key_values`` (its fixed buffers) through the
     decoding mask: a query at index ``i`` sees the entries ``k < min(i, seen)``. What
@@ -340,10 +384,16 @@ def _glide_forward(glide, input_ids: torch.Tensor, positions: torch.Tensor, rows
     mask = None
     if target_key_values is not None:
         columns = torch.arange(target_key_values[0][0].shape[-2], device=positions.device)
-        mask = columns[None, :] < torch.minimum(positions, seen)[:, None]                       # [Q, C]
-    return glide(input_ids=input_ids, cache_position=positions, target_key_values=target_key_values,
-                 cross_attention_mask=mask, full_vocab=False, logits_to_keep=0 if rows is None else rows,
-                 **kwargs).logits
+        mask = columns[None, :] < torch.minimum(positions, seen)[:, None]  # [Q, C]
+    return glide(
+        input_ids=input_ids,
+        cache_position=positions,
+        target_key_values=target_key_values,
+        cross_attention_mask=mask,
+        full_vocab=False,
+        logits_to_keep=0 if rows is None else rows,
+        **kwargs,
+    ).logits
 
 
 __all__ = ["GlideDrafter"]

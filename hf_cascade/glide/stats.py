@@ -55,12 +55,37 @@ class GlideStats(TreeStats):
 
     def to_dict(self) -> dict:
         out = super().to_dict()
-        out.update({k: getattr(self, k) for k in (
-            "draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
-            "expansion_accepted", "skipped_drafts", "drafted_nodes", "drawn_drafts", "draft_cost_ratio",
-            "draft_forward_cost")})
+        out.update(
+            {
+                k: getattr(self, k)
+                for k in (
+                    "draft_forwards",
+                    "draft_tokens",
+                    "main_lengths",
+                    "expansion_sizes",
+                    "confidences",
+                    "main_accepted",
+                    "expansion_accepted",
+                    "skipped_drafts",
+                    "drafted_nodes",
+                    "drawn_drafts",
+                    "draft_cost_ratio",
+                    "draft_forward_cost",
+                )
+            }
+        )
         return out
 
 
-_RECORDED = ("draft_forwards", "draft_tokens", "main_lengths", "expansion_sizes", "confidences", "main_accepted",
-             "expansion_accepted", "skipped_drafts", "drafted_nodes", "drawn_drafts")
+_RECORDED = (
+    "draft_forwards",
+    "draft_tokens",
+    "main_lengths",
+    "expansion_sizes",
+    "confidences",
+    "main_accepted",
+    "expansion_accepted",
+    "skipped_drafts",
+    "drafted_nodes",
+    "drawn_drafts",
+)

@@ -41,4 +41,14 @@ def register_heads() -> None:
     _registered = True
 
 
-__all__ = ["HEADS", "CascadeDrafterConfig", "CascadeDrafterForCausalLM", "GlideConfig", "GlideForCausalLM", "glide_cross_mask", "ReDrafterConfig", "ReDrafterModel", "register_heads"]
+__all__ = [
+    "HEADS",
+    "CascadeDrafterConfig",
+    "CascadeDrafterForCausalLM",
+    "GlideConfig",
+    "GlideForCausalLM",
+    "glide_cross_mask",
+    "ReDrafterConfig",
+    "ReDrafterModel",
+    "register_heads",
+]

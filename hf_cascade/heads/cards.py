@@ -31,7 +31,10 @@ KNOWN_TARGETS = {
     "google/gemma-3-270m": {"base_model": "google/gemma-3-270m", "license": "gemma"},
     "smollm2": {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0"},
     "smollm2-135m-instruct": {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0"},
-    "HuggingFaceTB/SmolLM2-135M-Instruct": {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0"},
+    "HuggingFaceTB/SmolLM2-135M-Instruct": {
+        "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "license": "apache-2.0",
+    },
 }
 
 #: Distillation prompt source (``hf-cascade distill``'s prompt file stem) -> the Hub dataset it is taken
@@ -65,16 +68,28 @@ _PROMPT = "Question: What is the capital of France?\\n\\nAnswer:"
 
 #: kind -> (import line, assistant line) of the usage snippet; ``{repo}`` is the head's repo id.
 _USES = {
-    "drafter": ("from hf_cascade import CascadeAssistant, CascadeSettings, MaxGram",
-                ('k_matrix = [[3, 10], [0, 10]]  # up to 3 drafter tokens\n'
-                 'assistant = CascadeAssistant([repo, MaxGram()], settings=CascadeSettings(k_matrix=k_matrix))')),
-    "glide": ("from hf_cascade import GlideAssistant, GlideSettings",
-              'assistant = GlideAssistant(repo, settings=GlideSettings.chain())  # chains, no CAPE expansion'),
-    "redrafter": ("from hf_cascade import ReDrafterAssistant, ReDrafterSettings",
-                  ('beams = ReDrafterSettings(beam_width=2, beam_length={beam_length})\n'
-                   'assistant = ReDrafterAssistant(repo, settings=beams)')),
-    "corpus": ("from hf_cascade import CascadeAssistant, CorpusNGrams, MaxGram",
-               'assistant = CascadeAssistant([MaxGram(corpus=CorpusNGrams.load(repo))])'),
+    "drafter": (
+        "from hf_cascade import CascadeAssistant, CascadeSettings, MaxGram",
+        (
+            "k_matrix = [[3, 10], [0, 10]]  # up to 3 drafter tokens\n"
+            "assistant = CascadeAssistant([repo, MaxGram()], settings=CascadeSettings(k_matrix=k_matrix))"
+        ),
+    ),
+    "glide": (
+        "from hf_cascade import GlideAssistant, GlideSettings",
+        "assistant = GlideAssistant(repo, settings=GlideSettings.chain())  # chains, no CAPE expansion",
+    ),
+    "redrafter": (
+        "from hf_cascade import ReDrafterAssistant, ReDrafterSettings",
+        (
+            "beams = ReDrafterSettings(beam_width=2, beam_length={beam_length})\n"
+            "assistant = ReDrafterAssistant(repo, settings=beams)"
+        ),
+    ),
+    "corpus": (
+        "from hf_cascade import CascadeAssistant, CorpusNGrams, MaxGram",
+        "assistant = CascadeAssistant([MaxGram(corpus=CorpusNGrams.load(repo))])",
+    ),
 }
 
 #: The line that names the checkpoint in every usage snippet (``{repo}``: the placeholder repo id): the one line
@@ -83,8 +98,11 @@ REPO_LINE = 'repo = "{repo}"  # the Hub repo you uploaded this folder to, or the
 
 
 #: kind -> the assistant class a checkpoint of that kind becomes (:mod:`hf_cascade.auto`).
-_CLASS = {"drafter": "`CascadeAssistant([drafter, MaxGram()])`", "glide": "`GlideAssistant`",
-          "redrafter": "`ReDrafterAssistant`"}
+_CLASS = {
+    "drafter": "`CascadeAssistant([drafter, MaxGram()])`",
+    "glide": "`GlideAssistant`",
+    "redrafter": "`ReDrafterAssistant`",
+}
 
 
 def base_model(target: str | None) -> str | None:
@@ -96,8 +114,12 @@ def base_model(target: str | None) -> str | None:
     return target if not os.path.exists(target) and target.count("/") == 1 else None
 
 
-def front_matter(target: str | None, extra: dict | None = None, library_name: str | None = "transformers",
-                 tags: list[str] | None = None) -> dict:
+def front_matter(
+    target: str | None,
+    extra: dict | None = None,
+    library_name: str | None = "transformers",
+    tags: list[str] | None = None,
+) -> dict:
     """A card's front matter: ``library_name``, ``license`` and ``base_model`` from the target, then the
     ``extra`` fields (``datasets``, ``pipeline_tag``, ...; they win), ``tags`` first among the tags."""
     front: dict = {"library_name": library_name} if library_name else {}
@@ -147,15 +169,24 @@ def usage_section(kind: str, repo_id: str, target: str | None, beam_length: int 
     imports, assistant = _USES[kind]
     base = base_model(target) or target or "TARGET"
     repo_line = REPO_LINE.format(repo=repo_id)
-    what = ("`CorpusNGrams.load` reads `corpus.safetensors` of the repo (or of a local file or directory)"
-            if kind == "corpus" else "The head loads with hf_cascade's own classes (no `trust_remote_code`); the "
-            "assistant puts it on the target's device and in its dtype")
-    where = (f"`repo` is this folder: the Hub repo you uploaded it to (`hf upload {repo_id} <this folder>`; "
-             "for a private repo log in with `hf auth login` or pass `token=`), or its path on your disk.")
-    intro = textwrap.fill("Install hf_cascade from a clone of its repository (`pip install -e .`; it is not on PyPI). "
-                          f"{what}; the target verifies every drafted token (lossless: "
-                          f"the output is the target's own). {where}", width=110, break_on_hyphens=False,
-                          break_long_words=False)
+    what = (
+        "`CorpusNGrams.load` reads `corpus.safetensors` of the repo (or of a local file or directory)"
+        if kind == "corpus"
+        else "The head loads with hf_cascade's own classes (no `trust_remote_code`); the "
+        "assistant puts it on the target's device and in its dtype"
+    )
+    where = (
+        f"`repo` is this folder: the Hub repo you uploaded it to (`hf upload {repo_id} <this folder>`; "
+        "for a private repo log in with `hf auth login` or pass `token=`), or its path on your disk."
+    )
+    intro = textwrap.fill(
+        "Install hf_cascade from a clone of its repository (`pip install -e .`; it is not on PyPI). "
+        f"{what}; the target verifies every drafted token (lossless: "
+        f"the output is the target's own). {where}",
+        width=110,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
     explicit = f"""```python
 {imports}
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -180,9 +211,13 @@ pipe = pipeline("text-generation", model="{base}", assistant_model=repo, device_
 print(pipe("{_PROMPT}", do_sample=False, max_new_tokens=64, return_full_text=False)[0]["generated_text"])
 ```
 """
-    also = textwrap.fill(f"`model.generate(ids, assistant_model=<this checkpoint, loaded>)` does the same after `import "
-                         f"hf_cascade`. To set options, build the assistant yourself ({_CLASS[kind]}):", width=110,
-                         break_on_hyphens=False, break_long_words=False)
+    also = textwrap.fill(
+        f"`model.generate(ids, assistant_model=<this checkpoint, loaded>)` does the same after `import "
+        f"hf_cascade`. To set options, build the assistant yourself ({_CLASS[kind]}):",
+        width=110,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
     return f"## Use\n{intro} In one line, with the strategy's defaults:\n{one_line}\n{also}\n{explicit}"
 
 
@@ -202,8 +237,9 @@ def remote_code_files(model_type: str) -> dict[str, Path]:
                 for f in [source, *map(Path, get_relative_import_files(str(source)))]:
                     files[f.name] = f
             return files
-    raise ValueError(f"no hf_cascade head has model_type {model_type!r} (heads: "
-                     f"{', '.join(c.model_type for c, _, _ in HEADS)}).")
+    raise ValueError(
+        f"no hf_cascade head has model_type {model_type!r} (heads: {', '.join(c.model_type for c, _, _ in HEADS)})."
+    )
 
 
 def card_code(folder: str | os.PathLike) -> dict[str, Path]:
@@ -244,6 +280,20 @@ def sync_cards(root: str | os.PathLike | None = None, write: bool = True) -> lis
     return changed
 
 
-__all__ = ["HUB_DATASETS", "HUB_ORG", "KNOWN_TARGETS", "LICENSE_NOTES", "REPO_LINE", "SOURCE_NOTES", "base_model",
-           "card_code", "front_matter", "hub_datasets", "hub_repo_id", "license_section", "remote_code_files",
-           "sync_cards", "usage_section"]
+__all__ = [
+    "HUB_DATASETS",
+    "HUB_ORG",
+    "KNOWN_TARGETS",
+    "LICENSE_NOTES",
+    "REPO_LINE",
+    "SOURCE_NOTES",
+    "base_model",
+    "card_code",
+    "front_matter",
+    "hub_datasets",
+    "hub_repo_id",
+    "license_section",
+    "remote_code_files",
+    "sync_cards",
+    "usage_section",
+]

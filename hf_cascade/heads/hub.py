@@ -31,7 +31,9 @@ def save_hub(model, path: str | os.PathLike, card: str | dict = "") -> Path:
     config = json.loads((path / "config.json").read_text())
     auto_map = config.get("auto_map")
     if not auto_map:
-        raise RuntimeError(f"{path}/config.json has no auto_map: is {type(model).__name__} a registered hf_cascade head?")
+        raise RuntimeError(
+            f"{path}/config.json has no auto_map: is {type(model).__name__} a registered hf_cascade head?"
+        )
     for ref in auto_map.values():
         module = (ref[0] if isinstance(ref, (list, tuple)) else ref).split("--")[-1].rsplit(".", 1)[0]
         if not (path / f"{module}.py").is_file():

@@ -57,27 +57,45 @@ class DynamicWindowAssistant(LinearAssistant):
 
     last_stats: DynamicWindowStats | None = None
 
-    @rejects_moved(DynamicWindowSettings, "max_window", "tau_init", "tau2_init", "max_target_window", loading=True,
-                   policy=True, tokenizer="loading=Loading(tokenizer=...)")
-    def __init__(self, draft_model: PreTrainedModel | str | os.PathLike,
-                 verifier_model: PreTrainedModel | str | os.PathLike | None = None, *,
-                 settings: DynamicWindowSettings | None = None, policy: Policy | None = None,
-                 cpu_kernels: bool | None = None, loading: Loading | None = None):
+    @rejects_moved(
+        DynamicWindowSettings,
+        "max_window",
+        "tau_init",
+        "tau2_init",
+        "max_target_window",
+        loading=True,
+        policy=True,
+        tokenizer="loading=Loading(tokenizer=...)",
+    )
+    def __init__(
+        self,
+        draft_model: PreTrainedModel | str | os.PathLike,
+        verifier_model: PreTrainedModel | str | os.PathLike | None = None,
+        *,
+        settings: DynamicWindowSettings | None = None,
+        policy: Policy | None = None,
+        cpu_kernels: bool | None = None,
+        loading: Loading | None = None,
+    ):
         self.settings, self.policy = DynamicWindowSettings.of(settings), Policy.of(policy)
         self.loading = Loading.of(loading)
         paths = [os.fspath(m) if isinstance(m, (str, os.PathLike)) else m for m in (draft_model, verifier_model)]
         draft_model = self.loading.load(draft_model, "draft_model")
-        if verifier_model is not None:                    # the same path twice: one model (refused below)
+        if verifier_model is not None:  # the same path twice: one model (refused below)
             same = paths[0] == paths[1]
             verifier_model = draft_model if same else self.loading.load(verifier_model, "verifier_model")
         _check_model(draft_model, "draft_model")
         if verifier_model is not None:
             _check_model(verifier_model, "verifier_model")
             if verifier_model is draft_model:
-                raise ValueError("verifier_model must be a different (stronger) model than draft_model; "
-                                 "for one draft model leave verifier_model=None (SD + Self-verify).")
+                raise ValueError(
+                    "verifier_model must be a different (stronger) model than draft_model; "
+                    "for one draft model leave verifier_model=None (SD + Self-verify)."
+                )
         if self.settings.max_target_window is not None and verifier_model is None:
-            raise ValueError("max_target_window only applies with a verifier_model; without one the window is max_window.")
+            raise ValueError(
+                "max_target_window only applies with a verifier_model; without one the window is max_window."
+            )
         self.lookup, self.cost_aware = self.policy.lookup, self.policy.cost_aware
         self.draft_model = draft_model
         self.verifier_model = verifier_model
@@ -94,7 +112,9 @@ class DynamicWindowAssistant(LinearAssistant):
     def new_stats(self) -> DynamicWindowStats:
         return DynamicWindowStats()
 
-    def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> DynamicWindowCandidateGenerator:
+    def build(
+        self, target, generation_config, logits_processor, stats, target_tokenizer=None
+    ) -> DynamicWindowCandidateGenerator:
         for model in (self.draft_model, self.verifier_model):
             if model is target:
                 raise ValueError("The target cannot be its own draft model or pre-verifier.")
@@ -102,16 +122,28 @@ class DynamicWindowAssistant(LinearAssistant):
                 check_same_vocabulary(target, model, target_tokenizer, self.loading.tokenizer)
         s = self.settings
         return DynamicWindowCandidateGenerator(
-            target, generation_config, logits_processor, stats, self.draft_model, self.verifier_model,
-            s.max_window, s.target_window, s.tau_init, s.tau2_init, lookup=self.lookup,
-            policy=DraftPolicy.of(self.policy), memory=self.memory,
+            target,
+            generation_config,
+            logits_processor,
+            stats,
+            self.draft_model,
+            self.verifier_model,
+            s.max_window,
+            s.target_window,
+            s.tau_init,
+            s.tau2_init,
+            lookup=self.lookup,
+            policy=DraftPolicy.of(self.policy),
+            memory=self.memory,
         )
 
     def __repr__(self) -> str:
         names = [type(m).__name__ for m in (self.draft_model, self.verifier_model) if m is not None]
         s = self.settings
-        return (f"DynamicWindowAssistant(models={names}, max_window={s.max_window}, tau_init={s.tau_init}, "
-                f"tau2_init={s.tau2_init}, lookup={self.lookup}, cost_aware={self.cost_aware})")
+        return (
+            f"DynamicWindowAssistant(models={names}, max_window={s.max_window}, tau_init={s.tau_init}, "
+            f"tau2_init={s.tau2_init}, lookup={self.lookup}, cost_aware={self.cost_aware})"
+        )
 
 
 def _check_model(model, name: str) -> None:

@@ -60,12 +60,12 @@ import torch
 
 from ..candidate import Draft, SpeculativeCandidateGenerator
 from ..core.categorical import categorical
-from ..drafters.neural import NeuralLevel, model_name
-from ..core.stats import LevelStats
-from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
 from ..core.payoff import DraftPolicy
+from ..core.review import Review, greedy_review, one_hot_dists, sampling_review
+from ..core.stats import LevelStats
 from ..drafters.maxgram import MaxGram
 from ..drafters.memory import AnswerMemory
+from ..drafters.neural import NeuralLevel, model_name
 from ..placement import defer_reads
 from .rules import EntropyThreshold, entropy, self_verify_length
 
@@ -80,8 +80,9 @@ class StageOutput:
     entropies: torch.Tensor
 
 
-def draft_and_self_verify(level: NeuralLevel, seq: torch.Tensor, window: int, tau: float, do_sample: bool,
-                          stop_ids: set[int]) -> StageOutput:
+def draft_and_self_verify(
+    level: NeuralLevel, seq: torch.Tensor, window: int, tau: float, do_sample: bool, stop_ids: set[int]
+) -> StageOutput:
     """Algorithm 1 lines 3-12: draft up to ``window`` tokens after ``seq``, stopping after the first
     token whose processed distribution has entropy ``> tau`` (or after an end-of-sequence token).
 
@@ -92,7 +93,7 @@ def draft_and_self_verify(level: NeuralLevel, seq: torch.Tensor, window: int, ta
     tokens, dists, ents = [], [], []
     cur = seq
     for _ in range(window):
-        scores = level.scores(cur, cur.shape[0])[-1]                      # [V], processed
+        scores = level.scores(cur, cur.shape[0])[-1]  # [V], processed
         q = scores.float().softmax(dim=-1)
         h = entropy(q)
         tok = (categorical(q)[None] if do_sample else scores.argmax()[None]).to(seq.device)
@@ -110,33 +111,49 @@ def draft_and_self_verify(level: NeuralLevel, seq: torch.Tensor, window: int, ta
     )
 
 
-def _draft_deferred(level: NeuralLevel, seq: torch.Tensor, window: int, tau: float, do_sample: bool,
-                    stop_ids: set[int]) -> StageOutput:
+def _draft_deferred(
+    level: NeuralLevel, seq: torch.Tensor, window: int, tau: float, do_sample: bool, stop_ids: set[int]
+) -> StageOutput:
     """:func:`draft_and_self_verify` with two host reads (tokens; entropies) instead of two per token."""
     tokens, _, rows = level.draft_on_device(seq, max(window, 0), do_sample)
     if not tokens:
         return StageOutput(seq[:0], None, torch.zeros(0, device="cpu"))
-    ents = entropy(rows)                                                  # [window]
+    ents = entropy(rows)  # [window]
     values = ents.tolist()
     n = len(tokens)
     for i, (h, tok) in enumerate(zip(values, tokens)):
         if h > tau or tok in stop_ids:
             n = i + 1
             break
-    return StageOutput(torch.tensor(tokens[:n], dtype=torch.long, device=seq.device),
-                       rows[:n].to(seq.device) if do_sample else None,
-                       torch.tensor(values[:n], dtype=ents.dtype, device="cpu"))
+    return StageOutput(
+        torch.tensor(tokens[:n], dtype=torch.long, device=seq.device),
+        rows[:n].to(seq.device) if do_sample else None,
+        torch.tensor(values[:n], dtype=ents.dtype, device="cpu"),
+    )
 
 
-_NO_ENTROPIES = torch.zeros(0, device="cpu")        # no token handed to the target yet (shared: never written)
+_NO_ENTROPIES = torch.zeros(0, device="cpu")  # no token handed to the target yet (shared: never written)
 
 
 class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
     """One ``generate()`` call of a :class:`~hf_cascade.hsddw.DynamicWindowAssistant`."""
 
-    def __init__(self, target, generation_config, logits_processor, stats, draft_model, verifier_model,
-                 max_window: int, max_target_window: int, tau_init: float, tau2_init: float, lookup: bool = True,
-                 policy: DraftPolicy | None = None, memory: AnswerMemory | None = None):
+    def __init__(
+        self,
+        target,
+        generation_config,
+        logits_processor,
+        stats,
+        draft_model,
+        verifier_model,
+        max_window: int,
+        max_target_window: int,
+        tau_init: float,
+        tau2_init: float,
+        lookup: bool = True,
+        policy: DraftPolicy | None = None,
+        memory: AnswerMemory | None = None,
+    ):
         super().__init__(target, generation_config, logits_processor, stats)
         self.max_window = int(max_window)
         self.max_target_window = int(max_target_window)
@@ -150,21 +167,21 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
             stats.levels = [pre_stats, small_stats]
         # Max-Gram lookup (not in the paper): its own level at the bottom, its length rule fresh per generate() call
         self.maxgram: MaxGram | None = MaxGram() if lookup else None
-        self.memory = memory                 # the assistant's answers of earlier calls, the lookup's other source
+        self.memory = memory  # the assistant's answers of earlier calls, the lookup's other source
         # what pays (core.payoff): the lookup's length, whether the draft models' step pays (not in the paper)
         self.policy = policy if policy is not None else DraftPolicy()
         self.lookahead = self.policy.lookahead(self.maxgram) if self.maxgram is not None else None
         if self.maxgram is not None:
             stats.levels = [*stats.levels, LevelStats(self.maxgram.name)]
             stats.lookup = True
-        self._lookup: tuple[int, int] | None = None   # (bucket, length) when the pending draft is the lookup's
+        self._lookup: tuple[int, int] | None = None  # (bucket, length) when the pending draft is the lookup's
         # Fresh thresholds per generate() call: tau is per sequence (§3.1 "in the current sentence").
         self.tau = EntropyThreshold(tau_init)
         self.tau2 = EntropyThreshold(tau2_init)
         stats.rejected_entropies = self.tau.rejected
         stats.rejected_entropies2 = self.tau2.rejected
-        self._pending: torch.Tensor = _NO_ENTROPIES   # host: entropies of the q of each token handed to the target
-        self._consulted: float | None = None           # seconds the draft models took for the pending draft
+        self._pending: torch.Tensor = _NO_ENTROPIES  # host: entropies of the q of each token handed to the target
+        self._consulted: float | None = None  # seconds the draft models took for the pending draft
 
     def neural_levels(self) -> list[NeuralLevel]:
         return [level for level in (self.pre, self.small) if level is not None]
@@ -182,7 +199,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
                 return d
         if not self.policy.consult(1.0):
             self.stats.plain_steps += 1
-            return Draft(seq[:0])                                           # the draft models would not pay here
+            return Draft(seq[:0])  # the draft models would not pay here
         started = time.perf_counter()
         if self.pre is None:
             stage = self._stage(seq, min(self.max_window, budget))
@@ -200,13 +217,13 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
         prop = self.maxgram.propose(seq, limit, self.lookahead, tokens=self.host_seq(seq), memory=self.memory)
         if prop.tokens.shape[0] == 0:
             return None
-        host = prop.host if prop.host is not None else prop.tokens.tolist()   # Max-Gram proposes on the host
+        host = prop.host if prop.host is not None else prop.tokens.tolist()  # Max-Gram proposes on the host
         cut, stop_ids = 0, self.stop_ids
-        for t in host:                                                 # up to and including the first stop token
+        for t in host:  # up to and including the first stop token
             cut += 1
             if t in stop_ids:
                 break
-        tokens = prop.tokens[:cut].to(seq.device)                      # no device read for the stop check
+        tokens = prop.tokens[:cut].to(seq.device)  # no device read for the stop check
         self._lookup = (prop.bucket, int(tokens.shape[0]))
         return Draft(tokens, one_hot_dists(tokens, self.vocab_size) if self.do_sample else None, host[:cut])
 
@@ -227,7 +244,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
             review, review_ents = self._pre_verify(cur, stage)
             keep = min(self_verify_length(review_ents, self.tau2.value), cap - total)
             unsure = bool((review_ents[:keep] > self.tau2.value).any())
-            out = review.tokens[:keep].to(seq.device)                        # the pre-verifier's device -> the target's
+            out = review.tokens[:keep].to(seq.device)  # the pre-verifier's device -> the target's
             stop = torch.isin(out, self._stop_tensor.to(out.device)).nonzero()
             if stop.numel():
                 keep = int(stop[0]) + 1
@@ -246,7 +263,7 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
         """The pre-verifier reviews the small model's window in one forward. Returns its review and
         the entropy of the distribution of each token it emits (its own processed distribution)."""
         with self.timer("pre_verify"):
-            scores = self.pre.scores(torch.cat([cur, stage.tokens]), start=cur.shape[0])   # [l + 1, V]
+            scores = self.pre.scores(torch.cat([cur, stage.tokens]), start=cur.shape[0])  # [l + 1, V]
             p = scores.float().softmax(dim=-1)
             if self.do_sample:
                 review = sampling_review(stage.tokens, stage.dists, p)
@@ -254,14 +271,14 @@ class DynamicWindowCandidateGenerator(SpeculativeCandidateGenerator):
                 review = greedy_review(stage.tokens, scores)
         n, l = review.num_accepted, stage.tokens.shape[0]
         if n < l:
-            self.tau.update(float(stage.entropies[n]))                      # Algorithm 2 line 25
+            self.tau.update(float(stage.entropies[n]))  # Algorithm 2 line 25
         _record(self.stats.levels[1], l, n)
         return review, entropy(p[: n + 1]).cpu()
 
     # -- update --------------------------------------------------------------------------------
     def on_target_review(self, seq, num_proposed, num_accepted, verify_seconds) -> None:
         if self.lookahead is not None and verify_seconds is not None:
-            self.lookahead.cost.observe(num_proposed, verify_seconds)     # the target's verify cost, every step
+            self.lookahead.cost.observe(num_proposed, verify_seconds)  # the target's verify cost, every step
         self.policy.observe_window(num_proposed, num_accepted, verify_seconds, self._consulted)
         if self._lookup is not None:
             # a lookup step: its length rule learns; tau / tau2 only learn from tokens the draft models drafted

@@ -64,16 +64,18 @@ class DynamicWindowStats(GenerationStats):
 
     def to_dict(self) -> dict:
         out = super().to_dict()
-        out.update({
-            "window_per_step": self.window_per_step,
-            "draft_windows": list(self.draft_windows),
-            "tau_trajectory": list(self.tau_trajectory),
-            "tau2_trajectory": list(self.tau2_trajectory),
-            "rejected_entropies": list(self.rejected_entropies),
-            "rejected_entropies2": list(self.rejected_entropies2),
-            "redundancy": self.redundancy,
-            "target_utilization": self.target_utilization,
-            "calls_per_model": self.calls_per_model,
-            "plain_steps": self.plain_steps,
-        })
+        out.update(
+            {
+                "window_per_step": self.window_per_step,
+                "draft_windows": list(self.draft_windows),
+                "tau_trajectory": list(self.tau_trajectory),
+                "tau2_trajectory": list(self.tau2_trajectory),
+                "rejected_entropies": list(self.rejected_entropies),
+                "rejected_entropies2": list(self.rejected_entropies2),
+                "redundancy": self.redundancy,
+                "target_utilization": self.target_utilization,
+                "calls_per_model": self.calls_per_model,
+                "plain_steps": self.plain_steps,
+            }
+        )
         return out

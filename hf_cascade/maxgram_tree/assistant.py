@@ -25,8 +25,16 @@ class MaxGramTreeAssistant(TreeAssistant):
         a.last_stats.tokens_per_target_call, a.last_stats.tree_sizes
     """
 
-    def __init__(self, *, branches: int = 4, depth: int = 6, max_ngram: int = 8, min_ngram: int = 1,
-                 max_scan: int = 16, cpu_kernels: bool | None = None):
+    def __init__(
+        self,
+        *,
+        branches: int = 4,
+        depth: int = 6,
+        max_ngram: int = 8,
+        min_ngram: int = 1,
+        max_scan: int = 16,
+        cpu_kernels: bool | None = None,
+    ):
         self.drafter = MaxGramTree(branches, depth, max_ngram, min_ngram, max_scan)
         self.cpu_kernels = cpu_kernels
 
@@ -34,7 +42,9 @@ class MaxGramTreeAssistant(TreeAssistant):
         """Several continuations make a tree (flash attention cannot verify it); ``branches=1`` is a chain."""
         return self.drafter.branches > 1
 
-    def new_drafter(self, target, generation_config, logits_processor, stats=None, target_tokenizer=None) -> MaxGramTree:
+    def new_drafter(
+        self, target, generation_config, logits_processor, stats=None, target_tokenizer=None
+    ) -> MaxGramTree:
         return self.drafter
 
 

@@ -57,7 +57,7 @@ class MaxGramTree(TreeDrafter):
             raise ValueError("MaxGramTree needs branches >= 1, depth >= 1 and max_scan >= 1")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError("MaxGramTree needs 1 <= min_ngram <= max_ngram")
-        self.linear = self.branches == 1             # one continuation: a chain, verified without a tree mask
+        self.linear = self.branches == 1  # one continuation: a chain, verified without a tree mask
 
     def continuations(self, seq: torch.Tensor, depth: int) -> torch.Tensor:
         """``[w, depth]`` distinct continuations of ``seq`` (``[L]``), best evidence first (``w <= branches``)."""
@@ -76,7 +76,7 @@ class MaxGramTree(TreeDrafter):
                 m, end = suffix_match(tokens[:cut], n)
                 scans += 1
                 if m < n:
-                    break                                        # no earlier occurrence of this n-gram
+                    break  # no earlier occurrence of this n-gram
                 cont = follow(tokens, end, depth)
                 if tuple(cont) not in seen:
                     seen.add(tuple(cont))

@@ -14,5 +14,11 @@ from .candidates import Expansion, RecycledCandidates, RecyclingShape
 from .drafter import TokenRecycling
 from .settings import RecyclingSettings
 
-__all__ = ["Expansion", "RecycledCandidates", "RecyclingAssistant", "RecyclingSettings", "RecyclingShape",
-           "TokenRecycling"]
+__all__ = [
+    "Expansion",
+    "RecycledCandidates",
+    "RecyclingAssistant",
+    "RecyclingSettings",
+    "RecyclingShape",
+    "TokenRecycling",
+]

@@ -31,11 +31,24 @@ class RecyclingAssistant(TreeAssistant):
         out = model.generate(ids, assistant_model=RecyclingAssistant(), do_sample=True, temperature=0.7)
     """
 
-    @rejects_moved(RecyclingSettings, "max_ngram", "max_matches", "hot_start", policy=True,
-                   **{name: f"settings=RecyclingSettings(shape=RecyclingShape({name}=...))"
-                      for name in ("top_k", "max_nodes", "max_depth")})
-    def __init__(self, *, settings: RecyclingSettings | None = None, policy: Policy | None = None,
-                 cpu_kernels: bool | None = None):
+    @rejects_moved(
+        RecyclingSettings,
+        "max_ngram",
+        "max_matches",
+        "hot_start",
+        policy=True,
+        **{
+            name: f"settings=RecyclingSettings(shape=RecyclingShape({name}=...))"
+            for name in ("top_k", "max_nodes", "max_depth")
+        },
+    )
+    def __init__(
+        self,
+        *,
+        settings: RecyclingSettings | None = None,
+        policy: Policy | None = None,
+        cpu_kernels: bool | None = None,
+    ):
         self.settings, self.policy = RecyclingSettings.of(settings), Policy.of(policy)
         self.cpu_kernels = cpu_kernels
         self.reset()
@@ -50,18 +63,27 @@ class RecyclingAssistant(TreeAssistant):
         (:func:`~hf_cascade.measure.bound_verify_cost`)."""
         self.verify_cost = bound_verify_cost(self.policy, target)
 
-    def new_drafter(self, target, generation_config, logits_processor, stats=None, target_tokenizer=None) -> TokenRecycling:
+    def new_drafter(
+        self, target, generation_config, logits_processor, stats=None, target_tokenizer=None
+    ) -> TokenRecycling:
         config = target.config.get_text_config()
-        if int(config.vocab_size) > 2 ** 24:
-            raise ValueError(f"RecyclingAssistant reads token ids as float32 (exact below 2**24); this target's "
-                             f"vocabulary has {config.vocab_size} tokens")
+        if int(config.vocab_size) > 2**24:
+            raise ValueError(
+                f"RecyclingAssistant reads token ids as float32 (exact below 2**24); this target's "
+                f"vocabulary has {config.vocab_size} tokens"
+            )
         owner = (id(target), getattr(target.config, "_name_or_path", None), int(config.vocab_size))
-        if owner != self._owner or not self.settings.hot_start:    # another target's candidates are not this one's
+        if owner != self._owner or not self.settings.hot_start:  # another target's candidates are not this one's
             self.reset()
             self._owner = owner
         seeds = self.settings.max_ngram if self.policy.lookup else 0
-        return TokenRecycling(self.candidates, self.settings.shape, DraftPolicy.of(self.policy, self.verify_cost),
-                              seeds, self.settings.max_matches)
+        return TokenRecycling(
+            self.candidates,
+            self.settings.shape,
+            DraftPolicy.of(self.policy, self.verify_cost),
+            seeds,
+            self.settings.max_matches,
+        )
 
 
 __all__ = ["RecyclingAssistant"]

@@ -43,18 +43,25 @@ class RecycledCandidates:
         computed = sorted(r for r in rows.computed() if r < len(row_tokens))
         if not computed:
             return
-        probs = rows.softmax().stack(computed)             # the view acceptance read (sampling): rows not recomputed
+        probs = rows.softmax().stack(computed)  # the view acceptance read (sampling): rows not recomputed
         values, index = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
-        host = torch.stack([values.float(), index.float()]).tolist()    # one read; float32 ids exact below 2**24
+        host = torch.stack([values.float(), index.float()]).tolist()  # one read; float32 ids exact below 2**24
         for r, vals, ids in zip(computed, host[0], host[1]):
-            if vals[-1] > 0.0:                             # sorted: every probability positive (the usual case)
+            if vals[-1] > 0.0:  # sorted: every probability positive (the usual case)
                 self.table[row_tokens[r]] = (list(map(int, ids)), vals)
                 continue
             kept = [(int(i), v) for i, v in zip(ids, vals) if v > 0.0]
             self.table[row_tokens[r]] = ([i for i, _ in kept], [v for _, v in kept])
 
-    def expand(self, root: int, shape: RecyclingShape, depth: int, seed: SeedTrie | list[int] | None = None,
-               seed_estimate=0.5, estimate=None) -> "Expansion":
+    def expand(
+        self,
+        root: int,
+        shape: RecyclingShape,
+        depth: int,
+        seed: SeedTrie | list[int] | None = None,
+        seed_estimate=0.5,
+        estimate=None,
+    ) -> Expansion:
         """Best-first expansion below ``root``: at most ``shape.max_nodes`` nodes no deeper than ``depth``, in
         decreasing path estimate (parents first; each node's first child is its most probable one).
 
@@ -68,10 +75,10 @@ class RecycledCandidates:
         out = Expansion([], [], [], [], [], [])
         # the heap holds, per expanded node, only its best child not taken yet (its siblings wait in `groups`, in
         # order): the same pops as pushing every child, since a node's later children never come before its best
-        heap: list[tuple[float, int, int, int]] = []       # (-path estimate, count, group, position in it)
+        heap: list[tuple[float, int, int, int]] = []  # (-path estimate, count, group, position in it)
         groups: list[list[tuple]] = []
         count = 0
-        known: dict[int, list[tuple[int, float, float]]] = {}   # token -> its recycled (child, p, estimate(p))
+        known: dict[int, list[tuple[int, float, float]]] = {}  # token -> its recycled (child, p, estimate(p))
 
         def recycled(token: int) -> list[tuple[int, float, float]]:
             """``token``'s recycled children with their estimates, once per token and expansion (``estimate`` is
@@ -92,8 +99,9 @@ class RecycledCandidates:
             if seeds:
                 seeded_tokens = {t for t, _, _ in seeds}
                 kids = [kid for kid in kids if kid[0] not in seeded_tokens]
-            group = [(-path * e, count + i, parent, child, level, p, e, 0.0, None)
-                     for i, (child, p, e) in enumerate(kids, 1)]
+            group = [
+                (-path * e, count + i, parent, child, level, p, e, 0.0, None) for i, (child, p, e) in enumerate(kids, 1)
+            ]
             count += len(group)
             if seeds:
                 probs = dict((c, p) for c, p, _ in recycled(token))
@@ -103,7 +111,7 @@ class RecycledCandidates:
                     count += 1
                     group.append((-path * e, count, parent, child, level, p, e, share, node))
             if group:
-                group.sort()                                # by (key, count): count is unique
+                group.sort()  # by (key, count): count is unique
                 groups.append(group)
                 heapq.heappush(heap, (group[0][0], group[0][1], len(groups) - 1, 0))
 
@@ -111,7 +119,7 @@ class RecycledCandidates:
         while heap and len(out.tokens) < shape.max_nodes:
             _, _, g, i = heapq.heappop(heap)
             group = groups[g]
-            if i + 1 < len(group):                          # its next sibling takes its place
+            if i + 1 < len(group):  # its next sibling takes its place
                 heapq.heappush(heap, (group[i + 1][0], group[i + 1][1], g, i + 1))
             neg, _, parent, token, level, p, e, share, at = group[i]
             out.tokens.append(token)
@@ -120,7 +128,7 @@ class RecycledCandidates:
             out.estimates.append(e)
             out.on_seed.append(at is not None)
             out.shares.append(share)
-            if len(out.tokens) < shape.max_nodes:           # the last node's children could not be taken
+            if len(out.tokens) < shape.max_nodes:  # the last node's children could not be taken
                 push(len(out.tokens) - 1, token, -neg, level + 1, at)
         return out
 

@@ -66,7 +66,7 @@ class TokenRecycling(TreeDrafter):
     probability, seed tokens by :class:`~hf_cascade.drafters.continuations.SeedRates` (``rate_b * share`` per
     length ``b`` of the match)."""
 
-    reads_rows = True                                     # the table records the target's rows
+    reads_rows = True  # the table records the target's rows
 
     @property
     def rows_top_k(self) -> int:
@@ -77,16 +77,22 @@ class TokenRecycling(TreeDrafter):
         acceptance absorbs."""
         return max(64, self.candidates.top_k)
 
-    def __init__(self, candidates: RecycledCandidates, shape: RecyclingShape, policy: DraftPolicy | None = None,
-                 max_ngram: int = 8, max_matches: int = 16):
+    def __init__(
+        self,
+        candidates: RecycledCandidates,
+        shape: RecyclingShape,
+        policy: DraftPolicy | None = None,
+        max_ngram: int = 8,
+        max_matches: int = 16,
+    ):
         self.candidates, self.shape, self.max_ngram = candidates, shape, int(max_ngram)
         self.policy = policy if policy is not None else DraftPolicy(cost_aware=False)
         self.max_matches = int(max_matches)
-        self.calibration = self.policy.calibration           # recycled probabilities -> the target's acceptance
+        self.calibration = self.policy.calibration  # recycled probabilities -> the target's acceptance
         self.seed_rates = SeedRates()
         self._drafted: Expansion | None = None
         self._bucket = 0
-        self._root: int | None = None                      # the last draft's root (its row 0 follows it)
+        self._root: int | None = None  # the last draft's root (its row 0 follows it)
 
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
         tokens_so_far = state.tokens if state.tokens is not None else seq.tolist()
@@ -95,13 +101,14 @@ class TokenRecycling(TreeDrafter):
         found = Expansion([], [], [], [], [], [])
         if depth > 0:
             seeds = self._seeds(tokens_so_far, depth)
-            found = self.candidates.expand(root, self.shape, depth, seeds, self.seed_rates.rate(self._bucket),
-                                             self.calibration.frozen())
+            found = self.candidates.expand(
+                root, self.shape, depth, seeds, self.seed_rates.rate(self._bucket), self.calibration.frozen()
+            )
         device = seq.device
         tree = TokenTree.from_host(found.tokens, found.parents, device)
         if self.policy.reads_scores and tree.num_nodes:
             keep = self.policy.keep(tree, found.estimates)
-            tree = tree.select(keep)                                     # host bools: no read
+            tree = tree.select(keep)  # host bools: no read
             found = Expansion(*([v for v, k in zip(values, keep) if k] for values in found))
         self._drafted = found
         self._root = root
@@ -114,15 +121,15 @@ class TokenRecycling(TreeDrafter):
 
     def on_accept(self, tree: TokenTree, acceptance, state: TreeStep) -> None:
         """Record the target's rows of this verification; learn each source's acceptance; feed the budget."""
-        if state.rows is not None:                             # the tree the loop verified (it may prune drafts)
+        if state.rows is not None:  # the tree the loop verified (it may prune drafts)
             self.candidates.record(state.rows, [self._root, *tree.token_list])
         path = path_list(acceptance)
         drafted = self._drafted if self._drafted is not None and len(self._drafted.tokens) == tree.num_nodes else None
-        if drafted is not None:                                # (a tree the loop cut at EOS or the length is not)
+        if drafted is not None:  # (a tree the loop cut at EOS or the length is not)
             on_path = set(path)
             for i, parent in enumerate(tree.parent_list):
                 if parent >= 0 and parent not in on_path:
-                    continue                                   # not reached: its parent was rejected
+                    continue  # not reached: its parent was rejected
                 if drafted.on_seed[i]:
                     self.seed_rates.observe(self._bucket, drafted.shares[i], i in on_path)
                 else:

@@ -35,8 +35,9 @@ class RecyclingSettings(Options):
         if not isinstance(self.shape, RecyclingShape):
             raise TypeError(f"shape must be a RecyclingShape, got {type(self.shape).__name__}")
         if int(self.max_ngram) < 0 or int(self.max_matches) < 1:
-            raise ValueError(f"RecyclingSettings needs max_ngram >= 0 and max_matches >= 1, got {self.max_ngram}, "
-                             f"{self.max_matches}")
+            raise ValueError(
+                f"RecyclingSettings needs max_ngram >= 0 and max_matches >= 1, got {self.max_ngram}, {self.max_matches}"
+            )
 
 
 __all__ = ["RecyclingSettings"]

@@ -13,11 +13,11 @@ The head itself is :class:`hf_cascade.heads.ReDrafterModel`; it is trained by
 """
 
 from .assistant import ReDrafterAssistant
+from .beam import beam_search, beams_tree, confident_prefix, flat_tree
 from .checks import check_head_matches
 from .drafter import ReDrafterDrafter
 from .settings import ReDrafterSettings
 from .stats import ReDrafterStats
-from .beam import beam_search, beams_tree, confident_prefix, flat_tree
 
 __all__ = [
     "ReDrafterAssistant",

@@ -9,8 +9,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel
 
 from ..assistant import TreeAssistant
-from ..core.stats import LevelStats, TreeStats
 from ..core.payoff import DraftPolicy
+from ..core.stats import LevelStats, TreeStats
 from ..measure import bound_verify_cost
 from ..options import Loading, Policy, rejects_moved
 from ..placement import place_like, target_device_dtype
@@ -57,14 +57,23 @@ class ReDrafterAssistant(TreeAssistant):
         a.last_stats.tokens_per_target_call, a.last_stats.compression_ratio
     """
 
-    @rejects_moved(ReDrafterSettings, "beam_width", "beam_length", "dedupe", "min_confidence", loading=True,
-                   policy=True)
-    def __init__(self, head, *, settings: ReDrafterSettings | None = None, policy: Policy | None = None,
-                 cpu_kernels: bool | None = None, loading: Loading | None = None):
+    @rejects_moved(
+        ReDrafterSettings, "beam_width", "beam_length", "dedupe", "min_confidence", loading=True, policy=True
+    )
+    def __init__(
+        self,
+        head,
+        *,
+        settings: ReDrafterSettings | None = None,
+        policy: Policy | None = None,
+        cpu_kernels: bool | None = None,
+        loading: Loading | None = None,
+    ):
         self.settings, self.policy = ReDrafterSettings.of(settings), Policy.of(policy)
         self.loading = Loading.of(loading)
-        head = self.loading.load(head, "head", "ReDrafterModel", needs=("init_state", "step", "logits",
-                                                                        "to_target_ids"))
+        head = self.loading.load(
+            head, "head", "ReDrafterModel", needs=("init_state", "step", "logits", "to_target_ids")
+        )
         self.head = head.eval()
         self.cpu_kernels = cpu_kernels
 
@@ -87,21 +96,33 @@ class ReDrafterAssistant(TreeAssistant):
         return self.policy.lookup and self.policy.cost_aware
 
     def new_drafter(
-        self, target: PreTrainedModel, generation_config: GenerationConfig, logits_processor: LogitsProcessorList,
-        stats=None, target_tokenizer=None,
+        self,
+        target: PreTrainedModel,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList,
+        stats=None,
+        target_tokenizer=None,
     ) -> ReDrafterDrafter:
         check_head_matches(self.head, target)
         emb = target.get_input_embeddings()
-        device = target_device_dtype(target)[0]                       # offloaded embeddings: their execution device
+        device = target_device_dtype(target)[0]  # offloaded embeddings: their execution device
 
         def embed(ids: torch.Tensor) -> torch.Tensor:
-            return emb(ids.to(device))                                               # [b, H]
+            return emb(ids.to(device))  # [b, H]
 
         s = self.settings
-        return ReDrafterDrafter(self.head, embed, s.beam_width, s.beam_length, s.dedupe, s.min_confidence,
-                                DraftPolicy.of(self.policy, self.verify_cost), self.memory)
+        return ReDrafterDrafter(
+            self.head,
+            embed,
+            s.beam_width,
+            s.beam_length,
+            s.dedupe,
+            s.min_confidence,
+            DraftPolicy.of(self.policy, self.verify_cost),
+            self.memory,
+        )
 
-    def finish(self, drafter: "ReDrafterDrafter", stats: TreeStats) -> ReDrafterStats:
+    def finish(self, drafter: ReDrafterDrafter, stats: TreeStats) -> ReDrafterStats:
         """The call's (or a batch row's) statistics as a :class:`ReDrafterStats`, with the drafter's records."""
         record = drafter.record
         out = ReDrafterStats(**{f.name: getattr(stats, f.name) for f in fields(TreeStats) if f.init})
@@ -110,10 +131,16 @@ class ReDrafterAssistant(TreeAssistant):
         out.confident_nodes = record.confident_nodes
         out.skipped_drafts = record.skipped
         out.draft_forwards, out.draft_tokens = record.forwards, record.rows
-        out.levels = list(out.levels) + [LevelStats(
-            name="redrafter", forward_calls=record.forwards, forward_tokens=record.rows,
-            proposals=len(record.beam_tokens), tokens_proposed=sum(out.draft_len_per_call),
-            tokens_accepted=sum(out.accepted_per_call))]
+        out.levels = list(out.levels) + [
+            LevelStats(
+                name="redrafter",
+                forward_calls=record.forwards,
+                forward_tokens=record.rows,
+                proposals=len(record.beam_tokens),
+                tokens_proposed=sum(out.draft_len_per_call),
+                tokens_accepted=sum(out.accepted_per_call),
+            )
+        ]
         if drafter.lookup is not None:
             out.levels.append(drafter.lookup.level())
         return out

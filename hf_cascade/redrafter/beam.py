@@ -28,7 +28,7 @@ The search is a deterministic function of the context (no sampling), so its tree
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -68,21 +68,21 @@ def beam_search(
     if width < 1 or length < 1:
         raise ValueError(f"beam search needs width >= 1 and length >= 1, got width={width}, length={length}")
     device, dtype = head_device_dtype(head) if device_dtype is None else device_dtype
-    x = hidden.reshape(1, -1).to(device=device, dtype=dtype)                          # [1, H]
-    last = torch.as_tensor(root, device=device).reshape(1).long()                     # [b = 1]
-    state = head.init_state(x)                                                        # [1, H] (s_0 = 0)
-    score = torch.zeros(1, device=device, dtype=torch.float32)                        # [b]
-    kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []                  # per step: beam, token, logp
+    x = hidden.reshape(1, -1).to(device=device, dtype=dtype)  # [1, H]
+    last = torch.as_tensor(root, device=device).reshape(1).long()  # [b = 1]
+    state = head.init_state(x)  # [1, H] (s_0 = 0)
+    score = torch.zeros(1, device=device, dtype=torch.float32)  # [b]
+    kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # per step: beam, token, logp
     for _ in range(length):
-        state = head.step(state, embed(last).to(device=device, dtype=dtype))        # [b, H]
-        logp = head.logits(state, x, full_vocab=False).float().log_softmax(dim=-1)    # [b, N]
+        state = head.step(state, embed(last).to(device=device, dtype=dtype))  # [b, H]
+        logp = head.logits(state, x, full_vocab=False).float().log_softmax(dim=-1)  # [b, N]
         n_cols = logp.shape[-1]
-        total = (score[:, None] + logp).flatten()                                     # [b * N]
-        score, flat = total.topk(min(width, total.numel()))                           # [b'] best first
-        beam, col = torch.floor_divide(flat, n_cols), flat % n_cols                  # (``//`` without its wrapper)
-        last = head.to_target_ids(col).to(device)                                     # [b'] target ids
-        kept.append((beam, last, logp.take(flat)))                                   # the kept beams' parents
-        state = state.index_select(0, beam)                                           # [b', H]
+        total = (score[:, None] + logp).flatten()  # [b * N]
+        score, flat = total.topk(min(width, total.numel()))  # [b'] best first
+        beam, col = torch.floor_divide(flat, n_cols), flat % n_cols  # (``//`` without its wrapper)
+        last = head.to_target_ids(col).to(device)  # [b'] target ids
+        kept.append((beam, last, logp.take(flat)))  # the kept beams' parents
+        state = state.index_select(0, beam)  # [b', H]
     beams, steps = _backtrack(kept)
     return (beams, score, steps) if token_logp else (beams, score)
 
@@ -92,8 +92,8 @@ def _backtrack(kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> t
     logp)``: ``beam`` indexes the previous step's beams, followed back from the last step."""
     beam, tokens, logps = kept[-1]
     tokens, logps = [tokens], [logps]
-    for parent, token, logp in reversed(kept[:-1]):                                  # (index_select: x[beam], a
-        tokens.append(token.index_select(0, beam))                                    # lighter call)
+    for parent, token, logp in reversed(kept[:-1]):  # (index_select: x[beam], a
+        tokens.append(token.index_select(0, beam))  # lighter call)
         logps.append(logp.index_select(0, beam))
         beam = parent.index_select(0, beam)
     return torch.stack(tokens[::-1], dim=1), torch.stack(logps[::-1], dim=1)
@@ -120,10 +120,10 @@ def get_prefix_match(beams: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"beams must be [w, L], got shape {tuple(beams.shape)}")
     L = beams.shape[1]
     beam_index = torch.arange(1, L + 1, device=beams.device)
-    matches = beams[:, None, :] == beams[None, :, :]                              # [w, w, L]
+    matches = beams[:, None, :] == beams[None, :, :]  # [w, w, L]
     seq_matches = torch.cumsum(matches.long(), dim=2) == beam_index[None, None, :]  # [w, w, L]
     # torch.argmax returns the first maximal index: the smallest beam sharing the prefix.
-    return torch.argmax(seq_matches.long(), dim=1)                                 # [w, L]
+    return torch.argmax(seq_matches.long(), dim=1)  # [w, L]
 
 
 def unpack(node_values: torch.Tensor, beam_to_node: torch.Tensor) -> torch.Tensor:
@@ -151,7 +151,7 @@ def flat_tree(beams: torch.Tensor) -> TokenTree:
     if beams.ndim != 2 or beams.shape[0] == 0:
         raise ValueError(f"beams must be [w, L] with w >= 1, got shape {tuple(beams.shape)}")
     w, L = beams.shape
-    host = [-1 if i % L == 0 else i - 1 for i in range(w * L)]                        # the structure, on the host
+    host = [-1 if i % L == 0 else i - 1 for i in range(w * L)]  # the structure, on the host
     return TokenTree(beams.flatten(), torch.tensor(host, dtype=torch.long, device=beams.device), host_parents=host)
 
 
@@ -159,11 +159,13 @@ def read_beams(beams: torch.Tensor, logp: torch.Tensor) -> tuple[list[list[int]]
     """``beams`` (``[w, L]`` ids) and the probabilities ``exp(logp)`` (``[w, L]``) as host lists, in one read
     (ids are exact in float64)."""
     w = beams.shape[0]
-    rows = torch.cat([beams.double(), logp.double().exp().to(beams.device)]).tolist()      # [2w, L]
+    rows = torch.cat([beams.double(), logp.double().exp().to(beams.device)]).tolist()  # [2w, L]
     return [list(map(int, row)) for row in rows[:w]], rows[w:]
 
 
-def pack(beams: torch.Tensor, dedupe: bool = True, rows: list[list[int]] | None = None) -> tuple[TokenTree, list[list[int]]]:
+def pack(
+    beams: torch.Tensor, dedupe: bool = True, rows: list[list[int]] | None = None
+) -> tuple[TokenTree, list[list[int]]]:
     """The verification tree of ``beams`` (``[w, L]``) and, on the host, the node of each beam token:
     the packed prefix tree (:func:`~hf_cascade.core.structure.prefix_tree`, one read of the beams, none when
     ``rows`` is their host copy: beam token ``(i, j)`` opens a node iff ``get_prefix_match(beams)[i, j] == i``, nodes
@@ -187,7 +189,7 @@ def node_probabilities(tree: TokenTree, beam_to_node: list[list[int]], logp: tor
     share their prefix, hence their probability). One read of ``logp`` (``[w, L]``), none when it is given as
     host rows of probabilities (:func:`read_beams`)."""
     probs = [0.0] * tree.num_nodes
-    rows = logp.float().exp().tolist() if isinstance(logp, torch.Tensor) else logp     # host probabilities: no read
+    rows = logp.float().exp().tolist() if isinstance(logp, torch.Tensor) else logp  # host probabilities: no read
     for row, nodes in zip(rows, beam_to_node):
         for p, node in zip(row, nodes):
             probs[node] = p
@@ -197,8 +199,11 @@ def node_probabilities(tree: TokenTree, beam_to_node: list[list[int]], logp: tor
 def kept_nodes(tree: TokenTree, beam_to_node: list[list[int]], keep: torch.Tensor) -> list[bool]:
     """:func:`prune`'s node mask (host list)."""
     rows = keep.bool().tolist()
-    if len(rows) != len(beam_to_node) or any(len(r) != len(b) for r, b in zip(rows, beam_to_node)) or any(
-            not a and b for r in rows for a, b in zip(r, r[1:])):
+    if (
+        len(rows) != len(beam_to_node)
+        or any(len(r) != len(b) for r, b in zip(rows, beam_to_node))
+        or any(not a and b for r in rows for a, b in zip(r, r[1:]))
+    ):
         raise ValueError("keep must be a [w, L] mask whose rows are prefixes (True..., then False...)")
     nodes = [False] * tree.num_nodes
     for r, b in zip(rows, beam_to_node):
@@ -221,7 +226,7 @@ def beams_tree(beams: torch.Tensor, dedupe: bool = True, keep: torch.Tensor | No
 def confident_prefix(logp: torch.Tensor, min_confidence: float) -> torch.Tensor:
     """``[w, L]`` bool: beam token ``(i, j)`` is kept iff it and every earlier token of beam ``i``
     had a conditional probability ``>= min_confidence`` under the head (``logp``: ``[w, L]``)."""
-    ok = logp.exp() >= min_confidence                                                  # [w, L]
+    ok = logp.exp() >= min_confidence  # [w, L]
     return ok.long().cumprod(dim=1).bool()
 
 
@@ -234,6 +239,18 @@ def head_device_dtype(head) -> tuple[torch.device, torch.dtype]:
     return head.device, head.dtype
 
 
-__all__ = ["beam_rows", "beam_search", "beams_tree", "confident_prefix", "flat_tree", "get_prefix_match",
-           "head_device_dtype", "kept_nodes", "node_probabilities", "pack", "prune", "read_beams", "unpack"]
-
+__all__ = [
+    "beam_rows",
+    "beam_search",
+    "beams_tree",
+    "confident_prefix",
+    "flat_tree",
+    "get_prefix_match",
+    "head_device_dtype",
+    "kept_nodes",
+    "node_probabilities",
+    "pack",
+    "prune",
+    "read_beams",
+    "unpack",
+]

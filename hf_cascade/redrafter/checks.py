@@ -28,12 +28,16 @@ def check_head_matches(head, target: PreTrainedModel) -> None:
         )
     subset = getattr(head, "vocab_subset", None)
     if subset is not None and subset.numel() and int(subset.max()) >= emb.weight.shape[0]:
-        raise ValueError(f"the head's vocabulary subset holds id {int(subset.max())}, beyond the target's "
-                         f"{emb.weight.shape[0]} embeddings.")
+        raise ValueError(
+            f"the head's vocabulary subset holds id {int(subset.max())}, beyond the target's "
+            f"{emb.weight.shape[0]} embeddings."
+        )
     out = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
     if not isinstance(out, torch.nn.Module):
-        raise ValueError("ReDrafter drafts from the target's last hidden state (the input of its output head), "
-                         f"but {type(target).__name__} exposes no output-embedding module.")
+        raise ValueError(
+            "ReDrafter drafts from the target's last hidden state (the input of its output head), "
+            f"but {type(target).__name__} exposes no output-embedding module."
+        )
 
 
 __all__ = ["check_head_matches"]

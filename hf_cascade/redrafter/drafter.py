@@ -35,8 +35,16 @@ from ..core.strategy import TreeDrafter, TreeStep
 from ..core.structure import TokenTree
 from ..drafters.lookup_branch import LookupBranch, observe_verdict
 from ..drafters.memory import AnswerMemory
-from .beam import (beam_rows, beam_search, confident_prefix, head_device_dtype, kept_nodes, node_probabilities, pack,
-                   read_beams)
+from .beam import (
+    beam_rows,
+    beam_search,
+    confident_prefix,
+    head_device_dtype,
+    kept_nodes,
+    node_probabilities,
+    pack,
+    read_beams,
+)
 
 
 @dataclass
@@ -59,21 +67,30 @@ class ReDrafterDrafter(TreeDrafter):
         beam_width / beam_length / dedupe / min_confidence: see :class:`~hf_cascade.redrafter.ReDrafterAssistant`.
     """
 
-    def __init__(self, head, embed, beam_width: int, beam_length: int, dedupe: bool = True,
-                 min_confidence: float = 0.0, policy: DraftPolicy | None = None, memory: AnswerMemory | None = None):
+    def __init__(
+        self,
+        head,
+        embed,
+        beam_width: int,
+        beam_length: int,
+        dedupe: bool = True,
+        min_confidence: float = 0.0,
+        policy: DraftPolicy | None = None,
+        memory: AnswerMemory | None = None,
+    ):
         self.head, self.embed = head, embed
         # what pays on this machine: whether to draft, which nodes (core.payoff); the beams whole without
         self.policy = policy if policy is not None else DraftPolicy(cost_aware=False)
-        self._probs: list[float | None] = []        # (None: a lookup seed)
+        self._probs: list[float | None] = []  # (None: a lookup seed)
         # the sequence's repeats join the beams' tree (drafters.lookup_branch), cut by the policy
         self.lookup = LookupBranch(memory=memory) if self.policy.lookup else None
         self.beam_width, self.beam_length, self.dedupe = beam_width, beam_length, dedupe
         self.min_confidence = float(min_confidence)
-        self.linear = beam_width == 1                # one beam: a chain, verified without a tree mask
+        self.linear = beam_width == 1  # one beam: a chain, verified without a tree mask
         self.record = _BeamRecord()
-        self.search = beam_search                    # compiled where verification is (compile_forwards)
-        self._copies = False                         # the search's outputs are overwritten by its next run (graphs)
-        self._rows: dict[int, list[int]] = {}        # beam length -> the head's rows per step (beam_rows)
+        self.search = beam_search  # compiled where verification is (compile_forwards)
+        self._copies = False  # the search's outputs are overwritten by its next run (graphs)
+        self._rows: dict[int, list[int]] = {}  # beam length -> the head's rows per step (beam_rows)
         self._head_device_dtype: tuple | None = None  # the head's (device, dtype), read at the first search
 
     def _device_dtype(self) -> tuple:
@@ -104,20 +121,21 @@ class ReDrafterDrafter(TreeDrafter):
         searched = length if eager else self.beam_length
         # eager: the head's device and dtype read once per call (the compiled graph's arguments stay as they were)
         extra = {"device_dtype": self._device_dtype()} if eager else {}
-        beams, _, logp = self.search(self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, searched,
-                                     token_logp=True, **extra)                         # [w', L'] each
-        if not eager:                                      # the full length: the beams cut to ``length``
+        beams, _, logp = self.search(
+            self.head, state.last_hidden, seq[-1], self.embed, self.beam_width, searched, token_logp=True, **extra
+        )  # [w', L'] each
+        if not eager:  # the full length: the beams cut to ``length``
             beams, logp = beams[:, :length], logp[:, :length]
-        if self._copies:                                   # a CUDA graph's outputs are overwritten by its next run
+        if self._copies:  # a CUDA graph's outputs are overwritten by its next run
             beams, logp = beams.clone(), logp.clone()
         rows = self._rows.get(searched)
         if rows is None:
             rows = self._rows[searched] = beam_rows(self.beam_width, searched, int(self.head.draft_vocab_size))
-        self.record.forwards += len(rows)                                             # one head forward per step
+        self.record.forwards += len(rows)  # one head forward per step
         self.record.rows += sum(rows)
         beams = beams.to(seq.device)
-        host_beams, host_probs = read_beams(beams, logp)                               # the draft's one read
-        tree, beam_to_node = pack(beams, self.dedupe, rows=host_beams)                 # n nodes
+        host_beams, host_probs = read_beams(beams, logp)  # the draft's one read
+        tree, beam_to_node = pack(beams, self.dedupe, rows=host_beams)  # n nodes
         self.record.beam_tokens.append(int(beams.numel()))
         self.record.drafted_nodes.append(tree.num_nodes)
         probs = node_probabilities(tree, beam_to_node, host_probs) if self.policy.reads_scores else None
@@ -125,7 +143,7 @@ class ReDrafterDrafter(TreeDrafter):
             keep = kept_nodes(tree, beam_to_node, confident_prefix(logp, self.min_confidence))
             tree = tree.select(keep)
             probs = [p for p, k in zip(probs, keep) if k] if probs is not None else None
-        self.policy.count_forward(searched)                    # one batched head step per beam position
+        self.policy.count_forward(searched)  # one batched head step per beam position
         self.policy.end_draft()
         if self.lookup is not None:
             tree = self._joined(tree, probs, state)

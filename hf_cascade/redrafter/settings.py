@@ -32,8 +32,9 @@ class ReDrafterSettings(Options):
 
     def __post_init__(self) -> None:
         if int(self.beam_width) < 1 or int(self.beam_length) < 1:
-            raise ValueError(f"ReDrafter needs beam_width >= 1 and beam_length >= 1, got {self.beam_width} and "
-                             f"{self.beam_length}")
+            raise ValueError(
+                f"ReDrafter needs beam_width >= 1 and beam_length >= 1, got {self.beam_width} and {self.beam_length}"
+            )
         if not 0.0 <= float(self.min_confidence) <= 1.0:
             raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence}")
         self._normalize(beam_width=int, beam_length=int, dedupe=bool, min_confidence=float)

@@ -49,16 +49,18 @@ class ReDrafterStats(TreeStats):
 
     def to_dict(self) -> dict:
         out = super().to_dict()
-        out.update({
-            "beam_tokens": list(self.beam_tokens),
-            "drafted_nodes": list(self.drafted_nodes),
-            "confident_nodes": list(self.confident_nodes),
-            "skipped_drafts": self.skipped_drafts,
-            "draft_forwards": self.draft_forwards,
-            "draft_tokens": self.draft_tokens,
-            "compression_ratio": self.compression_ratio,
-            "draft_cost_ratio": self.draft_cost_ratio,
-        })
+        out.update(
+            {
+                "beam_tokens": list(self.beam_tokens),
+                "drafted_nodes": list(self.drafted_nodes),
+                "confident_nodes": list(self.confident_nodes),
+                "skipped_drafts": self.skipped_drafts,
+                "draft_forwards": self.draft_forwards,
+                "draft_tokens": self.draft_tokens,
+                "compression_ratio": self.compression_ratio,
+                "draft_cost_ratio": self.draft_cost_ratio,
+            }
+        )
         return out
 
 

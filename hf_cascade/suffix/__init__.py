@@ -12,5 +12,11 @@ from .assistant import INSTALL, SuffixAssistant, suffix_cache_class
 from .drafter import SuffixCandidateGenerator, SuffixTreeDrafter
 from .settings import SuffixSettings
 
-__all__ = ["INSTALL", "SuffixAssistant", "SuffixCandidateGenerator", "SuffixSettings", "SuffixTreeDrafter",
-           "suffix_cache_class"]
+__all__ = [
+    "INSTALL",
+    "SuffixAssistant",
+    "SuffixCandidateGenerator",
+    "SuffixSettings",
+    "SuffixTreeDrafter",
+    "suffix_cache_class",
+]

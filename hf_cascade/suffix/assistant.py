@@ -22,8 +22,10 @@ def suffix_cache_class():
     try:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
     except ImportError as exc:
-        raise ImportError(f"SuffixDecoding needs ArcticInference's suffix trees: {INSTALL} "
-                          f"(it builds a small C++ extension on install). Import failed: {exc}") from exc
+        raise ImportError(
+            f"SuffixDecoding needs ArcticInference's suffix trees: {INSTALL} "
+            f"(it builds a small C++ extension on install). Import failed: {exc}"
+        ) from exc
     return SuffixDecodingCache
 
 
@@ -46,8 +48,15 @@ class SuffixAssistant(LinearAssistant):
         out = model.generate(ids, assistant_model=a, max_new_tokens=128)
     """
 
-    @rejects_moved(SuffixSettings, "num_speculative_tokens", "max_tree_depth", "max_cached_requests",
-                   "max_spec_factor", "min_token_prob", "use_tree_spec")
+    @rejects_moved(
+        SuffixSettings,
+        "num_speculative_tokens",
+        "max_tree_depth",
+        "max_cached_requests",
+        "max_spec_factor",
+        "min_token_prob",
+        "use_tree_spec",
+    )
     def __init__(self, *, settings: SuffixSettings | None = None, cpu_kernels: bool | None = None):
         self._cache_class = suffix_cache_class()
         self.settings = SuffixSettings.of(settings)
@@ -67,7 +76,7 @@ class SuffixAssistant(LinearAssistant):
 
     # -- requests --------------------------------------------------------------------------------------
     def _start(self, prompt: list[int]) -> int:
-        request = next(self._ids)                               # one request per row of the call
+        request = next(self._ids)  # one request per row of the call
         self.cache.start_request(request, prompt)
         return request
 
@@ -81,7 +90,9 @@ class SuffixAssistant(LinearAssistant):
         super().bind(target)
         self._stop_requests()
 
-    def build(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> SuffixCandidateGenerator:
+    def build(
+        self, target, generation_config, logits_processor, stats, target_tokenizer=None
+    ) -> SuffixCandidateGenerator:
         return SuffixCandidateGenerator(target, generation_config, logits_processor, stats, self)
 
     def new_drafter(self, target, generation_config, logits_processor, stats, target_tokenizer=None) -> TreeDrafter:
@@ -96,8 +107,10 @@ class SuffixAssistant(LinearAssistant):
 
     def candidate_generator(self, *args, **kwargs) -> SuffixCandidateGenerator:
         if self.trees:
-            raise RuntimeError("SuffixAssistant(settings=SuffixSettings(use_tree_spec=True)) drafts token trees: it "
-                               "runs in hf_cascade's decoding core only (loop='core').")
+            raise RuntimeError(
+                "SuffixAssistant(settings=SuffixSettings(use_tree_spec=True)) drafts token trees: it "
+                "runs in hf_cascade's decoding core only (loop='core')."
+            )
         return super().candidate_generator(*args, **kwargs)
 
     @contextmanager

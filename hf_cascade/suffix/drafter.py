@@ -55,7 +55,7 @@ class _Request:
     def __init__(self, assistant):
         self.assistant = assistant
         self.id: int | None = None
-        self.known = 0                          # tokens of the sequence the cache holds (prompt + response)
+        self.known = 0  # tokens of the sequence the cache holds (prompt + response)
 
     def speculate(self, seq: torch.Tensor, max_tokens: int, tree: bool):
         """The cache's draft after ``seq`` (``[L]``), at most ``max_tokens`` tokens."""
@@ -65,15 +65,20 @@ class _Request:
             self.known = seq.shape[0]
         else:
             self.sync(seq)
-        context = seq[-a.settings.max_tree_depth:].tolist()
-        return a.cache.speculate(self.id, context, max_spec_tokens=max_tokens,
-                                 max_spec_factor=a.settings.max_spec_factor, min_token_prob=a.settings.min_token_prob,
-                                 use_tree_spec=tree)
+        context = seq[-a.settings.max_tree_depth :].tolist()
+        return a.cache.speculate(
+            self.id,
+            context,
+            max_spec_tokens=max_tokens,
+            max_spec_factor=a.settings.max_spec_factor,
+            min_token_prob=a.settings.min_token_prob,
+            use_tree_spec=tree,
+        )
 
     def sync(self, seq: torch.Tensor) -> None:
         """Append the tokens of ``seq`` the cache has not seen to the request's response."""
         if self.id is not None and seq.shape[0] > self.known:
-            self.assistant.cache.add_active_response(self.id, seq[self.known:].tolist())
+            self.assistant.cache.add_active_response(self.id, seq[self.known :].tolist())
             self.known = seq.shape[0]
 
 
@@ -125,7 +130,7 @@ class SuffixTreeDrafter(TreeDrafter):
     def draft_tree(self, seq: torch.Tensor, state: TreeStep) -> tuple[TokenTree, None]:
         if state.budget <= 0:
             return TokenTree.empty(seq.device), None
-        d = self.request.speculate(seq, self.max_tokens, tree=True)        # the core prunes it to the budget
+        d = self.request.speculate(seq, self.max_tokens, tree=True)  # the core prunes it to the budget
         tokens, parents = list(d.token_ids), list(d.parents)
         tree = TokenTree.from_host(tokens, parents, seq.device)
         return tree, None

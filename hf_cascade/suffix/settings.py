@@ -32,14 +32,24 @@ class SuffixSettings(Options):
 
     def __post_init__(self) -> None:
         if self.num_speculative_tokens < 1 or self.max_tree_depth < 1:
-            raise ValueError(f"SuffixDecoding needs num_speculative_tokens >= 1 and max_tree_depth >= 1, got "
-                             f"{self.num_speculative_tokens}, {self.max_tree_depth}.")
+            raise ValueError(
+                f"SuffixDecoding needs num_speculative_tokens >= 1 and max_tree_depth >= 1, got "
+                f"{self.num_speculative_tokens}, {self.max_tree_depth}."
+            )
         if self.max_spec_factor <= 0 or not 0.0 <= self.min_token_prob <= 1.0 or self.max_cached_requests < -1:
-            raise ValueError(f"SuffixDecoding needs max_spec_factor > 0, min_token_prob in [0, 1] and "
-                             f"max_cached_requests >= -1, got {self.max_spec_factor}, {self.min_token_prob}, "
-                             f"{self.max_cached_requests}.")
-        self._normalize(num_speculative_tokens=int, max_tree_depth=int, max_cached_requests=int, max_spec_factor=float,
-                        min_token_prob=float, use_tree_spec=bool)
+            raise ValueError(
+                f"SuffixDecoding needs max_spec_factor > 0, min_token_prob in [0, 1] and "
+                f"max_cached_requests >= -1, got {self.max_spec_factor}, {self.min_token_prob}, "
+                f"{self.max_cached_requests}."
+            )
+        self._normalize(
+            num_speculative_tokens=int,
+            max_tree_depth=int,
+            max_cached_requests=int,
+            max_spec_factor=float,
+            min_token_prob=float,
+            use_tree_spec=bool,
+        )
 
 
 __all__ = ["SuffixSettings"]

@@ -56,15 +56,20 @@ def accelerator():
     from accelerate import Accelerator, DistributedDataParallelKwargs
 
     process_state()
-    with sharding.hidden_from_libraries():                   # FSDP is the loop's own (.sharding), not accelerate's
-        acc = Accelerator(mixed_precision="no", cpu=_cpu(),
-                          kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    with sharding.hidden_from_libraries():  # FSDP is the loop's own (.sharding), not accelerate's
+        acc = Accelerator(
+            mixed_precision="no",
+            cpu=_cpu(),
+            kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        )
     kind = acc.distributed_type.value
     if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
-        raise ValueError(f"accelerate's config asks for {kind}: hf-cascade trains heads data parallel (DDP), or "
-                         "sharded with FSDP. Launch with `accelerate launch --multi_gpu ...` (add --fsdp to shard the "
-                         "head) or `hf-cascade train --num-processes N`; place a target too large for one device "
-                         "with --target-device-map (each process shards its own copy)")
+        raise ValueError(
+            f"accelerate's config asks for {kind}: hf-cascade trains heads data parallel (DDP), or "
+            "sharded with FSDP. Launch with `accelerate launch --multi_gpu ...` (add --fsdp to shard the "
+            "head) or `hf-cascade train --num-processes N`; place a target too large for one device "
+            "with --target-device-map (each process shards its own copy)"
+        )
     return acc
 
 
@@ -108,8 +113,10 @@ def process_gpus(local_rank: int, local_processes: int, gpus: int) -> list[int]:
     every ``local_processes``-th from its own, ``local_rank``, so its first is the device accelerate gives it and
     each process has ``gpus // local_processes`` (the rest idle). ``ValueError`` with fewer GPUs than processes."""
     if gpus < local_processes:
-        raise ValueError(f"--target-device-map with {local_processes} processes on this machine needs a GPU per "
-                         f"process at least; {gpus} found. Run fewer processes (--num-processes) or none mapped")
+        raise ValueError(
+            f"--target-device-map with {local_processes} processes on this machine needs a GPU per "
+            f"process at least; {gpus} found. Run fewer processes (--num-processes) or none mapped"
+        )
     return [local_rank + k * local_processes for k in range(gpus // local_processes)]
 
 
@@ -130,7 +137,7 @@ def target_max_memory(device_map, available=None) -> dict | None:
     gpus = sorted(k for k in available if isinstance(k, int))
     if not gpus:
         return None
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))      # processes on this machine
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))  # processes on this machine
     mine = process_gpus(state.local_process_index, local, len(gpus))
     memory = {gpus[i]: available[gpus[i]] for i in mine}
     if "cpu" in available:
@@ -147,8 +154,10 @@ def check_layout(batch_size: int, grad_accum: int, mixed_precision: str, process
         raise ValueError(f"gradient accumulation must be >= 1 micro-batch, got {grad_accum}")
     world = num_processes() if processes is None else processes
     if batch_size % (world * grad_accum):
-        raise ValueError(f"--batch-size {batch_size} (sequences per step, all processes together) must be a multiple "
-                         f"of {world} process(es) x --grad-accum {grad_accum}")
+        raise ValueError(
+            f"--batch-size {batch_size} (sequences per step, all processes together) must be a multiple "
+            f"of {world} process(es) x --grad-accum {grad_accum}"
+        )
 
 
 def precision(mixed_precision: str, device: torch.device, sharded: bool = False):
@@ -206,11 +215,14 @@ def load_checkpoint(acc, out: Path, shards=None) -> None:
     path = out / CHECKPOINT
     saved = len(list(path.glob("random_states_*.pkl")))
     if not saved:
-        raise ValueError(f"--resume: no checkpoint in {path} (written every --checkpoint-every steps); run without "
-                         "--resume to start over")
+        raise ValueError(
+            f"--resume: no checkpoint in {path} (written every --checkpoint-every steps); run without "
+            "--resume to start over"
+        )
     if saved != acc.num_processes:
-        raise ValueError(f"--resume: {path} was written by {saved} process(es); resume it with as many, not "
-                         f"{acc.num_processes}")
+        raise ValueError(
+            f"--resume: {path} was written by {saved} process(es); resume it with as many, not {acc.num_processes}"
+        )
     written = (path / sharding.SHARDED).is_dir()
     if written != (shards is not None):
         how = "with FSDP (--fsdp or accelerate's FSDP config)" if written else "without FSDP"
@@ -227,6 +239,20 @@ def remove_checkpoint(acc, out: Path) -> None:
         shutil.rmtree(out / CHECKPOINT, ignore_errors=True)
 
 
-__all__ = ["PRECISIONS", "Progress", "accelerator", "check_layout", "head_device", "is_main_process",
-           "load_checkpoint", "main_process_first", "num_processes", "place_target", "precision",
-           "process_gpus", "remove_checkpoint", "save_checkpoint", "target_max_memory"]
+__all__ = [
+    "PRECISIONS",
+    "Progress",
+    "accelerator",
+    "check_layout",
+    "head_device",
+    "is_main_process",
+    "load_checkpoint",
+    "main_process_first",
+    "num_processes",
+    "place_target",
+    "precision",
+    "process_gpus",
+    "remove_checkpoint",
+    "save_checkpoint",
+    "target_max_memory",
+]

@@ -46,7 +46,7 @@ class GreedyLabels:
 
     def __init__(self, store: DistillStore, target=None, chunk: int = 256):
         self.store, self.chunk = store, int(chunk)
-        forced = store.meta.get("teacher_forced")          # a list when the shards of a mixed store differ
+        forced = store.meta.get("teacher_forced")  # a list when the shards of a mixed store differ
         self.computed = bool(any(forced) if isinstance(forced, list) else forced) and bool(store.hidden_size)
         if self.computed and target is None:
             raise ValueError("a teacher-forced store's greedy labels need the target's LM head")

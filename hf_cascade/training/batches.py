@@ -30,7 +30,7 @@ class Batch:
     index: list[int]
     response: torch.Tensor | None = None
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         """The same batch with its tensors on ``device`` (itself when they are there already)."""
         device = torch.device(device)
         if self.input_ids.device == device:
@@ -63,8 +63,8 @@ def make_batch(store: DistillStore, index: list[int], max_len: int, prompt_weigh
         ids[b, :n] = torch.from_numpy(s[:n].astype(np.int64))
         mask[b, :n] = 1
         weights[b, 1:n] = prompt_weight
-        weights[b, max(1, plen):n] = 1.0
-        response[b, max(1, plen):n] = True
+        weights[b, max(1, plen) : n] = 1.0
+        response[b, max(1, plen) : n] = True
     return Batch(ids, weights, mask, list(index), response)
 
 
@@ -75,13 +75,22 @@ class BatchStream:
     ``position`` counts the batches taken; a new stream :meth:`skip`-ped ``n`` batches continues exactly as
     one that yielded ``n`` (what a resumed run relies on)."""
 
-    def __init__(self, store: DistillStore, train_idx: list[int], batch_size: int, max_len: int,
-                 prompt_weight: float, seed: int = 0):
+    def __init__(
+        self,
+        store: DistillStore,
+        train_idx: list[int],
+        batch_size: int,
+        max_len: int,
+        prompt_weight: float,
+        seed: int = 0,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         if len(train_idx) < batch_size:
-            raise ValueError(f"{len(train_idx)} training sequences cannot fill a batch of {batch_size}: distill more "
-                             "prompts, lower --batch-size or --eval-records")
+            raise ValueError(
+                f"{len(train_idx)} training sequences cannot fill a batch of {batch_size}: distill more "
+                "prompts, lower --batch-size or --eval-records"
+            )
         self.store, self.train_idx, self.batch_size = store, list(train_idx), batch_size
         self.max_len, self.prompt_weight = max_len, prompt_weight
         self._rng = np.random.default_rng(seed)
@@ -89,7 +98,7 @@ class BatchStream:
         self._at = 0
         self.position = 0
 
-    def __iter__(self) -> "BatchStream":
+    def __iter__(self) -> BatchStream:
         return self
 
     def __next__(self) -> list[int]:
@@ -114,15 +123,17 @@ class BatchStream:
         """Process ``rank``'s part of a global batch (the ``rank``-th of ``world`` equal contiguous slices),
         cut into ``micro`` equal micro-batches. ``len(index)`` must be a multiple of ``world * micro``."""
         if len(index) % (world * micro):
-            raise ValueError(f"a batch of {len(index)} sequences does not split into {world} process(es) x {micro} "
-                             "micro-batch(es) of equal size")
+            raise ValueError(
+                f"a batch of {len(index)} sequences does not split into {world} process(es) x {micro} "
+                "micro-batch(es) of equal size"
+            )
         per = len(index) // world
         mine = index[rank * per : (rank + 1) * per]
         size = per // micro
         return [mine[m * size : (m + 1) * size] for m in range(micro)]
 
 
-def iterate_batches(store: DistillStore, train_idx: list[int], cfg) -> "BatchIterator":
+def iterate_batches(store: DistillStore, train_idx: list[int], cfg) -> BatchIterator:
     """Endless shuffled whole batches (epoch after epoch) of a :class:`~.loop.TrainConfig`'s size and seed."""
     return BatchIterator(BatchStream(store, train_idx, cfg.batch_size, cfg.max_len, cfg.prompt_weight, cfg.seed))
 
@@ -133,7 +144,7 @@ class BatchIterator:
     def __init__(self, stream: BatchStream):
         self.stream = stream
 
-    def __iter__(self) -> "BatchIterator":
+    def __iter__(self) -> BatchIterator:
         return self
 
     def __next__(self) -> Batch:

@@ -26,10 +26,11 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,10 +49,10 @@ class DistillConfig:
     out: Path
     max_new_tokens: int = 128
     batch_size: int = 16
-    prompt_format: str = PROMPT_FORMAT   # a template with {question}, or "chat": the tokenizer's chat template
+    prompt_format: str = PROMPT_FORMAT  # a template with {question}, or "chat": the tokenizer's chat template
     hidden_states: bool = False
-    limit: int | None = None          # stop after this many stored prompts in total
-    assistant: Callable[[], Any] | None = None   # a new assistant per batch (speculative batches); None: plain
+    limit: int | None = None  # stop after this many stored prompts in total
+    assistant: Callable[[], Any] | None = None  # a new assistant per batch (speculative batches); None: plain
 
 
 def prompt_ids(prompt: Prompt, tokenizer, prompt_format: str) -> list[int]:
@@ -80,8 +81,8 @@ def _left_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
     for i, x in enumerate(ids):
-        input_ids[i, width - len(x):] = torch.tensor(x)
-        mask[i, width - len(x):] = 1
+        input_ids[i, width - len(x) :] = torch.tensor(x)
+        mask[i, width - len(x) :] = 1
     return input_ids, mask
 
 
@@ -89,10 +90,16 @@ def _left_pad(ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 def _generate(target, input_ids, mask, cfg: DistillConfig, eos_ids: set[int]):
     """Greedy responses ``list[list[int]]`` (cut after the first EOS) and EOS flags."""
     assisted = {} if cfg.assistant is None else {"assistant_model": cfg.assistant()}
-    out = target.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens,
-                          do_sample=False, pad_token_id=int(target.generation_config.pad_token_id or 0), **assisted)
+    out = target.generate(
+        input_ids=input_ids,
+        attention_mask=mask,
+        max_new_tokens=cfg.max_new_tokens,
+        do_sample=False,
+        pad_token_id=int(target.generation_config.pad_token_id or 0),
+        **assisted,
+    )
     responses, eos = [], []
-    for row in out[:, input_ids.shape[1]:].tolist():
+    for row in out[:, input_ids.shape[1] :].tolist():
         cut = next((i for i, t in enumerate(row) if t in eos_ids), None)
         responses.append(row if cut is None else row[: cut + 1])
         eos.append(cut is not None)
@@ -104,14 +111,21 @@ def _hidden_states(target, seqs: list[list[int]], pad_id: int) -> list[np.ndarra
     """The target's last hidden state at every position of each sequence (teacher forcing)."""
     input_ids, mask = _left_pad(seqs, pad_id)
     device = target.get_input_embeddings().weight.device
-    out = target(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
-                 logits_to_keep=1)
-    last = out.hidden_states[-1].float().cpu()                               # [B, T, H]
-    return [last[i, input_ids.shape[1] - len(s):].numpy() for i, s in enumerate(seqs)]
+    out = target(
+        input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, logits_to_keep=1
+    )
+    last = out.hidden_states[-1].float().cpu()  # [B, T, H]
+    return [last[i, input_ids.shape[1] - len(s) :].numpy() for i, s in enumerate(seqs)]
 
 
-def distill(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt] | None = None,
-            target_name: str = "", progress: bool = True) -> DistillStore:
+def distill(
+    target,
+    tokenizer,
+    cfg: DistillConfig,
+    prompts: list[Prompt] | None = None,
+    target_name: str = "",
+    progress: bool = True,
+) -> DistillStore:
     """Run (or resume) a distillation into ``cfg.out``; returns the store.
 
     Launched in several processes (``accelerate launch``), each process generates a disjoint share of the
@@ -122,8 +136,13 @@ def distill(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt] | None 
 
     prompts = training_prompts() if prompts is None else prompts
     hidden_size = int(target.config.get_text_config().hidden_size) if cfg.hidden_states else 0
-    meta = {"target": target_name, "prompt_format": cfg.prompt_format, "max_new_tokens": cfg.max_new_tokens,
-            "hidden_size": hidden_size, "vocab_size": int(target.config.get_text_config().vocab_size)}
+    meta = {
+        "target": target_name,
+        "prompt_format": cfg.prompt_format,
+        "max_new_tokens": cfg.max_new_tokens,
+        "hidden_size": hidden_size,
+        "vocab_size": int(target.config.get_text_config().vocab_size),
+    }
     if num_processes() > 1:
         return _distill_shared(target, tokenizer, cfg, prompts, meta, progress)
     store = DistillStore.create_or_resume(cfg.out, meta)
@@ -137,8 +156,9 @@ def _todo(store: DistillStore, prompts: list[Prompt], cfg: DistillConfig) -> lis
     return todo if cfg.limit is None else todo[: max(0, cfg.limit - len(store))]
 
 
-def _distill_shared(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt], meta: dict,
-                    progress: bool) -> DistillStore:
+def _distill_shared(
+    target, tokenizer, cfg: DistillConfig, prompts: list[Prompt], meta: dict, progress: bool
+) -> DistillStore:
     """:func:`distill` in one of several processes (see there)."""
     from .accel import process_state
 
@@ -168,7 +188,7 @@ def _distill_shared(target, tokenizer, cfg: DistillConfig, prompts: list[Prompt]
 
 def _fill(store: DistillStore, todo: list[Prompt], target, tokenizer, cfg: DistillConfig, progress: bool) -> None:
     """Generate the target's responses to ``todo`` in batches and append them to ``store``."""
-    from ..backends import verification_session      # the CPU kernels only where the switch engages them
+    from ..backends import verification_session  # the CPU kernels only where the switch engages them
 
     eos = target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -179,11 +199,13 @@ def _fill(store: DistillStore, todo: list[Prompt], target, tokenizer, cfg: Disti
     start = time.perf_counter()
     for batch, ids in _batches(todo, tokenizer, cfg):
         input_ids, mask = (t.to(device) for t in _left_pad(ids, pad_id))
-        with nullcontext() if cfg.assistant is not None else verification_session(target):   # an assistant brings its own
+        with (
+            nullcontext() if cfg.assistant is not None else verification_session(target)
+        ):  # an assistant brings its own
             responses, flags = _generate(target, input_ids, mask, cfg, eos_ids)
         hidden = None
         if store.hidden_size:
-            with verification_session(target):           # batched rows: faster with the CPU kernels
+            with verification_session(target):  # batched rows: faster with the CPU kernels
                 hidden = _hidden_states(target, [p + r for p, r in zip(ids, responses)], pad_id)
         for i, (p, r) in enumerate(zip(ids, responses)):
             store.append(batch[i].id, batch[i].source, p, r, flags[i], None if hidden is None else hidden[i])

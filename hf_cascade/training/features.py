@@ -10,7 +10,7 @@ the head's when the loss is a module (:class:`HeadLoss`).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -22,8 +22,10 @@ from .batches import Batch
 def require_hidden(store) -> None:
     """``ValueError`` unless ``store`` holds the target's hidden states (what a feature loss regresses onto)."""
     if not store.hidden_size:
-        raise ValueError(f"{getattr(store, 'path', 'the store')} holds no hidden states: distill with --hidden-states "
-                         "or --teacher-forced for a feature loss")
+        raise ValueError(
+            f"{getattr(store, 'path', 'the store')} holds no hidden states: distill with --hidden-states "
+            "or --teacher-forced for a feature loss"
+        )
 
 
 def stored_hidden(store, batch: Batch) -> torch.Tensor:

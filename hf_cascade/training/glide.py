@@ -18,7 +18,7 @@ tokens, so the run of consecutive agreements with the target's greedy tokens (th
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -43,13 +43,15 @@ def target_kv_batch(model: GlideForCausalLM, target, batch: Batch) -> list | Non
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(target.forward).parameters else {}
     out = target(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=True, **kwargs)
     target.train(was_training)
-    dev = model.device                                           # a device-mapped target's layer may sit elsewhere
+    dev = model.device  # a device-mapped target's layer may sit elsewhere
     kv = [(k.detach().to(dev), v.detach().to(dev)) for k, v in model.target_kv(output_cache(out))]
     t = batch.input_ids.shape[1]
     for k, _ in kv:
         if k.shape[-2] != t:
-            raise ValueError(f"target cache layer holds {k.shape[-2]} positions for {t} tokens (a sliding-window "
-                             "layer?): GLIDE training needs full-attention target layers (set target_layer_ids).")
+            raise ValueError(
+                f"target cache layer holds {k.shape[-2]} positions for {t} tokens (a sliding-window "
+                "layer?): GLIDE training needs full-attention target layers (set target_layer_ids)."
+            )
     return kv
 
 
@@ -66,22 +68,29 @@ class TargetKVMemo:
 
     def __init__(self, model: GlideForCausalLM, target, max_bytes: int = 4 << 30):
         self.model, self.target, self.max_bytes = model, target, int(max_bytes)
-        self.records: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}   # index -> N_D x ([kv, n, d] x 2)
+        self.records: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # index -> N_D x ([kv, n, d] x 2)
         self.bytes = 0
-        self.target_tokens = 0                                                    # tokens the target processed
+        self.target_tokens = 0  # tokens the target processed
 
     def __call__(self, batch: Batch) -> list | None:
         if not self.model.config.cross_attention:
             return None
-        lengths = batch.attention_mask.sum(-1).tolist()                             # right padding: valid prefix
-        missing = [b for b, i in enumerate(batch.index) if i not in self.records or
-                   self.records[i][0][0].shape[-2] < lengths[b]]
+        lengths = batch.attention_mask.sum(-1).tolist()  # right padding: valid prefix
+        missing = [
+            b
+            for b, i in enumerate(batch.index)
+            if i not in self.records or self.records[i][0][0].shape[-2] < lengths[b]
+        ]
         fresh: dict[int, list] = {}
         if missing:
             rows = torch.tensor(missing)
             width = int(max(lengths[b] for b in missing))
-            sub = Batch(batch.input_ids[rows, :width], batch.weights[rows, :width],
-                        batch.attention_mask[rows, :width], [batch.index[b] for b in missing])
+            sub = Batch(
+                batch.input_ids[rows, :width],
+                batch.weights[rows, :width],
+                batch.attention_mask[rows, :width],
+                [batch.index[b] for b in missing],
+            )
             kv = target_kv_batch(self.model, self.target, sub)
             self.target_tokens += int(sum(lengths[b] for b in missing))
             for r, b in enumerate(missing):
@@ -107,28 +116,44 @@ class TargetKVMemo:
         return out
 
 
-def _draft_logits(model: GlideForCausalLM, batch: Batch, kv, block: int, first_block: str, input_ids=None,
-                  hidden: bool = False):
+def _draft_logits(
+    model: GlideForCausalLM, batch: Batch, kv, block: int, first_block: str, input_ids=None, hidden: bool = False
+):
     """The draft's logits ``[B, T, N]`` over ``input_ids`` (default the batch's) with the block-wise mask, and with
     ``hidden`` its last layer's output ``[B, T, D]`` too (``(logits, hidden)``)."""
     ids = batch.input_ids if input_ids is None else input_ids
     t = ids.shape[1]
-    mask = glide_cross_mask(t, t, block, first_block).to(ids.device)                      # [T, T]
-    out = model(input_ids=ids, attention_mask=batch.attention_mask, target_key_values=kv, cross_attention_mask=mask,
-                full_vocab=False, output_hidden_states=hidden)
-    return (out.logits, out.hidden_states[-1]) if hidden else out.logits                   # [B, T, N] (, [B, T, D])
+    mask = glide_cross_mask(t, t, block, first_block).to(ids.device)  # [T, T]
+    out = model(
+        input_ids=ids,
+        attention_mask=batch.attention_mask,
+        target_key_values=kv,
+        cross_attention_mask=mask,
+        full_vocab=False,
+        output_hidden_states=hidden,
+    )
+    return (out.logits, out.hidden_states[-1]) if hidden else out.logits  # [B, T, N] (, [B, T, D])
 
 
 def _weighted_ce(logits: torch.Tensor, labels: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     n = logits.shape[-1]
-    ce = F.cross_entropy(logits.float().reshape(-1, n), labels.reshape(-1).clamp_max(n - 1),
-                         reduction="none").view_as(w)
+    ce = F.cross_entropy(logits.float().reshape(-1, n), labels.reshape(-1).clamp_max(n - 1), reduction="none").view_as(
+        w
+    )
     return (ce * w).sum() / w.sum().clamp_min(1.0)
 
 
-def glide_loss(model: GlideForCausalLM, target, batch: Batch, block: int | None = None,
-               first_block: str = "none", kv: list | None = None, unroll: int = 1,
-               features: FeatureRegression | None = None, store=None) -> tuple[torch.Tensor, dict]:
+def glide_loss(
+    model: GlideForCausalLM,
+    target,
+    batch: Batch,
+    block: int | None = None,
+    first_block: str = "none",
+    kv: list | None = None,
+    unroll: int = 1,
+    features: FeatureRegression | None = None,
+    store=None,
+) -> tuple[torch.Tensor, dict]:
     """Weighted next-token cross-entropy of the GLIDE draft ``model`` reading ``target``'s KV cache through the
     block-wise mask (``block`` defaults to ``model.config.block_size``; ``first_block="causal"`` reproduces the
     authors' code, where block 0 sees the target causally). ``kv``: the target K/V for ``batch`` when already
@@ -148,16 +173,16 @@ def glide_loss(model: GlideForCausalLM, target, batch: Batch, block: int | None 
     if kv is None:
         kv = target_kv_batch(model, target, batch)
     out = _draft_logits(model, batch, kv, block, first_block, hidden=features is not None)
-    logits, hidden = out if features is not None else (out, None)                         # [B, T, N]
+    logits, hidden = out if features is not None else (out, None)  # [B, T, N]
     n = logits.shape[-1]
-    labels = model.to_draft_ids(batch.input_ids[:, 1:]).to(logits.device)                 # [B, T-1]
+    labels = model.to_draft_ids(batch.input_ids[:, 1:]).to(logits.device)  # [B, T-1]
     w = batch.weights[:, 1:].to(logits.device) * (labels < n)
     loss = _weighted_ce(logits[:, :-1], labels, w)
     with torch.no_grad():
         hit = (logits[:, :-1].argmax(-1) == labels).float()
         metrics = {"top1": float((hit * w).sum() / w.sum().clamp_min(1.0))}
     if features is not None:
-        x = stored_hidden(store, batch)[:, :-1]                                             # [B, T-1, H_target]
+        x = stored_hidden(store, batch)[:, :-1]  # [B, T-1, H_target]
         feature_loss = features(hidden[:, :-1], x, w)
         loss = loss + feature_loss
         metrics["feature_loss"] = float(feature_loss.detach())
@@ -167,7 +192,7 @@ def glide_loss(model: GlideForCausalLM, target, batch: Batch, block: int | None 
         fed, prev = ids, logits
         for j in range(2, unroll + 1):
             with torch.no_grad():
-                own = _to_target(model, prev.argmax(-1))                                    # [B, T] own next tokens
+                own = _to_target(model, prev.argmax(-1))  # [B, T] own next tokens
                 use = (unrolled.offset[1:] >= 1) & (unrolled.offset[1:] <= j - 1)
                 fed = torch.cat([fed[:, :1], torch.where(use, own[:, :-1], fed[:, 1:])], dim=1)
             prev = unrolled.logits(model, fed, kv)
@@ -187,21 +212,28 @@ class _Unrolled:
     def __init__(self, ids: torch.Tensor, attention_mask: torch.Tensor, block: int, first_block: str):
         b, t = ids.shape
         pos = torch.arange(t, device=ids.device)
-        self.offset = pos % block                                                          # [T] offset in its block
+        self.offset = pos % block  # [T] offset in its block
         start = (pos - self.offset)[:, None]
-        causal = pos[None, :] <= pos[:, None]                                              # [T, T]
+        causal = pos[None, :] <= pos[:, None]  # [T, T]
         copy_rows = torch.cat([pos[None, :] < start, (pos[None, :] >= start) & causal], dim=1)
         self.self_mask = torch.cat([torch.cat([causal, torch.zeros_like(causal)], dim=1), copy_rows])  # [2T, 2T]
         cross = glide_cross_mask(t, t, block, first_block).to(ids.device)
-        self.cross_mask = torch.cat([cross, cross])                                        # [2T, T]
+        self.cross_mask = torch.cat([cross, cross])  # [2T, T]
         self.position_ids = torch.cat([pos, pos])[None].expand(b, 2 * t)
         self.attention_mask = torch.cat([attention_mask, attention_mask], dim=1)
         self.ids, self.keep = ids, torch.arange(t, 2 * t, device=ids.device)
 
     def logits(self, model: GlideForCausalLM, fed: torch.Tensor, kv) -> torch.Tensor:
-        return model(input_ids=torch.cat([self.ids, fed], dim=1), attention_mask=self.attention_mask,
-                     position_ids=self.position_ids, target_key_values=kv, cross_attention_mask=self.cross_mask,
-                     self_attention_mask=self.self_mask, full_vocab=False, logits_to_keep=self.keep).logits
+        return model(
+            input_ids=torch.cat([self.ids, fed], dim=1),
+            attention_mask=self.attention_mask,
+            position_ids=self.position_ids,
+            target_key_values=kv,
+            cross_attention_mask=self.cross_mask,
+            self_attention_mask=self.self_mask,
+            full_vocab=False,
+            logits_to_keep=self.keep,
+        ).logits
 
 
 def _to_target(model: GlideForCausalLM, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -212,10 +244,17 @@ def _to_target(model: GlideForCausalLM, draft_ids: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
-def glide_acceptance(model: GlideForCausalLM, target, data, index: list[int] | None = None, batch_size: int = 8,
-                     max_len: int = 512, block: int | None = None,
-                     kv_fn: Callable[[Batch], list | None] | None = None,
-                     labels_fn: Callable[[Batch], torch.Tensor] | None = None) -> dict:
+def glide_acceptance(
+    model: GlideForCausalLM,
+    target,
+    data,
+    index: list[int] | None = None,
+    batch_size: int = 8,
+    max_len: int = 512,
+    block: int | None = None,
+    kv_fn: Callable[[Batch], list | None] | None = None,
+    labels_fn: Callable[[Batch], torch.Tensor] | None = None,
+) -> dict:
     """Teacher-forced greedy acceptance of the GLIDE draft, against the target's greedy tokens: ``labels_fn(batch)``
     ``[B, T]``, column ``t`` the target's greedy token after position ``t`` (default: the batch's own next tokens, the
     target's greedy responses in a greedy distillation store; a teacher-forced store's come from
@@ -236,15 +275,17 @@ def glide_acceptance(model: GlideForCausalLM, target, data, index: list[int] | N
     if isinstance(data, Batch):
         batches: Iterable[Batch] = [data]
     elif index is not None:
-        batches = (make_batch(data, index[s : s + batch_size], max_len, prompt_weight=0.0)
-                   for s in range(0, len(index), batch_size))
+        batches = (
+            make_batch(data, index[s : s + batch_size], max_len, prompt_weight=0.0)
+            for s in range(0, len(index), batch_size)
+        )
     else:
         batches = data
     hits, counted, runs = [], 0, []
     was_training = model.training
     model.eval()
     for b in batches:
-        logits = _draft_logits(model, b, kv_fn(b), block, "none")                          # [B, T, N]
+        logits = _draft_logits(model, b, kv_fn(b), block, "none")  # [B, T, N]
         draft = _to_target(model, logits.argmax(-1))
         labels = labels_fn(b) if labels_fn is not None else b.input_ids[:, 1:]
         ok = (draft[:, :-1] == labels[:, : draft.shape[1] - 1].to(draft.device)).cpu().numpy()  # t predicts t + 1
@@ -252,15 +293,20 @@ def glide_acceptance(model: GlideForCausalLM, target, data, index: list[int] | N
         for r in range(ok.shape[0]):
             hits.append(ok[r][use[r]])
             counted += int(use[r].sum())
-            for p in range(0, ok.shape[1], block):                                       # drafts from block starts
+            for p in range(0, ok.shape[1], block):  # drafts from block starts
                 if use[r, p]:
                     seg = ok[r, p : p + block] & use[r, p : p + block]
                     runs.append(int(np.argmin(np.append(seg, False))))
     model.train(was_training)
     flat = np.concatenate(hits) if hits else np.zeros(0, dtype=bool)
     by_position = accept_by_position(runs, block)
-    return {"alpha": float(flat.mean()) if flat.size else 0.0, "eval_tokens": counted,
-            f"tau@{block}": by_position["tau"], "drafts": len(runs), **by_position}
+    return {
+        "alpha": float(flat.mean()) if flat.size else 0.0,
+        "eval_tokens": counted,
+        f"tau@{block}": by_position["tau"],
+        "drafts": len(runs),
+        **by_position,
+    }
 
 
 __all__ = ["TargetKVMemo", "glide_acceptance", "glide_loss", "target_kv_batch"]

@@ -21,28 +21,54 @@ DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential", "cpu")
 
 
 def add_process_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-processes", type=int, default=1, metavar="N",
-                   help="data-parallel processes: starts `accelerate launch --num_processes N` for you (default 1; "
-                        "or run the command under `accelerate launch` yourself)")
-    p.add_argument("--target-device-map", default=None, metavar="MAP",
-                   help="place the frozen target with from_pretrained's device_map: auto, balanced, sequential, cpu "
-                        "or a JSON object (one process) for sharded / offloaded targets; with --num-processes N a named "
-                        "map shards each process's copy over GPUs of its own")
+    p.add_argument(
+        "--num-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="data-parallel processes: starts `accelerate launch --num_processes N` for you (default 1; "
+        "or run the command under `accelerate launch` yourself)",
+    )
+    p.add_argument(
+        "--target-device-map",
+        default=None,
+        metavar="MAP",
+        help="place the frozen target with from_pretrained's device_map: auto, balanced, sequential, cpu "
+        "or a JSON object (one process) for sharded / offloaded targets; with --num-processes N a named "
+        "map shards each process's copy over GPUs of its own",
+    )
 
 
 def add_train_options(p: argparse.ArgumentParser) -> None:
     from .accel import PRECISIONS
 
-    p.add_argument("--grad-accum", type=int, default=1, metavar="N",
-                   help="micro-batches per process and step; the batch per step stays --batch-size (default 1)")
-    p.add_argument("--mixed-precision", choices=PRECISIONS, default="no",
-                   help="autocast the step in bf16 or fp16 (float32 weights; fp16 with a gradient scaler)")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                   help="write a resumable checkpoint (OUT/checkpoint) every K steps (default 0: none)")
+    p.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        metavar="N",
+        help="micro-batches per process and step; the batch per step stays --batch-size (default 1)",
+    )
+    p.add_argument(
+        "--mixed-precision",
+        choices=PRECISIONS,
+        default="no",
+        help="autocast the step in bf16 or fp16 (float32 weights; fp16 with a gradient scaler)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="write a resumable checkpoint (OUT/checkpoint) every K steps (default 0: none)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint to the same end")
-    p.add_argument("--fsdp", action="store_true",
-                   help="shard the head, its gradients and optimizer states over the processes (FSDP); also on when "
-                        "accelerate's config asks for FSDP")
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="shard the head, its gradients and optimizer states over the processes (FSDP); also on when "
+        "accelerate's config asks for FSDP",
+    )
     add_process_options(p)
 
 
@@ -55,8 +81,10 @@ def device_map(value: str | None):
     except json.JSONDecodeError:
         parsed = None
     if not isinstance(parsed, dict):
-        raise ValueError(f"--target-device-map must be one of {', '.join(DEVICE_MAPS)} or a JSON object of "
-                         f"module -> device, got {value!r}")
+        raise ValueError(
+            f"--target-device-map must be one of {', '.join(DEVICE_MAPS)} or a JSON object of "
+            f"module -> device, got {value!r}"
+        )
     return parsed
 
 
@@ -70,9 +98,11 @@ def check_processes(args: argparse.Namespace, processes: int) -> None:
     if args.num_processes < 1:
         raise ValueError(f"--num-processes must be >= 1, got {args.num_processes}")
     if isinstance(device_map(args.target_device_map), dict) and processes > 1:
-        raise ValueError("a JSON --target-device-map puts every process's target on the same devices; with "
-                         f"{processes} processes name a map (auto, balanced, sequential): each process then shards "
-                         "its target over GPUs of its own")
+        raise ValueError(
+            "a JSON --target-device-map puts every process's target on the same devices; with "
+            f"{processes} processes name a map (auto, balanced, sequential): each process then shards "
+            "its target over GPUs of its own"
+        )
 
 
 def relaunch(argv: list[str], args: argparse.Namespace) -> int:
@@ -87,9 +117,23 @@ def relaunch(argv: list[str], args: argparse.Namespace) -> int:
     if args.command == "train":
         check_layout(args.batch_size, args.grad_accum, args.mixed_precision, processes)
 
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "-m", "hf_cascade.cli", *_without_num_processes(argv)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "hf_cascade.cli",
+        *_without_num_processes(argv),
+    ]
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env["ACCELERATE_USE_CPU"] = "true"
@@ -121,5 +165,12 @@ def _without_num_processes(argv: list[str]) -> list[str]:
     return out
 
 
-__all__ = ["add_process_options", "add_train_options", "check_processes", "device_map", "launched", "leave_process_group",
-           "relaunch"]
+__all__ = [
+    "add_process_options",
+    "add_train_options",
+    "check_processes",
+    "device_map",
+    "launched",
+    "leave_process_group",
+    "relaunch",
+]

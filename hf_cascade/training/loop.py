@@ -15,7 +15,8 @@ Runs on ``accelerate`` (:mod:`.accel`): a step trains on one global batch of ``b
 split evenly over the processes and, within a process, over ``grad_accum`` micro-batches; the
 gradient is the mean of the parts' gradients (of their weighted-mean losses), so one process with
 ``grad_accum = 1`` is the single-process loop unchanged, and ``N`` processes or micro-batches train
-on the same sequences per step (DDP, or FSDP: :mod:`.sharding`). Evaluation, saving and the progress bar run on the main process only;
+on the same sequences per step (DDP, or FSDP: :mod:`.sharding`). Evaluation, saving and the progress bar run on the
+main process only;
 the logged loss and metrics are means over the parts. ``checkpoint_every = K`` writes a resumable
 checkpoint every ``K`` steps (``out/checkpoint``, removed when the run finishes); ``resume`` continues
 from it to the same end as an uninterrupted run.
@@ -27,9 +28,9 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -43,32 +44,32 @@ from .batches import Batch, BatchIterator, BatchStream, iterate_batches, make_ba
 class TrainConfig:
     out: Path
     steps: int = 600
-    batch_size: int = 16          # sequences per step, all processes together
-    max_len: int = 256            # tokens per sequence (longer ones are cut at the end)
+    batch_size: int = 16  # sequences per step, all processes together
+    max_len: int = 256  # tokens per sequence (longer ones are cut at the end)
     lr: float = 2e-3
     warmup: int = 30
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     eval_every: int = 100
-    eval_records: int = 48        # held-out sequences (never trained on)
-    prompt_weight: float = 0.1    # loss weight of prompt positions (responses weigh 1)
-    unroll: int = 1               # glide, redrafter: drafted positions 2..unroll fed the head's own predictions (HASS)
-    feature_weight: float = 0.0   # glide, redrafter: weight of the feature regression beside the token loss (EAGLE)
+    eval_records: int = 48  # held-out sequences (never trained on)
+    prompt_weight: float = 0.1  # loss weight of prompt positions (responses weigh 1)
+    unroll: int = 1  # glide, redrafter: drafted positions 2..unroll fed the head's own predictions (HASS)
+    feature_weight: float = 0.0  # glide, redrafter: weight of the feature regression beside the token loss (EAGLE)
     seed: int = 0
-    grad_accum: int = 1           # micro-batches per process and step (the batch per step stays batch_size)
-    mixed_precision: str = "no"   # "no", "bf16" or "fp16" (autocast, float32 weights)
-    checkpoint_every: int = 0     # steps between resumable checkpoints in out/checkpoint (0: none)
-    resume: bool = False          # continue from out/checkpoint
-    fsdp: bool = False            # shard the head over the processes (also when accelerate's config asks: sharding)
+    grad_accum: int = 1  # micro-batches per process and step (the batch per step stays batch_size)
+    mixed_precision: str = "no"  # "no", "bf16" or "fp16" (autocast, float32 weights)
+    checkpoint_every: int = 0  # steps between resumable checkpoints in out/checkpoint (0: none)
+    resume: bool = False  # continue from out/checkpoint
+    fsdp: bool = False  # shard the head over the processes (also when accelerate's config asks: sharding)
 
 
 @dataclass
 class TrainState:
     step: int = 0
     seconds: float = 0.0
-    history: list[dict] = field(default_factory=list)   # {"step", "loss", ...} and {"step", "eval": {...}}
+    history: list[dict] = field(default_factory=list)  # {"step", "loss", ...} and {"step", "eval": {...}}
     best: dict | None = None
-    layout: dict = field(default_factory=dict)          # how the head trains: {"fsdp", "head_parameters", "parameters_here"}
+    layout: dict = field(default_factory=dict)  # how the head trains: {"fsdp", "head_parameters", "parameters_here"}
 
 
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -84,7 +85,7 @@ class _Step(torch.nn.Module):
 
     def __init__(self, head: torch.nn.Module, loss_fn: Callable):
         super().__init__()
-        self.head, self.loss_fn = head, loss_fn       # a loss that is a module (features.HeadLoss) trains with the head
+        self.head, self.loss_fn = head, loss_fn  # a loss that is a module (features.HeadLoss) trains with the head
 
     def forward(self, batch: Batch):
         return self.loss_fn(self.head, batch)
@@ -108,7 +109,7 @@ def train(
     fsdp = sharding.requested(cfg.fsdp, world)
     stream = batches.stream
     torch.manual_seed(cfg.seed)
-    if fsdp:                                       # a sharded copy trains; `model` stays whole (sharding module)
+    if fsdp:  # a sharded copy trains; `model` stays whole (sharding module)
         step_module = sharding.shard(_Step(model, loss_fn), fsdp, device)
     else:
         step_module = acc.prepare(_Step(model, loss_fn), device_placement=[False])
@@ -116,7 +117,7 @@ def train(
     if fsdp and own:
         raise ValueError("a loss with its own parameters (a feature regression) trains data parallel, not with FSDP")
     trained = step_module.head if fsdp else model
-    whole = trained if fsdp else acc.unwrap_model(step_module)   # the head, and a loss's own parameters (features)
+    whole = trained if fsdp else acc.unwrap_model(step_module)  # the head, and a loss's own parameters (features)
     params = [p for p in whole.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, cfg))
@@ -129,12 +130,21 @@ def train(
         accel.load_checkpoint(acc, Path(cfg.out), with_shards)
         changed = {k: (v, run.get(k)) for k, v in done.state.get("run", {}).items() if run.get(k) != v}
         if changed:
-            raise ValueError(f"--resume: the checkpoint in {cfg.out} was written by a run with other settings "
-                             f"(checkpoint, now): {changed}")
+            raise ValueError(
+                f"--resume: the checkpoint in {cfg.out} was written by a run with other settings "
+                f"(checkpoint, now): {changed}"
+            )
         stream.skip(done.state["batches"] - stream.position)
-    state = TrainState(done.state["step"], done.state["seconds"], list(done.state["history"]), done.state["best"],
-                       sharding.layout(model, trained, fsdp is not None))
-    bar = tqdm(total=cfg.steps, initial=state.step, desc="train", unit="step", disable=not (progress and acc.is_main_process))
+    state = TrainState(
+        done.state["step"],
+        done.state["seconds"],
+        list(done.state["history"]),
+        done.state["best"],
+        sharding.layout(model, trained, fsdp is not None),
+    )
+    bar = tqdm(
+        total=cfg.steps, initial=state.step, desc="train", unit="step", disable=not (progress and acc.is_main_process)
+    )
     t0 = time.perf_counter() - state.seconds
     for step in range(state.step + 1, cfg.steps + 1):
         trained.train()
@@ -161,8 +171,9 @@ def train(
         state.step = step
         values = _mean_over_parts(acc, logged)
         loss_value = values[0]
-        state.history.append({"step": step, "loss": loss_value, "lr": sched.get_last_lr()[0],
-                              **dict(zip(metrics, values[1:]))})
+        state.history.append(
+            {"step": step, "loss": loss_value, "lr": sched.get_last_lr()[0], **dict(zip(metrics, values[1:]))}
+        )
         bar.update(1)
         bar.set_postfix(loss=f"{loss_value:.3f}")
         if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -181,8 +192,14 @@ def train(
             acc.wait_for_everyone()
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             state.seconds = time.perf_counter() - t0
-            done.state = {"step": step, "batches": stream.position, "seconds": state.seconds,
-                          "history": state.history, "best": state.best, "run": run}
+            done.state = {
+                "step": step,
+                "batches": stream.position,
+                "seconds": state.seconds,
+                "history": state.history,
+                "best": state.best,
+                "run": run,
+            }
             accel.save_checkpoint(acc, Path(cfg.out), with_shards)
     bar.close()
     if fsdp:
@@ -202,8 +219,20 @@ def _run_settings(cfg: TrainConfig) -> dict:
     """What a resumed run must share with the run that wrote its checkpoint to end where it would have (the
     micro-batches and the precision may change; the batches and the schedule may not; the number of processes
     is checked with the checkpoint's RNG states, :func:`.accel.load_checkpoint`)."""
-    keep = ("steps", "batch_size", "max_len", "lr", "warmup", "weight_decay", "grad_clip", "eval_records",
-            "prompt_weight", "seed", "unroll", "feature_weight")
+    keep = (
+        "steps",
+        "batch_size",
+        "max_len",
+        "lr",
+        "warmup",
+        "weight_decay",
+        "grad_clip",
+        "eval_records",
+        "prompt_weight",
+        "seed",
+        "unroll",
+        "feature_weight",
+    )
     return {k: getattr(cfg, k) for k in keep}
 
 
@@ -221,8 +250,16 @@ def write_state(state: TrainState, cfg: TrainConfig, out: Path, extra: dict | No
     that report acceptance by drafted position, ``acceptance_by_position.png`` too (one curve per evaluation)."""
     out.mkdir(parents=True, exist_ok=True)
     cfg_d = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
-    doc = {"config": cfg_d, "processes": accel.num_processes(), "step": state.step, "seconds": round(state.seconds, 1),
-           "best": state.best, "layout": state.layout, "history": state.history, **(extra or {})}
+    doc = {
+        "config": cfg_d,
+        "processes": accel.num_processes(),
+        "step": state.step,
+        "seconds": round(state.seconds, 1),
+        "best": state.best,
+        "layout": state.layout,
+        "history": state.history,
+        **(extra or {}),
+    }
     (out / "trainer_state.json").write_text(json.dumps(doc, indent=1) + "\n")
     by_step = {f"step {h['step']}": h["eval"] for h in state.history if "eval" in h and "accept@1" in h["eval"]}
     if by_step:

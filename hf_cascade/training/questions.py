@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -47,17 +47,25 @@ def seed_prompt(first: str, second: str) -> str:
 
 
 @torch.no_grad()
-def sample_questions(target, tokenizer, general: Sequence[str], gsm8k: Sequence[str], cfg: QuestionConfig,
-                     exclude: Sequence[str] = (), progress: bool = True) -> list[str]:
+def sample_questions(
+    target,
+    tokenizer,
+    general: Sequence[str],
+    gsm8k: Sequence[str],
+    cfg: QuestionConfig,
+    exclude: Sequence[str] = (),
+    progress: bool = True,
+) -> list[str]:
     """``cfg.n`` new questions sampled by ``target`` (see the module docstring); ``exclude``: texts
     that must not be returned (e.g. questions already written)."""
-    from ..backends import verification_session      # the CPU kernels only where the switch engages them
+    from ..backends import verification_session  # the CPU kernels only where the switch engages them
 
     general = [g for g in general if len(g) <= cfg.max_seed_chars]
     gsm8k = [g for g in gsm8k if len(g) <= cfg.max_seed_chars]
     if len(general) < 2:
-        raise ValueError(f"sample_questions needs at least two general seed prompts of at most {cfg.max_seed_chars} "
-                         "characters")
+        raise ValueError(
+            f"sample_questions needs at least two general seed prompts of at most {cfg.max_seed_chars} characters"
+        )
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     general = [g.strip().replace("\n", " ") for g in general]
@@ -75,15 +83,23 @@ def sample_questions(target, tokenizer, general: Sequence[str], gsm8k: Sequence[
         while len(out) < cfg.n:
             batch = []
             for _ in range(cfg.batch_size):
-                pair = [rng.choice(list(gsm8k)), rng.choice(general)] if gsm8k and rng.random() < cfg.gsm8k_share \
+                pair = (
+                    [rng.choice(list(gsm8k)), rng.choice(general)]
+                    if gsm8k and rng.random() < cfg.gsm8k_share
                     else rng.sample(general, 2)
+                )
                 batch.append(seed_prompt(*pair))
             enc = tokenizer(batch, return_tensors="pt", padding=True).to(target.device)
-            with verification_session(target):           # batched rows: the CPU kernels where the switch engages them
-                gen = target.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                                      max_new_tokens=cfg.max_new_tokens, do_sample=True,
-                                      temperature=cfg.temperature, top_p=cfg.top_p)  # [B, T + new]
-            for row in gen[:, enc["input_ids"].shape[1]:]:
+            with verification_session(target):  # batched rows: the CPU kernels where the switch engages them
+                gen = target.generate(
+                    input_ids=enc["input_ids"],
+                    attention_mask=enc["attention_mask"],
+                    max_new_tokens=cfg.max_new_tokens,
+                    do_sample=True,
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                )  # [B, T + new]
+            for row in gen[:, enc["input_ids"].shape[1] :]:
                 text = tokenizer.decode(row, skip_special_tokens=True).split("\n")[0].strip()
                 if len(text.split()) < cfg.min_words or text in seeds or text.lower() in seen or "Answer" in text:
                     continue

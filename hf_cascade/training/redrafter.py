@@ -19,7 +19,7 @@ With a reduced vocabulary (``draft_vocab_size``), tokens outside the subset are 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -39,13 +39,17 @@ def target_context(head, target, batch: Batch, store: DistillStore | None = None
     device, dtype = head.device, head.dtype
     emb_layer = target.get_input_embeddings()
     ids = batch.input_ids.to(emb_layer.weight.device)
-    e = emb_layer(ids)                                                                   # [B, T, H]
+    e = emb_layer(ids)  # [B, T, H]
     if store is not None and store.hidden_size:
         x = stored_hidden(store, batch)
     else:
-        out = target(input_ids=ids, attention_mask=batch.attention_mask.to(ids.device), output_hidden_states=True,
-                     logits_to_keep=1)
-        x = out.hidden_states[-1]                                                        # [B, T, H] (post final norm)
+        out = target(
+            input_ids=ids,
+            attention_mask=batch.attention_mask.to(ids.device),
+            output_hidden_states=True,
+            logits_to_keep=1,
+        )
+        x = out.hidden_states[-1]  # [B, T, H] (post final norm)
     return x.to(device=device, dtype=dtype), e.to(device=device, dtype=dtype)
 
 
@@ -55,38 +59,46 @@ def _draft_steps(head, x: torch.Tensor, e: torch.Tensor, L: int, embed=None):
     ``[B, T-k-1, H]`` it reads. With ``embed`` (the target's input embeddings), steps ``k >= 2`` are fed the
     embedding of the head's own argmax at step ``k-1`` instead (as a beam of width 1 in decoding)."""
     t = x.shape[1]
-    state = head.init_state(x[:, : t - 1])                                               # [B, T-1, H]
+    state = head.init_state(x[:, : t - 1])  # [B, T-1, H]
     logits = None
     for k in range(1, L + 1):
-        n = t - k - 1                                                                    # positions with a label
+        n = t - k - 1  # positions with a label
         if n <= 0:
             break
-        fed = e[:, k : k + n]                                                            # [B, n, H]
+        fed = e[:, k : k + n]  # [B, n, H]
         if embed is not None and logits is not None:
             with torch.no_grad():
-                own = head.to_target_ids(logits[:, :n].argmax(-1))                       # step k-1's draft tokens
+                own = head.to_target_ids(logits[:, :n].argmax(-1))  # step k-1's draft tokens
                 fed = embed(own.to(embed.weight.device)).to(device=x.device, dtype=x.dtype)
-        state = head.step(state[:, :n], fed)                                             # s_k, [B, n, H]
+        state = head.step(state[:, :n], fed)  # s_k, [B, n, H]
         logits = head.logits(state, x[:, :n], full_vocab=False)
-        yield k, logits, state                                                           # [B, n, N], [B, n, H]
+        yield k, logits, state  # [B, n, N], [B, n, H]
 
 
 def _step_loss(logits: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, head, k: int):
     """Weighted cross-entropy of step ``k``'s ``logits`` ``[B, n, N]`` against tokens ``t+k+1``, its weights and
     hits."""
     n, n_cols = logits.shape[1], head.draft_vocab_size
-    labels = head.to_draft_ids(ids[:, k + 1 : k + 1 + n])                                 # [B, n] columns, N = outside
+    labels = head.to_draft_ids(ids[:, k + 1 : k + 1 + n])  # [B, n] columns, N = outside
     w = weights[:, k + 1 : k + 1 + n] * (labels < n_cols)
-    ce = F.cross_entropy(logits.float().reshape(-1, n_cols), labels.clamp_max(n_cols - 1).reshape(-1),
-                         reduction="none").view_as(w)
+    ce = F.cross_entropy(
+        logits.float().reshape(-1, n_cols), labels.clamp_max(n_cols - 1).reshape(-1), reduction="none"
+    ).view_as(w)
     loss = (ce * w).sum() / w.sum().clamp_min(1e-8)
     with torch.no_grad():
         acc = float(((logits.argmax(-1) == labels).float() * w).sum() / w.sum().clamp_min(1e-8))
     return loss, w, acc
 
 
-def redrafter_loss(head, target, batch: Batch, L: int = 5, store: DistillStore | None = None, unroll: int = 1,
-                   features: FeatureRegression | None = None) -> tuple[torch.Tensor, dict]:
+def redrafter_loss(
+    head,
+    target,
+    batch: Batch,
+    L: int = 5,
+    store: DistillStore | None = None,
+    unroll: int = 1,
+    features: FeatureRegression | None = None,
+) -> tuple[torch.Tensor, dict]:
     """The ReDrafter training loss for one batch (see the module docstring) and per-step metrics
     (``loss@k``, teacher-forced top-1 accuracy ``acc@k``). For :func:`hf_cascade.training.loop.train`:
     ``loss_fn = lambda m, b: redrafter_loss(m, target, b, L, store)``.
@@ -120,9 +132,17 @@ def redrafter_loss(head, target, batch: Batch, L: int = 5, store: DistillStore |
 
 
 @torch.no_grad()
-def redrafter_acceptance(head, target, store: DistillStore, index: list[int], L: int = 5, batch_size: int = 8,
-                         max_len: int = 512, use_store_hidden: bool = True,
-                         labels_fn: Callable[[Batch], torch.Tensor] | None = None) -> dict:
+def redrafter_acceptance(
+    head,
+    target,
+    store: DistillStore,
+    index: list[int],
+    L: int = 5,
+    batch_size: int = 8,
+    max_len: int = 512,
+    use_store_hidden: bool = True,
+    labels_fn: Callable[[Batch], torch.Tensor] | None = None,
+) -> dict:
     """Teacher-forced greedy acceptance of the first ``L`` draft positions on held-out records.
 
     At every position ``t`` whose next token is a response token and that has ``L`` more tokens
@@ -138,16 +158,16 @@ def redrafter_acceptance(head, target, store: DistillStore, index: list[int], L:
         b = make_batch(store, index[s : s + batch_size], max_len, prompt_weight=0.0)
         x, e = target_context(head, target, b, store if use_store_hidden else None)
         ids = b.input_ids.to(x.device)
-        labels = labels_fn(b).to(x.device) if labels_fn is not None else ids[:, 1:]     # column t: token after t
+        labels = labels_fn(b).to(x.device) if labels_fn is not None else ids[:, 1:]  # column t: token after t
         t = ids.shape[1]
-        n = t - L - 1                                                                    # positions with L labels
+        n = t - L - 1  # positions with L labels
         if n <= 0:
             continue
         hits = []
         for k, logits, _ in _draft_steps(head, x, e, L):
-            pred = head.to_target_ids(logits[:, :n].argmax(-1))                          # [B, n] target ids
+            pred = head.to_target_ids(logits[:, :n].argmax(-1))  # [B, n] target ids
             hits.append(pred == labels[:, k : k + n].to(pred.device))
-        run = runs_from_hits(torch.stack(hits, dim=-1).cpu())                            # [B, n] accepted length
+        run = runs_from_hits(torch.stack(hits, dim=-1).cpu())  # [B, n] accepted length
         valid = (b.weights[:, 1 : 1 + n] > 0) & b.attention_mask[:, L + 1 : L + 1 + n].bool()
         runs.append(run[valid].numpy())
     by_position = accept_by_position(np.concatenate(runs) if runs else [], L)

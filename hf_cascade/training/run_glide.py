@@ -35,10 +35,10 @@ import torch
 from ..heads import GlideConfig, GlideForCausalLM
 from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
+from .accel import head_device, is_main_process
 from .acceptance import GreedyLabels
 from .features import FeatureRegression, HeadLoss, require_hidden
 from .glide import TargetKVMemo, glide_acceptance, glide_loss
-from .accel import head_device, is_main_process
 from .loop import TrainConfig, TrainState, iterate_batches, split_records, train, write_state
 from .run import _data_facts, _f
 from .store import DistillStore
@@ -75,13 +75,15 @@ class GlideSpec:
 #: Sizes for Gemma-3-270M (float32 checkpoints: "xs" 22.0 MB, "s" 23.1 MB; the baselines are ~2 MB smaller).
 GLIDE_PRESETS: dict[str, GlideSpec] = {
     "xs": GlideSpec(),
-    "s": GlideSpec(hidden_size=320, intermediate_size=960, num_attention_heads=5, num_key_value_heads=1,
-                   draft_vocab_size=6144),
+    "s": GlideSpec(
+        hidden_size=320, intermediate_size=960, num_attention_heads=5, num_key_value_heads=1, draft_vocab_size=6144
+    ),
 }
 
 
-def build_glide(target, store: DistillStore, spec: GlideSpec, target_name: str = "",
-                cross_attention: bool = True) -> tuple[GlideForCausalLM, dict]:
+def build_glide(
+    target, store: DistillStore, spec: GlideSpec, target_name: str = "", cross_attention: bool = True
+) -> tuple[GlideForCausalLM, dict]:
     """A fresh GLIDE for ``target`` (``cross_attention=False``: the baseline without the glimpse) with its
     vocabulary subset chosen from ``store``; returns the model and facts for its model card."""
     tc = target.config.get_text_config()
@@ -92,8 +94,15 @@ def build_glide(target, store: DistillStore, spec: GlideSpec, target_name: str =
     sizes = {k: v for k, v in asdict(spec).items() if k not in ("first_block", "target_layer_ids")}
     extra = {"target_layer_ids": list(spec.target_layer_ids)} if spec.target_layer_ids else {}
     config = GlideConfig.from_target(
-        target, **sizes, **extra, cross_attention=cross_attention, target_name_or_path=target_name or None,
-        bos_token_id=gc.bos_token_id, eos_token_id=gc.eos_token_id, pad_token_id=gc.pad_token_id)
+        target,
+        **sizes,
+        **extra,
+        cross_attention=cross_attention,
+        target_name_or_path=target_name or None,
+        bos_token_id=gc.bos_token_id,
+        eos_token_id=gc.eos_token_id,
+        pad_token_id=gc.pad_token_id,
+    )
     model = GlideForCausalLM(config)
     model.set_vocab_subset(subset)
     _init_embeddings_from_target(model, target, subset)
@@ -101,9 +110,17 @@ def build_glide(target, store: DistillStore, spec: GlideSpec, target_name: str =
     return model, facts
 
 
-def train_glide(target, data: str | Path, cfg: TrainConfig, spec: GlideSpec, target_name: str = "",
-                command: str | None = None, progress: bool = True, cross_attention: bool = True,
-                kv_cache_bytes: int = 4 << 30) -> tuple[GlideForCausalLM, TrainState]:
+def train_glide(
+    target,
+    data: str | Path,
+    cfg: TrainConfig,
+    spec: GlideSpec,
+    target_name: str = "",
+    command: str | None = None,
+    progress: bool = True,
+    cross_attention: bool = True,
+    kv_cache_bytes: int = 4 << 30,
+) -> tuple[GlideForCausalLM, TrainState]:
     """Train a GLIDE (``cross_attention=False``: the no-cross-attention baseline) on the distillation
     directory ``data``; the best held-out checkpoint goes to ``cfg.out`` in Hub layout with a model card.
     ``kv_cache_bytes`` bounds the memory of the per-record target K/V kept across epochs."""
@@ -122,27 +139,47 @@ def train_glide(target, data: str | Path, cfg: TrainConfig, spec: GlideSpec, tar
     baseline = None
 
     def head_loss(m, batch, features=None):
-        return glide_loss(m, target, batch, spec.block_size, spec.first_block, kv=memo(batch), unroll=cfg.unroll,
-                          features=features, store=store)
+        return glide_loss(
+            m,
+            target,
+            batch,
+            spec.block_size,
+            spec.first_block,
+            kv=memo(batch),
+            unroll=cfg.unroll,
+            features=features,
+            store=store,
+        )
 
     loss_fn = head_loss
     if cfg.feature_weight:
         require_hidden(store)
-        regression = FeatureRegression(spec.hidden_size, int(target.config.get_text_config().hidden_size),
-                                       cfg.feature_weight).to(model.device)
+        regression = FeatureRegression(
+            spec.hidden_size, int(target.config.get_text_config().hidden_size), cfg.feature_weight
+        ).to(model.device)
         loss_fn = HeadLoss(head_loss, features=regression)
 
     def eval_fn(m):
-        return glide_acceptance(m, target, store, eval_idx, max_len=cfg.max_len, block=spec.block_size, kv_fn=memo,
-                                labels_fn=labels)
+        return glide_acceptance(
+            m, target, store, eval_idx, max_len=cfg.max_len, block=spec.block_size, kv_fn=memo, labels_fn=labels
+        )
 
     def save_fn(m, state: TrainState):
-        extra = {"batch_size": cfg.batch_size, "spec": asdict(spec), "cross_attention": cross_attention,
-                 "data": _data_facts(store, train_idx, eval_idx), "vocab": facts, "baseline": baseline,
-                 "target_kv": {"target_tokens": memo.target_tokens, "cached_records": len(memo.records),
-                               "cached_mb": round(memo.bytes / 2**20, 1)}}
+        extra = {
+            "batch_size": cfg.batch_size,
+            "spec": asdict(spec),
+            "cross_attention": cross_attention,
+            "data": _data_facts(store, train_idx, eval_idx),
+            "vocab": facts,
+            "baseline": baseline,
+            "target_kv": {
+                "target_tokens": memo.target_tokens,
+                "cached_records": len(memo.records),
+                "cached_mb": round(memo.bytes / 2**20, 1),
+            },
+        }
         write_state(state, cfg, cfg.out, extra)
-        if state.best is not None and state.best["step"] == state.step:   # keep the best held-out checkpoint
+        if state.best is not None and state.best["step"] == state.step:  # keep the best held-out checkpoint
             save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline, hub_repo_id(cfg.out)))
 
     if is_main_process():
@@ -152,8 +189,15 @@ def train_glide(target, data: str | Path, cfg: TrainConfig, spec: GlideSpec, tar
     return model, state
 
 
-def _card(model: GlideForCausalLM, spec: GlideSpec, state: TrainState, extra: dict, command: str,
-          baseline: dict | None, repo_id: str = "") -> dict:
+def _card(
+    model: GlideForCausalLM,
+    spec: GlideSpec,
+    state: TrainState,
+    extra: dict,
+    command: str,
+    baseline: dict | None,
+    repo_id: str = "",
+) -> dict:
     params = sum(p.numel() for p in model.parameters())
     last = next((h["eval"] for h in reversed(state.history) if "eval" in h), {})
     data, c = extra["data"], model.config
@@ -163,35 +207,40 @@ def _card(model: GlideForCausalLM, spec: GlideSpec, state: TrainState, extra: di
     row = lambda d: " | ".join(_f(d, f"accept@{k}") for k in range(1, block + 1))  # noqa: E731
     if c.cross_attention:
         title = "GLIDE draft model"
-        what = (f"Each layer cross-attends to the target's cached keys/values of layer(s) {c.target_layer_ids} "
-                f"({c.target_num_attention_heads} query heads of size {c.target_head_dim}), the *glimpse* of Du et "
-                "al. (ICML 2024, \"GLIDE with a CAPE\", Section 4.1); it was trained with the block-wise "
-                f"cross-attention mask (block {block}) that simulates the KV-cache delay of decoding.")
+        what = (
+            f"Each layer cross-attends to the target's cached keys/values of layer(s) {c.target_layer_ids} "
+            f"({c.target_num_attention_heads} query heads of size {c.target_head_dim}), the *glimpse* of Du et "
+            'al. (ICML 2024, "GLIDE with a CAPE", Section 4.1); it was trained with the block-wise '
+            f"cross-attention mask (block {block}) that simulates the KV-cache delay of decoding."
+        )
     else:
         title = "GLIDE baseline without cross-attention (Vanilla Drafter)"
-        what = ("The paper's controlled baseline (Section 5.2, Figure 4): the GLIDE architecture with its "
-                "cross-attention sub-layers removed, trained on the same data for the same steps; it never "
-                "reads the target.")
+        what = (
+            "The paper's controlled baseline (Section 5.2, Figure 4): the GLIDE architecture with its "
+            "cross-attention sub-layers removed, trained on the same data for the same steps; it never "
+            "reads the target."
+        )
     body = f"""# hf_cascade {title} ({c.target_name_or_path or "target"})
 
 A {spec.num_hidden_layers}-layer draft (hidden {spec.hidden_size}, {params / 1e6:.2f} M parameters, float32) for
 speculative decoding with hf_cascade's `GlideAssistant` (GLIDE, optionally with CAPE proposal expansion,
 verified as a token tree: greedy output identical to the target's, sampling lossless). {what}
 It predicts over the {spec.draft_vocab_size} most frequent target tokens of its training data (coverage
-{extra['vocab']['coverage_all']:.1%}) and returns full-vocabulary logits (`finfo.min` outside the subset).
+{extra["vocab"]["coverage_all"]:.1%}) and returns full-vocabulary logits (`finfo.min` outside the subset).
 
 ## Data
-Sequence-level distillation: the target's own greedy responses (at most {data['max_new_tokens']} new tokens, prompt
-template `{data['prompt_format']!r}`) to {data['sequences']} training prompts ({data['by_source']}), {data['tokens']}
+Sequence-level distillation: the target's own greedy responses (at most {data["max_new_tokens"]} new tokens, prompt
+template `{data["prompt_format"]!r}`) to {data["sequences"]} training prompts ({data["by_source"]}), {data["tokens"]}
 tokens in all. Sources: GSM8K train, Alpaca seed tasks, Vicuna bench questions; Spec-Bench, the benchmark, is never
-used. {data['heldout_sequences']} sequences are held out.
+used. {data["heldout_sequences"]} sequences are held out.
 
 ## Training
 Data: `hf-cascade distill --out DATA`, then
 ```
 {command}
 ```
-{state.step} steps (this checkpoint: the best held-out evaluation so far), batch {extra.get('batch_size', '')} sequences,
+{state.step} steps (this checkpoint: the best held-out evaluation so far), \
+batch {extra.get("batch_size", "")} sequences,
 {state.seconds / 60:.1f} min on the machine it ran on; target frozen. Loss: cross-entropy on the target's tokens
 (prompt positions weighted down), draft positions in block `b` seeing the target's K/V of blocks `< b` only.
 
@@ -199,9 +248,9 @@ Data: `hf-cascade distill --out DATA`, then
 accept@k = share of {block}-token drafts with at least k tokens accepted (by drafted position).
 
 | | alpha (per token) | {tau} (tokens accepted of a {block}-token draft) | {accept_cols} |
-|---|---:|---:|{'---:|' * block}
-| before training | {_f(baseline, 'alpha')} | {_f(baseline, tau)} | {row(baseline)} |
-| this checkpoint (step {state.step}) | {_f(last, 'alpha')} | {_f(last, tau)} | {row(last)} |
+|---|---:|---:|{"---:|" * block}
+| before training | {_f(baseline, "alpha")} | {_f(baseline, tau)} | {row(baseline)} |
+| this checkpoint (step {state.step}) | {_f(last, "alpha")} | {_f(last, tau)} | {row(last)} |
 
 ![held-out acceptance by drafted position, per evaluation](acceptance_by_position.png)
 

@@ -35,8 +35,8 @@ from tqdm.auto import tqdm
 from ..heads import ReDrafterConfig, ReDrafterModel
 from ..heads.cards import hub_datasets, hub_repo_id, usage_section
 from ..heads.hub import save_hub
-from .acceptance import GreedyLabels
 from .accel import head_device, is_main_process
+from .acceptance import GreedyLabels
 from .features import FeatureRegression, HeadLoss, require_hidden
 from .loop import TrainConfig, TrainState, iterate_batches, make_batch, split_records, train, write_state
 from .redrafter import redrafter_acceptance, redrafter_loss, target_context
@@ -76,7 +76,9 @@ PRESETS: dict[str, ReDrafterSpec] = {
 DEFAULT_PRESET = "s"
 
 
-def build_redrafter(target, store: DistillStore, spec: ReDrafterSpec, target_name: str = "") -> tuple[ReDrafterModel, dict]:
+def build_redrafter(
+    target, store: DistillStore, spec: ReDrafterSpec, target_name: str = ""
+) -> tuple[ReDrafterModel, dict]:
     """A fresh head for ``target`` (its ``V`` and ``H``) whose vocabulary subset is chosen from
     ``store``; returns it and facts for its model card (subset coverage, size)."""
     tc = target.config.get_text_config()
@@ -88,15 +90,23 @@ def build_redrafter(target, store: DistillStore, spec: ReDrafterSpec, target_nam
     specials = [t for t in (gc.bos_token_id, gc.pad_token_id, *eos) if t is not None]
     subset = frequent_subset(counts, n, always=specials)
     config = ReDrafterConfig(
-        vocab_size=vocab, hidden_size=int(tc.hidden_size), exit_dim=spec.exit_dim,
-        num_draft_layers=spec.num_draft_layers, rnn=spec.rnn, draft_vocab_size=n,
+        vocab_size=vocab,
+        hidden_size=int(tc.hidden_size),
+        exit_dim=spec.exit_dim,
+        num_draft_layers=spec.num_draft_layers,
+        rnn=spec.rnn,
+        draft_vocab_size=n,
         target_name_or_path=target_name,
     )
     head = ReDrafterModel(config)
     head.set_vocab_subset(subset)
     params = sum(p.numel() for p in head.parameters())
-    facts = {"coverage_all": coverage(counts, subset), "distinct_tokens": int((counts > 0).sum()),
-             "parameters": int(params), "size_mb": round(params * 4 / 1e6, 2)}
+    facts = {
+        "coverage_all": coverage(counts, subset),
+        "distinct_tokens": int((counts > 0).sum()),
+        "parameters": int(params),
+        "size_mb": round(params * 4 / 1e6, 2),
+    }
     return head, facts
 
 
@@ -109,7 +119,7 @@ class _HiddenCache:
         self.hidden_size = hidden.shape[1]
 
     def hidden(self) -> np.ndarray:
-        return self._hidden                                                   # [num_tokens, H]
+        return self._hidden  # [num_tokens, H]
 
     def __len__(self) -> int:
         return len(self._store)
@@ -119,27 +129,35 @@ class _HiddenCache:
 
 
 @torch.no_grad()
-def cache_hidden_states(target, store: DistillStore, index: list[int], batch_size: int = 8,
-                        progress: bool = False) -> _HiddenCache:
+def cache_hidden_states(
+    target, store: DistillStore, index: list[int], batch_size: int = 8, progress: bool = False
+) -> _HiddenCache:
     """One pass of the frozen target over the records ``index`` (whole records, shortest first):
     their last hidden states ``[num_tokens, H]`` (float32, rows at the store's token offsets)."""
     h = int(target.config.get_text_config().hidden_size)
     hidden = np.zeros((store.num_tokens, h), dtype=np.float32)
     order = sorted(index, key=lambda i: store.records[i].length)
-    probe = SimpleNamespace(dtype=torch.float32, device=torch.device("cpu"))   # target_context's output dtype/device
+    probe = SimpleNamespace(dtype=torch.float32, device=torch.device("cpu"))  # target_context's output dtype/device
     longest = max((store.records[i].length for i in index), default=1)
     for s in tqdm(range(0, len(order), batch_size), desc="target hidden states", disable=not progress):
         batch = make_batch(store, order[s : s + batch_size], longest, prompt_weight=0.0)
-        x, _ = target_context(probe, target, batch)                           # [B, T, H]
+        x, _ = target_context(probe, target, batch)  # [B, T, H]
         for row, i in enumerate(batch.index):
             r = store.records[i]
             hidden[r.offset : r.offset + r.length] = x[row, : r.length].numpy()
     return _HiddenCache(store, hidden)
 
 
-def train_redrafter(target, data: str | Path, cfg: TrainConfig, spec: ReDrafterSpec | None = None,
-                    target_name: str = "", command: str | None = None, progress: bool = True,
-                    cache_hidden: bool | None = None) -> tuple[ReDrafterModel, TrainState]:
+def train_redrafter(
+    target,
+    data: str | Path,
+    cfg: TrainConfig,
+    spec: ReDrafterSpec | None = None,
+    target_name: str = "",
+    command: str | None = None,
+    progress: bool = True,
+    cache_hidden: bool | None = None,
+) -> tuple[ReDrafterModel, TrainState]:
     """Train a ReDrafter head on the distillation directory ``data``; the best held-out checkpoint
     (Hub layout, model card, ``trainer_state.json``, training curve) goes to ``cfg.out``.
 
@@ -187,10 +205,16 @@ def train_redrafter(target, data: str | Path, cfg: TrainConfig, spec: ReDrafterS
     baseline = None
 
     def save_fn(m, state: TrainState):
-        extra = {"batch_size": cfg.batch_size, "spec": asdict(spec), "data": _data_facts(store, train_idx, eval_idx),
-                 "vocab": facts, "hidden_states": hidden_from, "baseline": baseline}
+        extra = {
+            "batch_size": cfg.batch_size,
+            "spec": asdict(spec),
+            "data": _data_facts(store, train_idx, eval_idx),
+            "vocab": facts,
+            "hidden_states": hidden_from,
+            "baseline": baseline,
+        }
         write_state(state, cfg, cfg.out, extra)
-        if state.best is not None and state.best["step"] == state.step:   # keep the best held-out checkpoint
+        if state.best is not None and state.best["step"] == state.step:  # keep the best held-out checkpoint
             save_hub(m, cfg.out, _card(m, spec, state, extra, command, baseline, hub_repo_id(cfg.out)))
 
     baseline = eval_fn(head.eval()) if is_main_process() else None
@@ -198,8 +222,9 @@ def train_redrafter(target, data: str | Path, cfg: TrainConfig, spec: ReDrafterS
     return head, state
 
 
-def _card(model, spec: ReDrafterSpec, state: TrainState, extra: dict, command: str, baseline: dict | None,
-          repo_id: str = "") -> dict:
+def _card(
+    model, spec: ReDrafterSpec, state: TrainState, extra: dict, command: str, baseline: dict | None, repo_id: str = ""
+) -> dict:
     cfg = model.config
     last = next((h["eval"] for h in reversed(state.history) if "eval" in h), {})
     data, vocab, L = extra["data"], extra["vocab"], spec.beam_length
@@ -211,24 +236,25 @@ A recurrent draft head (Cheng et al., 2024, "Recurrent Drafter for Fast Speculat
 Language Models") for hf_cascade's `ReDrafterAssistant`: from the target's last hidden state and its
 token embeddings, `s_i = SiLU(U s_(i-1) + W e_i + b)`, then `[x, s_i]` -> `input_proj` (to {cfg.exit_dim}) ->
 {cfg.num_draft_layers} residual blocks -> the {cfg.draft_vocab_size} most frequent target tokens of the training data
-(coverage {vocab['coverage_all']:.1%}). {vocab['parameters'] / 1e6:.2f} M parameters, float32
-({vocab['size_mb']:.1f} MB); it does not copy the target's embedding table (it reads the target's at run time).
+(coverage {vocab["coverage_all"]:.1%}). {vocab["parameters"] / 1e6:.2f} M parameters, float32
+({vocab["size_mb"]:.1f} MB); it does not copy the target's embedding table (it reads the target's at run time).
 Beam search over the head and tree verification keep outputs exact: greedy output equals the target's,
 sampling follows the target's distribution.
 
 ## Data
-Sequence-level distillation: the target's own greedy responses (at most {data['max_new_tokens']} new tokens, prompt
-template `{json.dumps(data['prompt_format'])}`) to {data['sequences']} training prompts ({data['by_source']}),
-{data['tokens']} tokens in all. Sources: GSM8K train, Alpaca seed tasks, Vicuna bench questions. Spec-Bench, the
-benchmark, is never used (its questions are filtered out). {data['heldout_sequences']} sequences are held out.
+Sequence-level distillation: the target's own greedy responses (at most {data["max_new_tokens"]} new tokens, prompt
+template `{json.dumps(data["prompt_format"])}`) to {data["sequences"]} training prompts ({data["by_source"]}),
+{data["tokens"]} tokens in all. Sources: GSM8K train, Alpaca seed tasks, Vicuna bench questions. Spec-Bench, the
+benchmark, is never used (its questions are filtered out). {data["heldout_sequences"]} sequences are held out.
 
 ## Training
 Data: `hf-cascade distill --out DATA`, then
 ```
 {command}
 ```
-{state.step} steps (this checkpoint: the best held-out evaluation so far), batch {extra.get('batch_size', '')} sequences,
-{state.seconds / 60:.1f} min on the machine it ran on (target hidden states: {extra.get('hidden_states')}).
+{state.step} steps (this checkpoint: the best held-out evaluation so far), \
+batch {extra.get("batch_size", "")} sequences,
+{state.seconds / 60:.1f} min on the machine it ran on (target hidden states: {extra.get("hidden_states")}).
 Loss: the sum over the {L} draft steps of the cross-entropy of the target's tokens, teacher-forced on them
 (the reference trainer's loss; prompt positions weighted down).
 
@@ -237,9 +263,9 @@ tau = mean accepted draft tokens of an {L}-token draft (a target call then yield
 fraction of drafts with at least k tokens accepted. Beam search (width > 1) accepts more.
 
 | | alpha = tau/{L} | tau | {accept_cols} |
-|---|---:|---:|{'---:|' * L}
-| before training | {_f(baseline, 'alpha')} | {_f(baseline, 'tau')} | {row(baseline)} |
-| this checkpoint (step {state.step}) | {_f(last, 'alpha')} | {_f(last, 'tau')} | {row(last)} |
+|---|---:|---:|{"---:|" * L}
+| before training | {_f(baseline, "alpha")} | {_f(baseline, "tau")} | {row(baseline)} |
+| this checkpoint (step {state.step}) | {_f(last, "alpha")} | {_f(last, "tau")} | {row(last)} |
 
 ![held-out acceptance by drafted position, per evaluation](acceptance_by_position.png)
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-SHARDED = "sharded"          # the checkpoint's sub-folder for the head and its optimizer (torch.distributed.checkpoint)
+SHARDED = "sharded"  # the checkpoint's sub-folder for the head and its optimizer (torch.distributed.checkpoint)
 
 
 @dataclass(frozen=True)
@@ -65,16 +65,18 @@ def requested(asked: bool = False, processes: int = 1, env=None) -> FsdpSettings
     env = os.environ if env is None else env
     if not (asked or env.get("ACCELERATE_USE_FSDP", "false").lower() == "true"):
         return None
-    order = ("FSDP_RESHARD_AFTER_FORWARD", "FSDP_SHARDING_STRATEGY")      # FSDP1 configs name a sharding strategy
+    order = ("FSDP_RESHARD_AFTER_FORWARD", "FSDP_SHARDING_STRATEGY")  # FSDP1 configs name a sharding strategy
     if env.get("FSDP_VERSION", "2") == "1":
         order = order[::-1]
     strategy = next((env[k] for k in order if env.get(k)), "true").lower()
     if strategy in ("no_shard", "3"):
         return None
     if strategy not in _RESHARD:
-        raise ValueError(f"accelerate's FSDP config asks for sharding strategy {strategy.upper()}: hf-cascade shards "
-                         "a head over all processes (FULL_SHARD, or SHARD_GRAD_OP to keep the gathered parameters "
-                         "until backward); hybrid sharding over several machines is not supported")
+        raise ValueError(
+            f"accelerate's FSDP config asks for sharding strategy {strategy.upper()}: hf-cascade shards "
+            "a head over all processes (FULL_SHARD, or SHARD_GRAD_OP to keep the gathered parameters "
+            "until backward); hybrid sharding over several machines is not supported"
+        )
     if processes < 2:
         return None
     offload = env.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true"
@@ -106,7 +108,7 @@ def shard(step: torch.nn.Module, settings: FsdpSettings, device: torch.device) -
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     work = copy.deepcopy(step)
-    for tensor in work.state_dict().values():       # fully_shard keeps each process's own slice: start from one head
+    for tensor in work.state_dict().values():  # fully_shard keeps each process's own slice: start from one head
         dist.broadcast(tensor, src=0)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     offload = CPUOffloadPolicy() if settings.offload and device.type != "cpu" else OffloadPolicy()
@@ -174,4 +176,15 @@ def grad_scaler(device: torch.device):
     return ShardedGradScaler(device.type)
 
 
-__all__ = ["FsdpSettings", "gather_into", "grad_scaler", "hidden_from_libraries", "layout", "load", "no_sync", "requested", "save", "shard"]
+__all__ = [
+    "FsdpSettings",
+    "gather_into",
+    "grad_scaler",
+    "hidden_from_libraries",
+    "layout",
+    "load",
+    "no_sync",
+    "requested",
+    "save",
+    "shard",
+]

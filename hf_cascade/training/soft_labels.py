@@ -39,9 +39,9 @@ from .store import DistillStore
 class SoftLabels:
     """The top-K table of one store for one draft vocabulary (see the module docstring)."""
 
-    subset: torch.Tensor   # [N] target ids, sorted
-    ids: np.ndarray        # [num_tokens, K] draft ids in [0, N)
-    logp: np.ndarray       # [num_tokens, K] log-probs over the subset
+    subset: torch.Tensor  # [N] target ids, sorted
+    ids: np.ndarray  # [num_tokens, K] draft ids in [0, N)
+    logp: np.ndarray  # [num_tokens, K] log-probs over the subset
 
     @property
     def top_k(self) -> int:
@@ -79,8 +79,9 @@ def load_soft_labels(store: DistillStore, subset: torch.Tensor, top_k: int) -> S
 
 
 @torch.no_grad()
-def compute_soft_labels(target, store: DistillStore, subset: torch.Tensor, top_k: int = 16, batch_size: int = 8,
-                        progress: bool = True) -> SoftLabels:
+def compute_soft_labels(
+    target, store: DistillStore, subset: torch.Tensor, top_k: int = 16, batch_size: int = 8, progress: bool = True
+) -> SoftLabels:
     """Run the frozen ``target`` teacher-forced over every record of ``store`` (records of similar
     length batched together) and write the top-``top_k`` table; reuses a finished one.
 
@@ -95,10 +96,12 @@ def compute_soft_labels(target, store: DistillStore, subset: torch.Tensor, top_k
     path = soft_label_dir(store, subset, top_k)
     path.mkdir(parents=True, exist_ok=True)
     shape = (store.num_tokens, top_k)
-    ids_out = np.lib.format.open_memmap(path / "ids.npy", mode="w+", dtype=np.int16 if n <= 32767 else np.int32, shape=shape)
+    ids_out = np.lib.format.open_memmap(
+        path / "ids.npy", mode="w+", dtype=np.int16 if n <= 32767 else np.int32, shape=shape
+    )
     logp_out = np.lib.format.open_memmap(path / "logp.npy", mode="w+", dtype=np.float16, shape=shape)
     device = next(target.parameters()).device
-    head = target.get_output_embeddings().weight[subset.to(device)].float()               # [N, H]
+    head = target.get_output_embeddings().weight[subset.to(device)].float()  # [N, H]
     body = target.get_decoder()
     order = sorted(range(len(store)), key=lambda i: store.records[i].length)
     for s in tqdm(range(0, len(order), batch_size), desc="soft labels", unit="batch", disable=not progress):
@@ -111,15 +114,17 @@ def compute_soft_labels(target, store: DistillStore, subset: torch.Tensor, top_k
             ids[b, : len(x)] = torch.from_numpy(x.astype(np.int64))
             mask[b, : len(x)] = 1
         hidden = body(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # [B, T, H]
-        logp = _softcap(target, hidden.float() @ head.T).log_softmax(dim=-1)                    # [B, T, N]
-        top, arg = logp.topk(top_k, dim=-1)                                                      # [B, T, K]
+        logp = _softcap(target, hidden.float() @ head.T).log_softmax(dim=-1)  # [B, T, N]
+        top, arg = logp.topk(top_k, dim=-1)  # [B, T, K]
         for b, i in enumerate(index):
             r = store.records[i]
             ids_out[r.offset : r.offset + r.length] = arg[b, : r.length].cpu().numpy()
             logp_out[r.offset : r.offset + r.length] = top[b, : r.length].cpu().numpy()
     ids_out.flush()
     logp_out.flush()
-    (path / "done.json").write_text(json.dumps({"num_tokens": store.num_tokens, "top_k": top_k, "draft_vocab_size": n}) + "\n")
+    (path / "done.json").write_text(
+        json.dumps({"num_tokens": store.num_tokens, "top_k": top_k, "draft_vocab_size": n}) + "\n"
+    )
     return load_soft_labels(store, subset, top_k)
 
 
@@ -135,6 +140,6 @@ def soft_cross_entropy(logits: torch.Tensor, ids: torch.Tensor, logp: torch.Tens
     ``logits``: ``[B, T, N]`` drafter logits; ``ids`` / ``logp``: ``[B, T, K]`` from
     :meth:`SoftLabels.rows`. Returns ``[B, T]``: ``-sum_k p_k log q(ids_k)`` with ``p = softmax(logp)``
     (equal to KL(p || q) up to p's entropy, which does not depend on the drafter)."""
-    logq = logits.float().log_softmax(dim=-1).gather(-1, ids)      # [B, T, K]
-    p = logp.softmax(dim=-1)                                        # [B, T, K]
+    logq = logits.float().log_softmax(dim=-1).gather(-1, ids)  # [B, T, K]
+    p = logp.softmax(dim=-1)  # [B, T, K]
     return -(p * logq).sum(dim=-1)

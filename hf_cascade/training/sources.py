@@ -28,14 +28,27 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..data import find_shared_data, load_specbench, read_prompts_jsonl
 
-__all__ = ["CHAT", "DEFAULT_FILES", "TEXT_FILES", "Prompt", "Text", "training_prompts", "training_texts",
-           "DEFAULT_DATASET", "DEFAULT_SPLIT", "dataset_prompts", "distill_prompts", "prompt_messages"]
+__all__ = [
+    "CHAT",
+    "DEFAULT_FILES",
+    "TEXT_FILES",
+    "Prompt",
+    "Text",
+    "training_prompts",
+    "training_texts",
+    "DEFAULT_DATASET",
+    "DEFAULT_SPLIT",
+    "dataset_prompts",
+    "distill_prompts",
+    "prompt_messages",
+]
 
 #: ``DistillConfig.prompt_format`` value meaning "the target tokenizer's chat template".
 CHAT = "chat"
@@ -49,8 +62,15 @@ DEFAULT_SPLIT = "train_sft"
 _DATA_FILES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _CHAT_KEYS = ("messages", "conversations", "conversation")
 _TEXT_KEYS = ("question", "prompt", "text", "input")
-_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
-          "model": "assistant", "system": "system"}
+_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
 
 
 DEFAULT_FILES = ("alpaca_seed_tasks.jsonl", "vicuna_bench_question.jsonl", "gsm8k_train.jsonl")
@@ -58,15 +78,20 @@ DEFAULT_FILES = ("alpaca_seed_tasks.jsonl", "vicuna_bench_question.jsonl", "gsm8
 
 @dataclass(frozen=True)
 class Prompt:
-    id: str        # "<source>:<line index>", stable across runs (resuming relies on it)
+    id: str  # "<source>:<line index>", stable across runs (resuming relies on it)
     source: str
-    text: str      # raw question; templated with the prompt format before tokenizing
-    messages: tuple[dict[str, str], ...] | None = None   # a chat's system turns + first user turn (text is its last)
+    text: str  # raw question; templated with the prompt format before tokenizing
+    messages: tuple[dict[str, str], ...] | None = None  # a chat's system turns + first user turn (text is its last)
 
 
 #: What ``hf-cascade distill --teacher-forced`` reads by default: every file of ``shared/data/train_prompts``.
-TEXT_FILES = ("gsm8k_train.jsonl", "t0_mixture.jsonl", "alpaca_seed_tasks.jsonl", "user_oriented_instructions.jsonl",
-              "vicuna_bench_question.jsonl")
+TEXT_FILES = (
+    "gsm8k_train.jsonl",
+    "t0_mixture.jsonl",
+    "alpaca_seed_tasks.jsonl",
+    "user_oriented_instructions.jsonl",
+    "vicuna_bench_question.jsonl",
+)
 
 #: A text sharing a run of this many words with a Spec-Bench turn is dropped (the rule t0_mixture was filtered by).
 BENCHMARK_RUN = 12
@@ -77,7 +102,7 @@ class Text:
     """Existing text for teacher-forced features: a prompt and the file's own answer to it (``None`` when the file
     has none: a T0 prompt is itself a long context, an article or a passage with its question)."""
 
-    id: str        # "text:<source>:<line index>", stable across runs, apart from the prompts' ids
+    id: str  # "text:<source>:<line index>", stable across runs, apart from the prompts' ids
     source: str
     prompt: str
     answer: str | None
@@ -119,8 +144,6 @@ def training_prompts(paths: Sequence[str | Path] | None = None, exclude_benchmar
                     seen.add(key)
                     out.append(prompts[i])
     return out
-
-
 
 
 def _words(text: str) -> list[str]:
@@ -175,7 +198,7 @@ def training_texts(paths: Sequence[str | Path] | None = None, exclude_benchmark:
         paths = [base / f for f in TEXT_FILES if (base / f).is_file()]
     per_file = []
     for p in map(Path, paths):
-        with open(p, encoding="utf-8") as f:              # line by line: texts may hold U+2028, which splitlines cuts
+        with open(p, encoding="utf-8") as f:  # line by line: texts may hold U+2028, which splitlines cuts
             rows = [json.loads(line) for line in f if line.strip()]
         texts = []
         for i, row in enumerate(rows):
@@ -207,8 +230,10 @@ def _message(turn: Any, where: str) -> dict[str, str]:
     role = turn.get("role", turn.get("from"))
     content = turn.get("content", turn.get("value"))
     if role not in _ROLES or not isinstance(content, str):
-        raise ValueError(f"{where}: a chat turn needs role/from in {sorted(_ROLES)} and a text content/value, got "
-                         f"{ {k: type(v).__name__ for k, v in turn.items()} }")
+        raise ValueError(
+            f"{where}: a chat turn needs role/from in {sorted(_ROLES)} and a text content/value, got "
+            f"{ {k: type(v).__name__ for k, v in turn.items()} }"
+        )
     return {"role": _ROLES[role], "content": content}
 
 
@@ -224,7 +249,7 @@ def _chat_prompt(turns: Any, where: str) -> tuple[dict[str, str], ...] | None:
         elif message["role"] == "user":
             return tuple(kept) + (message,) if message["content"].strip() else None
         else:
-            return None                       # the chat opens with an answer: nothing was asked
+            return None  # the chat opens with an answer: nothing was asked
     return None
 
 
@@ -249,8 +274,10 @@ def prompt_messages(row: dict, field: str | None = None, where: str = "row") -> 
     else:
         text = next((row[k] for k in _TEXT_KEYS if isinstance(row.get(k), str)), None)
     if text is None:
-        raise ValueError(f"{where}: no prompt field found in {sorted(row)}; name one with --field "
-                         f"(chats: {', '.join(_CHAT_KEYS)}; text: instruction, turns, {', '.join(_TEXT_KEYS)})")
+        raise ValueError(
+            f"{where}: no prompt field found in {sorted(row)}; name one with --field "
+            f"(chats: {', '.join(_CHAT_KEYS)}; text: instruction, turns, {', '.join(_TEXT_KEYS)})"
+        )
     return ({"role": "user", "content": text},) if text.strip() else None
 
 
@@ -258,8 +285,10 @@ def _import_datasets():
     try:
         import datasets
     except ImportError as e:
-        raise ImportError("--dataset needs the 'datasets' package: pip install 'hf-cascade[train]' "
-                          f"(or pip install datasets); importing it failed: {e}") from e
+        raise ImportError(
+            "--dataset needs the 'datasets' package: pip install 'hf-cascade[train]' "
+            f"(or pip install datasets); importing it failed: {e}"
+        ) from e
     return datasets
 
 
@@ -281,7 +310,7 @@ def _open_rows(spec: str, split: str | None) -> tuple[Iterable[dict], str]:
     datasets = _import_datasets()
     path = Path(spec).expanduser()
     if path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
-        loaded = datasets.load_from_disk(str(path))                      # Dataset.save_to_disk
+        loaded = datasets.load_from_disk(str(path))  # Dataset.save_to_disk
         if isinstance(loaded, datasets.Dataset):
             if split not in (None, "train"):
                 raise ValueError(f"{spec} holds one split; --split {split!r} does not apply")
@@ -301,19 +330,25 @@ def _open_rows(spec: str, split: str | None) -> tuple[Iterable[dict], str]:
         return loaded[name], name
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise FileNotFoundError(f"no dataset at {spec} (not a file or folder)")
-    try:                                                                 # a Hub id: stream it
+    try:  # a Hub id: stream it
         loaded = datasets.load_dataset(spec, streaming=True)
     except Exception as e:  # datasets raises ConnectionError, DatasetNotFoundError, ValueError or OSError offline
         raise ConnectionError(
             f"could not load the dataset {spec!r} from the Hugging Face Hub ({type(e).__name__}: {e}). Offline, "
             "or behind a firewall? Pass a local copy instead: --dataset PATH (a .jsonl/.json/.parquet/.csv file or a "
-            "folder from Dataset.save_to_disk), or JSONL prompt files with --prompts FILE") from e
+            "folder from Dataset.save_to_disk), or JSONL prompt files with --prompts FILE"
+        ) from e
     name = _pick_split(loaded.keys(), split, spec)
     return loaded[name], name
 
 
-def dataset_prompts(spec: str, split: str | None = None, field: str | None = None, limit: int | None = None,
-                    exclude_benchmark: bool = True) -> list:
+def dataset_prompts(
+    spec: str,
+    split: str | None = None,
+    field: str | None = None,
+    limit: int | None = None,
+    exclude_benchmark: bool = True,
+) -> list:
     """:class:`~hf_cascade.training.distill.Prompt` s of ``split`` of dataset ``spec`` (a Hub id or a
     local path), in row order, de-duplicated, Spec-Bench questions dropped; at most ``limit``."""
     rows, name = _open_rows(spec, split)
@@ -336,8 +371,14 @@ def dataset_prompts(spec: str, split: str | None = None, field: str | None = Non
     return out
 
 
-def distill_prompts(files=None, dataset: str | None = None, split: str | None = None, field: str | None = None,
-                    limit: int | None = None, log=print) -> tuple[list, bool]:
+def distill_prompts(
+    files=None,
+    dataset: str | None = None,
+    split: str | None = None,
+    field: str | None = None,
+    limit: int | None = None,
+    log=print,
+) -> tuple[list, bool]:
     """The prompts ``hf-cascade distill`` reads and whether they came from a dataset: ``dataset``, else the
     JSONL ``files``, else the repository's ``shared/data/train_prompts``, else :data:`DEFAULT_DATASET`."""
     if dataset is not None and files:
@@ -349,7 +390,7 @@ def distill_prompts(files=None, dataset: str | None = None, split: str | None = 
     try:
         return training_prompts(files), False
     except FileNotFoundError:
-        if files or os.environ.get("HF_CASCADE_TRAIN_PROMPTS"):     # the user's own files or folder: never replaced
+        if files or os.environ.get("HF_CASCADE_TRAIN_PROMPTS"):  # the user's own files or folder: never replaced
             raise
     log(f"no shared/data/train_prompts beside this checkout: reading {DEFAULT_DATASET} [{DEFAULT_SPLIT}]")
     return dataset_prompts(DEFAULT_DATASET, DEFAULT_SPLIT, None, limit), True

@@ -57,7 +57,7 @@ class DistillStore:
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
-    def create_or_resume(cls, path: str | Path, meta: dict) -> "DistillStore":
+    def create_or_resume(cls, path: str | Path, meta: dict) -> DistillStore:
         """Open ``path`` for appending; a new store gets ``meta``. An existing store must have been
         made with the same settings (``ValueError`` otherwise) and is truncated to its last record."""
         path = Path(path)
@@ -76,14 +76,16 @@ class DistillStore:
         return cls(path, meta, [])
 
     @classmethod
-    def open(cls, path: str | Path, repair: bool = False) -> "DistillStore | ShardedStore":
+    def open(cls, path: str | Path, repair: bool = False) -> DistillStore | ShardedStore:
         """Open an existing store, or a sharded one (:class:`ShardedStore`), for reading (``repair``: truncate torn
         writes of an interrupt)."""
         path = Path(path)
         if not (path / "meta.json").is_file() and shard_dirs(path):
             return ShardedStore(path, [cls.open(d, repair) for d in shard_dirs(path)])
         if not (path / "meta.json").is_file():
-            raise FileNotFoundError(f"{path} is not a distillation directory (no meta.json); run `hf-cascade distill` first")
+            raise FileNotFoundError(
+                f"{path} is not a distillation directory (no meta.json); run `hf-cascade distill` first"
+            )
         meta = json.loads((path / "meta.json").read_text())
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}: unsupported distillation format {meta.get('format_version')}")
@@ -108,7 +110,9 @@ class DistillStore:
             os.truncate(self.path / "hidden.bin", end * self.hidden_size * 2)
 
     # -- writing -----------------------------------------------------------------------------
-    def append(self, id: str, source: str, prompt_ids, response_ids, eos: bool, hidden: np.ndarray | None = None) -> Record:
+    def append(
+        self, id: str, source: str, prompt_ids, response_ids, eos: bool, hidden: np.ndarray | None = None
+    ) -> Record:
         """Append one sequence (``hidden``: ``[prompt_len + response_len, hidden_size]``)."""
         ids = np.concatenate([np.asarray(prompt_ids, dtype=np.int32), np.asarray(response_ids, dtype=np.int32)])
         if self.hidden_size:
@@ -122,7 +126,7 @@ class DistillStore:
         self.records.append(rec)
         return rec
 
-    def absorb(self, part: "DistillStore") -> int:
+    def absorb(self, part: DistillStore) -> int:
         """Append the records of ``part`` (a store with the same settings) that this store lacks, in
         ``part``'s order; returns how many. Merging a part again after an interrupted merge adds the rest."""
         have = self.done_ids()
@@ -154,7 +158,9 @@ class DistillStore:
         """All hidden states, memory-mapped (``[num_tokens, hidden_size]`` float16)."""
         if not self.hidden_size:
             raise ValueError(f"{self.path} has no hidden states (distill with --hidden-states)")
-        return np.memmap(self.path / "hidden.bin", dtype=np.float16, mode="r", shape=(self.num_tokens, self.hidden_size))
+        return np.memmap(
+            self.path / "hidden.bin", dtype=np.float16, mode="r", shape=(self.num_tokens, self.hidden_size)
+        )
 
     def sequence(self, i: int) -> tuple[np.ndarray, int]:
         """``(ids [length], prompt_len)`` of record ``i``."""
@@ -279,7 +285,7 @@ class ShardWriter:
         self.path, self.meta, self.shards, self.others, self.shard_tokens = path, meta, shards, others, shard_tokens
 
     @classmethod
-    def create_or_resume(cls, path: str | Path, meta: dict, shard_tokens: int = 1 << 20) -> "ShardWriter":
+    def create_or_resume(cls, path: str | Path, meta: dict, shard_tokens: int = 1 << 20) -> ShardWriter:
         path = Path(path)
         if (path / "meta.json").is_file():
             raise ValueError(f"{path} is one store, not a sharded one; use a new --out directory")

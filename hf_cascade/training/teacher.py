@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -44,13 +44,13 @@ from .store import DistillStore, ShardWriter
 @dataclass
 class TeacherConfig:
     out: Path
-    prompt_format: str = PROMPT_FORMAT   # a template with {question}, or "chat": the tokenizer's chat template
-    max_len: int = 512                   # tokens per record (longer texts are cut at the end)
-    batch_tokens: int = 4096             # padded tokens per forward (rows x the longest row)
-    window: int = 256                    # texts sorted by length together (see the module docstring)
-    shard_tokens: int = 1 << 20          # a new shard once the last holds this many tokens
-    limit: int | None = None             # stop once this many records are stored
-    max_tokens: int | None = None        # stop once this many tokens are stored
+    prompt_format: str = PROMPT_FORMAT  # a template with {question}, or "chat": the tokenizer's chat template
+    max_len: int = 512  # tokens per record (longer texts are cut at the end)
+    batch_tokens: int = 4096  # padded tokens per forward (rows x the longest row)
+    window: int = 256  # texts sorted by length together (see the module docstring)
+    shard_tokens: int = 1 << 20  # a new shard once the last holds this many tokens
+    limit: int | None = None  # stop once this many records are stored
+    max_tokens: int | None = None  # stop once this many tokens are stored
 
 
 def text_ids(text: Text, tokenizer, prompt_format: str) -> tuple[list[int], int]:
@@ -66,13 +66,16 @@ def text_ids(text: Text, tokenizer, prompt_format: str) -> tuple[list[int], int]
     asked = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
     whole = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": text.answer}], tokenize=False)
     if not whole.startswith(asked):
-        raise ValueError("the chat template does not write a conversation as its prompt (with the generation "
-                         "prompt) followed by the answer; teacher-forced chat records need one that does")
-    return prompt + tokenizer(whole[len(asked):], add_special_tokens=False).input_ids, len(prompt)
+        raise ValueError(
+            "the chat template does not write a conversation as its prompt (with the generation "
+            "prompt) followed by the answer; teacher-forced chat records need one that does"
+        )
+    return prompt + tokenizer(whole[len(asked) :], add_special_tokens=False).input_ids, len(prompt)
 
 
-def _batches(texts: list[Text], tokenizer, cfg: TeacherConfig, done: set[str]
-             ) -> Iterator[tuple[list[Text], list[list[int]], list[int]]]:
+def _batches(
+    texts: list[Text], tokenizer, cfg: TeacherConfig, done: set[str]
+) -> Iterator[tuple[list[Text], list[list[int]], list[int]]]:
     """Batches ``(texts, ids, prompt_lens)`` that hold a text not in ``done``, in the fixed order of the module
     docstring."""
     for start in range(0, len(texts), cfg.window):
@@ -104,9 +107,14 @@ def last_hidden_states(target, seqs: list[list[int]], pad_id: int) -> list[np.nd
         input_ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
     device = target.get_input_embeddings().weight.device
-    out = target(input_ids=input_ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
-                 logits_to_keep=1, use_cache=False)
-    last = out.hidden_states[-1].float().cpu()                                   # [B, T, H]
+    out = target(
+        input_ids=input_ids.to(device),
+        attention_mask=mask.to(device),
+        output_hidden_states=True,
+        logits_to_keep=1,
+        use_cache=False,
+    )
+    last = out.hidden_states[-1].float().cpu()  # [B, T, H]
     return [last[i, : len(s)].numpy() for i, s in enumerate(seqs)]
 
 
@@ -114,8 +122,9 @@ def rate_line(tokens: int, seconds: float, what: str = "stored") -> str:
     return f"{tokens} tokens {what} in {seconds:.0f} s: {tokens / max(seconds, 1e-9):.1f} tokens/s"
 
 
-def teacher_forced(target, tokenizer, cfg: TeacherConfig, texts: list[Text], target_name: str = "",
-                   progress: bool = True) -> DistillStore:
+def teacher_forced(
+    target, tokenizer, cfg: TeacherConfig, texts: list[Text], target_name: str = "", progress: bool = True
+) -> DistillStore:
     """Run (or resume) a teacher-forced extraction of ``texts`` into the sharded store ``cfg.out``; returns the
     store (:meth:`DistillStore.open` of it). One process: several would each need their own shards."""
     from .accel import num_processes
@@ -123,9 +132,15 @@ def teacher_forced(target, tokenizer, cfg: TeacherConfig, texts: list[Text], tar
     if num_processes() > 1:
         raise ValueError("distill --teacher-forced runs in one process (its shards are written in order)")
     tc = target.config.get_text_config()
-    meta = {"target": target_name, "prompt_format": cfg.prompt_format, "max_new_tokens": None,
-            "teacher_forced": True, "max_len": cfg.max_len, "hidden_size": int(tc.hidden_size),
-            "vocab_size": int(tc.vocab_size)}
+    meta = {
+        "target": target_name,
+        "prompt_format": cfg.prompt_format,
+        "max_new_tokens": None,
+        "teacher_forced": True,
+        "max_len": cfg.max_len,
+        "hidden_size": int(tc.hidden_size),
+        "vocab_size": int(tc.vocab_size),
+    }
     writer = ShardWriter.create_or_resume(cfg.out, meta, cfg.shard_tokens)
     done = writer.done_ids()
     eos = target.generation_config.eos_token_id
@@ -133,16 +148,22 @@ def teacher_forced(target, tokenizer, cfg: TeacherConfig, texts: list[Text], tar
     pad_id = int(target.generation_config.pad_token_id or 0)
 
     def full() -> bool:
-        return (cfg.limit is not None and len(writer) >= cfg.limit) or \
-            (cfg.max_tokens is not None and writer.num_tokens >= cfg.max_tokens)
+        return (cfg.limit is not None and len(writer) >= cfg.limit) or (
+            cfg.max_tokens is not None and writer.num_tokens >= cfg.max_tokens
+        )
 
-    bar = tqdm(total=len(texts), initial=sum(t.id in done for t in texts), desc="distill (teacher forced)",
-               unit="seq", disable=not progress)
+    bar = tqdm(
+        total=len(texts),
+        initial=sum(t.id in done for t in texts),
+        desc="distill (teacher forced)",
+        unit="seq",
+        disable=not progress,
+    )
     new_tokens, start = 0, time.perf_counter()
     for batch, ids, plens in _batches(texts, tokenizer, cfg, done):
         if full():
             break
-        hidden = last_hidden_states(target, ids, pad_id)     # plain forward: the CPU kernels serve decoding
+        hidden = last_hidden_states(target, ids, pad_id)  # plain forward: the CPU kernels serve decoding
         for t, x, plen, h in zip(batch, ids, plens, hidden):
             if t.id in done or full():
                 continue

@@ -47,12 +47,20 @@ class VanillaSpec:
 PRESETS: dict[str, VanillaSpec] = {
     "xs": VanillaSpec(hidden_size=256, num_hidden_layers=1, intermediate_size=768),
     "s": VanillaSpec(hidden_size=256, num_hidden_layers=2, intermediate_size=768),
-    "m": VanillaSpec(hidden_size=320, num_hidden_layers=3, num_attention_heads=5, num_key_value_heads=1,
-                     head_dim=64, intermediate_size=896),
+    "m": VanillaSpec(
+        hidden_size=320,
+        num_hidden_layers=3,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        head_dim=64,
+        intermediate_size=896,
+    ),
 }
 
 
-def build_vanilla(target, store: DistillStore, spec: VanillaSpec, target_name: str = "") -> tuple[CascadeDrafterForCausalLM, dict]:
+def build_vanilla(
+    target, store: DistillStore, spec: VanillaSpec, target_name: str = ""
+) -> tuple[CascadeDrafterForCausalLM, dict]:
     """A fresh drafter for ``target`` with its vocabulary subset chosen from ``store``; returns the
     model and facts for its model card (subset coverage)."""
     tc = target.config.get_text_config()
@@ -63,7 +71,9 @@ def build_vanilla(target, store: DistillStore, spec: VanillaSpec, target_name: s
     config = CascadeDrafterConfig(
         vocab_size=int(tc.vocab_size),
         max_position_embeddings=int(getattr(tc, "max_position_embeddings", 8192)),
-        bos_token_id=gc.bos_token_id, eos_token_id=gc.eos_token_id, pad_token_id=gc.pad_token_id,
+        bos_token_id=gc.bos_token_id,
+        eos_token_id=gc.eos_token_id,
+        pad_token_id=gc.pad_token_id,
         target_name_or_path=target_name,
         **asdict(spec),
     )
@@ -84,12 +94,12 @@ def _init_embeddings_from_target(model: CascadeDrafterForCausalLM, target, subse
     embedding scale), projected onto their top ``H`` principal directions, rescaled to the
     backbone's initialisation std. Row ``N`` (out of subset) keeps its random init."""
     emb = target.get_input_embeddings()
-    w = emb.weight[subset].float() * float(getattr(emb, "embed_scale", 1.0))          # [N, H_t]
+    w = emb.weight[subset].float() * float(getattr(emb, "embed_scale", 1.0))  # [N, H_t]
     h = model.config.hidden_size
     w = w - w.mean(dim=0, keepdim=True)
     if w.shape[1] > h:
         _, _, v = torch.pca_lowrank(w, q=h, center=False, niter=4)
-        w = w @ v                                                                        # [N, H]
+        w = w @ v  # [N, H]
     elif w.shape[1] < h:
         w = F.pad(w, (0, h - w.shape[1]))
     w = w * (model.config.initializer_range / w.std().clamp_min(1e-8))
@@ -108,27 +118,37 @@ class SoftTerm:
     prompt_weight: float = 1.0
 
 
-def vanilla_loss(model: CascadeDrafterForCausalLM, batch: Batch, soft: SoftTerm | None = None) -> tuple[torch.Tensor, dict]:
+def vanilla_loss(
+    model: CascadeDrafterForCausalLM, batch: Batch, soft: SoftTerm | None = None
+) -> tuple[torch.Tensor, dict]:
     """Weighted next-token cross-entropy over the reduced vocabulary (targets outside it ignored);
     with ``soft``, the combination of :class:`SoftTerm`."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, full_vocab=False).logits  # [B, T, N]
     n = logits.shape[-1]
-    labels = model.to_draft_ids(batch.input_ids[:, 1:])                                # [B, T-1]
+    labels = model.to_draft_ids(batch.input_ids[:, 1:])  # [B, T-1]
     w = (batch.weights[:, 1:] if soft is None else batch.response[:, 1:].float()) * (labels < n)
-    ce = F.cross_entropy(logits[:, :-1].reshape(-1, n), labels.reshape(-1).clamp_max(n - 1), reduction="none").view_as(w)
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, n), labels.reshape(-1).clamp_max(n - 1), reduction="none").view_as(
+        w
+    )
     hard = (ce * w).sum() / w.sum().clamp_min(1.0)
     if soft is None:
         return hard, {}
     ids, logp = (t.to(logits.device) for t in soft.labels.rows(soft.store, batch.index, batch.input_ids.shape[1]))
-    sce = soft_cross_entropy(logits[:, :-1], ids[:, :-1], logp[:, :-1])               # [B, T-1]
+    sce = soft_cross_entropy(logits[:, :-1], ids[:, :-1], logp[:, :-1])  # [B, T-1]
     ws = batch.attention_mask[:, 1:].float() * torch.where(batch.response[:, 1:], 1.0, soft.prompt_weight)
     soft_loss = (sce * ws).sum() / ws.sum().clamp_min(1.0)
     return soft.hard * hard + soft.weight * soft_loss, {"hard": float(hard.detach()), "soft": float(soft_loss.detach())}
 
 
 @torch.no_grad()
-def greedy_acceptance(model, store: DistillStore, index: list[int], batch_size: int = 8, max_len: int = 512,
-                      windows: tuple[int, ...] = (4, 8)) -> dict:
+def greedy_acceptance(
+    model,
+    store: DistillStore,
+    index: list[int],
+    batch_size: int = 8,
+    max_len: int = 512,
+    windows: tuple[int, ...] = (4, 8),
+) -> dict:
     """Teacher-forced greedy acceptance on the *response* positions of held-out records.
 
     ``alpha``: fraction of response tokens the drafter's argmax predicts; ``tau@k``: mean number of
@@ -138,7 +158,7 @@ def greedy_acceptance(model, store: DistillStore, index: list[int], batch_size: 
     for s in range(0, len(index), batch_size):
         b = make_batch(store, index[s : s + batch_size], max_len, prompt_weight=0.0).to(model.device)
         logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, full_vocab=False).logits  # [B, T, N]
-        pred = model.vocab_subset[logits[:, :-1].argmax(-1)]                              # [B, T-1] target ids
+        pred = model.vocab_subset[logits[:, :-1].argmax(-1)]  # [B, T-1] target ids
         ok = (pred == b.input_ids[:, 1:]).cpu().numpy()
         resp = (b.weights[:, 1:] > 0).cpu().numpy()
         for r in range(ok.shape[0]):

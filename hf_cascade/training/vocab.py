@@ -14,7 +14,7 @@ outside the subset, so greedy output stays exact and sampling stays lossless.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import torch

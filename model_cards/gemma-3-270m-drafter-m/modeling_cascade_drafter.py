@@ -74,7 +74,7 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         n = config.draft_vocab_size
         self.model = LlamaModel(backbone_config(config))
-        self.lm_head = nn.Linear(config.hidden_size, n + 1, bias=False)     # column N (OOV) is always masked
+        self.lm_head = nn.Linear(config.hidden_size, n + 1, bias=False)  # column N (OOV) is always masked
         self.register_buffer("vocab_subset", torch.arange(n, dtype=torch.long), persistent=True)  # [N]
         self.post_init()
 
@@ -137,11 +137,11 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
         ``[B, T', N]`` (``full_vocab=False``), ``T'`` = the positions kept by ``logits_to_keep``."""
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         past_key_values = kwargs.pop("cache", past_key_values)  # transformers >= 5.24's generate passes ``cache``
-        cache_position = kwargs.pop("cache_position", None)   # transformers 4.x's generate passes it
+        cache_position = kwargs.pop("cache_position", None)  # transformers 4.x's generate passes it
         if cache_position is not None and _BACKBONE_TAKES_CACHE_POSITION:
             kwargs["cache_position"] = cache_position
         outputs = self.model(
-            input_ids=self.to_draft_ids(input_ids) if input_ids is not None else None,   # [B, T] in [0, N]
+            input_ids=self.to_draft_ids(input_ids) if input_ids is not None else None,  # [B, T] in [0, N]
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
@@ -149,16 +149,16 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
             **{_BACKBONE_CACHE: past_key_values},
             **kwargs,
         )
-        hidden = outputs.last_hidden_state                                             # [B, T, H]
+        hidden = outputs.last_hidden_state  # [B, T, H]
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         n = self.config.draft_vocab_size
-        reduced = self.lm_head(hidden[:, keep, :])[..., :n]                            # [B, T', N]
+        reduced = self.lm_head(hidden[:, keep, :])[..., :n]  # [B, T', N]
 
         loss = None
         if labels is not None:
             if not isinstance(logits_to_keep, int):
                 raise ValueError("labels need an integer logits_to_keep.")
-            labels = labels[:, -reduced.shape[1]:].to(reduced.device)                  # [B, T']
+            labels = labels[:, -reduced.shape[1] :].to(reduced.device)  # [B, T']
             targets = self.to_draft_ids(labels[:, 1:].clamp_min(0)).to(reduced.device)  # [B, T'-1]
             targets = targets.masked_fill((labels[:, 1:] < 0) | (targets == n), -100)
             logp = reduced[:, :-1, :].float().reshape(-1, n)
@@ -171,7 +171,7 @@ class CascadeDrafterForCausalLM(PreTrainedModel, GenerationMixin):
         if full_vocab:
             b, t, _ = reduced.shape
             logits = reduced.new_full((b, t, self.config.vocab_size), torch.finfo(reduced.dtype).min)
-            logits.index_copy_(-1, self.vocab_subset.to(reduced.device), reduced)    # [B, T', V]
+            logits.index_copy_(-1, self.vocab_subset.to(reduced.device), reduced)  # [B, T', V]
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

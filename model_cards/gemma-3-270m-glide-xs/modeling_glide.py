@@ -33,8 +33,19 @@ from torch import nn
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .attention_glide import (GlideCrossAttention, GlideMLP, GlideRMSNorm, GlideSelfAttention, _as_weight, _device_of,
-                              _like_weight, _rotary, cross_allowed, glide_cross_mask, rope_tables)
+from .attention_glide import (
+    GlideCrossAttention,
+    GlideMLP,
+    GlideRMSNorm,
+    GlideSelfAttention,
+    _as_weight,
+    _device_of,
+    _like_weight,
+    _rotary,
+    cross_allowed,
+    glide_cross_mask,  # noqa: F401  (re-exported: the heads' package and remote code import it from here)
+    rope_tables,
+)
 from .configuration_glide import GlideConfig
 
 # transformers 5.24 renamed the output field past_key_values -> cache (the old name warns)
@@ -122,9 +133,10 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             self.lm_head = nn.Linear(config.hidden_size, n, bias=False)
             self.register_buffer("vocab_subset", torch.arange(n, dtype=torch.long), persistent=True)  # [N]
         # the self-attention's rotary tables of one query, per host position, where they do not change with the
-        # sequence length (not "dynamic" / "longrope" scaling): the same values, computed once (a plain dict, never saved)
+        # sequence length (not "dynamic" / "longrope" scaling): the same values, computed once (a plain dict, never
+        # saved)
         self._rope_at: dict | None = {} if config.self_rope().get("rope_type") not in ("dynamic", "longrope") else None
-        self._at: dict = {}                              # one query's index tensors per host position (_positions)
+        self._at: dict = {}  # one query's index tensors per host position (_positions)
         self.post_init()
 
     # -- target -------------------------------------------------------------------------------------
@@ -136,16 +148,22 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         heads = int(tc.num_attention_heads)
         head_dim = int(getattr(tc, "head_dim", None) or tc.hidden_size // heads)
         if (heads, head_dim) != (c.target_num_attention_heads, c.target_head_dim):
-            raise ValueError(f"target has {heads} heads of size {head_dim}; this GLIDE expects "
-                             f"{c.target_num_attention_heads} of size {c.target_head_dim}.")
+            raise ValueError(
+                f"target has {heads} heads of size {head_dim}; this GLIDE expects "
+                f"{c.target_num_attention_heads} of size {c.target_head_dim}."
+            )
         if int(tc.vocab_size) != c.vocab_size:
             raise ValueError(f"target vocab_size {tc.vocab_size} != config.vocab_size {c.vocab_size}.")
         c.resolved_target_layers(int(tc.num_hidden_layers))  # raises if the target is too shallow
         if any(l >= int(tc.num_hidden_layers) for l in c.resolved_target_layers(int(tc.num_hidden_layers))):
-            raise ValueError(f"target_layer_ids {c.target_layer_ids} outside the target's {tc.num_hidden_layers} layers.")
+            raise ValueError(
+                f"target_layer_ids {c.target_layer_ids} outside the target's {tc.num_hidden_layers} layers."
+            )
         if c.share_target_embeddings:
             if int(tc.hidden_size) != c.hidden_size:
-                raise ValueError(f"sharing the target's embeddings needs hidden_size {tc.hidden_size}, got {c.hidden_size}.")
+                raise ValueError(
+                    f"sharing the target's embeddings needs hidden_size {tc.hidden_size}, got {c.hidden_size}."
+                )
             self._target_io = (target.get_input_embeddings(), target.get_output_embeddings())
         return self
 
@@ -163,8 +181,10 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         pairs = self.target_kv(past_key_values)
         if not self._cross:
             return pairs
-        return [pair if layer.cross_attn.q_proj.weight.device.type == "meta" else layer.cross_attn.read_target(*pair)
-                for layer, pair in zip(self.model.layers, pairs)]
+        return [
+            pair if layer.cross_attn.q_proj.weight.device.type == "meta" else layer.cross_attn.read_target(*pair)
+            for layer, pair in zip(self.model.layers, pairs)
+        ]
 
     # -- vocabulary ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -262,7 +282,7 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         if inputs_embeds is None:
             ids = self.to_draft_ids(input_ids)
             where = _device_of(embed, input_ids)
-            inputs_embeds = embed(ids if ids.device == where else ids.to(where))                  # [B, T, H]
+            inputs_embeds = embed(ids if ids.device == where else ids.to(where))  # [B, T, H]
         # shared embeddings are the target's (its device and dtype): run the layers where and as they are
         norm_weight = self.model.norm.weight
         inputs_embeds = _as_weight(inputs_embeds, norm_weight.device, norm_weight.dtype)
@@ -272,37 +292,39 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
             use_cache = past_key_values is not None
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
-        width = _static_columns(past_key_values)          # a static cache: attention over its fixed buffers
-        first = at = None                                 # the first query's sequence index, when a host count;
-        if width is None:                                 # at: that of one query, its positions made once
+        width = _static_columns(past_key_values)  # a static cache: attention over its fixed buffers
+        first = at = None  # the first query's sequence index, when a host count;
+        if width is None:  # at: that of one query, its positions made once
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             width = past + t
             if cache_position is None:
                 first = past
                 if position_ids is None and b == t == 1:
                     at = past
-                    cache_position, position_ids = self._positions(past, device)                # [1], [1, 1]
+                    cache_position, position_ids = self._positions(past, device)  # [1], [1, 1]
                 else:
-                    cache_position = torch.arange(past, past + t, device=device)           # [T]
-        elif cache_position is None:                      # the static cache's length, as a tensor
+                    cache_position = torch.arange(past, past + t, device=device)  # [T]
+        elif cache_position is None:  # the static cache's length, as a tensor
             cache_position = torch.arange(t, device=device) + past_key_values.get_seq_length()
         if position_ids is None:
-            position_ids = cache_position[None].expand(b, t)                               # [B, T]
+            position_ids = cache_position[None].expand(b, t)  # [B, T]
 
         # self-attention: key j visible to query i iff j <= cache_position[i] and not padding
-        keys = self_allowed = None                        # None: one query after every key, which sees them all
+        keys = self_allowed = None  # None: one query after every key, which sees them all
         if attention_mask is not None or first is None or t > 1:
             keys = torch.arange(width, device=device)
-            self_allowed = (keys[None, :] <= cache_position[:, None])[None, None]          # [1, 1, T, P+T]
+            self_allowed = (keys[None, :] <= cache_position[:, None])[None, None]  # [1, 1, T, P+T]
             if self_attention_mask is not None:
                 given = self_attention_mask.to(device=device, dtype=torch.bool)
                 self_allowed = given[None, None] if given.dim() == 2 else given
         if attention_mask is not None:
             if attention_mask.dim() != 2:
                 raise ValueError("attention_mask must be a [B, P + T] padding mask.")
-            pad = attention_mask[:, -width:].bool().to(device)                              # [B, P+T]
+            pad = attention_mask[:, -width:].bool().to(device)  # [B, P+T]
             self_allowed = self_allowed & pad[:, None, None, :]
-            self_allowed = self_allowed | (keys[None, :] == cache_position[:, None])[None, None]  # padded rows: self only
+            self_allowed = (
+                self_allowed | (keys[None, :] == cache_position[:, None])[None, None]
+            )  # padded rows: self only
 
         kv_pairs = None
         if target_key_values is not None and self._cross:
@@ -311,50 +333,52 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
                 kv_pairs = self.target_kv(kv_pairs)
 
         hidden = inputs_embeds
-        rope = self._rope(hidden, position_ids, at)                                         # [B, 1, T, d_D] each
+        rope = self._rope(hidden, position_ids, at)  # [B, 1, T, d_D] each
         all_hidden = [hidden] if output_hidden_states else None
         for m, layer in enumerate(self.model.layers):
             kv = cross = None
             if kv_pairs is not None:
                 kv = kv_pairs[m]
-                cross = cross_allowed(cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t,
-                                            first)
+                cross = cross_allowed(
+                    cross_attention_mask, kv[0].shape[-2], cache_position, attention_mask, b, t, first
+                )
             hidden = layer(hidden, rope, self_allowed, position_ids, past_key_values, kv, cross)
             if output_hidden_states:
                 all_hidden.append(hidden)
-        hidden = self.model.norm(hidden)                                                    # [B, T, H]
+        hidden = self.model.norm(hidden)  # [B, T, H]
 
         if isinstance(logits_to_keep, int) and (logits_to_keep == 0 or logits_to_keep >= t):
-            kept = hidden                                 # every position (no slicing op)
+            kept = hidden  # every position (no slicing op)
         else:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             kept = hidden[:, keep, :]
-        raw = head(_like_weight(kept, head))                                                # [B, T', N] or [B, T', V]
+        raw = head(_like_weight(kept, head))  # [B, T', N] or [B, T', V]
         loss = None
         if labels is not None:
             if not isinstance(logits_to_keep, int):
                 raise ValueError("labels need an integer logits_to_keep.")
-            loss = self._loss(raw, labels[:, -raw.shape[1]:].to(raw.device), num_items_in_batch)
+            loss = self._loss(raw, labels[:, -raw.shape[1] :].to(raw.device), num_items_in_batch)
         logits = raw
         n = raw.shape[-1]
         v = self.config.vocab_size if full_vocab else n
         if n != v:
             logits = raw.new_full((*raw.shape[:-1], v), torch.finfo(raw.dtype).min)
-            logits.index_copy_(-1, self.vocab_subset.to(raw.device), raw)                  # [B, T', V]
+            logits.index_copy_(-1, self.vocab_subset.to(raw.device), raw)  # [B, T', V]
         cache = past_key_values if use_cache else None
         hidden_states = tuple(all_hidden) if output_hidden_states else None
-        if return_dict is False:                          # no output object to build (a drafting loop's forwards)
+        if return_dict is False:  # no output object to build (a drafting loop's forwards)
             return tuple(v for v in (loss, logits, cache, hidden_states) if v is not None)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{_OUTPUT_CACHE: cache}, hidden_states=hidden_states)
 
     def _positions(self, at: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``cache_position`` ``[1]`` and ``position_ids`` ``[1, 1]`` of one query at sequence index ``at`` on
-        ``device``, made once (read-only: nothing writes into them); apart under ``torch.inference_mode`` (its tensors may not
+        ``device``, made once (read-only: nothing writes into them); apart under ``torch.inference_mode`` (its
+        tensors may not
         enter a computation autograd records), as :meth:`_rope`'s tables."""
         key = (at, device, torch.is_inference_mode_enabled())
         made = self._at.get(key)
         if made is None:
-            if len(self._at) >= 16384:                       # positions of long generations: start over
+            if len(self._at) >= 16384:  # positions of long generations: start over
                 self._at.clear()
             position = torch.arange(at, at + 1, device=device)
             made = self._at[key] = (position, position[None])
@@ -370,16 +394,17 @@ class GlideForCausalLM(PreTrainedModel, GenerationMixin):
         key = (at, hidden.device, hidden.dtype, torch.is_inference_mode_enabled())
         tables = self._rope_at.get(key)
         if tables is None:
-            if len(self._rope_at) >= 16384:                  # positions of long generations: start over
+            if len(self._rope_at) >= 16384:  # positions of long generations: start over
                 self._rope_at.clear()
             tables = self._rope_at[key] = rope_tables(*self.model.rotary_emb(hidden, position_ids))
         return tables
 
     def _loss(self, raw, labels, num_items_in_batch=None):
         n = raw.shape[-1]
-        targets = self.to_draft_ids(labels[:, 1:].clamp_min(0)).to(raw.device)            # [B, T'-1]
+        targets = self.to_draft_ids(labels[:, 1:].clamp_min(0)).to(raw.device)  # [B, T'-1]
         targets = targets.masked_fill((labels[:, 1:] < 0) | (targets >= n), -100)
         reduction = "sum" if num_items_in_batch is not None else "mean"
-        loss = F.cross_entropy(raw[:, :-1].float().reshape(-1, n), targets.reshape(-1), ignore_index=-100,
-                               reduction=reduction)
+        loss = F.cross_entropy(
+            raw[:, :-1].float().reshape(-1, n), targets.reshape(-1), ignore_index=-100, reduction=reduction
+        )
         return loss / num_items_in_batch if num_items_in_batch is not None else loss

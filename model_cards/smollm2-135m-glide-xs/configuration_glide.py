@@ -105,19 +105,25 @@ class GlideConfig(PretrainedConfig):
     ):
         draft_vocab_size = vocab_size if draft_vocab_size is None else draft_vocab_size
         if share_target_embeddings and draft_vocab_size != vocab_size:
-            raise ValueError("share_target_embeddings uses the target's full vocabulary: draft_vocab_size must be vocab_size.")
+            raise ValueError(
+                "share_target_embeddings uses the target's full vocabulary: draft_vocab_size must be vocab_size."
+            )
         if not 0 < draft_vocab_size <= vocab_size:
             raise ValueError(f"draft_vocab_size must be in [1, vocab_size={vocab_size}], got {draft_vocab_size}.")
         kv = num_key_value_heads if num_key_value_heads is not None else num_attention_heads
         if num_attention_heads % kv:
-            raise ValueError(f"num_attention_heads={num_attention_heads} is not a multiple of num_key_value_heads={kv}.")
+            raise ValueError(
+                f"num_attention_heads={num_attention_heads} is not a multiple of num_key_value_heads={kv}."
+            )
         if target_num_key_value_heads is not None and target_num_attention_heads % target_num_key_value_heads:
             raise ValueError("target_num_attention_heads must be a multiple of target_num_key_value_heads.")
         if target_layer_ids is not None:
             target_layer_ids = [int(i) for i in target_layer_ids]
             if len(target_layer_ids) != num_hidden_layers:
-                raise ValueError(f"target_layer_ids needs one target layer per draft layer ({num_hidden_layers}), "
-                                 f"got {target_layer_ids}.")
+                raise ValueError(
+                    f"target_layer_ids needs one target layer per draft layer ({num_hidden_layers}), "
+                    f"got {target_layer_ids}."
+                )
         if cross_rope is not None:
             cross_rope = [dict(r) for r in cross_rope]
             if len(cross_rope) != num_hidden_layers or any("rope_theta" not in r for r in cross_rope):
@@ -194,8 +200,14 @@ class GlideConfig(PretrainedConfig):
         layers = kwargs.get("target_layer_ids") or [n_t - n_d + m for m in range(n_d)]
         if any(not 0 <= l < n_t for l in layers):
             raise ValueError(f"target_layer_ids {layers} outside the target's {n_t} layers.")
-        global_layer = next((l for l in reversed(range(n_t))
-                             if not getattr(cfg, "layer_types", None) or cfg.layer_types[l] == "full_attention"), n_t - 1)
+        global_layer = next(
+            (
+                l
+                for l in reversed(range(n_t))
+                if not getattr(cfg, "layer_types", None) or cfg.layer_types[l] == "full_attention"
+            ),
+            n_t - 1,
+        )
         own = _target_rope(cfg, global_layer)
         scalar = getattr(cfg, "query_pre_attn_scalar", None)
         defaults = dict(

@@ -57,7 +57,9 @@ class ReDrafterConfig(PretrainedConfig):
         if exit_dim is None or exit_dim <= 0:  # the reference's default is -1 ("unset")
             exit_dim = 2 * hidden_size
         if draft_vocab_size is not None and not 0 < draft_vocab_size <= vocab_size:
-            raise ValueError(f"draft_vocab_size must be None or in [1, vocab_size={vocab_size}], got {draft_vocab_size}.")
+            raise ValueError(
+                f"draft_vocab_size must be None or in [1, vocab_size={vocab_size}], got {draft_vocab_size}."
+            )
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.exit_dim = exit_dim

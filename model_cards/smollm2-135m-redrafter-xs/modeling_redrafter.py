@@ -104,7 +104,9 @@ class ReDrafterModel(PreTrainedModel):
         self.rnn_w = nn.Linear(h, h, bias=False) if config.rnn else None
         self.emb_norm = ReDrafterRMSNorm(h, config.rms_norm_eps) if config.emb_norm else None
         if config.draft_vocab_size is not None:
-            self.register_buffer("vocab_subset", torch.arange(config.draft_vocab_size, dtype=torch.long), persistent=True)
+            self.register_buffer(
+                "vocab_subset", torch.arange(config.draft_vocab_size, dtype=torch.long), persistent=True
+            )
         else:
             self.vocab_subset = None
         self.post_init()
@@ -182,14 +184,14 @@ class ReDrafterModel(PreTrainedModel):
         ``state`` ``s``: ``[..., H]``; ``hidden_states`` ``x``: ``[..., H]`` (broadcast against ``state``).
         Returns ``[..., V]`` (``full_vocab``; ``finfo.min`` outside the subset) or ``[..., N]``."""
         x, s = torch.broadcast_tensors(hidden_states.to(state.dtype), state)
-        h = torch.cat([x, s], dim=-1)                                                  # [..., 2H]
+        h = torch.cat([x, s], dim=-1)  # [..., 2H]
         if self.input_proj is not None:
-            h = self.input_proj(h)                                                     # [..., D]
-        reduced = self.lm_head(h)                                                      # [..., N] (or [..., V])
+            h = self.input_proj(h)  # [..., D]
+        reduced = self.lm_head(h)  # [..., N] (or [..., V])
         if not full_vocab or self.vocab_subset is None:
             return reduced
         full = reduced.new_full((*reduced.shape[:-1], self.config.vocab_size), torch.finfo(reduced.dtype).min)
-        return full.index_copy_(-1, self.vocab_subset.to(reduced.device), reduced)    # [..., V]
+        return full.index_copy_(-1, self.vocab_subset.to(reduced.device), reduced)  # [..., V]
 
     def forward(
         self,
@@ -213,14 +215,16 @@ class ReDrafterModel(PreTrainedModel):
         Returns :class:`ReDrafterOutput` with ``logits`` ``[B, ..., K, V]`` (step ``k`` predicts the
         token after the one embedded at ``k``) and ``states`` ``[B, ..., K, H]``."""
         if inputs_embeds.shape[:-2] != hidden_states.shape[:-1]:
-            raise ValueError(f"inputs_embeds {tuple(inputs_embeds.shape)} must be [*x.shape[:-1], K, H] "
-                             f"for hidden_states {tuple(hidden_states.shape)}.")
-        s = self.init_state(hidden_states) if state is None else state                 # [B, ..., H]
+            raise ValueError(
+                f"inputs_embeds {tuple(inputs_embeds.shape)} must be [*x.shape[:-1], K, H] "
+                f"for hidden_states {tuple(hidden_states.shape)}."
+            )
+        s = self.init_state(hidden_states) if state is None else state  # [B, ..., H]
         states = []
         for k in range(inputs_embeds.shape[-2]):
-            s = self.step(s, inputs_embeds[..., k, :])                                 # [B, ..., H]
+            s = self.step(s, inputs_embeds[..., k, :])  # [B, ..., H]
             states.append(s)
-        states = torch.stack(states, dim=-2)                                           # [B, ..., K, H]
-        logits = self.logits(states, hidden_states.unsqueeze(-2), full_vocab)          # [B, ..., K, V]
+        states = torch.stack(states, dim=-2)  # [B, ..., K, H]
+        logits = self.logits(states, hidden_states.unsqueeze(-2), full_vocab)  # [B, ..., K, V]
         out = ReDrafterOutput(logits=logits, states=states)
         return out if return_dict is not False else out.to_tuple()

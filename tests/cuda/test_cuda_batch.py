@@ -20,8 +20,16 @@ import pytest
 import torch
 
 from tests.contract_registry import REGISTRY, assert_placed, base_kit, detached_copy, fresh_kit, models_used
-from tests.test_batch import (ASCENDING, ROWS, FakeClock, assert_batch_parity, assert_no_state_leak, batch_cases,
-                              left_pad, registry_assistant)
+from tests.test_batch import (
+    ASCENDING,
+    ROWS,
+    FakeClock,
+    assert_batch_parity,
+    assert_no_state_leak,
+    batch_cases,
+    left_pad,
+    registry_assistant,
+)
 from tests.test_batch_api import SCORED, assert_batch_scores
 from tests.test_batch_sampling import assert_exact_batch_sampling
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
@@ -54,7 +62,7 @@ def cases_of(key, target):
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_batch_greedy_parity(name, arch, dtype, free_drafts, open_gate):
     target = cuda_target(arch, DTYPES[dtype])
-    kit = fresh_kit(arch, target)                                   # fp32 CPU drafters and heads
+    kit = fresh_kit(arch, target)  # fp32 CPU drafters and heads
     assistant = registry_assistant(name, kit)
     assert_batch_parity(target, assistant, cases_of((arch, dtype), target))
     assert_placed(models_used(assistant, kit), torch.device("cuda", 0), DTYPES[dtype])

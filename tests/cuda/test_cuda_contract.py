@@ -32,9 +32,9 @@ from tests.test_contract import (
     WITH_MODELS,
     FakeClock,
     assert_exact_sampling,
-    assert_placed,
     assert_greedy_parity,
     assert_no_state_leak,
+    assert_placed,
     base_kit,
     fresh_kit,
     greedy_cases,
@@ -65,12 +65,13 @@ def cases_of(key, target):
 
 # -- fp16 / bf16 -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_greedy_parity(name, arch, dtype):
     target = cuda_target(arch, DTYPES[dtype])
-    kit = fresh_kit(arch, target)                                   # fp32 CPU drafters and heads
+    kit = fresh_kit(arch, target)  # fp32 CPU drafters and heads
     assistant = REGISTRY[name](kit)
     assert_greedy_parity(target, assistant, cases_of((arch, dtype), target))
     assert_placed(models_used(assistant, kit), torch.device("cuda", 0), DTYPES[dtype])
@@ -97,6 +98,7 @@ def test_no_state_leak(name, dtype, monkeypatch):
 
 
 # -- device_map -------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def auto_target(tmp_path_factory):
@@ -125,8 +127,14 @@ def split_target():
 
     model = detached_copy(base_kit("gemma3").target).to(torch.bfloat16)
     second = 1 if TWO_GPUS else "cpu"
-    device_map = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0,
-                  "model.layers.1": second, "model.norm": second, "lm_head": second}
+    device_map = {
+        "model.embed_tokens": 0,
+        "model.rotary_emb": 0,
+        "model.layers.0": 0,
+        "model.layers.1": second,
+        "model.norm": second,
+        "lm_head": second,
+    }
     if hasattr(model.model, "rotary_emb_local"):
         device_map["model.rotary_emb_local"] = 0
     return dispatch_model(model, device_map=device_map, main_device=0)
@@ -139,6 +147,7 @@ def test_dispatched_across_devices(name, split_target):
 
 
 # -- drafters on another device ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", WITH_MODELS)
 def test_drafters_left_where_the_user_put_them(name):
@@ -209,7 +218,7 @@ def test_flash_attention_chains(name, mode, flash_target):
 
 
 @pytest.mark.skipif(not HAS_FLASH, reason="needs flash_attn")
-@pytest.mark.measured_costs                     # the verification profile measured at bind time, as users get it
+@pytest.mark.measured_costs  # the verification profile measured at bind time, as users get it
 @pytest.mark.parametrize("name", BRANCHING)
 def test_flash_attention_refused_by_tree_drafts(name, flash_target, monkeypatch):
     """GLIDE + CAPE, ReDrafter's beams, Max-Gram trees and Token Recycling draft trees with branches, which need the
@@ -236,8 +245,13 @@ def test_flash_attention_batches_of_chains(name, mode, flash_target, free_drafts
     padding, holes and finished rows hidden by the 2-D ownership mask flash unpads
     (``hf_cascade.core.batch_state.ownership_mask``), on a dynamic cache and a static one, eager and compiled: plain
     batched ``generate``'s rows under flash (bf16: ties judged, and rare). The CPU proof: tests/test_flash_like.py."""
-    from tests.static_contract import (check_static_batch_parity, default_recompile_limit, static_batch_cases,
-                                       strict_recompiles, target_settings)
+    from tests.static_contract import (
+        check_static_batch_parity,
+        default_recompile_limit,
+        static_batch_cases,
+        strict_recompiles,
+        target_settings,
+    )
     from tests.test_batch import flat_profile
 
     assistant = flat_profile(CHAIN_FACTORIES[name](fresh_kit("gemma3", flash_target)))
@@ -263,8 +277,9 @@ def test_flash_attention_batches_of_trees_refused(name, flash_target, monkeypatc
     handle = flash_target.register_forward_pre_hook(lambda *a: forwards.append(1))
     try:
         with pytest.raises(ValueError, match="flash_attention_2"):
-            flash_target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=5, pad_token_id=0,
-                                  assistant_model=assistant)
+            flash_target.generate(
+                ids, attention_mask=mask, do_sample=False, max_new_tokens=5, pad_token_id=0, assistant_model=assistant
+            )
     finally:
         handle.remove()
     assert forwards == []

@@ -45,8 +45,9 @@ def greedy(target, assistant=None, prompt=REPETITIVE, **kw):
 
 # -- flash attention: the chain workaround with the measured verification profile --------------------------
 
+
 @pytest.mark.skipif(not HAS_FLASH, reason="needs flash_attn")
-@pytest.mark.measured_costs                     # the profile measured as users get it (tests/conftest.py)
+@pytest.mark.measured_costs  # the profile measured as users get it (tests/conftest.py)
 @pytest.mark.parametrize("kind", ["glide", "redrafter"])
 def test_flash_attention_chain_workaround_measures_chains(kind, monkeypatch):
     from hf_cascade import measure
@@ -55,14 +56,18 @@ def test_flash_attention_chain_workaround_measures_chains(kind, monkeypatch):
     target.set_attn_implementation("flash_attention_2")
     monkeypatch.setattr(measure, "_MEASURED", {})
     kit = fresh_kit("gemma3", target)
-    assistant = (GlideAssistant(kit.glide, settings=GlideSettings.chain()) if kind == "glide"
-                 else ReDrafterAssistant(kit.head, settings=ReDrafterSettings(beam_width=1)))
+    assistant = (
+        GlideAssistant(kit.glide, settings=GlideSettings.chain())
+        if kind == "glide"
+        else ReDrafterAssistant(kit.head, settings=ReDrafterSettings(beam_width=1))
+    )
     for kw in ({"max_new_tokens": 20}, {"max_new_tokens": 16, "repetition_penalty": 1.5}):
         assert greedy(target, assistant, **kw) == greedy(target, **kw), kw
     assert len(measure._MEASURED) == 1 and next(iter(measure._MEASURED))[-1] == "chains"
 
 
 # -- an untied head on another GPU: processors see logits on the ids' device ------------------------------------
+
 
 @pytest.fixture(scope="module")
 def split_head():
@@ -87,8 +92,14 @@ def test_rows_on_the_ids_device_across_two_gpus():
     tree = TokenTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, -1]))
     seq = torch.tensor([1, 5, 9], device="cuda:0")
     processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)])
-    rows = TreeRows(tree, seq, processors, hidden=torch.randn(4, 8, device="cuda:1", dtype=torch.bfloat16),
-                    head=lambda h: head(h), block_rows=2)
+    rows = TreeRows(
+        tree,
+        seq,
+        processors,
+        hidden=torch.randn(4, 8, device="cuda:1", dtype=torch.bfloat16),
+        head=lambda h: head(h),
+        block_rows=2,
+    )
     for r in range(4):
         assert rows[r].device == rows.raw(r).device == seq.device and rows[r].dtype == torch.float32
 
@@ -104,8 +115,12 @@ class _Crossings(TorchFunctionMode):
         out = func(*args, **(kwargs or {}))
         copy = getattr(func, "__name__", "") == "copy_"
         source, dest = (args[1], args[0]) if copy else (args[0] if args else None, out)
-        if (isinstance(source, torch.Tensor) and isinstance(dest, torch.Tensor) and source.device != dest.device
-                and source.device.type == dest.device.type == "cuda"):
+        if (
+            isinstance(source, torch.Tensor)
+            and isinstance(dest, torch.Tensor)
+            and source.device != dest.device
+            and source.device.type == dest.device.type == "cuda"
+        ):
             self.moved.append((tuple(source.shape), source.dtype))
         return out
 
@@ -119,16 +134,16 @@ def test_greedy_rows_cross_gpus_as_argmax_ids_only():
     from hf_cascade.core import TokenTree, greedy_tree_accept
     from hf_cascade.core.rows import TreeRows, first_blocks
 
-    def head(h):                                   # [k, 8] -> [k, 32]: no sum, the same values in any block
+    def head(h):  # [k, 8] -> [k, 32]: no sum, the same values in any block
         return torch.cat([h, -h, 2 * h, -2 * h], dim=-1)
 
     seq = torch.tensor([1, 5, 9], device="cuda:0")
     hidden = torch.randn(4, 8, device="cuda:1", dtype=torch.bfloat16)
-    full = head(hidden).float()                                                 # every row, where the head is
+    full = head(hidden).float()  # every row, where the head is
     best = full.argmax(dim=-1).tolist()
     tree = TokenTree(torch.tensor([best[0], best[1], (best[0] + 1) % 32]), torch.tensor([-1, 0, -1]))
     expected = greedy_tree_accept(tree, full)
-    assert expected.nodes == (0, 1)                                             # nodes 0 and 1 accepted
+    assert expected.nodes == (0, 1)  # nodes 0 and 1 accepted
     for block_rows in (None, 2):
         rows = TreeRows(tree, seq, LogitsProcessorList(), hidden=hidden, head=head, block_rows=block_rows)
         with _Crossings() as crossings:
@@ -143,7 +158,7 @@ def test_greedy_rows_cross_gpus_as_argmax_ids_only():
     rows = TreeRows(tree, seq, processors, hidden=hidden, head=head, block_rows=None)
     with _Crossings() as crossings:
         greedy_tree_accept(tree, rows)
-    assert crossings.moved == [((4, 32), torch.bfloat16)]                       # one copy of the head call's rows
+    assert crossings.moved == [((4, 32), torch.bfloat16)]  # one copy of the head call's rows
 
 
 @pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")
@@ -151,13 +166,14 @@ def test_greedy_rows_cross_gpus_as_argmax_ids_only():
 @pytest.mark.parametrize("name", ["glide_cape", "redrafter", "drafter+maxgram"])
 def test_head_on_another_gpu(name, processors, split_head, free_drafts):
     kit = fresh_kit("gemma3", split_head)
-    assistant = {"glide_cape": lambda: GlideAssistant(kit.glide),
-                 "redrafter": lambda: ReDrafterAssistant(kit.head,
-                                                         settings=ReDrafterSettings(beam_width=4, beam_length=4)),
-                 "drafter+maxgram": lambda: CascadeAssistant([kit.drafter, MaxGram()])}[name]()
+    assistant = {
+        "glide_cape": lambda: GlideAssistant(kit.glide),
+        "redrafter": lambda: ReDrafterAssistant(kit.head, settings=ReDrafterSettings(beam_width=4, beam_length=4)),
+        "drafter+maxgram": lambda: CascadeAssistant([kit.drafter, MaxGram()]),
+    }[name]()
     kw = {"max_new_tokens": 16, **processors}
     assert greedy(split_head, assistant, **kw) == greedy(split_head, **kw)
-    prompts = torch.tensor([[0, 0, 1, 5, 6, 5, 6, 5], [1, 7, 8, 9, 7, 8, 9, 7]], device="cuda:0")   # left-padded
+    prompts = torch.tensor([[0, 0, 1, 5, 6, 5, 6, 5], [1, 7, 8, 9, 7, 8, 9, 7]], device="cuda:0")  # left-padded
     kw.update(attention_mask=(prompts != 0).long(), pad_token_id=0)
     batched = split_head.generate(prompts, do_sample=False, assistant_model=assistant, **kw)
     assert batched.tolist() == split_head.generate(prompts, do_sample=False, **kw).tolist()
@@ -165,22 +181,23 @@ def test_head_on_another_gpu(name, processors, split_head, free_drafts):
 
 # -- the phase timer waits for the GPU ------------------------------------------------------------------------
 
+
 def test_phase_timer_synchronises_the_gpu():
     """A phase that queues GPU work is timed until that work is done (not at its launch)."""
     from hf_cascade.core.stats import GenerationStats, PhaseTimer
 
     target = detached_copy(base_kit("gemma3").target).to("cuda:0")
     cycles = 200_000_000
-    torch.cuda._sleep(cycles // 10)                                              # warm-up
+    torch.cuda._sleep(cycles // 10)  # warm-up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     torch.cuda._sleep(cycles)
     end.record()
     end.synchronize()
-    queued = start.elapsed_time(end) / 1000                                      # seconds the GPU spent
+    queued = start.elapsed_time(end) / 1000  # seconds the GPU spent
     stats = GenerationStats()
     with PhaseTimer(stats, target)("verify"):
-        torch.cuda._sleep(cycles)                                                # queued: returns at once
+        torch.cuda._sleep(cycles)  # queued: returns at once
     assert stats.phase_seconds["verify"] >= 0.5 * queued
     assistant = CascadeAssistant([MaxGram()])
     greedy(target, assistant)
@@ -188,6 +205,7 @@ def test_phase_timer_synchronises_the_gpu():
 
 
 # -- the bf16 tie rule on a CUDA target --------------------------------------------------------------------------
+
 
 def test_divergence_on_a_cuda_bf16_target():
     from hf_cascade.parity import divergence

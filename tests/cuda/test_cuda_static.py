@@ -24,16 +24,24 @@ Skipped without CUDA (tests/cuda/conftest.py marks them ``cuda``), and before tr
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch._dynamo.exc
 
 from hf_cascade.core.static import static_rollback_supported
 from tests.contract_registry import REGISTRY, base_kit, detached_copy, fresh_kit
-from tests.static_contract import (MODES, check_every_strategy, check_second_pass, check_static_batch_parity,
-                                   check_static_parity, default_recompile_limit, static_batch_cases, static_cases,
-                                   strict_recompiles, target_settings)
+from tests.static_contract import (
+    MODES,
+    check_every_strategy,
+    check_second_pass,
+    check_static_batch_parity,
+    check_static_parity,
+    default_recompile_limit,
+    static_batch_cases,
+    static_cases,
+    strict_recompiles,
+    target_settings,
+)
 from tests.test_batch import registry_assistant
 from tests.tiny_models import single_thread  # noqa: F401  (autouse fixture)
 
@@ -85,7 +93,7 @@ def report(ties: list[str], record_property) -> None:
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_static_greedy_parity(name, arch, dtype, mode, free_drafts, record_property):
     target = cuda_target(arch, dtype)
-    assistant = REGISTRY[name](fresh_kit(arch, target))                 # fp32 CPU drafters and heads
+    assistant = REGISTRY[name](fresh_kit(arch, target))  # fp32 CPU drafters and heads
     ties = check_static_parity(target, assistant, cases_of((arch, dtype), target, mode), exact=dtype == "fp32")
     report(ties, record_property)
 
@@ -116,7 +124,7 @@ def test_static_batch_parity(name, arch, dtype, mode, free_drafts, open_gate, re
     if (arch, dtype, mode) not in _BATCH_CASES:
         _BATCH_CASES[(arch, dtype, mode)] = static_batch_cases(target, target_settings(mode, target))
     cases = _BATCH_CASES[(arch, dtype, mode)]
-    assistant = registry_assistant(name, fresh_kit(arch, target))        # fp32 CPU drafters and heads
+    assistant = registry_assistant(name, fresh_kit(arch, target))  # fp32 CPU drafters and heads
     if mode == "compiled":
         ties = check_second_pass(target, assistant, cases, exact=dtype == "fp32", parity=check_static_batch_parity)
     else:
@@ -125,6 +133,7 @@ def test_static_batch_parity(name, arch, dtype, mode, free_drafts, open_gate, re
 
 
 # -- device_map="auto" -----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module", params=list(DTYPES))
 def auto_target(request, tmp_path_factory):
@@ -153,6 +162,7 @@ def test_static_device_map_auto(name, mode, auto_target, free_drafts, record_pro
 
 # -- a user's process: one target, every strategy ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("sized", [True, False])
 def test_one_target_every_strategy(sized, free_drafts, record_property):
     """Dynamo reset, one bf16 Gemma3 target, compiled: plain ``generate`` and every registry entry over the cases,
@@ -165,6 +175,7 @@ def test_one_target_every_strategy(sized, free_drafts, record_property):
 
 
 # -- exact sampling on the device -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", list(REGISTRY))

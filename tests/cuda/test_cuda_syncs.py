@@ -16,8 +16,16 @@ import warnings
 import pytest
 import torch
 
-from hf_cascade import CascadeAssistant, CascadeSettings, GlideAssistant, GlideSettings, MaxGram, Policy, backends
-from hf_cascade import placement
+from hf_cascade import (
+    CascadeAssistant,
+    CascadeSettings,
+    GlideAssistant,
+    GlideSettings,
+    MaxGram,
+    Policy,
+    backends,
+    placement,
+)
 from hf_cascade.bench.host_reads import ReadCounter
 from hf_cascade.bench.tiny import echo_glide
 from hf_cascade.core.payoff import VerifyCost
@@ -65,7 +73,7 @@ def _run(target, assistant, prompt, monkeypatch):
     monkeypatch.setattr(backends, "default_session", lambda model: backends.VerifySession("model", None))
     monkeypatch.setattr(placement, "DEFER_READS", True)
     prompt = prompt.to(target.device)
-    target.generate(prompt, do_sample=False, max_new_tokens=8, assistant_model=assistant)      # warm: kernels, pins
+    target.generate(prompt, do_sample=False, max_new_tokens=8, assistant_model=assistant)  # warm: kernels, pins
     with ReadCounter(target, skip_forwards=1) as counter, SyncWarnings(target) as syncs:
         out = target.generate(prompt, do_sample=False, max_new_tokens=60, assistant_model=assistant)
     assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=60))
@@ -77,15 +85,18 @@ def test_chain_syncs_agree_with_the_counter(cuda, monkeypatch, layers):
     target = tm.llama(layers=layers, seed=0, block_scale=0.005, eos_token_id=None).to(cuda)
     assistant = CascadeAssistant([MaxGram(adaptive=False, max_tokens=10)], settings=CascadeSettings(k_matrix=[[10]]))
     counter, syncs = _run(target, assistant, CHAIN_PROMPT, monkeypatch)
-    assert max(syncs.per_forward) <= 2, syncs.per_forward                 # one read, at most one blocking copy
+    assert max(syncs.per_forward) <= 2, syncs.per_forward  # one read, at most one blocking copy
     assert syncs.syncs <= counter.reads + counter.copies + counter.syncs, (syncs.syncs, counter.reads, counter.copies)
 
 
 @pytest.mark.parametrize("layers", [2, 6])
 def test_tree_syncs_agree_with_the_counter(cuda, monkeypatch, layers):
     target = tm.llama(layers=layers, seed=0, block_scale=0.005, eos_token_id=None).to(cuda)
-    assistant = GlideAssistant(echo_glide(target, 0.0), settings=GlideSettings(cape=True, draft_length=6),
-                               policy=Policy(verify_cost=VerifyCost.flat(), lookup=False))
+    assistant = GlideAssistant(
+        echo_glide(target, 0.0),
+        settings=GlideSettings(cape=True, draft_length=6),
+        policy=Policy(verify_cost=VerifyCost.flat(), lookup=False),
+    )
     counter, syncs = _run(target, assistant, TREE_PROMPT, monkeypatch)
-    assert max(syncs.per_forward) <= 5, syncs.per_forward                 # three reads, two blocking copies at most
+    assert max(syncs.per_forward) <= 5, syncs.per_forward  # three reads, two blocking copies at most
     assert syncs.syncs <= counter.reads + counter.copies + counter.syncs, (syncs.syncs, counter.reads, counter.copies)

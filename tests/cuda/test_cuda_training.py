@@ -31,8 +31,10 @@ def target_dir(target, tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("head, flags", [("vanilla", ["--preset", "xs"]), ("glide", ["--target-layers", "0"]),
-                                         ("redrafter", ["--preset", "xs"])])
+@pytest.mark.parametrize(
+    "head, flags",
+    [("vanilla", ["--preset", "xs"]), ("glide", ["--target-layers", "0"]), ("redrafter", ["--preset", "xs"])],
+)
 def test_bf16_training_with_the_target_on_device_map_auto(head, flags, target_dir, distilled, tmp_path, monkeypatch):
     import hf_cascade.bench.loading as loading
 
@@ -45,14 +47,46 @@ def test_bf16_training_with_the_target_on_device_map_auto(head, flags, target_di
 
     monkeypatch.setattr(loading, "load_model", load)
     out = tmp_path / head
-    argv = ["train", head, *flags, "--target", str(target_dir), "--data", str(distilled[2].out), "--out", str(out),
-            "--steps", "8", "--batch-size", "4", "--grad-accum", "2", "--max-len", "48", "--lr", "2e-2",
-            "--eval-every", "4", "--eval-records", "2", "--draft-vocab", "64", "--mixed-precision", "bf16",
-            "--target-device-map", "auto", "--checkpoint-every", "4", "--no-progress"]
+    argv = [
+        "train",
+        head,
+        *flags,
+        "--target",
+        str(target_dir),
+        "--data",
+        str(distilled[2].out),
+        "--out",
+        str(out),
+        "--steps",
+        "8",
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "2",
+        "--max-len",
+        "48",
+        "--lr",
+        "2e-2",
+        "--eval-every",
+        "4",
+        "--eval-records",
+        "2",
+        "--draft-vocab",
+        "64",
+        "--mixed-precision",
+        "bf16",
+        "--target-device-map",
+        "auto",
+        "--checkpoint-every",
+        "4",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     assert placed["device_map"] == "auto"
-    assert {torch.device(d if not isinstance(d, int) else f"cuda:{d}").type for d in placed["hf_device_map"].values()} == {"cuda"}
-    assert placed["model"].get_output_embeddings().weight.device.type == "cuda"   # not moved by the trainer
+    assert {
+        torch.device(d if not isinstance(d, int) else f"cuda:{d}").type for d in placed["hf_device_map"].values()
+    } == {"cuda"}
+    assert placed["model"].get_output_embeddings().weight.device.type == "cuda"  # not moved by the trainer
     state = json.loads((out / "trainer_state.json").read_text())
     losses = [h["loss"] for h in state["history"] if "loss" in h]
     assert state["step"] == 8 and all(np.isfinite(losses)) and np.mean(losses[-3:]) < np.mean(losses[:3]), losses
@@ -74,10 +108,40 @@ def test_two_processes_each_shard_their_target_over_their_own_gpus(shard, target
     root = Path(__file__).resolve().parents[2]
     monkeypatch.setenv("PYTHONPATH", str(root))
     out = tmp_path / "glide"
-    argv = ["train", "glide", "--target-layers", "0", "--target", str(target_dir), "--data", str(distilled[2].out),
-            "--out", str(out), "--steps", "8", "--batch-size", "4", "--max-len", "48", "--lr", "2e-2",
-            "--eval-every", "4", "--eval-records", "2", "--draft-vocab", "64", "--mixed-precision", "bf16",
-            "--target-device-map", "auto", "--num-processes", "2", "--no-progress", *shard]
+    argv = [
+        "train",
+        "glide",
+        "--target-layers",
+        "0",
+        "--target",
+        str(target_dir),
+        "--data",
+        str(distilled[2].out),
+        "--out",
+        str(out),
+        "--steps",
+        "8",
+        "--batch-size",
+        "4",
+        "--max-len",
+        "48",
+        "--lr",
+        "2e-2",
+        "--eval-every",
+        "4",
+        "--eval-records",
+        "2",
+        "--draft-vocab",
+        "64",
+        "--mixed-precision",
+        "bf16",
+        "--target-device-map",
+        "auto",
+        "--num-processes",
+        "2",
+        "--no-progress",
+        *shard,
+    ]
     assert main(argv) == 0
     state = json.loads((out / "trainer_state.json").read_text())
     losses = [h["loss"] for h in state["history"] if "loss" in h]

@@ -21,8 +21,8 @@ They also speed up plain decoding on CPU::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
@@ -52,18 +52,20 @@ def cpu_kernels(model, kind: str | None = None) -> Iterator[VerifySession]:
 
             weight = head.weight
 
-            def screen(rows: int, top_k: int | None = None):              # made and timed at first use
+            def screen(rows: int, top_k: int | None = None):  # made and timed at first use
                 return argmax_screen(weight, head, rows, top_k)
+
         if kind is None:
             yield VerifySession("cpu", head.block_rows, screen)
             return
         from .verify_head import calibrate_block_rows, record_steps
 
-        with torch.inference_mode():                                      # the screen is made here, not at first use
+        with torch.inference_mode():  # the screen is made here, not at first use
             block = calibrate_block_rows(head, argmax_screen(weight) if screen is not None else None, kind)
 
         def record(drafted: list[int], accepted: list[int]) -> None:
             record_steps(head, kind, drafted, accepted)
+
         yield VerifySession("cpu", block, screen, record)
 
 

@@ -59,7 +59,7 @@ head's own product on the running machine, per use and size of call (:func:`argm
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -67,7 +67,7 @@ from ...timing import interleaved_medians
 from .panel import extension
 
 #: float32 unit roundoff
-_U = 2.0 ** -24
+_U = 2.0**-24
 
 
 #: inputs per group of the integer product's quantized row (module docstring)
@@ -90,21 +90,21 @@ class ArgmaxScreen:
         if product == "integer" and not hasattr(ext, "panel_screen_vnni"):
             raise RuntimeError("the integer screen product needs a build with AVX512-VNNI")
         self.weight = weight
-        self.panels, self.scale = ext.pack_panels_i8(weight.contiguous())    # [P, K, 16] int8, [P * 16]
+        self.panels, self.scale = ext.pack_panels_i8(weight.contiguous())  # [P, K, 16] int8, [P * 16]
         k = weight.shape[1]
         g = k * _U / (1 - k * _U)
-        diff, norm, copy_norm = ext.screen_norms(weight, self.panels, self.scale).unbind(1)   # float64, per row
+        diff, norm, copy_norm = ext.screen_norms(weight, self.panels, self.scale).unbind(1)  # float64, per row
         margin = diff + g * (norm + copy_norm) + _U * (1 + g) * copy_norm
-        self.margin = (margin * 1.01).float()                                # [N] c_j, rounded up
-        self.copy_norm = (copy_norm * 1.01).float()                          # [N] ||w~_j||, rounded up
-        self.candidates = 0                                                  # float32 rows computed (statistics)
-        self.faster: dict[tuple[int, bool], bool] = {}     # (rows per call: a power of two, top-k use) -> faster
-        self.product, self.vnni = "float", None                              # the integer copy where built
+        self.margin = (margin * 1.01).float()  # [N] c_j, rounded up
+        self.copy_norm = (copy_norm * 1.01).float()  # [N] ||w~_j||, rounded up
+        self.candidates = 0  # float32 rows computed (statistics)
+        self.faster: dict[tuple[int, bool], bool] = {}  # (rows per call: a power of two, top-k use) -> faster
+        self.product, self.vnni = "float", None  # the integer copy where built
         if product != "float" and hasattr(ext, "panel_screen_vnni"):
             self._pack_integer()
             self.product = product or _faster_product(self)
             if self.product == "integer":
-                self.panels = None                                           # one copy is kept
+                self.panels = None  # one copy is kept
             else:
                 self.vnni = self.qsum = None
 
@@ -113,7 +113,7 @@ class ArgmaxScreen:
         outputs per 64 bytes, inputs padded with zeros to ``Kp``, a multiple of :data:`GROUP`) and each group's
         sum of ``q`` per output, ``[P, G, 16]`` int32."""
         self.padded = -(-self.panels.shape[1] // GROUP) * GROUP
-        self.vnni, self.qsum = extension().pack_vnni(self.panels, GROUP)                # [P, Kp / 4, 64], [P, G, 16]
+        self.vnni, self.qsum = extension().pack_vnni(self.panels, GROUP)  # [P, Kp / 4, 64], [P, G, 16]
 
     def __call__(self, x: torch.Tensor) -> list[int]:
         """The argmax of each row (host ints): the top ``k = 1`` below."""
@@ -139,22 +139,23 @@ class ArgmaxScreen:
         m, K = x.shape
         groups = torch.nn.functional.pad(x, (0, self.padded - K)).view(m, -1, GROUP)
         b = groups.abs().amax(dim=2, keepdim=True) / 127
-        b = torch.where(b > 0, b, torch.ones_like(b))                                   # float32 b_g
-        q = torch.round(groups / b).clamp_(-127, 127)                                   # x~, exact small integers
-        t = (q.double() * b.double()).view(m, -1)[:, :K]                                # the row the kernel multiplies
+        b = torch.where(b > 0, b, torch.ones_like(b))  # float32 b_g
+        q = torch.round(groups / b).clamp_(-127, 127)  # x~, exact small integers
+        t = (q.double() * b.double()).view(m, -1)[:, :K]  # the row the kernel multiplies
         n_g = b.shape[1]
         g_n = n_g * _U / (1 - n_g * _U)
         term = (x.double() - t).norm(dim=1) + (g_n * (1 + _U) + _U) * t.norm(dim=1)
         u = (q + 128).to(torch.uint8).view(m, -1)
-        y = ext.panel_screen_vnni(u, b.view(m, -1).contiguous(), self.vnni, self.qsum, self.scale,
-                                  self.weight.shape[0], GROUP)
+        y = ext.panel_screen_vnni(
+            u, b.view(m, -1).contiguous(), self.vnni, self.qsum, self.scale, self.weight.shape[0], GROUP
+        )
         return y, (term * 1.0001).float().contiguous()
 
     def _candidates(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Per row, the outputs whose upper bound reaches the ``k``-th largest lower bound, and their float32 logits."""
         x = x.float().contiguous()
-        screen, term = self.screen_logits(x)                                             # [m, N]
-        norm = (x.norm(dim=1) * 1.0001).contiguous()                                     # ||x||, rounded up
+        screen, term = self.screen_logits(x)  # [m, N]
+        norm = (x.norm(dim=1) * 1.0001).contiguous()  # ||x||, rounded up
         second = (term, self.copy_norm) if term is not None else (None, None)
         rows = []
         for row, ids in zip(x, extension().screen_candidates(screen, norm, self.margin, int(k), *second)):
@@ -168,9 +169,11 @@ def _faster_product(screen: ArgmaxScreen, rows: int = 4, repeats: int = 5) -> st
     x = torch.randn(rows, screen.weight.shape[1], generator=torch.Generator().manual_seed(0)) * 50
     uses = {}
     for product in ("float", "integer"):
+
         def use(product=product):
             screen.product = product
             screen.screen_logits(x)
+
         uses[product] = use
     with torch.inference_mode():
         seconds = interleaved_medians(uses, repeats)
@@ -181,8 +184,13 @@ def _faster_product(screen: ArgmaxScreen, rows: int = 4, repeats: int = 5) -> st
 _SCREENS: dict[int, tuple[int, ArgmaxScreen | None]] = {}
 
 
-def argmax_screen(weight: torch.Tensor, against: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                  rows: int = 4, top_k: int | None = None, repeats: int = 5) -> ArgmaxScreen | None:
+def argmax_screen(
+    weight: torch.Tensor,
+    against: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    rows: int = 4,
+    top_k: int | None = None,
+    repeats: int = 5,
+) -> ArgmaxScreen | None:
     """The process-wide screen of ``weight`` (made on first use, made again after an in-place update of the
     weight), or ``None`` where the kernel is not built or, with ``against`` (the head's own product,
     ``[m, K] -> [m, N]``), where a call over ``rows`` rows is not measured faster than ``against`` (plus an
@@ -202,7 +210,7 @@ def argmax_screen(weight: torch.Tensor, against: Callable[[torch.Tensor], torch.
     screen = entry[1]
     if screen is None or against is None:
         return screen
-    key = (1 << max(int(rows) - 1, 0).bit_length(), top_k is not None)      # rows rounded up to a power of two
+    key = (1 << max(int(rows) - 1, 0).bit_length(), top_k is not None)  # rows rounded up to a power of two
     if key not in screen.faster:
         screen.faster[key] = _faster(screen, against, weight, key[0], top_k, repeats)
     return screen if screen.faster[key] else None
@@ -211,12 +219,19 @@ def argmax_screen(weight: torch.Tensor, against: Callable[[torch.Tensor], torch.
 def screen_choices() -> list[dict]:
     """What each screen made in this process chose, timed once: its product and, per power of two of rows and use
     (argmax or top-k), whether it was faster than the head (a run's record, as :func:`calibrated_block_rows`)."""
+
     def label(rows: int, top_k: bool) -> str:
         return f"{rows} row{'s' if rows > 1 else ''}{', top-k' if top_k else ''}"
 
-    return [{"weight": list(s.weight.shape), "product": s.product,
-             "faster": {label(*key): bool(v) for key, v in s.faster.items()}}
-            for _, s in _SCREENS.values() if s is not None]
+    return [
+        {
+            "weight": list(s.weight.shape),
+            "product": s.product,
+            "faster": {label(*key): bool(v) for key, v in s.faster.items()},
+        }
+        for _, s in _SCREENS.values()
+        if s is not None
+    ]
 
 
 def _faster(screen: ArgmaxScreen, against, weight: torch.Tensor, rows: int, top_k: int | None, repeats: int) -> bool:
@@ -227,8 +242,8 @@ def _faster(screen: ArgmaxScreen, against, weight: torch.Tensor, rows: int, top_
     else:
         uses = {"screen": lambda: screen.top(x, top_k), "head": lambda: against(x)}
     with torch.inference_mode():
-        seconds = interleaved_medians(uses, repeats)                  # the first round warms both up
-    screen.candidates = counted                                        # the timing's rows are not the generation's
+        seconds = interleaved_medians(uses, repeats)  # the first round warms both up
+    screen.candidates = counted  # the timing's rows are not the generation's
     return seconds["screen"] < seconds["head"]
 
 

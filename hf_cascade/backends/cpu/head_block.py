@@ -31,9 +31,8 @@ every long accepted path pay a second call, one too large pays rows no step read
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -48,7 +47,7 @@ PRIOR_ROWS, PRIOR_CONTINUE, PRIOR_WEIGHT = 8, 0.6, 32.0
 #: Steps kept per (head shape, strategy kind).
 WINDOW = 1024
 
-Steps = list[tuple[int, int, float]]          # (rows verified, rows read, weight)
+Steps = list[tuple[int, int, float]]  # (rows verified, rows read, weight)
 
 
 def prior_steps(rows: int = PRIOR_ROWS, p: float = PRIOR_CONTINUE, weight: float = PRIOR_WEIGHT) -> Steps:
@@ -68,8 +67,10 @@ def step_cost(costs: tuple[float, ...], block: int, verified: int, read: int) ->
 
 def priced_block(costs: tuple[float, ...], steps: Steps, sizes: Iterable[int] = SIZES) -> int:
     """The size of ``sizes`` with the least expected head cost over ``steps`` (ties: the larger)."""
+
     def expected(b: int) -> float:
         return sum(w * step_cost(costs, b, n1, r) for n1, r, w in steps)
+
     return min(sorted(sizes, reverse=True), key=expected)
 
 
@@ -79,8 +80,9 @@ def priced_block(costs: tuple[float, ...], steps: Steps, sizes: Iterable[int] = 
 _COSTS: dict[tuple, tuple[float, ...]] = {}
 
 
-def call_costs(key: tuple, calls: dict[int, list[Callable[[], object]]], label: str, clock: Callable[[], float],
-               repeats: int = 5) -> tuple[float, ...]:
+def call_costs(
+    key: tuple, calls: dict[int, list[Callable[[], object]]], label: str, clock: Callable[[], float], repeats: int = 5
+) -> tuple[float, ...]:
     """The fitted relative costs of a call over ``m`` rows, ``m`` in :data:`SIZES` (``calls[m]``: the products that
     can make it; each call costs its cheapest one's median), measured once per process and ``key``, pooled with the
     kept rounds filed under ``label`` (see the module docstring)."""
@@ -88,14 +90,14 @@ def call_costs(key: tuple, calls: dict[int, list[Callable[[], object]]], label: 
         filed = store_key((label, *key), {"sizes": list(SIZES), "repeats": repeats, "products": len(calls[SIZES[0]])})
         kept = kept_rounds(filed)
         new = []
-        if rounds_to_measure(len(kept)):                           # none under HF_CASCADE_PROFILE_ROUNDS=reuse
+        if rounds_to_measure(len(kept)):  # none under HF_CASCADE_PROFILE_ROUNDS=reuse
             runs = {(m, i): fn for m in SIZES for i, fn in enumerate(calls[m])}
             seconds = interleaved_medians(runs, repeats, warmup=1, symmetric=True, clock=clock)
             best = {m: min(seconds[(m, i)] for i in range(len(calls[m]))) for m in SIZES}
             new = [{m: best[m] / best[SIZES[0]] for m in SIZES}]
             keep_rounds(filed, new)
         pooled = median_ratios(kept + new)
-        _COSTS[key] = monotone_profile({m - 1: pooled[m] for m in SIZES})     # index m - 1: a call of m rows
+        _COSTS[key] = monotone_profile({m - 1: pooled[m] for m in SIZES})  # index m - 1: a call of m rows
     return _COSTS[key]
 
 
@@ -134,8 +136,10 @@ def choose(key: tuple, kind: str, costs: tuple[float, ...]) -> int:
 
 def chosen_blocks() -> list[dict]:
     """The blocks chosen in this process, per head shape, thread count and strategy kind (the last call's)."""
-    return [{"weight": list(key.weight[0]), "threads": key.threads, "kind": kind, "block_rows": rows}
-            for (key, kind), rows in CHOSEN.items()]
+    return [
+        {"weight": list(key.weight[0]), "threads": key.threads, "kind": kind, "block_rows": rows}
+        for (key, kind), rows in CHOSEN.items()
+    ]
 
 
 def reset() -> None:
@@ -151,6 +155,22 @@ def rows_input(width: int, dtype: torch.dtype) -> dict[int, torch.Tensor]:
     return {m: torch.randn(m, width, generator=g, dtype=torch.float32).to(dtype) * 3 for m in SIZES}
 
 
-__all__ = ["CHOSEN", "PRIOR_CONTINUE", "PRIOR_ROWS", "PRIOR_WEIGHT", "SIZES", "WINDOW", "call_costs", "choose", "costs_of",
-           "chosen_blocks", "priced_block", "prior_steps", "record_steps", "reset", "rows_input", "step_cost",
-           "steps_of"]
+__all__ = [
+    "CHOSEN",
+    "PRIOR_CONTINUE",
+    "PRIOR_ROWS",
+    "PRIOR_WEIGHT",
+    "SIZES",
+    "WINDOW",
+    "call_costs",
+    "choose",
+    "costs_of",
+    "chosen_blocks",
+    "priced_block",
+    "prior_steps",
+    "record_steps",
+    "reset",
+    "rows_input",
+    "step_cost",
+    "steps_of",
+]

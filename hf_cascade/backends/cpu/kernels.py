@@ -25,8 +25,9 @@ import functools
 import statistics
 import time
 import weakref
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Hashable, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -59,7 +60,7 @@ class WeightPacker:
         batch_hint: the row count oneDNN's layout is tuned for (any row count works).
     """
 
-    kernel: ClassVar[str] = "packed"   # the kernel's name among the tuner's candidates
+    kernel: ClassVar[str] = "packed"  # the kernel's name among the tuner's candidates
     enabled: bool = True
     batch_hint: int = 8
     _packed: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
@@ -70,8 +71,13 @@ class WeightPacker:
 
     def offers(self, weight: torch.Tensor) -> bool:
         """Whether the kernel can run for ``weight`` (float32 on the CPU, and :meth:`available`)."""
-        return (self.enabled and weight.dtype == torch.float32 and weight.device.type == "cpu"
-                and weight.dim() == 2 and self.available())
+        return (
+            self.enabled
+            and weight.dtype == torch.float32
+            and weight.device.type == "cpu"
+            and weight.dim() == 2
+            and self.available()
+        )
 
     def packed(self, weight: torch.Tensor) -> torch.Tensor:
         """The packed copy of ``weight`` ``[d_out, d_in]`` (made now if missing or stale)."""
@@ -97,8 +103,9 @@ class WeightPacker:
     def _pack(self, weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight, self.batch_hint)
 
-    def _multiply(self, rows: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:
+    def _multiply(
+        self, rows: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
     def clear(self) -> None:
@@ -125,8 +132,11 @@ class ShapeKey(NamedTuple):
 def shape_key(weight: torch.Tensor, m: int) -> ShapeKey:
     """The key of a product of ``m`` rows with ``weight``: its shape, layout, dtype, device, the row
     bucket and the thread count."""
-    return ShapeKey((tuple(weight.shape), weight.stride(), weight.dtype, weight.device.type), rows_bucket(m),
-                    torch.get_num_threads())
+    return ShapeKey(
+        (tuple(weight.shape), weight.stride(), weight.dtype, weight.device.type),
+        rows_bucket(m),
+        torch.get_num_threads(),
+    )
 
 
 @dataclass
@@ -156,12 +166,12 @@ class KernelTuner:
     recheck_every: int = 512
     clock: Callable[[], float] = time.perf_counter
     behind: float = 2.0
-    _behind: dict[Hashable, dict[str, int]] = field(default_factory=dict)   # weight -> kernel -> fewest rows
+    _behind: dict[Hashable, dict[str, int]] = field(default_factory=dict)  # weight -> kernel -> fewest rows
     _times: dict[Hashable, dict[str, list[float]]] = field(default_factory=dict)
     _choice: dict[Hashable, str] = field(default_factory=dict)
     _seconds: dict[Hashable, float] = field(default_factory=dict)
     _uses: dict[Hashable, int] = field(default_factory=dict)
-    _interval: dict[Hashable, tuple[str, int]] = field(default_factory=dict)   # last choice, its recheck interval
+    _interval: dict[Hashable, tuple[str, int]] = field(default_factory=dict)  # last choice, its recheck interval
 
     def run(self, key: Hashable, kernels: Kernels) -> torch.Tensor:
         """The result of one of ``kernels`` (each computes the same product)."""
@@ -174,13 +184,13 @@ class KernelTuner:
             uses = self._uses[key] = self._uses.get(key, 0) + 1
             if not self.recheck_every or uses < self._interval[key][1]:
                 return kernels[name]()
-        self._choice.pop(key, None)                                       # explore: none yet, a recheck, or
-        self._uses.pop(key, None)                                         # the choice is no longer offered
+        self._choice.pop(key, None)  # explore: none yet, a recheck, or
+        self._uses.pop(key, None)  # the choice is no longer offered
         times = self._times.setdefault(key, {})
         candidates = self._candidates(key, kernels)
         for n in candidates:
             times.setdefault(n, [])
-        name = min(candidates, key=lambda n: len(times[n]))              # the least tried, in order
+        name = min(candidates, key=lambda n: len(times[n]))  # the least tried, in order
         t0 = self.clock()
         out = kernels[name]()
         times[name].append(self.clock() - t0)
@@ -209,7 +219,7 @@ class KernelTuner:
         for n, t in medians.items():
             if t > self.behind * best:
                 behind[n] = min(behind.get(n, key.rows), key.rows)
-            elif behind.get(n) == key.rows:                               # measured within reach again here
+            elif behind.get(n) == key.rows:  # measured within reach again here
                 del behind[n]
 
     def seconds(self, key: Hashable) -> float | None:

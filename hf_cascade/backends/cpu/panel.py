@@ -95,11 +95,20 @@ def extension() -> ModuleType | None:
 
         name = build_name()
         clear_stale_lock(name)
-        return load(name, [str(f) for f in SOURCES], extra_cflags=["-O3", f"-march={march()}", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"], verbose=False)
+        return load(
+            name,
+            [str(f) for f in SOURCES],
+            extra_cflags=["-O3", f"-march={march()}", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
     except Exception as err:  # noqa: BLE001  (no compiler, no ninja, an unsupported flag: not offered)
-        warnings.warn(f"hf_cascade: the panel kernel could not be built ({type(err).__name__}: {err}); "
-                      "verification uses torch's kernels", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"hf_cascade: the panel kernel could not be built ({type(err).__name__}: {err}); "
+            "verification uses torch's kernels",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 
@@ -115,8 +124,9 @@ def clear_stale_lock(name: str, older_than: float = STALE_LOCK_SECONDS) -> bool:
         lock.unlink()
     except Exception:  # noqa: BLE001  (a private torch helper: if it moved, torch's own waiting stands)
         return False
-    warnings.warn(f"hf_cascade: removed a stale build lock left by an interrupted build ({lock})", RuntimeWarning,
-                  stacklevel=2)
+    warnings.warn(
+        f"hf_cascade: removed a stale build lock left by an interrupted build ({lock})", RuntimeWarning, stacklevel=2
+    )
     return True
 
 
@@ -130,11 +140,12 @@ class PanelPacker(WeightPacker):
     def available(self) -> bool:
         return extension() is not None
 
-    def _pack(self, weight: torch.Tensor) -> torch.Tensor:             # [d_out, d_in] -> [P, d_in, 16]
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor:  # [d_out, d_in] -> [P, d_in, 16]
         return extension().pack_panels(weight.contiguous())
 
-    def _multiply(self, rows: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:           # rows [m, d_in] -> [m, d_out]
+    def _multiply(
+        self, rows: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:  # rows [m, d_in] -> [m, d_out]
         out = extension().panel_linear(rows, packed, weight.shape[0])
         return out + bias if bias is not None else out
 

@@ -23,8 +23,8 @@ it afterwards; :func:`active_head` finds it from the model. Measurements: ``docs
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -48,26 +48,27 @@ class VerificationHead:
         self.tuner = tuner if tuner is not None else TUNER
         self.block_rows = int(block_rows)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:              # x: [..., d]
-        out = self._rows(x.reshape(-1, x.shape[-1]))                     # [m, V]
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d]
+        out = self._rows(x.reshape(-1, x.shape[-1]))  # [m, V]
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
 
-    def _rows(self, rows: torch.Tensor) -> torch.Tensor:               # [m, d] -> [m, V]
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:  # [m, d] -> [m, V]
         kernels = {"linear": lambda: F.linear(rows, self.weight, self.bias)}
         if rows.shape[0] == 1:
             # one row as a 2-row product (the padding row is discarded): where the matrix-vector
             # kernel runs on one thread, two rows on two threads are faster than one row
-            kernels["pad2"] = lambda: left_product(self.weight, torch.cat([rows, torch.zeros_like(rows)]), self.bias)[:1]
+            kernels["pad2"] = lambda: left_product(self.weight, torch.cat([rows, torch.zeros_like(rows)]), self.bias)[
+                :1
+            ]
         else:
             kernels["rows"] = lambda: left_product(self.weight, rows, self.bias)
-        copy = copy_kernel(self.weight)                                   # panel, else packed, else None
+        copy = copy_kernel(self.weight)  # panel, else packed, else None
         if copy is not None:
             kernels[copy.kernel] = lambda: copy.product(self.weight, rows, self.bias)
         return self.tuner.run(shape_key(self.weight, rows.shape[0]), kernels)
 
 
-def calibrate_block_rows(vh: VerificationHead, screen=None, kind: str = "", default: int = 4,
-                         repeats: int = 5) -> int:
+def calibrate_block_rows(vh: VerificationHead, screen=None, kind: str = "", default: int = 4, repeats: int = 5) -> int:
     """The block for the next call of strategy ``kind`` on this head (:mod:`.head_block`): the size of
     :data:`~.head_block.SIZES` with the least expected head cost over ``kind``'s steps in this process (a prior
     before any), each size's cost the cheaper of the head's (the tuner's chosen kernel) and ``screen``'s (an
@@ -78,17 +79,19 @@ def calibrate_block_rows(vh: VerificationHead, screen=None, kind: str = "", defa
         return default
     key = shape_key(vh.weight, 1)
     costs = head_block.costs_of(key)
-    if costs is None:                                              # timed once per process and head shape
+    if costs is None:  # timed once per process and head shape
         rows = rows_input(vh.weight.shape[1], vh.weight.dtype)
-        for m, x in rows.items():                                  # the tuner's choice first (a few calls each)
+        for m, x in rows.items():  # the tuner's choice first (a few calls each)
             for _ in range(4 * max(vh.tuner.trials, 1)):
                 if vh.tuner.seconds(shape_key(vh.weight, m)) is not None:
                     break
                 vh._rows(x)
             if vh.tuner.seconds(shape_key(vh.weight, m)) is None:
                 return default
-        calls = {m: [lambda x=x: vh._rows(x)] + ([lambda x=x: screen(x)] if screen is not None else [])
-                 for m, x in rows.items()}
+        calls = {
+            m: [lambda x=x: vh._rows(x)] + ([lambda x=x: screen(x)] if screen is not None else [])
+            for m, x in rows.items()
+        }
         label = "output-head block" + (" or screen" if screen is not None else "")
         costs = head_block.call_costs(key, calls, label, vh.tuner.clock, repeats)
     return head_block.choose(key, kind, costs)
@@ -113,8 +116,9 @@ def active_head(model: nn.Module) -> VerificationHead | None:
 
 
 @contextmanager
-def fast_verification_head(model: nn.Module, min_vocab: int = 32768, block_rows: int = 4,
-                           tuner: KernelTuner | None = None) -> Iterator[bool]:
+def fast_verification_head(
+    model: nn.Module, min_vocab: int = 32768, block_rows: int = 4, tuner: KernelTuner | None = None
+) -> Iterator[bool]:
     """Within the block, ``model``'s output head is a :class:`VerificationHead` (``block_rows``: its default
     block; a strategy's session prices its own, :func:`calibrate_block_rows`).
 

@@ -21,8 +21,8 @@ where the usual kernel is as fast or faster), ``F.linear`` runs unchanged. Measu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -47,13 +47,13 @@ class RowsLinear:
         self.max_rows = int(max_rows)
         self.tuner = tuner if tuner is not None else TUNER
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:                 # x: [..., d_in]
-        rows = x.reshape(-1, x.shape[-1])                                  # [m, d_in]
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., d_in]
+        rows = x.reshape(-1, x.shape[-1])  # [m, d_in]
         m = rows.shape[0]
-        copy = copy_kernel(self.weight)                                    # panel, else packed, else None
+        copy = copy_kernel(self.weight)  # panel, else packed, else None
         if not (2 if copy is None else 1) <= m <= self.max_rows:
             return F.linear(x, self.weight, self.bias)
-        kernels = {"linear": lambda: F.linear(rows, self.weight, self.bias)}             # [m, d_out]
+        kernels = {"linear": lambda: F.linear(rows, self.weight, self.bias)}  # [m, d_out]
         if m > 1:
             kernels["rows"] = lambda: left_product(self.weight, rows, self.bias).contiguous()
         if copy is not None:
@@ -76,9 +76,13 @@ def fast_decoder_linears(model: nn.Module, max_rows: int = 64, tuner: KernelTune
     alone. Yields how many layers were switched; restores them on exit."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     switched = [
-        m for m in _decoder(model).modules()
-        if type(m) is nn.Linear and m is not head and "forward" not in vars(m)
-        and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
+        m
+        for m in _decoder(model).modules()
+        if type(m) is nn.Linear
+        and m is not head
+        and "forward" not in vars(m)
+        and m.weight.device.type == "cpu"
+        and m.weight.dtype == torch.float32
     ]
     for m in switched:
         m.forward = RowsLinear(m, max_rows, tuner)

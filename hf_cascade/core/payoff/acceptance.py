@@ -52,7 +52,7 @@ class AcceptanceCalibration:
         ratios = [self.ratio(b, pooled) for b in range(len(self._hits))]
         edges, last = self.edges, len(ratios) - 1
 
-        def a(p: float) -> float:                # min(0.999, p * ratios[min(max(bin, 0), last)]), as __call__
+        def a(p: float) -> float:  # min(0.999, p * ratios[min(max(bin, 0), last)]), as __call__
             b = bisect.bisect_right(edges, p) - 1
             if b < 0:
                 b = 0
@@ -60,6 +60,7 @@ class AcceptanceCalibration:
                 b = last
             value = p * ratios[b]
             return value if value < 0.999 else 0.999
+
         return a
 
     def observe(self, p: float, accepted: bool) -> None:
@@ -76,7 +77,7 @@ class AcceptanceCalibration:
         floor, pooled = math.inf, self._pooled()
         for b in reversed(range(len(self._hits))):
             lo, hi = self.edges[b], self.edges[b + 1]
-            need = t / self.ratio(b, pooled)         # within bin b, a(p) >= t  <=>  p >= need
+            need = t / self.ratio(b, pooled)  # within bin b, a(p) >= t  <=>  p >= need
             if need <= lo:
                 floor = lo
                 continue

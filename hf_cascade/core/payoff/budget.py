@@ -48,22 +48,29 @@ class AdaptiveBudget:
     """Measured draft costs, calibrated acceptance and the rate ``R`` of one ``generate()`` call (see the module
     docstring). ``cost``: the resolved verification profile of the target on its device."""
 
-    def __init__(self, cost: VerifyCost, explore_every: int = 8, prior_first: float = 0.5, prior_strength: float = 2.0,
-                 decay: float = 0.8, explore_tokens: int = 1):
-        self.profile = cost                    # the measured profile (its verification steps alone)
-        self.cost = cost                       # in use: the profile's increments scaled to this call's steps
+    def __init__(
+        self,
+        cost: VerifyCost,
+        explore_every: int = 8,
+        prior_first: float = 0.5,
+        prior_strength: float = 2.0,
+        decay: float = 0.8,
+        explore_tokens: int = 1,
+    ):
+        self.profile = cost  # the measured profile (its verification steps alone)
+        self.cost = cost  # in use: the profile's increments scaled to this call's steps
         self.scale = 1.0
         self._plain_seconds: float | None = None  # seconds of a step with nothing drafted (EMA)
         self.calibration = AcceptanceCalibration()
         self.explore_every = int(explore_every)
         self.explore_tokens = int(explore_tokens)
-        self.exploring = False                 # the last should_draft() passed only as an exploring step
+        self.exploring = False  # the last should_draft() passed only as an exploring step
         self.decay = float(decay)
-        self.tokens = 1.0                      # R starts from one imaginary plain step: one token per unit
+        self.tokens = 1.0  # R starts from one imaginary plain step: one token per unit
         self.units = 1.0
         self.unit_seconds: float | None = None  # seconds of one unit (EMA of verify seconds / cost(nodes))
         self.forward_seconds: float | None = None  # seconds of one draft forward (EMA)
-        self._first = [prior_first * prior_strength, prior_strength]   # accepted, tried: the first drafted token
+        self._first = [prior_first * prior_strength, prior_strength]  # accepted, tried: the first drafted token
         self._skips = 0
         self._draft_started: float | None = None
         self._draft_forwards = 0
@@ -116,11 +123,15 @@ class AdaptiveBudget:
         order of the returned tree). ``node_probs``: ``[n]`` the drafter's probability of each node's token given
         its parent (one host read). ``fixed``: the first ``fixed`` nodes are kept whatever they are worth (a
         drawn main path, whose length was decided before each draw: :func:`hf_cascade.core.draws.keep_drawn`)."""
-        probs = torch.as_tensor(node_probs, dtype=torch.float64).tolist() if not isinstance(node_probs, list) else node_probs
+        probs = (
+            torch.as_tensor(node_probs, dtype=torch.float64).tolist()
+            if not isinstance(node_probs, list)
+            else node_probs
+        )
         if tree.num_nodes == 0:
             return tree, []
         kept = keep_drawn(self.keep(tree, self.calibrated_all(probs)), fixed)
-        return tree.select(kept), [p for p, k in zip(probs, kept) if k]                # host bools: no read
+        return tree.select(kept), [p for p, k in zip(probs, kept) if k]  # host bools: no read
 
     def keep(self, tree: TokenTree, acceptance: list[float]) -> list[bool]:
         """Rule 3 on estimates of each node's acceptance given its parent's (host floats, node order; e.g.
@@ -147,12 +158,20 @@ class AdaptiveBudget:
         self._draft_started = None
         if self._draft_forwards:
             per = seconds / self._draft_forwards
-            self.forward_seconds = per if self.forward_seconds is None else (
-                self.decay * self.forward_seconds + (1 - self.decay) * per)
+            self.forward_seconds = (
+                per if self.forward_seconds is None else (self.decay * self.forward_seconds + (1 - self.decay) * per)
+            )
             self.units += self.draft_cost() * self._draft_forwards
 
-    def observe_step(self, tree: TokenTree, probs: list[float], path: list[int], emitted: int,
-                     verify_seconds: float | None, verify_nodes: int | None = None) -> None:
+    def observe_step(
+        self,
+        tree: TokenTree,
+        probs: list[float],
+        path: list[int],
+        emitted: int,
+        verify_seconds: float | None,
+        verify_nodes: int | None = None,
+    ) -> None:
         """One verification of ``tree`` (draft probabilities ``probs``, node order; ``None`` for a node the
         drafter did not propose, e.g. a lookup seed: neither calibrated nor counted for rule 1) that accepted
         ``path`` and emitted ``emitted`` tokens in ``verify_seconds`` (``None``: not measured).
@@ -165,13 +184,15 @@ class AdaptiveBudget:
         self.units += self.cost(paid)
         if verify_seconds is not None and verify_seconds > 0:
             per = verify_seconds / self.cost(paid)
-            self.unit_seconds = per if self.unit_seconds is None else self.decay * self.unit_seconds + (1 - self.decay) * per
+            self.unit_seconds = (
+                per if self.unit_seconds is None else self.decay * self.unit_seconds + (1 - self.decay) * per
+            )
             self._rescale(paid, verify_seconds)
-        if not n or len(probs) != n:                # nothing drafted, or a tree the loop cut (EOS, length)
+        if not n or len(probs) != n:  # nothing drafted, or a tree the loop cut (EOS, length)
             return
         on_path = set(path)
         parents = tree.host_parents
-        for i, p in enumerate(probs):               # a node is reached when its parent was accepted (or is the root)
+        for i, p in enumerate(probs):  # a node is reached when its parent was accepted (or is the root)
             if p is not None and (parents[i] < 0 or parents[i] in on_path):
                 self.calibration.observe(p, i in on_path)
         firsts = [i for i in range(n) if parents[i] < 0 and probs[i] is not None]
@@ -187,8 +208,11 @@ class AdaptiveBudget:
         multiplies the profile's increments (``cost(n) = 1 + scale * (profile(n) - 1)``). Without plain steps
         measured the profile stands."""
         if n == 0:
-            self._plain_seconds = seconds if self._plain_seconds is None else (
-                self.decay * self._plain_seconds + (1 - self.decay) * seconds)
+            self._plain_seconds = (
+                seconds
+                if self._plain_seconds is None
+                else (self.decay * self._plain_seconds + (1 - self.decay) * seconds)
+            )
             return
         excess = self.profile(n) - 1.0
         if self._plain_seconds is None or excess < 0.02:

@@ -18,8 +18,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Gemma-3-270M fp32, 2 CPU threads (the reference machine of docs/design.md), n = 0..24 nodes.
-_CPU_PROFILE = (1.0, 1.0, 1.039, 1.039, 1.054, 1.153, 1.225, 1.225, 1.271, 1.354, 1.425, 1.454, 1.671, 1.711, 1.93,
-                1.93, 1.93, 1.93, 1.93, 1.93, 1.93, 1.93, 1.982, 1.982, 1.982)
+_CPU_PROFILE = (
+    1.0,
+    1.0,
+    1.039,
+    1.039,
+    1.054,
+    1.153,
+    1.225,
+    1.225,
+    1.271,
+    1.354,
+    1.425,
+    1.454,
+    1.671,
+    1.711,
+    1.93,
+    1.93,
+    1.93,
+    1.93,
+    1.93,
+    1.93,
+    1.93,
+    1.93,
+    1.982,
+    1.982,
+    1.982,
+)
 
 
 @dataclass(frozen=True)
@@ -73,7 +98,7 @@ class VerifyCost:
         without :meth:`__post_init__`'s checks (a tree policy rescales at every drafted step); the same values."""
         relative = tuple(1.0 + scale * (c - 1.0) for c in self.relative)
         if not 0.0 <= scale < float("inf"):
-            return VerifyCost(relative)                   # checked (and refused where it decreases)
+            return VerifyCost(relative)  # checked (and refused where it decreases)
         made = object.__new__(VerifyCost)
         object.__setattr__(made, "relative", relative)
         return made

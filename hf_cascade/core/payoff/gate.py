@@ -67,25 +67,25 @@ class DraftGate:
 
     def __init__(self, explore_every: int = 8, decay: float = 0.7):
         self.explore_every, self.decay = int(explore_every), float(decay)
-        self.rate: dict[bool, float | None] = {True: None, False: None}   # lagging rows' tokens / second, EMA
+        self.rate: dict[bool, float | None] = {True: None, False: None}  # lagging rows' tokens / second, EMA
         self.interval = self.explore_every
         self.refused = 0
         self.exploring = False
         #: the most nodes a row may verify in a drafted step (``None``: as its drafter proposes)
         self.width: int | None = None
-        self.drafting = True                               # drafts allowed by the comparison (not exploring)
-        self.last: tuple[int, float] | None = None         # the last drafted step: widest draft, seconds
+        self.drafting = True  # drafts allowed by the comparison (not exploring)
+        self.last: tuple[int, float] | None = None  # the last drafted step: widest draft, seconds
         #: the last step's lagging rows all estimated their drafts' reach: :meth:`width_for` sizes the drafts
         self.estimated = False
-        self.costs: dict[int, CostModel] = {}               # rows -> step time by widest draft (nodes)
-        self.last_step: float | None = None                # the last step's wall time (seconds)
-        self.idle_interval = 0                             # > 0: sized drafts were cut to nothing (sized_to)
+        self.costs: dict[int, CostModel] = {}  # rows -> step time by widest draft (nodes)
+        self.last_step: float | None = None  # the last step's wall time (seconds)
+        self.idle_interval = 0  # > 0: sized drafts were cut to nothing (sized_to)
         self.idle_skipped = 0
 
     def allows(self) -> bool:
         """Whether the rows may draft at this step."""
-        if self.by_estimate and self.estimated:           # the drafts are sized after drafting (width_for),
-            if not self.idle_interval:                    # unless costly drafts were cut to nothing (sized_to)
+        if self.by_estimate and self.estimated:  # the drafts are sized after drafting (width_for),
+            if not self.idle_interval:  # unless costly drafts were cut to nothing (sized_to)
                 return True
             self.idle_skipped += 1
             if self.idle_skipped >= self.idle_interval:
@@ -94,13 +94,13 @@ class DraftGate:
             return False
         drafted, plain = self.rate[True], self.rate[False]
         if drafted is None:
-            return True                                   # start by drafting
+            return True  # start by drafting
         if plain is None:
-            return False                                  # then measure one plain step
+            return False  # then measure one plain step
         if drafted >= plain:
             self.drafting = True
             return True
-        if self.drafting:                                 # drafting stops paying: narrow the next drafts
+        if self.drafting:  # drafting stops paying: narrow the next drafts
             self.drafting = False
             self._narrow()
         self.refused += 1
@@ -114,7 +114,7 @@ class DraftGate:
         step (module docstring), given each lagging row's ``reach`` (``P(at least k accepted)``, ``k = 1, ...``)
         at ``rows`` rows; 0: a plain step."""
         cost = self.costs.setdefault(rows, CostModel())
-        best_w, best, expected = 0, 1.0, 1.0                # per plain step's time: a plain step emits 1
+        best_w, best, expected = 0, 1.0, 1.0  # per plain step's time: a plain step emits 1
         for k in range(1, max((len(r) for r in reaches), default=0) + 1):
             joint = 1.0
             for r in reaches:
@@ -183,7 +183,7 @@ class DraftGate:
         self.last = (widest, seconds)
         plain = self.rate[False]
         if self.width is not None and plain is not None and rate >= plain:
-            self.width *= 2                                # drafts that pay may widen again
+            self.width *= 2  # drafts that pay may widen again
         if self.exploring:
             self.exploring = False
             if self.rate[True] < self.rate[False]:

@@ -115,8 +115,15 @@ class DraftPolicy:
         if self.budget is not None:
             self.budget.end_draft()
 
-    def observe(self, tree, probs: list, path: list[int], emitted: int, verify_seconds: float | None,
-                verify_nodes: int | None = None) -> None:
+    def observe(
+        self,
+        tree,
+        probs: list,
+        path: list[int],
+        emitted: int,
+        verify_seconds: float | None,
+        verify_nodes: int | None = None,
+    ) -> None:
         """The target's verdict on a tree (:meth:`AdaptiveBudget.observe_step`)."""
         if self.budget is not None:
             self.budget.observe_step(tree, probs, path, emitted, verify_seconds, verify_nodes)
@@ -127,10 +134,14 @@ class DraftPolicy:
         """A fresh length rule for one statistical drafter and one reviewer, from what the drafter declares
         (Max-Gram's ``max_tokens``, ``priors()`` per evidence bucket, ``adaptive``, a fixed reviewer ``cost``)."""
         cost = drafter.cost
-        model = CostModel(**{k: getattr(cost, k) for k in ("prior_step", "prior_slope", "measure", "decay")}) \
-            if cost is not None else CostModel()
-        return AdaptiveLookahead(max_tokens=drafter.max_tokens, bucket_priors=drafter.priors(), cost=model,
-                                 adaptive=drafter.adaptive)
+        model = (
+            CostModel(**{k: getattr(cost, k) for k in ("prior_step", "prior_slope", "measure", "decay")})
+            if cost is not None
+            else CostModel()
+        )
+        return AdaptiveLookahead(
+            max_tokens=drafter.max_tokens, bucket_priors=drafter.priors(), cost=model, adaptive=drafter.adaptive
+        )
 
     def token_rule(self, accept) -> ExpectedGainRule | None:
         """The floor on a neural drafter's next target-bound tokens after a draft whose tokens the target accepts

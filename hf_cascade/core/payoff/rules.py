@@ -169,8 +169,9 @@ class DrafterPayoff:
         self._reach += reach
         self._seconds += seconds
         cost = seconds + surcharge
-        self._consult_seconds = cost if self._consult_seconds is None else (
-            self.decay * self._consult_seconds + (1 - self.decay) * cost)
+        self._consult_seconds = (
+            cost if self._consult_seconds is None else (self.decay * self._consult_seconds + (1 - self.decay) * cost)
+        )
 
     def observe_verdict(self, accepted: int, emitted: int, step_seconds: float | None) -> None:
         """The target's step: ``accepted`` of the drafter's tokens accepted, ``emitted`` tokens in all (its own
@@ -199,8 +200,9 @@ class ExpectedGainRule:
     n: int = 0
 
     @classmethod
-    def after(cls, accept: Sequence[float], cost: CostModel,
-              calibration: AcceptanceCalibration | None = None) -> ExpectedGainRule:
+    def after(
+        cls, accept: Sequence[float], cost: CostModel, calibration: AcceptanceCalibration | None = None
+    ) -> ExpectedGainRule:
         """The rule for a draft that already holds tokens with acceptance estimates ``accept``."""
         rule = cls(cost, calibration)
         for a in accept:
@@ -256,7 +258,7 @@ def keep_best(path_probs: Sequence[float], cost: VerifyCost, rate: float) -> lis
     """Which nodes (node order) are among the :func:`best_size` most probable ones (ties: node order, so a parent,
     which precedes its children and is at least as probable, comes first); closed under ancestors."""
     keys = [(-p, i) for i, p in enumerate(path_probs)]
-    order = sorted(range(len(path_probs)), key=keys.__getitem__)                     # by (-path_probs[i], i)
+    order = sorted(range(len(path_probs)), key=keys.__getitem__)  # by (-path_probs[i], i)
     m = best_size([path_probs[i] for i in order], cost, rate)
     keep = [False] * len(path_probs)
     for i in order[:m]:

@@ -12,6 +12,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from .configuration_glide import GlideConfig
 
+
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A rotary embedding's ``cos``/``sin`` ``[B, T, d]`` as :func:`_apply_rope` reads them, made once per forward:
     ``[B, 1, T, d]`` each, ``sin``'s first half negated. Then ``rotate_half(x) * sin``, whose first half is
@@ -34,24 +35,37 @@ def _rotary(rope: dict, head_dim: int, max_position_embeddings: int) -> LlamaRot
     theta = float(params.pop("rope_theta"))
     params.pop("type", None)
     scaling = None if params.get("rope_type", "default") == "default" else params
-    config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, num_key_value_heads=1, head_dim=head_dim,
-                         rope_theta=theta, rope_scaling=scaling, max_position_embeddings=max_position_embeddings)
+    config = LlamaConfig(
+        hidden_size=head_dim,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=max_position_embeddings,
+    )
     return LlamaRotaryEmbedding(config)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
-            scale: float, empty_rows: bool = True) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    scale: float,
+    empty_rows: bool = True,
+) -> torch.Tensor:
     """Softmax attention (float32 softmax). ``q`` ``[B, h, T, d]``, ``k``/``v`` ``[B, h, S, d]``, ``allowed``
     bool broadcastable to ``[B, h, T, S]`` (``None``: every key, the same result as an all-True mask). Rows
     with no allowed key return zeros; ``empty_rows=False`` says that no row is empty (every query sees a key, as
     in causal self-attention), and the zeroing, a product by one on every row, is left out."""
     scores = _as(torch.matmul(q, k.transpose(-1, -2)), torch.float32) * _scalar(scale, q)  # [B, h, T, S]
     if allowed is None:
-        return torch.matmul(_as(scores.softmax(dim=-1), v.dtype), v)                 # [B, h, T, d]
+        return torch.matmul(_as(scores.softmax(dim=-1), v.dtype), v)  # [B, h, T, d]
     probs = scores.masked_fill(~allowed, torch.finfo(torch.float32).min).softmax(dim=-1)
     if empty_rows:
-        probs = probs * allowed.any(dim=-1, keepdim=True)                            # empty rows -> 0
-    return torch.matmul(_as(probs, v.dtype), v)                                      # [B, h, T, d]
+        probs = probs * allowed.any(dim=-1, keepdim=True)  # empty rows -> 0
+    return torch.matmul(_as(probs, v.dtype), v)  # [B, h, T, d]
 
 
 def _scalar(value: float, like: torch.Tensor) -> torch.Tensor | float:
@@ -69,7 +83,7 @@ def _scalar(value: float, like: torch.Tensor) -> torch.Tensor | float:
     return made
 
 
-_SCALARS: dict[tuple, torch.Tensor] = {}       # (value, device, inference mode) -> _scalar's tensor
+_SCALARS: dict[tuple, torch.Tensor] = {}  # (value, device, inference mode) -> _scalar's tensor
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -120,9 +134,9 @@ def glide_cross_mask(q_len: int, kv_len: int, block: int = 5, first_block: str =
         raise ValueError(f"block must be >= 1, got {block}.")
     if first_block not in ("none", "causal"):
         raise ValueError(f"first_block must be 'none' or 'causal', got {first_block!r}.")
-    j = torch.arange(q_len)[:, None]                                                 # [T, 1] query positions
-    k = torch.arange(kv_len)[None, :]                                                # [1, S] target positions
-    mask = (k // block) < (j // block)                                               # [T, S]
+    j = torch.arange(q_len)[:, None]  # [T, 1] query positions
+    k = torch.arange(kv_len)[None, :]  # [1, S] target positions
+    mask = (k // block) < (j // block)  # [T, S]
     if first_block == "causal":
         mask = mask | ((j < block) & (k <= j))
     return mask
@@ -190,16 +204,16 @@ class GlideSelfAttention(nn.Module):
     def forward(self, x, rope, allowed, cache=None):
         """``rope``: :func:`rope_tables` at the queries' positions."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)   # [B, h_D, T, d_D]
-        k = self.k_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)      # [B, kv_D, T, d_D]
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, h_D, T, d_D]
+        k = self.k_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)  # [B, kv_D, T, d_D]
         v = self.v_proj(x).view(b, t, self.num_kv, self.head_dim).transpose(1, 2)
         q, k = _apply_rope(q, rope), _apply_rope(k, rope)
         if cache is not None:
-            k, v = cache.update(k, v, self.layer_idx)                                   # [B, kv_D, P + T, d_D]
+            k, v = cache.update(k, v, self.layer_idx)  # [B, kv_D, P + T, d_D]
         n_rep = self.num_heads // self.num_kv
         # every query sees its own key (a padded one: itself only), so no row is empty
-        out = _attend(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), allowed, self.head_dim ** -0.5, False)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                       # [B, T, H]
+        out = _attend(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), allowed, self.head_dim**-0.5, False)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [B, T, H]
 
 
 class GlideCrossAttention(nn.Module):
@@ -209,7 +223,7 @@ class GlideCrossAttention(nn.Module):
     def __init__(self, config: GlideConfig, layer_idx: int):
         super().__init__()
         self.num_heads, self.head_dim = config.target_num_attention_heads, config.target_head_dim
-        self.scale = config.cross_attention_scale if config.cross_attention_scale is not None else self.head_dim ** -0.5
+        self.scale = config.cross_attention_scale if config.cross_attention_scale is not None else self.head_dim**-0.5
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
         rope = config.cross_rope[layer_idx] if config.cross_rope is not None else config.self_rope()
@@ -224,15 +238,17 @@ class GlideCrossAttention(nn.Module):
         values this layer's rotary embedding gives), else ``None``."""
         b, t, _ = x.shape
         if key.shape[-1] != self.head_dim or self.num_heads % key.shape[1]:
-            raise ValueError(f"target K/V of shape {tuple(key.shape)} do not fit the cross-attention "
-                             f"({self.num_heads} query heads of size {self.head_dim}).")
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)    # [B, h, T, d_k]
+            raise ValueError(
+                f"target K/V of shape {tuple(key.shape)} do not fit the cross-attention "
+                f"({self.num_heads} query heads of size {self.head_dim})."
+            )
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, h, T, d_k]
         if rope is None or rope[0].dtype != q.dtype:
-            rope = rope_tables(*self.rotary_emb(q, position_ids))                        # [B, 1, T, d_k] each
+            rope = rope_tables(*self.rotary_emb(q, position_ids))  # [B, 1, T, d_k] each
         q = _apply_rope(q, rope)
-        key, value = self.read_target(key, value, q.device, q.dtype)                    # [B, h, S, d_k]
-        out = _attend(q, key, value, allowed, self.scale)                                # [B, h, T, d_k]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))                        # [B, T, H]
+        key, value = self.read_target(key, value, q.device, q.dtype)  # [B, h, S, d_k]
+        out = _attend(q, key, value, allowed, self.scale)  # [B, h, T, d_k]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))  # [B, T, H]
 
     def read_target(self, key: torch.Tensor, value: torch.Tensor, device=None, dtype=None):
         """The target's cached ``key``/``value`` ``[B, kv_T, S, d_k]`` as the attention reads them: on ``device``
@@ -244,5 +260,5 @@ class GlideCrossAttention(nn.Module):
         dtype = dtype if dtype is not None else w.dtype
         n_rep = self.num_heads // key.shape[1]
         if n_rep == 1 and key.device == value.device == device and key.dtype == value.dtype == dtype:
-            return key, value                                                          # read as they are already
+            return key, value  # read as they are already
         return _repeat_kv(_as_weight(key, device, dtype), n_rep), _repeat_kv(_as_weight(value, device, dtype), n_rep)

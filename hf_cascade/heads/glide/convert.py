@@ -106,8 +106,13 @@ def reference_config_to_glide(ref: dict, **overrides) -> GlideConfig:
     return GlideConfig(**kw)
 
 
-def convert_reference_checkpoint(src_dir: str | os.PathLike, out_dir: str | os.PathLike, card: str | dict = "",
-                                 dtype: torch.dtype | None = None, **config_overrides) -> GlideForCausalLM:
+def convert_reference_checkpoint(
+    src_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    card: str | dict = "",
+    dtype: torch.dtype | None = None,
+    **config_overrides,
+) -> GlideForCausalLM:
     """Read the authors' checkpoint directory ``src_dir`` (config.json + safetensors / ``pytorch_model*.bin``),
     build the equivalent :class:`GlideForCausalLM` (strictly: every tensor must be used and have the expected
     shape, else ``ValueError``), save it to ``out_dir`` with :func:`save_hub` and return it. ``dtype`` defaults
@@ -122,20 +127,26 @@ def convert_reference_checkpoint(src_dir: str | os.PathLike, out_dir: str | os.P
     model = GlideForCausalLM(config)
     emb = state.get("model.embed_tokens.weight")
     if emb is not None and emb.shape == (config.vocab_size, config.hidden_size):
-        state["model.embed_tokens.weight"] = torch.cat([emb, emb.new_zeros(1, emb.shape[1])])   # + OOV row
+        state["model.embed_tokens.weight"] = torch.cat([emb, emb.new_zeros(1, emb.shape[1])])  # + OOV row
     expected = {k: v.shape for k, v in model.state_dict().items() if k != "vocab_subset"}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     wrong = sorted(k for k in set(expected) & set(state) if tuple(state[k].shape) != tuple(expected[k]))
     if missing or unexpected or wrong:
-        detail = "; ".join(f"{name}: {keys[:5]}" for name, keys in
-                           (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)) if keys)
+        detail = "; ".join(
+            f"{name}: {keys[:5]}"
+            for name, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
+            if keys
+        )
         raise ValueError(f"{src} does not match its smallLlamaConfig ({detail}).")
     state["vocab_subset"] = torch.arange(config.vocab_size, dtype=torch.long)
     model.load_state_dict(state, strict=True)
     model = model.to(dtype).eval()
     meta = dict(card) if isinstance(card, dict) else {"body": card}
-    meta.setdefault("body", f"# GLIDE draft model\n\nConverted from the reference checkpoint `{src.name}` "
-                            "(Du et al., ICML 2024, \"GLIDE with a CAPE\") to hf_cascade's layout.")
+    meta.setdefault(
+        "body",
+        f"# GLIDE draft model\n\nConverted from the reference checkpoint `{src.name}` "
+        '(Du et al., ICML 2024, "GLIDE with a CAPE") to hf_cascade\'s layout.',
+    )
     save_hub(model, out_dir, meta)
     return model

@@ -25,8 +25,16 @@ from .modeling_redrafter import ReDrafterModel
 
 REFERENCE_MODEL_TYPE = "recurrent_drafting_drafter"
 #: config.json fields of the reference (DrafterConfig + the MLX ModelArgs extras) carried over as is.
-REFERENCE_FIELDS = ("vocab_size", "hidden_size", "exit_dim", "num_draft_layers", "num_lookback_tokens", "rnn",
-                    "emb_norm", "rms_norm_eps")
+REFERENCE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "exit_dim",
+    "num_draft_layers",
+    "num_lookback_tokens",
+    "rnn",
+    "emb_norm",
+    "rms_norm_eps",
+)
 #: The reference's own defaults where its config.json omits a field (DrafterConfig.__init__).
 REFERENCE_DEFAULTS = {"num_lookback_tokens": -1, "rnn": False, "emb_norm": False, "rms_norm_eps": 1e-5}
 
@@ -36,8 +44,10 @@ def reference_config(src_dir: str | os.PathLike, **overrides) -> ReDrafterConfig
     raw = json.loads((Path(src_dir) / "config.json").read_text())
     model_type = raw.get("model_type")
     if model_type not in (None, REFERENCE_MODEL_TYPE):
-        raise ValueError(f"{src_dir}/config.json has model_type {model_type!r}, not the reference "
-                         f"ReDrafter's {REFERENCE_MODEL_TYPE!r}.")
+        raise ValueError(
+            f"{src_dir}/config.json has model_type {model_type!r}, not the reference "
+            f"ReDrafter's {REFERENCE_MODEL_TYPE!r}."
+        )
     missing = [k for k in ("vocab_size", "hidden_size", "exit_dim", "num_draft_layers") if int(raw.get(k, -1)) <= 0]
     if missing:
         raise ValueError(f"{src_dir}/config.json lacks (or leaves at -1) required fields {missing}.")
@@ -53,8 +63,10 @@ def read_reference_state_dict(src_dir: str | os.PathLike) -> dict[str, torch.Ten
     head under ``drafter.``: that prefix is stripped and the target's (``llm.``) tensors dropped."""
     src = Path(src_dir)
     files: list[Path] = []
-    for single, index in (("model.safetensors", "model.safetensors.index.json"),
-                          ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+    for single, index in (
+        ("model.safetensors", "model.safetensors.index.json"),
+        ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+    ):
         if (src / single).is_file():
             files = [src / single]
         elif (src / index).is_file():
@@ -73,7 +85,7 @@ def read_reference_state_dict(src_dir: str | os.PathLike) -> dict[str, torch.Ten
         else:
             state.update(torch.load(f, map_location="cpu", weights_only=True))
     if any(k.startswith("drafter.") for k in state):
-        state = {k[len("drafter."):]: v for k, v in state.items() if k.startswith("drafter.")}
+        state = {k[len("drafter.") :]: v for k, v in state.items() if k.startswith("drafter.")}
     return state
 
 
@@ -98,19 +110,26 @@ def convert_reference_checkpoint(
     if expected != got:
         missing = sorted(set(expected) - set(got))
         unexpected = sorted(set(got) - set(expected))
-        shapes = [f"{k} ckpt {list(got[k])} vs config {list(expected[k])}" for k in sorted(set(got) & set(expected))
-                  if got[k] != expected[k]]
-        raise ValueError(f"{src_dir} does not match its config.json: missing {missing}, unexpected {unexpected}, "
-                         f"wrong shapes {shapes}.")
+        shapes = [
+            f"{k} ckpt {list(got[k])} vs config {list(expected[k])}"
+            for k in sorted(set(got) & set(expected))
+            if got[k] != expected[k]
+        ]
+        raise ValueError(
+            f"{src_dir} does not match its config.json: missing {missing}, unexpected {unexpected}, "
+            f"wrong shapes {shapes}."
+        )
     model.load_state_dict(state, strict=True)
     if dtype is None:
         floats = {v.dtype for v in state.values() if v.is_floating_point()}
         dtype = floats.pop() if len(floats) == 1 else torch.float32
     model.to(dtype).eval()
     if card is None:
-        card = {"body": "# ReDrafter head\n\nA recurrent draft head (Cheng et al., 2024, \"Recurrent Drafter for "
-                        "Fast Speculative Decoding in Large Language Models\"), converted from the reference "
-                        "implementation's checkpoint (apple/ml-recurrent-drafter) by hf_cascade.\n"}
+        card = {
+            "body": '# ReDrafter head\n\nA recurrent draft head (Cheng et al., 2024, "Recurrent Drafter for '
+            'Fast Speculative Decoding in Large Language Models"), converted from the reference '
+            "implementation's checkpoint (apple/ml-recurrent-drafter) by hf_cascade.\n"
+        }
     return save_hub(model, out_dir, card)
 
 
