@@ -26,14 +26,21 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenize
 
 # The target and its drafters live in the package (hf_cascade.bench.tiny: ``hf-cascade bench --overhead`` runs them);
 # re-exported here with the builders only the tests use.
-from hf_cascade.bench.tiny import (
+from hf_cascade.bench.tiny import (  # the re-exported names: tests import them from here
+    BOS,  # noqa: F401
     EOS,
+    PAD,  # noqa: F401
     VOCAB,
     _build,
     _common_config,
     _finish,
     _scale_blocks,  # noqa: F401
+    copy_model,  # noqa: F401
     ids,
+    llama,  # noqa: F401
+    llama_target,  # noqa: F401
+    sharpen,  # noqa: F401
+    truncated_copy,  # noqa: F401
 )
 
 
